@@ -1,0 +1,68 @@
+"""s3ckpt: S3 as a first-class home for PyTorch training checkpoints.
+
+Public API::
+
+    from s3ckpt import S3StorageWriter, S3StorageReader, S3Config, TransferConfig
+
+The torch-dependent names (the DCP writer and reader) are imported lazily, so the parts
+that need no torch (configuration, errors, the store, retention) import without it.
+"""
+
+import typing as _typing
+
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.errors import (
+    AccessDeniedError,
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    ChecksumMismatchError,
+    ConfigError,
+    CorruptCheckpointError,
+    EndpointError,
+    InvalidURLError,
+    NoSuchBucketError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    S3CkptError,
+    StoreError,
+    TransientStoreError,
+    UnsafeCheckpointError,
+)
+
+__version__ = "0.1.0"
+
+if _typing.TYPE_CHECKING:
+    from s3ckpt.dcp import S3StorageReader, S3StorageWriter
+
+__all__ = [
+    "AccessDeniedError",
+    "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "ChecksumMismatchError",
+    "ConfigError",
+    "CorruptCheckpointError",
+    "EndpointError",
+    "InvalidURLError",
+    "NoSuchBucketError",
+    "ObjectNotFoundError",
+    "PreconditionFailedError",
+    "S3CkptError",
+    "S3Config",
+    "S3StorageReader",
+    "S3StorageWriter",
+    "StoreError",
+    "TransferConfig",
+    "TransientStoreError",
+    "UnsafeCheckpointError",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    if name in ("S3StorageWriter", "S3StorageReader"):
+        from s3ckpt import dcp
+
+        return getattr(dcp, name)
+    raise AttributeError(f"module 's3ckpt' has no attribute {name!r}")

@@ -1,0 +1,197 @@
+"""Frozen, validated configuration: where the store is (:class:`S3Config`) and how bytes
+move (:class:`TransferConfig`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from s3ckpt.errors import ConfigError
+
+__all__ = ["KiB", "MiB", "GiB", "S3Config", "TransferConfig"]
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+# S3 service limits (https://docs.aws.amazon.com/AmazonS3/latest/userguide/qfacts.html).
+MIN_PART_SIZE = 5 * MiB
+MAX_PART_SIZE = 5 * GiB
+MAX_PARTS = 10_000
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """Where and how to reach S3 or an S3-compatible store.
+
+    Credentials are never part of this object: they come from boto3's default chain
+    (environment, shared profile, container or instance role), so they never land in
+    logs, pickles or checkpoint metadata.
+    """
+
+    endpoint_url: str | None = None
+    """Endpoint of an S3-compatible store (MinIO, moto, R2 ...). ``None`` uses
+    ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` from the environment, else AWS."""
+
+    region: str | None = None
+    """Region; ``None`` uses ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile, else
+    ``us-east-1``."""
+
+    profile: str | None = None
+    """Named profile from ``~/.aws/config``; ``None`` uses the default chain."""
+
+    addressing_style: Literal["auto", "path", "virtual"] = "auto"
+    """Bucket addressing; most self-hosted stores need ``path``."""
+
+    sse_kms_key_id: str | None = None
+    """KMS key id or ARN: every object is uploaded with ``aws:kms`` server-side encryption
+    under this key."""
+
+    sse_customer_key: bytes | None = field(default=None, repr=False)
+    """A 32-byte SSE-C key; sent with every upload *and* read. Never printed."""
+
+    storage_class: str | None = None
+    """Storage class for data objects (``STANDARD``, ``INTELLIGENT_TIERING``,
+    ``EXPRESS_ONEZONE`` ...); ``None`` leaves the bucket default."""
+
+    checksum_algorithm: Literal["CRC32C", "NONE"] = "CRC32C"
+    """Checksum sent with every upload and part so the store verifies what it received.
+    Independent of the per-item CRC32C s3ckpt always records in ``s3ckpt.json``."""
+
+    verify_tls: bool = True
+    """Verify the endpoint's TLS certificate."""
+
+    def __post_init__(self) -> None:
+        if self.addressing_style not in ("auto", "path", "virtual"):
+            raise ConfigError(
+                f"S3Config.addressing_style={self.addressing_style!r}; "
+                "allowed: 'auto', 'path', 'virtual'"
+            )
+        if self.checksum_algorithm not in ("CRC32C", "NONE"):
+            raise ConfigError(
+                f"S3Config.checksum_algorithm={self.checksum_algorithm!r}; allowed: 'CRC32C', 'NONE'"
+            )
+        if self.sse_customer_key is not None and len(self.sse_customer_key) != 32:
+            raise ConfigError("S3Config.sse_customer_key must be exactly 32 bytes (AES-256)")
+        if self.sse_customer_key is not None and self.sse_kms_key_id is not None:
+            raise ConfigError("S3Config: choose either sse_kms_key_id or sse_customer_key, not both")
+        if self.endpoint_url is not None and not self.endpoint_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError(
+                f"S3Config.endpoint_url={self.endpoint_url!r} must start with http:// or https://"
+            )
+
+    def resolved_endpoint_url(self) -> str | None:
+        """The endpoint in force: the field, else ``AWS_ENDPOINT_URL_S3`` /
+        ``AWS_ENDPOINT_URL``, else ``None`` (AWS)."""
+        return (
+            self.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How many bytes move at once, in what pieces, and how failures are retried.
+
+    Memory: a saving rank holds at most ``max_inflight_bytes + part_size`` bytes of
+    upload buffers above the state dict itself (the buffers are reused, never more are
+    allocated). With the defaults: 128 MiB + 16 MiB = 144 MiB per rank.
+
+    A loading rank streams object bodies straight into destination tensors in
+    ``read_chunk_size`` pieces; an item that must be decoded or resharded (a slice of a
+    saved chunk, a foreign ``torch.save`` item, a non-tensor item) is buffered whole, so
+    the extra memory on load is at most ``max_concurrency`` such items plus
+    ``max_concurrency * read_chunk_size``.
+    """
+
+    part_size: int = 16 * MiB
+    """Multipart part size. S3 allows 5 MiB to 5 GiB and at most 10,000 parts per object,
+    so with the default one object holds up to ~156 GiB; larger objects get a larger part
+    size automatically (see :meth:`part_size_for`)."""
+
+    max_concurrency: int = 8
+    """Threads per rank for part uploads and ranged GETs; the HTTP connection pool is
+    sized to match."""
+
+    max_inflight_bytes: int = 128 * MiB
+    """Upload buffers (filled, uploading or waiting) per rank. Must hold at least one
+    part; ``max_inflight_bytes // part_size`` parts are in flight at once."""
+
+    target_object_size: int = 128 * MiB
+    """Each rank packs its items into ``ceil(rank_bytes / target_object_size)`` objects
+    (at least one) balanced by size. More objects load in parallel without ranged reads."""
+
+    read_request_size: int = 256 * MiB
+    """Upper bound on one coalesced ranged GET. Reads of adjacent items of one object are
+    merged up to this size (a whole-object GET when the object fits)."""
+
+    coalesce_gap: int = 4 * MiB
+    """Two needed byte ranges of one object closer than this are fetched in one request."""
+
+    read_chunk_size: int = 4 * MiB
+    """Bytes read from a response body per call when streaming into tensors."""
+
+    max_attempts: int = 8
+    """Attempts per request (first try included) on throttling, 5xx, timeouts and resets."""
+
+    retry_initial_delay: float = 0.1
+    """First back-off in seconds; doubles per attempt with full jitter."""
+
+    retry_max_delay: float = 10.0
+    """Cap on one back-off in seconds."""
+
+    connect_timeout: float = 5.0
+    """Seconds to open a connection. A bad hostname fails fast: DNS and refused
+    connections are *not* retried."""
+
+    read_timeout: float = 60.0
+    """Seconds without a byte from the server before a request is retried."""
+
+    def __post_init__(self) -> None:
+        def bad(name: str, allowed: str) -> ConfigError:
+            return ConfigError(
+                f"TransferConfig.{name}={getattr(self, name)!r}; allowed: {allowed}"
+            )
+
+        if not MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE:
+            raise bad("part_size", "5 MiB <= part_size <= 5 GiB (S3 limits)")
+        if self.max_concurrency < 1:
+            raise bad("max_concurrency", ">= 1")
+        if self.max_inflight_bytes < self.part_size:
+            raise bad("max_inflight_bytes", f">= part_size ({self.part_size})")
+        if self.target_object_size < 1:
+            raise bad("target_object_size", ">= 1")
+        if self.read_request_size < MiB:
+            raise bad("read_request_size", ">= 1 MiB")
+        if self.coalesce_gap < 0:
+            raise bad("coalesce_gap", ">= 0")
+        if self.read_chunk_size < 64 * KiB:
+            raise bad("read_chunk_size", ">= 64 KiB")
+        if self.max_attempts < 1:
+            raise bad("max_attempts", ">= 1")
+        if self.retry_initial_delay < 0 or self.retry_max_delay < self.retry_initial_delay:
+            raise bad("retry_max_delay", ">= retry_initial_delay >= 0")
+        if self.connect_timeout <= 0 or self.read_timeout <= 0:
+            raise bad("connect_timeout", "connect_timeout > 0 and read_timeout > 0")
+
+    @property
+    def max_inflight_parts(self) -> int:
+        """Upload buffers per rank: ``max_inflight_bytes // part_size``."""
+        return max(1, self.max_inflight_bytes // self.part_size)
+
+    def part_size_for(self, object_size: int) -> int:
+        """Part size that keeps an object of ``object_size`` bytes within 10,000 parts."""
+        size = self.part_size
+        while object_size > size * MAX_PARTS:
+            size *= 2
+        if size > MAX_PART_SIZE:
+            raise ConfigError(
+                f"object of {object_size} bytes exceeds S3's 5 TiB object limit; "
+                "lower TransferConfig.target_object_size"
+            )
+        return size

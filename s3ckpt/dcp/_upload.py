@@ -1,0 +1,335 @@
+"""Streaming uploads with bounded memory.
+
+An :class:`Uploader` owns a fixed pool of part-sized buffers and a thread pool. Each
+object is written through an :class:`ObjectSink` (a write-only stream): bytes are copied
+into the current buffer; a full buffer becomes a part uploaded in the background and the
+sink takes the next free buffer, blocking when all are in flight. Memory above the data
+being saved is therefore ``n_buffers * part_size`` no matter how large the object is.
+
+Every multipart upload is registered the moment it is created; on any failure
+:meth:`Uploader.abort` aborts the open ones and deletes the objects this uploader already
+completed, so a failed save leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from s3ckpt import _crc
+from s3ckpt.errors import S3CkptError
+from s3ckpt.store.base import CompletedPart, ObjectStore
+
+__all__ = ["ObjectSink", "Uploader", "format_leftovers"]
+
+log = logging.getLogger(__name__)
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+
+
+class _Aborted(S3CkptError):
+    """Raised inside the uploader once another task failed."""
+
+
+class Uploader:
+    """Uploads many objects of one rank in parallel within a fixed buffer budget.
+
+    Args:
+        store: Where to upload.
+        part_size: Size of every buffer / multipart part.
+        n_buffers: Buffers in the pool (``max_inflight_parts + 1``).
+        max_concurrency: Upload threads.
+        rank: For error messages.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        part_size: int,
+        n_buffers: int,
+        max_concurrency: int,
+        rank: int | None = None,
+    ) -> None:
+        self.store = store
+        self.part_size = part_size
+        self.rank = rank
+        self._free: queue.Queue[bytearray] = queue.Queue()
+        self._n_buffers = max(2, n_buffers)
+        self._allocated = 0
+        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="s3ckpt-up")
+        # Completing an object waits on its parts: a separate pool avoids starving them.
+        self._completer = ThreadPoolExecutor(2, thread_name_prefix="s3ckpt-complete")
+        self._lock = threading.Lock()
+        self._open_uploads: dict[str, str] = {}  # key -> upload id
+        self._completed: list[str] = []
+        self._futures: list[Future[Any]] = []
+        self._error: BaseException | None = None
+        self.bytes_uploaded = 0
+
+    # -- buffers -------------------------------------------------------------------------
+    def take_buffer(self) -> bytearray:
+        """A free buffer; blocks while every buffer is in flight (back-pressure)."""
+        while True:
+            self.raise_if_failed()
+            with self._lock:
+                if self._free.empty() and self._allocated < self._n_buffers:
+                    self._allocated += 1
+                    return bytearray(self.part_size)
+            try:
+                return self._free.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    def give_buffer(self, buf: bytearray) -> None:
+        """Return a buffer to the pool."""
+        self._free.put(buf)
+
+    # -- failure handling ------------------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = exc
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the first failure of any background task."""
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, fn: Callable[[], Any], *, completer: bool = False) -> Future[Any]:
+        """Run ``fn`` in the background, recording its failure."""
+
+        def run() -> Any:
+            if self._error is not None:
+                raise _Aborted("skipped after an earlier failure")
+            try:
+                return fn()
+            except BaseException as exc:
+                self._fail(exc)
+                raise
+
+        fut = (self._completer if completer else self._pool).submit(run)
+        with self._lock:
+            self._futures.append(fut)
+        return fut
+
+    # -- bookkeeping used by sinks ----------------------------------------------------------
+    def register_upload(self, key: str, upload_id: str) -> None:
+        """Remember an open multipart upload so it is aborted on failure."""
+        with self._lock:
+            self._open_uploads[key] = upload_id
+
+    def upload_done(self, key: str) -> None:
+        """Record a completed object (deleted again if the save fails)."""
+        with self._lock:
+            self._open_uploads.pop(key, None)
+            self._completed.append(key)
+
+    def sink(self, key: str) -> ObjectSink:
+        """A stream that uploads to ``key``."""
+        return ObjectSink(self, key)
+
+    # -- end ----------------------------------------------------------------------------------
+    def finish(self) -> list[str]:
+        """Wait for every upload; return the completed keys. Raises the first failure."""
+        while True:
+            with self._lock:
+                pending = [f for f in self._futures if not f.done()]
+            if not pending:
+                break
+            wait(pending)
+        self.raise_if_failed()
+        self.close()
+        return list(self._completed)
+
+    def abort(self) -> list[str]:
+        """Stop, abort open uploads, delete completed objects; return keys left behind."""
+        self._fail(_Aborted("save aborted"))
+        with self._lock:
+            futures = list(self._futures)
+        for fut in futures:
+            fut.cancel()
+        wait(futures)
+        leftovers: list[str] = []
+        with self._lock:
+            open_uploads = dict(self._open_uploads)
+            completed = list(self._completed)
+        for key, upload_id in open_uploads.items():
+            try:
+                self.store.abort_multipart(key, upload_id)
+            except Exception as exc:
+                log.error("could not abort multipart upload of %s: %s", key, exc)
+                leftovers.append(key)
+        if completed:
+            try:
+                failures = self.store.delete(completed)
+                leftovers.extend(f.key for f in failures)
+            except Exception as exc:
+                log.error("could not delete %d objects of the failed save: %s", len(completed), exc)
+                leftovers.extend(completed)
+        self.close()
+        return leftovers
+
+    def close(self) -> None:
+        """Release threads and buffers."""
+        self._pool.shutdown(wait=True)
+        self._completer.shutdown(wait=True)
+        while not self._free.empty():
+            self._free.get_nowait()
+
+
+class ObjectSink(io.RawIOBase):
+    """A write-only stream uploading one object in parts; ``torch.save`` writes into it.
+
+    Tracks CRC32C of the current *item* (a byte range the caller brackets with
+    :meth:`begin_item` / :meth:`end_item`) and where a watched buffer (a tensor's storage)
+    lands in the object.
+    """
+
+    def __init__(self, uploader: Uploader, key: str) -> None:
+        super().__init__()
+        self._up = uploader
+        self.key = key
+        self._buf: bytearray | None = None
+        self._fill = 0
+        self._pos = 0
+        self._part_no = 0
+        self._upload_id: str | None = None
+        self._parts: list[Future[CompletedPart]] = []
+        self._item_crc = 0
+        self._watch: tuple[int, int] | None = None
+        self._watch_pos: int | None = None
+        self.completion: Future[Any] | None = None
+
+    # io.RawIOBase protocol
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        if self._watch is not None and n == self._watch[1] and self._watch_pos is None:
+            if _address(view) == self._watch[0]:
+                self._watch_pos = self._pos
+        self._item_crc = _crc.crc32c(view, self._item_crc)
+        off = 0
+        while off < n:
+            if self._buf is None:
+                self._buf = self._up.take_buffer()
+                self._fill = 0
+            take = min(n - off, len(self._buf) - self._fill)
+            self._buf[self._fill : self._fill + take] = view[off : off + take]
+            self._fill += take
+            off += take
+            if self._fill == len(self._buf):
+                self._flush_part()
+        self._pos += n
+        return n
+
+    # item bracketing
+    def begin_item(self, watch_ptr: int | None = None, watch_nbytes: int = 0) -> int:
+        """Start an item at the current offset; optionally watch for a buffer at
+        ``watch_ptr`` of ``watch_nbytes`` bytes being written. Returns the offset."""
+        self._item_crc = 0
+        self._watch = (watch_ptr, watch_nbytes) if watch_ptr else None
+        self._watch_pos = None
+        return self._pos
+
+    def end_item(self) -> tuple[int, int | None]:
+        """CRC32C of the item's bytes and the offset of the watched buffer (or None)."""
+        self._watch = None
+        return self._item_crc, self._watch_pos
+
+    # parts
+    def _flush_part(self) -> None:
+        buf, fill = self._buf, self._fill
+        assert buf is not None
+        self._buf = None
+        self._fill = 0
+        up = self._up
+        if self._upload_id is None:
+            self._upload_id = up.store.create_multipart(self.key)
+            up.register_upload(self.key, self._upload_id)
+        self._part_no += 1
+        part_no, upload_id, key = self._part_no, self._upload_id, self.key
+
+        def send() -> CompletedPart:
+            try:
+                body: bytes | bytearray = buf if fill == len(buf) else bytes(memoryview(buf)[:fill])
+                crc = _crc.crc32c(body)
+                part = up.store.upload_part(key, upload_id, part_no, body, crc32c=crc)
+                with up._lock:
+                    up.bytes_uploaded += fill
+                return part
+            finally:
+                up.give_buffer(buf)
+
+        self._parts.append(up.submit(send))
+
+    def close(self) -> None:
+        """Finish the object: one PUT if it fit in a buffer, else the last part and a
+        background CompleteMultipartUpload."""
+        if self.closed:
+            return
+        super().close()
+        up = self._up
+        up.raise_if_failed()
+        if self._upload_id is None:
+            buf, fill = self._buf, self._fill
+            self._buf = None
+            key = self.key
+
+            def put() -> None:
+                try:
+                    view = memoryview(buf)[:fill] if buf is not None else memoryview(b"")
+                    up.store.put(key, view, crc32c=_crc.crc32c(view))
+                    with up._lock:
+                        up.bytes_uploaded += fill
+                finally:
+                    if buf is not None:
+                        up.give_buffer(buf)
+                up.upload_done(key)
+
+            self.completion = up.submit(put)
+            return
+        if self._fill:
+            self._flush_part()
+        elif self._buf is not None:
+            up.give_buffer(self._buf)
+            self._buf = None
+        parts, key, upload_id = list(self._parts), self.key, self._upload_id
+
+        def complete() -> None:
+            wait(parts)
+            done = []
+            for f in parts:
+                exc = f.exception()
+                if exc is not None:
+                    raise exc
+                done.append(f.result())
+            up.store.complete_multipart(key, upload_id, done)
+            up.upload_done(key)
+
+        self.completion = up.submit(complete, completer=True)
+
+
+def format_leftovers(keys: list[str]) -> str:
+    """Human summary of objects a failed save could not clean up."""
+    shown = ", ".join(keys[:5]) + (" ..." if len(keys) > 5 else "")
+    return f"{len(keys)} object(s) could not be cleaned up ({shown}); run `s3ckpt gc`"
+

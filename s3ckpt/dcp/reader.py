@@ -1,0 +1,511 @@
+"""S3StorageReader: a DCP checkpoint read back with parallel, coalesced ranged GETs.
+
+Call sequence (torch's ``StorageReader`` contract):
+
+0. ``__init__`` / ``reset(checkpoint_id)``: parse the URL, read ``s3ckpt.json`` (if any)
+   and the ``.metadata`` it commits, eagerly, so a missing, corrupt or unsafe checkpoint
+   raises a typed s3ckpt error before DCP wraps it.
+1. ``read_metadata`` (all ranks): the metadata, unpickled by an allow-list.
+2. ``set_up_storage_reader``: index saved chunks (dtype, shape) for direct streaming.
+3. ``prepare_local_plan`` / ``prepare_global_plan``: nothing to add.
+4. ``read_data``: group read items by object, sort by offset, coalesce near ranges into
+   requests of at most ``read_request_size`` (a whole-object GET when everything fits, so
+   stores that serve ranges slowly, like moto, read each byte once), fetch requests in
+   parallel, stream tensor bytes straight into destination tensors when dtype and layout
+   allow, and check every item's CRC32C.
+
+Reads checkpoints from other DCP writers too (torch's FileSystemWriter/FsspecWriter,
+s3torchconnector): without ``s3ckpt.json`` there are no checksums to check, and items go
+through ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+import uuid
+from collections import defaultdict
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch.distributed.checkpoint._extension import ExtensionRegistry
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from s3ckpt import _crc
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp._plan import Request, coalesce
+from s3ckpt.dcp._unpickler import load_metadata
+from s3ckpt.errors import (
+    CheckpointNotFoundError,
+    ChecksumMismatchError,
+    CorruptCheckpointError,
+    S3CkptError,
+    UnsafeCheckpointError,
+)
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, ItemRecord, Manifest
+from s3ckpt.store import ObjectStore, RangeReader, open_store
+from s3ckpt.uri import StoreURL
+
+__all__ = ["S3StorageReader"]
+
+log = logging.getLogger(__name__)
+
+_Key = tuple[str, tuple[int, ...] | None]
+
+
+@dataclass
+class _Span:
+    """One stored item (a byte range of an object) and every read item that needs it."""
+
+    info: _StorageInfo
+    record: ItemRecord | None
+    reads: list[ReadItem] = field(default_factory=list)
+
+
+class S3StorageReader(StorageReader):
+    """Read a DCP checkpoint from ``s3://bucket/prefix`` (or any fsspec URL).
+
+    Example::
+
+        dcp.load(state_dict, storage_reader=S3StorageReader("s3://bucket/run/step_100"))
+
+    Args:
+        path: Checkpoint prefix URL.
+        s3_config: Endpoint, region, SSE-C key, ...
+        transfer_config: Concurrency, request sizes, retries.
+        verify_checksums: Check every item's CRC32C against ``s3ckpt.json`` (default on).
+        allow_unsafe_pickle: Load non-tensor items with full pickle instead of
+            ``torch.load(weights_only=True)``. Only for checkpoints from a bucket you trust.
+        store: Use this store instead of one built from ``path``.
+
+    Raises:
+        CheckpointNotFoundError: nothing committed (and no ``.metadata``) at ``path``.
+        CorruptCheckpointError: the marker or metadata is malformed or inconsistent.
+        UnsafeCheckpointError: ``.metadata`` asks to unpickle a non-DCP type.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        s3_config: S3Config | None = None,
+        transfer_config: TransferConfig | None = None,
+        verify_checksums: bool = True,
+        allow_unsafe_pickle: bool = False,
+        store: ObjectStore | None = None,
+    ) -> None:
+        super().__init__()
+        self.s3_config = s3_config or S3Config()
+        self.transfer_config = transfer_config or TransferConfig()
+        self.verify_checksums = verify_checksums
+        self.allow_unsafe_pickle = allow_unsafe_pickle
+        self._given_store = store
+        self.rank = 0
+        self.bytes_read = 0
+        self._point(str(path))
+
+    # -- location & metadata ------------------------------------------------------------------
+    def _point(self, path: str) -> None:
+        store, url = open_store(
+            path, s3_config=self.s3_config, transfer_config=self.transfer_config
+        )
+        self.url: StoreURL = url
+        self.store: ObjectStore = self._given_store or store
+        self.checkpoint_id = str(url)
+        self.load_id = uuid.uuid4().hex
+        self.manifest, self.metadata = self._load()
+        self._records: dict[_Key, ItemRecord] = (
+            self.manifest.item_index() if self.manifest is not None else {}
+        )
+
+    def _load(self) -> tuple[Manifest | None, Metadata]:
+        marker_key = self.url.key(MANIFEST_NAME)
+        manifest: Manifest | None = None
+        if self.store.head(marker_key) is not None:
+            manifest = Manifest.from_json(self.store.get(marker_key), where=marker_key)
+        meta_name = manifest.metadata_key if manifest is not None else METADATA_NAME
+        meta_key = self.url.key(meta_name)
+        if self.store.head(meta_key) is None:
+            if manifest is not None:
+                raise CorruptCheckpointError(
+                    f"{MANIFEST_NAME} commits {meta_name}, which is missing; the checkpoint "
+                    "was partly deleted",
+                    bucket=self.store.bucket,
+                    key=meta_key,
+                )
+            raise CheckpointNotFoundError(
+                f"no checkpoint at {self.url}: neither {MANIFEST_NAME} nor {METADATA_NAME} "
+                "exists; check the URL, or the save did not finish",
+                bucket=self.store.bucket,
+                key=marker_key,
+            )
+        raw = self.store.get(meta_key)
+        if manifest is not None:
+            crc = _crc.crc32c(raw)
+            if len(raw) != manifest.metadata_size or crc != manifest.metadata_crc32c:
+                raise CorruptCheckpointError(
+                    f"{meta_name} does not match the one {MANIFEST_NAME} committed "
+                    f"(size {len(raw)} vs {manifest.metadata_size}, crc32c {crc:08x} vs "
+                    f"{manifest.metadata_crc32c:08x}); it was changed after the commit",
+                    bucket=self.store.bucket,
+                    key=meta_key,
+                )
+        metadata = load_metadata(raw, bucket=self.store.bucket, key=meta_key)
+        if metadata.storage_meta is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        if not isinstance(metadata.storage_data, dict):
+            raise CorruptCheckpointError(
+                f"{meta_name} has no storage_data; it was not written by a file-style DCP writer",
+                bucket=self.store.bucket,
+                key=meta_key,
+            )
+        return manifest, metadata
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a new load, optionally of another checkpoint."""
+        if checkpoint_id is not None and str(checkpoint_id) != self.checkpoint_id:
+            self._point(str(checkpoint_id))
+        else:
+            self.load_id = uuid.uuid4().hex
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True for ``s3://`` URLs."""
+        return str(checkpoint_id).startswith(("s3://", "s3a://"))
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's metadata (read at construction)."""
+        if kwargs.get("rank") is not None:
+            raise CheckpointNotFoundError("s3ckpt checkpoints have no rank-local metadata")
+        return self.metadata
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        """Index saved chunks (dtype and shape) for direct streaming."""
+        self.rank = int(kwargs.get("rank", 0) or 0)
+        self.metadata = metadata
+        self._chunks: dict[_Key, tuple[torch.dtype, torch.Size]] = {}
+        for fqn, md in metadata.state_dict_metadata.items():
+            if isinstance(md, TensorStorageMetadata):
+                for chunk in md.chunks:
+                    key = (fqn, tuple(chunk.offsets))
+                    self._chunks[key] = (md.properties.dtype, chunk.sizes)
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """No storage-specific planning."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """No storage-specific planning."""
+        return plans
+
+    # -- data -----------------------------------------------------------------------------------
+    def _key_of(self, index: MetadataIndex) -> _Key:
+        return (index.fqn, tuple(index.offset) if index.offset is not None else None)
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Fetch every item of ``plan`` into the planner's tensors; see the module docs."""
+        storage_data = cast(dict[MetadataIndex, _StorageInfo], self.metadata.storage_data)
+        per_object: dict[str, dict[tuple[int, int], _Span]] = defaultdict(dict)
+        for read in plan.items:
+            info = storage_data.get(read.storage_index)
+            if info is None:
+                raise CorruptCheckpointError(
+                    f"{read.storage_index.fqn} is in the plan but not in .metadata",
+                    bucket=self.store.bucket,
+                    key=self.url.key(METADATA_NAME),
+                    rank=self.rank,
+                )
+            spans = per_object[info.relative_path]
+            span = spans.get((info.offset, info.length))
+            if span is None:
+                record = self._records.get(self._key_of(read.storage_index))
+                if self.manifest is not None and record is None and self.verify_checksums:
+                    raise CorruptCheckpointError(
+                        f"{read.storage_index.fqn} is not recorded in {MANIFEST_NAME}",
+                        bucket=self.store.bucket,
+                        key=self.url.key(MANIFEST_NAME),
+                        rank=self.rank,
+                    )
+                span = spans[(info.offset, info.length)] = _Span(info, record)
+            span.reads.append(read)
+
+        tc = self.transfer_config
+        jobs: list[tuple[str, Request[_Span]]] = []
+        for name, spans in per_object.items():
+            ranges = [(s.info.offset, s.info.offset + s.info.length, s) for s in spans.values()]
+            for req in coalesce(ranges, tc.coalesce_gap, tc.read_request_size):
+                jobs.append((name, req))
+        # Largest first: the long poles start early.
+        jobs.sort(key=lambda j: -j[1].size)
+        lock = threading.Lock()
+        if len(jobs) <= 1:
+            for name, req in jobs:
+                self._fetch(name, req, planner, lock)
+        else:
+            with ThreadPoolExecutor(
+                min(tc.max_concurrency, len(jobs)), thread_name_prefix="s3ckpt-get"
+            ) as pool:
+                futures = [pool.submit(self._fetch, n, r, planner, lock) for n, r in jobs]
+                done, not_done = wait(futures, return_when=FIRST_EXCEPTION)
+                for fut in not_done:
+                    fut.cancel()
+                for fut in futures:
+                    if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                        raise cast(BaseException, fut.exception())
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _fetch(self, name: str, req: Request[_Span], planner: LoadPlanner, lock: threading.Lock) -> None:
+        key = self.url.key(name)
+        stream = self.store.open_range(key, req.start, req.size)
+        reader = _Exact(stream, key, self.store.bucket, self.rank, self.transfer_config.read_chunk_size)
+        try:
+            pos = req.start
+            for start, _end, span in req.spans:
+                reader.skip(start - pos)
+                self._read_span(reader, key, span, planner, lock)
+                pos = start + span.info.length
+            with lock:
+                self.bytes_read += req.size
+        except S3CkptError as exc:
+            if exc.rank is None:
+                exc.rank = self.rank
+            raise
+        finally:
+            stream.close()
+
+    def _read_span(
+        self,
+        reader: _Exact,
+        key: str,
+        span: _Span,
+        planner: LoadPlanner,
+        lock: threading.Lock,
+    ) -> None:
+        info, record = span.info, span.record
+        fqn = span.reads[0].storage_index.fqn
+        target = self._direct_target(span, planner, lock)
+        if target is not None and record is not None and record.data_offset is not None:
+            nbytes = target.numel() * target.element_size()
+            tail_len = info.length - record.data_offset - nbytes
+            if tail_len < 0:
+                raise CorruptCheckpointError(
+                    f"{fqn}: {MANIFEST_NAME} places {nbytes} tensor bytes past the item's end",
+                    bucket=self.store.bucket,
+                    key=key,
+                    rank=self.rank,
+                )
+            crc = reader.readinto_all(memoryview(bytearray(record.data_offset)), fqn, 0)
+            if nbytes:
+                view = memoryview(target.view(-1).view(torch.uint8).numpy())
+                crc = reader.readinto_all(view, fqn, crc)
+            crc = reader.readinto_all(memoryview(bytearray(tail_len)), fqn, crc)
+            self._check(crc, record, key, fqn)
+            with lock:
+                planner.commit_tensor(span.reads[0], target)
+            return
+
+        buf = bytearray(info.length)
+        crc = reader.readinto_all(memoryview(buf), fqn, 0)
+        if record is not None:
+            self._check(crc, record, key, fqn)
+        first = span.reads[0]
+        if first.type == LoadItemType.BYTE_IO:
+            self._check_safe(buf, key, fqn)
+            for read in span.reads:
+                with lock:
+                    planner.load_bytes(read, io.BytesIO(buf))
+            return
+        tensor = self._decode_tensor(buf, span, key)
+        for read in span.reads:
+            piece = _narrow(tensor, read.storage_offsets, read.lengths)
+            with lock:
+                dest = planner.resolve_tensor(read).detach()
+            if dest.size() != piece.size():
+                raise CorruptCheckpointError(
+                    f"{read.storage_index.fqn}: saved chunk slice has shape {tuple(piece.size())}, "
+                    f"destination has {tuple(dest.size())}",
+                    bucket=self.store.bucket,
+                    key=key,
+                    rank=self.rank,
+                )
+            dest.copy_(piece)
+            with lock:
+                planner.commit_tensor(read, dest)
+
+    def _direct_target(
+        self, span: _Span, planner: LoadPlanner, lock: threading.Lock
+    ) -> torch.Tensor | None:
+        """The destination tensor if the saved bytes can stream straight into it."""
+        if len(span.reads) != 1 or span.info.transform_descriptors:
+            return None
+        read = span.reads[0]
+        if read.type != LoadItemType.TENSOR:
+            return None
+        chunk = self._chunks.get(self._key_of(read.storage_index))
+        if chunk is None:
+            return None
+        dtype, sizes = chunk
+        if any(read.storage_offsets) or tuple(read.lengths) != tuple(sizes):
+            return None
+        with lock:
+            target = planner.resolve_tensor(read).detach()
+        if (
+            target.device.type != "cpu"
+            or target.dtype != dtype
+            or not target.is_contiguous()
+            or tuple(target.size()) != tuple(sizes)
+        ):
+            return None
+        return target
+
+    def _check(self, crc: int, record: ItemRecord, key: str, fqn: str) -> None:
+        if self.verify_checksums and crc != record.crc32c:
+            raise ChecksumMismatchError(
+                f"checksum mismatch in {fqn!r}: crc32c {crc:08x}, recorded {record.crc32c:08x} "
+                f"(bytes {record.start}-{record.start + record.length - 1}); the object was "
+                "corrupted after it was written. Restore it or load an earlier checkpoint",
+                bucket=self.store.bucket,
+                key=key,
+                rank=self.rank,
+                item=fqn,
+            )
+
+    def _check_safe(self, buf: bytearray, key: str, fqn: str) -> None:
+        if self.allow_unsafe_pickle:
+            return
+        try:
+            torch.load(io.BytesIO(buf), weights_only=True)
+        except Exception as exc:
+            raise UnsafeCheckpointError(
+                f"non-tensor item {fqn!r} does not load with torch.load(weights_only=True): "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. If you "
+                "trust this bucket, pass allow_unsafe_pickle=True (or register the type with "
+                "torch.serialization.add_safe_globals)",
+                bucket=self.store.bucket,
+                key=key,
+                rank=self.rank,
+            ) from exc
+
+    def _decode_tensor(self, buf: bytearray, span: _Span, key: str) -> torch.Tensor:
+        read = span.reads[0]
+        record = span.record
+        chunk = self._chunks.get(self._key_of(read.storage_index))
+        if (
+            record is not None
+            and record.data_offset is not None
+            and chunk is not None
+            and not span.info.transform_descriptors
+        ):
+            dtype, sizes = chunk
+            numel = 1
+            for s in sizes:
+                numel *= s
+            if numel == 0:
+                return torch.empty(tuple(sizes), dtype=dtype)
+            flat = torch.frombuffer(buf, dtype=dtype, count=numel, offset=record.data_offset)
+            return flat.view(tuple(sizes))
+        stream: io.IOBase = io.BytesIO(buf)
+        if span.info.transform_descriptors:
+            stream = _transforms().transform_load_stream(
+                read, span.info.transform_descriptors, stream
+            )
+            stream = io.BytesIO(stream.read())
+        try:
+            return cast(
+                torch.Tensor, torch.load(stream, map_location="cpu", weights_only=True)
+            )
+        except Exception as exc:
+            raise CorruptCheckpointError(
+                f"{read.storage_index.fqn}: cannot decode the saved tensor ({type(exc).__name__}: "
+                f"{exc})",
+                bucket=self.store.bucket,
+                key=key,
+                rank=self.rank,
+            ) from exc
+
+
+def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
+    for dim, (start, length) in enumerate(zip(offsets, lengths)):
+        if start != 0 or length != tensor.size(dim):
+            tensor = torch.narrow(tensor, dim, start, length)
+    return tensor
+
+
+_TRANSFORMS: Any = None
+
+
+def _transforms() -> Any:
+    global _TRANSFORMS
+    if _TRANSFORMS is None:
+        from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
+
+        _TRANSFORMS = _StorageReaderTransforms(ExtensionRegistry())
+    return _TRANSFORMS
+
+
+class _Exact:
+    """Reads exact byte counts from a :class:`RangeReader`, naming truncation clearly."""
+
+    def __init__(self, stream: RangeReader, key: str, bucket: str, rank: int, chunk: int) -> None:
+        self._stream = stream
+        self._key = key
+        self._bucket = bucket
+        self._rank = rank
+        self._chunk = chunk
+        self._scratch: bytearray | None = None
+        self.consumed = 0
+
+    def readinto_all(self, view: memoryview, what: str, crc: int = 0) -> int:
+        """Fill ``view`` completely; return CRC32C continued from ``crc``."""
+        view = view.cast("B") if view.format != "B" else view
+        off, n = 0, len(view)
+        while off < n:
+            got = self._stream.readinto(view[off : min(n, off + self._chunk)])
+            if got <= 0:
+                raise CorruptCheckpointError(
+                    f"object ends early while reading {what!r} ({n - off} of {n} bytes "
+                    "missing); the object is truncated",
+                    bucket=self._bucket,
+                    key=self._key,
+                    rank=self._rank,
+                )
+            crc = _crc.crc32c(view[off : off + got], crc)
+            off += got
+        self.consumed += n
+        return crc
+
+    def skip(self, n: int) -> None:
+        """Discard ``n`` bytes (a gap between needed ranges)."""
+        if n <= 0:
+            return
+        if self._scratch is None:
+            self._scratch = bytearray(min(self._chunk, max(n, 1)))
+        while n > 0:
+            got = self._stream.readinto(memoryview(self._scratch)[: min(n, len(self._scratch))])
+            if got <= 0:
+                raise CorruptCheckpointError(
+                    "object ends early (in a gap between items); the object is truncated",
+                    bucket=self._bucket,
+                    key=self._key,
+                    rank=self._rank,
+                )
+            n -= got
+

@@ -1,0 +1,406 @@
+"""S3StorageWriter: torch.distributed.checkpoint shards streamed straight to S3.
+
+Call sequence (torch's ``StorageWriter`` contract, with what each step does here):
+
+0. ``__init__`` / ``reset(checkpoint_id)`` (all ranks): parse the URL; unless
+   ``overwrite``, HEAD the commit marker and raise :class:`CheckpointExistsError` at once.
+1. ``set_up_storage_writer`` (all ranks): remember rank and role.
+2. ``prepare_local_plan`` (all ranks): nothing to add.
+3. ``prepare_global_plan`` (coordinator): check the marker again, pick this save's object
+   tag, hand each rank its plan data.
+4. ``write_data`` (all ranks): pack the rank's items into a few objects balanced by size
+   and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
+   item and per part). On any failure: abort open uploads, delete completed objects.
+5. ``finish`` (coordinator): the commit. ``.metadata`` with If-None-Match (or, when one
+   exists, a per-save ``.metadata.<tag>``), then ``s3ckpt.json`` last and conditional,
+   then (overwrite) the stock ``.metadata`` copy and removal of the old objects.
+
+Data objects are named ``__{rank}_{i}.{tag}.distcp``: torch's FileSystemWriter names plus
+a per-save tag, so an overwrite (or a second job racing on the same prefix) never writes
+under the keys a committed ``.metadata`` points at. A failed overwrite therefore leaves the
+previous checkpoint loadable.
+
+Known limit: when one rank fails, DCP does not tell the other ranks, so objects they
+already completed stay behind, uncommitted (no marker refers to them). ``s3ckpt gc`` and
+the ``Checkpointer`` remove them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import logging
+import math
+import os
+import pickle
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from s3ckpt import _crc, __version__
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp._plan import pack
+from s3ckpt.dcp._upload import Uploader, format_leftovers
+from s3ckpt.errors import (
+    CheckpointExistsError,
+    ConfigError,
+    PreconditionFailedError,
+    S3CkptError,
+)
+from s3ckpt.format import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    ItemRecord,
+    Manifest,
+    ObjectRecord,
+)
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.uri import StoreURL
+
+__all__ = ["S3StorageWriter"]
+
+log = logging.getLogger(__name__)
+
+# torch.save framing around a tensor's bytes is ~1.5 KiB; used only to size objects.
+_ITEM_OVERHEAD = 2048
+_DCP_VERSION = "1.0.0"
+
+
+@dataclass(frozen=True)
+class _RankPlan:
+    """What the coordinator tells each rank in ``SavePlan.storage_data``."""
+
+    rank: int
+    tag: str
+
+
+@dataclass
+class _S3StorageInfo(_StorageInfo):
+    """torch's per-item storage info plus what s3ckpt records in ``s3ckpt.json``.
+
+    Only the plain ``_StorageInfo`` part goes into ``.metadata`` (so stock readers can
+    read it); the rest travels to the coordinator inside the write results.
+    """
+
+    crc32c: int = 0
+    data_offset: int | None = None
+    object_size: int = 0
+    rank: int = 0
+
+    def plain(self) -> _StorageInfo:
+        return _StorageInfo(self.relative_path, self.offset, self.length, self.transform_descriptors)
+
+
+def _tensor_for_save(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor whose storage holds exactly its bytes (torch.save writes whole storages)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+class S3StorageWriter(StorageWriter):
+    """Write a DCP checkpoint to ``s3://bucket/prefix`` (or any fsspec URL).
+
+    Example::
+
+        import torch.distributed.checkpoint as dcp
+        from s3ckpt import S3StorageWriter
+
+        dcp.save(state_dict, storage_writer=S3StorageWriter("s3://bucket/run/step_100"))
+
+    Args:
+        path: Checkpoint prefix URL.
+        s3_config: Endpoint, region, encryption, storage class, checksums.
+        transfer_config: Part size, concurrency, memory bound, retries.
+        overwrite: Replace a committed checkpoint at ``path`` (safely: the old one stays
+            loadable until the new one commits). Otherwise saving into a committed prefix
+            raises :class:`~s3ckpt.errors.CheckpointExistsError`.
+        step: Training step recorded in ``s3ckpt.json``.
+        metrics: Numbers recorded in ``s3ckpt.json`` (for retention's "best by").
+        user_metadata: JSON-serialisable data recorded in ``s3ckpt.json``.
+        store: Use this store instead of one built from ``path`` (tests, custom clients).
+
+    Raises:
+        CheckpointExistsError: at construction, if ``path`` is committed and not
+            ``overwrite``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        s3_config: S3Config | None = None,
+        transfer_config: TransferConfig | None = None,
+        overwrite: bool = False,
+        step: int | None = None,
+        metrics: dict[str, float] | None = None,
+        user_metadata: dict[str, Any] | None = None,
+        store: ObjectStore | None = None,
+    ) -> None:
+        super().__init__()
+        self.s3_config = s3_config or S3Config()
+        self.transfer_config = transfer_config or TransferConfig()
+        self.overwrite = overwrite
+        self.step = step
+        self.metrics = dict(metrics or {})
+        self.user_metadata = dict(user_metadata or {})
+        self._given_store = store
+        self.rank = 0
+        self.is_coordinator = True
+        self.last_manifest: Manifest | None = None
+        self._point(str(path))
+
+    # -- location ---------------------------------------------------------------------------
+    def _point(self, path: str) -> None:
+        store, url = open_store(
+            path, s3_config=self.s3_config, transfer_config=self.transfer_config
+        )
+        self.url: StoreURL = url
+        self.store: ObjectStore = self._given_store or store
+        self.checkpoint_id = str(url)
+        self.save_id = uuid.uuid4().hex
+        if not self.overwrite:
+            self._refuse_if_committed()
+
+    def _refuse_if_committed(self) -> None:
+        if self.store.head(self.url.key(MANIFEST_NAME)) is not None:
+            raise CheckpointExistsError(
+                f"a committed checkpoint already exists at {self.url}; pass overwrite=True "
+                "to replace it, or save to a new prefix",
+                bucket=self.store.bucket,
+                key=self.url.key(MANIFEST_NAME),
+            )
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """Start a new save, optionally at a new location."""
+        if checkpoint_id is not None:
+            self._point(str(checkpoint_id))
+        else:
+            self.save_id = uuid.uuid4().hex
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """True for ``s3://`` URLs."""
+        return str(checkpoint_id).startswith(("s3://", "s3a://"))
+
+    def storage_meta(self) -> StorageMeta | None:
+        """Recorded in ``.metadata`` (the URL, never credentials)."""
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    # -- planning ---------------------------------------------------------------------------
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Remember role and rank."""
+        self.is_coordinator = is_coordinator
+        self.rank = int(kwargs.get("rank", 0) or 0)
+        if kwargs.get("use_collectives", True) is False:
+            raise ConfigError(
+                "S3StorageWriter needs use_collectives=True (one .metadata per checkpoint)",
+                rank=self.rank,
+            )
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """No storage-specific local planning."""
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Check the prefix is free (or overwrite is on) and give every rank its tag."""
+        if not self.overwrite:
+            self._refuse_if_committed()
+        tag = self.save_id[:8]
+        return [
+            dataclasses.replace(plan, storage_data=_RankPlan(rank=i, tag=tag))
+            for i, plan in enumerate(plans)
+        ]
+
+    # -- data -------------------------------------------------------------------------------
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Stream this rank's items as a few multipart objects; see the module docs."""
+        rank_plan: _RankPlan = plan.storage_data
+        tc = self.transfer_config
+        sizes = [self._estimate(item) for item in plan.items]
+        total = sum(sizes)
+        n_objects = max(1, min(len(plan.items), math.ceil(total / tc.target_object_size)))
+        bins = pack(sizes, n_objects) if plan.items else []
+        part_size = tc.part_size_for(max((sum(sizes[i] for i in b) for b in bins), default=0))
+        uploader = Uploader(
+            self.store,
+            part_size=part_size,
+            n_buffers=max(1, tc.max_inflight_bytes // part_size) + 1,
+            max_concurrency=tc.max_concurrency,
+            rank=rank_plan.rank,
+        )
+        results: list[WriteResult] = []
+        try:
+            for i, indices in enumerate(bins):
+                name = f"__{rank_plan.rank}_{i}.{rank_plan.tag}.distcp"
+                sink = uploader.sink(self.url.key(name))
+                infos: list[_S3StorageInfo] = []
+                for idx in indices:
+                    item = plan.items[idx]
+                    info = self._write_item(sink, planner, item, name, rank_plan.rank)
+                    infos.append(info)
+                    results.append(WriteResult(item.index, info.length, info))
+                size = sink.tell()
+                for info in infos:
+                    info.object_size = size
+                sink.close()
+            uploader.finish()
+        except BaseException as exc:
+            leftovers = uploader.abort()
+            if leftovers:
+                log.error("rank %d: %s", rank_plan.rank, format_leftovers(leftovers))
+            if isinstance(exc, S3CkptError) and exc.rank is None:
+                exc.rank = rank_plan.rank
+            raise
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    @staticmethod
+    def _estimate(item: Any) -> int:
+        if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+            return _ITEM_OVERHEAD
+        props = item.tensor_data.properties
+        numel = math.prod(item.tensor_data.size)
+        return numel * torch.empty((), dtype=props.dtype).element_size() + _ITEM_OVERHEAD
+
+    @staticmethod
+    def _write_item(
+        sink: Any, planner: SavePlanner, item: Any, name: str, rank: int
+    ) -> _S3StorageInfo:
+        data = planner.resolve_data(item)
+        if item.type == WriteItemType.BYTE_IO:
+            start = sink.begin_item()
+            sink.write(data.getbuffer() if isinstance(data, io.BytesIO) else data)
+            crc, data_offset = sink.end_item()
+        else:
+            tensor = _tensor_for_save(data)
+            nbytes = tensor.numel() * tensor.element_size()
+            start = sink.begin_item(tensor.data_ptr() if nbytes else None, nbytes)
+            torch.save(tensor, sink)
+            crc, data_offset = sink.end_item()
+            del tensor
+        length = sink.tell() - start
+        return _S3StorageInfo(
+            relative_path=name,
+            offset=start,
+            length=length,
+            crc32c=crc,
+            data_offset=None if data_offset is None else data_offset - start,
+            rank=rank,
+        )
+
+    # -- commit -------------------------------------------------------------------------------
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Commit: metadata, then the marker (conditional), then overwrite cleanup."""
+        infos: dict[Any, _S3StorageInfo] = {}
+        for rank_results in results:
+            for wr in rank_results:
+                infos[wr.index] = wr.storage_data
+        metadata.version = _DCP_VERSION
+        metadata.storage_data = {idx: info.plain() for idx, info in infos.items()}
+        metadata.storage_meta = self.storage_meta()
+        meta_bytes = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+        objects: dict[str, ObjectRecord] = {}
+        items: list[ItemRecord] = []
+        for idx, info in infos.items():
+            objects[info.relative_path] = ObjectRecord(info.relative_path, info.object_size, info.rank)
+            items.append(
+                ItemRecord(
+                    fqn=idx.fqn,
+                    offset=tuple(idx.offset) if idx.offset is not None else None,
+                    object=info.relative_path,
+                    start=info.offset,
+                    length=info.length,
+                    crc32c=info.crc32c,
+                    data_offset=info.data_offset,
+                )
+            )
+        data_keys = [self.url.key(name) for name in objects]
+        written: list[str] = []
+        try:
+            previous = self._previous_manifest()
+            meta_name = METADATA_NAME
+            try:
+                self.store.put(self.url.key(meta_name), meta_bytes, if_none_match=True)
+            except PreconditionFailedError:
+                # A .metadata is already there: the checkpoint being overwritten, a failed
+                # save's leftover or a racing job. Never write over it before our commit.
+                meta_name = f"{METADATA_NAME}.{self.save_id[:8]}"
+                self.store.put(self.url.key(meta_name), meta_bytes)
+            written.append(self.url.key(meta_name))
+            manifest = Manifest(
+                save_id=self.save_id,
+                created=time.time(),
+                world_size=len(results),
+                metadata_key=meta_name,
+                metadata_crc32c=_crc.crc32c(meta_bytes),
+                metadata_size=len(meta_bytes),
+                objects=tuple(sorted(objects.values(), key=lambda o: (o.rank, o.name))),
+                items=tuple(items),
+                step=self.step,
+                metrics=self.metrics,
+                user=self.user_metadata,
+                versions={"s3ckpt": __version__, "torch": torch.__version__},
+            )
+            marker = self.url.key(MANIFEST_NAME)
+            try:
+                self.store.put(marker, manifest.to_json(), if_none_match=previous is None)
+            except PreconditionFailedError as exc:
+                raise CheckpointExistsError(
+                    f"another save committed {self.url} first; this save was discarded",
+                    bucket=self.store.bucket,
+                    key=marker,
+                ) from exc
+        except BaseException:
+            self._discard(data_keys + written)
+            raise
+        self.last_manifest = manifest
+        if meta_name != METADATA_NAME:
+            # Stock readers look for ".metadata": point it at the committed save.
+            self.store.put(self.url.key(METADATA_NAME), meta_bytes)
+        if previous is not None:
+            self._remove_replaced(previous, manifest)
+
+    def _previous_manifest(self) -> Manifest | None:
+        key = self.url.key(MANIFEST_NAME)
+        if self.store.head(key) is None:
+            return None
+        if not self.overwrite:
+            self._refuse_if_committed()
+        return Manifest.from_json(self.store.get(key), where=key)
+
+    def _discard(self, keys: list[str]) -> None:
+        try:
+            failures = self.store.delete(keys)
+        except Exception as exc:
+            log.error("could not remove objects of the failed save at %s: %s", self.url, exc)
+            return
+        if failures:
+            log.error("%s", format_leftovers([f.key for f in failures]))
+
+    def _remove_replaced(self, previous: Manifest, current: Manifest) -> None:
+        keep = {o.name for o in current.objects} | {current.metadata_key, METADATA_NAME}
+        stale = [o.name for o in previous.objects if o.name not in keep]
+        if previous.metadata_key not in keep:
+            stale.append(previous.metadata_key)
+        if not stale:
+            return
+        failures = self.store.delete([self.url.key(n) for n in stale])
+        if failures:
+            log.warning(
+                "overwrite of %s committed, but %s", self.url, format_leftovers([f.key for f in failures])
+            )

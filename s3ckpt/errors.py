@@ -1,0 +1,226 @@
+"""s3ckpt's exceptions: one tree, every error names what to check.
+
+::
+
+    S3CkptError (Exception)
+    ├── ConfigError                  a configuration value is out of range
+    │   └── InvalidURLError          a checkpoint URL cannot be parsed
+    ├── StoreError                   an object-store request failed (bucket, key, operation)
+    │   ├── NoSuchBucketError
+    │   ├── ObjectNotFoundError
+    │   ├── AccessDeniedError        credentials missing, wrong or not allowed
+    │   ├── PreconditionFailedError  a conditional write lost (If-None-Match / If-Match)
+    │   ├── EndpointError            the endpoint cannot be reached (DNS, refused, TLS)
+    │   └── TransientStoreError      throttling / 5xx / timeouts that outlasted the retries
+    └── CheckpointError              the checkpoint itself is the problem
+        ├── CheckpointExistsError    a committed checkpoint is already at the prefix
+        ├── CheckpointNotFoundError  no committed checkpoint (and no .metadata) at the prefix
+        ├── CorruptCheckpointError   truncated object, malformed manifest, inconsistent commit
+        │   └── ChecksumMismatchError
+        └── UnsafeCheckpointError    a pickle asked for something outside the allow-list
+
+Lower-layer exceptions (botocore, fsspec, OSError) are mapped to these at exactly one
+edge each (``s3ckpt.store.s3`` and ``s3ckpt.store.fsspec_store``).
+
+All errors derive from :class:`Exception` (not ``BaseException``) and pickle with their
+attributes, because ``torch.distributed.checkpoint`` gathers per-rank exceptions across
+processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AccessDeniedError",
+    "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "ChecksumMismatchError",
+    "ConfigError",
+    "CorruptCheckpointError",
+    "EndpointError",
+    "InvalidURLError",
+    "NoSuchBucketError",
+    "ObjectNotFoundError",
+    "PreconditionFailedError",
+    "S3CkptError",
+    "StoreError",
+    "TransientStoreError",
+    "UnsafeCheckpointError",
+    "find_s3ckpt_error",
+]
+
+
+class S3CkptError(Exception):
+    """Base class of every error s3ckpt raises.
+
+    Attributes:
+        bucket: The bucket involved, when there is one.
+        key: The object key involved, when there is one.
+        rank: The distributed rank that hit the error, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        rank: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.bucket = bucket
+        self.key = key
+        self.rank = rank
+
+    @property
+    def message(self) -> str:
+        """The message without the location suffix."""
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        where = []
+        if self.bucket is not None:
+            loc = f"s3://{self.bucket}/{self.key}" if self.key else f"s3://{self.bucket}"
+            where.append(loc)
+        elif self.key is not None:
+            where.append(self.key)
+        if self.rank is not None:
+            where.append(f"rank {self.rank}")
+        return f"{self.message} [{', '.join(where)}]" if where else self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep attributes across pickling (DCP gathers exceptions from every rank).
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[S3CkptError], message: str, state: dict[str, Any]) -> S3CkptError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err
+
+
+class ConfigError(S3CkptError, ValueError):
+    """A configuration value is invalid; the message says which and what is allowed."""
+
+
+class InvalidURLError(ConfigError):
+    """A checkpoint URL cannot be parsed (expected ``s3://bucket/prefix``)."""
+
+
+class StoreError(S3CkptError):
+    """An object-store request failed.
+
+    Attributes:
+        operation: The store operation (``put``, ``get``, ``head`` ...).
+        code: The service's error code (``NoSuchBucket``, ``SlowDown`` ...) when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        rank: int | None = None,
+        operation: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key, rank=rank)
+        self.operation = operation
+        self.code = code
+
+
+class NoSuchBucketError(StoreError):
+    """The bucket does not exist (or the endpoint/region points elsewhere)."""
+
+
+class ObjectNotFoundError(StoreError):
+    """The object does not exist."""
+
+
+class AccessDeniedError(StoreError):
+    """The credentials are missing, invalid, or not allowed to do this."""
+
+
+class PreconditionFailedError(StoreError):
+    """A conditional request failed: the object already exists or changed."""
+
+
+class EndpointError(StoreError):
+    """The endpoint cannot be reached: bad hostname, connection refused, TLS failure."""
+
+
+class TransientStoreError(StoreError):
+    """Throttling, server errors or timeouts persisted through every retry."""
+
+
+class CheckpointError(S3CkptError):
+    """The checkpoint at a prefix cannot be written or read as asked."""
+
+
+class CheckpointExistsError(CheckpointError):
+    """A committed checkpoint already exists at the prefix and ``overwrite`` is off."""
+
+
+class CheckpointNotFoundError(CheckpointError):
+    """There is no checkpoint (no commit marker and no ``.metadata``) at the prefix."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """Data is missing, truncated or inconsistent with the commit marker."""
+
+
+class ChecksumMismatchError(CorruptCheckpointError):
+    """An item's bytes do not match the CRC32C recorded at save time.
+
+    Attributes:
+        item: The state-dict key (fully qualified name) of the item.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        rank: int | None = None,
+        item: str | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key, rank=rank)
+        self.item = item
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A pickle in the checkpoint asked to load something outside the allow-list."""
+
+
+def find_s3ckpt_error(exc: BaseException) -> S3CkptError | None:
+    """Return the s3ckpt error inside ``exc``, if any.
+
+    ``torch.distributed.checkpoint`` wraps every exception raised by a storage layer in a
+    ``CheckpointException`` holding ``{rank: (exception, traceback)}``; this digs the first
+    s3ckpt error out of such a wrapper (or its ``__cause__`` chain) so callers can branch
+    on the type.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, S3CkptError):
+            return cur
+        failures = getattr(cur, "failures", None)
+        if isinstance(failures, dict):
+            for _rank, value in sorted(failures.items()):
+                inner = value[0] if isinstance(value, tuple) else value
+                if isinstance(inner, BaseException):
+                    stack.append(inner)
+        for nxt in (cur.__cause__, cur.__context__):
+            if nxt is not None:
+                stack.append(nxt)
+    return None

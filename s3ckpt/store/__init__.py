@@ -1,0 +1,71 @@
+"""The storage seam: :class:`ObjectStore` and its implementations.
+
+* :class:`S3Store` — S3 and S3-compatible stores through boto3 (the only boto3 user).
+* :class:`FsspecStore` — any other fsspec URL (``gs://``, ``az://``, ``file://``, ``memory://``).
+* :class:`MemoryStore` — in-process, with fault injection, for tests.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.store.base import (
+    CompletedPart,
+    DeleteFailure,
+    ObjectInfo,
+    ObjectStore,
+    RangeReader,
+    UploadInfo,
+)
+from s3ckpt.store.memory import MemoryStore
+from s3ckpt.uri import StoreURL, parse_url
+
+if TYPE_CHECKING:
+    from s3ckpt.store.fsspec_store import FsspecStore
+    from s3ckpt.store.s3 import S3Store
+
+__all__ = [
+    "CompletedPart",
+    "DeleteFailure",
+    "FsspecStore",
+    "MemoryStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "RangeReader",
+    "S3Store",
+    "UploadInfo",
+    "open_store",
+]
+
+
+def open_store(
+    url: str | StoreURL,
+    *,
+    s3_config: S3Config | None = None,
+    transfer_config: TransferConfig | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> tuple[ObjectStore, StoreURL]:
+    """The store for ``url`` and the parsed URL: ``s3://`` gives an :class:`S3Store`,
+    anything else an :class:`FsspecStore`."""
+    parsed = url if isinstance(url, StoreURL) else parse_url(url)
+    if parsed.scheme == "s3":
+        from s3ckpt.store.s3 import S3Store
+
+        return S3Store(parsed.bucket, s3_config, transfer_config), parsed
+    from s3ckpt.store.fsspec_store import FsspecStore
+
+    return FsspecStore(parsed.scheme, parsed.bucket, **(storage_options or {})), parsed
+
+
+def __getattr__(name: str) -> Any:
+    # boto3 and fsspec are imported only when their store is used.
+    if name == "S3Store":
+        from s3ckpt.store.s3 import S3Store
+
+        return S3Store
+    if name == "FsspecStore":
+        from s3ckpt.store.fsspec_store import FsspecStore
+
+        return FsspecStore
+    raise AttributeError(name)

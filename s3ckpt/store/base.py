@@ -1,0 +1,178 @@
+"""The storage seam: every byte s3ckpt moves passes through an :class:`ObjectStore`.
+
+Why this shape: it is the smallest set of object-store verbs that lets a checkpoint be
+streamed (multipart with parallel parts), committed atomically (conditional put), read
+back in parallel (ranged GETs into a caller's buffer), listed cheaply (paged, with a
+delimiter) and pruned safely (batched deletes reporting per-key errors). S3, GCS, Azure
+and a dict in memory can all provide it, so the layers above never see boto3.
+
+Call sequence of a multipart upload::
+
+    upload_id = store.create_multipart(key)
+    parts = [store.upload_part(key, upload_id, n, data) for n, data in ...]  # any order, parallel
+    store.complete_multipart(key, upload_id, parts)      # or abort_multipart on any failure
+
+Implementations must be picklable and safe to use from many threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "Buffer",
+    "CompletedPart",
+    "DeleteFailure",
+    "ObjectInfo",
+    "ObjectStore",
+    "RangeReader",
+    "UploadInfo",
+    "MAX_DELETE_BATCH",
+]
+
+Buffer = bytes | bytearray | memoryview
+
+MAX_DELETE_BATCH = 1000
+"""S3's DeleteObjects accepts at most 1000 keys per request."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed or HEADed object."""
+
+    key: str
+    size: int
+    etag: str | None = None
+    last_modified: float | None = None
+    """Seconds since the epoch (UTC)."""
+
+
+@dataclass(frozen=True)
+class CompletedPart:
+    """One uploaded part, as :meth:`ObjectStore.complete_multipart` needs it."""
+
+    part_number: int
+    etag: str
+    checksum_crc32c: str | None = None
+    """Base64 CRC32C the store acknowledged, when checksums are on."""
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class UploadInfo:
+    """An open (incomplete) multipart upload."""
+
+    key: str
+    upload_id: str
+    initiated: float | None = None
+
+
+@dataclass(frozen=True)
+class DeleteFailure:
+    """A key a batched delete could not remove, with the store's code and message."""
+
+    key: str
+    code: str
+    message: str
+
+
+@runtime_checkable
+class RangeReader(Protocol):
+    """A byte range of an object being streamed; ``readinto`` returns 0 at the end."""
+
+    def readinto(self, buffer: memoryview) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """What s3ckpt needs from an object store. Keys are full keys within ``bucket``."""
+
+    @property
+    def bucket(self) -> str: ...
+
+    @property
+    def url_scheme(self) -> str:
+        """``s3`` for S3 stores, the fsspec protocol otherwise (used in messages)."""
+        ...
+
+    def put(
+        self,
+        key: str,
+        data: Buffer,
+        *,
+        if_none_match: bool = False,
+        crc32c: int | None = None,
+    ) -> str:
+        """Upload ``data`` in one request and return its ETag.
+
+        Args:
+            if_none_match: Fail with :class:`~s3ckpt.errors.PreconditionFailedError`
+                if the key already exists (S3 ``If-None-Match: *``).
+            crc32c: CRC32C of ``data`` if the caller has it (else computed when needed).
+        """
+        ...
+
+    def create_multipart(self, key: str) -> str:
+        """Start a multipart upload and return its upload id."""
+        ...
+
+    def upload_part(
+        self, key: str, upload_id: str, part_number: int, data: Buffer, *, crc32c: int | None = None
+    ) -> CompletedPart:
+        """Upload part ``part_number`` (1-based) of ``upload_id``."""
+        ...
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[CompletedPart],
+        *,
+        if_none_match: bool = False,
+    ) -> str:
+        """Assemble the parts (sorted by number) into the object; return its ETag."""
+        ...
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Abort an upload, discarding its parts. Aborting an unknown upload is not an error."""
+        ...
+
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> RangeReader:
+        """Stream ``length`` bytes (``None``: to the end) of ``key`` from ``start``.
+
+        Transient failures mid-body are retried by resuming at the current offset, so the
+        caller sees each byte exactly once. Fewer bytes than asked means the object is
+        shorter than expected; the caller decides whether that is corruption.
+        """
+        ...
+
+    def get(self, key: str) -> bytes:
+        """Whole object as bytes (for small objects: manifests, metadata)."""
+        ...
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size and ETag of ``key``, or ``None`` if it does not exist."""
+        ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object under ``prefix``, paged (one request per 1000 keys on S3)."""
+        ...
+
+    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
+        """The immediate "sub-folders" under ``prefix`` (S3 common prefixes)."""
+        ...
+
+    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+        """Delete ``keys`` in batches of at most 1000; return the keys that failed.
+
+        A key that does not exist counts as deleted (S3 semantics).
+        """
+        ...
+
+    def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
+        """Open multipart uploads under ``prefix``."""
+        ...

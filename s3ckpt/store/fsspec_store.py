@@ -1,0 +1,317 @@
+"""FsspecStore: any fsspec URL that is not ``s3://`` (``gs://``, ``az://``, ``file://``,
+``memory://`` ...).
+
+Multipart uploads are streamed into one open fsspec file: parts may arrive out of order
+(they are uploaded in parallel), so early ones wait in memory until their turn; the
+writer's in-flight bound caps that at ``TransferConfig.max_inflight_bytes``. Conditional
+puts are a check-then-write here (fsspec has no atomic If-None-Match): safe against an
+earlier checkpoint, not against two writers racing on one prefix.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import fsspec
+
+from s3ckpt.errors import (
+    AccessDeniedError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+)
+from s3ckpt.store.base import (
+    Buffer,
+    CompletedPart,
+    DeleteFailure,
+    ObjectInfo,
+    UploadInfo,
+)
+
+__all__ = ["FsspecStore"]
+
+
+def _map(exc: BaseException, operation: str, bucket: str, key: str) -> StoreError:
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError(
+            f"{operation}: not found", bucket=bucket, key=key, operation=operation
+        )
+    if isinstance(exc, PermissionError):
+        return AccessDeniedError(
+            f"{operation}: permission denied; check credentials and permissions",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+        )
+    return StoreError(
+        f"{operation} failed: {type(exc).__name__}: {exc}",
+        bucket=bucket,
+        key=key,
+        operation=operation,
+    )
+
+
+class _Upload:
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.next_part = 1
+        self.pending: dict[int, bytes] = {}
+        self.lock = threading.Lock()
+
+
+class FsspecStore:
+    """:class:`~s3ckpt.store.base.ObjectStore` over an fsspec filesystem.
+
+    Args:
+        protocol: The fsspec protocol (``gs``, ``file``, ``memory`` ...).
+        bucket: The bucket / container / root folder; keys are joined below it.
+        storage_options: Passed to ``fsspec.filesystem``.
+    """
+
+    def __init__(self, protocol: str, bucket: str, **storage_options: Any) -> None:
+        self.url_scheme = protocol
+        self._bucket = bucket
+        self._options = storage_options
+        self._fs: Any = None
+        self._uploads: dict[str, _Upload] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def bucket(self) -> str:
+        """The bucket (or root folder)."""
+        return self._bucket
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem (created lazily per process)."""
+        if self._fs is None:
+            self._fs = fsspec.filesystem(self.url_scheme, **self._options)
+        return self._fs
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url_scheme": self.url_scheme, "_bucket": self._bucket, "_options": self._options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url_scheme"], state["_bucket"], **state["_options"])  # type: ignore[misc]
+
+    def _path(self, key: str) -> str:
+        if self.url_scheme == "file":
+            return "/" + key.lstrip("/")
+        return f"{self._bucket}/{key}" if self._bucket else key
+
+    def _key(self, path: str) -> str:
+        path = path.lstrip("/") if self.url_scheme == "file" else path
+        root = "" if self.url_scheme == "file" or not self._bucket else self._bucket + "/"
+        path = path.lstrip("/") if self.url_scheme == "memory" else path
+        return path[len(root) :] if root and path.startswith(root) else path
+
+    def _makedirs(self, key: str) -> None:
+        if self.url_scheme == "file":
+            parent = self._path(key).rsplit("/", 1)[0]
+            self.fs.makedirs(parent, exist_ok=True)
+
+    def put(
+        self, key: str, data: Buffer, *, if_none_match: bool = False, crc32c: int | None = None
+    ) -> str:
+        """See :meth:`ObjectStore.put`."""
+        try:
+            if if_none_match and self.fs.exists(self._path(key)):
+                raise PreconditionFailedError(
+                    "object already exists", bucket=self._bucket, key=key, operation="put"
+                )
+            self._makedirs(key)
+            self.fs.pipe_file(self._path(key), bytes(data))
+        except Exception as exc:
+            raise _map(exc, "put", self._bucket, key) from exc
+        return ""
+
+    def create_multipart(self, key: str) -> str:
+        """See :meth:`ObjectStore.create_multipart`."""
+        try:
+            self._makedirs(key)
+            handle = self.fs.open(self._path(key) + ".s3ckpt-partial", "wb")
+        except Exception as exc:
+            raise _map(exc, "create_multipart", self._bucket, key) from exc
+        upload_id = uuid.uuid4().hex
+        with self._lock:
+            self._uploads[upload_id] = _Upload(handle)
+        return upload_id
+
+    def _upload(self, upload_id: str, key: str) -> _Upload:
+        with self._lock:
+            up = self._uploads.get(upload_id)
+        if up is None:
+            raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
+        return up
+
+    def upload_part(
+        self, key: str, upload_id: str, part_number: int, data: Buffer, *, crc32c: int | None = None
+    ) -> CompletedPart:
+        """See :meth:`ObjectStore.upload_part`."""
+        up = self._upload(upload_id, key)
+        with up.lock:
+            up.pending[part_number] = bytes(data)
+            try:
+                while up.next_part in up.pending:
+                    up.handle.write(up.pending.pop(up.next_part))
+                    up.next_part += 1
+            except Exception as exc:
+                raise _map(exc, "upload_part", self._bucket, key) from exc
+        return CompletedPart(part_number, f"part-{part_number}", None, len(data))
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[CompletedPart],
+        *,
+        if_none_match: bool = False,
+    ) -> str:
+        """See :meth:`ObjectStore.complete_multipart`."""
+        up = self._upload(upload_id, key)
+        try:
+            with up.lock:
+                if up.pending:
+                    raise StoreError(
+                        f"parts {sorted(up.pending)} arrived without their predecessors",
+                        bucket=self._bucket,
+                        key=key,
+                    )
+                up.handle.close()
+            if if_none_match and self.fs.exists(self._path(key)):
+                raise PreconditionFailedError(
+                    "object already exists", bucket=self._bucket, key=key
+                )
+            self.fs.mv(self._path(key) + ".s3ckpt-partial", self._path(key))
+        except Exception as exc:
+            self.abort_multipart(key, upload_id)
+            raise _map(exc, "complete_multipart", self._bucket, key) from exc
+        with self._lock:
+            self._uploads.pop(upload_id, None)
+        return ""
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """See :meth:`ObjectStore.abort_multipart`."""
+        with self._lock:
+            up = self._uploads.pop(upload_id, None)
+        if up is None:
+            return
+        try:
+            up.handle.close()
+        except Exception:  # the file is being discarded anyway
+            pass
+        try:
+            self.fs.rm_file(self._path(key) + ".s3ckpt-partial")
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise _map(exc, "abort_multipart", self._bucket, key) from exc
+
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> _FsspecRange:
+        """See :meth:`ObjectStore.open_range`."""
+        try:
+            handle = self.fs.open(self._path(key), "rb")
+            handle.seek(start)
+        except Exception as exc:
+            raise _map(exc, "get", self._bucket, key) from exc
+        return _FsspecRange(handle, length)
+
+    def get(self, key: str) -> bytes:
+        """See :meth:`ObjectStore.get`."""
+        try:
+            return bytes(self.fs.cat_file(self._path(key)))
+        except Exception as exc:
+            raise _map(exc, "get", self._bucket, key) from exc
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """See :meth:`ObjectStore.head`."""
+        try:
+            info = self.fs.info(self._path(key))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise _map(exc, "head", self._bucket, key) from exc
+        if info.get("type") == "directory":
+            return None
+        return ObjectInfo(key, int(info.get("size") or 0), info.get("ETag"), _mtime(info))
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """See :meth:`ObjectStore.list`."""
+        base = self._path(prefix)
+        root = base if base.endswith("/") else base.rsplit("/", 1)[0]
+        try:
+            found = self.fs.find(root, detail=True) if self.fs.exists(root) else {}
+        except Exception as exc:
+            raise _map(exc, "list", self._bucket, prefix) from exc
+        for path, info in sorted(found.items()):
+            key = self._key(path)
+            if key.startswith(prefix) and not key.endswith(".s3ckpt-partial"):
+                yield ObjectInfo(key, int(info.get("size") or 0), info.get("ETag"), _mtime(info))
+
+    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
+        """See :meth:`ObjectStore.list_prefixes`."""
+        seen = set()
+        for obj in self.list(prefix):
+            rest = obj.key[len(prefix) :]
+            if delimiter in rest:
+                seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+        yield from sorted(seen)
+
+    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+        """See :meth:`ObjectStore.delete`."""
+        failures = []
+        for key in keys:
+            try:
+                self.fs.rm_file(self._path(key))
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                failures.append(DeleteFailure(key, type(exc).__name__, str(exc)))
+        return failures
+
+    def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
+        """Uploads open in this process (fsspec has no server-side multipart state)."""
+        with self._lock:
+            ups = list(self._uploads.items())
+        for uid, up in ups:
+            path = getattr(up.handle, "path", "")
+            key = self._key(str(path)).removesuffix(".s3ckpt-partial")
+            if key.startswith(prefix):
+                yield UploadInfo(key, uid, None)
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    value = info.get("mtime") or info.get("LastModified") or info.get("created")
+    if value is None:
+        return None
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class _FsspecRange:
+    def __init__(self, handle: Any, length: int | None) -> None:
+        self._handle = handle
+        self._left = length
+
+    def readinto(self, buffer: memoryview) -> int:
+        want = len(buffer) if self._left is None else min(len(buffer), self._left)
+        if want <= 0:
+            return 0
+        data = self._handle.read(want)
+        n = len(data)
+        buffer[:n] = data
+        if self._left is not None:
+            self._left -= n
+        return n
+
+    def close(self) -> None:
+        self._handle.close()

@@ -1,0 +1,261 @@
+"""MemoryStore: an in-process object store with fault injection, for fast unit tests
+(ours and users')."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from s3ckpt.errors import ObjectNotFoundError, PreconditionFailedError, StoreError
+from s3ckpt.store.base import (
+    MAX_DELETE_BATCH,
+    Buffer,
+    CompletedPart,
+    DeleteFailure,
+    ObjectInfo,
+    UploadInfo,
+)
+
+__all__ = ["MemoryStore", "Fault"]
+
+
+@dataclass
+class Fault:
+    """Raise ``error`` on the next ``times`` calls of ``operation`` whose key matches
+    ``key_glob``. ``operation`` is an :class:`ObjectStore` method name, or ``"*"``."""
+
+    operation: str
+    error: Callable[[str], BaseException]
+    key_glob: str = "*"
+    times: int = 1
+    hits: int = field(default=0, init=False)
+
+
+@dataclass
+class _Obj:
+    data: bytes
+    etag: str
+    mtime: float
+
+
+class MemoryStore:
+    """A thread-safe :class:`~s3ckpt.store.base.ObjectStore` holding objects in a dict.
+
+    Follows S3 semantics where s3ckpt relies on them: conditional puts, multipart uploads
+    invisible until completed, ranged reads clipped at the object's end, deleting a
+    missing key succeeds. ``inject`` arms faults; ``calls`` counts requests per operation.
+    """
+
+    url_scheme = "memory"
+
+    def __init__(self, bucket: str = "memory", *, clock: Callable[[], float] = time.time) -> None:
+        self._bucket = bucket
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.objects: dict[str, _Obj] = {}
+        self.uploads: dict[str, tuple[str, dict[int, bytes], float]] = {}
+        self.faults: list[Fault] = []
+        self.calls: dict[str, int] = {}
+
+    @property
+    def bucket(self) -> str:
+        """The bucket name (informational)."""
+        return self._bucket
+
+    def inject(
+        self,
+        operation: str,
+        error: Callable[[str], BaseException] | None = None,
+        *,
+        key_glob: str = "*",
+        times: int = 1,
+    ) -> Fault:
+        """Arm a fault; by default a :class:`~s3ckpt.errors.StoreError` naming the key."""
+
+        def default(key: str) -> BaseException:
+            return StoreError(f"injected fault in {operation}", bucket=self._bucket, key=key)
+
+        fault = Fault(operation, error or default, key_glob, times)
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    def _enter(self, operation: str, key: str) -> None:
+        with self._lock:
+            self.calls[operation] = self.calls.get(operation, 0) + 1
+            for fault in self.faults:
+                if fault.hits >= fault.times:
+                    continue
+                if fault.operation not in ("*", operation):
+                    continue
+                if not fnmatch.fnmatchcase(key, fault.key_glob):
+                    continue
+                fault.hits += 1
+                raise fault.error(key)
+
+    def _store(self, key: str, data: bytes, if_none_match: bool) -> str:
+        with self._lock:
+            if if_none_match and key in self.objects:
+                raise PreconditionFailedError(
+                    "object already exists", bucket=self._bucket, key=key, code="PreconditionFailed"
+                )
+            etag = '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
+            self.objects[key] = _Obj(data, etag, self._clock())
+            return etag
+
+    def put(
+        self, key: str, data: Buffer, *, if_none_match: bool = False, crc32c: int | None = None
+    ) -> str:
+        """See :meth:`ObjectStore.put`."""
+        self._enter("put", key)
+        return self._store(key, bytes(data), if_none_match)
+
+    def create_multipart(self, key: str) -> str:
+        """See :meth:`ObjectStore.create_multipart`."""
+        self._enter("create_multipart", key)
+        upload_id = uuid.uuid4().hex
+        with self._lock:
+            self.uploads[upload_id] = (key, {}, self._clock())
+        return upload_id
+
+    def upload_part(
+        self, key: str, upload_id: str, part_number: int, data: Buffer, *, crc32c: int | None = None
+    ) -> CompletedPart:
+        """See :meth:`ObjectStore.upload_part`."""
+        self._enter("upload_part", key)
+        payload = bytes(data)
+        with self._lock:
+            if upload_id not in self.uploads:
+                raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
+            self.uploads[upload_id][1][part_number] = payload
+        etag = hashlib.md5(payload, usedforsecurity=False).hexdigest()
+        return CompletedPart(part_number, etag, None, len(payload))
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[CompletedPart],
+        *,
+        if_none_match: bool = False,
+    ) -> str:
+        """See :meth:`ObjectStore.complete_multipart`."""
+        self._enter("complete_multipart", key)
+        with self._lock:
+            if upload_id not in self.uploads:
+                raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
+            stored = self.uploads[upload_id][1]
+            numbers = sorted(p.part_number for p in parts)
+            missing = [n for n in numbers if n not in stored]
+            if missing:
+                raise StoreError(f"parts {missing} were never uploaded", bucket=self._bucket, key=key)
+            data = b"".join(stored[n] for n in numbers)
+        etag = self._store(key, data, if_none_match)
+        with self._lock:
+            self.uploads.pop(upload_id, None)
+        return etag
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """See :meth:`ObjectStore.abort_multipart`."""
+        self._enter("abort_multipart", key)
+        with self._lock:
+            self.uploads.pop(upload_id, None)
+
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> _MemoryRange:
+        """See :meth:`ObjectStore.open_range`."""
+        self._enter("get", key)
+        with self._lock:
+            obj = self.objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError("object not found", bucket=self._bucket, key=key)
+        end = len(obj.data) if length is None else min(len(obj.data), start + length)
+        return _MemoryRange(memoryview(obj.data)[start:end] if start < end else memoryview(b""))
+
+    def get(self, key: str) -> bytes:
+        """See :meth:`ObjectStore.get`."""
+        self._enter("get", key)
+        with self._lock:
+            obj = self.objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError("object not found", bucket=self._bucket, key=key)
+        return obj.data
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """See :meth:`ObjectStore.head`."""
+        self._enter("head", key)
+        with self._lock:
+            obj = self.objects.get(key)
+        if obj is None:
+            return None
+        return ObjectInfo(key, len(obj.data), obj.etag, obj.mtime)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """See :meth:`ObjectStore.list`."""
+        self._enter("list", prefix)
+        with self._lock:
+            items = sorted((k, o) for k, o in self.objects.items() if k.startswith(prefix))
+        for k, o in items:
+            yield ObjectInfo(k, len(o.data), o.etag, o.mtime)
+
+    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
+        """See :meth:`ObjectStore.list_prefixes`."""
+        self._enter("list", prefix)
+        seen: set[str] = set()
+        with self._lock:
+            keys = sorted(k for k in self.objects if k.startswith(prefix))
+        for k in keys:
+            rest = k[len(prefix) :]
+            if delimiter in rest:
+                seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+        yield from sorted(seen)
+
+    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+        """See :meth:`ObjectStore.delete`."""
+        failures: list[DeleteFailure] = []
+        keys = list(keys)
+        for i in range(0, len(keys), MAX_DELETE_BATCH):
+            batch = keys[i : i + MAX_DELETE_BATCH]
+            self._enter("delete", batch[0] if batch else "")
+            for k in batch:
+                try:
+                    self._enter("delete_key", k)
+                except StoreError as exc:
+                    failures.append(DeleteFailure(k, exc.code or "InjectedFault", str(exc)))
+                    continue
+                with self._lock:
+                    self.objects.pop(k, None)
+        return failures
+
+    def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
+        """See :meth:`ObjectStore.list_multipart_uploads`."""
+        self._enter("list_multipart_uploads", prefix)
+        with self._lock:
+            ups = [(uid, k, t) for uid, (k, _, t) in self.uploads.items() if k.startswith(prefix)]
+        for uid, k, t in sorted(ups, key=lambda u: (u[1], u[0])):
+            yield UploadInfo(k, uid, t)
+
+    def __getstate__(self) -> dict[str, object]:
+        raise TypeError(
+            "MemoryStore lives in one process and cannot be pickled; use S3Store (or an "
+            "fsspec URL) for multi-process saves"
+        )
+
+
+class _MemoryRange:
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._pos = 0
+
+    def readinto(self, buffer: memoryview) -> int:
+        n = min(len(buffer), len(self._view) - self._pos)
+        buffer[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._view = memoryview(b"")

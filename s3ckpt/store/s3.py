@@ -1,0 +1,667 @@
+"""S3Store: the one module that imports boto3.
+
+Retries happen here, at the request level, through tenacity (exponential back-off with
+full jitter) on throttling (``SlowDown``, 503), 5xx, request timeouts and connection
+resets. botocore's own retries are turned off (one attempt) so the two never multiply.
+A bad hostname or a refused connection is *not* retried: it fails at once with an
+:class:`~s3ckpt.errors.EndpointError` that says what to check.
+
+botocore errors become s3ckpt errors in :func:`map_error`, by error *code* and HTTP
+status through one table, never by message text.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import boto3
+import botocore.exceptions as bce
+from botocore.config import Config as BotoConfig
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from s3ckpt import _crc
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.errors import (
+    AccessDeniedError,
+    EndpointError,
+    NoSuchBucketError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+    TransientStoreError,
+)
+from s3ckpt.store.base import (
+    MAX_DELETE_BATCH,
+    Buffer,
+    CompletedPart,
+    DeleteFailure,
+    ObjectInfo,
+    UploadInfo,
+)
+
+__all__ = ["S3Store", "map_error", "is_transient"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# error code -> (s3ckpt error class, what to check). HTTP status is the fallback key.
+_ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
+    "NoSuchBucket": (
+        NoSuchBucketError,
+        "the bucket does not exist here: check the bucket name, the region and endpoint_url / "
+        "AWS_ENDPOINT_URL",
+    ),
+    "NoSuchKey": (ObjectNotFoundError, "the object does not exist"),
+    "404": (ObjectNotFoundError, "the object does not exist"),
+    "NotFound": (ObjectNotFoundError, "the object does not exist"),
+    "NoSuchUpload": (ObjectNotFoundError, "the multipart upload no longer exists"),
+    "AccessDenied": (
+        AccessDeniedError,
+        "the credentials are not allowed to do this: check the IAM policy for this bucket/prefix",
+    ),
+    "403": (AccessDeniedError, "access denied: check credentials and the IAM policy"),
+    "InvalidAccessKeyId": (
+        AccessDeniedError,
+        "the access key is not valid for this endpoint: check AWS_ACCESS_KEY_ID / AWS_PROFILE",
+    ),
+    "SignatureDoesNotMatch": (
+        AccessDeniedError,
+        "the secret key does not match the access key: check AWS_SECRET_ACCESS_KEY / AWS_PROFILE",
+    ),
+    "ExpiredToken": (AccessDeniedError, "the session token has expired: refresh the credentials"),
+    "InvalidToken": (AccessDeniedError, "the session token is not valid: refresh the credentials"),
+    "AllAccessDisabled": (AccessDeniedError, "all access to this object has been disabled"),
+    "KMS.AccessDeniedException": (
+        AccessDeniedError,
+        "not allowed to use the KMS key: check kms:GenerateDataKey / kms:Decrypt grants",
+    ),
+    "PreconditionFailed": (PreconditionFailedError, "the object already exists or changed"),
+    "412": (PreconditionFailedError, "the object already exists or changed"),
+    "ConditionalRequestConflict": (
+        PreconditionFailedError,
+        "a concurrent conditional write to the same key won",
+    ),
+    "SlowDown": (TransientStoreError, "the store kept throttling: lower max_concurrency or retry"),
+    "Throttling": (TransientStoreError, "the store kept throttling: lower max_concurrency"),
+    "ThrottlingException": (TransientStoreError, "the store kept throttling"),
+    "RequestLimitExceeded": (TransientStoreError, "the store kept throttling"),
+    "ServiceUnavailable": (TransientStoreError, "the store stayed unavailable: retry later"),
+    "503": (TransientStoreError, "the store stayed unavailable: retry later"),
+    "InternalError": (TransientStoreError, "the store kept failing with 500s: retry later"),
+    "500": (TransientStoreError, "the store kept failing with 500s: retry later"),
+    "502": (TransientStoreError, "bad gateway: retry later"),
+    "504": (TransientStoreError, "gateway timeout: retry later"),
+    "RequestTimeout": (TransientStoreError, "the store timed out reading the request"),
+    "RequestTimeTooSkewed": (
+        AccessDeniedError,
+        "this machine's clock is off by more than 15 minutes: fix NTP",
+    ),
+}
+
+_TRANSIENT_CODES = frozenset(
+    code for code, (cls, _) in _ERROR_TABLE.items() if cls is TransientStoreError
+)
+
+_TRANSIENT_BOTOCORE = (
+    bce.ConnectionClosedError,
+    bce.ReadTimeoutError,
+    bce.ConnectTimeoutError,
+    bce.ResponseStreamingError,
+    bce.IncompleteReadError,
+    bce.HTTPClientError,
+)
+
+
+def _error_code(exc: bce.ClientError) -> tuple[str, int]:
+    err = exc.response.get("Error", {}) or {}
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return str(err.get("Code", "") or status), status
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a request that raised ``exc`` is worth retrying.
+
+    Refused connections and unknown hostnames (``EndpointConnectionError``) are not:
+    retrying a typo only delays the error.
+    """
+    if isinstance(exc, bce.ClientError):
+        code, status = _error_code(exc)
+        return code in _TRANSIENT_CODES or status in (500, 502, 503, 504)
+    if isinstance(exc, bce.EndpointConnectionError) and not isinstance(
+        exc, bce.ConnectTimeoutError
+    ):
+        return False
+    if isinstance(exc, _TRANSIENT_BOTOCORE):
+        return True
+    # urllib3 / socket resets that escape botocore's wrapping while streaming a body.
+    return isinstance(exc, (ConnectionResetError, BrokenPipeError, TimeoutError)) or (
+        type(exc).__name__ in ("ProtocolError", "IncompleteRead", "ReadTimeoutError")
+    )
+
+
+def map_error(
+    exc: BaseException,
+    *,
+    operation: str,
+    bucket: str,
+    key: str | None,
+    endpoint: str | None,
+    attempts: int = 1,
+) -> StoreError:
+    """Translate a botocore exception into the s3ckpt error tree (by code, never text)."""
+    where = f"{operation} s3://{bucket}/{key or ''}"
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, bce.ClientError):
+        code, status = _error_code(exc)
+        cls, hint = _ERROR_TABLE.get(code) or _ERROR_TABLE.get(
+            str(status), (StoreError, "unexpected error from the store")
+        )
+        tries = f" after {attempts} attempts" if cls is TransientStoreError else ""
+        return cls(
+            f"{operation} failed with {code} (HTTP {status}){tries}: {hint}",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code=code,
+        )
+    if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+        return AccessDeniedError(
+            f"{operation}: no usable AWS credentials found; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance/container role",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code="NoCredentials",
+        )
+    if isinstance(exc, bce.EndpointConnectionError) and not isinstance(
+        exc, bce.ConnectTimeoutError
+    ):
+        return EndpointError(
+            f"{operation}: cannot connect to endpoint {endpoint or 'AWS S3'} "
+            f"({type(exc).__name__}); check endpoint_url / AWS_ENDPOINT_URL, the hostname "
+            "and that the server is running",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code="EndpointConnectionError",
+        )
+    if isinstance(exc, bce.ParamValidationError):
+        return StoreError(
+            f"{operation}: invalid request parameters: {exc}",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code="ParamValidation",
+        )
+    if is_transient(exc):
+        return TransientStoreError(
+            f"{operation} failed after {attempts} attempts ({type(exc).__name__}): "
+            f"the endpoint {endpoint or 'AWS S3'} kept timing out or resetting connections",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code=type(exc).__name__,
+        )
+    return StoreError(
+        f"{where} failed: {type(exc).__name__}: {exc}",
+        bucket=bucket,
+        key=key,
+        operation=operation,
+        code=type(exc).__name__,
+    )
+
+
+def _b64_crc(value: int) -> str:
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+class S3Store:
+    """:class:`~s3ckpt.store.base.ObjectStore` over boto3 for S3 and S3-compatible stores.
+
+    The boto3 client is created lazily, once per process (the store pickles without it and
+    rebuilds it after ``fork`` or ``spawn``), with a connection pool sized to
+    ``TransferConfig.max_concurrency``.
+
+    Args:
+        bucket: The bucket every key lives in.
+        s3_config: Endpoint, region, encryption and checksum settings.
+        transfer_config: Concurrency, timeouts and retry budget.
+        sleep: Injected into the retry policy (tests pass a no-op).
+    """
+
+    url_scheme = "s3"
+
+    def __init__(
+        self,
+        bucket: str,
+        s3_config: S3Config | None = None,
+        transfer_config: TransferConfig | None = None,
+        *,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
+        self._bucket = bucket
+        self.s3_config = s3_config or S3Config()
+        self.transfer_config = transfer_config or TransferConfig()
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._pid: int | None = None
+
+    @property
+    def bucket(self) -> str:
+        """The bucket."""
+        return self._bucket
+
+    # -- pickling: never ship a live client (or credentials) to another process ------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_client"] = None
+        state["_pid"] = None
+        state["_lock"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"S3Store(bucket={self._bucket!r}, endpoint={self.endpoint_url!r})"
+
+    @property
+    def endpoint_url(self) -> str | None:
+        """The endpoint in force (``None``: AWS)."""
+        return self.s3_config.resolved_endpoint_url()
+
+    @property
+    def client(self) -> Any:
+        """The process's boto3 S3 client (created on first use)."""
+        pid = os.getpid()
+        if self._client is None or self._pid != pid:
+            with self._lock:
+                if self._client is None or self._pid != pid:
+                    self._client = self._make_client()
+                    self._pid = pid
+        return self._client
+
+    def _make_client(self) -> Any:
+        cfg, tc = self.s3_config, self.transfer_config
+        s3_opts: dict[str, Any] = {"addressing_style": cfg.addressing_style}
+        if cfg.checksum_algorithm == "CRC32C":
+            # Every body we send carries a CRC32C the store verifies, so signing the
+            # payload's SHA-256 as well only burns client CPU (botocore already skips it on
+            # HTTPS when a checksum is present; this makes http:// endpoints match).
+            s3_opts["payload_signing_enabled"] = False
+        boto_cfg = BotoConfig(
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=tc.max_concurrency + 4,
+            connect_timeout=tc.connect_timeout,
+            read_timeout=tc.read_timeout,
+            tcp_keepalive=True,
+            s3=s3_opts,
+            # s3ckpt computes and checks CRC32C end to end; botocore's own default checksums
+            # would hash every byte a second time.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        session = boto3.session.Session(profile_name=cfg.profile)
+        region = cfg.region or session.region_name or "us-east-1"
+        return session.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=region,
+            config=boto_cfg,
+            verify=cfg.verify_tls,
+        )
+
+    # -- retry + error mapping ---------------------------------------------------------------
+    def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T:
+        tc = self.transfer_config
+        attempts = 0
+
+        def _before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.debug(
+                "retrying %s s3://%s/%s after %s (attempt %d)",
+                operation,
+                self._bucket,
+                key or "",
+                type(exc).__name__,
+                state.attempt_number,
+            )
+
+        retrying = Retrying(
+            stop=stop_after_attempt(tc.max_attempts),
+            wait=wait_random_exponential(multiplier=tc.retry_initial_delay, max=tc.retry_max_delay),
+            retry=retry_if_exception(is_transient),
+            reraise=True,
+            before_sleep=_before_sleep,
+            **({"sleep": self._sleep} if self._sleep is not None else {}),
+        )
+        try:
+            for attempt in retrying:
+                attempts = attempt.retry_state.attempt_number
+                with attempt:
+                    return fn()
+        except Exception as exc:  # mapped at this one edge
+            raise map_error(
+                exc,
+                operation=operation,
+                bucket=self._bucket,
+                key=key,
+                endpoint=self.endpoint_url,
+                attempts=attempts,
+            ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _sse_args(self, *, upload: bool) -> dict[str, Any]:
+        cfg = self.s3_config
+        args: dict[str, Any] = {}
+        if cfg.sse_customer_key is not None:
+            args["SSECustomerAlgorithm"] = "AES256"
+            args["SSECustomerKey"] = cfg.sse_customer_key
+        elif upload and cfg.sse_kms_key_id is not None:
+            args["ServerSideEncryption"] = "aws:kms"
+            args["SSEKMSKeyId"] = cfg.sse_kms_key_id
+        if upload and cfg.storage_class is not None:
+            args["StorageClass"] = cfg.storage_class
+        return args
+
+    def _checksum_args(self, data: Buffer, crc32c: int | None) -> dict[str, Any]:
+        if self.s3_config.checksum_algorithm != "CRC32C":
+            return {}
+        value = _crc.crc32c(data) if crc32c is None else crc32c
+        return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": _b64_crc(value)}
+
+    @staticmethod
+    def _body(data: Buffer) -> bytes | bytearray:
+        # botocore takes bytes or bytearray (not memoryview); converting a view copies once.
+        return data if isinstance(data, (bytes, bytearray)) else bytes(data)
+
+    # -- ObjectStore -------------------------------------------------------------------------
+    def put(
+        self, key: str, data: Buffer, *, if_none_match: bool = False, crc32c: int | None = None
+    ) -> str:
+        """See :meth:`ObjectStore.put`."""
+        args = {
+            "Bucket": self._bucket,
+            "Key": key,
+            "Body": self._body(data),
+            **self._sse_args(upload=True),
+            **self._checksum_args(data, crc32c),
+        }
+        if if_none_match:
+            args["IfNoneMatch"] = "*"
+        resp = self._call("put", key, lambda: self.client.put_object(**args))
+        return str(resp.get("ETag", ""))
+
+    def create_multipart(self, key: str) -> str:
+        """See :meth:`ObjectStore.create_multipart`."""
+        args: dict[str, Any] = {"Bucket": self._bucket, "Key": key, **self._sse_args(upload=True)}
+        if self.s3_config.checksum_algorithm == "CRC32C":
+            args["ChecksumAlgorithm"] = "CRC32C"
+        resp = self._call(
+            "create_multipart", key, lambda: self.client.create_multipart_upload(**args)
+        )
+        return str(resp["UploadId"])
+
+    def upload_part(
+        self, key: str, upload_id: str, part_number: int, data: Buffer, *, crc32c: int | None = None
+    ) -> CompletedPart:
+        """See :meth:`ObjectStore.upload_part`."""
+        checksum = self._checksum_args(data, crc32c)
+        args = {
+            "Bucket": self._bucket,
+            "Key": key,
+            "UploadId": upload_id,
+            "PartNumber": part_number,
+            "Body": self._body(data),
+            **self._sse_args(upload=False),
+            **checksum,
+        }
+        resp = self._call("upload_part", key, lambda: self.client.upload_part(**args))
+        return CompletedPart(
+            part_number=part_number,
+            etag=str(resp["ETag"]),
+            checksum_crc32c=resp.get("ChecksumCRC32C") or checksum.get("ChecksumCRC32C"),
+            size=len(data),
+        )
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[CompletedPart],
+        *,
+        if_none_match: bool = False,
+    ) -> str:
+        """See :meth:`ObjectStore.complete_multipart`."""
+        body = []
+        for p in sorted(parts, key=lambda p: p.part_number):
+            entry: dict[str, Any] = {"PartNumber": p.part_number, "ETag": p.etag}
+            if p.checksum_crc32c and self.s3_config.checksum_algorithm == "CRC32C":
+                entry["ChecksumCRC32C"] = p.checksum_crc32c
+            body.append(entry)
+        args: dict[str, Any] = {
+            "Bucket": self._bucket,
+            "Key": key,
+            "UploadId": upload_id,
+            "MultipartUpload": {"Parts": body},
+        }
+        if self.s3_config.sse_customer_key is not None:
+            args.update(self._sse_args(upload=False))
+        if if_none_match:
+            args["IfNoneMatch"] = "*"
+        resp = self._call(
+            "complete_multipart", key, lambda: self.client.complete_multipart_upload(**args)
+        )
+        return str(resp.get("ETag", ""))
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """See :meth:`ObjectStore.abort_multipart`."""
+        try:
+            self._call(
+                "abort_multipart",
+                key,
+                lambda: self.client.abort_multipart_upload(
+                    Bucket=self._bucket, Key=key, UploadId=upload_id
+                ),
+            )
+        except ObjectNotFoundError:
+            pass
+
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> _S3RangeReader:
+        """See :meth:`ObjectStore.open_range`."""
+        return _S3RangeReader(self, key, start, length)
+
+    def _get_object(self, key: str, first: int, last: int | None) -> Any:
+        rng = f"bytes={first}-{'' if last is None else last}"
+        args = {"Bucket": self._bucket, "Key": key, "Range": rng, **self._sse_args(upload=False)}
+        return self._call("get", key, lambda: self.client.get_object(**args))
+
+    def get(self, key: str) -> bytes:
+        """See :meth:`ObjectStore.get`."""
+        args = {"Bucket": self._bucket, "Key": key, **self._sse_args(upload=False)}
+
+        def fetch() -> bytes:
+            return bytes(self.client.get_object(**args)["Body"].read())
+
+        return self._call("get", key, fetch)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """See :meth:`ObjectStore.head`."""
+        args = {"Bucket": self._bucket, "Key": key, **self._sse_args(upload=False)}
+        try:
+            resp = self._call("head", key, lambda: self.client.head_object(**args))
+        except ObjectNotFoundError:
+            return None
+        lm = resp.get("LastModified")
+        return ObjectInfo(
+            key=key,
+            size=int(resp.get("ContentLength", 0)),
+            etag=resp.get("ETag"),
+            last_modified=lm.timestamp() if lm is not None else None,
+        )
+
+    def _paginate(self, operation: str, prefix: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        token_args: dict[str, Any] = {}
+        while True:
+            resp = self._call(
+                operation,
+                prefix,
+                lambda: getattr(self.client, operation)(
+                    Bucket=self._bucket, Prefix=prefix, **kwargs, **token_args
+                ),
+            )
+            yield resp
+            if not resp.get("IsTruncated"):
+                return
+            if operation == "list_objects_v2":
+                token_args = {"ContinuationToken": resp["NextContinuationToken"]}
+            else:
+                token_args = {
+                    "KeyMarker": resp.get("NextKeyMarker", ""),
+                    "UploadIdMarker": resp.get("NextUploadIdMarker", ""),
+                }
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """See :meth:`ObjectStore.list`."""
+        for page in self._paginate("list_objects_v2", prefix):
+            for obj in page.get("Contents", []) or []:
+                lm = obj.get("LastModified")
+                yield ObjectInfo(
+                    key=obj["Key"],
+                    size=int(obj.get("Size", 0)),
+                    etag=obj.get("ETag"),
+                    last_modified=lm.timestamp() if lm is not None else None,
+                )
+
+    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
+        """See :meth:`ObjectStore.list_prefixes`."""
+        for page in self._paginate("list_objects_v2", prefix, Delimiter=delimiter):
+            for cp in page.get("CommonPrefixes", []) or []:
+                yield cp["Prefix"]
+
+    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+        """See :meth:`ObjectStore.delete`."""
+        failures: list[DeleteFailure] = []
+        keys = list(keys)
+        for i in range(0, len(keys), MAX_DELETE_BATCH):
+            batch = keys[i : i + MAX_DELETE_BATCH]
+            req = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            resp = self._call(
+                "delete",
+                batch[0],
+                lambda req=req: self.client.delete_objects(Bucket=self._bucket, Delete=req),
+            )
+            for err in resp.get("Errors", []) or []:
+                failures.append(
+                    DeleteFailure(
+                        key=err.get("Key", ""),
+                        code=err.get("Code", ""),
+                        message=err.get("Message", ""),
+                    )
+                )
+        return failures
+
+    def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
+        """See :meth:`ObjectStore.list_multipart_uploads`."""
+        for page in self._paginate("list_multipart_uploads", prefix):
+            for up in page.get("Uploads", []) or []:
+                init = up.get("Initiated")
+                yield UploadInfo(
+                    key=up["Key"],
+                    upload_id=up["UploadId"],
+                    initiated=init.timestamp() if init is not None else None,
+                )
+
+
+class _S3RangeReader:
+    """A ranged GET whose body is streamed; resets mid-body resume at the current offset."""
+
+    def __init__(self, store: S3Store, key: str, start: int, length: int | None) -> None:
+        self._store = store
+        self._key = key
+        self._pos = start
+        self._end = None if length is None else start + length  # exclusive
+        self._body: Any = None
+        self._failures = 0
+
+    def _open(self) -> None:
+        last = None if self._end is None else self._end - 1
+        resp = self._store._get_object(self._key, self._pos, last)
+        self._body = resp["Body"]
+
+    def readinto(self, buffer: memoryview) -> int:
+        if self._end is not None:
+            want = min(len(buffer), self._end - self._pos)
+            if want <= 0:
+                return 0
+        else:
+            want = len(buffer)
+        tc = self._store.transfer_config
+        while True:
+            try:
+                if self._body is None:
+                    self._open()
+                chunk = self._body.read(want)
+                n = len(chunk)
+                buffer[:n] = chunk
+                self._pos += n
+                return n
+            except StoreError as exc:
+                if exc.code == "InvalidRange":
+                    return 0  # the object ends before the range starts
+                raise
+            except Exception as exc:
+                self.close()
+                self._failures += 1
+                if not is_transient(exc) or self._failures >= tc.max_attempts:
+                    raise map_error(
+                        exc,
+                        operation="get",
+                        bucket=self._store.bucket,
+                        key=self._key,
+                        endpoint=self._store.endpoint_url,
+                        attempts=self._failures,
+                    ) from exc
+                log.debug("resuming GET s3://%s/%s at %d after %r", self._store.bucket,
+                          self._key, self._pos, exc)
+                delay = wait_random_exponential(
+                    multiplier=tc.retry_initial_delay, max=tc.retry_max_delay
+                )
+                sleep = self._store._sleep or _default_sleep
+                sleep(delay(_FakeState(self._failures)))  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self._body is not None:
+            try:
+                self._body.close()
+            except Exception:  # closing a broken stream can itself fail; nothing to keep
+                pass
+            self._body = None
+
+
+class _FakeState:
+    """Enough of tenacity's RetryCallState for its wait strategies."""
+
+    def __init__(self, attempt_number: int) -> None:
+        self.attempt_number = attempt_number
+
+
+def _default_sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)

@@ -1,0 +1,85 @@
+"""Checkpoint URLs: ``s3://bucket/prefix`` and other fsspec URLs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from s3ckpt.errors import InvalidURLError
+
+__all__ = ["StoreURL", "parse_url"]
+
+# S3 bucket naming rules (general purpose buckets): 3-63 chars, lowercase letters, digits,
+# dots and hyphens, starting and ending with a letter or digit.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """A parsed location: ``scheme://bucket/prefix``.
+
+    Attributes:
+        scheme: ``s3`` for S3 and S3-compatible stores, else an fsspec protocol.
+        bucket: The bucket (or container / top folder for other schemes).
+        prefix: The key prefix without leading slash, ending in ``/`` unless empty.
+    """
+
+    scheme: str
+    bucket: str
+    prefix: str
+
+    def key(self, name: str) -> str:
+        """Key of ``name`` under this prefix."""
+        return f"{self.prefix}{name}"
+
+    def child(self, name: str) -> StoreURL:
+        """The URL of a sub-prefix ``name`` under this one."""
+        return StoreURL(self.scheme, self.bucket, _norm_prefix(self.prefix + name))
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.prefix}"
+
+
+def _norm_prefix(prefix: str) -> str:
+    prefix = prefix.lstrip("/")
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def parse_url(url: str) -> StoreURL:
+    """Parse ``s3://bucket/prefix`` (or ``gs://``, ``memory://`` ...) into a :class:`StoreURL`.
+
+    Raises:
+        InvalidURLError: naming the URL and what a valid one looks like.
+    """
+    if not isinstance(url, str):
+        url = str(url)
+    text = url.strip()
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    if scheme in ("s3a", "s3n"):
+        scheme = "s3"
+    if not scheme or "://" not in text:
+        raise InvalidURLError(
+            f"not a checkpoint URL: {url!r}; expected s3://BUCKET/PREFIX "
+            "(or another fsspec URL such as gs://, file://, memory://)"
+        )
+    if parts.query or parts.fragment:
+        raise InvalidURLError(
+            f"checkpoint URL {url!r} has a query or fragment; expected s3://BUCKET/PREFIX"
+        )
+    bucket = parts.netloc
+    if scheme == "file":
+        # file:///abs/path -> bucket "" is not allowed by S3 rules; keep the path whole.
+        return StoreURL("file", "", _norm_prefix(parts.path))
+    if not bucket:
+        raise InvalidURLError(f"checkpoint URL {url!r} has no bucket; expected s3://BUCKET/PREFIX")
+    if scheme == "s3" and not _BUCKET_RE.match(bucket):
+        raise InvalidURLError(
+            f"invalid S3 bucket name {bucket!r} in {url!r}: 3-63 characters of lowercase "
+            "letters, digits, '.' and '-', starting and ending with a letter or digit"
+        )
+    prefix = _norm_prefix(parts.path)
+    if "//" in prefix:
+        raise InvalidURLError(f"checkpoint URL {url!r} has an empty path segment ('//')")
+    return StoreURL(scheme, bucket, prefix)

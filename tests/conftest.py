@@ -1,0 +1,75 @@
+"""Shared fixtures: one moto S3 server on 127.0.0.1 per test session.
+
+Integration tests talk HTTP to it, and so do the processes multi-process tests spawn: the
+endpoint and dummy credentials are exported through the environment, which children
+inherit. Each test gets a fresh bucket, so tests never see each other's objects.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+# Never let a test reach a real AWS account or a developer's profile.
+for _var in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+    os.environ.pop(_var, None)
+os.environ["AWS_ACCESS_KEY_ID"] = "testing"
+os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
+os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
+os.environ["AWS_CONFIG_FILE"] = os.devnull
+os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a moto S3 server shared by the session."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    old = os.environ.get("AWS_ENDPOINT_URL")
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    try:
+        yield endpoint
+    finally:
+        if old is None:
+            os.environ.pop("AWS_ENDPOINT_URL", None)
+        else:
+            os.environ["AWS_ENDPOINT_URL"] = old
+        server.stop()
+
+
+@pytest.fixture
+def s3_client(moto_endpoint: str):  # type: ignore[no-untyped-def]
+    """A plain boto3 client for arranging and inspecting test state."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+
+@pytest.fixture
+def bucket(s3_client) -> str:  # type: ignore[no-untyped-def]
+    """A new, empty bucket on the moto server."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+def list_keys(client, bucket: str, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]
+    """Every key under ``prefix`` (test helper)."""
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(o["Key"] for o in page.get("Contents", []))
+    return sorted(keys)
+
+
+def open_uploads(client, bucket: str, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]
+    """Keys of open multipart uploads under ``prefix`` (test helper)."""
+    resp = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
+    return sorted(u["Key"] for u in resp.get("Uploads", []))
