@@ -70,12 +70,15 @@ class S3Config:
             )
         if self.checksum_algorithm not in ("CRC32C", "NONE"):
             raise ConfigError(
-                f"S3Config.checksum_algorithm={self.checksum_algorithm!r}; allowed: 'CRC32C', 'NONE'"
+                f"S3Config.checksum_algorithm={self.checksum_algorithm!r}; "
+                "allowed: 'CRC32C', 'NONE'"
             )
         if self.sse_customer_key is not None and len(self.sse_customer_key) != 32:
             raise ConfigError("S3Config.sse_customer_key must be exactly 32 bytes (AES-256)")
         if self.sse_customer_key is not None and self.sse_kms_key_id is not None:
-            raise ConfigError("S3Config: choose either sse_kms_key_id or sse_customer_key, not both")
+            raise ConfigError(
+                "S3Config: choose either sse_kms_key_id or sse_customer_key, not both"
+            )
         if self.endpoint_url is not None and not self.endpoint_url.startswith(
             ("http://", "https://")
         ):
@@ -154,9 +157,7 @@ class TransferConfig:
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ConfigError:
-            return ConfigError(
-                f"TransferConfig.{name}={getattr(self, name)!r}; allowed: {allowed}"
-            )
+            return ConfigError(f"TransferConfig.{name}={getattr(self, name)!r}; allowed: {allowed}")
 
         if not MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE:
             raise bad("part_size", "5 MiB <= part_size <= 5 GiB (S3 limits)")

@@ -162,9 +162,7 @@ class Manifest:
         if doc["item_fields"] != _ITEM_FIELDS:
             raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
         meta = doc["metadata"]
-        objects = tuple(
-            ObjectRecord(_str(n), _nonneg(s), _nonneg(r)) for n, s, r in doc["objects"]
-        )
+        objects = tuple(ObjectRecord(_str(n), _nonneg(s), _nonneg(r)) for n, s, r in doc["objects"])
         items = tuple(_item(row) for row in doc["items"])
         step = doc.get("step")
         return cls(

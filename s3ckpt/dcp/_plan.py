@@ -56,11 +56,7 @@ def coalesce(spans: Sequence[tuple[int, int, T]], gap: int, max_size: int) -> li
         if end < start:
             raise ValueError(f"bad range [{start}, {end})")
         cur = out[-1] if out else None
-        if (
-            cur is not None
-            and start <= cur.end + gap
-            and max(end, cur.end) - cur.start <= max_size
-        ):
+        if cur is not None and start <= cur.end + gap and max(end, cur.end) - cur.start <= max_size:
             cur.end = max(cur.end, end)
             cur.spans.append((start, end, payload))
         else:

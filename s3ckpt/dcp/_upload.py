@@ -223,9 +223,13 @@ class ObjectSink(io.RawIOBase):
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         n = view.nbytes
-        if self._watch is not None and n == self._watch[1] and self._watch_pos is None:
-            if _address(view) == self._watch[0]:
-                self._watch_pos = self._pos
+        if (
+            self._watch is not None
+            and n == self._watch[1]
+            and self._watch_pos is None
+            and _address(view) == self._watch[0]
+        ):
+            self._watch_pos = self._pos
         self._item_crc = _crc.crc32c(view, self._item_crc)
         off = 0
         while off < n:
@@ -332,4 +336,3 @@ def format_leftovers(keys: list[str]) -> str:
     """Human summary of objects a failed save could not clean up."""
     shown = ", ".join(keys[:5]) + (" ..." if len(keys) > 5 else "")
     return f"{len(keys)} object(s) could not be cleaned up ({shown}); run `s3ckpt gc`"
-

@@ -52,6 +52,7 @@ from s3ckpt.errors import (
     CheckpointNotFoundError,
     ChecksumMismatchError,
     CorruptCheckpointError,
+    ObjectNotFoundError,
     S3CkptError,
     UnsafeCheckpointError,
 )
@@ -134,25 +135,28 @@ class S3StorageReader(StorageReader):
     def _load(self) -> tuple[Manifest | None, Metadata]:
         marker_key = self.url.key(MANIFEST_NAME)
         manifest: Manifest | None = None
-        if self.store.head(marker_key) is not None:
+        try:
             manifest = Manifest.from_json(self.store.get(marker_key), where=marker_key)
+        except ObjectNotFoundError:
+            pass
         meta_name = manifest.metadata_key if manifest is not None else METADATA_NAME
         meta_key = self.url.key(meta_name)
-        if self.store.head(meta_key) is None:
+        try:
+            raw = self.store.get(meta_key)
+        except ObjectNotFoundError as exc:
             if manifest is not None:
                 raise CorruptCheckpointError(
                     f"{MANIFEST_NAME} commits {meta_name}, which is missing; the checkpoint "
                     "was partly deleted",
                     bucket=self.store.bucket,
                     key=meta_key,
-                )
+                ) from exc
             raise CheckpointNotFoundError(
                 f"no checkpoint at {self.url}: neither {MANIFEST_NAME} nor {METADATA_NAME} "
                 "exists; check the URL, or the save did not finish",
                 bucket=self.store.bucket,
                 key=marker_key,
-            )
-        raw = self.store.get(meta_key)
+            ) from exc
         if manifest is not None:
             crc = _crc.crc32c(raw)
             if len(raw) != manifest.metadata_size or crc != manifest.metadata_crc32c:
@@ -262,20 +266,24 @@ class S3StorageReader(StorageReader):
                 min(tc.max_concurrency, len(jobs)), thread_name_prefix="s3ckpt-get"
             ) as pool:
                 futures = [pool.submit(self._fetch, n, r, planner, lock) for n, r in jobs]
-                done, not_done = wait(futures, return_when=FIRST_EXCEPTION)
+                _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
                 for fut in not_done:
                     fut.cancel()
                 for fut in futures:
                     if fut.done() and not fut.cancelled() and fut.exception() is not None:
                         raise cast(BaseException, fut.exception())
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
+        result: Future[None] = Future()
+        result.set_result(None)
+        return result
 
-    def _fetch(self, name: str, req: Request[_Span], planner: LoadPlanner, lock: threading.Lock) -> None:
+    def _fetch(
+        self, name: str, req: Request[_Span], planner: LoadPlanner, lock: threading.Lock
+    ) -> None:
         key = self.url.key(name)
         stream = self.store.open_range(key, req.start, req.size)
-        reader = _Exact(stream, key, self.store.bucket, self.rank, self.transfer_config.read_chunk_size)
+        reader = _Exact(
+            stream, key, self.store.bucket, self.rank, self.transfer_config.read_chunk_size
+        )
         try:
             pos = req.start
             for start, _end, span in req.spans:
@@ -429,9 +437,7 @@ class S3StorageReader(StorageReader):
             )
             stream = io.BytesIO(stream.read())
         try:
-            return cast(
-                torch.Tensor, torch.load(stream, map_location="cpu", weights_only=True)
-            )
+            return cast(torch.Tensor, torch.load(stream, map_location="cpu", weights_only=True))
         except Exception as exc:
             raise CorruptCheckpointError(
                 f"{read.storage_index.fqn}: cannot decode the saved tensor ({type(exc).__name__}: "
@@ -443,7 +449,7 @@ class S3StorageReader(StorageReader):
 
 
 def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
-    for dim, (start, length) in enumerate(zip(offsets, lengths)):
+    for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
         if start != 0 or length != tensor.size(dim):
             tensor = torch.narrow(tensor, dim, start, length)
     return tensor
@@ -508,4 +514,3 @@ class _Exact:
                     rank=self._rank,
                 )
             n -= got
-

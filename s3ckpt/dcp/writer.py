@@ -45,13 +45,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from s3ckpt import _crc, __version__
+from s3ckpt import __version__, _crc
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import pack
 from s3ckpt.dcp._upload import Uploader, format_leftovers
 from s3ckpt.errors import (
     CheckpointExistsError,
     ConfigError,
+    ObjectNotFoundError,
     PreconditionFailedError,
     S3CkptError,
 )
@@ -96,7 +97,26 @@ class _S3StorageInfo(_StorageInfo):
     rank: int = 0
 
     def plain(self) -> _StorageInfo:
-        return _StorageInfo(self.relative_path, self.offset, self.length, self.transform_descriptors)
+        return _StorageInfo(
+            self.relative_path, self.offset, self.length, self.transform_descriptors
+        )
+
+
+def _exists(store: ObjectStore, key: str) -> bool:
+    """Whether ``key`` exists, by a 1-byte ranged GET.
+
+    Unlike HEAD (whose 404 has no body), a GET tells a missing key from a missing bucket,
+    so a wrong bucket name fails here with NoSuchBucketError, and it needs only
+    s3:GetObject.
+    """
+    reader = store.open_range(key, 0, 1)
+    try:
+        reader.readinto(memoryview(bytearray(1)))
+    except ObjectNotFoundError:
+        return False
+    finally:
+        reader.close()
+    return True
 
 
 def _tensor_for_save(tensor: torch.Tensor) -> torch.Tensor:
@@ -176,7 +196,7 @@ class S3StorageWriter(StorageWriter):
             self._refuse_if_committed()
 
     def _refuse_if_committed(self) -> None:
-        if self.store.head(self.url.key(MANIFEST_NAME)) is not None:
+        if _exists(self.store, self.url.key(MANIFEST_NAME)):
             raise CheckpointExistsError(
                 f"a committed checkpoint already exists at {self.url}; pass overwrite=True "
                 "to replace it, or save to a new prefix",
@@ -317,7 +337,9 @@ class S3StorageWriter(StorageWriter):
         objects: dict[str, ObjectRecord] = {}
         items: list[ItemRecord] = []
         for idx, info in infos.items():
-            objects[info.relative_path] = ObjectRecord(info.relative_path, info.object_size, info.rank)
+            objects[info.relative_path] = ObjectRecord(
+                info.relative_path, info.object_size, info.rank
+            )
             items.append(
                 ItemRecord(
                     fqn=idx.fqn,
@@ -377,11 +399,13 @@ class S3StorageWriter(StorageWriter):
 
     def _previous_manifest(self) -> Manifest | None:
         key = self.url.key(MANIFEST_NAME)
-        if self.store.head(key) is None:
+        try:
+            raw = self.store.get(key)
+        except ObjectNotFoundError:
             return None
         if not self.overwrite:
             self._refuse_if_committed()
-        return Manifest.from_json(self.store.get(key), where=key)
+        return Manifest.from_json(raw, where=key)
 
     def _discard(self, keys: list[str]) -> None:
         try:
@@ -402,5 +426,7 @@ class S3StorageWriter(StorageWriter):
         failures = self.store.delete([self.url.key(n) for n in stale])
         if failures:
             log.warning(
-                "overwrite of %s committed, but %s", self.url, format_leftovers([f.key for f in failures])
+                "overwrite of %s committed, but %s",
+                self.url,
+                format_leftovers([f.key for f in failures]),
             )

@@ -25,6 +25,7 @@ __all__ = [
     "Buffer",
     "CompletedPart",
     "DeleteFailure",
+    "DeleteFailures",
     "ObjectInfo",
     "ObjectStore",
     "RangeReader",
@@ -76,6 +77,10 @@ class DeleteFailure:
     key: str
     code: str
     message: str
+
+
+DeleteFailures = list[DeleteFailure]
+"""What :meth:`ObjectStore.delete` returns (an alias: ``list`` is shadowed in store classes)."""
 
 
 @runtime_checkable
@@ -166,7 +171,7 @@ class ObjectStore(Protocol):
         """The immediate "sub-folders" under ``prefix`` (S3 common prefixes)."""
         ...
 
-    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+    def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """Delete ``keys`` in batches of at most 1000; return the keys that failed.
 
         A key that does not exist counts as deleted (S3 semantics).

@@ -27,6 +27,7 @@ from s3ckpt.store.base import (
     Buffer,
     CompletedPart,
     DeleteFailure,
+    DeleteFailures,
     ObjectInfo,
     UploadInfo,
 )
@@ -184,9 +185,7 @@ class FsspecStore:
                     )
                 up.handle.close()
             if if_none_match and self.fs.exists(self._path(key)):
-                raise PreconditionFailedError(
-                    "object already exists", bucket=self._bucket, key=key
-                )
+                raise PreconditionFailedError("object already exists", bucket=self._bucket, key=key)
             self.fs.mv(self._path(key) + ".s3ckpt-partial", self._path(key))
         except Exception as exc:
             self.abort_multipart(key, upload_id)
@@ -262,9 +261,9 @@ class FsspecStore:
                 seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
         yield from sorted(seen)
 
-    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+    def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
-        failures = []
+        failures: DeleteFailures = []
         for key in keys:
             try:
                 self.fs.rm_file(self._path(key))

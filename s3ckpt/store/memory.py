@@ -17,6 +17,7 @@ from s3ckpt.store.base import (
     Buffer,
     CompletedPart,
     DeleteFailure,
+    DeleteFailures,
     ObjectInfo,
     UploadInfo,
 )
@@ -153,7 +154,9 @@ class MemoryStore:
             numbers = sorted(p.part_number for p in parts)
             missing = [n for n in numbers if n not in stored]
             if missing:
-                raise StoreError(f"parts {missing} were never uploaded", bucket=self._bucket, key=key)
+                raise StoreError(
+                    f"parts {missing} were never uploaded", bucket=self._bucket, key=key
+                )
             data = b"".join(stored[n] for n in numbers)
         etag = self._store(key, data, if_none_match)
         with self._lock:
@@ -214,9 +217,9 @@ class MemoryStore:
                 seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
         yield from sorted(seen)
 
-    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+    def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
-        failures: list[DeleteFailure] = []
+        failures: DeleteFailures = []
         keys = list(keys)
         for i in range(0, len(keys), MAX_DELETE_BATCH):
             batch = keys[i : i + MAX_DELETE_BATCH]

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import boto3
@@ -46,6 +47,7 @@ from s3ckpt.store.base import (
     Buffer,
     CompletedPart,
     DeleteFailure,
+    DeleteFailures,
     ObjectInfo,
     UploadInfo,
 )
@@ -240,6 +242,8 @@ class S3Store:
         s3_config: Endpoint, region, encryption and checksum settings.
         transfer_config: Concurrency, timeouts and retry budget.
         sleep: Injected into the retry policy (tests pass a no-op).
+        page_size: Keys per list request (S3's maximum is 1000).
+        delete_batch_size: Keys per DeleteObjects request (at most 1000).
     """
 
     url_scheme = "s3"
@@ -251,8 +255,14 @@ class S3Store:
         transfer_config: TransferConfig | None = None,
         *,
         sleep: Callable[[float], None] | None = None,
+        page_size: int = 1000,
+        delete_batch_size: int = MAX_DELETE_BATCH,
     ) -> None:
+        if not 1 <= delete_batch_size <= MAX_DELETE_BATCH:
+            raise ValueError(f"delete_batch_size must be 1..{MAX_DELETE_BATCH}")
         self._bucket = bucket
+        self.page_size = page_size
+        self.delete_batch_size = delete_batch_size
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self._sleep = sleep
@@ -348,7 +358,7 @@ class S3Store:
             retry=retry_if_exception(is_transient),
             reraise=True,
             before_sleep=_before_sleep,
-            **({"sleep": self._sleep} if self._sleep is not None else {}),
+            sleep=self._sleep or _default_sleep,
         )
         try:
             for attempt in retrying:
@@ -518,13 +528,16 @@ class S3Store:
     def _paginate(self, operation: str, prefix: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
         token_args: dict[str, Any] = {}
         while True:
-            resp = self._call(
-                operation,
-                prefix,
-                lambda: getattr(self.client, operation)(
-                    Bucket=self._bucket, Prefix=prefix, **kwargs, **token_args
-                ),
-            )
+            size_arg = "MaxKeys" if operation == "list_objects_v2" else "MaxUploads"
+            args = {
+                "Bucket": self._bucket,
+                "Prefix": prefix,
+                size_arg: self.page_size,
+                **kwargs,
+                **token_args,
+            }
+            call: Callable[[], Any] = partial(getattr(self.client, operation), **args)
+            resp = self._call(operation, prefix, call)
             yield resp
             if not resp.get("IsTruncated"):
                 return
@@ -554,18 +567,17 @@ class S3Store:
             for cp in page.get("CommonPrefixes", []) or []:
                 yield cp["Prefix"]
 
-    def delete(self, keys: Sequence[str]) -> list[DeleteFailure]:
+    def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
-        failures: list[DeleteFailure] = []
+        failures: DeleteFailures = []
         keys = list(keys)
-        for i in range(0, len(keys), MAX_DELETE_BATCH):
-            batch = keys[i : i + MAX_DELETE_BATCH]
+        for i in range(0, len(keys), self.delete_batch_size):
+            batch = keys[i : i + self.delete_batch_size]
             req = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
-            resp = self._call(
-                "delete",
-                batch[0],
-                lambda req=req: self.client.delete_objects(Bucket=self._bucket, Delete=req),
+            call: Callable[[], Any] = partial(
+                self.client.delete_objects, Bucket=self._bucket, Delete=req
             )
+            resp = self._call("delete", batch[0], call)
             for err in resp.get("Errors", []) or []:
                 failures.append(
                     DeleteFailure(
@@ -637,8 +649,13 @@ class _S3RangeReader:
                         endpoint=self._store.endpoint_url,
                         attempts=self._failures,
                     ) from exc
-                log.debug("resuming GET s3://%s/%s at %d after %r", self._store.bucket,
-                          self._key, self._pos, exc)
+                log.debug(
+                    "resuming GET s3://%s/%s at %d after %r",
+                    self._store.bucket,
+                    self._key,
+                    self._pos,
+                    exc,
+                )
                 delay = wait_random_exponential(
                     multiplier=tc.retry_initial_delay, max=tc.retry_max_delay
                 )

@@ -18,7 +18,11 @@ from s3ckpt.uri import parse_url
 
 
 def test_public_api_is_exactly_all() -> None:
-    public = {n for n in dir(s3ckpt) if not n.startswith("_")} | {"S3StorageWriter", "S3StorageReader", "__version__"}
+    public = {n for n in dir(s3ckpt) if not n.startswith("_")} | {
+        "S3StorageWriter",
+        "S3StorageReader",
+        "__version__",
+    }
     # Submodules show up as attributes once imported; they are not API names.
     modules = {"config", "errors", "uri", "store", "format", "dcp"}
     assert set(s3ckpt.__all__) == public - modules
@@ -40,7 +44,16 @@ def test_parse_url(url: str, bucket: str, prefix: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "url", ["bkt/run", "s3://", "s3:///run", "s3://Bad_Bucket/x", "s3://ab/x", "s3://bkt/a//b", "s3://bkt/x?y=1"]
+    "url",
+    [
+        "bkt/run",
+        "s3://",
+        "s3:///run",
+        "s3://Bad_Bucket/x",
+        "s3://ab/x",
+        "s3://bkt/a//b",
+        "s3://bkt/x?y=1",
+    ],
 )
 def test_bad_urls_name_the_problem(url: str) -> None:
     with pytest.raises(InvalidURLError) as info:
@@ -85,7 +98,9 @@ def test_errors_pickle_with_attributes() -> None:
     assert (back.bucket, back.key, back.rank, back.item) == ("b", "k", 3, "model.w")
     assert str(back) == str(err)
     assert "s3://b/k" in str(err) and "rank 3" in str(err)
-    nsb = pickle.loads(pickle.dumps(NoSuchBucketError("x", bucket="b", operation="put", code="NoSuchBucket")))
+    nsb = pickle.loads(
+        pickle.dumps(NoSuchBucketError("x", bucket="b", operation="put", code="NoSuchBucket"))
+    )
     assert nsb.code == "NoSuchBucket" and nsb.operation == "put"
 
 

@@ -31,7 +31,10 @@ warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 URL = "s3://bkt/run/step_1"
 # Small parts and objects so a few MiB exercise multipart, several objects and coalescing.
 SMALL = TransferConfig(
-    part_size=5 * MiB, max_inflight_bytes=10 * MiB, target_object_size=3 * MiB, read_request_size=4 * MiB
+    part_size=5 * MiB,
+    max_inflight_bytes=10 * MiB,
+    target_object_size=3 * MiB,
+    read_request_size=4 * MiB,
 )
 
 
@@ -110,7 +113,9 @@ def test_layout_is_dcp_plus_marker() -> None:
     assert all(n.startswith("__0_") and n.endswith(".distcp") for n in names[1:-1])
     manifest = Manifest.from_json(store.objects["run/step_1/s3ckpt.json"].data)
     assert {o.name for o in manifest.objects} == set(names[1:-1])
-    assert manifest.total_bytes == sum(len(o.data) for k, o in store.objects.items() if "s3ckpt.json" not in k)
+    assert manifest.total_bytes == sum(
+        len(o.data) for k, o in store.objects.items() if "s3ckpt.json" not in k
+    )
 
 
 def test_existing_checkpoint_is_refused_then_overwritten_safely() -> None:
@@ -149,7 +154,9 @@ def test_failed_overwrite_keeps_previous_checkpoint() -> None:
     assert_same(first, out)
 
 
-@pytest.mark.parametrize("operation", ["upload_part", "complete_multipart", "put", "create_multipart"])
+@pytest.mark.parametrize(
+    "operation", ["upload_part", "complete_multipart", "put", "create_multipart"]
+)
 def test_failed_save_leaves_nothing(operation: str) -> None:
     store = MemoryStore("bkt")
     store.put("other/keep.txt", b"unrelated")
@@ -229,7 +236,7 @@ class Evil:
 def test_unsafe_metadata_pickle_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     store = MemoryStore("bkt")
     store.put("evil/.metadata", pickle.dumps(Evil()))
-    with pytest.raises(UnsafeCheckpointError, match="builtins.print"):
+    with pytest.raises(UnsafeCheckpointError, match=r"builtins\.print"):
         S3StorageReader("s3://bkt/evil", store=store)
     assert "pwned" not in capsys.readouterr().out
 

@@ -1,0 +1,146 @@
+"""DCP save/load through S3StorageWriter/Reader against a moto S3 server over HTTP."""
+
+from __future__ import annotations
+
+import socket
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from s3ckpt import (
+    CheckpointExistsError,
+    S3Config,
+    S3StorageReader,
+    S3StorageWriter,
+    TransferConfig,
+)
+from s3ckpt.config import MiB
+from tests.conftest import list_keys, open_uploads
+from tests.integration import _workers
+
+pytestmark = pytest.mark.integration
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+SMALL = TransferConfig(part_size=5 * MiB, max_inflight_bytes=10 * MiB, target_object_size=4 * MiB)
+
+
+def state() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "w": torch.randn(768, 1024, generator=g),  # 3 MiB
+        "b": torch.randn(1024, generator=g).to(torch.bfloat16),
+        "step": 3,
+        "opt": {"m": torch.randn(512, 512, generator=g), "lr": 1e-3},
+    }
+
+
+def empty_like(sd: dict) -> dict:
+    return {
+        "w": torch.zeros(768, 1024),
+        "b": torch.zeros(1024, dtype=torch.bfloat16),
+        "step": 0,
+        "opt": {"m": torch.zeros(512, 512), "lr": 0.0},
+    }
+
+
+def check(a: dict, b: dict) -> None:
+    assert torch.equal(a["w"], b["w"]) and torch.equal(a["b"], b["b"])
+    assert torch.equal(a["opt"]["m"], b["opt"]["m"])
+    assert a["step"] == b["step"] and a["opt"]["lr"] == b["opt"]["lr"]
+
+
+def test_save_load_over_http(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
+    url = f"s3://{bucket}/run/step_3"
+    sd = state()
+    dcp.save(sd, storage_writer=S3StorageWriter(url, transfer_config=SMALL))
+    keys = list_keys(s3_client, bucket)
+    assert keys[0] == "run/step_3/.metadata" and keys[-1] == "run/step_3/s3ckpt.json"
+    assert len(keys) >= 4  # several data objects
+    out = empty_like(sd)
+    dcp.load(out, storage_reader=S3StorageReader(url, transfer_config=SMALL))
+    check(sd, out)
+    with pytest.raises(CheckpointExistsError):
+        S3StorageWriter(url)
+    # Uploads carried CRC32C checksums the server stored.
+    head = s3_client.head_object(Bucket=bucket, Key=keys[1], ChecksumMode="ENABLED")
+    assert "ChecksumCRC32C" in head
+
+
+def test_sse_kms_and_storage_class_reach_every_upload(
+    bucket: str, s3_client, moto_endpoint: str
+) -> None:  # type: ignore[no-untyped-def]
+    import boto3
+
+    kms = boto3.client("kms", endpoint_url=moto_endpoint, region_name="us-east-1")
+    key_id = kms.create_key()["KeyMetadata"]["KeyId"]
+    cfg = S3Config(sse_kms_key_id=key_id, storage_class="STANDARD_IA")
+    url = f"s3://{bucket}/enc"
+    dcp.save(state(), storage_writer=S3StorageWriter(url, s3_config=cfg, transfer_config=SMALL))
+    for key in list_keys(s3_client, bucket, "enc/"):
+        head = s3_client.head_object(Bucket=bucket, Key=key)
+        assert head.get("ServerSideEncryption") == "aws:kms", key
+        assert key_id in head.get("SSEKMSKeyId", ""), key
+        assert head.get("StorageClass") == "STANDARD_IA", key
+
+
+def test_async_save_thread(bucket: str) -> None:
+    url = f"s3://{bucket}/async_thread"
+    sd = state()
+    fut = dcp.async_save(sd, storage_writer=S3StorageWriter(url, transfer_config=SMALL))
+    fut.result(timeout=120)
+    out = empty_like(sd)
+    dcp.load(out, storage_reader=S3StorageReader(url))
+    check(sd, out)
+
+
+@pytest.mark.multiprocess
+def test_async_save_process_executor(bucket: str) -> None:
+    url = f"s3://{bucket}/async_process"
+    mp.spawn(_workers.async_process_worker, args=(1, _free_port(), url), nprocs=1, join=True)
+
+
+def test_failed_save_leaves_no_object_and_no_upload(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
+    url = f"s3://{bucket}/fail"
+    writer = S3StorageWriter(url, transfer_config=SMALL)
+    real_upload = writer.store.upload_part
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk on fire")
+        return real_upload(*args, **kwargs)
+
+    writer.store.upload_part = flaky  # type: ignore[method-assign]
+    with pytest.raises(CheckpointException, match="disk on fire"):
+        dcp.save(state(), storage_writer=writer)
+    assert list_keys(s3_client, bucket) == []
+    assert open_uploads(s3_client, bucket) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.multiprocess
+def test_world_size_2_save_then_load_with_1_2_3(bucket: str) -> None:
+    url = f"s3://{bucket}/dist/step_11"
+    mp.spawn(_workers.save_worker, args=(2, _free_port(), url), nprocs=2, join=True)
+    for world in (1, 2, 3):
+        mp.spawn(_workers.load_worker, args=(world, _free_port(), url, 2), nprocs=world, join=True)
+
+
+@pytest.mark.multiprocess
+def test_one_rank_failing_fails_the_save_without_commit(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
+    url = f"s3://{bucket}/dist_fail"
+    mp.spawn(_workers.failing_save_worker, args=(2, _free_port(), url), nprocs=2, join=True)
+    keys = list_keys(s3_client, bucket)
+    assert not any(k.endswith(("s3ckpt.json", ".metadata")) for k in keys)
+    assert not any(k.startswith("dist_fail/__1_") for k in keys), "the failing rank cleans up"
+    assert open_uploads(s3_client, bucket) == []

@@ -1,0 +1,180 @@
+"""S3Store against moto over HTTP: semantics, error mapping, bad input, injected faults."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from s3ckpt import (
+    AccessDeniedError,
+    CheckpointNotFoundError,
+    EndpointError,
+    InvalidURLError,
+    NoSuchBucketError,
+    PreconditionFailedError,
+    S3Config,
+    S3StorageReader,
+    S3StorageWriter,
+    TransferConfig,
+)
+from s3ckpt.config import MiB
+from s3ckpt.store.s3 import S3Store
+from tests.conftest import list_keys, open_uploads
+from tests.faultproxy import FaultProxy
+
+pytestmark = pytest.mark.integration
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+def test_store_semantics(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
+    store = S3Store(bucket)
+    store.put("a/x", b"hello")
+    with pytest.raises(PreconditionFailedError) as info:
+        store.put("a/x", b"again", if_none_match=True)
+    assert info.value.key == "a/x" and info.value.bucket == bucket
+    assert store.get("a/x") == b"hello"
+    assert store.head("a/missing") is None
+    uid = store.create_multipart("a/big")
+    p2 = store.upload_part("a/big", uid, 2, b"tail")
+    p1 = store.upload_part("a/big", uid, 1, bytearray(5 * MiB))
+    assert [u.key for u in store.list_multipart_uploads("a/")] == ["a/big"]
+    store.complete_multipart("a/big", uid, [p2, p1])
+    assert store.head("a/big").size == 5 * MiB + 4  # type: ignore[union-attr]
+    r = store.open_range("a/big", 5 * MiB, 10)  # clipped at the end
+    buf = bytearray(10)
+    n = r.readinto(memoryview(buf))
+    assert bytes(buf[:n]) == b"tail"
+    # Paged listing and batched deletes (small pages so the test stays fast).
+    paged = S3Store(bucket, page_size=7, delete_batch_size=5)
+    for i in range(23):
+        s3_client.put_object(Bucket=bucket, Key=f"many/{i:05d}", Body=b"")
+    assert [o.key for o in paged.list("many/")] == [f"many/{i:05d}" for i in range(23)]
+    assert list(paged.list_prefixes("")) == ["a/", "many/"]
+    assert paged.delete([f"many/{i:05d}" for i in range(23)]) == []
+    assert list_keys(s3_client, bucket, "many/") == []
+
+
+def test_missing_bucket_names_bucket_and_what_to_check(moto_endpoint: str) -> None:
+    with pytest.raises(NoSuchBucketError) as info:
+        S3StorageWriter("s3://no-such-bucket-here/run/1")
+    msg = str(info.value)
+    assert "no-such-bucket-here" in msg and "endpoint" in msg.lower()
+    with pytest.raises((NoSuchBucketError, CheckpointNotFoundError)):
+        S3StorageReader("s3://no-such-bucket-here/run/1")
+
+
+def test_malformed_url() -> None:
+    with pytest.raises(InvalidURLError, match="s3://BUCKET/PREFIX"):
+        S3StorageWriter("not-a-url")
+    with pytest.raises(InvalidURLError, match="bucket name"):
+        S3StorageReader("s3://UPPER_case/x")
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: nothing listens there
+
+
+def test_unreachable_endpoint_fails_fast() -> None:
+    cfg = S3Config(endpoint_url=f"http://127.0.0.1:{_dead_port()}")
+    t0 = time.monotonic()
+    with pytest.raises(EndpointError) as info:
+        S3StorageWriter("s3://some-bucket/run", s3_config=cfg)
+    assert time.monotonic() - t0 < 10
+    assert "127.0.0.1" in str(info.value) and "some-bucket" in str(info.value)
+
+
+def test_bad_hostname_fails_fast() -> None:
+    cfg = S3Config(endpoint_url="http://no-such-host.invalid:9000")
+    t0 = time.monotonic()
+    with pytest.raises(EndpointError, match=r"no-such-host\.invalid"):
+        S3StorageReader("s3://some-bucket/run", s3_config=cfg)
+    assert time.monotonic() - t0 < 10
+
+
+def test_missing_credentials(monkeypatch: pytest.MonkeyPatch, bucket: str) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(AccessDeniedError, match="AWS_ACCESS_KEY_ID"):
+        S3StorageWriter(f"s3://{bucket}/run")
+
+
+@pytest.fixture(scope="module")
+def auth_endpoint():  # type: ignore[no-untyped-def]
+    """A moto server that checks credentials (IAM enforcement on), in its own process."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_wrong_credentials(auth_endpoint: str) -> None:
+    cfg = S3Config(endpoint_url=auth_endpoint)
+    with pytest.raises(AccessDeniedError) as info:
+        S3StorageWriter("s3://any-bucket/run", s3_config=cfg)
+    assert "any-bucket" in str(info.value)
+    assert "AWS_ACCESS_KEY_ID" in str(info.value) or "credentials" in str(info.value)
+
+
+def _state() -> dict:
+    g = torch.Generator().manual_seed(5)
+    sd: dict = {f"layer{i}.w": torch.randn(256, 256, generator=g) for i in range(24)}  # 6 MiB
+    sd["big"] = torch.randn(2048, 1024, generator=g)  # 8 MiB: multipart
+    sd["meta"] = {"step": 9}
+    return sd
+
+
+def test_save_and_load_through_20_percent_faults(
+    bucket: str, moto_endpoint: str, s3_client
+) -> None:  # type: ignore[no-untyped-def]
+    """503 SlowDown, 500s, resets and mid-body resets on ~20 % of requests."""
+    tc = TransferConfig(
+        part_size=5 * MiB,
+        max_inflight_bytes=10 * MiB,
+        target_object_size=4 * MiB,
+        read_request_size=3 * MiB,
+        max_attempts=12,
+        retry_initial_delay=0.01,
+        retry_max_delay=0.2,
+    )
+    sd = _state()
+    with FaultProxy(moto_endpoint, fault_rate=0.2, seed=7) as proxy:
+        cfg = S3Config(endpoint_url=proxy.endpoint_url)
+        url = f"s3://{bucket}/faulty/step_9"
+        dcp.save(sd, storage_writer=S3StorageWriter(url, s3_config=cfg, transfer_config=tc))
+        out = {k: torch.zeros_like(v) for k, v in sd.items() if isinstance(v, torch.Tensor)}
+        out["meta"] = {"step": 0}
+        dcp.load(out, storage_reader=S3StorageReader(url, s3_config=cfg, transfer_config=tc))
+        stats = proxy.stats
+    for k, v in sd.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(out[k], v), k
+    assert out["meta"] == {"step": 9}
+    injected = sum(stats.get(k, 0) for k in ("slowdown", "internal", "reset", "reset_mid_body"))
+    assert injected >= 5, stats
+    assert open_uploads(s3_client, bucket) == []
