@@ -109,13 +109,14 @@ def _exists(store: ObjectStore, key: str) -> bool:
     so a wrong bucket name fails here with NoSuchBucketError, and it needs only
     s3:GetObject.
     """
-    reader = store.open_range(key, 0, 1)
     try:
-        reader.readinto(memoryview(bytearray(1)))
+        reader = store.open_range(key, 0, 1)
+        try:
+            reader.readinto(memoryview(bytearray(1)))
+        finally:
+            reader.close()
     except ObjectNotFoundError:
         return False
-    finally:
-        reader.close()
     return True
 
 

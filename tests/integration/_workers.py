@@ -111,26 +111,3 @@ def failing_save_worker(rank: int, world_size: int, port: int, url: str) -> None
     finally:
         dist.destroy_process_group()
 
-
-def async_process_worker(rank: int, world_size: int, port: int, url: str) -> None:
-    """dcp.async_save with the process executor (it needs a process group)."""
-    from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
-    from s3ckpt import S3StorageReader, S3StorageWriter
-
-    _init(rank, world_size, port)
-    try:
-        sd = {f"rank{rank}.x": rank_tensor(rank), "shared": torch.arange(6.0), "step": 4}
-        fut = dcp.async_save(
-            sd,
-            storage_writer=S3StorageWriter(url),
-            async_checkpointer_type=AsyncCheckpointerType.PROCESS,
-        )
-        fut.result(timeout=240)
-        dist.barrier()
-        out = {f"rank{rank}.x": torch.zeros(5, 3), "shared": torch.zeros(6), "step": 0}
-        dcp.load(out, storage_reader=S3StorageReader(url))
-        assert torch.equal(out[f"rank{rank}.x"], rank_tensor(rank))
-        assert torch.equal(out["shared"], torch.arange(6.0)) and out["step"] == 4
-    finally:
-        dist.destroy_process_group()

@@ -1,0 +1,792 @@
+"""Fault-injecting HTTP/1.1 reverse proxy for S3 integration tests.
+
+The proxy listens on loopback and relays every request to an *upstream*
+S3-compatible server (in the test-suite a ``moto`` ``ThreadedMotoServer``).
+A configurable fraction of requests is answered with an injected fault
+instead, so that the retry behaviour of botocore and of s3ckpt's own retry
+layer can be exercised against realistic failures:
+
+``"slowdown"``
+    ``503 SlowDown`` with an S3 XML error body; the request is not forwarded.
+``"internal"``
+    ``500 InternalError`` with an S3 XML error body; not forwarded.
+``"reset"``
+    the request is read completely and the TCP connection is then aborted
+    with a RST (``SO_LINGER`` 0) without any response; not forwarded.
+``"reset_mid_body"``
+    the request *is* forwarded and executed upstream; the response status
+    line, headers and only part of the body are sent to the client before
+    the connection is aborted with a RST.  Only applies to responses that
+    have a body; bodiless responses are delivered normally and the fault is
+    not counted.
+
+Typical use::
+
+    with FaultProxy(moto_endpoint, fault_rate=0.2, seed=1) as proxy:
+        s3 = boto3.client("s3", endpoint_url=proxy.endpoint_url, ...)
+        ...                        # exercise the code under test
+        proxy.set_fault_rate(0.0)  # e.g. verify the end state fault-free
+        assert proxy.stats["faults"] > 0
+
+Note that botocore only retries failures that happen before it returns a
+response; a ``reset_mid_body`` fault surfaces while the caller reads the
+streaming body (``ResponseStreamingError`` / ``IncompleteReadError``) and
+must be retried by the caller.  Also note that botocore's
+``retries={"max_attempts": n}`` counts *retries*; use
+``{"total_max_attempts": 1}`` for a client that never retries.
+
+Implementation notes:
+
+* Stdlib only.  One daemon thread per client connection, each with its own
+  upstream connection that is reused across keep-alive requests.  Requests
+  and responses are relayed at the byte level: only the message head and
+  the framing (``Content-Length`` / ``Transfer-Encoding: chunked``) are
+  parsed, bodies are streamed in bounded chunks and headers (including
+  ``Host``, so SigV4 signatures stay valid) are passed through verbatim.
+* ``Expect: 100-continue`` is handled by the proxy itself: it answers
+  ``100 Continue`` before reading the request body and strips the
+  ``Expect`` header before forwarding (botocore never signs ``Expect``).
+  Interim 1xx responses from upstream are swallowed.
+* Fault decisions are drawn per request from ``random.Random(seed)`` under a
+  lock, so a single-threaded client sees a reproducible fault sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import ipaddress
+import random
+import select
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from email.utils import formatdate
+from types import TracebackType
+from urllib.parse import urlsplit
+
+try:  # Linux: lets us wait until a partial body has left the send queue.
+    import fcntl
+    import termios
+
+    _TIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None)
+except ImportError:  # pragma: no cover - non-Unix
+    _TIOCOUTQ = None
+
+__all__ = ["FAULT_KINDS", "FaultProxy"]
+
+FAULT_KINDS: tuple[str, ...] = ("slowdown", "internal", "reset", "reset_mid_body")
+
+_CHUNK = 1024 * 1024
+_MAX_LINE = 64 * 1024
+_MAX_HEADERS = 200
+_IO_TIMEOUT = 120.0  # per socket operation; frees threads of abandoned connections
+_DRAIN_TIMEOUT = 2.0  # how long reset_mid_body waits for the partial body to leave
+
+_ERRORS: dict[str, tuple[int, str, str, str]] = {
+    "slowdown": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+    "internal": (
+        500,
+        "Internal Server Error",
+        "InternalError",
+        "We encountered an internal error. Please try again.",
+    ),
+}
+
+Write = Callable[[bytes], None]
+
+
+class _ProtocolError(Exception):
+    """Malformed or truncated HTTP message."""
+
+
+class _Head:
+    """Parsed start line + header fields of an HTTP message."""
+
+    __slots__ = ("headers", "start")
+
+    def __init__(self, start: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.start = start
+        self.headers = headers
+
+    def get(self, name: bytes) -> bytes | None:
+        """Last value of header ``name`` (case-insensitive), or ``None``."""
+        name = name.lower()
+        value = None
+        for key, val in self.headers:
+            if key.lower() == name:
+                value = val
+        return value
+
+    def tokens(self, name: bytes) -> set[bytes]:
+        """Lower-cased comma-separated tokens of all ``name`` headers."""
+        name = name.lower()
+        out: set[bytes] = set()
+        for key, val in self.headers:
+            if key.lower() == name:
+                out.update(t.strip().lower() for t in val.split(b",") if t.strip())
+        return out
+
+    def serialize(self, drop: frozenset[bytes] = frozenset()) -> bytes:
+        lines = [self.start]
+        lines.extend(k + b": " + v for k, v in self.headers if k.lower() not in drop)
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _read_line(rfile: io.BufferedReader) -> bytes:
+    line = rfile.readline(_MAX_LINE + 1)
+    if len(line) > _MAX_LINE:
+        raise _ProtocolError("line too long")
+    return line
+
+
+def _read_head(rfile: io.BufferedReader) -> _Head | None:
+    """Read a message head; ``None`` on a clean EOF before the first byte."""
+    start = _read_line(rfile)
+    while start in (b"\r\n", b"\n"):  # tolerate stray CRLF between messages
+        start = _read_line(rfile)
+    if not start:
+        return None
+    if not start.endswith(b"\n"):
+        raise _ProtocolError("truncated start line")
+    headers: list[tuple[bytes, bytes]] = []
+    while True:
+        line = _read_line(rfile)
+        if not line.endswith(b"\n"):
+            raise _ProtocolError("truncated header block")
+        if line in (b"\r\n", b"\n"):
+            break
+        if len(headers) >= _MAX_HEADERS:
+            raise _ProtocolError("too many headers")
+        name, sep, value = line.partition(b":")
+        if not sep or not name or name != name.strip():
+            raise _ProtocolError(f"bad header line {line!r}")
+        headers.append((name, value.strip()))
+    return _Head(start.rstrip(b"\r\n"), headers)
+
+
+def _content_length(head: _Head) -> int | None:
+    raw = head.get(b"content-length")
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _ProtocolError(f"bad Content-Length {raw!r}") from None
+    if value < 0:
+        raise _ProtocolError(f"bad Content-Length {raw!r}")
+    return value
+
+
+def _is_chunked(head: _Head) -> bool:
+    return b"chunked" in head.tokens(b"transfer-encoding")
+
+
+def _relay_exact(rfile: io.BufferedReader, n: int, write: Write | None) -> None:
+    """Copy exactly ``n`` bytes from ``rfile`` to ``write`` (or discard)."""
+    while n > 0:
+        data = rfile.read1(min(n, _CHUNK))
+        if not data:
+            raise _ProtocolError("unexpected EOF in body")
+        n -= len(data)
+        if write is not None:
+            write(data)
+
+
+def _relay_until_eof(rfile: io.BufferedReader, write: Write) -> None:
+    while True:
+        data = rfile.read1(_CHUNK)
+        if not data:
+            return
+        write(data)
+
+
+def _chunk_size(line: bytes) -> int:
+    if not line.endswith(b"\n"):
+        raise _ProtocolError("truncated chunk size line")
+    try:
+        size = int(line.split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        raise _ProtocolError(f"bad chunk size line {line!r}") from None
+    if size < 0:
+        raise _ProtocolError("negative chunk size")
+    return size
+
+
+def _relay_chunk_data_and_crlf(rfile: io.BufferedReader, size: int, write: Write | None) -> None:
+    _relay_exact(rfile, size, write)
+    crlf = _read_line(rfile)
+    if crlf not in (b"\r\n", b"\n"):
+        raise _ProtocolError("missing CRLF after chunk")
+    if write is not None:
+        write(crlf)
+
+
+def _relay_trailers(rfile: io.BufferedReader, write: Write | None) -> None:
+    while True:
+        line = _read_line(rfile)
+        if not line.endswith(b"\n"):
+            raise _ProtocolError("truncated trailer")
+        if write is not None:
+            write(line)
+        if line in (b"\r\n", b"\n"):
+            return
+
+
+def _relay_chunked(rfile: io.BufferedReader, write: Write | None) -> None:
+    """Copy a chunked body verbatim (framing included) until its last chunk."""
+    while True:
+        line = _read_line(rfile)
+        size = _chunk_size(line)
+        if write is not None:
+            write(line)
+        if size == 0:
+            _relay_trailers(rfile, write)
+            return
+        _relay_chunk_data_and_crlf(rfile, size, write)
+
+
+def _sender(sock: socket.socket) -> Write:
+    def write(data: bytes) -> None:
+        sock.sendall(data)
+
+    return write
+
+
+def _readable_now(sock: socket.socket) -> bool:
+    """Whether ``sock`` has data or EOF pending (poll: no FD_SETSIZE limit)."""
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable)
+    except (OSError, ValueError):
+        return True
+
+
+def _abort(sock: socket.socket) -> None:
+    """Close ``sock`` with a TCP RST instead of an orderly FIN."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+def _wait_sent(sock: socket.socket, timeout: float, stop: threading.Event) -> None:
+    """Best effort: wait until the kernel send queue of ``sock`` is empty.
+
+    A RST discards unsent data, so without this a ``reset_mid_body`` fault
+    could degrade into a plain reset when the client is slow to read.
+    """
+    if _TIOCOUTQ is None:
+        time.sleep(0.05)
+        return
+    deadline = time.monotonic() + timeout
+    buf = bytearray(4)
+    while time.monotonic() < deadline and not stop.is_set():
+        try:
+            fcntl.ioctl(sock.fileno(), _TIOCOUTQ, buf)
+        except OSError:
+            return
+        if struct.unpack("i", bytes(buf))[0] == 0:
+            return
+        time.sleep(0.002)
+
+
+class _Closed(Exception):
+    """Raised inside a connection handler to end the connection."""
+
+    def __init__(self, *, abort: bool = False) -> None:
+        super().__init__()
+        self.abort = abort
+
+
+class FaultProxy:
+    """Loopback reverse proxy that injects S3-style faults into requests.
+
+    ``upstream`` is the base URL of the real server (``http://host:port``).
+    Each request is, with probability ``fault_rate`` and while fewer than
+    ``max_faults`` faults have been injected, answered with a fault kind
+    chosen uniformly from ``faults`` (see the module docstring); otherwise it
+    is relayed unchanged.  Point the client's ``endpoint_url`` at
+    :attr:`endpoint_url`.
+
+    :attr:`stats` counts ``requests`` (all requests seen), ``forwarded``
+    (requests sent upstream, including those hit by ``reset_mid_body``),
+    ``faults`` (total injected) and one entry per fault kind.
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        fault_rate: float = 0.2,
+        faults: Sequence[str] = FAULT_KINDS,
+        seed: int = 0,
+        max_faults: int | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"upstream must be an http:// URL, got {upstream!r}")
+        self._upstream = (parts.hostname, parts.port or 80)
+        faults = tuple(faults)
+        unknown = sorted(set(faults) - set(FAULT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {FAULT_KINDS}")
+        if fault_rate > 0 and not faults:
+            raise ValueError("fault_rate > 0 needs at least one fault kind")
+        if max_faults is not None and max_faults < 0:
+            raise ValueError("max_faults must be >= 0")
+        if host == "localhost":
+            host = "127.0.0.1"
+        if not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"FaultProxy only listens on loopback, not {host!r}")
+        self._check_rate(fault_rate)
+        self._host = host
+        self._port = port
+        self._faults = faults
+        self._fault_rate = float(fault_rate)
+        self._max_faults = max_faults
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._reserved = 0  # faults decided (possibly not yet applied)
+        self._stats: dict[str, int] = dict.fromkeys(
+            ("requests", "forwarded", "faults", *FAULT_KINDS), 0
+        )
+        self._listener: socket.socket | None = None
+        self._accept_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._sockets: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+
+    # ------------------------------------------------------------------ API
+
+    @staticmethod
+    def _check_rate(rate: float) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"fault_rate must be within [0, 1], got {rate!r}")
+
+    def start(self) -> None:
+        """Bind the listening socket and start accepting connections."""
+        if self._listener is not None:
+            raise RuntimeError("FaultProxy already started")
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self._host, self._port))
+            listener.listen(128)
+            listener.settimeout(0.1)  # lets the accept loop notice stop()
+        except BaseException:
+            listener.close()
+            raise
+        self._port = listener.getsockname()[1]
+        self._stopping.clear()
+        self._listener = listener
+        self._accept_thread = threading.Thread(
+            target=self._accept_loop,
+            name=f"faultproxy-accept-{self._port}",
+            daemon=True,
+        )
+        self._accept_thread.start()
+
+    def stop(self) -> None:
+        """Stop listening and tear down every open connection (promptly).
+
+        Sockets are shut down first (which wakes every blocked thread and
+        ends the TCP connections at once); threads then get at most half a
+        second, in total, to finish before the remaining sockets are closed.
+        """
+        self._stopping.set()
+        listener, self._listener = self._listener, None
+        accept_thread, self._accept_thread = self._accept_thread, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            sockets = list(self._sockets)
+            threads = list(self._threads)
+        for sock in sockets:  # wakes handler threads blocked in recv/send
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + 0.5
+        for thread in [accept_thread, *threads]:
+            if thread is not None:
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.close()
+        with self._lock:
+            leftovers = list(self._sockets)
+            self._sockets.clear()
+        for sock in leftovers:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://127.0.0.1:PORT`` -- the URL clients should talk to."""
+        if self._listener is None and self._port == 0:
+            raise RuntimeError("FaultProxy not started")
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._port}"
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Snapshot of the counters (see class docstring)."""
+        with self._lock:
+            return dict(self._stats)
+
+    @property
+    def fault_rate(self) -> float:
+        with self._lock:
+            return self._fault_rate
+
+    def set_fault_rate(self, rate: float) -> None:
+        """Change the fault probability for subsequent requests (thread-safe)."""
+        self._check_rate(rate)
+        if rate > 0 and not self._faults:
+            raise ValueError("fault_rate > 0 needs at least one fault kind")
+        with self._lock:
+            self._fault_rate = float(rate)
+
+    def __enter__(self) -> FaultProxy:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------- internals
+
+    def _bump(self, key: str) -> None:
+        with self._lock:
+            self._stats[key] += 1
+
+    def _decide(self) -> str | None:
+        """Count a request and decide whether (and which) fault to inject."""
+        with self._lock:
+            self._stats["requests"] += 1
+            roll = self._rng.random()
+            kind = self._rng.choice(self._faults) if self._faults else None
+            if roll >= self._fault_rate or kind is None:
+                return None
+            if self._max_faults is not None and self._reserved >= self._max_faults:
+                return None
+            self._reserved += 1
+            return kind
+
+    def _commit(self, kind: str) -> None:
+        with self._lock:
+            self._stats[kind] += 1
+            self._stats["faults"] += 1
+
+    def _cancel(self) -> None:
+        with self._lock:
+            self._reserved -= 1
+
+    def _track(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if self._stopping.is_set():
+                return False
+            self._sockets.add(sock)
+            return True
+
+    def _untrack_close(self, sock: socket.socket | None, *, abort: bool = False) -> None:
+        if sock is None:
+            return
+        with self._lock:
+            self._sockets.discard(sock)
+        if abort:
+            _abort(sock)
+        else:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept_loop(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _addr = listener.accept()  # listener has a 0.1 s timeout
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stopping.is_set():
+                    return
+                time.sleep(0.01)  # e.g. EMFILE: back off instead of spinning
+                continue
+            if not self._track(conn):
+                conn.close()
+                return
+            thread = threading.Thread(
+                target=self._serve_connection,
+                args=(conn,),
+                name=f"faultproxy-conn-{self._port}",
+                daemon=True,
+            )
+            with self._lock:
+                self._threads.add(thread)
+            thread.start()
+
+    def _serve_connection(self, client: socket.socket) -> None:
+        try:
+            _Connection(self, client).run()
+        except OSError:  # socket already shut down by stop()
+            self._untrack_close(client)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+
+class _Connection:
+    """State for one client connection (and its upstream connection)."""
+
+    def __init__(self, proxy: FaultProxy, client: socket.socket) -> None:
+        self.proxy = proxy
+        self.client = client
+        self.client.settimeout(_IO_TIMEOUT)
+        with contextlib.suppress(OSError):
+            self.client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.crfile: io.BufferedReader = client.makefile("rb")
+        self.cwrite = _sender(client)
+        self.upstream: socket.socket | None = None
+        self.urfile: io.BufferedReader | None = None
+        self.pending: str | None = None  # fault decided but not yet applied
+
+    # -- lifecycle
+
+    def run(self) -> None:
+        abort = False
+        try:
+            while not self.proxy._stopping.is_set():
+                if not self._one_request():
+                    break
+        except _Closed as exc:
+            abort = exc.abort
+        except (_ProtocolError, OSError, ValueError):
+            abort = True  # garbage, peer vanished, or sockets shut down by stop()
+        finally:
+            self._settle(applied=False)
+            self._close_upstream()
+            with contextlib.suppress(OSError):
+                self.crfile.close()
+            self.proxy._untrack_close(self.client, abort=abort)
+
+    def _settle(self, *, applied: bool) -> None:
+        """Record the pending fault as injected, or release its reservation."""
+        kind, self.pending = self.pending, None
+        if kind is None:
+            return
+        if applied:
+            self.proxy._commit(kind)
+        else:
+            self.proxy._cancel()
+
+    def _close_upstream(self) -> None:
+        if self.urfile is not None:
+            with contextlib.suppress(OSError):
+                self.urfile.close()
+        self.proxy._untrack_close(self.upstream)
+        self.upstream = None
+        self.urfile = None
+
+    def _ensure_upstream(self) -> tuple[socket.socket, io.BufferedReader]:
+        # A reused connection that is readable while idle was closed by the
+        # server (or sent garbage): reconnect rather than lose the request.
+        if self.upstream is not None and _readable_now(self.upstream):
+            self._close_upstream()
+        if self.upstream is None or self.urfile is None:
+            sock = socket.create_connection(self.proxy._upstream, timeout=_IO_TIMEOUT)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not self.proxy._track(sock):
+                sock.close()
+                raise _Closed()
+            self.upstream = sock
+            self.urfile = sock.makefile("rb")
+        return self.upstream, self.urfile
+
+    # -- one request/response exchange; returns False to close the connection
+
+    def _one_request(self) -> bool:
+        head = _read_head(self.crfile)
+        if head is None:
+            return False
+        parts = head.start.split()
+        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+            self._send_simple(400, "Bad Request", b"", close=True)
+            return False
+        method, version = parts[0].upper(), parts[2]
+        chunked = _is_chunked(head)
+        length = 0 if chunked else (_content_length(head) or 0)
+        req_tokens = head.tokens(b"connection")
+        if version == b"HTTP/1.0":
+            keep_alive = b"keep-alive" in req_tokens
+        else:
+            keep_alive = b"close" not in req_tokens
+
+        kind = self.pending = self.proxy._decide()
+
+        # We always honour "Expect: 100-continue" ourselves (and strip the
+        # header before forwarding), so that the client's body is read in
+        # every case and the connection stays in sync.
+        if b"100-continue" in head.tokens(b"expect") and version != b"HTTP/1.0":
+            self.cwrite(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+        if kind in ("slowdown", "internal", "reset"):
+            self._read_body(chunked, length, None)  # discard
+            self._settle(applied=True)
+            if kind == "reset":
+                raise _Closed(abort=True)
+            status, reason, code, message = _ERRORS[kind]
+            self._send_simple(
+                status,
+                reason,
+                _error_xml(code, message, head),
+                close=not keep_alive,
+                head_only=method == b"HEAD",
+                extra=[(b"Content-Type", b"application/xml")],
+            )
+            return keep_alive
+
+        upstream, urfile = self._ensure_upstream()
+        upstream.sendall(head.serialize(drop=frozenset({b"expect"})))
+        self._read_body(chunked, length, _sender(upstream))
+        self.proxy._bump("forwarded")
+        return self._relay_response(method, urfile, keep_alive)
+
+    def _read_body(self, chunked: bool, length: int, write: Write | None) -> None:
+        if chunked:
+            _relay_chunked(self.crfile, write)
+        else:
+            _relay_exact(self.crfile, length, write)
+
+    def _relay_response(self, method: bytes, urfile: io.BufferedReader, keep_alive: bool) -> bool:
+        while True:
+            resp = _read_head(urfile)
+            if resp is None:
+                raise _ProtocolError("upstream closed without a response")
+            rparts = resp.start.split(None, 2)
+            if len(rparts) < 2 or not rparts[0].startswith(b"HTTP/"):
+                raise _ProtocolError(f"bad upstream status line {resp.start!r}")
+            try:
+                status = int(rparts[1])
+            except ValueError:
+                raise _ProtocolError(f"bad upstream status {resp.start!r}") from None
+            if 100 <= status < 200 and status != 101:
+                continue  # interim response (Expect was handled by us)
+            break
+
+        upstream_close = b"close" in resp.tokens(b"connection") or rparts[0] == b"HTTP/1.0"
+        bodiless = method == b"HEAD" or status in (204, 304) or status < 200
+        chunked = not bodiless and _is_chunked(resp)
+        length = None if bodiless or chunked else _content_length(resp)
+        until_eof = not bodiless and not chunked and length is None
+
+        if self.pending == "reset_mid_body" and not bodiless and length != 0:
+            self._cut_body(resp, urfile, chunked, length)  # raises _Closed
+        self._settle(applied=False)  # no fault applicable: deliver normally
+
+        self.cwrite(resp.serialize())
+        if chunked:
+            _relay_chunked(urfile, self.cwrite)
+        elif until_eof:
+            _relay_until_eof(urfile, self.cwrite)
+        elif length:
+            _relay_exact(urfile, length, self.cwrite)
+
+        if upstream_close or until_eof:
+            self._close_upstream()
+            return False  # keep it simple: one upstream connection per client
+        return keep_alive
+
+    def _cut_body(
+        self,
+        resp: _Head,
+        urfile: io.BufferedReader,
+        chunked: bool,
+        length: int | None,
+    ) -> None:
+        """Send the head and a strict prefix of the body, then abort."""
+        head = resp.serialize()
+        if chunked:
+            line = _read_line(urfile)
+            size = _chunk_size(line)
+            if size == 0:  # empty chunked body: deliver it intact, then close
+                self._settle(applied=False)
+                self.cwrite(head + line)
+                _relay_trailers(urfile, self.cwrite)
+                raise _Closed()
+            self.cwrite(head + line)
+            _relay_exact(urfile, size // 2, self.cwrite)
+        elif length:
+            self.cwrite(head)
+            _relay_exact(urfile, length // 2, self.cwrite)
+        else:  # body delimited by connection close
+            first = urfile.read1(_CHUNK)
+            if not first:  # empty: deliver intact
+                self._settle(applied=False)
+                self.cwrite(head)
+                raise _Closed()
+            self.cwrite(head + first[: len(first) // 2])
+        self._settle(applied=True)
+        self._close_upstream()  # unread upstream body: connection is unusable
+        _wait_sent(self.client, _DRAIN_TIMEOUT, self.proxy._stopping)
+        raise _Closed(abort=True)
+
+    def _send_simple(
+        self,
+        status: int,
+        reason: str,
+        body: bytes,
+        *,
+        close: bool,
+        head_only: bool = False,
+        extra: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        request_id = uuid.uuid4().hex[:16].upper().encode()
+        headers: list[tuple[bytes, bytes]] = [
+            (b"Date", formatdate(usegmt=True).encode()),
+            (b"Server", b"FaultProxy"),
+            (b"x-amz-request-id", request_id),
+            (b"x-amz-id-2", request_id),
+            *extra,
+            (b"Content-Length", str(len(body)).encode()),
+        ]
+        if close:
+            headers.append((b"Connection", b"close"))
+        head = _Head(f"HTTP/1.1 {status} {reason}".encode(), headers)
+        self.cwrite(head.serialize() + (b"" if head_only else body))
+
+
+def _error_xml(code: str, message: str, head: _Head) -> bytes:
+    parts = head.start.split()
+    resource = parts[1].decode("latin-1") if len(parts) > 1 else "/"
+    resource = resource.split("?", 1)[0]
+    request_id = uuid.uuid4().hex[:16].upper()
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Error><Code>{code}</Code><Message>{message}</Message>"
+        f"<Resource>{_xml_escape(resource)}</Resource>"
+        f"<RequestId>{request_id}</RequestId></Error>"
+    )
+    return xml.encode()
+
+
+def _xml_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
