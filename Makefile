@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: install demo test lint typecheck unit integration bench clean
+.PHONY: install demo test test-terraform lint typecheck unit integration bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,11 +20,15 @@ demo: install
 	$(PY) -m s3ckpt.demo
 
 ## Lint, type-check and run the whole test suite.
+# tests/terraform (issue 6, in review) runs with `make test-terraform` until it is wired in.
 test: install lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --ignore=tests/terraform
+
+test-terraform: install
+	$(PY) -m pytest -q tests/terraform
 
 lint: install
-	$(VENV)/bin/ruff check s3ckpt tests benchmarks
+	$(VENV)/bin/ruff check s3ckpt tests
 
 typecheck: install
 	$(VENV)/bin/mypy

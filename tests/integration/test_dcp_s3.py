@@ -97,25 +97,43 @@ def test_async_save_thread(bucket: str) -> None:
     check(sd, out)
 
 
-@pytest.mark.multiprocess
-def test_async_save_process_executor(bucket: str) -> None:
-    url = f"s3://{bucket}/async_process"
-    mp.spawn(_workers.async_process_worker, args=(1, _free_port(), url), nprocs=1, join=True)
+def test_writer_pickles_for_the_process_executor(bucket: str) -> None:
+    """DCP's process executor ships the writer to a daemon process by pickle: it must
+    travel without a live client (or credentials) and work on the other side."""
+    import pickle
+
+    url = f"s3://{bucket}/pickled"
+    writer = S3StorageWriter(url, transfer_config=SMALL)
+    writer.store.head("warm-up")  # creates a client, which must not be pickled
+    blob = pickle.dumps(writer)
+    assert b"testing" not in blob  # no credentials inside
+    clone = pickle.loads(blob)
+    sd = state()
+    dcp.save(sd, storage_writer=clone)
+    out = empty_like(sd)
+    dcp.load(out, storage_reader=S3StorageReader(url))
+    check(sd, out)
 
 
 def test_failed_save_leaves_no_object_and_no_upload(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
     url = f"s3://{bucket}/fail"
     writer = S3StorageWriter(url, transfer_config=SMALL)
-    real_upload = writer.store.upload_part
+    store = writer.store
+    real_put, real_part = store.put, store.upload_part
     calls = {"n": 0}
 
-    def flaky(*args, **kwargs):  # type: ignore[no-untyped-def]
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise OSError("disk on fire")
-        return real_upload(*args, **kwargs)
+    def failing_second(real):  # type: ignore[no-untyped-def]
+        def call(key, *args, **kwargs):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise OSError("disk on fire")
+            return real(key, *args, **kwargs)
 
-    writer.store.upload_part = flaky  # type: ignore[method-assign]
+        return call
+
+    # The second data request (a PUT or a part, whichever comes second) fails.
+    store.put = failing_second(real_put)  # type: ignore[method-assign]
+    store.upload_part = failing_second(real_part)  # type: ignore[method-assign]
     with pytest.raises(CheckpointException, match="disk on fire"):
         dcp.save(state(), storage_writer=writer)
     assert list_keys(s3_client, bucket) == []
@@ -128,15 +146,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.multiprocess
-def test_world_size_2_save_then_load_with_1_2_3(bucket: str) -> None:
-    url = f"s3://{bucket}/dist/step_11"
+@pytest.fixture(scope="module")
+def saved_by_two_ranks(moto_endpoint: str) -> str:
+    """A checkpoint saved by world size 2 (DTensor shards + per-rank state)."""
+    import uuid
+
+    import boto3
+
+    name = f"dist-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=name)
+    url = f"s3://{name}/dist/step_11"
     mp.spawn(_workers.save_worker, args=(2, _free_port(), url), nprocs=2, join=True)
-    for world in (1, 2, 3):
-        mp.spawn(_workers.load_worker, args=(world, _free_port(), url, 2), nprocs=world, join=True)
+    return url
 
 
 @pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_world_size_2_checkpoint_loads_with_world_size(saved_by_two_ranks: str, world: int) -> None:
+    mp.spawn(
+        _workers.load_worker,
+        args=(world, _free_port(), saved_by_two_ranks, 2),
+        nprocs=world,
+        join=True,
+    )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
 def test_one_rank_failing_fails_the_save_without_commit(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
     url = f"s3://{bucket}/dist_fail"
     mp.spawn(_workers.failing_save_worker, args=(2, _free_port(), url), nprocs=2, join=True)

@@ -1,0 +1,197 @@
+# Two least-privilege roles:
+#
+#   trainer  read, write and multipart-upload checkpoints under the prefix; never delete.
+#   pruner   list, read and delete under the prefix; every write is explicitly denied except
+#            its lease object (a conditional PUT that keeps two pruners from racing).
+#
+# s3ckpt's request -> IAM action map (S3 authorises multipart parts as s3:PutObject):
+#   PutObject, CreateMultipartUpload, UploadPart, CompleteMultipartUpload  s3:PutObject
+#   GetObject, HeadObject (ranged or not)                                  s3:GetObject
+#   AbortMultipartUpload                                                   s3:AbortMultipartUpload
+#   ListParts                                                              s3:ListMultipartUploadParts
+#   ListObjectsV2                                                          s3:ListBucket
+#   ListMultipartUploads                                                   s3:ListBucketMultipartUploads
+#   DeleteObject, DeleteObjects (checked per key)                          s3:DeleteObject
+#
+# Policies are plain jsonencode() documents rather than aws_iam_policy_document data sources,
+# so `terraform test` with a mock provider can read and assert on them (tests/*.tftest.hcl).
+
+locals {
+  # Both roles may use the key only through S3 and only for this bucket. With a bucket key the
+  # encryption context is the bucket ARN; objects written before it carry their own ARN.
+  kms_via_s3_condition = {
+    StringEquals = { "kms:ViaService" = local.s3_service }
+    StringLike   = { "kms:EncryptionContext:aws:s3:arn" = [local.bucket_arn, local.objects_arn] }
+  }
+
+  list_prefix_condition = {
+    StringLike = { "s3:prefix" = ["${local.prefix}*"] }
+  }
+
+  trust_policies = {
+    for role, trust in { trainer = var.trainer_trust, pruner = var.pruner_trust } : role => {
+      Version                    = "2012-10-17"
+      # One statement per principal type, each with the actions that type needs.
+      Statement = concat(
+        length(trust.aws_principals) == 0 ? [] : [{
+          Sid       = "AssumeFromNamedPrincipals"
+          Effect    = "Allow"
+          Action    = "sts:AssumeRole"
+          Principal = { AWS = trust.aws_principals }
+        }],
+        length(trust.services) == 0 ? [] : [{
+          Sid    = "AssumeFromServices"
+          Effect = "Allow"
+          # EKS Pod Identity tags the session it creates, so it needs sts:TagSession as well.
+          Action    = contains(trust.services, "pods.eks.amazonaws.com") ? ["sts:AssumeRole", "sts:TagSession"] : ["sts:AssumeRole"]
+          Principal = { Service = trust.services }
+        }],
+        [for i, o in trust.oidc : {
+          Sid       = "AssumeFromOidc${i}"
+          Effect    = "Allow"
+          Action    = "sts:AssumeRoleWithWebIdentity"
+          Principal = { Federated = o.provider_arn }
+          Condition = {
+            StringEquals = {
+              "${split("oidc-provider/", o.provider_arn)[1]}:sub" = o.subjects
+              "${split("oidc-provider/", o.provider_arn)[1]}:aud" = "sts.amazonaws.com"
+            }
+          }
+        }],
+      )
+    }
+  }
+
+  trainer_policy = {
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid       = "ListCheckpointPrefix"
+        Effect    = "Allow"
+        Action    = "s3:ListBucket"
+        Resource  = local.bucket_arn
+        Condition = local.list_prefix_condition
+      },
+      {
+        # ListMultipartUploads has no s3:prefix condition key. It reveals the key names of
+        # uploads in progress, nothing more, and lets a restarted trainer find its leftovers.
+        Sid      = "ListMultipartUploads"
+        Effect   = "Allow"
+        Action   = "s3:ListBucketMultipartUploads"
+        Resource = local.bucket_arn
+      },
+      {
+        Sid    = "ReadWriteCheckpointObjects"
+        Effect = "Allow"
+        Action = [
+          "s3:GetObject",
+          "s3:PutObject",
+          "s3:AbortMultipartUpload",
+          "s3:ListMultipartUploadParts",
+        ]
+        Resource = local.objects_arn
+      },
+      {
+        Sid       = "UseCheckpointKeyThroughS3"
+        Effect    = "Allow"
+        Action    = ["kms:GenerateDataKey", "kms:Decrypt"]
+        Resource  = aws_kms_key.this.arn
+        Condition = local.kms_via_s3_condition
+      },
+    ]
+  }
+
+  pruner_policy = {
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid       = "ListCheckpointPrefix"
+        Effect    = "Allow"
+        Action    = ["s3:ListBucket", "s3:ListBucketVersions"]
+        Resource  = local.bucket_arn
+        Condition = local.list_prefix_condition
+      },
+      {
+        Sid      = "ListMultipartUploads"
+        Effect   = "Allow"
+        Action   = "s3:ListBucketMultipartUploads"
+        Resource = local.bucket_arn
+      },
+      {
+        # Commit markers (s3ckpt.json) to plan from, pins, and the lease to check its expiry.
+        Sid      = "ReadCheckpointObjects"
+        Effect   = "Allow"
+        Action   = "s3:GetObject"
+        Resource = local.objects_arn
+      },
+      {
+        Sid    = "DeleteCheckpointObjects"
+        Effect = "Allow"
+        Action = concat(
+          ["s3:DeleteObject", "s3:AbortMultipartUpload"],
+          var.pruner_can_delete_versions ? ["s3:DeleteObjectVersion"] : [],
+        )
+        Resource = local.objects_arn
+      },
+      {
+        Sid      = "WriteLeaseOnly"
+        Effect   = "Allow"
+        Action   = "s3:PutObject"
+        Resource = local.lease_arns
+      },
+      {
+        # Explicit, so no policy attached to this role later (a broad managed policy, a
+        # copy-paste) can let the retention job write or reconfigure anything. NotResource
+        # keeps the lease keys writable and matches every other resource in every bucket.
+        Sid    = "DenyAllWritesExceptLease"
+        Effect = "Deny"
+        Action = [
+          "s3:Put*",
+          "s3:Replicate*",
+          "s3:RestoreObject",
+          "s3:CreateBucket",
+          "s3:DeleteBucket*",
+        ]
+        NotResource = local.lease_arns
+      },
+      {
+        # Decrypt to read markers; GenerateDataKey because the lease object is encrypted too.
+        Sid       = "UseCheckpointKeyThroughS3"
+        Effect    = "Allow"
+        Action    = ["kms:GenerateDataKey", "kms:Decrypt"]
+        Resource  = aws_kms_key.this.arn
+        Condition = local.kms_via_s3_condition
+      },
+    ]
+  }
+}
+
+resource "aws_iam_role" "trainer" {
+  name                 = "${var.name}-trainer"
+  description          = "s3ckpt trainer: read/write checkpoints under s3://${var.bucket_name}/${local.prefix}, no deletes"
+  assume_role_policy   = jsonencode(local.trust_policies["trainer"])
+  max_session_duration = var.max_session_duration
+  permissions_boundary = var.permissions_boundary_arn
+  tags                 = var.tags
+}
+
+resource "aws_iam_role_policy" "trainer" {
+  name   = "s3ckpt-trainer"
+  role   = aws_iam_role.trainer.id
+  policy = jsonencode(local.trainer_policy)
+}
+
+resource "aws_iam_role" "pruner" {
+  name                 = "${var.name}-pruner"
+  description          = "s3ckpt pruner: list/read/delete checkpoints under s3://${var.bucket_name}/${local.prefix}, writes denied except its lease"
+  assume_role_policy   = jsonencode(local.trust_policies["pruner"])
+  max_session_duration = var.max_session_duration
+  permissions_boundary = var.permissions_boundary_arn
+  tags                 = var.tags
+}
+
+resource "aws_iam_role_policy" "pruner" {
+  name   = "s3ckpt-pruner"
+  role   = aws_iam_role.pruner.id
+  policy = jsonencode(local.pruner_policy)
+}

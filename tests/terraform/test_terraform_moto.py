@@ -1,0 +1,423 @@
+"""Apply terraform/ to a moto server, check what it built with boto3, prove the trainer and
+pruner roles' permissions under moto's IAM enforcement, then destroy it.
+
+The tests run in file order and share one deployment (module-scoped fixture); the last one
+destroys it, and the fixture destroys it anyway if a test failed first.
+
+moto gaps worked around here (moto 5.2.5):
+- it ignores bucket-policy conditions, so the TLS-only deny would refuse every object call:
+  the moto example sets ``enforce_tls = false`` (terraform test covers the rendered policy);
+- its IAM evaluator ignores ``NotResource`` (conftest teaches it, see
+  ``_teach_moto_not_resource``);
+- it authorises DeleteObjects against the bucket ARN instead of each key, so the pruner is
+  shown deleting with DeleteObject (AWS checks s3:DeleteObject per key for both);
+- destroying a bucket whose versioning is Suspended and that holds delete markers fails, so
+  every version and marker is deleted before ``terraform destroy``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.terraform.conftest import MODULE_DIR, MOTO_EXAMPLE, MotoServer, terraform_env
+
+pytestmark = [pytest.mark.terraform, pytest.mark.timeout(900)]
+
+boto3 = pytest.importorskip("boto3")
+from botocore.exceptions import ClientError  # noqa: E402
+
+REGION = "us-east-1"
+PREFIX = "checkpoints/"
+NONCURRENT_DAYS = 7  # the module's defaults, which the moto example keeps
+ABORT_DAYS = 3
+
+
+@dataclass
+class Deployment:
+    """One applied copy of the moto example."""
+
+    moto: MotoServer
+    workdir: Path
+    env: dict[str, str]
+    tf_vars: list[str]
+    bucket: str
+    trainer_user: str
+    pruner_user: str
+    outputs: dict[str, Any] = field(default_factory=dict)
+    destroyed: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def terraform(self, *args: str, timeout: float = 600) -> str:
+        started = time.monotonic()
+        done = subprocess.run(
+            ["terraform", f"-chdir={self.workdir}", *args, "-no-color"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        self.timings[args[0]] = self.timings.get(args[0], 0.0) + time.monotonic() - started
+        if done.returncode != 0:
+            pytest.fail(
+                f"terraform {' '.join(args)} failed ({done.returncode}):\n"
+                f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+            )
+        return done.stdout
+
+    def client(self, service: str, **credentials: str) -> Any:
+        credentials = credentials or {
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+        }
+        return boto3.client(
+            service, endpoint_url=self.moto.endpoint, region_name=REGION, **credentials
+        )
+
+    def empty_bucket(self) -> None:
+        """Delete every object version and delete marker (moto cannot destroy a bucket that
+        still holds delete markers once the versioning resource has suspended versioning)."""
+        s3 = self.client("s3")
+        for page in s3.get_paginator("list_object_versions").paginate(Bucket=self.bucket):
+            for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
+                s3.delete_object(Bucket=self.bucket, Key=item["Key"], VersionId=item["VersionId"])
+
+    def destroy(self) -> None:
+        self.moto.enforce_iam(False)
+        self.empty_bucket()
+        self.terraform("destroy", "-auto-approve", "-input=false", *self.tf_vars)
+        self.destroyed = True
+
+
+@pytest.fixture(scope="module")
+def deployment(
+    terraform_cli_config: str,
+    moto_server: MotoServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Deployment]:
+    """The moto example applied, with an IAM user per role allowed to assume it."""
+    workdir = tmp_path_factory.mktemp("tf-moto")
+    # A copy outside the checkout, with the module source made absolute, so the run leaves no
+    # .terraform.lock.hcl, state or data dir behind in terraform/.
+    text = (MOTO_EXAMPLE / "main.tf").read_text()
+    relative_source = 'source = "../.."'
+    assert relative_source in text, "examples/moto/main.tf must use the module at ../.."
+    (workdir / "main.tf").write_text(text.replace(relative_source, f'source = "{MODULE_DIR}"'))
+
+    bucket = f"s3ckpt-tf-{uuid.uuid4().hex[:10]}"
+    env = terraform_env(terraform_cli_config, workdir / ".terraform-data")
+    deployment = Deployment(
+        moto=moto_server,
+        workdir=workdir,
+        env=env,
+        tf_vars=[],
+        bucket=bucket,
+        trainer_user=f"ci-trainer-{bucket[-6:]}",
+        pruner_user=f"ci-pruner-{bucket[-6:]}",
+    )
+    iam = deployment.client("iam")
+    arns = {
+        user: iam.create_user(UserName=user)["User"]["Arn"]
+        for user in (deployment.trainer_user, deployment.pruner_user)
+    }
+    deployment.tf_vars = [
+        f"-var=endpoint={moto_server.endpoint}",
+        f"-var=bucket_name={bucket}",
+        f"-var=trainer_principal_arn={arns[deployment.trainer_user]}",
+        f"-var=pruner_principal_arn={arns[deployment.pruner_user]}",
+    ]
+    deployment.terraform(
+        "init", "-input=false", f"-backend-config=path={workdir / 'terraform.tfstate'}"
+    )
+    try:
+        deployment.terraform("apply", "-auto-approve", "-input=false", *deployment.tf_vars)
+        deployment.outputs = {
+            name: value["value"]
+            for name, value in json.loads(deployment.terraform("output", "-json")).items()
+        }
+        yield deployment
+    finally:
+        if not deployment.destroyed:
+            deployment.destroy()
+        print(f"terraform timings (s): {deployment.timings}")
+        shutil.rmtree(workdir / ".terraform-data", ignore_errors=True)
+
+
+def _error_code(excinfo: pytest.ExceptionInfo[ClientError]) -> str:
+    return str(excinfo.value.response["Error"]["Code"])
+
+
+def test_outputs_name_what_s3ckpt_needs(deployment: Deployment) -> None:
+    out = deployment.outputs
+    assert out["bucket_name"] == deployment.bucket
+    assert out["checkpoint_prefix"] == PREFIX
+    assert out["checkpoint_url"] == f"s3://{deployment.bucket}/{PREFIX}"
+    assert out["env"] == {"AWS_REGION": REGION, "S3CKPT_URL": out["checkpoint_url"]}
+    assert out["trainer_role_arn"].endswith(":role/s3ckpt-trainer")
+    assert out["pruner_role_arn"].endswith(":role/s3ckpt-pruner")
+    assert out["kms_key_arn"].startswith(f"arn:aws:kms:{REGION}:")
+
+
+def test_bucket_is_encrypted_with_the_key_and_a_bucket_key(deployment: Deployment) -> None:
+    s3 = deployment.client("s3")
+    rule = s3.get_bucket_encryption(Bucket=deployment.bucket)[
+        "ServerSideEncryptionConfiguration"
+    ]["Rules"][0]
+    assert rule["ApplyServerSideEncryptionByDefault"] == {
+        "SSEAlgorithm": "aws:kms",
+        "KMSMasterKeyID": deployment.outputs["kms_key_arn"],
+    }
+    assert rule["BucketKeyEnabled"] is True
+    kms = deployment.client("kms")
+    assert kms.get_key_rotation_status(KeyId=deployment.outputs["kms_key_arn"])[
+        "KeyRotationEnabled"
+    ]
+    # The default applies to an upload that asks for nothing.
+    key = f"{PREFIX}probe/encrypted"
+    s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"x")
+    head = s3.head_object(Bucket=deployment.bucket, Key=key)
+    assert head["ServerSideEncryption"] == "aws:kms"
+
+
+def test_bucket_blocks_public_access_and_enforces_ownership(deployment: Deployment) -> None:
+    s3 = deployment.client("s3")
+    block = s3.get_public_access_block(Bucket=deployment.bucket)["PublicAccessBlockConfiguration"]
+    assert block == {
+        "BlockPublicAcls": True,
+        "IgnorePublicAcls": True,
+        "BlockPublicPolicy": True,
+        "RestrictPublicBuckets": True,
+    }
+    rules = s3.get_bucket_ownership_controls(Bucket=deployment.bucket)["OwnershipControls"][
+        "Rules"
+    ]
+    assert rules == [{"ObjectOwnership": "BucketOwnerEnforced"}]
+
+
+def test_bucket_is_versioned(deployment: Deployment) -> None:
+    s3 = deployment.client("s3")
+    assert s3.get_bucket_versioning(Bucket=deployment.bucket)["Status"] == "Enabled"
+
+
+def test_lifecycle_rules_are_as_declared(deployment: Deployment) -> None:
+    s3 = deployment.client("s3")
+    rules = {
+        rule["ID"]: rule
+        for rule in s3.get_bucket_lifecycle_configuration(Bucket=deployment.bucket)["Rules"]
+    }
+    assert set(rules) == {
+        "abort-incomplete-multipart-uploads",
+        "expire-noncurrent-versions",
+        "remove-expired-delete-markers",
+    }
+    for rule in rules.values():
+        assert rule["Status"] == "Enabled"
+        # Whole bucket: an empty prefix (some clients send no Prefix at all).
+        assert rule["Filter"] in ({"Prefix": ""}, {})
+    assert rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"] == {
+        "DaysAfterInitiation": ABORT_DAYS
+    }
+    assert rules["expire-noncurrent-versions"]["NoncurrentVersionExpiration"][
+        "NoncurrentDays"
+    ] == NONCURRENT_DAYS
+    assert rules["remove-expired-delete-markers"]["Expiration"] == {
+        "ExpiredObjectDeleteMarker": True
+    }
+
+
+def test_no_tls_policy_on_moto(deployment: Deployment) -> None:
+    """The moto example leaves the TLS-only policy out (moto would apply its deny to every
+    request); this pins that choice so a change to the example is noticed."""
+    s3 = deployment.client("s3")
+    with pytest.raises(ClientError) as excinfo:
+        s3.get_bucket_policy(Bucket=deployment.bucket)
+    assert _error_code(excinfo) == "NoSuchBucketPolicy"
+
+
+def _assume(deployment: Deployment, user: str, role_arn: str) -> Any:
+    """An S3 client with the role's session credentials, obtained by ``user``."""
+    iam = deployment.client("iam")
+    keys = iam.create_access_key(UserName=user)["AccessKey"]
+    sts = deployment.client(
+        "sts",
+        aws_access_key_id=keys["AccessKeyId"],
+        aws_secret_access_key=keys["SecretAccessKey"],
+    )
+    creds = sts.assume_role(RoleArn=role_arn, RoleSessionName=f"{user}-session")["Credentials"]
+    return deployment.client(
+        "s3",
+        aws_access_key_id=creds["AccessKeyId"],
+        aws_secret_access_key=creds["SecretAccessKey"],
+        aws_session_token=creds["SessionToken"],
+    )
+
+
+@pytest.fixture(scope="module")
+def role_clients(deployment: Deployment) -> Iterator[dict[str, Any]]:
+    """S3 clients acting as the trainer and the pruner role, with IAM enforced.
+
+    Each user may call sts:AssumeRole on any role; the roles' trust policies decide.
+    """
+    iam = deployment.client("iam")
+    assume_any = json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": "*"}],
+        }
+    )
+    for user in (deployment.trainer_user, deployment.pruner_user):
+        iam.put_user_policy(UserName=user, PolicyName="assume-roles", PolicyDocument=assume_any)
+    keys = {}
+    for user in (deployment.trainer_user, deployment.pruner_user):
+        access_key = iam.create_access_key(UserName=user)["AccessKey"]
+        keys[user] = access_key
+    deployment.moto.enforce_iam(True)
+    try:
+        yield {
+            "trainer": _assume(
+                deployment, deployment.trainer_user, deployment.outputs["trainer_role_arn"]
+            ),
+            "pruner": _assume(
+                deployment, deployment.pruner_user, deployment.outputs["pruner_role_arn"]
+            ),
+            "keys": keys,
+        }
+    finally:
+        deployment.moto.enforce_iam(False)
+
+
+def test_iam_enforcement_is_on(deployment: Deployment, role_clients: dict[str, Any]) -> None:
+    """Guards the tests below: with enforcement on, moto's dummy root keys are refused."""
+    with pytest.raises(ClientError) as excinfo:
+        deployment.client("s3").list_objects_v2(Bucket=deployment.bucket)
+    assert _error_code(excinfo) == "InvalidAccessKeyId"
+
+
+def test_only_the_trusted_user_can_assume_each_role(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    keys = role_clients["keys"][deployment.trainer_user]
+    sts = deployment.client(
+        "sts",
+        aws_access_key_id=keys["AccessKeyId"],
+        aws_secret_access_key=keys["SecretAccessKey"],
+    )
+    with pytest.raises(ClientError) as excinfo:
+        sts.assume_role(
+            RoleArn=deployment.outputs["pruner_role_arn"], RoleSessionName="trainer-as-pruner"
+        )
+    assert _error_code(excinfo) == "AccessDenied"
+
+
+def test_trainer_writes_a_checkpoint_under_the_prefix(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    s3 = role_clients["trainer"]
+    bucket, step = deployment.bucket, f"{PREFIX}run-a/step_000000100/"
+    # A data object as a multipart upload (CreateMultipartUpload, UploadPart, ListParts and
+    # CompleteMultipartUpload are all s3:PutObject / s3:ListMultipartUploadParts).
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=f"{step}__0_0.distcp")["UploadId"]
+    etag = s3.upload_part(
+        Bucket=bucket, Key=f"{step}__0_0.distcp", UploadId=upload, PartNumber=1, Body=b"t" * 1024
+    )["ETag"]
+    s3.list_parts(Bucket=bucket, Key=f"{step}__0_0.distcp", UploadId=upload)
+    s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key=f"{step}__0_0.distcp",
+        UploadId=upload,
+        MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": 1}]},
+    )
+    s3.put_object(Bucket=bucket, Key=f"{step}.metadata", Body=b"m")
+    # The commit marker: a conditional PUT.
+    s3.put_object(Bucket=bucket, Key=f"{step}s3ckpt.json", Body=b"{}", IfNoneMatch="*")
+    # A failed save aborts its uploads.
+    doomed = s3.create_multipart_upload(Bucket=bucket, Key=f"{step}__1_0.distcp")["UploadId"]
+    s3.list_multipart_uploads(Bucket=bucket, Prefix=PREFIX)
+    s3.abort_multipart_upload(Bucket=bucket, Key=f"{step}__1_0.distcp", UploadId=doomed)
+    # Resume reads it back.
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=step)
+    assert {o["Key"] for o in listed["Contents"]} == {
+        f"{step}__0_0.distcp",
+        f"{step}.metadata",
+        f"{step}s3ckpt.json",
+    }
+    assert s3.get_object(Bucket=bucket, Key=f"{step}s3ckpt.json")["Body"].read() == b"{}"
+    s3.head_object(Bucket=bucket, Key=f"{step}__0_0.distcp")
+
+
+def test_trainer_cannot_delete(deployment: Deployment, role_clients: dict[str, Any]) -> None:
+    s3 = role_clients["trainer"]
+    with pytest.raises(ClientError) as excinfo:
+        s3.delete_object(
+            Bucket=deployment.bucket, Key=f"{PREFIX}run-a/step_000000100/s3ckpt.json"
+        )
+    assert _error_code(excinfo) == "AccessDenied"
+
+
+def test_trainer_cannot_write_outside_the_prefix(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    s3 = role_clients["trainer"]
+    with pytest.raises(ClientError) as excinfo:
+        s3.put_object(Bucket=deployment.bucket, Key="elsewhere/x", Body=b"x")
+    assert _error_code(excinfo) == "AccessDenied"
+
+
+def test_pruner_deletes_a_checkpoint(deployment: Deployment, role_clients: dict[str, Any]) -> None:
+    s3 = role_clients["pruner"]
+    bucket, step = deployment.bucket, f"{PREFIX}run-a/step_000000100/"
+    assert s3.get_object(Bucket=bucket, Key=f"{step}s3ckpt.json")["Body"].read() == b"{}"
+    s3.list_objects_v2(Bucket=bucket, Prefix=f"{PREFIX}run-a/")
+    # Commit marker first, then the data (the pruner's crash-safe order).
+    for name in ("s3ckpt.json", ".metadata", "__0_0.distcp"):
+        s3.delete_object(Bucket=bucket, Key=f"{step}{name}")
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=step)["KeyCount"] == 0
+
+
+def test_pruner_cannot_write_checkpoint_objects(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    s3 = role_clients["pruner"]
+    for key in (
+        f"{PREFIX}run-a/step_000000200/s3ckpt.json",
+        f"{PREFIX}run-a/step_000000200/__0_0.distcp",
+        "elsewhere/x",
+    ):
+        with pytest.raises(ClientError) as excinfo:
+            s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"x")
+        assert _error_code(excinfo) == "AccessDenied", key
+    with pytest.raises(ClientError) as excinfo:
+        s3.create_multipart_upload(
+            Bucket=deployment.bucket, Key=f"{PREFIX}run-a/step_000000200/__1_0.distcp"
+        )
+    assert _error_code(excinfo) == "AccessDenied"
+
+
+def test_pruner_takes_and_releases_its_lease(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    s3 = role_clients["pruner"]
+    for key in (f"{PREFIX}.s3ckpt-lease.json", f"{PREFIX}run-a/.s3ckpt-lease.json"):
+        s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"{}", IfNoneMatch="*")
+        s3.delete_object(Bucket=deployment.bucket, Key=key)
+
+
+def test_destroy_removes_everything(deployment: Deployment) -> None:
+    deployment.destroy()
+    s3 = deployment.client("s3")
+    with pytest.raises(ClientError) as excinfo:
+        s3.head_bucket(Bucket=deployment.bucket)
+    assert _error_code(excinfo) in {"404", "NoSuchBucket"}
+    iam = deployment.client("iam")
+    roles = {role["RoleName"] for role in iam.list_roles()["Roles"]}
+    assert not roles & {"s3ckpt-trainer", "s3ckpt-pruner"}
