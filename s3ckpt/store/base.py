@@ -110,6 +110,7 @@ class ObjectStore(Protocol):
         data: Buffer,
         *,
         if_none_match: bool = False,
+        if_match: str | None = None,
         crc32c: int | None = None,
     ) -> str:
         """Upload ``data`` in one request and return its ETag.
@@ -117,6 +118,10 @@ class ObjectStore(Protocol):
         Args:
             if_none_match: Fail with :class:`~s3ckpt.errors.PreconditionFailedError`
                 if the key already exists (S3 ``If-None-Match: *``).
+            if_match: Replace the object only if its current ETag is this one (S3
+                ``If-Match``): a compare-and-swap, as the retention lease needs. Fails with
+                :class:`~s3ckpt.errors.PreconditionFailedError` if the ETag differs and
+                :class:`~s3ckpt.errors.ObjectNotFoundError` if the key is gone.
             crc32c: CRC32C of ``data`` if the caller has it (else computed when needed).
         """
         ...

@@ -10,6 +10,7 @@ earlier checkpoint, not against two writers racing on one prefix.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -117,19 +118,37 @@ class FsspecStore:
             self.fs.makedirs(parent, exist_ok=True)
 
     def put(
-        self, key: str, data: Buffer, *, if_none_match: bool = False, crc32c: int | None = None
+        self,
+        key: str,
+        data: Buffer,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        crc32c: int | None = None,
     ) -> str:
-        """See :meth:`ObjectStore.put`."""
+        """See :meth:`ObjectStore.put`. Conditional puts return (and ``if_match`` compares)
+        the quoted MD5 of the content, since fsspec has no ETags of its own; like
+        ``if_none_match`` here, ``if_match`` is a check-then-write, not atomic."""
+        conditional = if_none_match or if_match is not None
         try:
             if if_none_match and self.fs.exists(self._path(key)):
                 raise PreconditionFailedError(
                     "object already exists", bucket=self._bucket, key=key, operation="put"
                 )
+            if if_match is not None:
+                if not self.fs.exists(self._path(key)):
+                    raise ObjectNotFoundError(
+                        "put: not found", bucket=self._bucket, key=key, operation="put"
+                    )
+                if _md5_etag(self.fs.cat_file(self._path(key))) != if_match:
+                    raise PreconditionFailedError(
+                        "object changed", bucket=self._bucket, key=key, operation="put"
+                    )
             self._makedirs(key)
             self.fs.pipe_file(self._path(key), bytes(data))
         except Exception as exc:
             raise _map(exc, "put", self._bucket, key) from exc
-        return ""
+        return _md5_etag(bytes(data)) if conditional else ""
 
     def create_multipart(self, key: str) -> str:
         """See :meth:`ObjectStore.create_multipart`."""
@@ -282,6 +301,10 @@ class FsspecStore:
             key = self._key(str(path)).removesuffix(".s3ckpt-partial")
             if key.startswith(prefix):
                 yield UploadInfo(key, uid, None)
+
+
+def _md5_etag(data: bytes) -> str:
+    return '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
 
 
 def _mtime(info: dict[str, Any]) -> float | None:

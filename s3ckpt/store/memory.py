@@ -99,22 +99,40 @@ class MemoryStore:
                 fault.hits += 1
                 raise fault.error(key)
 
-    def _store(self, key: str, data: bytes, if_none_match: bool) -> str:
+    def _store(
+        self, key: str, data: bytes, if_none_match: bool, if_match: str | None = None
+    ) -> str:
         with self._lock:
             if if_none_match and key in self.objects:
                 raise PreconditionFailedError(
                     "object already exists", bucket=self._bucket, key=key, code="PreconditionFailed"
                 )
+            if if_match is not None:
+                current = self.objects.get(key)
+                if current is None:
+                    raise ObjectNotFoundError(
+                        "object not found", bucket=self._bucket, key=key, code="NoSuchKey"
+                    )
+                if current.etag != if_match:
+                    raise PreconditionFailedError(
+                        "object changed", bucket=self._bucket, key=key, code="PreconditionFailed"
+                    )
             etag = '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
             self.objects[key] = _Obj(data, etag, self._clock())
             return etag
 
     def put(
-        self, key: str, data: Buffer, *, if_none_match: bool = False, crc32c: int | None = None
+        self,
+        key: str,
+        data: Buffer,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        crc32c: int | None = None,
     ) -> str:
         """See :meth:`ObjectStore.put`."""
         self._enter("put", key)
-        return self._store(key, bytes(data), if_none_match)
+        return self._store(key, bytes(data), if_none_match, if_match)
 
     def create_multipart(self, key: str) -> str:
         """See :meth:`ObjectStore.create_multipart`."""

@@ -402,7 +402,13 @@ class S3Store:
 
     # -- ObjectStore -------------------------------------------------------------------------
     def put(
-        self, key: str, data: Buffer, *, if_none_match: bool = False, crc32c: int | None = None
+        self,
+        key: str,
+        data: Buffer,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        crc32c: int | None = None,
     ) -> str:
         """See :meth:`ObjectStore.put`."""
         args = {
@@ -414,6 +420,8 @@ class S3Store:
         }
         if if_none_match:
             args["IfNoneMatch"] = "*"
+        if if_match is not None:
+            args["IfMatch"] = if_match
         resp = self._call("put", key, lambda: self.client.put_object(**args))
         return str(resp.get("ETag", ""))
 

@@ -1,0 +1,389 @@
+"""``s3ckpt ls | prune | pin | unpin | gc``: the retention commands (no torch needed).
+
+``prune`` and ``gc`` are dry runs unless ``--apply`` is given. Exit codes are those of
+:mod:`s3ckpt._cli`: 0 done, 1 some deletes failed, 2 bad input, 3 store error, 4 a run's
+lease is held by another pruner (the other runs were still pruned).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from s3ckpt._cli import EXIT_BUSY, EXIT_OK, EXIT_PARTIAL, s3_config_from_args
+from s3ckpt.errors import LeaseHeldError
+from s3ckpt.retention import (
+    DEFAULT_GC_AGE,
+    DEFAULT_GRACE,
+    DEFAULT_LEASE_TTL,
+    CheckpointInfo,
+    GcResult,
+    PruneResult,
+    format_duration,
+    gc,
+    list_runs,
+    load_policy,
+    parse_duration,
+    pin,
+    prune,
+    scan,
+    unpin,
+)
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.uri import StoreURL
+
+__all__ = ["register"]
+
+
+def _duration(text: str) -> timedelta:
+    try:
+        value = parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _time(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO time such as 2025-03-01T12:00:00Z, got {text!r}"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add ls, prune, pin, unpin and gc."""
+    grace_help = (
+        "an uncommitted prefix with activity this recent is a save in progress "
+        f"(default {format_duration(DEFAULT_GRACE)})"
+    )
+
+    p = sub.add_parser(
+        "ls",
+        parents=[common],
+        help="list the checkpoints of a run, or of every run under a prefix",
+        description="List checkpoints with step, state, commit time, size, objects, metrics "
+        "and pins. PATH is a run (s3://bucket/runs/llama/) or a prefix holding many runs.",
+    )
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
+    p.set_defaults(func=_ls)
+
+    p = sub.add_parser(
+        "prune",
+        parents=[common],
+        help="plan (default) or apply a retention policy to a run or to every run under a prefix",
+        description="Plan which checkpoints a policy keeps, with the reasons, and the bytes "
+        "freed. A dry run unless --apply is given.",
+    )
+    p.add_argument("path", metavar="PATH")
+    p.add_argument("--policy", required=True, metavar="FILE", help="a policy TOML file")
+    p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument(
+        "--max-delete",
+        type=_nonneg_int,
+        default=None,
+        metavar="N",
+        help="delete at most N checkpoints per run (the oldest first)",
+    )
+    p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
+    p.add_argument(
+        "--include-foreign",
+        action="store_true",
+        help="treat stock-DCP checkpoints (.metadata but no s3ckpt.json) as committed",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=_duration,
+        default=DEFAULT_LEASE_TTL,
+        metavar="DURATION",
+        help=f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
+    )
+    p.add_argument(
+        "--now",
+        type=_time,
+        default=None,
+        metavar="TIME",
+        help="plan as of this ISO time (what-if dry runs; default: now)",
+    )
+    p.set_defaults(func=_prune)
+
+    p = sub.add_parser(
+        "pin",
+        parents=[common],
+        help="pin a checkpoint so that no policy deletes it",
+    )
+    p.add_argument("checkpoint", metavar="CKPT")
+    p.add_argument("--reason", required=True, help="why it is pinned (shown by ls and prune)")
+    p.set_defaults(func=_pin)
+
+    p = sub.add_parser("unpin", parents=[common], help="remove a checkpoint's pin")
+    p.add_argument("checkpoint", metavar="CKPT")
+    p.set_defaults(func=_unpin)
+
+    p = sub.add_parser(
+        "gc",
+        parents=[common],
+        help="abort stale multipart uploads and remove abandoned saves (dry run by default)",
+    )
+    p.add_argument("path", metavar="PATH")
+    p.add_argument(
+        "--older-than",
+        type=_duration,
+        default=DEFAULT_GC_AGE,
+        metavar="DURATION",
+        help=f"abort multipart uploads started before this (default "
+        f"{format_duration(DEFAULT_GC_AGE)})",
+    )
+    p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
+    p.add_argument("--apply", action="store_true", help="abort and delete (default: dry run)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--lease-ttl", type=_duration, default=DEFAULT_LEASE_TTL, help=argparse.SUPPRESS)
+    p.set_defaults(func=_gc)
+
+
+def _open(args: argparse.Namespace, url: str) -> tuple[ObjectStore, StoreURL]:
+    return open_store(url, s3_config=s3_config_from_args(args))
+
+
+# -- formatting ------------------------------------------------------------------------------
+def human_bytes(n: int) -> str:
+    """``1.5 GiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _when(t: datetime | None) -> str:
+    return "-" if t is None else t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%MZ")
+
+
+def _metrics(m: Mapping[str, float]) -> str:
+    if not m:
+        return "-"
+    return " ".join(f"{k}={v:.4g}" if math.isfinite(v) else f"{k}={v}" for k, v in m.items())
+
+
+def _table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        out.append("  " + "  ".join(cells).rstrip())
+    return out
+
+
+def _step(c: CheckpointInfo) -> str:
+    return "-" if c.step is None else str(c.step)
+
+
+def _dump(doc: Any) -> None:
+    json.dump(doc, sys.stdout, indent=2, allow_nan=False, default=str)
+    sys.stdout.write("\n")
+
+
+# -- ls ----------------------------------------------------------------------------------------
+def _ls(args: argparse.Namespace) -> int:
+    store, root = _open(args, args.path)
+    catalogs = scan(store, root, grace=args.grace)
+    if args.json:
+        _dump(
+            {
+                "root": str(root),
+                "runs": [
+                    {"run": str(cat.run), "checkpoints": [c.to_dict() for c in cat.checkpoints]}
+                    for cat in catalogs
+                ],
+            }
+        )
+        return EXIT_OK
+    if not catalogs:
+        print(f"no checkpoints under {root}")
+        return EXIT_OK
+    for i, cat in enumerate(catalogs):
+        if i:
+            print()
+        ck = cat.checkpoints
+        committed = sum(1 for c in ck if c.is_committed)
+        total = sum(c.size for c in ck)
+        print(f"{cat.run}  ({len(ck)} checkpoints, {committed} committed, {human_bytes(total)})")
+        if not ck:
+            continue
+        rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "OBJECTS", "METRICS", "PINNED"]]
+        for c in ck:
+            rows.append(
+                [
+                    c.name,
+                    _step(c),
+                    c.state.value,
+                    _when(c.committed_at),
+                    human_bytes(c.size),
+                    str(c.num_objects),
+                    _metrics(c.metrics),
+                    c.pinned or "-",
+                ]
+            )
+        print("\n".join(_table(rows, right=(1, 4, 5))))
+    return EXIT_OK
+
+
+# -- prune -------------------------------------------------------------------------------------
+def _print_prune(result: PruneResult) -> None:
+    p = result.plan
+    print(f"{result.run}  policy: {p.policy}")
+    if p.decisions:
+        rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "ACTION", "REASONS"]]
+        for d in p.decisions:
+            c = d.checkpoint
+            rows.append(
+                [
+                    c.name,
+                    _step(c),
+                    c.state.value,
+                    _when(c.committed_at),
+                    human_bytes(c.size),
+                    d.action,
+                    "; ".join(d.reasons),
+                ]
+            )
+        print("\n".join(_table(rows, right=(1, 4))))
+    freed = f"{human_bytes(p.bytes_freed)}, {p.objects_deleted} objects"
+    counts = f"keep {len(p.keep)}, skip {len(p.skipped)}"
+    deferred = f", {p.deferred} deferred by --max-delete" if p.deferred else ""
+    if not result.applied:
+        print(
+            f"  dry run: would delete {len(p.delete)} ({freed}), {counts}{deferred}; "
+            "pass --apply to delete"
+        )
+        return
+    resumed = (
+        f"; finished {len(result.resumed)} from an interrupted prune" if result.resumed else ""
+    )
+    print(
+        f"  deleted {len(result.deleted)} of {len(p.delete)} ({freed}) in "
+        f"{result.delete_requests} DeleteObjects requests, {counts}{deferred}{resumed}"
+    )
+    for f in result.failures:
+        print(f"  FAILED {f.key}: {f.code}: {f.message}")
+
+
+def _prune(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)  # bad file -> PolicyError -> exit 2, before any request
+    store, root = _open(args, args.path)
+    now = args.now or datetime.now(timezone.utc)
+    runs = list_runs(store, root, grace=args.grace, now=now)
+    code = EXIT_OK
+    docs: list[dict[str, Any]] = []
+    if not runs and not args.json:
+        print(f"no runs under {root}")
+    for i, run in enumerate(runs):
+        try:
+            result = prune(
+                store,
+                run,
+                policy,
+                apply=args.apply,
+                now=now,
+                max_delete=args.max_delete,
+                grace=args.grace,
+                lease_ttl=args.lease_ttl,
+                include_foreign=args.include_foreign,
+            )
+        except LeaseHeldError as exc:
+            if code == EXIT_OK:
+                code = EXIT_BUSY
+            docs.append({"run": str(run), "busy": str(exc)})
+            if not args.json:
+                print(f"{run}  skipped: {exc}", file=sys.stderr)
+            continue
+        if not result.ok:
+            code = EXIT_PARTIAL
+        docs.append(result.to_dict())
+        if not args.json:
+            if i:
+                print()
+            _print_prune(result)
+    if args.json:
+        _dump({"root": str(root), "applied": args.apply, "exit_code": code, "runs": docs})
+    return code
+
+
+# -- pin / unpin -------------------------------------------------------------------------------
+def _pin(args: argparse.Namespace) -> int:
+    store, ckpt = _open(args, args.checkpoint)
+    pin(store, ckpt, args.reason)
+    print(f"pinned {ckpt}: {args.reason.strip()}")
+    return EXIT_OK
+
+
+def _unpin(args: argparse.Namespace) -> int:
+    store, ckpt = _open(args, args.checkpoint)
+    if unpin(store, ckpt):
+        print(f"unpinned {ckpt}")
+    else:
+        print(f"{ckpt} was not pinned")
+    return EXIT_OK
+
+
+# -- gc ----------------------------------------------------------------------------------------
+def _print_gc(r: GcResult) -> None:
+    verb = "aborted" if r.applied else "would abort"
+    print(f"{r.root}  multipart uploads older than the cutoff: {len(r.uploads)} ({verb})")
+    for u in r.uploads:
+        print(f"  upload {u.key} ({u.upload_id[:16]}...)")
+    verb = "removed" if r.applied else "would remove"
+    print(f"abandoned saves: {len(r.abandoned)} ({verb})")
+    for c in r.abandoned:
+        print(
+            f"  {c.url}  {human_bytes(c.size)}, {c.num_objects} objects, "
+            f"last activity {_when(c.last_activity)}"
+        )
+    for run in r.busy_runs:
+        print(f"  skipped {run}: another pruner holds its lease", file=sys.stderr)
+    for f in r.failures:
+        print(f"  FAILED {f.key}: {f.code}: {f.message}")
+    if not r.applied and (r.uploads or r.abandoned):
+        print("dry run: pass --apply to abort and delete")
+
+
+def _gc(args: argparse.Namespace) -> int:
+    store, root = _open(args, args.path)
+    result = gc(
+        store,
+        root,
+        older_than=args.older_than,
+        grace=args.grace,
+        apply=args.apply,
+        lease_ttl=args.lease_ttl,
+    )
+    code = EXIT_PARTIAL if result.failures else EXIT_BUSY if result.busy_runs else EXIT_OK
+    if args.json:
+        _dump({**result.to_dict(), "exit_code": code})
+    else:
+        _print_gc(result)
+    return code

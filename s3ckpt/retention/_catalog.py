@@ -1,0 +1,438 @@
+"""The catalog: which checkpoints a run holds, and in what state.
+
+Layout (decided with the Checkpointer): a *run* is a prefix, and every checkpoint is an
+immediate sub-prefix of it (``{run}/step_000001000/``). Besides checkpoints a run holds
+*control objects*, which are never checkpoints and never deleted by retention:
+
+* ``{run}/s3ckpt.latest.json`` — the Checkpointer's pointer to the latest checkpoint;
+* ``{run}/s3ckpt.lease`` — the pruner's lease (:mod:`s3ckpt.retention._lease`);
+* ``{ckpt}/s3ckpt.pin.json`` — a pin on one checkpoint (``s3ckpt pin``).
+
+A sub-prefix counts as a checkpoint when it holds a commit marker (``s3ckpt.json``), a DCP
+``.metadata``, a ``*.distcp`` data object or a pin, or when its name is ``step_<digits>``;
+any other folder under a run (``tensorboard/``, ``logs/``) is not retention's business and
+is never listed, planned or deleted.
+
+States:
+
+* ``COMMITTED`` — the commit marker is present.
+* ``IN_PROGRESS`` — no marker, and the newest sign of activity (an object's mtime, or an
+  open multipart upload's start) is younger than the grace period.
+* ``FOREIGN`` — no marker but a DCP ``.metadata``, and older than the grace period: a
+  checkpoint written by stock DCP or another tool. Never deleted unless asked
+  (``include_foreign``), never removed by ``gc``.
+* ``ABANDONED`` — no marker, no ``.metadata``, older than the grace period: a save that
+  died. Only ``gc`` removes these.
+
+Order is by step, then commit time, then name; never by object mtime (a copied or restored
+bucket rewrites every mtime).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from s3ckpt.store.base import ObjectInfo, ObjectStore
+from s3ckpt.uri import StoreURL
+
+__all__ = [
+    "DEFAULT_GRACE",
+    "LATEST_NAME",
+    "LEASE_NAME",
+    "PIN_NAME",
+    "CheckpointInfo",
+    "CheckpointState",
+    "RunCatalog",
+    "list_checkpoints",
+    "list_runs",
+    "scan",
+]
+
+LATEST_NAME = "s3ckpt.latest.json"
+"""Run-level pointer to the latest checkpoint (written by the Checkpointer)."""
+LEASE_NAME = "s3ckpt.lease"
+"""Run-level pruner lease."""
+PIN_NAME = "s3ckpt.pin.json"
+"""Per-checkpoint pin: ``{"reason": ..., "pinned_at": ..., "by": ...}``."""
+
+DEFAULT_GRACE = timedelta(hours=2)
+"""How long an uncommitted prefix counts as a save in progress after its last activity."""
+
+RUN_CONTROL_NAMES = frozenset({LATEST_NAME, LEASE_NAME})
+_CKPT_CONTROL_NAMES = frozenset({PIN_NAME})
+_STEP_RE = re.compile(r"step_(\d+)")
+_MARKER_WORKERS = 16
+
+
+class CheckpointState(str, enum.Enum):
+    """What a checkpoint prefix is; see the module docstring."""
+
+    COMMITTED = "committed"
+    IN_PROGRESS = "in_progress"
+    ABANDONED = "abandoned"
+    FOREIGN = "foreign"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One checkpoint prefix of a run, as the catalog sees it.
+
+    Attributes:
+        url: The checkpoint's prefix (``s3://bucket/run/step_000001000/``).
+        name: The sub-prefix name under the run, without the slash (unique in a run).
+        step: From the commit marker when there is one, else parsed from ``step_<n>``.
+        state: See :class:`CheckpointState`.
+        committed_at: The marker's ``created`` time (UTC); for ``FOREIGN`` checkpoints the
+            ``.metadata`` object's mtime (the only commit time stock DCP leaves); else None.
+        size: Bytes under the prefix (control objects excluded).
+        num_objects: Objects under the prefix (control objects excluded).
+        metrics: From the marker (empty without one).
+        pinned: The pin's reason, or None if not pinned.
+        last_activity: Newest object mtime or open-upload start under the prefix (UTC);
+            used only to tell IN_PROGRESS from ABANDONED, never to order.
+        error: Why the marker could not be read, when it could not (still COMMITTED).
+        keys: Every key under the prefix (control objects included); what a delete removes.
+    """
+
+    url: StoreURL
+    name: str
+    step: int | None
+    state: CheckpointState
+    committed_at: datetime | None
+    size: int
+    num_objects: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    pinned: str | None = None
+    last_activity: datetime | None = None
+    error: str | None = None
+    keys: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def is_committed(self) -> bool:
+        """Whether the commit marker is present."""
+        return self.state is CheckpointState.COMMITTED
+
+    def sort_key(self) -> tuple[int, int, float, str]:
+        """(has a step, step, commit time, name): the catalog's order, oldest first."""
+        ts = self.committed_at.timestamp() if self.committed_at is not None else -math.inf
+        return (0 if self.step is None else 1, self.step or 0, ts, self.name)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (used by ``s3ckpt ls --json``)."""
+        return {
+            "url": str(self.url),
+            "name": self.name,
+            "step": self.step,
+            "state": self.state.value,
+            "committed_at": _iso(self.committed_at),
+            "size": self.size,
+            "num_objects": self.num_objects,
+            "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
+            "pinned": self.pinned,
+            "last_activity": _iso(self.last_activity),
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class RunCatalog:
+    """The checkpoints of one run, oldest first."""
+
+    run: StoreURL
+    checkpoints: tuple[CheckpointInfo, ...]
+    has_lease: bool = False
+
+    def by_name(self) -> dict[str, CheckpointInfo]:
+        """Checkpoints by name."""
+        return {c.name: c for c in self.checkpoints}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def _json_float(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)
+
+
+def _utc(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
+
+
+def _check_now(now: datetime | None) -> datetime:
+    if now is None:
+        return datetime.now(timezone.utc)
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    return now
+
+
+@dataclass
+class _Group:
+    """Objects of one checkpoint prefix while scanning."""
+
+    keys: list[str] = field(default_factory=list)
+    size: int = 0
+    count: int = 0
+    newest: float | None = None
+    marker: bool = False
+    metadata: ObjectInfo | None = None
+    pin: bool = False
+
+
+def _ckpt_dir(key: str) -> str | None:
+    """The checkpoint prefix (ending in ``/``) a key declares, if its name or folder does."""
+    head, sep, base = key.rpartition("/")
+    if not sep:
+        return None
+    folder = head.rpartition("/")[2]
+    if (
+        base in (MANIFEST_NAME, METADATA_NAME, PIN_NAME)
+        or base.endswith(".distcp")
+        or _STEP_RE.fullmatch(folder)
+    ):
+        return head + "/"
+    return None
+
+
+def _parent(prefix: str) -> str:
+    """``a/b/c/`` -> ``a/b/``; ``c/`` -> ``""``."""
+    return prefix[:-1].rpartition("/")[0] + "/" if "/" in prefix[:-1] else ""
+
+
+def scan(
+    store: ObjectStore,
+    root: StoreURL,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    now: datetime | None = None,
+    include_uploads: bool = True,
+) -> list[RunCatalog]:
+    """Every run under ``root`` (``root`` itself included when it is a run), with its
+    checkpoints, from one paged listing.
+
+    Request cost: ``ceil(objects / 1000)`` LIST requests for everything under ``root``,
+    ``ceil(open uploads / 1000)`` LIST-uploads requests (``include_uploads``), and one GET
+    per commit marker and per pin (16 in parallel). Nothing is HEADed.
+    """
+    now = _check_now(now)
+    objects = list(store.list(root.prefix))
+    groups: dict[str, _Group] = {}
+    for obj in objects:
+        d = _ckpt_dir(obj.key)
+        if d is not None and d.startswith(root.prefix):
+            groups.setdefault(d, _Group())
+    runs_with_lease: set[str] = set()
+    for obj in objects:
+        base = obj.key.rpartition("/")[2]
+        if base == LEASE_NAME:
+            runs_with_lease.add(obj.key[: -len(base)])
+        g = _owner(groups, obj.key)
+        if g is None:
+            continue
+        g.keys.append(obj.key)
+        if base == PIN_NAME and _is_direct(obj.key, groups):
+            g.pin = True
+            continue
+        g.size += obj.size
+        g.count += 1
+        if obj.last_modified is not None:
+            g.newest = obj.last_modified if g.newest is None else max(g.newest, obj.last_modified)
+        if obj.key.endswith("/" + MANIFEST_NAME) and _is_direct(obj.key, groups):
+            g.marker = True
+        if obj.key.endswith("/" + METADATA_NAME) and _is_direct(obj.key, groups):
+            g.metadata = obj
+    if include_uploads and groups:
+        for up in store.list_multipart_uploads(root.prefix):
+            g = _owner(groups, up.key)
+            if g is not None and up.initiated is not None:
+                g.newest = up.initiated if g.newest is None else max(g.newest, up.initiated)
+
+    markers = [d for d, g in groups.items() if g.marker]
+    pins = [d for d, g in groups.items() if g.pin]
+    manifests: dict[str, Manifest | str] = {}
+    reasons: dict[str, str] = {}
+    if markers or pins:
+        with ThreadPoolExecutor(max_workers=_MARKER_WORKERS) as pool:
+            for d, m in zip(
+                markers, pool.map(lambda d: _read_manifest(store, d), markers), strict=True
+            ):
+                manifests[d] = m
+            for d, r in zip(pins, pool.map(lambda d: _read_pin(store, d), pins), strict=True):
+                if r is not None:
+                    reasons[d] = r
+
+    by_run: dict[str, list[CheckpointInfo]] = {}
+    for d, g in groups.items():
+        run = _parent(d)
+        info = _info(root, run, d, g, manifests.get(d), reasons.get(d), grace, now)
+        by_run.setdefault(run, []).append(info)
+    for run_prefix in runs_with_lease:
+        if run_prefix.startswith(root.prefix):
+            by_run.setdefault(run_prefix, [])
+    out = []
+    for run_prefix in sorted(by_run):
+        ckpts = sorted(by_run[run_prefix], key=CheckpointInfo.sort_key)
+        out.append(
+            RunCatalog(
+                StoreURL(root.scheme, root.bucket, run_prefix),
+                tuple(ckpts),
+                has_lease=run_prefix in runs_with_lease,
+            )
+        )
+    return out
+
+
+def _owner(groups: Mapping[str, _Group], key: str) -> _Group | None:
+    """The innermost checkpoint group whose prefix holds ``key``."""
+    head = key
+    while "/" in head:
+        head = head.rpartition("/")[0]
+        g = groups.get(head + "/")
+        if g is not None:
+            return g
+    return None
+
+
+def _is_direct(key: str, groups: Mapping[str, _Group]) -> bool:
+    return key.rpartition("/")[0] + "/" in groups
+
+
+def _read_manifest(store: ObjectStore, prefix: str) -> Manifest | str:
+    key = prefix + MANIFEST_NAME
+    try:
+        return Manifest.from_json(store.get(key), where=key)
+    except CorruptCheckpointError as exc:
+        return exc.message
+    except ObjectNotFoundError:
+        return "commit marker vanished while listing"
+
+
+def _read_pin(store: ObjectStore, prefix: str) -> str | None:
+    try:
+        raw = store.get(prefix + PIN_NAME)
+    except StoreError:
+        return None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        reason = str(doc.get("reason") or "").strip()
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        reason = ""
+    # A pin that cannot be read still pins: failing safe means keeping the checkpoint.
+    return reason or "(unreadable pin)"
+
+
+def _info(
+    root: StoreURL,
+    run: str,
+    d: str,
+    g: _Group,
+    manifest: Manifest | str | None,
+    pin: str | None,
+    grace: timedelta,
+    now: datetime,
+) -> CheckpointInfo:
+    name = d[len(run) : -1]
+    m = _STEP_RE.fullmatch(name)
+    step = int(m.group(1)) if m else None
+    url = StoreURL(root.scheme, root.bucket, d)
+    last = _utc(g.newest)
+    common = dict(
+        url=url,
+        name=name,
+        size=g.size,
+        num_objects=g.count,
+        pinned=pin,
+        last_activity=last,
+        keys=tuple(g.keys),
+    )
+    if g.marker:
+        if isinstance(manifest, Manifest):
+            return CheckpointInfo(
+                step=manifest.step if manifest.step is not None else step,
+                state=CheckpointState.COMMITTED,
+                committed_at=_utc(manifest.created),
+                metrics=dict(manifest.metrics),
+                **common,  # type: ignore[arg-type]
+            )
+        return CheckpointInfo(
+            step=step,
+            state=CheckpointState.COMMITTED,
+            committed_at=None,
+            error=manifest if isinstance(manifest, str) else "commit marker unreadable",
+            **common,  # type: ignore[arg-type]
+        )
+    young = last is not None and now - last < grace
+    if young:
+        state = CheckpointState.IN_PROGRESS
+    elif g.metadata is not None:
+        state = CheckpointState.FOREIGN
+    else:
+        state = CheckpointState.ABANDONED
+    committed_at = (
+        _utc(g.metadata.last_modified) if state is CheckpointState.FOREIGN and g.metadata else None
+    )
+    return CheckpointInfo(
+        step=step,
+        state=state,
+        committed_at=committed_at,
+        **common,  # type: ignore[arg-type]
+    )
+
+
+def list_checkpoints(
+    store: ObjectStore,
+    run: StoreURL,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    now: datetime | None = None,
+) -> list[CheckpointInfo]:
+    """The checkpoints directly under ``run``, oldest first (by step, then commit time).
+
+    Args:
+        store: The store holding the run.
+        run: The run prefix.
+        grace: How long after its last activity an uncommitted prefix is still a save in
+            progress.
+        now: The time to judge ``grace`` against (default: the wall clock).
+
+    Request cost: ``ceil(objects under run / 1000)`` LIST requests, one LIST of open
+    multipart uploads per 1000 uploads, and one GET per committed checkpoint (its marker)
+    and per pin, 16 at a time.
+    """
+    for cat in scan(store, run, grace=grace, now=now):
+        if cat.run.prefix == run.prefix:
+            return list(cat.checkpoints)
+    return []
+
+
+def list_runs(
+    store: ObjectStore,
+    root: StoreURL,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    now: datetime | None = None,
+) -> list[StoreURL]:
+    """The runs (prefixes holding checkpoints or a lease) under ``root``, ``root`` included.
+
+    Same request cost as :func:`scan` over ``root``.
+    """
+    return [cat.run for cat in scan(store, root, grace=grace, now=now)]
+
+
+def iter_keys(checkpoints: Iterable[CheckpointInfo]) -> Iterator[str]:
+    """Every key of the given checkpoints."""
+    for c in checkpoints:
+        yield from c.keys

@@ -1,0 +1,42 @@
+"""Durations as people write them: ``90s``, ``15m``, ``36h``, ``7d``, ``2w``, ``1d12h``."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+__all__ = ["format_duration", "parse_duration"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_WHOLE = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
+
+DURATION_HELP = "a number and a unit s, m, h, d or w, e.g. '90s', '36h', '7d' or '1d12h'"
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse ``text`` into a :class:`timedelta`.
+
+    Raises:
+        ValueError: naming the text and the accepted forms (callers wrap it with the key).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"expected a duration string ({DURATION_HELP}), got {text!r}")
+    compact = text.strip().lower().replace(" ", "")
+    if not _WHOLE.match(compact):
+        raise ValueError(f"bad duration {text!r}: use {DURATION_HELP}")
+    seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(compact))
+    return timedelta(seconds=seconds)
+
+
+def format_duration(value: timedelta) -> str:
+    """The shortest ``1d12h``-style spelling of ``value`` (whole seconds)."""
+    total = round(value.total_seconds())
+    if total == 0:
+        return "0s"
+    out = []
+    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        n, total = divmod(total, size)
+        if n:
+            out.append(f"{n}{unit}")
+    return "".join(out)

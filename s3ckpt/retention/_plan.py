@@ -1,0 +1,201 @@
+"""Planning: catalog + policy + now -> a :class:`Plan` with a reason for every decision.
+
+Pure: no store, no clock. The invariants are enforced here, on top of any policy:
+
+1. the newest committed checkpoint (by step, then commit time) is kept, and so is the
+   most recently committed one (they differ after a rollback);
+2. pinned checkpoints are kept;
+3. in-progress, abandoned and (unless ``include_foreign``) foreign checkpoints are never
+   deleted by a plan (``gc`` owns abandoned ones);
+4. an empty policy is refused (:class:`~s3ckpt.errors.PolicyError`);
+5. ``max_delete`` caps the deletions of one run: the oldest go first, the rest are
+   deferred to the next run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from s3ckpt.errors import PolicyError
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
+from s3ckpt.retention._policy import KeepPinned, Policy
+from s3ckpt.uri import StoreURL
+
+__all__ = ["Decision", "Plan", "plan"]
+
+Action = Literal["keep", "delete", "skip"]
+
+NEWEST = "newest committed"
+LATEST_COMMITTED = "most recently committed"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the plan does with one checkpoint, and why."""
+
+    checkpoint: CheckpointInfo
+    action: Action
+    reasons: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {**self.checkpoint.to_dict(), "action": self.action, "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decisions for one run, in catalog order (oldest first).
+
+    ``keep`` / ``delete`` / ``skipped`` give the classic view; ``decisions`` has them all.
+    """
+
+    decisions: tuple[Decision, ...]
+    policy: str
+    now: datetime
+    run: StoreURL | None = None
+    max_delete: int | None = None
+    deferred: int = 0
+    """Deletions the policy wanted but ``max_delete`` postponed."""
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def keep(self) -> dict[str, tuple[str, ...]]:
+        """Kept checkpoint names -> reasons."""
+        return {d.checkpoint.name: d.reasons for d in self.decisions if d.action == "keep"}
+
+    @property
+    def delete(self) -> tuple[CheckpointInfo, ...]:
+        """Checkpoints to delete, oldest first."""
+        return tuple(d.checkpoint for d in self.decisions if d.action == "delete")
+
+    @property
+    def skipped(self) -> dict[str, tuple[str, ...]]:
+        """Checkpoints the plan does not touch (not eligible, or deferred) -> why."""
+        return {d.checkpoint.name: d.reasons for d in self.decisions if d.action == "skip"}
+
+    @property
+    def bytes_freed(self) -> int:
+        """Bytes the deletions free."""
+        return sum(c.size for c in self.delete)
+
+    @property
+    def objects_deleted(self) -> int:
+        """Objects the deletions remove (control objects excluded)."""
+        return sum(c.num_objects for c in self.delete)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (``s3ckpt prune --json``)."""
+        return {
+            "run": str(self.run) if self.run is not None else None,
+            "policy": self.policy,
+            "now": self.now.isoformat().replace("+00:00", "Z"),
+            "max_delete": self.max_delete,
+            "deferred": self.deferred,
+            "keep": len(self.keep),
+            "delete": len(self.delete),
+            "skip": len(self.skipped),
+            "bytes_freed": self.bytes_freed,
+            "objects_deleted": self.objects_deleted,
+            "decisions": [d.to_dict() for d in self.decisions],
+        }
+
+
+def check_policy(policy: Policy) -> None:
+    """Refuse an empty policy (one with no rule at all)."""
+    if not isinstance(policy, Policy):
+        raise PolicyError(f"not a retention policy: {policy!r}")
+    if not [r for r in policy.rules() if not isinstance(r, KeepPinned)]:
+        raise PolicyError(
+            f"the policy {policy.describe()!r} has no keep rule: refusing to plan (it would "
+            "delete all but the invariants); name at least one of last, every, best, within, "
+            "calendar"
+        )
+
+
+def plan(
+    checkpoints: Sequence[CheckpointInfo],
+    policy: Policy,
+    now: datetime,
+    *,
+    max_delete: int | None = None,
+    include_foreign: bool = False,
+    run: StoreURL | None = None,
+) -> Plan:
+    """Decide, for every checkpoint of one run, keep / delete / skip, with reasons.
+
+    Args:
+        checkpoints: One run's catalog (any order; sorted here by step, commit time).
+        policy: The rules.
+        now: The time the rules judge against (never read from the clock here).
+        max_delete: Delete at most this many (the oldest); the rest wait for the next run.
+        include_foreign: Treat ``FOREIGN`` checkpoints (stock DCP) as committed.
+        run: The run, for display.
+
+    Cost: ``O(n log n)`` in the number of checkpoints; no I/O.
+    """
+    check_policy(policy)
+    if max_delete is not None and (
+        isinstance(max_delete, bool) or not isinstance(max_delete, int) or max_delete < 0
+    ):
+        raise PolicyError(f"max_delete must be an integer >= 0, got {max_delete!r}")
+    ordered = sorted(checkpoints, key=CheckpointInfo.sort_key)
+    eligible_states = {CheckpointState.COMMITTED}
+    if include_foreign:
+        eligible_states.add(CheckpointState.FOREIGN)
+    eligible = [c for c in ordered if c.state in eligible_states]
+    kept: dict[str, list[str]] = {
+        name: list(reasons) for name, reasons in policy.select(eligible, now).items()
+    }
+    # Invariants: these reasons are added whatever the policy said.
+    committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or eligible
+    if committed:
+        kept.setdefault(committed[-1].name, []).insert(0, NEWEST)
+        timed = [c for c in committed if c.committed_at is not None]
+        if timed:
+            # ``timed`` is in catalog order, so the index breaks commit-time ties like
+            # sort_key() would, without recomputing it for every checkpoint.
+            at = max(range(len(timed)), key=lambda i: (timed[i].committed_at, i))
+            latest = timed[at]
+            if latest.name != committed[-1].name:
+                kept.setdefault(latest.name, []).insert(0, LATEST_COMMITTED)
+    for c in eligible:
+        if c.pinned:
+            kept.setdefault(c.name, []).insert(0, f"pinned: {c.pinned}")
+
+    decisions: list[Decision] = []
+    to_delete = 0
+    wanted = sum(1 for c in eligible if c.name not in kept)
+    cap = wanted if max_delete is None else min(max_delete, wanted)
+    for c in ordered:
+        if c.state not in eligible_states:
+            decisions.append(Decision(c, "skip", (_skip_reason(c),)))
+        elif c.name in kept:
+            decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
+        elif to_delete < cap:
+            to_delete += 1
+            decisions.append(Decision(c, "delete", ("no rule keeps it",)))
+        else:
+            decisions.append(Decision(c, "skip", (f"deferred: max_delete={max_delete} reached",)))
+    return Plan(
+        decisions=tuple(decisions),
+        policy=policy.describe(),
+        now=now,
+        run=run,
+        max_delete=max_delete,
+        deferred=wanted - cap,
+    )
+
+
+def _skip_reason(c: CheckpointInfo) -> str:
+    if c.pinned:
+        return f"{c.state.value.replace('_', ' ')}; pinned: {c.pinned}"
+    if c.state is CheckpointState.IN_PROGRESS:
+        return "in progress (no commit marker, recent activity)"
+    if c.state is CheckpointState.ABANDONED:
+        return "abandoned (no commit marker): removed by gc, not prune"
+    if c.state is CheckpointState.FOREIGN:
+        return "foreign (DCP .metadata, no s3ckpt.json): pass include_foreign to prune it"
+    return c.state.value

@@ -1,0 +1,388 @@
+"""Retention policies: small frozen rules, pure functions of (catalog, now).
+
+Each rule answers one question: *which of these committed checkpoints do I keep, and why?*
+``select(checkpoints, now)`` gets the eligible checkpoints of one run, oldest first (the
+catalog's order: step, then commit time), and returns ``{name: (reason, ...)}`` for those
+it keeps. A rule never reads the clock (``now`` is an argument) and never sees in-progress,
+abandoned or foreign checkpoints; the invariants (newest committed, pinned, in progress)
+are applied by :func:`~s3ckpt.retention.plan` on top of any rule, so no rule can break them.
+
+Rules combine like tenacity's strategies::
+
+    policy = KeepLast(3) | KeepEvery(10_000) | KeepBest(2, "val_loss")   # keep if any keeps
+    policy = KeepWithin(timedelta(days=7)) & KeepEvery(1_000)             # keep if all keep
+
+Every rule is *hereditary*: a checkpoint it keeps in a catalog is still kept in any
+sub-catalog that contains it (deleting others never changes its mind). That is what makes
+planning idempotent: prune twice and the second run deletes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from s3ckpt.errors import PolicyError
+from s3ckpt.retention._catalog import CheckpointInfo
+from s3ckpt.retention._duration import format_duration
+
+__all__ = [
+    "AllOf",
+    "AnyOf",
+    "KeepBest",
+    "KeepCalendar",
+    "KeepEvery",
+    "KeepLast",
+    "KeepPinned",
+    "KeepWithin",
+    "Policy",
+    "Selection",
+]
+
+Selection = dict[str, tuple[str, ...]]
+"""What a rule keeps: checkpoint name -> reasons."""
+
+
+class Policy:
+    """Base of every retention rule; combine rules with ``|`` and ``&``."""
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        """The checkpoints to keep among ``checkpoints`` (oldest first), with reasons."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """A short human description (``last 3 | best 2 by val_loss``)."""
+        raise NotImplementedError
+
+    def rules(self) -> tuple[Policy, ...]:
+        """The leaf rules (for emptiness checks)."""
+        return (self,)
+
+    def __or__(self, other: Policy) -> Policy:
+        if not isinstance(other, Policy):
+            return NotImplemented
+        return AnyOf(_flatten(AnyOf, (self, other)))
+
+    def __and__(self, other: Policy) -> Policy:
+        if not isinstance(other, Policy):
+            return NotImplemented
+        return AllOf(_flatten(AllOf, (self, other)))
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _flatten(kind: type, parts: Sequence[Policy]) -> tuple[Policy, ...]:
+    out: list[Policy] = []
+    for p in parts:
+        if isinstance(p, kind):
+            out.extend(p.policies)  # type: ignore[attr-defined]
+        else:
+            out.append(p)
+    return tuple(out)
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PolicyError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AnyOf(Policy):
+    """Keep a checkpoint if any of ``policies`` keeps it; reasons are merged."""
+
+    policies: tuple[Policy, ...]
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        out: dict[str, list[str]] = {}
+        for p in self.policies:
+            for name, reasons in p.select(checkpoints, now).items():
+                out.setdefault(name, []).extend(reasons)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def describe(self) -> str:
+        return " | ".join(_paren(p, AllOf) for p in self.policies) or "(nothing)"
+
+    def rules(self) -> tuple[Policy, ...]:
+        return tuple(r for p in self.policies for r in p.rules())
+
+
+@dataclass(frozen=True)
+class AllOf(Policy):
+    """Keep a checkpoint only if every one of ``policies`` keeps it."""
+
+    policies: tuple[Policy, ...]
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        if not self.policies:
+            return {}
+        picks = [p.select(checkpoints, now) for p in self.policies]
+        common = set(picks[0]).intersection(*picks[1:])
+        return {
+            name: (" and ".join(r for pick in picks for r in pick[name]),)
+            for name in (c.name for c in checkpoints)
+            if name in common
+        }
+
+    def describe(self) -> str:
+        return " & ".join(_paren(p, AnyOf) for p in self.policies) or "(nothing)"
+
+    def rules(self) -> tuple[Policy, ...]:
+        return tuple(r for p in self.policies for r in p.rules())
+
+
+def _paren(p: Policy, kind: type) -> str:
+    return f"({p.describe()})" if isinstance(p, kind) else p.describe()
+
+
+@dataclass(frozen=True)
+class KeepLast(Policy):
+    """Keep the newest ``n`` checkpoints (by step, then commit time). Reason ``last {n}``."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _positive_int(self.n, "KeepLast.n")
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        reason = (f"last {self.n}",)
+        return {c.name: reason for c in checkpoints[-self.n :]}
+
+    def describe(self) -> str:
+        return f"last {self.n}"
+
+
+@dataclass(frozen=True)
+class KeepEvery(Policy):
+    """For each multiple of ``steps`` (``steps``, ``2*steps``, ...), keep the checkpoint
+    whose step is closest to it.
+
+    A checkpoint belongs to its nearest multiple (halves round up); within a multiple the
+    smallest distance wins and ties go to the newer checkpoint. Checkpoints nearer to step
+    0 than to ``steps``, and checkpoints without a step, are not kept by this rule.
+    Reason ``every {steps} steps (step {m})``.
+    """
+
+    steps: int
+
+    def __post_init__(self) -> None:
+        _positive_int(self.steps, "KeepEvery.steps")
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        best: dict[int, tuple[int, int, CheckpointInfo]] = {}
+        for i, c in enumerate(checkpoints):
+            if c.step is None:
+                continue
+            k = (2 * c.step + self.steps) // (2 * self.steps)
+            if k < 1:
+                continue
+            dist = abs(c.step - k * self.steps)
+            cur = best.get(k)
+            # newer (larger index) wins ties: compare (dist, -index)
+            if cur is None or (dist, -i) < (cur[0], -cur[1]):
+                best[k] = (dist, i, c)
+        return {
+            c.name: (f"every {self.steps} steps (step {k * self.steps})",)
+            for k, (_, _, c) in best.items()
+        }
+
+    def describe(self) -> str:
+        return f"every {self.steps} steps"
+
+
+@dataclass(frozen=True)
+class KeepBest(Policy):
+    """Keep the ``n`` best checkpoints by ``metric``.
+
+    Args:
+        n: How many to keep.
+        metric: A key of the commit marker's ``metrics``.
+        mode: ``"min"`` (losses) or ``"max"`` (accuracies).
+        nan: ``"worst"`` ranks NaN below every number (still kept if fewer than ``n``
+            are numbers); ``"skip"`` never keeps for a NaN.
+        missing: ``"skip"`` never keeps a checkpoint without the metric; ``"worst"``
+            ranks it with the NaNs.
+
+    Ties are broken deterministically: the newer checkpoint wins. Reason
+    ``best {n} by {metric}`` (``... (max)`` when maximising).
+    """
+
+    n: int
+    metric: str
+    mode: Literal["min", "max"] = "min"
+    nan: Literal["worst", "skip"] = "worst"
+    missing: Literal["skip", "worst"] = "skip"
+
+    def __post_init__(self) -> None:
+        _positive_int(self.n, "KeepBest.n")
+        if not isinstance(self.metric, str) or not self.metric:
+            raise PolicyError(f"KeepBest.metric must be a metric name, got {self.metric!r}")
+        if self.mode not in ("min", "max"):
+            raise PolicyError(f"KeepBest.mode must be 'min' or 'max', got {self.mode!r}")
+        if self.nan not in ("worst", "skip"):
+            raise PolicyError(f"KeepBest.nan must be 'worst' or 'skip', got {self.nan!r}")
+        if self.missing not in ("skip", "worst"):
+            raise PolicyError(f"KeepBest.missing must be 'skip' or 'worst', got {self.missing!r}")
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        ranked: list[tuple[int, float, int, str]] = []
+        sign = 1.0 if self.mode == "min" else -1.0
+        for i, c in enumerate(checkpoints):
+            value = c.metrics.get(self.metric)
+            if value is None:
+                if self.missing == "skip":
+                    continue
+                ranked.append((1, 0.0, -i, c.name))
+                continue
+            v = float(value)
+            if math.isnan(v):
+                if self.nan == "skip":
+                    continue
+                ranked.append((1, 0.0, -i, c.name))
+            else:
+                ranked.append((0, sign * v, -i, c.name))
+        ranked.sort()
+        reason = (self.describe(),)
+        return {name: reason for *_, name in ranked[: self.n]}
+
+    def describe(self) -> str:
+        suffix = " (max)" if self.mode == "max" else ""
+        return f"best {self.n} by {self.metric}{suffix}"
+
+
+@dataclass(frozen=True)
+class KeepWithin(Policy):
+    """Keep every checkpoint committed within ``duration`` of the *newest* one.
+
+    Measured from the newest checkpoint, not from ``now`` (restic's ``--keep-within``): a
+    run that stopped a month ago keeps its last week, instead of losing everything.
+    Checkpoints without a commit time are ignored. Reason ``within {duration} of newest``.
+    """
+
+    duration: timedelta
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.duration, timedelta) or self.duration <= timedelta(0):
+            raise PolicyError(f"KeepWithin.duration must be positive, got {self.duration!r}")
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        times = [c.committed_at for c in checkpoints if c.committed_at is not None]
+        if not times:
+            return {}
+        cutoff = max(times) - self.duration
+        reason = (self.describe(),)
+        return {
+            c.name: reason
+            for c in checkpoints
+            if c.committed_at is not None and c.committed_at >= cutoff
+        }
+
+    def describe(self) -> str:
+        return f"within {format_duration(self.duration)} of newest"
+
+
+_CAL_FIELDS = ("hourly", "daily", "weekly", "monthly", "yearly")
+
+
+def _period(kind: str, t: datetime) -> tuple[int, ...]:
+    # Tuples, not strftime: this runs for every checkpoint of every bucket kind.
+    if kind == "hourly":
+        return (t.year, t.month, t.day, t.hour)
+    if kind == "daily":
+        return (t.year, t.month, t.day)
+    if kind == "weekly":
+        y, w, _ = t.isocalendar()
+        return (y, w)
+    if kind == "monthly":
+        return (t.year, t.month)
+    return (t.year,)
+
+
+def _period_label(kind: str, p: tuple[int, ...]) -> str:
+    if kind == "hourly":
+        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}T{p[3]:02d}"
+    if kind == "daily":
+        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}"
+    if kind == "weekly":
+        return f"{p[0]:04d}-W{p[1]:02d}"
+    if kind == "monthly":
+        return f"{p[0]:04d}-{p[1]:02d}"
+    return f"{p[0]:04d}"
+
+
+@dataclass(frozen=True)
+class KeepCalendar(Policy):
+    """Calendar buckets with restic ``forget`` semantics.
+
+    For each bucket kind with a count ``n``: walk the checkpoints newest first (by commit
+    time) and keep the newest checkpoint of each hour / day / ISO week / month / year, until
+    ``n`` such periods have a kept checkpoint. Periods with no checkpoint do not count
+    (``daily=7`` is "the last 7 days that have checkpoints"). ``-1`` means unlimited.
+    Periods are in UTC. Reason e.g. ``daily (2025-03-14)``.
+    """
+
+    hourly: int = 0
+    daily: int = 0
+    weekly: int = 0
+    monthly: int = 0
+    yearly: int = 0
+
+    def __post_init__(self) -> None:
+        counts = [getattr(self, f) for f in _CAL_FIELDS]
+        for name, v in zip(_CAL_FIELDS, counts, strict=True):
+            if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+                raise PolicyError(
+                    f"KeepCalendar.{name} must be an integer >= 0 (or -1: unlimited), got {v!r}"
+                )
+        if not any(counts):
+            raise PolicyError(
+                "KeepCalendar needs at least one of hourly, daily, weekly, monthly, yearly"
+            )
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        timed = [(c.committed_at, i, c) for i, c in enumerate(checkpoints) if c.committed_at]
+        timed.sort(key=lambda t: (t[0], t[1]), reverse=True)  # newest first, newer wins ties
+        out: dict[str, list[str]] = {}
+        for kind in _CAL_FIELDS:
+            left = getattr(self, kind)
+            if left == 0:
+                continue
+            last: tuple[int, ...] | None = None
+            for t, _, c in timed:
+                if left == 0:
+                    break
+                p = _period(kind, t)
+                if p != last:
+                    out.setdefault(c.name, []).append(f"{kind} ({_period_label(kind, p)})")
+                    last = p
+                    left -= 1
+        return {k: tuple(v) for k, v in out.items()}
+
+    def describe(self) -> str:
+        parts = [f"{f}={getattr(self, f)}" for f in _CAL_FIELDS if getattr(self, f)]
+        return "calendar " + " ".join(parts)
+
+
+@dataclass(frozen=True)
+class KeepPinned(Policy):
+    """Keep pinned checkpoints (``s3ckpt pin``). Pins are also an invariant of every plan,
+    so this rule only makes the intent explicit. Reason ``pinned: {reason}``."""
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        return {c.name: (f"pinned: {c.pinned}",) for c in checkpoints if c.pinned}
+
+    def describe(self) -> str:
+        return "pinned"
+
+
+def merge(selections: Sequence[Mapping[str, tuple[str, ...]]]) -> Selection:
+    """Union of selections with reasons concatenated."""
+    out: dict[str, list[str]] = {}
+    for sel in selections:
+        for k, v in sel.items():
+            out.setdefault(k, []).extend(v)
+    return {k: tuple(v) for k, v in out.items()}

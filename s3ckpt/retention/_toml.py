@@ -1,0 +1,220 @@
+"""Policy files (TOML), parsed strictly.
+
+Format (every key optional, at least one rule required; rules are OR'ed — a checkpoint
+is kept if any rule keeps it, like restic's ``forget``)::
+
+    description = "free text"          # shown nowhere, for people reading the file
+
+    [keep]
+    last = 3                            # KeepLast(3)
+    every = 10000                       # KeepEvery(10000): closest to each multiple
+    within = "7d"                       # KeepWithin(7 days of the newest)
+    pinned = true                       # KeepPinned() (pins are always kept anyway)
+
+    [keep.best]                         # KeepBest; or [[keep.best]] for several metrics
+    metric = "val_loss"
+    n = 2
+    mode = "min"                        # "min" | "max"
+    nan = "worst"                       # "worst" | "skip"
+    missing = "skip"                    # "skip" | "worst"
+
+    [keep.calendar]                     # KeepCalendar (restic semantics, UTC)
+    hourly = 24
+    daily = 7
+    weekly = 4
+    monthly = 12
+    yearly = -1                         # -1: unlimited
+
+An unknown key, a wrong type or a bad duration raises
+:class:`~s3ckpt.errors.PolicyError` naming the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from s3ckpt.errors import PolicyError
+from s3ckpt.retention._duration import DURATION_HELP, parse_duration
+from s3ckpt.retention._policy import (
+    AnyOf,
+    KeepBest,
+    KeepCalendar,
+    KeepEvery,
+    KeepLast,
+    KeepPinned,
+    KeepWithin,
+    Policy,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = ["load_policy", "parse_policy"]
+
+_TOP = {"description": "a string", "keep": "a table of rules"}
+_KEEP = {
+    "last": "a positive integer",
+    "every": "a positive integer (steps)",
+    "within": f"a duration string ({DURATION_HELP})",
+    "pinned": "true or false",
+    "best": "a table (or array of tables) with metric, n, mode, nan, missing",
+    "calendar": "a table with hourly, daily, weekly, monthly, yearly",
+}
+_BEST = {
+    "metric": "a metric name (string)",
+    "n": "a positive integer",
+    "mode": "'min' or 'max'",
+    "nan": "'worst' or 'skip'",
+    "missing": "'skip' or 'worst'",
+}
+_CAL = {
+    k: "an integer >= 0, or -1 for unlimited"
+    for k in ("hourly", "daily", "weekly", "monthly", "yearly")
+}
+
+
+def _err(source: str, key: str, message: str) -> PolicyError:
+    return PolicyError(f"{source}: {key}: {message}", source=source, field=key)
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "float", str: "string"}.get(
+        type(value), "table" if isinstance(value, dict) else type(value).__name__
+    )
+
+
+def _check_keys(source: str, where: str, table: Mapping[str, Any], allowed: Mapping[str, str]):  # type: ignore[no-untyped-def]
+    for k in table:
+        if k not in allowed:
+            allowed_list = ", ".join(allowed)
+            raise _err(
+                source,
+                f"{where}{k}",
+                f"unknown key; allowed here: {allowed_list}",
+            )
+
+
+def _int(source: str, key: str, value: Any, *, minimum: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _err(source, key, f"must be {what}, got {value!r} ({_type_name(value)})")
+    return value
+
+
+def _choice(source: str, key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        allowed = " or ".join(repr(c) for c in choices)
+        raise _err(source, key, f"must be {allowed}, got {value!r}")
+    return value
+
+
+def _best(source: str, key: str, table: Any) -> KeepBest:
+    if not isinstance(table, dict):
+        raise _err(source, key, f"must be {_KEEP['best']}, got {_type_name(table)}")
+    _check_keys(source, key + ".", table, _BEST)
+    if "metric" not in table:
+        raise _err(source, key + ".metric", "is required (the metric name in s3ckpt.json)")
+    metric = table["metric"]
+    if not isinstance(metric, str) or not metric:
+        raise _err(source, key + ".metric", f"must be {_BEST['metric']}, got {metric!r}")
+    return KeepBest(
+        n=_int(source, key + ".n", table.get("n", 1), minimum=1, what=_BEST["n"]),
+        metric=metric,
+        mode=_choice(source, key + ".mode", table.get("mode", "min"), ("min", "max")),  # type: ignore[arg-type]
+        nan=_choice(source, key + ".nan", table.get("nan", "worst"), ("worst", "skip")),  # type: ignore[arg-type]
+        missing=_choice(  # type: ignore[arg-type]
+            source, key + ".missing", table.get("missing", "skip"), ("skip", "worst")
+        ),
+    )
+
+
+def parse_policy(text: str, source: str = "<string>") -> Policy:
+    """Parse a TOML policy document into a :class:`~s3ckpt.retention.Policy`.
+
+    Raises:
+        PolicyError: Invalid TOML, an unknown key, a wrong type, a bad duration or no
+            rule at all; the message names ``source``, the key and what is allowed.
+    """
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{source}: not valid TOML: {exc}", source=source) from exc
+    _check_keys(source, "", doc, _TOP)
+    if "description" in doc and not isinstance(doc["description"], str):
+        raise _err(source, "description", f"must be a string, got {_type_name(doc['description'])}")
+    keep = doc.get("keep")
+    if keep is None:
+        raise _err(source, "keep", "missing: a policy needs a [keep] table with at least one rule")
+    if not isinstance(keep, dict):
+        raise _err(source, "keep", f"must be {_TOP['keep']}, got {_type_name(keep)}")
+    _check_keys(source, "keep.", keep, _KEEP)
+    rules: list[Policy] = []
+    if "last" in keep:
+        rules.append(
+            KeepLast(_int(source, "keep.last", keep["last"], minimum=1, what=_KEEP["last"]))
+        )
+    if "every" in keep:
+        rules.append(
+            KeepEvery(_int(source, "keep.every", keep["every"], minimum=1, what=_KEEP["every"]))
+        )
+    if "within" in keep:
+        try:
+            duration = parse_duration(keep["within"])
+        except ValueError as exc:
+            raise _err(source, "keep.within", str(exc)) from None
+        if duration.total_seconds() <= 0:
+            raise _err(source, "keep.within", "must be a positive duration")
+        rules.append(KeepWithin(duration))
+    if "best" in keep:
+        best = keep["best"]
+        if isinstance(best, list):
+            if not best:
+                raise _err(source, "keep.best", "is an empty array; give at least one table")
+            rules.extend(_best(source, f"keep.best[{i}]", b) for i, b in enumerate(best))
+        else:
+            rules.append(_best(source, "keep.best", best))
+    if "calendar" in keep:
+        cal = keep["calendar"]
+        if not isinstance(cal, dict):
+            raise _err(
+                source, "keep.calendar", f"must be {_KEEP['calendar']}, got {_type_name(cal)}"
+            )
+        _check_keys(source, "keep.calendar.", cal, _CAL)
+        counts = {
+            k: _int(source, f"keep.calendar.{k}", v, minimum=-1, what=_CAL[k])
+            for k, v in cal.items()
+        }
+        if not any(counts.values()):
+            raise _err(source, "keep.calendar", "needs at least one non-zero count")
+        rules.append(KeepCalendar(**counts))
+    if "pinned" in keep:
+        if not isinstance(keep["pinned"], bool):
+            raise _err(source, "keep.pinned", f"must be true or false, got {keep['pinned']!r}")
+        if keep["pinned"]:
+            rules.append(KeepPinned())
+    if not [r for r in rules if not isinstance(r, KeepPinned)]:
+        raise _err(
+            source,
+            "keep",
+            "has no rule: an empty policy would delete everything but the invariants; "
+            "name at least one of last, every, within, best, calendar",
+        )
+    return rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and parse a TOML policy file (see :func:`parse_policy`)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(
+            f"{p}: cannot read the policy file: {exc.strerror or exc}", source=str(p)
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{p}: not UTF-8 text: {exc}", source=str(p)) from exc
+    return parse_policy(text, source=str(p))
