@@ -773,7 +773,8 @@ def _progress(r: dict[str, Any]) -> None:
     print(
         f"[{r['backend']:>6} {r['op']:>4} run {r['run']}] {r['mb_per_s']:7.1f} MB/s "
         f"wall {r['wall_s']:6.1f}s cpu {r['cpu_s_per_gib']:5.2f}s/GiB "
-        f"peak+{r['peak_over_baseline_mib']:6.0f}MiB moto-cpu {r['server_cpu_s_per_gib']:5.2f}s/GiB "
+        f"peak+{r['peak_over_baseline_mib']:6.0f}MiB "
+        f"moto-cpu {r['server_cpu_s_per_gib']:5.2f}s/GiB "
         f"load1 {r['loadavg_1m_before']:.1f}"
         + (f" read {r['bytes_read'] / MiB:.0f}MiB" if "bytes_read" in r else ""),
         file=sys.stderr, flush=True,

@@ -2,10 +2,12 @@
 
 Public API::
 
-    from s3ckpt import S3StorageWriter, S3StorageReader, S3Config, TransferConfig
+    from s3ckpt import Checkpointer                       # what a training loop uses
+    from s3ckpt import S3StorageWriter, S3StorageReader   # torch.distributed.checkpoint
+    from s3ckpt import S3Config, TransferConfig
 
-The torch-dependent names (the DCP writer and reader) are imported lazily, so the parts
-that need no torch (configuration, errors, the store, retention) import without it.
+The torch-dependent names (Checkpointer, the DCP writer and reader) are imported lazily,
+so the parts that need no torch (configuration, errors, the store, retention) import without it.
 """
 
 import typing as _typing
@@ -25,6 +27,7 @@ from s3ckpt.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
     S3CkptError,
+    SaveInProgressError,
     StoreError,
     TransientStoreError,
     UnsafeCheckpointError,
@@ -33,11 +36,13 @@ from s3ckpt.errors import (
 __version__ = "0.1.0"
 
 if _typing.TYPE_CHECKING:
+    from s3ckpt.checkpointer import Checkpointer, SaveHandle
     from s3ckpt.dcp import S3StorageReader, S3StorageWriter
 
 __all__ = [
     "AccessDeniedError",
     "CheckpointError",
+    "Checkpointer",
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "ChecksumMismatchError",
@@ -52,6 +57,8 @@ __all__ = [
     "S3Config",
     "S3StorageReader",
     "S3StorageWriter",
+    "SaveHandle",
+    "SaveInProgressError",
     "StoreError",
     "TransferConfig",
     "TransientStoreError",
@@ -65,4 +72,8 @@ def __getattr__(name: str) -> _typing.Any:
         from s3ckpt import dcp
 
         return getattr(dcp, name)
+    if name in ("Checkpointer", "SaveHandle"):
+        from s3ckpt import checkpointer
+
+        return getattr(checkpointer, name)
     raise AttributeError(f"module 's3ckpt' has no attribute {name!r}")

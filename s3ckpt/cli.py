@@ -1,34 +1,63 @@
-"""The ``s3ckpt`` command."""
+"""The ``s3ckpt`` command.
+
+Sub-commands live in the modules named in :data:`COMMAND_MODULES` (each has a
+``register(subparsers, common)``); exit codes are documented in :mod:`s3ckpt._cli`.
+Commands that need no torch (ls, prune, pin, gc, ...) never import it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from s3ckpt import __version__
+from s3ckpt._cli import EXIT_USAGE, common_parser, error, exit_code_for
+from s3ckpt.errors import S3CkptError
 
-__all__ = ["main"]
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
+
+#: Modules that add sub-commands, in the order they appear in ``--help``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "s3ckpt._cli.demo",
+    "s3ckpt._cli.retention",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="s3ckpt",
+        description="PyTorch checkpoints on S3: save, load, list, inspect, verify, prune.",
+    )
+    parser.add_argument("--version", action="version", version=f"s3ckpt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = common_parser()
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub, common)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``s3ckpt`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog="s3ckpt", description="PyTorch checkpoints on S3: save, load, inspect, prune."
-    )
-    parser.add_argument("--version", action="version", version=f"s3ckpt {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser(
-        "demo", help="save and load a small model on an embedded S3 server", add_help=False
-    )
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "demo":
-        from s3ckpt import demo
-
-        demo.main(rest)
-        return 0
-    parser.print_help()
-    return 2
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
+        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(func(args))
+    except S3CkptError as exc:
+        error(str(exc))
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
 
 
 if __name__ == "__main__":

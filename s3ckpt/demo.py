@@ -1,4 +1,10 @@
-"""``make demo`` / ``s3ckpt demo``: save a small model to S3 and load it back.
+"""``make demo`` / ``s3ckpt demo``: train, checkpoint, get killed, resume.
+
+A small language model trains in a child process with an async checkpoint every few steps
+and retention by ``policies/keep-last-3.toml``; the demo SIGKILLs that process mid-run,
+starts a new one that resumes from the latest committed checkpoint, and prints the
+checkpoints kept (and why) and how long training was blocked per async save against a
+synchronous save of the same state.
 
 With no endpoint configured (neither ``S3CKPT_DEMO_URL`` nor ``AWS_ENDPOINT_URL``), the
 demo starts an embedded S3 server (moto's ThreadedMotoServer) on 127.0.0.1 with dummy
@@ -9,13 +15,20 @@ with ``S3CKPT_DEMO_URL=s3://bucket/prefix`` (credentials from boto3's default ch
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
 import uuid
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from s3ckpt.checkpointer import SaveHandle
 
 __all__ = ["main"]
 
@@ -58,7 +71,7 @@ def _model(width: int, depth: int):  # type: ignore[no-untyped-def]
     import torch
 
     torch.manual_seed(0)
-    layers: list[torch.nn.Module] = [torch.nn.Embedding(8192, width)]
+    layers: list[torch.nn.Module] = [torch.nn.Embedding(VOCAB, width)]
     for _ in range(depth):
         layers += [
             torch.nn.LayerNorm(width),
@@ -66,7 +79,11 @@ def _model(width: int, depth: int):  # type: ignore[no-untyped-def]
             torch.nn.GELU(),
             torch.nn.Linear(4 * width, width),
         ]
+    layers.append(torch.nn.Linear(width, VOCAB))
     return torch.nn.Sequential(*layers)
+
+
+VOCAB = 2048
 
 
 def _fmt_bytes(n: float) -> str:
@@ -77,54 +94,164 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def run(url: str, width: int, depth: int) -> None:
-    """Save, list, load and compare; print what happened."""
-    import torch
-    import torch.distributed.checkpoint as dcp
+class TrainState:
+    """What besides model and optimizer a resumed run needs: the step and the data RNG."""
 
-    from s3ckpt import S3StorageReader, S3StorageWriter
+    def __init__(self) -> None:
+        import torch
+
+        self.step = 0
+        self.generator = torch.Generator().manual_seed(1234)
+
+    def state_dict(self) -> dict[str, object]:
+        return {"step": self.step, "rng": self.generator.get_state()}
+
+    def load_state_dict(self, sd: dict[str, object]) -> None:
+        self.step = int(sd["step"])  # type: ignore[call-overload,unused-ignore]
+        self.generator.set_state(sd["rng"])
+
+
+def _policy_file() -> str | None:
+    """``policies/keep-last-3.toml`` of the source tree, when the demo runs from one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidate = os.path.join(os.path.dirname(here), "policies", "keep-last-3.toml")
+    return candidate if os.path.exists(candidate) else None
+
+
+def train(url: str, steps: int, every: int, width: int, depth: int) -> None:
+    """The training job: resume from latest, train, async-save every ``every`` steps.
+
+    Prints one line per step and per checkpoint event; the parent reads them.
+    """
+    import torch
+
+    from s3ckpt import Checkpointer
+    from s3ckpt.retention import KeepLast
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    model = _model(width, depth)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    state = TrainState()
+    policy_path = _policy_file()
+    policy = policy_path or KeepLast(3)
+    with Checkpointer(url, policy=policy) as ckpt:
+        t0 = time.perf_counter()
+        resumed = ckpt.load(model, opt, state)
+        if resumed is None:
+            print("start: no checkpoint under the run, training from step 0", flush=True)
+        else:
+            print(
+                f"resume: loaded step {resumed} (model, optimizer, data RNG) in "
+                f"{time.perf_counter() - t0:.2f} s",
+                flush=True,
+            )
+        handle = None
+        for step in range(state.step + 1, steps + 1):
+            if handle is not None:
+                handle.staged.result()  # parameters may change only once staged
+            tokens = torch.randint(0, VOCAB, (16, 64), generator=state.generator)
+            logits = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)
+            )
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            state.step = step
+            print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
+            if step % every == 0:
+                h = ckpt.async_save(step, model, opt, state, metrics={"loss": loss.item()})
+                h.committed.add_done_callback(functools.partial(_report_commit, h))
+                handle = h
+                print(f"save: step {step} started (async)", flush=True)
+        ckpt.wait()
+        # A synchronous save of the same state, for comparison with the async ones.
+        t0 = time.perf_counter()
+        sync = ckpt.save(steps + 1, model, opt, state)
+        print(f"sync: a synchronous save of the same state blocked {sync.blocked_seconds:.2f} s",
+              flush=True)
+
+
+def _report_commit(h: SaveHandle, fut: Future[None]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        print(f"commit: step {h.step} FAILED: {exc}", flush=True)
+    else:
+        print(
+            f"commit: step {h.step} durable in {h.commit_seconds or 0:.2f} s, "
+            f"training blocked {1000 * (h.blocked_seconds or 0):.1f} ms",
+            flush=True,
+        )
+
+
+def run(url: str, steps: int, every: int, kill_at: int, width: int, depth: int) -> None:
+    """Train in a child process, SIGKILL it at step ``kill_at`` (mid async save), resume
+    in a new process, and print what was kept and how long training was blocked."""
+    import re
+    import subprocess
+
+    from s3ckpt.retention import list_checkpoints, load_policy, plan
     from s3ckpt.store import open_store
 
-    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-    model = _model(width, depth)
-    sd = model.state_dict()
-    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
-    print(
-        f"model: {sum(t.numel() for t in sd.values()):,} parameters, {_fmt_bytes(nbytes)}, "
-        f"{len(sd)} tensors"
-    )
-    print(f"saving to {url}")
-    writer = S3StorageWriter(url, step=0, metrics={"demo": 1.0})
-    t0 = time.perf_counter()
-    dcp.save({"model": sd}, storage_writer=writer)
-    save_s = time.perf_counter() - t0
+    print(f"run prefix: {url}")
+    policy_path = _policy_file()
+    print(f"retention policy: {policy_path or 'KeepLast(3) (policies/ not found)'}\n")
+    cmd = [sys.executable, "-m", "s3ckpt.demo", "--child", url, "--steps", str(steps),
+           "--every", str(every), "--width", str(width), "--depth", str(depth)]
 
+    # 1. The first training process, killed mid-run.
+    print(f"== training process 1 (SIGKILLed while its async save of step {kill_at} uploads) ==")
+    blocked: list[float] = []
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert child.stdout is not None
+    for line in child.stdout:
+        _echo(line, blocked)
+        if line.startswith(f"save: step {kill_at} started"):
+            child.kill()
+            break
+    child.wait()
+    print(f"   [killed: exit status {child.returncode}]\n")
+
+    # 2. A new process resumes from latest and finishes the run.
+    print("== training process 2 (resumes from latest) ==")
+    out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True).stdout
+    sync_s = None
+    for line in out.splitlines(keepends=True):
+        _echo(line, blocked)
+        m = re.match(r"sync: .* blocked ([0-9.]+) s", line)
+        if m:
+            sync_s = float(m.group(1))
+
+    # 3. What is on the bucket, what retention kept, and why.
     store, parsed = open_store(url)
-    print("\nwritten:")
-    for obj in store.list(parsed.prefix):
-        print(f"  {obj.key[len(parsed.prefix) :]:<32} {_fmt_bytes(obj.size):>12}")
+    catalog = list_checkpoints(store, parsed)
+    policy = load_policy(policy_path) if policy_path else None
+    print("\n== checkpoints under the run ==")
+    reasons: dict[str, tuple[str, ...]] = {}
+    if policy is not None:
+        reasons = dict(plan(catalog, policy, datetime.now(timezone.utc)).keep)
+    for c in catalog:
+        why = "; ".join(reasons.get(c.name, ())) or "-"
+        print(f"  {c.name}  {c.state.value:<11} {_fmt_bytes(c.size):>10}  kept: {why}")
+    if blocked and sync_s:
+        mean = sum(blocked) / len(blocked)
+        print(
+            f"\ntraining blocked per async save: mean {1000 * mean:.1f} ms over {len(blocked)} "
+            f"saves, vs {sync_s:.2f} s for a synchronous save of the same state "
+            f"({100 * mean / sync_s:.1f} %)"
+        )
 
-    fresh = _model(width, depth)
-    for p in fresh.parameters():
-        torch.nn.init.zeros_(p)
-    target = {"model": fresh.state_dict()}
-    reader = S3StorageReader(url)
-    t0 = time.perf_counter()
-    dcp.load(target, storage_reader=reader)
-    load_s = time.perf_counter() - t0
-    fresh.load_state_dict(target["model"])
-    same = all(
-        torch.equal(a, b)
-        for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True)
-    )
-    mb = nbytes / 1e6
-    print(
-        f"\nsave: {save_s:.2f} s ({mb / save_s:.0f} MB/s)   "
-        f"load: {load_s:.2f} s ({mb / load_s:.0f} MB/s, every item's CRC32C verified)"
-    )
-    print(f"loaded model identical to the saved one: {same}")
-    if not same:
-        raise SystemExit(1)
+
+def _echo(line: str, blocked: list[float]) -> None:
+    import re
+
+    m = re.match(r"step +(\d+) ", line)
+    if m is None or int(m.group(1)) % 5 == 0:  # keep the log short: every fifth step
+        print("   " + line, end="", flush=True)
+    m = re.search(r"training blocked ([0-9.]+) ms", line)
+    if m:
+        blocked.append(float(m.group(1)) / 1000)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,14 +261,29 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--width", type=int, default=512, help="model width (default 512)")
-    parser.add_argument("--depth", type=int, default=6, help="number of blocks (default 6)")
+    parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
+    parser.add_argument("--every", type=int, default=5, help="async save every N steps")
+    parser.add_argument(
+        "--kill-at", type=int, default=25,
+        help="SIGKILL the first process right after it starts the async save of this step",
+    )
+    parser.add_argument("--width", type=int, default=128, help="model width (default 128)")
+    parser.add_argument("--depth", type=int, default=3, help="number of blocks (default 3)")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.kill_at % args.every or not 0 < args.kill_at < args.steps:
+        parser.error("--kill-at must be a multiple of --every below --steps")
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # progress shows up when piped, too
+    if args.child:
+        train(args.child, args.steps, args.every, args.width, args.depth)
+        return
+    run_name = f"runs/demo-{uuid.uuid4().hex[:6]}"
     url = os.environ.get("S3CKPT_DEMO_URL")
     if url or os.environ.get("AWS_ENDPOINT_URL"):
-        url = url or f"s3://s3ckpt-demo/runs/{uuid.uuid4().hex[:8]}/step_0"
+        url = (url or "s3://s3ckpt-demo").rstrip("/") + "/" + run_name
         print(f"using configured endpoint {os.environ.get('AWS_ENDPOINT_URL', 'AWS S3')}")
-        run(url, args.width, args.depth)
+        run(url, args.steps, args.every, args.kill_at, args.width, args.depth)
         return
     with _embedded_s3() as endpoint:
         import boto3
@@ -150,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
             Bucket="s3ckpt-demo"
         )
-        run("s3://s3ckpt-demo/runs/demo/step_0", args.width, args.depth)
+        run(f"s3://s3ckpt-demo/{run_name}", args.steps, args.every, args.kill_at, args.width,
+            args.depth)
 
 
 if __name__ == "__main__":

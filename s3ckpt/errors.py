@@ -4,7 +4,8 @@
 
     S3CkptError (Exception)
     ├── ConfigError                  a configuration value is out of range
-    │   └── InvalidURLError          a checkpoint URL cannot be parsed
+    │   ├── InvalidURLError          a checkpoint URL cannot be parsed
+    │   └── PolicyError              a retention policy (file) is malformed
     ├── StoreError                   an object-store request failed (bucket, key, operation)
     │   ├── NoSuchBucketError
     │   ├── ObjectNotFoundError
@@ -12,12 +13,16 @@
     │   ├── PreconditionFailedError  a conditional write lost (If-None-Match / If-Match)
     │   ├── EndpointError            the endpoint cannot be reached (DNS, refused, TLS)
     │   └── TransientStoreError      throttling / 5xx / timeouts that outlasted the retries
-    └── CheckpointError              the checkpoint itself is the problem
-        ├── CheckpointExistsError    a committed checkpoint is already at the prefix
-        ├── CheckpointNotFoundError  no committed checkpoint (and no .metadata) at the prefix
-        ├── CorruptCheckpointError   truncated object, malformed manifest, inconsistent commit
-        │   └── ChecksumMismatchError
-        └── UnsafeCheckpointError    a pickle asked for something outside the allow-list
+    ├── CheckpointError              the checkpoint itself is the problem
+    │   ├── CheckpointExistsError    a committed checkpoint is already at the prefix
+    │   ├── CheckpointNotFoundError  no committed checkpoint (and no .metadata) at the prefix
+    │   ├── CorruptCheckpointError   truncated object, malformed manifest, inconsistent commit
+    │   │   └── ChecksumMismatchError
+    │   ├── IncompleteRestoreError   a load left entries of the state dict unrestored
+    │   ├── UnsafeCheckpointError    a pickle asked for something outside the allow-list
+    │   └── SaveInProgressError      the previous async save is still uploading
+    └── LeaseHeldError               another pruner holds the lease on a run
+        └── LeaseLostError           our lease expired and another pruner took it over
 
 Lower-layer exceptions (botocore, fsspec, OSError) are mapped to these at exactly one
 edge each (``s3ckpt.store.s3`` and ``s3ckpt.store.fsspec_store``).
@@ -40,11 +45,16 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "EndpointError",
+    "IncompleteRestoreError",
     "InvalidURLError",
+    "LeaseHeldError",
+    "LeaseLostError",
     "NoSuchBucketError",
     "ObjectNotFoundError",
+    "PolicyError",
     "PreconditionFailedError",
     "S3CkptError",
+    "SaveInProgressError",
     "StoreError",
     "TransientStoreError",
     "UnsafeCheckpointError",
@@ -108,6 +118,23 @@ class ConfigError(S3CkptError, ValueError):
 
 class InvalidURLError(ConfigError):
     """A checkpoint URL cannot be parsed (expected ``s3://bucket/prefix``)."""
+
+
+class PolicyError(ConfigError):
+    """A retention policy is malformed or empty; the message names the file, the key and
+    what is allowed.
+
+    Attributes:
+        source: The policy file (or ``<string>``).
+        field: The offending key (``keep.last``, ``keep.best[1].metric`` ...), when known.
+    """
+
+    def __init__(
+        self, message: str, *, source: str | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.source = source
+        self.field = field
 
 
 class StoreError(S3CkptError):
@@ -193,8 +220,67 @@ class ChecksumMismatchError(CorruptCheckpointError):
         self.item = item
 
 
+class IncompleteRestoreError(CheckpointError):
+    """A load did not restore every entry of the destination state dict.
+
+    Raised by :func:`s3ckpt.tools.check_restored` (and ``load(..., verify_complete=True)``)
+    after floating-point destinations were filled with NaN and loaded.
+
+    Attributes:
+        items: Every state-dict key (flattened, as DCP names it) that was not restored.
+        reasons: For each of ``items``, why: ``"missing from the checkpoint"`` or where
+            NaN was left in a region no saved chunk covers.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        rank: int | None = None,
+        items: list[str] | None = None,
+        reasons: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key, rank=rank)
+        self.items = list(items or [])
+        self.reasons = dict(reasons or {})
+
+
 class UnsafeCheckpointError(CheckpointError):
     """A pickle in the checkpoint asked to load something outside the allow-list."""
+
+
+class SaveInProgressError(CheckpointError):
+    """A save was asked for while the previous async save is still uploading
+    (``Checkpointer(on_busy="raise")``)."""
+
+
+class LeaseHeldError(S3CkptError):
+    """Another pruner holds the lease on a run (``{run}/s3ckpt.lease``); try again later.
+
+    Attributes:
+        holder: The holder's owner id (``host:pid:...``), when it could be read.
+        expires: When the holder's lease expires (seconds since the epoch), when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        holder: str | None = None,
+        expires: float | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key)
+        self.holder = holder
+        self.expires = expires
+
+
+class LeaseLostError(LeaseHeldError):
+    """The lease expired while we worked and another pruner took it over: we stopped
+    before the next delete."""
 
 
 def find_s3ckpt_error(exc: BaseException) -> S3CkptError | None:

@@ -1,0 +1,208 @@
+"""Checkpointer on MemoryStore, one process: resume, latest, async failures, retention order."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from s3ckpt import Checkpointer, CheckpointExistsError, CheckpointNotFoundError
+from s3ckpt.errors import SaveInProgressError, StoreError
+from s3ckpt.retention import CheckpointState, KeepLast
+from s3ckpt.store import MemoryStore
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+URL = "s3://unit-bkt/run"
+
+
+class State:
+    def __init__(self, step: int = 0) -> None:
+        self.step = step
+        self.note = "x"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "note": self.note}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step, self.note = sd["step"], sd["note"]
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    g = torch.Generator().manual_seed(step)
+    model(torch.randn(4, 6, generator=g)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.05)
+
+
+def test_save_then_resume_latest_restores_model_optimizer_and_train_state() -> None:
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    with Checkpointer(URL, store=store) as ckpt:
+        assert ckpt.load(*_fresh(), State()) is None  # nothing yet: untouched, None
+        for step in (1, 2, 3):
+            _train(model, opt, step)
+            ckpt.async_save(step, model, opt, State(step)).staged.result()
+    m2, o2 = _fresh()
+    ts = State()
+    with Checkpointer(URL, store=store) as ckpt:
+        assert ckpt.latest() == 3
+        assert ckpt.load(m2, o2, ts) == 3
+    assert ts.step == 3
+    for a, b in zip(model.state_dict().values(), m2.state_dict().values(), strict=False):
+        assert torch.equal(a, b)
+    s1, s2 = opt.state_dict()["state"], o2.state_dict()["state"]
+    for k in s1:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(s1[k][name], s2[k][name])
+
+
+def test_load_a_given_step_and_a_missing_step() -> None:
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    with Checkpointer(URL, store=store) as ckpt:
+        _train(model, opt, 1)
+        ckpt.save(1, model, opt)
+        first = model[0].weight.detach().clone()
+        _train(model, opt, 2)
+        ckpt.save(2, model, opt)
+        m2, o2 = _fresh()
+        assert ckpt.load(m2, o2, step=1) == 1
+        assert torch.equal(m2[0].weight, first)
+        with pytest.raises(CheckpointNotFoundError, match="step 5"):
+            ckpt.load(m2, o2, step=5)
+        with pytest.raises(CheckpointExistsError):
+            ckpt.save(2, model, opt)
+
+
+def test_latest_ignores_a_pointer_to_an_uncommitted_checkpoint() -> None:
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    with Checkpointer(URL, store=store) as ckpt:
+        ckpt.save(10, model, opt)
+        ckpt.save(20, model, opt)
+        # The pointer names step 20; its commit marker disappears (e.g. a pruner got it).
+        store.delete(["run/step_000000020/s3ckpt.json"])
+        assert ckpt.latest() == 10
+        store.put("run/s3ckpt.latest.json", b"{not json")
+        assert ckpt.latest() == 10
+        store.put("run/s3ckpt.latest.json", json.dumps({"step": 99}).encode())
+        assert ckpt.latest() == 10
+
+
+def test_failed_async_save_surfaces_on_the_handle_and_on_the_next_call() -> None:
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    ckpt = Checkpointer(URL, store=store)
+    ckpt.save(1, model, opt)
+    store.inject("put", key_glob="*step_000000002/s3ckpt.json", times=1)
+    handle = ckpt.async_save(2, model, opt)
+    # DCP's CheckpointException (a BaseException) is unwrapped to the store's error.
+    with pytest.raises(StoreError, match="injected fault") as on_handle:
+        handle.committed.result(timeout=60)
+    assert on_handle.value.key == "run/step_000000002/s3ckpt.json"
+    with pytest.raises(StoreError, match="injected fault"):
+        ckpt.save(3, model, opt)
+    # Raised once; the Checkpointer goes on, and the failed step left no commit.
+    ckpt.save(3, model, opt)
+    assert ckpt.latest() == 3
+    states = {c.step: c.state for c in ckpt.list()}
+    assert states.get(2) != CheckpointState.COMMITTED
+    assert not [o.key for o in store.list("run/step_000000002/")]  # cleaned up
+    ckpt.close()
+
+
+def test_on_busy_raise_refuses_a_second_save_while_uploading() -> None:
+    store = MemoryStore("unit-bkt")
+    gate = threading.Event()
+    original = store.complete_multipart
+
+    def slow_complete(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(30)
+        return original(*args, **kwargs)
+
+    store.complete_multipart = slow_complete  # type: ignore[method-assign]
+    big = torch.nn.Linear(2048, 2048)  # 16 MiB: a multipart upload
+    ckpt = Checkpointer(URL, store=store, on_busy="raise")
+    handle = ckpt.async_save(1, big)
+    handle.staged.result(timeout=60)
+    with pytest.raises(SaveInProgressError, match="step 1"):
+        ckpt.async_save(2, big)
+    gate.set()
+    handle.wait(timeout=60)
+    ckpt.async_save(2, big).wait(timeout=60)
+    ckpt.close()
+
+
+class RecordingStore(MemoryStore):
+    """Records puts of commit markers and deletes, in order."""
+
+    def __init__(self) -> None:
+        super().__init__("unit-bkt")
+        self.events: list[tuple[str, str]] = []
+        self._ev_lock = threading.Lock()
+
+    def put(self, key: str, data: Any, **kwargs: Any) -> str:
+        etag = super().put(key, data, **kwargs)
+        if key.endswith("/s3ckpt.json"):
+            with self._ev_lock:
+                self.events.append(("commit", key))
+        return etag
+
+    def delete(self, keys: Any) -> Any:
+        with self._ev_lock:
+            self.events.extend(("delete", k) for k in keys)
+        return super().delete(keys)
+
+
+def test_retention_runs_only_after_commit_and_keeps_the_newest() -> None:
+    store = RecordingStore()
+    model, opt = _fresh()
+    with Checkpointer(URL, store=store, policy=KeepLast(1)) as ckpt:
+        for step in range(1, 6):
+            _train(model, opt, step)
+            ckpt.async_save(step, model, opt)
+    committed: set[int] = set()
+    for kind, key in store.events:
+        step = int(key.split("/step_")[1][:9])
+        if kind == "commit":
+            committed.add(step)
+        else:
+            # Every delete is of a checkpoint older than one already committed.
+            assert committed and step < max(committed), (kind, key, committed)
+    assert any(kind == "delete" for kind, _ in store.events)
+    remaining = [c for c in Checkpointer(URL, store=store).list()]
+    assert [c.step for c in remaining if c.state == CheckpointState.COMMITTED] == [5]
+
+
+def test_attach_metrics_reaches_the_commit_marker() -> None:
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    with Checkpointer(URL, store=store) as ckpt:
+        ckpt.async_save(4, model, opt, metrics={"loss": 2.5})
+        ckpt.attach_metrics(4, {"val_loss": 1.25})
+        info = {c.step: c for c in ckpt.list()}[4]
+        assert info.metrics == {"loss": 2.5, "val_loss": 1.25}
+        with pytest.raises(CheckpointNotFoundError):
+            ckpt.attach_metrics(5, {"val_loss": 1.0})
+
+
+def test_store_error_at_construction_of_a_save_raises_synchronously() -> None:
+    store = MemoryStore("unit-bkt")
+    model, _ = _fresh()
+    with Checkpointer(URL, store=store) as ckpt:
+        ckpt.save(1, model)
+        with pytest.raises(CheckpointExistsError):
+            ckpt.async_save(1, model)
+        store.inject("*", key_glob="*step_000000002/*", times=1)
+        with pytest.raises(StoreError):
+            ckpt.async_save(2, model)
