@@ -1,8 +1,11 @@
 # Two least-privilege roles:
 #
-#   trainer  read, write and multipart-upload checkpoints under the prefix; never delete.
+#   trainer  read, write and multipart-upload checkpoints under the prefix; never delete
+#            (unless trainer_may_prune); never write pins or the pruner's lease.
 #   pruner   list, read and delete under the prefix; every write is explicitly denied except
-#            its lease object (a conditional PUT that keeps two pruners from racing).
+#            its lease objects ({run}/s3ckpt.lease, a conditional PUT that keeps two pruners
+#            from racing).
+#   neither  writes pins ({checkpoint}/s3ckpt.pin.json): `s3ckpt pin` is an operator action.
 #
 # s3ckpt's request -> IAM action map (S3 authorises multipart parts as s3:PutObject):
 #   PutObject, CreateMultipartUpload, UploadPart, CompleteMultipartUpload  s3:PutObject
@@ -92,6 +95,64 @@ locals {
         Resource = local.objects_arn
       },
       {
+        # Pins are an operator action, and the lease belongs to the pruner (a trainer that
+        # prunes in-process, trainer_may_prune, takes the lease too).
+        Sid      = "DenyPinAndLeaseWrites"
+        Effect   = "Deny"
+        Action   = "s3:PutObject"
+        Resource = var.trainer_may_prune ? local.pin_arns : concat(local.pin_arns, local.lease_arns)
+      },
+      {
+        Sid       = "UseCheckpointKeyThroughS3"
+        Effect    = "Allow"
+        Action    = ["kms:GenerateDataKey", "kms:Decrypt"]
+        Resource  = aws_kms_key.this.arn
+        Condition = local.kms_via_s3_condition
+      },
+    ]
+  }
+
+  # The pruner's deletes, shared with the trainer when trainer_may_prune is set.
+  delete_statement = {
+    Sid    = "DeleteCheckpointObjects"
+    Effect = "Allow"
+    Action = concat(
+      ["s3:DeleteObject", "s3:AbortMultipartUpload"],
+      var.pruner_can_delete_versions ? ["s3:DeleteObjectVersion"] : [],
+    )
+    Resource = local.objects_arn
+  }
+
+  trainer_prune_policy = {
+    Version   = "2012-10-17"
+    Statement = [local.delete_statement]
+  }
+
+  # For the people (or the admin automation) who run `s3ckpt pin` / `s3ckpt unpin`: attach to
+  # their own role. Not attached to anything by this module (output pin_policy_json).
+  pin_policy = {
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Sid       = "ListCheckpointPrefix"
+        Effect    = "Allow"
+        Action    = "s3:ListBucket"
+        Resource  = local.bucket_arn
+        Condition = local.list_prefix_condition
+      },
+      {
+        Sid      = "ReadCheckpointObjects"
+        Effect   = "Allow"
+        Action   = "s3:GetObject"
+        Resource = local.objects_arn
+      },
+      {
+        Sid      = "WriteAndRemovePins"
+        Effect   = "Allow"
+        Action   = ["s3:PutObject", "s3:DeleteObject"]
+        Resource = local.pin_arns
+      },
+      {
         Sid       = "UseCheckpointKeyThroughS3"
         Effect    = "Allow"
         Action    = ["kms:GenerateDataKey", "kms:Decrypt"]
@@ -118,21 +179,15 @@ locals {
         Resource = local.bucket_arn
       },
       {
-        # Commit markers (s3ckpt.json) to plan from, pins, and the lease to check its expiry.
+        # Commit markers (s3ckpt.json) to plan from, pins to honour, the lease to check.
         Sid      = "ReadCheckpointObjects"
         Effect   = "Allow"
         Action   = "s3:GetObject"
         Resource = local.objects_arn
       },
-      {
-        Sid    = "DeleteCheckpointObjects"
-        Effect = "Allow"
-        Action = concat(
-          ["s3:DeleteObject", "s3:AbortMultipartUpload"],
-          var.pruner_can_delete_versions ? ["s3:DeleteObjectVersion"] : [],
-        )
-        Resource = local.objects_arn
-      },
+      # Checkpoints, `s3ckpt gc` debris (a failed save's partial objects, stale uploads), and
+      # the lease when released.
+      local.delete_statement,
       {
         Sid      = "WriteLeaseOnly"
         Effect   = "Allow"
@@ -168,7 +223,7 @@ locals {
 
 resource "aws_iam_role" "trainer" {
   name                 = "${var.name}-trainer"
-  description          = "s3ckpt trainer: read/write checkpoints under s3://${var.bucket_name}/${local.prefix}, no deletes"
+  description          = "s3ckpt trainer: read/write checkpoints under s3://${var.bucket_name}/${local.prefix}, ${var.trainer_may_prune ? "and prune them" : "no deletes"}"
   assume_role_policy   = jsonencode(local.trust_policies["trainer"])
   max_session_duration = var.max_session_duration
   permissions_boundary = var.permissions_boundary_arn
@@ -179,6 +234,14 @@ resource "aws_iam_role_policy" "trainer" {
   name   = "s3ckpt-trainer"
   role   = aws_iam_role.trainer.id
   policy = jsonencode(local.trainer_policy)
+}
+
+# In-process retention (Checkpointer(policy=...)) in the training job: the pruner's deletes.
+resource "aws_iam_role_policy" "trainer_prune" {
+  count  = var.trainer_may_prune ? 1 : 0
+  name   = "s3ckpt-trainer-prune"
+  role   = aws_iam_role.trainer.id
+  policy = jsonencode(local.trainer_prune_policy)
 }
 
 resource "aws_iam_role" "pruner" {

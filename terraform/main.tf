@@ -11,11 +11,16 @@ locals {
   bucket_arn = "arn:${data.aws_partition.current.partition}:s3:::${var.bucket_name}"
   # Every object under the checkpoint prefix (runs, steps, markers, pins, leases).
   objects_arn = "${local.bucket_arn}/${local.prefix}*"
-  # The only keys the pruner may write: its lease at the prefix root and in each run prefix.
+  # s3ckpt's lease: the retention pruner takes it with a conditional PUT (If-None-Match: *,
+  # then If-Match to renew and release) at {run}/s3ckpt.lease. A run may be the prefix itself
+  # or any path below it. These are the only keys the pruner may write.
   lease_arns = [
-    "${local.bucket_arn}/${local.prefix}${var.lease_object_name}",
-    "${local.bucket_arn}/${local.prefix}*/${var.lease_object_name}",
+    "${local.bucket_arn}/${local.prefix}s3ckpt.lease",
+    "${local.bucket_arn}/${local.prefix}*/s3ckpt.lease",
   ]
+  # Pins ({checkpoint}/s3ckpt.pin.json, written by `s3ckpt pin`) are an operator action: neither
+  # role may write them (docs/operations.md, "Pins").
+  pin_arns = ["${local.bucket_arn}/${local.prefix}*/s3ckpt.pin.json"]
   # S3 calls KMS on the caller's behalf; kms:ViaService pins key use to that path.
   s3_service = "s3.${data.aws_region.current.name}.amazonaws.com"
 }

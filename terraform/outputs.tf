@@ -53,6 +53,11 @@ output "pruner_role_name" {
   value       = aws_iam_role.pruner.name
 }
 
+output "pin_policy_json" {
+  description = "An IAM policy (JSON) for whoever runs `s3ckpt pin` / `s3ckpt unpin`: read the checkpoints and write or remove {checkpoint}/s3ckpt.pin.json, nothing else. Neither module role may write pins; attach this to an operator role or permission set."
+  value       = jsonencode(local.pin_policy)
+}
+
 output "env" {
   description = "Environment for training jobs and the retention cron. AWS_REGION is read by boto3 (and so by s3ckpt); S3CKPT_URL is the checkpoint root for your job script or CronJob command line."
   value = {

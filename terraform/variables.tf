@@ -95,16 +95,11 @@ variable "pruner_can_delete_versions" {
   nullable    = false
 }
 
-variable "lease_object_name" {
-  description = "Name of the pruner's lease object (a conditional PUT that serialises pruners). It may be written at PREFIX/<name> and PREFIX/<run>/<name>; it is the only key the pruner may write."
-  type        = string
-  default     = ".s3ckpt-lease.json"
+variable "trainer_may_prune" {
+  description = "Also give the trainer role the pruner's delete permissions (s3:DeleteObject under the prefix, and s3:DeleteObjectVersion if pruner_can_delete_versions) and let it write the pruner's lease. Needed only by a training job that runs retention in-process (Checkpointer(policy=...)); the default (false) keeps training jobs unable to delete, and retention runs from the pruner role's cron."
+  type        = bool
+  default     = false
   nullable    = false
-
-  validation {
-    condition     = can(regex("^[A-Za-z0-9!_.'()=-]+$", var.lease_object_name))
-    error_message = "lease_object_name must be a single key segment (no '/', no IAM wildcards)."
-  }
 }
 
 variable "trainer_trust" {

@@ -8,9 +8,13 @@ IAM switch are process-global, so the server fixture always switches enforcement
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,9 +131,79 @@ def moto_server() -> Iterator[MotoServer]:
             server.stop()
 
 
+class DebugProvider:
+    """The AWS provider started once, in its debug mode, for every terraform command of a test.
+
+    Terraform normally starts the provider (a 675 MB binary) afresh for each graph walk of each
+    command, and gives up if it has not answered within one minute: on a busy 2-core machine
+    that start alone takes tens of seconds and sometimes fails ("timeout while waiting for
+    plugin to start"). A provider started with ``-debug`` serves until it is stopped and prints
+    a ``TF_REATTACH_PROVIDERS`` value; terraform commands given that value attach to it instead
+    of starting their own (the provider development workflow), so the start happens once, here,
+    without terraform's deadline.
+    """
+
+    def __init__(
+        self, binary: Path, env: dict[str, str], log_dir: Path, start_timeout: float = 600
+    ) -> None:
+        """Start ``binary -debug`` with ``env``: a reattached provider reads its AWS settings
+        (credentials, AWS_CA_BUNDLE, ...) from its own environment, not terraform's."""
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._stdout = log_dir / "provider.stdout"
+        self._stderr = log_dir / "provider.stderr"
+        with open(self._stdout, "wb") as out, open(self._stderr, "wb") as err:
+            # Files, not pipes: the provider logs a lot, and a full pipe would stall it.
+            self._process = subprocess.Popen(
+                [str(binary), "-debug"],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        self.reattach = self._wait_for_reattach(start_timeout)
+
+    def _wait_for_reattach(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.search(r"TF_REATTACH_PROVIDERS='([^']+)'", self._stdout.read_text())
+            if match:
+                json.loads(match.group(1))  # well-formed, or fail loudly here
+                return match.group(1)
+            if self._process.poll() is not None:
+                break
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(
+            f"the AWS provider did not start in debug mode within {timeout:.0f}s:\n"
+            f"{self._stdout.read_text()[-2000:]}\n{self._stderr.read_text()[-2000:]}"
+        )
+
+    def stop(self) -> None:
+        """SIGINT (the provider's own way out of debug mode), then SIGKILL if it hangs."""
+        if self._process.poll() is None:
+            self._process.send_signal(signal.SIGINT)
+            try:
+                self._process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+
+def installed_aws_provider(data_dir: Path) -> Path:
+    """The provider binary ``terraform init`` installed (or linked) under ``data_dir``."""
+    found = sorted(
+        data_dir.glob("providers/registry.terraform.io/hashicorp/aws/*/*/terraform-provider-aws*")
+    )
+    if not found:
+        raise RuntimeError(f"terraform init installed no hashicorp/aws provider in {data_dir}")
+    return found[-1]
+
+
 def terraform_env(cli_config: str, data_dir: Path) -> dict[str, str]:
-    """Environment for terraform against moto: dummy credentials, no profile, no endpoint
-    overrides inherited from the caller (the moto example sets its endpoints itself)."""
+    """Environment for terraform (and its provider) against moto: dummy credentials, no
+    profile, no endpoint overrides inherited from the caller (the moto example sets its
+    endpoints itself). Every inherited AWS_* variable is dropped: AWS_CA_BUNDLE, for one, makes
+    the provider fail to configure ("unable to add custom RootCAs HTTPClient")."""
     env = {
         k: v
         for k, v in os.environ.items()

@@ -18,6 +18,7 @@ moto gaps worked around here (moto 5.2.5):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -29,9 +30,22 @@ from typing import Any
 
 import pytest
 
-from tests.terraform.conftest import MODULE_DIR, MOTO_EXAMPLE, MotoServer, terraform_env
+from tests.terraform.conftest import (
+    MODULE_DIR,
+    MOTO_EXAMPLE,
+    DebugProvider,
+    MotoServer,
+    installed_aws_provider,
+    terraform_env,
+)
 
-pytestmark = [pytest.mark.terraform, pytest.mark.timeout(900)]
+# Seconds one terraform command may take. Each command that loads the AWS provider's schema
+# costs tens of CPU seconds; a 2-core CI machine needs about a minute for apply or destroy, an
+# overloaded one many times that (raise it with S3CKPT_TF_COMMAND_TIMEOUT).
+COMMAND_TIMEOUT = float(os.environ.get("S3CKPT_TF_COMMAND_TIMEOUT", "900"))
+
+# Per test, including the module fixture's init + apply (first test) or destroy (last test).
+pytestmark = [pytest.mark.terraform, pytest.mark.timeout(3 * COMMAND_TIMEOUT)]
 
 boto3 = pytest.importorskip("boto3")
 from botocore.exceptions import ClientError  # noqa: E402
@@ -57,7 +71,7 @@ class Deployment:
     destroyed: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
-    def terraform(self, *args: str, timeout: float = 600) -> str:
+    def terraform(self, *args: str, timeout: float = COMMAND_TIMEOUT) -> str:
         started = time.monotonic()
         done = subprocess.run(
             ["terraform", f"-chdir={self.workdir}", *args, "-no-color"],
@@ -88,14 +102,20 @@ class Deployment:
         """Delete every object version and delete marker (moto cannot destroy a bucket that
         still holds delete markers once the versioning resource has suspended versioning)."""
         s3 = self.client("s3")
-        for page in s3.get_paginator("list_object_versions").paginate(Bucket=self.bucket):
-            for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
-                s3.delete_object(Bucket=self.bucket, Key=item["Key"], VersionId=item["VersionId"])
+        try:
+            for page in s3.get_paginator("list_object_versions").paginate(Bucket=self.bucket):
+                for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
+                    s3.delete_object(
+                        Bucket=self.bucket, Key=item["Key"], VersionId=item["VersionId"]
+                    )
+        except s3.exceptions.NoSuchBucket:
+            pass  # the apply failed before creating it; destroy the rest
 
     def destroy(self) -> None:
         self.moto.enforce_iam(False)
         self.empty_bucket()
-        self.terraform("destroy", "-auto-approve", "-input=false", *self.tf_vars)
+        # No refresh: the state is what apply wrote, and the bucket was just emptied.
+        self.terraform("destroy", "-auto-approve", "-input=false", "-refresh=false", *self.tf_vars)
         self.destroyed = True
 
 
@@ -139,6 +159,14 @@ def deployment(
     deployment.terraform(
         "init", "-input=false", f"-backend-config=path={workdir / 'terraform.tfstate'}"
     )
+    started = time.monotonic()
+    provider = DebugProvider(
+        installed_aws_provider(Path(env["TF_DATA_DIR"])),
+        {**env, "TF_LOG": "WARN"},  # the debug mode's default is TRACE: megabytes of log
+        workdir / "provider",
+    )
+    deployment.timings["provider start"] = time.monotonic() - started
+    env["TF_REATTACH_PROVIDERS"] = provider.reattach
     try:
         deployment.terraform("apply", "-auto-approve", "-input=false", *deployment.tf_vars)
         deployment.outputs = {
@@ -147,9 +175,13 @@ def deployment(
         }
         yield deployment
     finally:
-        if not deployment.destroyed:
-            deployment.destroy()
-        print(f"terraform timings (s): {deployment.timings}")
+        try:
+            if not deployment.destroyed:
+                deployment.destroy()
+        finally:
+            provider.stop()
+        timings = {step: round(seconds, 1) for step, seconds in deployment.timings.items()}
+        print(f"\nterraform timings (s): {timings}")
         shutil.rmtree(workdir / ".terraform-data", ignore_errors=True)
 
 
@@ -244,10 +276,8 @@ def test_no_tls_policy_on_moto(deployment: Deployment) -> None:
     assert _error_code(excinfo) == "NoSuchBucketPolicy"
 
 
-def _assume(deployment: Deployment, user: str, role_arn: str) -> Any:
-    """An S3 client with the role's session credentials, obtained by ``user``."""
-    iam = deployment.client("iam")
-    keys = iam.create_access_key(UserName=user)["AccessKey"]
+def _assume(deployment: Deployment, keys: dict[str, str], user: str, role_arn: str) -> Any:
+    """An S3 client with the role's session credentials, obtained with ``user``'s ``keys``."""
     sts = deployment.client(
         "sts",
         aws_access_key_id=keys["AccessKeyId"],
@@ -277,18 +307,25 @@ def role_clients(deployment: Deployment) -> Iterator[dict[str, Any]]:
     )
     for user in (deployment.trainer_user, deployment.pruner_user):
         iam.put_user_policy(UserName=user, PolicyName="assume-roles", PolicyDocument=assume_any)
-    keys = {}
-    for user in (deployment.trainer_user, deployment.pruner_user):
-        access_key = iam.create_access_key(UserName=user)["AccessKey"]
-        keys[user] = access_key
+    # Created before enforcement: from then on moto's dummy root keys are refused.
+    keys = {
+        user: iam.create_access_key(UserName=user)["AccessKey"]
+        for user in (deployment.trainer_user, deployment.pruner_user)
+    }
     deployment.moto.enforce_iam(True)
     try:
         yield {
             "trainer": _assume(
-                deployment, deployment.trainer_user, deployment.outputs["trainer_role_arn"]
+                deployment,
+                keys[deployment.trainer_user],
+                deployment.trainer_user,
+                deployment.outputs["trainer_role_arn"],
             ),
             "pruner": _assume(
-                deployment, deployment.pruner_user, deployment.outputs["pruner_role_arn"]
+                deployment,
+                keys[deployment.pruner_user],
+                deployment.pruner_user,
+                deployment.outputs["pruner_role_arn"],
             ),
             "keys": keys,
         }
@@ -319,78 +356,131 @@ def test_only_the_trusted_user_can_assume_each_role(
     assert _error_code(excinfo) == "AccessDenied"
 
 
+RUN = f"{PREFIX}run-a/"
+STEP = f"{RUN}step_000000100/"
+
+
 def test_trainer_writes_a_checkpoint_under_the_prefix(
     deployment: Deployment, role_clients: dict[str, Any]
 ) -> None:
+    """Every request a Checkpointer save and resume makes, as the trainer role."""
     s3 = role_clients["trainer"]
-    bucket, step = deployment.bucket, f"{PREFIX}run-a/step_000000100/"
-    # A data object as a multipart upload (CreateMultipartUpload, UploadPart, ListParts and
-    # CompleteMultipartUpload are all s3:PutObject / s3:ListMultipartUploadParts).
-    upload = s3.create_multipart_upload(Bucket=bucket, Key=f"{step}__0_0.distcp")["UploadId"]
+    bucket = deployment.bucket
+    # A data object as a multipart upload (CreateMultipartUpload, UploadPart and
+    # CompleteMultipartUpload are s3:PutObject; ListParts is s3:ListMultipartUploadParts).
+    upload = s3.create_multipart_upload(Bucket=bucket, Key=f"{STEP}__0_0.distcp")["UploadId"]
     etag = s3.upload_part(
-        Bucket=bucket, Key=f"{step}__0_0.distcp", UploadId=upload, PartNumber=1, Body=b"t" * 1024
+        Bucket=bucket, Key=f"{STEP}__0_0.distcp", UploadId=upload, PartNumber=1, Body=b"t" * 1024
     )["ETag"]
-    s3.list_parts(Bucket=bucket, Key=f"{step}__0_0.distcp", UploadId=upload)
+    s3.list_parts(Bucket=bucket, Key=f"{STEP}__0_0.distcp", UploadId=upload)
     s3.complete_multipart_upload(
         Bucket=bucket,
-        Key=f"{step}__0_0.distcp",
+        Key=f"{STEP}__0_0.distcp",
         UploadId=upload,
         MultipartUpload={"Parts": [{"ETag": etag, "PartNumber": 1}]},
     )
-    s3.put_object(Bucket=bucket, Key=f"{step}.metadata", Body=b"m")
+    s3.put_object(Bucket=bucket, Key=f"{STEP}.metadata", Body=b"m")
     # The commit marker: a conditional PUT.
-    s3.put_object(Bucket=bucket, Key=f"{step}s3ckpt.json", Body=b"{}", IfNoneMatch="*")
+    s3.put_object(Bucket=bucket, Key=f"{STEP}s3ckpt.json", Body=b"{}", IfNoneMatch="*")
+    # The run's pointer to its newest checkpoint, overwritten by every save.
+    for step in (100, 200):
+        s3.put_object(Bucket=bucket, Key=f"{RUN}s3ckpt.latest.json", Body=b'{"step": %d}' % step)
     # A failed save aborts its uploads.
-    doomed = s3.create_multipart_upload(Bucket=bucket, Key=f"{step}__1_0.distcp")["UploadId"]
+    doomed = s3.create_multipart_upload(Bucket=bucket, Key=f"{STEP}__1_0.distcp")["UploadId"]
     s3.list_multipart_uploads(Bucket=bucket, Prefix=PREFIX)
-    s3.abort_multipart_upload(Bucket=bucket, Key=f"{step}__1_0.distcp", UploadId=doomed)
-    # Resume reads it back.
-    listed = s3.list_objects_v2(Bucket=bucket, Prefix=step)
+    s3.abort_multipart_upload(Bucket=bucket, Key=f"{STEP}__1_0.distcp", UploadId=doomed)
+    # Resume reads it back: list, head, ranged get.
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=STEP)
     assert {o["Key"] for o in listed["Contents"]} == {
-        f"{step}__0_0.distcp",
-        f"{step}.metadata",
-        f"{step}s3ckpt.json",
+        f"{STEP}__0_0.distcp",
+        f"{STEP}.metadata",
+        f"{STEP}s3ckpt.json",
     }
-    assert s3.get_object(Bucket=bucket, Key=f"{step}s3ckpt.json")["Body"].read() == b"{}"
-    s3.head_object(Bucket=bucket, Key=f"{step}__0_0.distcp")
+    assert s3.get_object(Bucket=bucket, Key=f"{STEP}s3ckpt.json")["Body"].read() == b"{}"
+    s3.head_object(Bucket=bucket, Key=f"{STEP}__0_0.distcp")
+    ranged = s3.get_object(Bucket=bucket, Key=f"{STEP}__0_0.distcp", Range="bytes=10-19")
+    assert ranged["Body"].read() == b"t" * 10
 
 
 def test_trainer_cannot_delete(deployment: Deployment, role_clients: dict[str, Any]) -> None:
     s3 = role_clients["trainer"]
     with pytest.raises(ClientError) as excinfo:
-        s3.delete_object(
-            Bucket=deployment.bucket, Key=f"{PREFIX}run-a/step_000000100/s3ckpt.json"
-        )
+        s3.delete_object(Bucket=deployment.bucket, Key=f"{STEP}s3ckpt.json")
     assert _error_code(excinfo) == "AccessDenied"
 
 
-def test_trainer_cannot_write_outside_the_prefix(
+def test_trainer_cannot_write_outside_the_prefix_nor_pins_nor_the_lease(
     deployment: Deployment, role_clients: dict[str, Any]
 ) -> None:
     s3 = role_clients["trainer"]
+    for key in ("elsewhere/x", f"{STEP}s3ckpt.pin.json", f"{RUN}s3ckpt.lease"):
+        with pytest.raises(ClientError) as excinfo:
+            s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"x")
+        assert _error_code(excinfo) == "AccessDenied", key
+
+
+def test_a_failed_save_leaves_debris_the_trainer_cannot_remove(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    """A save that died after writing some objects: the trainer cannot delete them (the
+    pruner's `s3ckpt gc` does, below); its unfinished upload stays until gc or the lifecycle
+    rule aborts it."""
+    s3 = role_clients["trainer"]
+    step = f"{RUN}step_000000200/"
+    s3.put_object(Bucket=deployment.bucket, Key=f"{step}__0_0.distcp", Body=b"partial")
+    s3.create_multipart_upload(Bucket=deployment.bucket, Key=f"{step}__1_0.distcp")
     with pytest.raises(ClientError) as excinfo:
-        s3.put_object(Bucket=deployment.bucket, Key="elsewhere/x", Body=b"x")
+        s3.delete_object(Bucket=deployment.bucket, Key=f"{step}__0_0.distcp")
     assert _error_code(excinfo) == "AccessDenied"
+
+
+def test_pruner_takes_renews_and_releases_its_lease(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    s3 = role_clients["pruner"]
+    for key in (f"{PREFIX}s3ckpt.lease", f"{RUN}s3ckpt.lease"):
+        etag = s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"{}", IfNoneMatch="*")[
+            "ETag"
+        ]
+        s3.put_object(Bucket=deployment.bucket, Key=key, Body=b'{"renewed": 1}', IfMatch=etag)
+        s3.delete_object(Bucket=deployment.bucket, Key=key)
 
 
 def test_pruner_deletes_a_checkpoint(deployment: Deployment, role_clients: dict[str, Any]) -> None:
     s3 = role_clients["pruner"]
-    bucket, step = deployment.bucket, f"{PREFIX}run-a/step_000000100/"
-    assert s3.get_object(Bucket=bucket, Key=f"{step}s3ckpt.json")["Body"].read() == b"{}"
-    s3.list_objects_v2(Bucket=bucket, Prefix=f"{PREFIX}run-a/")
+    bucket = deployment.bucket
+    assert s3.get_object(Bucket=bucket, Key=f"{STEP}s3ckpt.json")["Body"].read() == b"{}"
+    s3.list_objects_v2(Bucket=bucket, Prefix=RUN)
     # Commit marker first, then the data (the pruner's crash-safe order).
     for name in ("s3ckpt.json", ".metadata", "__0_0.distcp"):
-        s3.delete_object(Bucket=bucket, Key=f"{step}{name}")
+        s3.delete_object(Bucket=bucket, Key=f"{STEP}{name}")
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=STEP)["KeyCount"] == 0
+
+
+def test_pruner_collects_a_failed_saves_debris(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    """What `s3ckpt gc` does as the pruner: delete uncommitted objects, abort stale uploads."""
+    s3 = role_clients["pruner"]
+    bucket, step = deployment.bucket, f"{RUN}step_000000200/"
+    s3.delete_object(Bucket=bucket, Key=f"{step}__0_0.distcp")
+    uploads = s3.list_multipart_uploads(Bucket=bucket, Prefix=step).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == [f"{step}__1_0.distcp"]
+    for u in uploads:
+        s3.abort_multipart_upload(Bucket=bucket, Key=u["Key"], UploadId=u["UploadId"])
     assert s3.list_objects_v2(Bucket=bucket, Prefix=step)["KeyCount"] == 0
+    assert not s3.list_multipart_uploads(Bucket=bucket, Prefix=step).get("Uploads")
 
 
-def test_pruner_cannot_write_checkpoint_objects(
+def test_pruner_cannot_write_checkpoint_objects_nor_pins(
     deployment: Deployment, role_clients: dict[str, Any]
 ) -> None:
     s3 = role_clients["pruner"]
     for key in (
-        f"{PREFIX}run-a/step_000000200/s3ckpt.json",
-        f"{PREFIX}run-a/step_000000200/__0_0.distcp",
+        f"{RUN}step_000000300/s3ckpt.json",
+        f"{RUN}step_000000300/__0_0.distcp",
+        f"{RUN}s3ckpt.latest.json",
+        f"{STEP}s3ckpt.pin.json",
         "elsewhere/x",
     ):
         with pytest.raises(ClientError) as excinfo:
@@ -398,18 +488,9 @@ def test_pruner_cannot_write_checkpoint_objects(
         assert _error_code(excinfo) == "AccessDenied", key
     with pytest.raises(ClientError) as excinfo:
         s3.create_multipart_upload(
-            Bucket=deployment.bucket, Key=f"{PREFIX}run-a/step_000000200/__1_0.distcp"
+            Bucket=deployment.bucket, Key=f"{RUN}step_000000300/__1_0.distcp"
         )
     assert _error_code(excinfo) == "AccessDenied"
-
-
-def test_pruner_takes_and_releases_its_lease(
-    deployment: Deployment, role_clients: dict[str, Any]
-) -> None:
-    s3 = role_clients["pruner"]
-    for key in (f"{PREFIX}.s3ckpt-lease.json", f"{PREFIX}run-a/.s3ckpt-lease.json"):
-        s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"{}", IfNoneMatch="*")
-        s3.delete_object(Bucket=deployment.bucket, Key=key)
 
 
 def test_destroy_removes_everything(deployment: Deployment) -> None:
