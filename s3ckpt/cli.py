@@ -21,6 +21,7 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "s3ckpt._cli.demo",
     "s3ckpt._cli.retention",
+    "s3ckpt._cli.tools",
 )
 
 

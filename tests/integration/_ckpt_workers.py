@@ -138,11 +138,13 @@ def train_worker(
 
 class StallingStore:
     """Wraps a real store; the first ``upload_part`` of a checkpoint named ``stall_in``
-    prints UPLOADING and blocks forever, so the parent can SIGKILL mid-upload."""
+    prints UPLOADING (and sets ``uploading``) and blocks forever, so the parent can SIGKILL
+    mid-upload."""
 
-    def __init__(self, inner: Any, stall_in: str) -> None:
+    def __init__(self, inner: Any, stall_in: str, uploading: Any = None) -> None:
         self._inner = inner
         self._stall_in = stall_in
+        self._uploading = uploading
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -150,14 +152,17 @@ class StallingStore:
     def upload_part(self, key: str, *args: Any, **kwargs: Any) -> Any:
         if self._stall_in in key:
             print("UPLOADING", flush=True)
+            if self._uploading is not None:
+                self._uploading.set()
             import time
 
             time.sleep(3600)
         return self._inner.upload_part(key, *args, **kwargs)
 
 
-def kill_child(url: str) -> None:
-    """Single process: sync-save step 1, then async-save step 2 and stall in its upload."""
+def kill_child(url: str, uploading: Any = None) -> None:
+    """Single process: sync-save step 1, then async-save step 2 and stall in its upload
+    (setting the ``uploading`` event, if given, when it gets there)."""
     from s3ckpt import Checkpointer, TransferConfig
     from s3ckpt.store import open_store
 
@@ -167,7 +172,9 @@ def kill_child(url: str) -> None:
     model = torch.nn.Linear(1024, 4096)  # 16 MiB of weights: several parts
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ts = TrainState()
-    ckpt = Checkpointer(url, transfer_config=tc, store=StallingStore(store, "step_000000002"))
+    ckpt = Checkpointer(
+        url, transfer_config=tc, store=StallingStore(store, "step_000000002", uploading)
+    )
     ts.step = 1
     ckpt.save(1, model, opt, ts)
     with torch.no_grad():

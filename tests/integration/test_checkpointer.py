@@ -4,11 +4,8 @@ resumed on world sizes 1 and 2; a process killed during an async save."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,8 +13,8 @@ from typing import Any
 import boto3
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from tests._spawn import event, run_ranks, start_process
 from tests.conftest import list_keys, open_uploads
 from tests.integration import _ckpt_workers
 
@@ -35,12 +32,9 @@ def _free_port() -> int:
 
 def _train(world: int, url: str, out: Path, *, resume: bool) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    mp.spawn(
-        _ckpt_workers.train_worker,
-        args=(world, _free_port(), url, TOTAL, [] if resume else SAVE_AT, resume, str(out)),
-        nprocs=world,
-        join=True,
-    )
+    save_at = [] if resume else SAVE_AT
+    args = (world, _free_port(), url, TOTAL, save_at, resume, str(out))
+    run_ranks(_ckpt_workers.train_worker, world, args)
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     result["losses"] = {int(k): v for k, v in result["losses"].items()}
     return result
@@ -126,27 +120,16 @@ def test_process_killed_during_async_save_resumes_from_previous_commit(
     bucket: str, s3_client: Any, moto_endpoint: str
 ) -> None:
     url = f"s3://{bucket}/runs/killed"
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration._ckpt_workers", url],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    uploading = event()
+    child = start_process(_ckpt_workers.kill_child, (url, uploading))
     try:
-        assert child.stdout is not None
-        lines = []
-        for line in child.stdout:
-            lines.append(line)
-            if line.startswith("UPLOADING"):
-                break
-        else:
-            pytest.fail(f"child never reached the upload: {lines} {child.stderr.read()}")  # type: ignore[union-attr]
-        child.send_signal(signal.SIGKILL)
+        if not uploading.wait(240):
+            pytest.fail(f"child never reached the upload of step 2 (exit code {child.exitcode})")
+        child.kill()  # SIGKILL, in the middle of the async upload
     finally:
         child.kill()
-        child.wait(30)
+        child.join(30)
+    assert child.exitcode == -signal.SIGKILL
     keys = list_keys(s3_client, bucket, "runs/killed/")
     assert "runs/killed/step_000000001/s3ckpt.json" in keys
     assert "runs/killed/step_000000002/s3ckpt.json" not in keys

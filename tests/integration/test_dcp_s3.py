@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from s3ckpt import (
@@ -19,6 +18,7 @@ from s3ckpt import (
     TransferConfig,
 )
 from s3ckpt.config import MiB
+from tests._spawn import run_ranks
 from tests.conftest import list_keys, open_uploads
 from tests.integration import _workers
 
@@ -156,7 +156,7 @@ def saved_by_two_ranks(moto_endpoint: str) -> str:
     name = f"dist-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=name)
     url = f"s3://{name}/dist/step_11"
-    mp.spawn(_workers.save_worker, args=(2, _free_port(), url), nprocs=2, join=True)
+    run_ranks(_workers.save_worker, 2, (2, _free_port(), url))
     return url
 
 
@@ -164,19 +164,14 @@ def saved_by_two_ranks(moto_endpoint: str) -> str:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_world_size_2_checkpoint_loads_with_world_size(saved_by_two_ranks: str, world: int) -> None:
-    mp.spawn(
-        _workers.load_worker,
-        args=(world, _free_port(), saved_by_two_ranks, 2),
-        nprocs=world,
-        join=True,
-    )
+    run_ranks(_workers.load_worker, world, (world, _free_port(), saved_by_two_ranks, 2))
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_one_rank_failing_fails_the_save_without_commit(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
     url = f"s3://{bucket}/dist_fail"
-    mp.spawn(_workers.failing_save_worker, args=(2, _free_port(), url), nprocs=2, join=True)
+    run_ranks(_workers.failing_save_worker, 2, (2, _free_port(), url))
     keys = list_keys(s3_client, bucket)
     assert not any(k.endswith(("s3ckpt.json", ".metadata")) for k in keys)
     assert not any(k.startswith("dist_fail/__1_") for k in keys), "the failing rank cleans up"

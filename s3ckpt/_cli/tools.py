@@ -1,0 +1,414 @@
+"""``s3ckpt inspect | verify | diff | export | import``: thin wrappers over
+:mod:`s3ckpt.tools` (imported only when one of these commands runs, since it needs torch).
+
+``--json`` prints the result's ``to_dict()`` (stable keys) on stdout. Progress bars go to
+stderr, and only when stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, error, s3_config_from_args
+
+__all__ = ["ProgressBar", "register"]
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "inspect",
+        parents=[common],
+        help="list tensors, sizes, step and metrics (reads metadata only)",
+        description="Describe a checkpoint from .metadata and s3ckpt.json alone: no tensor "
+        "data is downloaded. Works on any DCP checkpoint.",
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
+    _filters(p)
+    p.add_argument("--summary", action="store_true", help="totals only, no per-tensor table")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_inspect)
+
+    p = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="re-read every byte and check every CRC32C",
+        description="Check structure, object sizes and (s3ckpt checkpoints) every item's "
+        "CRC32C with parallel ranged GETs. Exit 1 naming each bad tensor and object.",
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
+    p.add_argument(
+        "--read-data",
+        action="store_true",
+        help="also read every byte of checkpoints without checksums (other DCP writers)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser(
+        "diff",
+        parents=[common],
+        help="compare two checkpoints tensor by tensor",
+        description="Per key: identical (by checksum, nothing downloaded, when both have "
+        "checksums), changed (max and mean absolute difference), shape/dtype changed, only "
+        "in A, only in B.",
+    )
+    p.add_argument("a", metavar="A", help="first checkpoint")
+    p.add_argument("b", metavar="B", help="second checkpoint")
+    _filters(p)
+    p.add_argument("--all", action="store_true", help="list identical keys too")
+    p.add_argument("--exit-code", action="store_true", help="exit 1 when the checkpoints differ")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_diff)
+
+    p = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write full tensors as Hugging Face safetensors shards (or one torch.save file)",
+        description="Stream a full (unsharded) state dict to S3, any fsspec URL or a local "
+        "folder, without holding the model in memory or on local disk.",
+    )
+    p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
+    p.add_argument("dest", metavar="DEST", help="destination prefix / folder (or .pt file)")
+    p.add_argument("--format", choices=("safetensors", "torch"), default="safetensors")
+    p.add_argument("--dtype", default=None, help="cast floating-point tensors (bf16, fp16, fp32)")
+    p.add_argument(
+        "--max-shard-size", default="5GB", help="largest shard, e.g. 5GB, 500MiB (default 5GB)"
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        metavar="KEY",
+        help="keep this top-level key's subtree and strip it from names (e.g. model)",
+    )
+    _filters(p)
+    p.add_argument(
+        "--converter",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="callable (name, tensor) -> iterable of (new_name, tensor) renaming/reshaping keys",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser(
+        "import",
+        parents=[common],
+        help="turn Hugging Face safetensors into an s3ckpt checkpoint",
+        description="Read a .safetensors file, an index.json, or a folder/prefix of shards "
+        "(local: memory-mapped; remote: ranged reads) and write a DCP checkpoint that loads "
+        "at any world size.",
+    )
+    p.add_argument("src", metavar="SRC", help="safetensors file, index.json, folder or prefix")
+    p.add_argument("dest", metavar="DEST", help="checkpoint URL or local path to write")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--prefix",
+        default="model",
+        help="top-level key to save tensors under (default: model, the Checkpointer's layout)",
+    )
+    g.add_argument("--no-prefix", action="store_true", help="keep names as they are")
+    p.add_argument("--step", type=int, default=None, help="step to record in s3ckpt.json")
+    p.add_argument("--overwrite", action="store_true", help="replace a committed checkpoint")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_import)
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--include",
+        action="append",
+        default=None,
+        metavar="GLOB",
+        help="only names matching this glob (repeatable), e.g. 'model.*'",
+    )
+    p.add_argument(
+        "--exclude", action="append", default=None, metavar="GLOB", help="skip matching names"
+    )
+
+
+# -- output helpers --------------------------------------------------------------------------
+def _fmt(n: float) -> str:
+    from s3ckpt.tools._common import format_bytes
+
+    return format_bytes(n)
+
+
+def _shape(shape: Any) -> str:
+    return "-" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def _table(rows: list[list[str]], right: set[int] = frozenset()) -> None:  # type: ignore[assignment]
+    if not rows:
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
+        print("  ".join(cells).rstrip())
+
+
+class ProgressBar:
+    """``label [#####.....] 1.2 GiB / 3.4 GiB  210.5 MiB/s  ETA 0:11`` on a terminal.
+
+    Callable as ``bar(done, total)`` from any thread; draws at most ten times a second
+    and only when ``stream`` is a TTY (or ``enabled=True``).
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None):
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self._t0 = time.monotonic()
+        self._last = 0.0
+        self._drawn = False
+        self._lock = threading.Lock()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < 0.1 and done < total:
+                return
+            self._last = now
+            frac = min(1.0, done / total) if total else 1.0
+            rate = done / max(now - self._t0, 1e-6)
+            eta = int((total - done) / rate) if rate > 0 and total > done else 0
+            filled = int(frac * 30)
+            self.stream.write(
+                f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {_fmt(done)} / "
+                f"{_fmt(total)}  {_fmt(rate)}/s  ETA {eta // 60}:{eta % 60:02d} "
+            )
+            self.stream.flush()
+            self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# -- commands --------------------------------------------------------------------------------
+def _inspect(args: argparse.Namespace) -> int:
+    from s3ckpt.tools import inspect_checkpoint
+
+    info = inspect_checkpoint(
+        args.checkpoint,
+        include=args.include,
+        exclude=args.exclude,
+        s3_config=s3_config_from_args(args),
+    )
+    if args.json:
+        _json(info.to_dict())
+        return EXIT_OK
+    fmt = (
+        "s3ckpt (committed; CRC32C per item)"
+        if info.checksums
+        else "dcp (no s3ckpt.json: no checksums)"
+    )
+    head = [["checkpoint", info.url], ["format", fmt]]
+    if info.step is not None:
+        head.append(["step", str(info.step)])
+    if info.created is not None:
+        when = datetime.fromtimestamp(info.created, tz=timezone.utc)
+        head.append(["created", when.strftime("%Y-%m-%d %H:%M:%S UTC")])
+    head.append(["world size", "?" if info.world_size is None else str(info.world_size)])
+    if info.metrics:
+        head.append(["metrics", ", ".join(f"{k}={v:g}" for k, v in info.metrics.items())])
+    if info.versions:
+        head.append(["written by", ", ".join(f"{k} {v}" for k, v in info.versions.items())])
+    head.append(
+        [
+            "tensors",
+            f"{info.tensor_count} ({_fmt(info.tensor_bytes)}), {info.other_count} other values",
+        ]
+    )
+    meta = f" incl. {_fmt(info.metadata_bytes)} metadata" if info.metadata_bytes else ""
+    n_obj = len(info.objects)
+    head.append(
+        ["stored", f"{_fmt(info.stored_bytes)} in {n_obj} object{'s' if n_obj != 1 else ''}{meta}"]
+    )
+    _table(head)
+    if args.summary:
+        return EXIT_OK
+    print()
+    rows = [["name", "dtype", "shape", "size", "chunks", "objects"]]
+    for t in info.tensors:
+        size = _fmt(t.nbytes) if t.kind == "tensor" else f"({_fmt(t.stored_bytes)})"
+        objs = t.objects[0] if len(t.objects) == 1 else f"{len(t.objects)} objects"
+        rows.append([t.name, t.dtype or t.kind, _shape(t.shape), size, str(t.chunks), objs])
+    _table(rows, right={3, 4})
+    return EXIT_OK
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from s3ckpt.tools import verify_checkpoint
+
+    bar = ProgressBar("verify", enabled=False if args.no_progress or args.json else None)
+    try:
+        res = verify_checkpoint(
+            args.checkpoint,
+            read_data=True if args.read_data else None,
+            progress=bar,
+            s3_config=s3_config_from_args(args),
+        )
+    finally:
+        bar.close()
+    if args.json:
+        _json(res.to_dict())
+    else:
+        what = "CRC32C checked" if res.checksums else "no checksums: structure and sizes"
+        print(
+            f"{res.url}: {res.items} items in {res.objects} objects, {res.items_read} read "
+            f"({_fmt(res.bytes_read)}, {what}) in {res.seconds:.1f} s"
+        )
+        if res.ok:
+            print("OK")
+        for p in res.problems:
+            print(f"  {p.kind:<14} {p.message}")
+        if not res.ok:
+            print(f"bad tensors: {', '.join(res.bad_items) or '-'}")
+            print(f"bad objects: {', '.join(res.bad_objects) or '-'}")
+    if res.ok:
+        return EXIT_OK
+    error(
+        f"{len(res.problems)} problem(s): {len(res.bad_items)} bad tensor(s) in "
+        f"{len(res.bad_objects)} object(s); restore the objects or use another checkpoint"
+    )
+    return EXIT_PARTIAL
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from s3ckpt.tools import diff_checkpoints
+
+    res = diff_checkpoints(
+        args.a,
+        args.b,
+        include=args.include,
+        exclude=args.exclude,
+        s3_config=s3_config_from_args(args),
+    )
+    if args.json:
+        _json(res.to_dict())
+    else:
+        print(f"A  {res.a}\nB  {res.b}")
+        rows = []
+        labels = {
+            "identical": "identical",
+            "changed": "changed",
+            "shape_changed": "shape changed",
+            "dtype_changed": "dtype changed",
+            "kind_changed": "type changed",
+            "only_in_a": "only in A",
+            "only_in_b": "only in B",
+        }
+        for e in res.entries:
+            if e.status == "identical" and not args.all:
+                continue
+            if e.status in ("shape_changed", "dtype_changed", "kind_changed"):
+                detail = (
+                    f"{e.dtype_a or 'value'} {_shape(e.shape_a)} -> "
+                    f"{e.dtype_b or 'value'} {_shape(e.shape_b)}"
+                )
+            elif e.status == "changed" and e.max_abs_diff is not None:
+                detail = (
+                    f"max |a-b| {e.max_abs_diff:.6g}  mean {e.mean_abs_diff:.6g}  "
+                    f"({e.changed_elements} elements)"
+                )
+            elif e.status == "only_in_a":
+                detail = f"{e.dtype_a or 'value'} {_shape(e.shape_a)}"
+            elif e.status == "only_in_b":
+                detail = f"{e.dtype_b or 'value'} {_shape(e.shape_b)}"
+            else:
+                detail = f"by {e.method}" if e.method else ""
+            rows.append([labels[e.status], e.name, detail])
+        if rows:
+            print()
+            _table(rows)
+        counts = {k: v for k, v in res.counts.items() if v}
+        by_crc = sum(1 for e in res.entries if e.method == "checksum")
+        print(
+            "\n"
+            + ", ".join(f"{v} {labels[k]}" for k, v in counts.items())
+            + f" ({by_crc} decided by checksum, {_fmt(res.bytes_compared)} compared by value)"
+        )
+    return EXIT_PARTIAL if args.exit_code and not res.identical else EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    from s3ckpt.tools import export_checkpoint
+
+    if args.converter and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `--converter mymodule:fn` from the current folder
+    bar = ProgressBar("export", enabled=False if args.no_progress or args.json else None)
+    try:
+        res = export_checkpoint(
+            args.checkpoint,
+            args.dest,
+            format=args.format,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+            only=args.only,
+            include=args.include,
+            exclude=args.exclude,
+            converter=args.converter,
+            overwrite=args.overwrite,
+            s3_config=s3_config_from_args(args),
+            progress=bar,
+        )
+    finally:
+        bar.close()
+    if args.json:
+        _json(res.to_dict())
+        return EXIT_OK
+    print(
+        f"exported {res.tensors} tensors ({_fmt(res.tensor_bytes)}) from {res.source} to "
+        f"{res.dest} in {res.seconds:.1f} s"
+    )
+    _table(
+        [
+            ["  " + f.name, _fmt(f.size), f"{f.tensors} tensors" if f.tensors else ""]
+            for f in res.files
+        ],
+        right={1},
+    )
+    for s in res.skipped:
+        print(f"skipped {s.name}: {s.reason}")
+    for n in res.notes:
+        print(f"note: {n}")
+    return EXIT_OK
+
+
+def _import(args: argparse.Namespace) -> int:
+    from s3ckpt.tools import import_safetensors
+
+    res = import_safetensors(
+        args.src,
+        args.dest,
+        prefix=None if args.no_prefix else args.prefix,
+        step=args.step,
+        overwrite=args.overwrite,
+        s3_config=s3_config_from_args(args),
+    )
+    if args.json:
+        _json(res.to_dict())
+        return EXIT_OK
+    under = f" under '{res.prefix}.'" if res.prefix else ""
+    print(
+        f"imported {res.tensors} tensors ({_fmt(res.tensor_bytes)}) from {len(res.files)} "
+        f"file(s){under} into {res.dest} in {res.seconds:.1f} s"
+    )
+    return EXIT_OK

@@ -1,0 +1,282 @@
+"""``s3ckpt diff A B``: which tensors differ between two checkpoints, and by how much.
+
+A key saved with the same chunk layout in two s3ckpt checkpoints whose items' CRC32Cs all
+match is *identical* without downloading a byte. Everything else present in both is
+downloaded, a window of tensors at a time from each side, and compared in slices of
+``_SLICE`` elements, so memory stays at two windows (or two tensors) plus one slice in
+float64, however large the checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp.reader import S3StorageReader
+from s3ckpt.store import ObjectStore
+from s3ckpt.tools._common import (
+    Entry,
+    NameFilter,
+    dtype_name,
+    index_checkpoint,
+    open_reader,
+    shared_store,
+)
+from s3ckpt.tools._load import load_entries
+
+__all__ = ["DiffResult", "TensorDiff", "diff_checkpoints"]
+
+_SLICE = 1 << 22  # elements compared at once (32 MiB per float64 temporary)
+
+STATUSES = (
+    "identical",
+    "changed",
+    "shape_changed",
+    "dtype_changed",
+    "kind_changed",
+    "only_in_a",
+    "only_in_b",
+)
+
+
+@dataclass(frozen=True)
+class TensorDiff:
+    """How one state-dict key differs between A and B."""
+
+    name: str
+    status: str
+    """One of ``identical``, ``changed``, ``shape_changed``, ``dtype_changed``,
+    ``kind_changed`` (tensor in one, non-tensor value in the other), ``only_in_a``,
+    ``only_in_b``."""
+    method: str | None = None
+    """How ``identical`` / ``changed`` was decided: ``checksum`` (nothing downloaded) or
+    ``values``."""
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    changed_elements: int | None = None
+    """Elements that differ (NaN equals NaN)."""
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    """Mean over all elements (unchanged ones count as 0)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("max_abs_diff", "mean_abs_diff"):
+            v = d[k]
+            if isinstance(v, float) and not math.isfinite(v):
+                d[k] = str(v)  # "nan" / "inf": keep the JSON standard
+        return d
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    """What :func:`diff_checkpoints` found, in A's key order then B-only keys."""
+
+    a: str
+    b: str
+    entries: tuple[TensorDiff, ...]
+    bytes_compared: int
+    """Tensor bytes downloaded and compared (each side)."""
+
+    @property
+    def identical(self) -> bool:
+        return all(e.status == "identical" for e in self.entries)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: sum(1 for e in self.entries if e.status == s) for s in STATUSES}
+
+    @property
+    def differences(self) -> list[TensorDiff]:
+        return [e for e in self.entries if e.status != "identical"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (stable keys)."""
+        return {
+            "a": self.a,
+            "b": self.b,
+            "identical": self.identical,
+            "counts": self.counts,
+            "bytes_compared": self.bytes_compared,
+            "entries": [e.to_dict() for e in self.entries],
+        }
+
+
+def _same_by_checksum(a: Entry, b: Entry) -> bool | None:
+    """True/False when both sides have comparable CRC32Cs; None when values are needed."""
+    if len(a.chunks) != len(b.chunks):
+        return None
+    for ca, cb in zip(a.chunks, b.chunks, strict=True):
+        if ca.offsets != cb.offsets or ca.sizes != cb.sizes:
+            return None
+        if ca.record is None or cb.record is None:
+            return None
+        if ca.record.crc32c != cb.record.crc32c or ca.length != cb.length:
+            return None  # maybe only the framing differs (another torch): compare values
+    return True
+
+
+def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float, float]:
+    """``(changed_elements, max_abs_diff, mean_abs_diff)`` of two same-shape tensors,
+    computed in slices (NaN equals NaN; a NaN against a number makes the max NaN)."""
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    n = fa.numel()
+    if n == 0:
+        return 0, 0.0, 0.0
+    wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
+    changed = 0
+    max_d = 0.0
+    total = 0.0
+    for i in range(0, n, _SLICE):
+        xa = fa[i : i + _SLICE].to(wide)
+        xb = fb[i : i + _SLICE].to(wide)
+        same = (xa == xb) | (torch.isnan(xa) & torch.isnan(xb))
+        k = int((~same).sum())
+        if not k:
+            continue
+        changed += k
+        d = (xa - xb).abs().to(torch.float64)
+        d[same] = 0
+        m = float(d.max())
+        max_d = m if math.isnan(m) else max(max_d, m)
+        total += float(d.sum())
+    return changed, max_d, (total / n if changed else 0.0)
+
+
+def _values_equal(x: Any, y: Any) -> bool:
+    if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+        return (
+            isinstance(x, torch.Tensor)
+            and isinstance(y, torch.Tensor)
+            and x.shape == y.shape
+            and x.dtype == y.dtype
+            and compare_tensors(x, y)[0] == 0
+        )
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_values_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return (
+            type(x) is type(y)
+            and len(x) == len(y)
+            and all(_values_equal(p, q) for p, q in zip(x, y, strict=True))
+        )
+    try:
+        return bool(x == y) or (x != x and y != y)  # NaN == NaN here
+    except Exception:
+        return False
+
+
+def _batches(
+    pairs: Sequence[tuple[Entry, Entry]], window: int
+) -> Iterable[list[tuple[Entry, Entry]]]:
+    batch: list[tuple[Entry, Entry]] = []
+    size = 0
+    for a, b in pairs:
+        n = max(a.nbytes, a.stored_bytes)
+        if batch and size + n > window:
+            yield batch
+            batch, size = [], 0
+        batch.append((a, b))
+        size += n
+    if batch:
+        yield batch
+
+
+def diff_checkpoints(
+    a: str | os.PathLike[str] | S3StorageReader,
+    b: str | os.PathLike[str] | S3StorageReader,
+    *,
+    include: Iterable[str] | str | None = None,
+    exclude: Iterable[str] | str | None = None,
+    read_window: int = 64 * 2**20,
+    s3_config: S3Config | None = None,
+    transfer_config: TransferConfig | None = None,
+    store_a: ObjectStore | None = None,
+    store_b: ObjectStore | None = None,
+) -> DiffResult:
+    """Compare every key (matching the filters) of checkpoints ``a`` and ``b``.
+
+    Args:
+        a / b: URLs (``s3://...``, fsspec URLs, local paths) or open readers.
+        include / exclude: Glob filters on state-dict keys (``"model.*"``).
+        read_window: Bytes of tensors downloaded per DCP load on each side.
+        store_a / store_b: Stores to use instead of ones built from the URLs (tests).
+    """
+    ra = open_reader(a, s3_config=s3_config, transfer_config=transfer_config, store=store_a)
+    rb = open_reader(
+        b,
+        s3_config=s3_config,
+        transfer_config=transfer_config,
+        store=store_b or (shared_store(b, ra) if store_a is None else None),
+    )
+    names = NameFilter.of(include, exclude)
+    ea = {k: v for k, v in index_checkpoint(ra).items() if names(k)}
+    eb = {k: v for k, v in index_checkpoint(rb).items() if names(k)}
+    results: dict[str, TensorDiff] = {}
+    to_load: list[tuple[Entry, Entry]] = []
+    for name, x in ea.items():
+        y = eb.get(name)
+        common = {
+            "dtype_a": dtype_name(x.dtype),
+            "shape_a": x.shape,
+        }
+        if y is None:
+            results[name] = TensorDiff(name, "only_in_a", **common)  # type: ignore[arg-type]
+            continue
+        both: dict[str, Any] = {**common, "dtype_b": dtype_name(y.dtype), "shape_b": y.shape}
+        if x.kind != y.kind:
+            results[name] = TensorDiff(name, "kind_changed", **both)
+        elif x.kind == "tensor" and x.shape != y.shape:
+            results[name] = TensorDiff(name, "shape_changed", **both)
+        elif x.kind == "tensor" and x.dtype != y.dtype:
+            results[name] = TensorDiff(name, "dtype_changed", **both)
+        elif _same_by_checksum(x, y):
+            results[name] = TensorDiff(name, "identical", "checksum", **both)
+        else:
+            to_load.append((x, y))
+    compared = 0
+    for batch in _batches(to_load, read_window):
+        va = load_entries(ra, [x for x, _ in batch])
+        vb = load_entries(rb, [y for _, y in batch])
+        for x, y in batch:
+            both = {
+                "dtype_a": dtype_name(x.dtype),
+                "shape_a": x.shape,
+                "dtype_b": dtype_name(y.dtype),
+                "shape_b": y.shape,
+            }
+            p, q = va.pop(x.name), vb.pop(y.name)
+            if x.kind == "tensor":
+                changed, mx, mean = compare_tensors(p, q)
+                compared += x.nbytes
+                status = "changed" if changed else "identical"
+                results[x.name] = TensorDiff(
+                    x.name,
+                    status,
+                    "values",
+                    changed_elements=changed,
+                    max_abs_diff=mx,
+                    mean_abs_diff=mean,
+                    **both,
+                )
+            else:
+                same = _values_equal(p, q)
+                results[x.name] = TensorDiff(
+                    x.name, "identical" if same else "changed", "values", **both
+                )
+        del va, vb
+    ordered = [results[k] for k in ea]
+    ordered += [
+        TensorDiff(k, "only_in_b", dtype_b=dtype_name(y.dtype), shape_b=y.shape)
+        for k, y in eb.items()
+        if k not in ea
+    ]
+    return DiffResult(ra.checkpoint_id, rb.checkpoint_id, tuple(ordered), compared)

@@ -1,0 +1,529 @@
+"""Export a DCP checkpoint as full (unsharded) Hugging Face safetensors shards, or one
+``torch.save`` file, streamed to any store.
+
+How safetensors export stays within bounded memory:
+
+1. Plan. Every selected tensor (and the converter's outputs for it) is laid out from
+   ``.metadata`` alone: the converter is run on ``meta`` tensors (shape and dtype, no
+   data), so names, shapes, dtypes, the shard split and every shard's header are known
+   before a byte is read. A converter that cannot run on ``meta`` tensors is planned on
+   real values instead (the checkpoint is then read twice).
+2. Stream. Tensors are loaded a window at a time (full tensors assembled from any number
+   of saved chunks, see :mod:`s3ckpt.tools._load`), converted, cast and written into the
+   open shard's multipart upload, then dropped. Memory: two read windows (or the two
+   largest tensors) plus the upload buffers (``TransferConfig.max_inflight_bytes +
+   part_size``), independent of the shard size and of the model size.
+3. Commit. Shards first, ``model.safetensors.index.json`` last. On failure every upload of
+   this export is aborted and completed shards are deleted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp._upload import Uploader, format_leftovers
+from s3ckpt.dcp.reader import S3StorageReader
+from s3ckpt.errors import CheckpointExistsError, ConfigError
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.tools._common import (
+    Entry,
+    NameFilter,
+    as_url,
+    dtype_name,
+    index_checkpoint,
+    open_reader,
+    parse_dtype,
+    parse_size,
+    shared_store,
+)
+from s3ckpt.tools._load import iter_loaded
+from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
+
+__all__ = [
+    "INDEX_NAME",
+    "Converter",
+    "ExportResult",
+    "ExportedFile",
+    "SkippedItem",
+    "export_checkpoint",
+    "load_converter",
+]
+
+INDEX_NAME = "model.safetensors.index.json"
+TORCH_NAME = "model.pt"
+
+Converter = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+"""``(name, tensor) -> iterable of (new_name, new_tensor)``: rename (yield one pair with a
+new name), reshape or transpose, split (yield several), or drop (yield nothing). Called
+once per tensor, after ``only`` stripped the prefix and before the dtype cast. It should
+work on ``meta`` tensors (shape and dtype only) so the export can be planned without
+reading data; plain renames, views, ``chunk``/``split`` and ``transpose`` all do."""
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class ExportedFile:
+    """One file the export wrote."""
+
+    name: str
+    size: int
+    tensors: int
+
+
+@dataclass(frozen=True)
+class SkippedItem:
+    """A checkpoint entry the export left out, and why."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_checkpoint` wrote."""
+
+    source: str
+    dest: str
+    format: str
+    files: tuple[ExportedFile, ...]
+    tensors: int
+    """Tensors written (after the converter)."""
+    tensor_bytes: int
+    skipped: tuple[SkippedItem, ...] = ()
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (stable keys)."""
+        return asdict(self)
+
+
+@dataclass
+class _Out:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass
+class _Group:
+    """One source tensor and the outputs the converter makes of it."""
+
+    entry: Entry
+    name: str
+    """The source name after ``only`` stripped its prefix."""
+    outs: list[_Out] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(o.nbytes for o in self.outs)
+
+
+def load_converter(spec: str | Converter | None) -> Converter | None:
+    """A converter from ``"package.module:function"`` (or ``"path/file.py:function"``)."""
+    if spec is None or callable(spec):
+        return spec
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ConfigError(f"converter {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.convert:to_hf")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name).expanduser().resolve()
+            loaded = importlib.util.spec_from_file_location(path.stem, path)
+            if loaded is None or loaded.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod_name)
+    except (ImportError, OSError) as exc:
+        raise ConfigError(f"converter {spec!r}: cannot import {mod_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ConfigError(f"converter {spec!r}: {mod_name!r} has no attribute {attr!r}")
+    if not callable(obj):
+        raise ConfigError(f"converter {spec!r} is not callable")
+    return obj
+
+
+def _convert(
+    converter: Converter | None, name: str, tensor: torch.Tensor, dtype: torch.dtype | None
+) -> list[tuple[str, torch.Tensor]]:
+    pairs = [(name, tensor)] if converter is None else list(converter(name, tensor))
+    out = []
+    for new_name, t in pairs:
+        if not isinstance(new_name, str) or not isinstance(t, torch.Tensor):
+            raise ConfigError(
+                f"converter output for {name!r} must be (str, Tensor) pairs, got "
+                f"({type(new_name).__name__}, {type(t).__name__})"
+            )
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        out.append((new_name, t))
+    return out
+
+
+def _select(
+    entries: Mapping[str, Entry], only: str | None, names: NameFilter
+) -> list[tuple[Entry, str]]:
+    chosen: list[tuple[Entry, str]] = []
+    prefix = f"{only.rstrip('.')}." if only else ""
+    for fqn, entry in entries.items():
+        if prefix and not fqn.startswith(prefix):
+            continue
+        name = fqn[len(prefix) :]
+        if names(name):
+            chosen.append((entry, name))
+    if only and not chosen:
+        tops = sorted({k.split(".", 1)[0] for k in entries})
+        raise ConfigError(
+            f"nothing selected under {only!r}; the checkpoint's top-level keys are "
+            f"{', '.join(tops)}"
+        )
+    return chosen
+
+
+def _dest_location(
+    dest: str | os.PathLike[str],
+    store: ObjectStore | None,
+    s3_config: S3Config | None,
+    transfer_config: TransferConfig | None,
+) -> tuple[ObjectStore, Any]:
+    opened, url = open_store(as_url(dest), s3_config=s3_config, transfer_config=transfer_config)
+    return store or opened, url
+
+
+def export_checkpoint(
+    checkpoint: str | os.PathLike[str] | S3StorageReader,
+    dest: str | os.PathLike[str],
+    *,
+    format: str = "safetensors",
+    dtype: str | torch.dtype | None = None,
+    max_shard_size: str | int = "5GB",
+    only: str | None = None,
+    include: Iterable[str] | str | None = None,
+    exclude: Iterable[str] | str | None = None,
+    converter: str | Converter | None = None,
+    metadata: Mapping[str, str] | None = None,
+    overwrite: bool = False,
+    read_window: int = 64 * 2**20,
+    s3_config: S3Config | None = None,
+    transfer_config: TransferConfig | None = None,
+    store: ObjectStore | None = None,
+    dest_store: ObjectStore | None = None,
+    progress: Progress | None = None,
+) -> ExportResult:
+    """Write the full (unsharded) state dict of ``checkpoint`` to ``dest``.
+
+    ``format="safetensors"``: ``model-00001-of-0000N.safetensors`` shards plus
+    ``model.safetensors.index.json`` under the prefix ``dest`` (an index is written even
+    for one shard). Memory stays bounded by two read windows plus the upload buffers (see
+    the module docs); nothing is staged on local disk. Non-tensor entries are skipped
+    (listed in ``ExportResult.skipped``).
+
+    ``format="torch"``: one ``torch.save`` file of the flat ``{name: value}`` dict
+    (non-tensor values included): ``dest`` itself when it ends in ``.pt``, ``.pth`` or
+    ``.bin``, else ``dest/model.pt``. This one holds the whole state dict in memory.
+
+    Args:
+        checkpoint: Checkpoint URL (``s3://...``, any fsspec URL, a local path) or an open
+            :class:`~s3ckpt.S3StorageReader`.
+        dest: Where to write (``s3://bucket/prefix``, any fsspec URL or a local directory).
+        dtype: Cast floating-point tensors to this (``bf16``, ``fp16``, ``fp32``, ...);
+            integer and bool tensors keep theirs.
+        max_shard_size: Largest shard (``"5GB"``, ``"500MiB"``, bytes). A tensor larger
+            than this gets a shard of its own.
+        only: Keep the subtree under this top-level key and strip it from names
+            (``only="model"``: ``model.layers.0.w`` becomes ``layers.0.w``).
+        include / exclude: Glob filters on names (after ``only`` stripped the prefix,
+            before the converter).
+        converter: A :data:`Converter` or ``"module:function"`` naming one.
+        metadata: Extra ``__metadata__`` strings for every shard (``format: pt`` is always
+            there).
+        overwrite: Replace an earlier export at ``dest``; otherwise refuse.
+        read_window: Bytes of tensors loaded per DCP load (prefetched one ahead).
+        store / dest_store: Stores to use instead of ones built from the URLs (tests).
+        progress: Called with ``(bytes_done, bytes_total)`` of tensor data written.
+
+    Raises:
+        CheckpointExistsError: ``dest`` holds an export and ``overwrite`` is off.
+        ConfigError: bad format, dtype, size, converter, or a converter whose real outputs
+            differ from its planned (meta) outputs.
+    """
+    t0 = time.perf_counter()
+    if format not in ("safetensors", "torch"):
+        raise ConfigError(f"unknown export format {format!r}; expected safetensors or torch")
+    cast = parse_dtype(dtype)
+    shard_limit = parse_size(max_shard_size)
+    conv = load_converter(converter)
+    reader = open_reader(
+        checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
+    )
+    tc = transfer_config or TransferConfig()
+    entries = index_checkpoint(reader)
+    chosen = _select(entries, only, NameFilter.of(include, exclude))
+    if dest_store is None and store is None:
+        dest_store = shared_store(dest, reader)
+    out_store, url = _dest_location(dest, dest_store, s3_config, transfer_config)
+    if format == "torch":
+        return _export_torch(
+            reader, chosen, out_store, url, cast, conv, overwrite, read_window, tc, t0, progress
+        )
+
+    tensors = [(e, n) for e, n in chosen if e.kind == "tensor"]
+    skipped = [
+        SkippedItem(n, "not a tensor (safetensors holds tensors only; use --format torch)")
+        for e, n in chosen
+        if e.kind != "tensor"
+    ]
+    if not overwrite and out_store.head(url.key(INDEX_NAME)) is not None:
+        raise CheckpointExistsError(
+            f"an export already exists at {url} ({INDEX_NAME}); pass overwrite=True "
+            "(--overwrite) to replace it, or pick another destination",
+            bucket=out_store.bucket,
+            key=url.key(INDEX_NAME),
+        )
+    notes: list[str] = []
+    groups = _plan(reader, tensors, conv, cast, read_window, notes)
+    for g in groups:
+        bad = [o for o in g.outs if o.dtype not in TORCH_TO_ST]
+        if bad:
+            g.outs = [o for o in g.outs if o.dtype in TORCH_TO_ST]
+            skipped += [
+                SkippedItem(o.name, f"dtype {dtype_name(o.dtype)} has no safetensors code")
+                for o in bad
+            ]
+    groups = [g for g in groups if g.outs]
+    shards = _split(groups, shard_limit)
+    n = len(shards)
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    meta = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
+    total = sum(g.nbytes for g in groups)
+    weight_map = {o.name: names[i] for i, shard in enumerate(shards) for g in shard for o in g.outs}
+
+    biggest = max((sum(g.nbytes for g in s) for s in shards), default=0)
+    uploader = Uploader(
+        out_store,
+        part_size=tc.part_size_for(biggest + 2**20),
+        n_buffers=tc.max_inflight_parts + 1,
+        max_concurrency=tc.max_concurrency,
+    )
+    files: list[ExportedFile] = []
+    done = 0
+    try:
+        loaded = iter_loaded(reader, [g.entry for g in groups], window=read_window)
+        for i, shard in enumerate(shards):
+            header, data_size = build_header(
+                [(o.name, o.dtype, o.shape) for g in shard for o in g.outs], meta
+            )
+            sink = uploader.sink(url.key(names[i]))
+            sink.write(header)
+            for g in shard:
+                entry, value = next(loaded)
+                assert entry is g.entry
+                outs = _convert(conv, g.name, value, cast)
+                del value
+                _check_plan(g, outs)
+                for _name, t in outs:
+                    sink.write(tensor_bytes(t))
+                    done += t.numel() * t.element_size()
+                del outs
+                if progress is not None:
+                    progress(done, total)
+            files.append(
+                ExportedFile(names[i], len(header) + data_size, sum(len(g.outs) for g in shard))
+            )
+            sink.close()
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        raw = json.dumps(index, indent=2).encode("utf-8") + b"\n"
+        uploader.finish()
+        out_store.put(url.key(INDEX_NAME), raw)
+        files.append(ExportedFile(INDEX_NAME, len(raw), 0))
+        _remove_stale_shards(out_store, url, set(names), notes)
+    except BaseException:
+        leftovers = uploader.abort()
+        if leftovers:
+            notes.append(format_leftovers(leftovers))
+        raise
+    return ExportResult(
+        source=reader.checkpoint_id,
+        dest=str(url),
+        format="safetensors",
+        files=tuple(files),
+        tensors=sum(len(g.outs) for g in groups),
+        tensor_bytes=total,
+        skipped=tuple(skipped),
+        notes=tuple(notes),
+        seconds=round(time.perf_counter() - t0, 3),
+    )
+
+
+def _plan(
+    reader: S3StorageReader,
+    tensors: Sequence[tuple[Entry, str]],
+    conv: Converter | None,
+    cast: torch.dtype | None,
+    read_window: int,
+    notes: list[str],
+) -> list[_Group]:
+    groups = [_Group(e, n) for e, n in tensors]
+    try:
+        for g in groups:
+            assert g.entry.shape is not None and g.entry.dtype is not None
+            meta = torch.empty(g.entry.shape, dtype=g.entry.dtype, device="meta")
+            g.outs = [
+                _Out(n, t.dtype, tuple(t.shape)) for n, t in _convert(conv, g.name, meta, cast)
+            ]
+    except ConfigError:
+        raise
+    except Exception as exc:
+        notes.append(
+            f"the converter does not run on meta tensors ({type(exc).__name__}: {exc}); "
+            "planned on real values, so the checkpoint was read twice"
+        )
+        by_entry = {id(g.entry): g for g in groups}
+        for entry, value in iter_loaded(reader, [g.entry for g in groups], window=read_window):
+            g = by_entry[id(entry)]
+            g.outs = [
+                _Out(n, t.dtype, tuple(t.shape)) for n, t in _convert(conv, g.name, value, cast)
+            ]
+    seen: dict[str, str] = {}
+    for g in groups:
+        for o in g.outs:
+            if o.name in seen:
+                raise ConfigError(
+                    f"two tensors would be exported as {o.name!r} (from {seen[o.name]!r} and "
+                    f"{g.name!r}); fix the converter or the name filters"
+                )
+            seen[o.name] = g.name
+    return groups
+
+
+def _check_plan(group: _Group, outs: Sequence[tuple[str, torch.Tensor]]) -> None:
+    got = [(n, t.dtype, tuple(t.shape)) for n, t in outs]
+    want = [(o.name, o.dtype, o.shape) for o in group.outs]
+    if got != want:
+        raise ConfigError(
+            f"the converter turned {group.name!r} into {got}, but planning (on its shape "
+            f"alone) gave {want}; a converter must decide names, shapes and dtypes from "
+            "the name, shape and dtype, not from the values"
+        )
+
+
+_SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+
+
+def _remove_stale_shards(store: ObjectStore, url: Any, keep: set[str], notes: list[str]) -> None:
+    """After an overwrite, delete shards of the earlier export the new index no longer names."""
+    stale = [
+        o.key
+        for o in store.list(url.prefix)
+        if _SHARD_RE.match(o.key[len(url.prefix) :]) and o.key[len(url.prefix) :] not in keep
+    ]
+    if stale:
+        failures = store.delete(stale)
+        notes.append(f"removed {len(stale) - len(failures)} shard(s) of the earlier export")
+        if failures:
+            notes.append(format_leftovers([f.key for f in failures]))
+
+
+def _split(groups: Sequence[_Group], limit: int) -> list[list[_Group]]:
+    shards: list[list[_Group]] = []
+    size = 0
+    for g in groups:
+        if not shards or (size + g.nbytes > limit and shards[-1]):
+            shards.append([])
+            size = 0
+        shards[-1].append(g)
+        size += g.nbytes
+    return shards or [[]]
+
+
+def _export_torch(
+    reader: S3StorageReader,
+    chosen: Sequence[tuple[Entry, str]],
+    out_store: ObjectStore,
+    url: Any,
+    cast: torch.dtype | None,
+    conv: Converter | None,
+    overwrite: bool,
+    read_window: int,
+    tc: TransferConfig,
+    t0: float,
+    progress: Progress | None,
+) -> ExportResult:
+    prefix = url.prefix.rstrip("/")
+    if prefix.endswith((".pt", ".pth", ".bin")):
+        key, shown = prefix, f"{url.scheme}://{url.bucket}/{prefix}"
+    else:
+        key, shown = url.key(TORCH_NAME), str(url) + TORCH_NAME
+    if not overwrite and out_store.head(key) is not None:
+        raise CheckpointExistsError(
+            f"{shown} already exists; pass overwrite=True (--overwrite) to replace it",
+            bucket=out_store.bucket,
+            key=key,
+        )
+    names = {id(e): n for e, n in chosen}
+    state: dict[str, Any] = {}
+    total = sum(e.nbytes for e, _ in chosen)
+    done = 0
+    for entry, value in iter_loaded(reader, [e for e, _ in chosen], window=read_window):
+        name = names[id(entry)]
+        if isinstance(value, torch.Tensor):
+            pairs = _convert(conv, name, value, cast)
+            done += entry.nbytes
+        else:
+            pairs = [(name, value)]
+        for n, v in pairs:
+            if n in state:
+                raise ConfigError(f"two entries would be exported as {n!r}; fix the converter")
+            state[n] = v
+        if progress is not None:
+            progress(done, total)
+    uploader = Uploader(
+        out_store,
+        part_size=tc.part_size,
+        n_buffers=tc.max_inflight_parts + 1,
+        max_concurrency=tc.max_concurrency,
+    )
+    try:
+        sink = uploader.sink(key)
+        torch.save(state, sink)
+        size = sink.tell()
+        sink.close()
+        uploader.finish()
+    except BaseException:
+        uploader.abort()
+        raise
+    tensors = [v for v in state.values() if isinstance(v, torch.Tensor)]
+    return ExportResult(
+        source=reader.checkpoint_id,
+        dest=shown,
+        format="torch",
+        files=(ExportedFile(key.rsplit("/", 1)[-1], size, len(tensors)),),
+        tensors=len(tensors),
+        tensor_bytes=sum(t.numel() * t.element_size() for t in tensors),
+        seconds=round(time.perf_counter() - t0, 3),
+    )

@@ -1,0 +1,124 @@
+"""Nested state (optimizer state above all) to the flat ``Dict[str, Tensor]`` safetensors
+needs, and back, exactly.
+
+``flatten_state_dict`` names every tensor by its path joined with dots
+(``state.0.exp_avg``, ``param_groups.0.params`` is not a tensor, ...) and adds one more
+entry, :data:`SCHEMA_KEY`: a ``uint8`` tensor holding UTF-8 JSON that records the exact
+shape of the tree:
+
+* which containers were ``dict`` / ``list`` / ``tuple``, in their original order;
+* dict keys with their type (``str`` or ``int``: ``optimizer.state_dict()["state"]`` is
+  keyed by parameter index);
+* every non-tensor leaf inline as JSON: ``None``, ``bool``, ``int`` (any size), ``float``
+  (``repr`` round-trips exactly; NaN and infinities included), ``str``;
+* which flat key holds each tensor (dots inside keys, such as ``layers.0.weight``, are
+  therefore never ambiguous; a name two paths would share gets a ``~N`` suffix).
+
+The schema travels inside the flat dict, so ``safetensors.torch.save_file(flat, path)``
+then ``unflatten_state_dict(load_file(path))`` gives the original back, with no side file
+and nothing unpickled. A flat dict without the schema key (someone else's safetensors)
+unflattens by splitting names on dots into nested dicts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["SCHEMA_KEY", "flatten_state_dict", "unflatten_state_dict"]
+
+SCHEMA_KEY = "__s3ckpt_schema__"
+_VERSION = 1
+
+
+def flatten_state_dict(state_dict: Mapping[Any, Any]) -> dict[str, torch.Tensor]:
+    """``{"state": {0: {"exp_avg": t}}, "param_groups": [...]}`` ->
+    ``{"state.0.exp_avg": t, ..., SCHEMA_KEY: <uint8 JSON>}``.
+
+    Tensors are returned as they are (not copied). Raises ``TypeError`` naming the path of
+    a leaf that is neither a tensor nor ``None``/``bool``/``int``/``float``/``str``, or of
+    a dict key that is neither ``str`` nor ``int``.
+    """
+    flat: dict[str, torch.Tensor] = {}
+
+    def name_for(path: str) -> str:
+        name = path or "_"
+        n = 1
+        while name in flat or name == SCHEMA_KEY:
+            name = f"{path}~{n}"
+            n += 1
+        return name
+
+    def walk(obj: Any, path: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            name = name_for(path)
+            flat[name] = obj
+            return {"t": name}
+        if isinstance(obj, Mapping):
+            items = []
+            for k, v in obj.items():
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise TypeError(
+                        f"cannot flatten key {k!r} ({type(k).__name__}) at {path or '<root>'!r}: "
+                        "dict keys must be str or int"
+                    )
+                child = f"{path}.{k}" if path else str(k)
+                items.append([k, walk(v, child)])
+            return {"d": items}
+        if isinstance(obj, (list, tuple)):
+            children = [walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(obj)]
+            return {"tu" if isinstance(obj, tuple) else "l": children}
+        if obj is None or isinstance(obj, (bool, int, str)):
+            return {"v": obj}
+        if isinstance(obj, float):
+            return {"f": repr(obj)}
+        raise TypeError(
+            f"cannot flatten {type(obj).__name__} at {path or '<root>'!r}: leaves must be "
+            "tensors, None, bool, int, float or str"
+        )
+
+    tree = walk(state_dict, "")
+    raw = json.dumps({"version": _VERSION, "tree": tree}, separators=(",", ":"))
+    flat[SCHEMA_KEY] = torch.frombuffer(bytearray(raw.encode("utf-8")), dtype=torch.uint8)
+    return flat
+
+
+def unflatten_state_dict(flat: Mapping[str, torch.Tensor]) -> Any:
+    """Inverse of :func:`flatten_state_dict` (exact, including container and key types).
+
+    Without :data:`SCHEMA_KEY`, names are split on dots into nested dicts of str keys.
+    """
+    schema = flat.get(SCHEMA_KEY)
+    if schema is None:
+        nested: dict[str, Any] = {}
+        for name, t in flat.items():
+            *parents, last = name.split(".")
+            node = nested
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[last] = t
+        return nested
+    doc = json.loads(bytes(schema.cpu().contiguous().numpy().tobytes()).decode("utf-8"))
+    if doc.get("version") != _VERSION:
+        raise ValueError(f"{SCHEMA_KEY}: unsupported schema version {doc.get('version')!r}")
+
+    def build(node: dict[str, Any]) -> Any:
+        if "t" in node:
+            try:
+                return flat[node["t"]]
+            except KeyError:
+                raise KeyError(f"the schema names tensor {node['t']!r}, which is missing") from None
+        if "d" in node:
+            return {k: build(v) for k, v in node["d"]}
+        if "l" in node:
+            return [build(v) for v in node["l"]]
+        if "tu" in node:
+            return tuple(build(v) for v in node["tu"])
+        if "f" in node:
+            return float(node["f"])
+        return node["v"]
+
+    return build(doc["tree"])

@@ -1,0 +1,198 @@
+"""Prove a load restored everything: fill with NaN, load, look for what is left.
+
+Building blocks (what ``Checkpointer.load(..., verify_complete=True)`` calls)::
+
+    fill_nan(state_dict)                        # before the load
+    dcp.load(state_dict, storage_reader=reader,
+             planner=DefaultLoadPlanner(allow_partial_load=True))
+    check_restored(state_dict, reader.read_metadata())   # raises IncompleteRestoreError
+
+An entry of the destination is *not restored* when its key is missing from the checkpoint,
+or when NaN is left in a region of the tensor that no saved chunk covers. NaN inside a
+region the checkpoint covers is the saved value (a model can legitimately hold NaN), so it
+is never flagged. Integer and bool tensors cannot hold NaN: they are checked by key and
+chunk coverage only.
+
+With DTensor (FSDP2, TP) each rank fills and checks its own local shard against the
+chunks overlapping it; a rank that finds a gap raises on that rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadPlanner
+from torch.distributed.checkpoint.storage import StorageReader
+
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.errors import IncompleteRestoreError
+from s3ckpt.store import ObjectStore
+from s3ckpt.tools._common import as_url, quiet_dcp
+
+__all__ = ["check_restored", "fill_nan", "find_unrestored", "load_verified"]
+
+
+def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
+    """The local data of ``t``, its offsets in the global tensor and the global shape."""
+    to_local = getattr(t, "to_local", None)
+    if callable(to_local):  # DTensor
+        local = to_local()
+        chunks = t.__create_chunk_list__()
+        offsets = tuple(chunks[0].offsets) if chunks else (0,) * t.dim()
+        return local, offsets, tuple(t.shape)
+    return t, (0,) * t.dim(), tuple(t.shape)
+
+
+def fill_nan(state_dict: Any) -> int:
+    """Fill every floating-point tensor in ``state_dict`` (nested dicts, lists, tuples;
+    DTensor local shards included) with NaN, in place. Returns how many were filled.
+
+    Tensors of a model's ``state_dict()`` share memory with its parameters, so the model
+    itself is filled too: that is the point (a parameter the load misses stays NaN).
+    """
+    count = 0
+
+    def walk(obj: Any) -> None:
+        nonlocal count
+        if isinstance(obj, torch.Tensor):
+            local = _local(obj)[0]
+            if local.is_floating_point() or local.is_complex():
+                with torch.no_grad():
+                    local.detach().fill_(float("nan"))
+                count += 1
+        elif isinstance(obj, Mapping):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v)
+
+    walk(state_dict)
+    return count
+
+
+def _coverage(
+    local_shape: tuple[int, ...], offsets: tuple[int, ...], md: TensorStorageMetadata
+) -> torch.Tensor | None:
+    """Bool mask over the local shard: True where some saved chunk covers it (None: all)."""
+    if not local_shape:
+        return None if md.chunks else torch.zeros((), dtype=torch.bool)
+    mask = torch.zeros(local_shape, dtype=torch.bool)
+    for c in md.chunks:
+        index = []
+        for lo, n, co, cs in zip(offsets, local_shape, c.offsets, c.sizes, strict=False):
+            a, b = max(lo, co), min(lo + n, co + cs)
+            if a >= b:
+                break
+            index.append(slice(a - lo, b - lo))
+        else:
+            mask[tuple(index)] = True
+    return None if bool(mask.all()) else mask
+
+
+def find_unrestored(state_dict: Any, metadata: Metadata) -> dict[str, str]:
+    """``{flattened key: reason}`` for every entry of ``state_dict`` a load with
+    ``metadata`` did not restore (see the module docs). Empty when all were restored."""
+    flat, _ = flatten_state_dict(state_dict)
+    saved = metadata.state_dict_metadata
+    missing: dict[str, str] = {}
+    for fqn, value in flat.items():
+        md = saved.get(fqn)
+        if md is None:
+            missing[fqn] = "missing from the checkpoint"
+            continue
+        if not isinstance(value, torch.Tensor):
+            continue
+        if not isinstance(md, TensorStorageMetadata):
+            missing[fqn] = "saved as a non-tensor value, destination is a tensor"
+            continue
+        local, offsets, _shape = _local(value)
+        mask = _coverage(tuple(local.shape), offsets, md)
+        if mask is None:
+            continue  # every element covered: NaN there is the saved value
+        if local.is_floating_point() or local.is_complex():
+            left = torch.isnan(local.detach().cpu()) & ~mask
+            n = int(left.sum())
+            if n:
+                missing[fqn] = f"NaN left in {n} element(s) no saved chunk covers"
+        else:
+            n = int((~mask).sum())
+            if n:
+                missing[fqn] = f"{n} element(s) not covered by any saved chunk"
+    return missing
+
+
+def check_restored(state_dict: Any, metadata: Metadata) -> None:
+    """Raise :class:`~s3ckpt.errors.IncompleteRestoreError` naming every entry of
+    ``state_dict`` (loaded from a checkpoint with ``metadata``) that was not restored."""
+    missing = find_unrestored(state_dict, metadata)
+    if not missing:
+        return
+    listed = "; ".join(f"{k} ({why})" for k, why in missing.items())
+    raise IncompleteRestoreError(
+        f"{len(missing)} entr{'y was' if len(missing) == 1 else 'ies were'} not restored: "
+        f"{listed}. The checkpoint does not hold them: load one saved from this model, or "
+        "drop these keys from the state dict (a partial load) on purpose",
+        items=list(missing),
+        reasons=missing,
+    )
+
+
+def load_verified(
+    state_dict: Any,
+    path_or_reader: str | os.PathLike[str] | StorageReader,
+    *,
+    planner: LoadPlanner | None = None,
+    process_group: Any = None,
+    s3_config: S3Config | None = None,
+    transfer_config: TransferConfig | None = None,
+    store: ObjectStore | None = None,
+) -> Metadata:
+    """``dcp.load`` into ``state_dict`` in place and prove every entry was restored.
+
+    Fills floating-point destinations with NaN, loads with
+    ``DefaultLoadPlanner(allow_partial_load=True)`` (so a missing key is reported with the
+    others instead of aborting the load), then :func:`check_restored`.
+
+    Args:
+        state_dict: The destination (nested; DTensor welcome), as for ``dcp.load``.
+        path_or_reader: Checkpoint URL / local path, or any DCP ``StorageReader``.
+        planner: Load planner (must allow partial loads to report missing keys).
+        process_group: For ``dcp.load``; ``None`` loads in one process when
+            ``torch.distributed`` is not initialised.
+
+    Returns:
+        The checkpoint's metadata.
+
+    Raises:
+        IncompleteRestoreError: naming every entry not restored.
+    """
+    if isinstance(path_or_reader, StorageReader):
+        reader = path_or_reader
+    else:
+        from s3ckpt.dcp.reader import S3StorageReader
+
+        reader = S3StorageReader(
+            as_url(path_or_reader),
+            s3_config=s3_config,
+            transfer_config=transfer_config,
+            store=store,
+        )
+    fill_nan(state_dict)
+    with quiet_dcp():
+        dcp.load(
+            state_dict,
+            storage_reader=reader,
+            planner=planner or DefaultLoadPlanner(allow_partial_load=True),
+            process_group=process_group,
+        )
+    metadata = reader.read_metadata()
+    check_restored(state_dict, metadata)
+    return metadata

@@ -1,0 +1,81 @@
+"""Start the ranks of a multi-process test: fresh processes, torch imported once.
+
+``torch.multiprocessing.spawn`` starts every rank as a new interpreter that imports torch
+again (and the first DTensor operation imports ``torch._dynamo``); on the 2-core CI machines
+that costs 20-60 s per rank, and most of the suite's multi-process time went there.
+
+Here ranks start from a *forkserver* instead: a clean server process, started once per test
+session from a fresh interpreter (not forked from pytest, so it holds none of pytest's
+threads, sockets or the moto server), imports torch once, and each rank is forked from it.
+Ranks are still separate processes with their own gloo rendezvous, exactly as with spawn.
+
+The forkserver keeps the environment it started with, so the caller's ``AWS_*`` / ``S3CKPT_*``
+variables (the moto endpoint, dummy credentials) are passed to each rank explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+
+# torch._dynamo: the first DTensor operation imports it (~20 s on a 2-core CI machine).
+_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.distributed.checkpoint.state_dict",
+    "torch.distributed.device_mesh",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "boto3",
+    "botocore",
+    "s3ckpt",
+    "s3ckpt.dcp",
+    "s3ckpt.checkpointer",
+]
+_ctx = mp.get_context("forkserver")
+_ctx.set_forkserver_preload(_PRELOAD)
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "S3CKPT_", "MOTO_"))}
+
+
+def _entry(rank: int, fn: Callable[..., Any], env: dict[str, str], *args: Any) -> None:
+    for key in [k for k in os.environ if k.startswith(("AWS_", "S3CKPT_", "MOTO_"))]:
+        del os.environ[key]
+    os.environ.update(env)
+    fn(rank, *args)
+
+
+def run_ranks(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = ()) -> None:
+    """Run ``fn(rank, *args)`` in ``nprocs`` processes and wait; a rank's exception fails here
+    (``torch.multiprocessing.ProcessRaisedException`` with the rank's traceback)."""
+    mp.start_processes(
+        _entry,
+        args=(fn, _env(), *args),
+        nprocs=nprocs,
+        join=True,
+        start_method="forkserver",
+    )
+
+
+def _entry_one(fn: Callable[..., Any], env: dict[str, str], *args: Any) -> None:
+    _entry(0, lambda _rank, *a: fn(*a), env, *args)
+
+
+def start_process(fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> Any:
+    """Start ``fn(*args)`` in one process from the same forkserver and return the started
+    ``multiprocessing.Process`` (the caller joins or kills it)."""
+    proc = _ctx.Process(target=_entry_one, args=(fn, _env(), *args), daemon=True)
+    proc.start()
+    return proc
+
+
+def event() -> Any:
+    """A ``multiprocessing.Event`` that processes from :func:`start_process` can set."""
+    return _ctx.Event()
