@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: install demo test test-terraform lint typecheck unit integration bench clean
+.PHONY: install demo test test-terraform check-terraform lint typecheck unit integration bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,16 +19,21 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) -m s3ckpt.demo
 
-## Lint, type-check and run the whole test suite.
-# tests/terraform (issue 6, in review) runs with `make test-terraform` until it is wired in.
-test: install lint typecheck
-	$(PY) -m pytest -q --ignore=tests/terraform
+## Lint, type-check, check the terraform module and run the whole test suite.
+test: install lint typecheck check-terraform
+	$(PY) -m pytest -q
 
-test-terraform: install
+## terraform/: fmt -check, validate, terraform test (mock provider) and checkov (in .venv-checkov,
+## from requirements/checkov.txt). Prints SKIP and succeeds where there is no terraform binary.
+check-terraform:
+	bash scripts/terraform-env.sh ci
+
+## The terraform checks plus tests/terraform (apply to moto, probe the roles, destroy).
+test-terraform: install check-terraform
 	$(PY) -m pytest -q tests/terraform
 
 lint: install
-	$(VENV)/bin/ruff check s3ckpt tests
+	$(VENV)/bin/ruff check s3ckpt tests benchmarks
 
 typecheck: install
 	$(VENV)/bin/mypy
