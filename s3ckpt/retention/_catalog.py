@@ -85,6 +85,9 @@ class CheckpointState(str, enum.Enum):
         return self.value
 
 
+_NO_TIME = datetime.min.replace(tzinfo=timezone.utc)
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     """One checkpoint prefix of a run, as the catalog sees it.
@@ -124,10 +127,13 @@ class CheckpointInfo:
         """Whether the commit marker is present."""
         return self.state is CheckpointState.COMMITTED
 
-    def sort_key(self) -> tuple[int, int, float, str]:
-        """(has a step, step, commit time, name): the catalog's order, oldest first."""
-        ts = self.committed_at.timestamp() if self.committed_at is not None else -math.inf
-        return (0 if self.step is None else 1, self.step or 0, ts, self.name)
+    def sort_key(self) -> tuple[int, int, datetime, str]:
+        """(has a step, step, commit time, name): the catalog's order, oldest first.
+
+        Commit times are timezone-aware (UTC) everywhere in s3ckpt; a missing one sorts first.
+        """
+        at = self.committed_at if self.committed_at is not None else _NO_TIME
+        return (0 if self.step is None else 1, self.step or 0, at, self.name)
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (used by ``s3ckpt ls --json``)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import pairwise
 from typing import Literal
 
 from s3ckpt.errors import PolicyError
@@ -32,7 +33,7 @@ NEWEST = "newest committed"
 LATEST_COMMITTED = "most recently committed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """What the plan does with one checkpoint, and why."""
 
@@ -141,7 +142,11 @@ def plan(
         isinstance(max_delete, bool) or not isinstance(max_delete, int) or max_delete < 0
     ):
         raise PolicyError(f"max_delete must be an integer >= 0, got {max_delete!r}")
-    ordered = sorted(checkpoints, key=CheckpointInfo.sort_key)
+    keys = [c.sort_key() for c in checkpoints]
+    if all(a <= b for a, b in pairwise(keys)):  # a catalog is listed in order already
+        ordered = list(checkpoints)
+    else:
+        ordered = [c for _, c in sorted(zip(keys, checkpoints, strict=True), key=lambda kc: kc[0])]
     eligible_states = {CheckpointState.COMMITTED}
     if include_foreign:
         eligible_states.add(CheckpointState.FOREIGN)
