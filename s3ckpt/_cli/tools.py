@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     )
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
     _filters(p)
-    p.add_argument("--summary", action="store_true", help="totals only, no per-tensor table")
+    p.add_argument("--summary", action="store_true", help="totals only, no per-tensor list")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_inspect)
 
@@ -212,7 +212,10 @@ def _inspect(args: argparse.Namespace) -> int:
         s3_config=s3_config_from_args(args),
     )
     if args.json:
-        _json(info.to_dict())
+        doc = info.to_dict()
+        if args.summary:  # totals only: no per-tensor / per-object lists
+            doc = {k: v for k, v in doc.items() if k not in ("tensors", "objects")}
+        _json(doc)
         return EXIT_OK
     fmt = (
         "s3ckpt (committed; CRC32C per item)"

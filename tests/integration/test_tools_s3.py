@@ -62,6 +62,10 @@ def test_inspect_cli(bucket: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert names["model.layers.0.attn.b"]["dtype"] == "bfloat16"
     code, out, _ = run(capsys, "inspect", url)
     assert code == EXIT_OK and "model.layers.0.attn.w" in out and "step" in out
+    code, out, _ = run(capsys, "inspect", url, "--summary", "--json")
+    summary = json.loads(out)
+    assert code == EXIT_OK and "tensors" not in summary
+    assert summary["tensor_count"] == len([t for t in doc["tensors"] if t["kind"] == "tensor"])
 
 
 def test_verify_catches_a_flipped_byte_and_a_truncated_object(
