@@ -31,11 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import warnings
@@ -45,43 +43,9 @@ MiB = 1024 * 1024
 MB = 1_000_000
 RESULT_TAG = "BENCH_RESULT "
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-class _RssSampler:
-    """Peak RSS while a block runs: a 10 ms sampling thread plus the kernel's VmHWM."""
-
-    def __init__(self) -> None:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset VmHWM to the current RSS
-            self.hwm = True
-        except OSError:
-            self.hwm = False
-        self.baseline_kib = _status_kib("VmRSS")
-        self.peak_kib = self.baseline_kib
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak_kib = max(self.peak_kib, _status_kib("VmRSS"))
-
-    def __enter__(self) -> _RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        if self.hwm:
-            self.peak_kib = max(self.peak_kib, _status_kib("VmHWM"))
+import bench_dcp  # noqa: E402 - the shared RSS sampler, port and child environment
 
 
 # -- worker: one export per process ---------------------------------------------------------------
@@ -95,7 +59,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         spec["ckpt"], transfer_config=tc
     )  # imports, client, metadata: outside the timing
     t0 = time.perf_counter()
-    with _RssSampler() as rss:
+    with bench_dcp._RssSampler() as rss:
         res = export_checkpoint(
             spec["ckpt"],
             spec["dest"],
@@ -118,25 +82,6 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- driver ---------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(endpoint: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_ACCESS_KEY_ID="bench",
-        AWS_SECRET_ACCESS_KEY="bench",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
-        env.pop(var, None)
-    return env
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mib", type=int, default=1024)
@@ -157,9 +102,9 @@ def main() -> int:
         print(RESULT_TAG + json.dumps(worker(json.loads(args.worker))), flush=True)
         return 0
 
-    port = _free_port()
+    port = bench_dcp._free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    env = _env(endpoint)
+    env = bench_dcp._child_env(endpoint)
     os.environ.update(env)
     log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)  # noqa: SIM115
     server = subprocess.Popen(
