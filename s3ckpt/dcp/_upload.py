@@ -274,7 +274,7 @@ class ObjectSink(io.RawIOBase):
 
         def send() -> CompletedPart:
             try:
-                body: bytes | bytearray = buf if fill == len(buf) else bytes(memoryview(buf)[:fill])
+                body = memoryview(buf)[:fill]
                 crc = _crc.crc32c(body)
                 part = up.store.upload_part(key, upload_id, part_no, body, crc32c=crc)
                 with up._lock:

@@ -13,6 +13,7 @@ status through one table, never by message text.
 from __future__ import annotations
 
 import base64
+import io
 import logging
 import os
 import threading
@@ -52,7 +53,7 @@ from s3ckpt.store.base import (
     UploadInfo,
 )
 
-__all__ = ["S3Store", "map_error", "is_transient"]
+__all__ = ["BufferBody", "S3Store", "map_error", "is_transient"]
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,60 @@ def _b64_crc(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
+class BufferBody(io.RawIOBase):
+    """A read-only, seekable stream over a buffer: how a request body is handed to botocore.
+
+    Passing a ``bytearray`` (or a ``bytes`` copy of a view) costs a full copy of every
+    part: botocore's CRT signer, used whenever ``awscrt`` is installed, wraps any body
+    without ``seek`` in ``io.BytesIO``, which copies a bytearray, and with eight parts
+    in flight that was 8 x part_size of extra memory plus the page faults of touching
+    it. A stream is signed (SHA-256 read through :meth:`readinto` / :meth:`read` and
+    rewound) and sent in urllib3's blocks without ever holding a second copy.
+
+    A fresh one is made for every attempt, so a retry always starts at byte 0.
+    """
+
+    def __init__(self, data: Buffer) -> None:
+        super().__init__()
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return self._view.nbytes
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}
+        if whence not in base:
+            raise ValueError(f"invalid whence {whence!r}")
+        pos = base[whence] + offset
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos}")
+        self._pos = pos
+        return pos
+
+    def readinto(self, b: Any) -> int:
+        dest = memoryview(b).cast("B")
+        n = max(0, min(dest.nbytes, self._view.nbytes - self._pos))
+        dest[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._view.nbytes if size is None or size < 0 else self._pos + size
+        chunk = bytes(self._view[self._pos : end])
+        self._pos += len(chunk)
+        return chunk
+
+
 class S3Store:
     """:class:`~s3ckpt.store.base.ObjectStore` over boto3 for S3 and S3-compatible stores.
 
@@ -395,11 +450,6 @@ class S3Store:
         value = _crc.crc32c(data) if crc32c is None else crc32c
         return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": _b64_crc(value)}
 
-    @staticmethod
-    def _body(data: Buffer) -> bytes | bytearray:
-        # botocore takes bytes or bytearray (not memoryview); converting a view copies once.
-        return data if isinstance(data, (bytes, bytearray)) else bytes(data)
-
     # -- ObjectStore -------------------------------------------------------------------------
     def put(
         self,
@@ -414,7 +464,6 @@ class S3Store:
         args = {
             "Bucket": self._bucket,
             "Key": key,
-            "Body": self._body(data),
             **self._sse_args(upload=True),
             **self._checksum_args(data, crc32c),
         }
@@ -422,7 +471,7 @@ class S3Store:
             args["IfNoneMatch"] = "*"
         if if_match is not None:
             args["IfMatch"] = if_match
-        resp = self._call("put", key, lambda: self.client.put_object(**args))
+        resp = self._call("put", key, lambda: self.client.put_object(Body=BufferBody(data), **args))
         return str(resp.get("ETag", ""))
 
     def create_multipart(self, key: str) -> str:
@@ -445,11 +494,12 @@ class S3Store:
             "Key": key,
             "UploadId": upload_id,
             "PartNumber": part_number,
-            "Body": self._body(data),
             **self._sse_args(upload=False),
             **checksum,
         }
-        resp = self._call("upload_part", key, lambda: self.client.upload_part(**args))
+        resp = self._call(
+            "upload_part", key, lambda: self.client.upload_part(Body=BufferBody(data), **args)
+        )
         return CompletedPart(
             part_number=part_number,
             etag=str(resp["ETag"]),
