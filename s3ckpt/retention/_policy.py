@@ -19,8 +19,10 @@ planning idempotent: prune twice and the second run deletes nothing.
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -229,25 +231,26 @@ class KeepBest(Policy):
             raise PolicyError(f"KeepBest.missing must be 'skip' or 'worst', got {self.missing!r}")
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        ranked: list[tuple[int, float, int, str]] = []
         sign = 1.0 if self.mode == "min" else -1.0
-        for i, c in enumerate(checkpoints):
-            value = c.metrics.get(self.metric)
-            if value is None:
-                if self.missing == "skip":
+        worst_ok = (self.missing == "worst", self.nan == "worst")
+
+        def ranked() -> Iterator[tuple[int, float, int, str]]:
+            # A generator: only the n best rank tuples are alive at once.
+            for i, c in enumerate(checkpoints):
+                value = c.metrics.get(self.metric)
+                if value is None:
+                    if worst_ok[0]:
+                        yield (1, 0.0, -i, c.name)
                     continue
-                ranked.append((1, 0.0, -i, c.name))
-                continue
-            v = float(value)
-            if math.isnan(v):
-                if self.nan == "skip":
-                    continue
-                ranked.append((1, 0.0, -i, c.name))
-            else:
-                ranked.append((0, sign * v, -i, c.name))
-        ranked.sort()
+                v = float(value)
+                if math.isnan(v):
+                    if worst_ok[1]:
+                        yield (1, 0.0, -i, c.name)
+                else:
+                    yield (0, sign * v, -i, c.name)
+
         reason = (self.describe(),)
-        return {name: reason for *_, name in ranked[: self.n]}
+        return {name: reason for *_, name in heapq.nsmallest(self.n, ranked())}
 
     def describe(self) -> str:
         suffix = " (max)" if self.mode == "max" else ""
@@ -302,6 +305,25 @@ def _period(kind: str, t: datetime) -> tuple[int, ...]:
     return (t.year,)
 
 
+def _commit_time(c: CheckpointInfo) -> datetime:
+    assert c.committed_at is not None
+    return c.committed_at
+
+
+def _period_start(kind: str, t: datetime) -> datetime:
+    """The first instant of the period holding ``t`` (in ``t``'s own time zone)."""
+    midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
+    if kind == "hourly":
+        return t.replace(minute=0, second=0, microsecond=0)
+    if kind == "daily":
+        return midnight
+    if kind == "weekly":
+        return midnight - timedelta(days=t.weekday())  # ISO weeks start on Monday
+    if kind == "monthly":
+        return midnight.replace(day=1)
+    return midnight.replace(month=1, day=1)
+
+
 def _period_label(kind: str, p: tuple[int, ...]) -> str:
     if kind == "hourly":
         return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}T{p[3]:02d}"
@@ -344,22 +366,24 @@ class KeepCalendar(Policy):
             )
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        timed = [(c.committed_at, i, c) for i, c in enumerate(checkpoints) if c.committed_at]
-        timed.sort(key=lambda t: (t[0], t[1]), reverse=True)  # newest first, newer wins ties
+        # Oldest first by commit time; the sort is stable, so among equal times the later
+        # in the catalog (the newer) comes last and is the one a period keeps. No key
+        # tuples: at 100,000 checkpoints allocating them costs more than the walk.
+        timed = sorted((c for c in checkpoints if c.committed_at), key=_commit_time)
         out: dict[str, list[str]] = {}
         for kind in _CAL_FIELDS:
             left = getattr(self, kind)
-            if left == 0:
-                continue
-            last: tuple[int, ...] | None = None
-            for t, _, c in timed:
-                if left == 0:
-                    break
-                p = _period(kind, t)
-                if p != last:
-                    out.setdefault(c.name, []).append(f"{kind} ({_period_label(kind, p)})")
-                    last = p
-                    left -= 1
+            j = len(timed) - 1
+            while left != 0 and j >= 0:
+                c = timed[j]
+                t = c.committed_at
+                assert t is not None
+                label = _period_label(kind, _period(kind, t))
+                out.setdefault(c.name, []).append(f"{kind} ({label})")
+                left -= 1
+                # Jump to the newest checkpoint before this period began: O(periods * log n)
+                # instead of a step through every checkpoint of the period.
+                j = bisect_left(timed, _period_start(kind, t), 0, j, key=_commit_time) - 1
         return {k: tuple(v) for k, v in out.items()}
 
     def describe(self) -> str:

@@ -190,3 +190,64 @@ def test_max_delete_takes_the_oldest_of_the_full_plan(
     capped = plan(cat, policy, NOW, max_delete=cap)
     assert capped.delete == full[:cap]
     assert capped.deferred == max(0, len(full) - cap)
+
+
+def _calendar_by_walking(rule: KeepCalendar, cps: list[CheckpointInfo]) -> dict[str, list[str]]:
+    """restic's ``forget`` done literally: for each bucket kind, walk every checkpoint
+    newest first and keep the first one seen of each new period, ``n`` periods."""
+    keys = {
+        "hourly": lambda t: t.strftime("%Y-%m-%dT%H"),
+        "daily": lambda t: t.strftime("%Y-%m-%d"),
+        "weekly": lambda t: "{:04d}-W{:02d}".format(*t.isocalendar()[:2]),
+        "monthly": lambda t: t.strftime("%Y-%m"),
+        "yearly": lambda t: t.strftime("%Y"),
+    }
+    walk = sorted(
+        ((c.committed_at, i, c) for i, c in enumerate(cps) if c.committed_at),
+        key=lambda x: (x[0], x[1]),
+        reverse=True,
+    )
+    out: dict[str, list[str]] = {}
+    for kind, key in keys.items():
+        left, last = getattr(rule, kind), None
+        for t, _, c in walk:
+            if left == 0:
+                break
+            if key(t) != last:
+                last = key(t)
+                out.setdefault(c.name, []).append(f"{kind} ({last})")
+                left -= 1
+    return out
+
+
+# Commit times a few minutes to a few months apart, across year and ISO-week boundaries.
+calendar_catalogs = st.lists(
+    st.tuples(st.integers(0, 3 * 365 * 24 * 60), st.integers(0, 3)), max_size=40
+).map(
+    lambda rows: [
+        CheckpointInfo(
+            url=RUN.child(f"c{i}"),
+            name=f"c{i}",
+            step=i,
+            state=CheckpointState.COMMITTED,
+            # Coarse minutes make commit-time ties (the newer index must win them).
+            committed_at=T0 + timedelta(minutes=m - m % (60 * coarse if coarse else 1)),
+            size=1,
+            num_objects=1,
+        )
+        for i, (m, coarse) in enumerate(rows)
+    ]
+)
+
+
+@PROPS
+@given(
+    calendar_catalogs,
+    st.tuples(*[st.integers(-1, 6)] * 5).filter(any),
+)
+def test_calendar_matches_a_literal_newest_first_walk(
+    cps: list[CheckpointInfo], counts: tuple[int, int, int, int, int]
+) -> None:
+    rule = KeepCalendar(*counts)
+    got = {k: list(v) for k, v in rule.select(cps, NOW).items()}
+    assert got == _calendar_by_walking(rule, cps)
