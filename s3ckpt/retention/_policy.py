@@ -232,19 +232,20 @@ class KeepBest(Policy):
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
         sign = 1.0 if self.mode == "min" else -1.0
-        worst_ok = (self.missing == "worst", self.nan == "worst")
+        rank_missing = self.missing == "worst"
+        rank_nan = self.nan == "worst"
 
         def ranked() -> Iterator[tuple[int, float, int, str]]:
             # A generator: only the n best rank tuples are alive at once.
             for i, c in enumerate(checkpoints):
                 value = c.metrics.get(self.metric)
                 if value is None:
-                    if worst_ok[0]:
+                    if rank_missing:
                         yield (1, 0.0, -i, c.name)
                     continue
                 v = float(value)
                 if math.isnan(v):
-                    if worst_ok[1]:
+                    if rank_nan:
                         yield (1, 0.0, -i, c.name)
                 else:
                     yield (0, sign * v, -i, c.name)
@@ -312,9 +313,9 @@ def _commit_time(c: CheckpointInfo) -> datetime:
 
 def _period_start(kind: str, t: datetime) -> datetime:
     """The first instant of the period holding ``t`` (in ``t``'s own time zone)."""
-    midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
     if kind == "hourly":
         return t.replace(minute=0, second=0, microsecond=0)
+    midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
     if kind == "daily":
         return midnight
     if kind == "weekly":
@@ -376,8 +377,7 @@ class KeepCalendar(Policy):
             j = len(timed) - 1
             while left != 0 and j >= 0:
                 c = timed[j]
-                t = c.committed_at
-                assert t is not None
+                t = _commit_time(c)
                 label = _period_label(kind, _period(kind, t))
                 out.setdefault(c.name, []).append(f"{kind} ({label})")
                 left -= 1
