@@ -156,6 +156,8 @@ def _gc_paused() -> Iterator[None]:
     A plan allocates one :class:`Decision` per checkpoint; at 100,000 checkpoints those
     allocations trigger full collections that re-scan the whole catalog, which cost more
     than the planning itself. Objects are still freed by reference counting meanwhile.
+    The switch is process-wide: another thread's ``gc.disable()`` during a plan is undone
+    when the plan ends.
     """
     if not gc.isenabled():
         yield
