@@ -48,6 +48,7 @@ from torch.futures import Future
 from s3ckpt import __version__, _crc
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import pack
+from s3ckpt.dcp._serialize import save_item
 from s3ckpt.dcp._upload import Uploader, format_leftovers
 from s3ckpt.errors import (
     CheckpointExistsError,
@@ -311,7 +312,7 @@ class S3StorageWriter(StorageWriter):
             tensor = _tensor_for_save(data)
             nbytes = tensor.numel() * tensor.element_size()
             start = sink.begin_item(tensor.data_ptr() if nbytes else None, nbytes)
-            torch.save(tensor, sink)
+            save_item(tensor, sink)
             crc, data_offset = sink.end_item()
             del tensor
         length = sink.tell() - start

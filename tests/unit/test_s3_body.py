@@ -96,3 +96,16 @@ def test_buffer_body_reads_seeks_and_reads_into() -> None:
     assert body.seek(1) == 1 and body.tell() == 1 and body.read(None) == b"3456789"
     with pytest.raises(ValueError):
         body.seek(-1)
+
+
+def test_buffer_body_read_is_a_read_only_view_not_a_copy() -> None:
+    part = bytearray(b"abcdefgh")
+    body = BufferBody(part)
+    chunk = body.read(4)
+    assert isinstance(chunk, memoryview) and chunk.readonly and chunk == b"abcd"
+    part[0:1] = b"X"  # the view sees the buffer: nothing was copied
+    assert chunk == b"Xbcd"
+    with pytest.raises(TypeError):
+        chunk[0] = 0  # type: ignore[index]
+    # The loop idiom botocore's MD5/SHA-256 helpers use ends on an empty view.
+    assert list(iter(lambda: body.read(3), b"")) == [b"efg", b"h"]
