@@ -278,7 +278,7 @@ class BufferBody(io.RawIOBase):
         self._pos += n
         return n
 
-    def read(self, size: int | None = -1) -> memoryview:  # type: ignore[override]
+    def read(self, size: int | None = -1) -> memoryview:
         """Up to ``size`` bytes as a read-only view into the buffer, not a copy.
 
         ``http.client`` sends a file-like body in 16 KiB ``read()`` blocks; returning
