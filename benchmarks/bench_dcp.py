@@ -609,7 +609,10 @@ def render(summary: dict[str, Any], rat: dict[str, Any], backends: list[str],
         for b in backends:
             s = summary.get(f"{b}.{op}", {})
             if not s.get("runs"):
-                lines.append(f"| {LABELS[b]} | {op} | FAILED | | | | | 0/{s.get('failed', 0)} |")
+                if s.get("failed"):
+                    lines.append(f"| {LABELS[b]} | {op} | FAILED | | | | | 0/{s['failed']} |")
+                else:  # not asked for (--ops), not a failure
+                    lines.append(f"| {LABELS[b]} | {op} | not run | | | | | 0/0 |")
                 continue
             lines.append(
                 f"| {LABELS[b]} | {op} | {_fmt(s['mb_per_s_median'])} | "
