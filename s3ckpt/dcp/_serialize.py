@@ -18,6 +18,7 @@ process-wide: flipping it would change other threads' ``torch.save`` output.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import threading
@@ -34,7 +35,16 @@ _fast: bool | None = None
 def _save_without_crc(obj: Any, f: Any) -> None:
     ser: Any = torch.serialization
     writer = torch._C.PyTorchFileWriter(f, False, ser._get_storage_alignment())
-    ser._save(obj, writer, pickle, ser.DEFAULT_PROTOCOL, False)
+    try:
+        ser._save(obj, writer, pickle, ser.DEFAULT_PROTOCOL, False)
+    except BaseException:
+        # As torch.save's context manager does: finishing the archive marks the writer
+        # finalized even if it fails. Otherwise its C++ destructor finishes it later, in
+        # whatever thread collects it, calls ``f.write`` again, and a second failure
+        # there aborts the process (std::terminate; pytorch#87997).
+        with contextlib.suppress(Exception):
+            writer.write_end_of_file()
+        raise
     writer.write_end_of_file()
 
 

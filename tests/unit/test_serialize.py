@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import struct
 import zipfile
@@ -89,3 +90,36 @@ def test_falls_back_to_torch_save_when_the_private_api_changes(
     monkeypatch.undo()  # torch.save itself needs the real writer
     monkeypatch.setattr(_serialize, "_fast", False)
     assert _ours(t) == _stock(t)
+
+
+class _FailingSink(io.RawIOBase):
+    """Accepts ``ok_writes`` writes, then fails every one (a store that went away)."""
+
+    def __init__(self, ok_writes: int) -> None:
+        super().__init__()
+        self.left = ok_writes
+        self.calls = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: object) -> int:
+        self.calls += 1
+        if self.left <= 0:
+            raise OSError(f"injected failure on write {self.calls}")
+        self.left -= 1
+        return memoryview(data).nbytes  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ok_writes", [0, 1, 3, 6])
+def test_a_failing_sink_raises_its_error_and_leaves_no_writer_to_abort_in_gc(
+    ok_writes: int,
+) -> None:
+    # Without finishing the archive on failure, the writer's destructor wrote to the
+    # failed sink again during a later garbage collection and aborted the interpreter.
+    sink = _FailingSink(ok_writes)
+    with pytest.raises(OSError, match="injected failure"):
+        save_item(torch.arange(4096, dtype=torch.float32), sink)
+    calls = sink.calls
+    gc.collect()
+    assert sink.calls == calls  # nothing wrote to the sink after save_item returned
