@@ -193,10 +193,12 @@ def _plan(
         ordered = list(checkpoints)
     else:
         ordered = sorted(checkpoints, key=CheckpointInfo.sort_key)
-    # Identity tests: ``state in {...}`` would call Enum.__hash__ (Python code) per checkpoint.
-    foreign = CheckpointState.FOREIGN if include_foreign else CheckpointState.COMMITTED
-    committed_state = CheckpointState.COMMITTED
-    eligible = [c for c in ordered if c.state is committed_state or c.state is foreign]
+    # A tuple, not a set: ``in`` compares by identity first, where a set would call
+    # Enum.__hash__ (Python code) for every checkpoint.
+    eligible_states: tuple[CheckpointState, ...] = (CheckpointState.COMMITTED,)
+    if include_foreign:
+        eligible_states += (CheckpointState.FOREIGN,)
+    eligible = [c for c in ordered if c.state in eligible_states]
     kept: dict[str, list[str]] = {
         name: list(reasons) for name, reasons in policy.select(eligible, now).items()
     }
@@ -224,7 +226,7 @@ def _plan(
     cap = wanted if max_delete is None else min(max_delete, wanted)
     deferred_reason = (f"deferred: max_delete={max_delete} reached",)
     for c in ordered:
-        if c.state is not committed_state and c.state is not foreign:
+        if c.state not in eligible_states:
             decisions.append(Decision(c, "skip", (_skip_reason(c),)))
         elif c.name in kept:
             decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
