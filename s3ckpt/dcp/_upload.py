@@ -200,6 +200,7 @@ class ObjectSink(io.RawIOBase):
         self._up = uploader
         self.key = key
         self._buf: bytearray | None = None
+        self._buf_view = memoryview(b"")
         self._fill = 0
         self._pos = 0
         self._part_no = 0
@@ -235,9 +236,13 @@ class ObjectSink(io.RawIOBase):
         while off < n:
             if self._buf is None:
                 self._buf = self._up.take_buffer()
+                self._buf_view = memoryview(self._buf)
                 self._fill = 0
             take = min(n - off, len(self._buf) - self._fill)
-            self._buf[self._fill : self._fill + take] = view[off : off + take]
+            # Through a memoryview: ``bytearray[a:b] = view`` first copies ``view`` into a
+            # temporary bytearray (CPython), a second copy of every byte saved into freshly
+            # allocated (page-faulting) memory.
+            self._buf_view[self._fill : self._fill + take] = view[off : off + take]
             self._fill += take
             off += take
             if self._fill == len(self._buf):
@@ -264,6 +269,7 @@ class ObjectSink(io.RawIOBase):
         buf, fill = self._buf, self._fill
         assert buf is not None
         self._buf = None
+        self._buf_view = memoryview(b"")
         self._fill = 0
         up = self._up
         if self._upload_id is None:
@@ -291,6 +297,7 @@ class ObjectSink(io.RawIOBase):
         if self.closed:
             return
         super().close()
+        self._buf_view = memoryview(b"")
         up = self._up
         up.raise_if_failed()
         if self._upload_id is None:
