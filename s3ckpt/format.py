@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from s3ckpt._gc import gc_paused
 from s3ckpt.errors import CorruptCheckpointError
 
 __all__ = [
@@ -97,6 +98,10 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """Serialise (compact item rows, stable key order)."""
+        with gc_paused():  # a list per item, no cycles (see s3ckpt._gc)
+            return self._to_json()
+
+    def _to_json(self) -> bytes:
         doc = {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
@@ -136,18 +141,21 @@ class Manifest:
     def from_json(cls, raw: bytes, *, where: str = MANIFEST_NAME) -> Manifest:
         """Parse and validate; anything malformed raises :class:`CorruptCheckpointError`
         naming ``where``."""
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptCheckpointError(f"{where} is not valid JSON ({exc})", key=where) from exc
-        try:
-            return cls._from_doc(doc)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise CorruptCheckpointError(
-                f"{where} is malformed ({type(exc).__name__}: {exc}); it was not written by a "
-                "compatible s3ckpt, or it was modified",
-                key=where,
-            ) from exc
+        with gc_paused():  # a list and a record per item, no cycles (see s3ckpt._gc)
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise CorruptCheckpointError(
+                    f"{where} is not valid JSON ({exc})", key=where
+                ) from exc
+            try:
+                return cls._from_doc(doc)
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                raise CorruptCheckpointError(
+                    f"{where} is malformed ({type(exc).__name__}: {exc}); it was not written "
+                    "by a compatible s3ckpt, or it was modified",
+                    key=where,
+                ) from exc
 
     @classmethod
     def _from_doc(cls, doc: Any) -> Manifest:
@@ -184,7 +192,8 @@ class Manifest:
 
     def item_index(self) -> dict[tuple[str, tuple[int, ...] | None], ItemRecord]:
         """Items by (fqn, offset)."""
-        return {i.key: i for i in self.items}
+        with gc_paused():
+            return {i.key: i for i in self.items}
 
 
 def _str(value: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from s3ckpt._gc import gc_paused
 from s3ckpt.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 __all__ = ["load_metadata", "ALLOWED_GLOBALS"]
@@ -92,7 +93,9 @@ def load_metadata(data: bytes, *, bucket: str | None = None, key: str = ".metada
     from torch.distributed.checkpoint.metadata import Metadata
 
     try:
-        obj = _RestrictedUnpickler(data, bucket, key).load()
+        # Thousands of small objects, no cycles: pause the collector (see s3ckpt._gc).
+        with gc_paused():
+            obj = _RestrictedUnpickler(data, bucket, key).load()
     except UnsafeCheckpointError:
         raise
     except Exception as exc:

@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from s3ckpt import __version__, _crc
+from s3ckpt._gc import gc_paused
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import pack
 from s3ckpt.dcp._serialize import save_item
@@ -328,31 +329,11 @@ class S3StorageWriter(StorageWriter):
     # -- commit -------------------------------------------------------------------------------
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Commit: metadata, then the marker (conditional), then overwrite cleanup."""
-        infos: dict[Any, _S3StorageInfo] = {}
-        for rank_results in results:
-            for wr in rank_results:
-                infos[wr.index] = wr.storage_data
-        metadata.version = _DCP_VERSION
-        metadata.storage_data = {idx: info.plain() for idx, info in infos.items()}
-        metadata.storage_meta = self.storage_meta()
-        meta_bytes = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
-        objects: dict[str, ObjectRecord] = {}
-        items: list[ItemRecord] = []
-        for idx, info in infos.items():
-            objects[info.relative_path] = ObjectRecord(
-                info.relative_path, info.object_size, info.rank
-            )
-            items.append(
-                ItemRecord(
-                    fqn=idx.fqn,
-                    offset=tuple(idx.offset) if idx.offset is not None else None,
-                    object=info.relative_path,
-                    start=info.offset,
-                    length=info.length,
-                    crc32c=info.crc32c,
-                    data_offset=info.data_offset,
-                )
-            )
+        # Pickling .metadata and building the manifest allocate a few objects per item and
+        # make no cycles: with the collector running they set off full collections over
+        # every object in the process (see s3ckpt._gc).
+        with gc_paused():
+            meta_bytes, objects, items = self._describe(metadata, results)
         data_keys = [self.url.key(name) for name in objects]
         written: list[str] = []
         try:
@@ -380,9 +361,10 @@ class S3StorageWriter(StorageWriter):
                 user=self.user_metadata,
                 versions={"s3ckpt": __version__, "torch": torch.__version__},
             )
+            manifest_bytes = manifest.to_json()
             marker = self.url.key(MANIFEST_NAME)
             try:
-                self.store.put(marker, manifest.to_json(), if_none_match=previous is None)
+                self.store.put(marker, manifest_bytes, if_none_match=previous is None)
             except PreconditionFailedError as exc:
                 raise CheckpointExistsError(
                     f"another save committed {self.url} first; this save was discarded",
@@ -398,6 +380,37 @@ class S3StorageWriter(StorageWriter):
             self.store.put(self.url.key(METADATA_NAME), meta_bytes)
         if previous is not None:
             self._remove_replaced(previous, manifest)
+
+    def _describe(
+        self, metadata: Metadata, results: list[list[WriteResult]]
+    ) -> tuple[bytes, dict[str, ObjectRecord], list[ItemRecord]]:
+        """The pickled ``.metadata`` and the manifest's object and item records."""
+        infos: dict[Any, _S3StorageInfo] = {}
+        for rank_results in results:
+            for wr in rank_results:
+                infos[wr.index] = wr.storage_data
+        metadata.version = _DCP_VERSION
+        metadata.storage_data = {idx: info.plain() for idx, info in infos.items()}
+        metadata.storage_meta = self.storage_meta()
+        meta_bytes = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+        objects: dict[str, ObjectRecord] = {}
+        items: list[ItemRecord] = []
+        for idx, info in infos.items():
+            objects[info.relative_path] = ObjectRecord(
+                info.relative_path, info.object_size, info.rank
+            )
+            items.append(
+                ItemRecord(
+                    fqn=idx.fqn,
+                    offset=tuple(idx.offset) if idx.offset is not None else None,
+                    object=info.relative_path,
+                    start=info.offset,
+                    length=info.length,
+                    crc32c=info.crc32c,
+                    data_offset=info.data_offset,
+                )
+            )
+        return meta_bytes, objects, items
 
     def _previous_manifest(self) -> Manifest | None:
         key = self.url.key(MANIFEST_NAME)

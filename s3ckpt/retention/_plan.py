@@ -14,13 +14,12 @@ Pure: no store, no clock. The invariants are enforced here, on top of any policy
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from s3ckpt._gc import gc_paused
 from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._policy import KeepPinned, Policy
@@ -145,28 +144,8 @@ def plan(
         isinstance(max_delete, bool) or not isinstance(max_delete, int) or max_delete < 0
     ):
         raise PolicyError(f"max_delete must be an integer >= 0, got {max_delete!r}")
-    with _gc_paused():
+    with gc_paused():
         return _plan(checkpoints, policy, now, max_delete, include_foreign, run)
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector (planning makes no reference cycles).
-
-    A plan allocates one :class:`Decision` per checkpoint; at 100,000 checkpoints those
-    allocations trigger full collections that re-scan the whole catalog, which cost more
-    than the planning itself. Objects are still freed by reference counting meanwhile.
-    The switch is process-wide: another thread's ``gc.disable()`` during a plan is undone
-    when the plan ends.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _in_order(checkpoints: Sequence[CheckpointInfo]) -> bool:
