@@ -13,6 +13,7 @@ status through one table, never by message text.
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import logging
 import os
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 import boto3
 import botocore.exceptions as bce
 from botocore.config import Config as BotoConfig
+from botocore.response import StreamingBody
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -666,7 +668,18 @@ class S3Store:
 
 
 class _S3RangeReader:
-    """A ranged GET whose body is streamed; resets mid-body resume at the current offset."""
+    """A ranged GET whose body is streamed; resets mid-body resume at the current offset.
+
+    When the range's length is known, the body is read with ``readinto`` on the standard
+    library's ``http.client`` response under botocore's ``StreamingBody``, straight from the
+    socket into the caller's buffer (the destination tensor). ``StreamingBody.read`` would
+    allocate a fresh ``bytes`` per call in http.client, copy it once more there and again
+    into the caller's buffer: three passes and two fresh allocations per chunk instead of
+    one pass. A body that ends before the range does (a connection closed early) is treated
+    like a reset: the GET resumes at the current offset. Any other response shape (a
+    content encoding, bytes already buffered above the socket, a body wrapped by
+    botocore's checksum validation, another urllib3) takes the ``StreamingBody`` path.
+    """
 
     def __init__(self, store: S3Store, key: str, start: int, length: int | None) -> None:
         self._store = store
@@ -674,12 +687,37 @@ class _S3RangeReader:
         self._pos = start
         self._end = None if length is None else start + length  # exclusive
         self._body: Any = None
+        self._raw: Any = None  # urllib3 response, when reading the socket directly
+        self._direct: http.client.HTTPResponse | None = None
+        self._direct_len = 0  # bytes the current response was asked for
         self._failures = 0
 
     def _open(self) -> None:
         last = None if self._end is None else self._end - 1
         resp = self._store._get_object(self._key, self._pos, last)
         self._body = resp["Body"]
+        self._check_range(resp.get("ContentRange"))
+        if self._end is not None:
+            self._raw, self._direct = _socket_response(self._body)
+            self._direct_len = self._end - self._pos
+
+    def _check_range(self, content_range: str | None) -> None:
+        # A server that ignores Range answers 200 with the object from byte 0.
+        first = 0
+        if content_range:
+            try:
+                first = int(content_range.split()[1].split("-")[0])
+            except (IndexError, ValueError):
+                first = -1
+        if first != self._pos:
+            self.close()
+            raise StoreError(
+                f"asked for bytes from {self._pos} and got {content_range or 'the whole object'}"
+                "; the endpoint does not honour HTTP Range requests, which s3ckpt needs",
+                bucket=self._store.bucket,
+                key=self._key,
+                operation="get",
+            )
 
     def readinto(self, buffer: memoryview) -> int:
         if self._end is not None:
@@ -693,9 +731,12 @@ class _S3RangeReader:
             try:
                 if self._body is None:
                     self._open()
-                chunk = self._body.read(want)
-                n = len(chunk)
-                buffer[:n] = chunk
+                if self._direct is not None:
+                    n = self._read_socket(buffer[:want])
+                else:
+                    chunk = self._body.read(want)
+                    n = len(chunk)
+                    buffer[:n] = chunk
                 self._pos += n
                 return n
             except StoreError as exc:
@@ -727,13 +768,51 @@ class _S3RangeReader:
                 sleep = self._store._sleep or _default_sleep
                 sleep(delay(_FakeState(self._failures)))  # type: ignore[arg-type]
 
+    def _read_socket(self, buffer: memoryview) -> int:
+        assert self._direct is not None and self._end is not None
+        try:
+            n = self._direct.readinto(buffer)
+        except (OSError, http.client.HTTPException) as exc:
+            # What urllib3 and botocore would make of it: a failure while streaming.
+            raise bce.ResponseStreamingError(error=exc) from exc
+        if n <= 0:
+            raise bce.IncompleteReadError(
+                actual_bytes=self._pos - (self._end - self._direct_len),
+                expected_bytes=self._direct_len,
+            )
+        if self._direct.isclosed():  # the whole body is read: the socket can be reused
+            self._raw.release_conn()
+        return n
+
     def close(self) -> None:
+        self._direct = self._raw = None
         if self._body is not None:
             try:
                 self._body.close()
             except Exception:  # closing a broken stream can itself fail; nothing to keep
                 pass
             self._body = None
+
+
+def _socket_response(body: Any) -> tuple[Any, http.client.HTTPResponse | None]:
+    """The urllib3 and http.client responses under a plain, untouched ``StreamingBody``;
+    ``(None, None)`` when reading the socket directly would skip a layer that matters."""
+    if type(body) is not StreamingBody:
+        return None, None  # e.g. botocore's checksum-validating body
+    raw = getattr(body, "_raw_stream", None)
+    fp = getattr(raw, "_fp", None)
+    if not isinstance(fp, http.client.HTTPResponse) or not callable(
+        getattr(raw, "release_conn", None)
+    ):
+        return None, None
+    headers = getattr(raw, "headers", None)
+    encoding = headers.get("content-encoding", "") if headers is not None else None
+    buffered = getattr(raw, "_decoded_buffer", None)
+    if encoding not in ("", "identity") or (buffered is not None and len(buffered)):
+        return None, None
+    if getattr(body, "_amount_read", 0):
+        return None, None
+    return raw, fp
 
 
 class _FakeState:
