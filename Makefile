@@ -20,8 +20,9 @@ demo: install
 	$(PY) -m s3ckpt.demo
 
 ## Lint, type-check, check the terraform module and run the whole test suite.
+## --durations: CI machines run this suite 10-25x slower than a quiet host; the log says where.
 test: install lint typecheck check-terraform
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 ## terraform/: fmt -check, validate, terraform test (mock provider) and checkov (in .venv-checkov,
 ## from requirements/checkov.txt). Prints SKIP and succeeds where there is no terraform binary.

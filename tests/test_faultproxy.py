@@ -30,7 +30,7 @@ import urllib3.exceptions
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from tests.faultproxy import FAULT_KINDS, FaultProxy
+from tests.faultproxy import _IO_TIMEOUT, FAULT_KINDS, FaultProxy
 
 pytestmark = pytest.mark.integration
 
@@ -588,26 +588,24 @@ def _stop_timing(moto_url: str) -> float:
         sock.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    # Handler threads were woken by the shutdown and wind down on their own.
-    deadline = time.monotonic() + 5
+    # Handler threads were woken by the shutdown and wind down on their own, long before
+    # their socket timeout would have freed them.
+    deadline = time.monotonic() + _PROMPT
     while any(t.name.endswith(f"-{port}") for t in threading.enumerate()):
         assert time.monotonic() < deadline, "proxy threads did not exit"
         time.sleep(0.02)
     return elapsed
 
 
+# stop() normally takes milliseconds, but a loaded CI machine can deschedule this process for
+# seconds, so the bound is not a timing claim: it separates "woke the blocked threads" from
+# "waited for them", which takes the proxy's socket timeout (_IO_TIMEOUT, 120 s).
+_PROMPT = _IO_TIMEOUT / 4
+
+
 def test_stop_is_prompt(moto_url: str) -> None:
-    # stop() normally takes milliseconds.  On a heavily oversubscribed machine
-    # the process itself can be descheduled for a second or more, so take the
-    # best of up to three attempts; a stop() that really waits on a blocked
-    # thread fails all of them.
-    timings: list[float] = []
-    for _ in range(3):
-        timings.append(_stop_timing(moto_url))
-        if timings[-1] < 1.0:
-            break
-    assert min(timings) < 1.0, timings
-    assert max(timings) < 5.0, timings
+    elapsed = _stop_timing(moto_url)
+    assert elapsed < _PROMPT, f"stop() took {elapsed:.1f} s: it waited on a blocked thread"
 
 
 def test_argument_validation(moto_url: str) -> None:
