@@ -283,9 +283,9 @@ class BufferBody(io.RawIOBase):
     def read(self, size: int | None = -1) -> memoryview:
         """Up to ``size`` bytes as a read-only view into the buffer, not a copy.
 
-        ``http.client`` sends a file-like body in 16 KiB ``read()`` blocks; returning
-        ``bytes`` would copy every byte uploaded once more (and allocate 1,024 objects
-        per 16 MiB part) only for ``sendall`` to copy it into the socket. Every consumer
+        urllib3 sends a file-like body in ``blocksize`` ``read()`` blocks (botocore sets
+        128 KiB; urllib3's own default is 16 KiB); returning ``bytes`` would copy every
+        byte uploaded once more only for ``sendall`` to copy it into the socket. Every consumer
         on the path (``sendall``, hashlib, ``chunk == b""`` loop ends) takes a view.
         """
         end = self._view.nbytes if size is None or size < 0 else self._pos + size
