@@ -193,6 +193,13 @@ class ObjectSink(io.RawIOBase):
     Tracks CRC32C of the current *item* (a byte range the caller brackets with
     :meth:`begin_item` / :meth:`end_item`) and where a watched buffer (a tensor's storage)
     lands in the object.
+
+    Bytes are copied into the uploader's part buffers, except a watched buffer of at least
+    two parts whose owner the caller hands over (``hold``): after topping up the current
+    part, whole parts of it are uploaded straight from its memory, without a copy, and
+    ``hold`` is kept alive until each of those parts is sent. The caller must not change
+    that memory until the upload finishes (``dcp.save`` blocks its caller; an async save
+    writes from its own staged copy).
     """
 
     def __init__(self, uploader: Uploader, key: str) -> None:
@@ -211,6 +218,7 @@ class ObjectSink(io.RawIOBase):
         self._crc_from = 0  # offset in the current buffer where the item's unfolded bytes start
         self._watch: tuple[int, int] | None = None
         self._watch_pos: int | None = None
+        self._hold: object | None = None
         self.completion: Future[Any] | None = None
 
     # io.RawIOBase protocol
@@ -234,18 +242,25 @@ class ObjectSink(io.RawIOBase):
             and _address(view) == watch[0]
         ):
             self._watch_pos = self._pos
+            if self._hold is not None and n >= 2 * self._up.part_size:
+                self._write_borrowed(view, self._hold)
+                self._pos += n
+                return n
         fill = self._fill
         if self._buf is not None and n < len(self._buf) - fill:
             # The common case (torch's zip writer makes ~40 small writes per item): one copy,
             # no part boundary. The item CRC is folded later over the buffer, in one call per
             # item or part instead of one per write.
-            # Through a memoryview: ``bytearray[a:b] = view`` first copies ``view`` into a
-            # temporary bytearray (CPython), a second copy of every byte saved into freshly
-            # allocated (page-faulting) memory.
             self._buf_view[fill : fill + n] = view
             self._fill = fill + n
-            self._pos += n
-            return n
+        else:
+            self._copy(view)
+        self._pos += n
+        return n
+
+    def _copy(self, view: memoryview) -> None:
+        """Copy ``view`` into part buffers, flushing each one that fills."""
+        n = view.nbytes
         off = 0
         while off < n:
             if self._buf is None:
@@ -254,13 +269,31 @@ class ObjectSink(io.RawIOBase):
                 self._fill = 0
                 self._crc_from = 0
             take = min(n - off, len(self._buf) - self._fill)
+            # Through a memoryview: ``bytearray[a:b] = view`` first copies ``view`` into a
+            # temporary bytearray (CPython), a second copy of every byte saved into freshly
+            # allocated (page-faulting) memory.
             self._buf_view[self._fill : self._fill + take] = view[off : off + take]
             self._fill += take
             off += take
             if self._fill == len(self._buf):
                 self._flush_part()
-        self._pos += n
-        return n
+
+    def _write_borrowed(self, view: memoryview, hold: object) -> None:
+        """Upload whole parts of ``view`` from its own memory (see the class docs)."""
+        part_size = self._up.part_size
+        n = view.nbytes
+        off = 0
+        if self._buf is not None and self._fill:
+            off = len(self._buf) - self._fill  # top up the current part first
+            self._copy(view[:off])
+        while n - off >= part_size:
+            segment = view[off : off + part_size]
+            if self._in_item:
+                self._item_crc = _crc.crc32c(segment, self._item_crc)
+            self._submit_part(segment, hold=hold)
+            off += part_size
+        if off < n:
+            self._copy(view[off:])
 
     def _fold_crc(self) -> None:
         """Add the item's bytes written into the current buffer since the last fold."""
@@ -270,14 +303,18 @@ class ObjectSink(io.RawIOBase):
         self._crc_from = self._fill
 
     # item bracketing
-    def begin_item(self, watch_ptr: int | None = None, watch_nbytes: int = 0) -> int:
+    def begin_item(
+        self, watch_ptr: int | None = None, watch_nbytes: int = 0, hold: object | None = None
+    ) -> int:
         """Start an item at the current offset; optionally watch for a buffer at
-        ``watch_ptr`` of ``watch_nbytes`` bytes being written. Returns the offset."""
+        ``watch_ptr`` of ``watch_nbytes`` bytes being written, which may be uploaded from
+        its own memory if ``hold`` (the object owning it) is given. Returns the offset."""
         self._item_crc = 0
         self._in_item = True
         self._crc_from = self._fill
         self._watch = (watch_ptr, watch_nbytes) if watch_ptr else None
         self._watch_pos = None
+        self._hold = hold if watch_ptr else None
         return self._pos
 
     def end_item(self) -> tuple[int, int | None]:
@@ -285,6 +322,7 @@ class ObjectSink(io.RawIOBase):
         self._fold_crc()
         self._in_item = False
         self._watch = None
+        self._hold = None
         return self._item_crc, self._watch_pos
 
     # parts
@@ -295,6 +333,12 @@ class ObjectSink(io.RawIOBase):
         self._buf = None
         self._buf_view = memoryview(b"")
         self._fill = 0
+        self._submit_part(memoryview(buf)[:fill], buffer=buf)
+
+    def _submit_part(
+        self, body: memoryview, *, buffer: bytearray | None = None, hold: object | None = None
+    ) -> None:
+        """Upload ``body`` as the next part; ``buffer`` goes back to the pool afterwards."""
         up = self._up
         if self._upload_id is None:
             self._upload_id = up.store.create_multipart(self.key)
@@ -302,16 +346,17 @@ class ObjectSink(io.RawIOBase):
         self._part_no += 1
         part_no, upload_id, key = self._part_no, self._upload_id, self.key
 
-        def send() -> CompletedPart:
+        # ``_owner`` keeps a borrowed body's memory alive until the part is sent.
+        def send(_owner: object | None = hold) -> CompletedPart:
             try:
-                body = memoryview(buf)[:fill]
                 crc = _crc.crc32c(body)
                 part = up.store.upload_part(key, upload_id, part_no, body, crc32c=crc)
                 with up._lock:
-                    up.bytes_uploaded += fill
+                    up.bytes_uploaded += body.nbytes
                 return part
             finally:
-                up.give_buffer(buf)
+                if buffer is not None:
+                    up.give_buffer(buffer)
 
         self._parts.append(up.submit(send))
 

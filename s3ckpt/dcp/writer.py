@@ -10,7 +10,9 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
    tag, hand each rank its plan data.
 4. ``write_data`` (all ranks): pack the rank's items into a few objects balanced by size
    and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
-   item and per part). On any failure: abort open uploads, delete completed objects.
+   item and per part; whole parts of a large contiguous CPU tensor are sent from its own
+   memory, see :class:`~s3ckpt.dcp._upload.ObjectSink`). On any failure: abort open
+   uploads, delete completed objects.
 5. ``finish`` (coordinator): the commit. ``.metadata`` with If-None-Match (or, when one
    exists, a per-save ``.metadata.<tag>``), then ``s3ckpt.json`` last and conditional,
    then (overwrite) the stock ``.metadata`` copy and removal of the old objects.
@@ -312,7 +314,15 @@ class S3StorageWriter(StorageWriter):
         else:
             tensor = _tensor_for_save(data)
             nbytes = tensor.numel() * tensor.element_size()
-            start = sink.begin_item(tensor.data_ptr() if nbytes else None, nbytes)
+            # A tensor that is the caller's own memory (no device copy, no contiguous
+            # copy) may be uploaded from that memory: the caller is blocked in dcp.save (or
+            # this is an async save's staged copy) until write_data returns, which waits
+            # for every part. A copy made here is copied into part buffers as before, so
+            # memory stays bounded by the pool.
+            own = tensor.data_ptr() == data.data_ptr() and data.device.type == "cpu"
+            start = sink.begin_item(
+                tensor.data_ptr() if nbytes else None, nbytes, hold=tensor if own else None
+            )
             save_item(tensor, sink)
             crc, data_offset = sink.end_item()
             del tensor

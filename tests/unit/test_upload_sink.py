@@ -1,10 +1,16 @@
-"""ObjectSink: bytes land in the part buffer with no intermediate copy; item CRCs and the
-object's bytes are right wherever part boundaries fall."""
+"""ObjectSink: bytes land in the part buffer with no intermediate copy; a large buffer whose
+owner is handed over is uploaded from its own memory; item CRCs and the object's bytes are
+right wherever part boundaries fall."""
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import threading
 import tracemalloc
+import weakref
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,16 +45,19 @@ def test_write_copies_straight_into_the_part_buffer() -> None:
 
 
 # Writes of any size, grouped into items with bytes between them, against parts small
-# enough that items and single writes straddle part boundaries: every item's CRC32C is
-# the CRC32C of exactly its bytes, and the object is every byte in order.
+# enough that items and single writes straddle part boundaries, some items ending with a
+# watched buffer (uploaded from its own memory when its owner is handed over and it spans
+# two parts or more): every item's CRC32C is the CRC32C of exactly its bytes, the watched
+# buffer is found where it landed, and the object is every byte in order.
 _writes = st.lists(st.integers(min_value=0, max_value=40), min_size=0, max_size=6)
-_layout = st.lists(st.tuples(_writes, _writes), min_size=1, max_size=6)  # (item, gap after)
+_watched = st.one_of(st.none(), st.tuples(st.integers(1, 150), st.booleans()))  # (size, hold)
+_layout = st.lists(st.tuples(_writes, _watched, _writes), min_size=1, max_size=6)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(layout=_layout, part_size=st.integers(min_value=1, max_value=48), seed=st.integers(0, 255))
 def test_item_crcs_and_bytes_across_part_boundaries(
-    layout: list[tuple[list[int], list[int]]], part_size: int, seed: int
+    layout: list[tuple[list[int], tuple[int, bool] | None, list[int]]], part_size: int, seed: int
 ) -> None:
     up = Uploader(MemoryStore(), part_size=part_size, n_buffers=3, max_concurrency=2)
     try:
@@ -62,16 +71,27 @@ def test_item_crcs_and_bytes_across_part_boundaries(
             counter += n
             return data
 
-        for item_sizes, gap_sizes in layout:
-            start = sink.begin_item()
+        for item_sizes, watched, gap_sizes in layout:
+            source = np.frombuffer(chunk(watched[0]), dtype=np.uint8).copy() if watched else None
+            if source is not None and watched is not None:
+                hold = source if watched[1] else None
+                start = sink.begin_item(source.ctypes.data, source.nbytes, hold=hold)
+            else:
+                start = sink.begin_item()
             assert start == len(everything)
             item = bytearray()
             for n in item_sizes:
                 data = chunk(n)
                 assert sink.write(data) == n
                 item += data
-            crc, _ = sink.end_item()
+            if source is not None:
+                at = len(everything) + len(item)
+                view = (ctypes.c_ubyte * source.nbytes).from_address(source.ctypes.data)
+                assert sink.write(memoryview(view)) == source.nbytes
+                item += source.tobytes()
+            crc, watched_at = sink.end_item()
             assert crc == crc32c(bytes(item))
+            assert watched_at == (at if source is not None else None)
             everything += item
             for n in gap_sizes:  # bytes outside any item count for no item
                 data = chunk(n)
@@ -84,4 +104,95 @@ def test_item_crcs_and_bytes_across_part_boundaries(
         up.finish()
         assert up.store.get("obj") == bytes(everything)
     finally:
+        up.close()
+
+
+class _RecordingStore(MemoryStore):
+    """A MemoryStore that notes where each part's body lives and can hold parts back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.part_addresses: list[int] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def upload_part(self, key, upload_id, part_number, data, *, crc32c=None):  # type: ignore[no-untyped-def]
+        view = memoryview(data).cast("B")
+        self.part_addresses.append(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+        assert self.release.wait(10)
+        return super().upload_part(key, upload_id, part_number, data, crc32c=crc32c)
+
+
+def _watched_write(sink: ObjectSink, source: np.ndarray, hold: object | None) -> tuple[int, int]:
+    """One item: a small header, then ``source`` as the watched buffer, written as torch's
+    zip writer writes a tensor: a view over its memory that does not own it."""
+    sink.begin_item(source.ctypes.data, source.nbytes, hold=hold)
+    sink.write(b"header")
+    sink.write(memoryview((ctypes.c_ubyte * source.nbytes).from_address(source.ctypes.data)))
+    crc, watched_at = sink.end_item()
+    assert watched_at is not None
+    return crc, watched_at
+
+
+def test_a_large_held_buffer_is_uploaded_from_its_own_memory() -> None:
+    part = 5 * MiB
+    store = _RecordingStore()
+    up = Uploader(store, part_size=part, n_buffers=2, max_concurrency=2)
+    try:
+        source = np.random.default_rng(0).integers(0, 255, 4 * part + 123, dtype=np.uint8)
+        sink = ObjectSink(up, "obj")
+        crc, watched_at = _watched_write(sink, source, hold=source)
+        sink.close()
+        up.finish()
+        data = store.get("obj")
+        assert data == b"header" + source.tobytes()
+        assert watched_at == len(b"header")
+        assert crc == crc32c(data)
+        # Part 1 is a pool buffer (header + top-up); parts 2-4 point into ``source`` itself;
+        # the tail is copied into a pool buffer again.
+        lo, hi = source.ctypes.data, source.ctypes.data + source.nbytes
+        inside = [lo <= a < hi for a in store.part_addresses]
+        assert inside == [False, True, True, True, False]
+    finally:
+        up.close()
+
+
+def test_without_hold_the_same_buffer_is_copied() -> None:
+    part = 5 * MiB
+    store = _RecordingStore()
+    up = Uploader(store, part_size=part, n_buffers=2, max_concurrency=2)
+    try:
+        source = np.arange(3 * part, dtype=np.uint8)
+        sink = ObjectSink(up, "obj")
+        _watched_write(sink, source, hold=None)
+        sink.close()
+        up.finish()
+        lo, hi = source.ctypes.data, source.ctypes.data + source.nbytes
+        assert not any(lo <= a < hi for a in store.part_addresses)
+        assert store.get("obj") == b"header" + source.tobytes()
+    finally:
+        up.close()
+
+
+def test_the_held_owner_stays_alive_until_its_parts_are_sent() -> None:
+    part = 5 * MiB
+    store = _RecordingStore()
+    store.release.clear()  # parts wait in upload_part
+    up = Uploader(store, part_size=part, n_buffers=2, max_concurrency=2)
+    try:
+        source = np.full(3 * part, 7, dtype=np.uint8)
+        alive = weakref.ref(source)
+        sink = ObjectSink(up, "obj")
+        _watched_write(sink, source, hold=source)
+        del source
+        gc.collect()
+        assert alive() is not None, "the owner of a borrowed part was freed before the upload"
+        store.release.set()
+        sink.close()
+        up.finish()
+        gc.collect()
+        assert alive() is None, "the sink kept the owner after its parts were sent"
+        assert store.get("obj") == b"header" + bytes([7]) * (3 * part)
+    finally:
+        store.release.set()
         up.close()
