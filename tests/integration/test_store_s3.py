@@ -149,7 +149,8 @@ def test_wrong_credentials(auth_endpoint: str) -> None:
 def _state() -> dict:
     g = torch.Generator().manual_seed(5)
     sd: dict = {f"layer{i}.w": torch.randn(256, 256, generator=g) for i in range(24)}  # 6 MiB
-    sd["big"] = torch.randn(2048, 1024, generator=g)  # 8 MiB: multipart
+    # 16 MiB: multipart, and at 5 MiB parts whole parts are sent from the tensor's own memory
+    sd["big"] = torch.randn(4096, 1024, generator=g)
     sd["meta"] = {"step": 9}
     return sd
 
