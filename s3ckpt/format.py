@@ -6,12 +6,32 @@ PUT. A prefix is *committed* iff the marker exists. The marker names the metadat
 commits and its CRC32C, lists every data object with its size, and records a CRC32C for
 every item, so a reader can verify every byte without trusting anything else.
 
+Names on the bucket (what s3ckpt writes, and so what it may ever delete):
+
+=================================  ===========================================================
+``__{rank}_{i}.{tag}.distcp``      data objects of the save whose tag is ``{tag}``
+``.metadata.{tag}``                that save's pickled DCP ``Metadata`` (what the marker commits)
+``s3ckpt.alive.{tag}.{rank}``      that save's heartbeat (rank ``rank`` is still writing)
+``s3ckpt.json``                    the commit marker (names the committed save's tag)
+``.metadata``                      a copy of the committed ``.metadata.{tag}``, written after
+                                   the marker, for stock DCP readers
+=================================  ===========================================================
+
+``{tag}`` is the first 8 hex digits of the save's id (:func:`save_tag`). Every per-save name
+carries it, so a save's own objects and uploads can always be found, and no save ever
+writes (or deletes) under another save's names. :func:`owned_tag` recognises these names;
+anything else under a checkpoint prefix was not written by s3ckpt and is never deleted by
+gc.
+
 This module needs neither torch nor boto3 (the retention cron imports it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +41,13 @@ from s3ckpt._gc import gc_paused
 from s3ckpt.errors import CorruptCheckpointError
 
 __all__ = [
+    "HEARTBEAT_INTERVAL",
+    "MIN_GRACE_SECONDS",
+    "data_name",
+    "heartbeat_name",
+    "metadata_name",
+    "owned_tag",
+    "save_tag",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
@@ -31,9 +58,89 @@ __all__ = [
 ]
 
 FORMAT_NAME = "s3ckpt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the manifest carries ``digest`` (SHA-256 of its canonical content); 1 had none."""
 MANIFEST_NAME = "s3ckpt.json"
 METADATA_NAME = ".metadata"
+HEARTBEAT_PREFIX = "s3ckpt.alive."
+
+HEARTBEAT_INTERVAL = 15.0
+"""Seconds between a writing rank's heartbeats (``s3ckpt.alive.{tag}.{rank}``)."""
+MIN_GRACE_SECONDS = 4 * HEARTBEAT_INTERVAL
+"""The shortest grace period prune and gc accept: four missed heartbeats. A shorter one
+could take a live save (one rank uploading a single large object) for a dead one."""
+
+TAG_LEN = 8
+_TAG = r"([0-9a-f]{8})"
+_OWNED = (
+    re.compile(r"__\d+_\d+\." + _TAG + r"\.distcp"),
+    re.compile(re.escape(METADATA_NAME) + r"\." + _TAG),
+    re.compile(re.escape(HEARTBEAT_PREFIX) + _TAG + r"\.\d+"),
+)
+_SEGMENT = re.compile(r"[^/\\\x00]+")
+
+
+def save_tag(save_id: str) -> str:
+    """The 8-hex-digit tag every object of the save ``save_id`` carries in its name."""
+    tag = save_id[:TAG_LEN].lower()
+    if not re.fullmatch(_TAG, tag):
+        raise ValueError(f"save id {save_id!r} does not start with {TAG_LEN} hex digits")
+    return tag
+
+
+def data_name(rank: int, index: int, tag: str) -> str:
+    """Name of data object ``index`` of ``rank`` in the save tagged ``tag``."""
+    return f"__{rank}_{index}.{tag}.distcp"
+
+
+def metadata_name(tag: str) -> str:
+    """Name of the ``.metadata`` the save tagged ``tag`` writes (and its marker commits)."""
+    return f"{METADATA_NAME}.{tag}"
+
+
+def heartbeat_name(tag: str, rank: int) -> str:
+    """Name of rank ``rank``'s heartbeat object for the save tagged ``tag``."""
+    return f"{HEARTBEAT_PREFIX}{tag}.{rank}"
+
+
+def owned_tag(name: str) -> str | None:
+    """The save tag of a per-save name s3ckpt writes (see the module docs), else None.
+
+    ``name`` is relative to the checkpoint prefix (no ``/``). Stock DCP names
+    (``__0_0.distcp``), the plain ``.metadata``, the marker and foreign files give None.
+    """
+    for pattern in _OWNED:
+        m = pattern.fullmatch(name)
+        if m is not None:
+            return m.group(1)
+    return None
+
+
+def _check_name(value: Any, what: str) -> str:
+    """A name relative to the checkpoint prefix: one path segment, never ``.``/``..``."""
+    name = _str(value)
+    if not _SEGMENT.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"{what} {name!r} is not a plain name inside the checkpoint prefix")
+    return name
+
+
+def _canonical(doc: Mapping[str, Any]) -> bytes:
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    return json.dumps(
+        body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode("ascii")
+
+
+def _digest(doc: Mapping[str, Any]) -> str:
+    return "sha256:" + hashlib.sha256(_canonical(doc)).hexdigest()
+
+
+def _metric_json(value: float) -> float | str:
+    """Finite metrics as JSON numbers; NaN and +-inf as the strings float() reads back."""
+    value = float(value)
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 _ITEM_FIELDS = ["fqn", "offset", "object", "start", "length", "crc32c", "data_offset"]
 
@@ -101,8 +208,13 @@ class Manifest:
         with gc_paused():  # a list per item, no cycles (see s3ckpt._gc)
             return self._to_json()
 
+    @property
+    def tag(self) -> str:
+        """The save tag every object of this save carries (see :func:`save_tag`)."""
+        return self.save_id[:TAG_LEN]
+
     def _to_json(self) -> bytes:
-        doc = {
+        doc: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": self.format_version,
             "save_id": self.save_id,
@@ -111,7 +223,7 @@ class Manifest:
             "world_size": self.world_size,
             "byteorder": self.byteorder,
             "versions": dict(self.versions),
-            "metrics": dict(self.metrics),
+            "metrics": {str(k): _metric_json(v) for k, v in self.metrics.items()},
             "user": dict(self.user),
             "metadata": {
                 "key": self.metadata_key,
@@ -135,12 +247,20 @@ class Manifest:
                 for i in self.items
             ],
         }
+        if self.format_version >= 2:
+            doc["digest"] = _digest(doc)
         return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
     @classmethod
     def from_json(cls, raw: bytes, *, where: str = MANIFEST_NAME) -> Manifest:
         """Parse and validate; anything malformed raises :class:`CorruptCheckpointError`
-        naming ``where``."""
+        naming ``where``.
+
+        Format 2 manifests must carry a ``digest`` matching their canonical content, so a
+        changed offset, length, dtype-bearing field, checksum or object name is refused
+        rather than read as wrong bytes. Every record is also checked for consistency
+        (items inside their objects, names inside the prefix).
+        """
         with gc_paused():  # a list and a record per item, no cycles (see s3ckpt._gc)
             try:
                 doc = json.loads(raw.decode("utf-8"))
@@ -150,6 +270,13 @@ class Manifest:
                 ) from exc
             try:
                 return cls._from_doc(doc)
+            except _DigestMismatch as exc:
+                raise CorruptCheckpointError(
+                    f"{where} does not match its own digest ({exc}): it was changed or "
+                    "corrupted after it was written; do not load it (restore the object, or "
+                    "load an earlier checkpoint)",
+                    key=where,
+                ) from None
             except (KeyError, TypeError, ValueError, IndexError) as exc:
                 raise CorruptCheckpointError(
                     f"{where} is malformed ({type(exc).__name__}: {exc}); it was not written "
@@ -167,23 +294,48 @@ class Manifest:
                 f"format_version {version} is newer than this s3ckpt understands "
                 f"({FORMAT_VERSION}); upgrade s3ckpt"
             )
+        if version >= 2:
+            recorded = doc.get("digest")
+            if not isinstance(recorded, str):
+                raise ValueError(f"format_version {version} needs a 'digest'")
+            actual = _digest(doc)
+            if recorded != actual:
+                raise _DigestMismatch(f"recorded {recorded}, content hashes to {actual}")
         if doc["item_fields"] != _ITEM_FIELDS:
             raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
         meta = doc["metadata"]
-        objects = tuple(ObjectRecord(_str(n), _nonneg(s), _nonneg(r)) for n, s, r in doc["objects"])
+        objects = tuple(
+            ObjectRecord(_check_name(n, "object name"), _nonneg(s), _nonneg(r))
+            for n, s, r in doc["objects"]
+        )
         items = tuple(_item(row) for row in doc["items"])
+        sizes = {o.name: o.size for o in objects}
+        for item in items:
+            size = sizes.get(item.object)
+            if size is None:
+                raise ValueError(f"item {item.fqn!r} names object {item.object!r}, not listed")
+            if item.start + item.length > size:
+                raise ValueError(
+                    f"item {item.fqn!r} ends at byte {item.start + item.length}, past the end "
+                    f"of {item.object!r} ({size} bytes)"
+                )
+            if item.data_offset is not None and item.data_offset > item.length:
+                raise ValueError(f"item {item.fqn!r} has data_offset past its end")
+        meta_key = _check_name(meta["key"], "metadata key")
+        if meta_key != METADATA_NAME and not meta_key.startswith(METADATA_NAME + "."):
+            raise ValueError(f"metadata key {meta_key!r} is not a .metadata object")
         step = doc.get("step")
         return cls(
             save_id=_str(doc["save_id"]),
             created=float(doc["created"]),
             world_size=_nonneg(doc["world_size"]),
-            metadata_key=_str(meta["key"]),
+            metadata_key=meta_key,
             metadata_crc32c=int(meta["crc32c"], 16),
             metadata_size=_nonneg(meta["size"]),
             objects=objects,
             items=items,
-            step=None if step is None else int(step),
-            metrics={str(k): float(v) for k, v in (doc.get("metrics") or {}).items()},
+            step=None if step is None else _nonneg(step),
+            metrics={str(k): _metric(v) for k, v in (doc.get("metrics") or {}).items()},
             user=dict(doc.get("user") or {}),
             versions={str(k): str(v) for k, v in (doc.get("versions") or {}).items()},
             byteorder=_str(doc.get("byteorder", "little")),
@@ -194,6 +346,18 @@ class Manifest:
         """Items by (fqn, offset)."""
         with gc_paused():
             return {i.key: i for i in self.items}
+
+
+class _DigestMismatch(ValueError):
+    """The manifest's content does not hash to its recorded digest."""
+
+
+def _metric(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"metric must be a number, got {type(value).__name__}")
+    if isinstance(value, str) and value not in ("NaN", "Infinity", "-Infinity"):
+        raise ValueError(f"metric {value!r} is not a number")
+    return float(value)
 
 
 def _str(value: Any) -> str:
@@ -214,9 +378,7 @@ def _item(row: Sequence[Any]) -> ItemRecord:
         offset = tuple(_nonneg(x) for x in offset)
     if data_offset is not None:
         data_offset = _nonneg(data_offset)
-    name = _str(obj)
-    if "/" in name or name.startswith(".."):
-        raise ValueError(f"object name {name!r} escapes the checkpoint prefix")
+    name = _check_name(obj, "object name")
     return ItemRecord(
         fqn=_str(fqn),
         offset=offset,
