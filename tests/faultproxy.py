@@ -20,6 +20,31 @@ layer can be exercised against realistic failures:
     have a body; bodiless responses are delivered normally and the fault is
     not counted.
 
+Kinds outside the default :data:`FAULT_KINDS` (all are in
+:data:`ALL_FAULT_KINDS`; ask for them with ``faults=`` or :meth:`FaultProxy.arm`):
+
+``"lost_reply"``
+    the request *is* forwarded and applied upstream and the complete
+    response is read from upstream, then the client connection is aborted
+    with a RST without a single response byte: the client cannot tell
+    whether its request took effect.
+``"stall"``
+    the request is read but not forwarded; nothing is sent back and the
+    connection is held open until the client closes it or the proxy stops
+    (a black-holed endpoint: the client must hit its read timeout).
+``"stall_after"``
+    like ``"stall"``, but the request is forwarded and applied upstream
+    first (its response is read and dropped).
+
+Deterministic targeting and crash points::
+
+    arm = proxy.arm("CompleteMultipartUpload", "lost_reply")   # next one only
+    proxy.arm("PutObject", "lost_reply", conditional=True, times=2, skip=1)
+    FaultProxy(url, hook=lambda op, key, phase: ...)  # phase "before" / "after"
+
+:func:`classify` names the S3 operation of a path-style request; arms,
+``ops=`` and the hook all use those names (see :data:`OPERATIONS`).
+
 Typical use::
 
     with FaultProxy(moto_endpoint, fault_rate=0.2, seed=1) as proxy:
@@ -49,13 +74,19 @@ Implementation notes:
   Interim 1xx responses from upstream are swallowed.
 * Fault decisions are drawn per request from ``random.Random(seed)`` under a
   lock, so a single-threaded client sees a reproducible fault sequence.
+  One number is drawn for every request (armed, filtered out by ``ops`` or
+  not), so arming a fault does not shift the random sequence of the rest.
+* With a hook, request bodies are buffered in memory before forwarding, so
+  that "before" really means "the whole request has left the client".
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import io
 import ipaddress
+import logging
 import random
 import select
 import socket
@@ -63,10 +94,10 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from email.utils import formatdate
 from types import TracebackType
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 try:  # Linux: lets us wait until a partial body has left the send queue.
     import fcntl
@@ -76,9 +107,40 @@ try:  # Linux: lets us wait until a partial body has left the send queue.
 except ImportError:  # pragma: no cover - non-Unix
     _TIOCOUTQ = None
 
-__all__ = ["FAULT_KINDS", "FaultProxy"]
+__all__ = ["ALL_FAULT_KINDS", "FAULT_KINDS", "OPERATIONS", "Arm", "FaultProxy", "Hook", "classify"]
+
+log = logging.getLogger(__name__)
 
 FAULT_KINDS: tuple[str, ...] = ("slowdown", "internal", "reset", "reset_mid_body")
+"""The kinds a proxy draws from by default (unchanged, so seeded sequences stay put)."""
+
+ALL_FAULT_KINDS: tuple[str, ...] = (*FAULT_KINDS, "lost_reply", "stall", "stall_after")
+"""Every fault kind the proxy can inject."""
+
+OPERATIONS: tuple[str, ...] = (
+    "PutObject",
+    "CreateMultipartUpload",
+    "UploadPart",
+    "CompleteMultipartUpload",
+    "AbortMultipartUpload",
+    "DeleteObjects",
+    "DeleteObject",
+    "GetObject",
+    "HeadObject",
+    "ListObjectsV2",
+    "ListMultipartUploads",
+    "Other",
+)
+"""The operation names :func:`classify` returns."""
+
+Hook = Callable[[str, str, str], None]
+"""``hook(op, key, phase)``: see :class:`FaultProxy`."""
+
+# Faults answered without forwarding the request upstream.
+_LOCAL_FAULTS = frozenset({"slowdown", "internal", "reset", "stall"})
+# Faults applied once the upstream response head is in.
+_REPLY_FAULTS = frozenset({"lost_reply", "stall_after"})
+_HOLD_POLL = 0.1  # how often a stalled connection checks for stop()
 
 _CHUNK = 1024 * 1024
 _MAX_LINE = 64 * 1024
@@ -249,6 +311,10 @@ def _relay_chunked(rfile: io.BufferedReader, write: Write | None) -> None:
         _relay_chunk_data_and_crlf(rfile, size, write)
 
 
+def _discard(data: bytes) -> None:
+    pass
+
+
 def _sender(sock: socket.socket) -> Write:
     def write(data: bytes) -> None:
         sock.sendall(data)
@@ -306,6 +372,160 @@ class _Closed(Exception):
         self.abort = abort
 
 
+def _wait_readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` becomes readable (data, EOF or error) within ``timeout`` seconds."""
+    try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(int(timeout * 1000)))
+        readable, _, _ = select.select([sock], [], [], timeout)
+        return bool(readable)
+    except (OSError, ValueError):
+        return True
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """Whether the peer has closed (or reset) the connection; pending data is not EOF."""
+    if not _readable_now(sock):
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+
+
+# Query parameters that do not turn an object request into another operation.
+_PLAIN_PARAMS = frozenset({"x-id", "versionId", "partNumber"})
+
+
+def classify(method: str, target: str, headers: Mapping[str, str]) -> tuple[str, str]:
+    """The S3 operation and object key of a path-style request ``/{bucket}/{key}?query``.
+
+    Returns ``(operation, key)`` with the key URL-decoded (``""`` for bucket-level
+    requests). ``operation`` is one of :data:`OPERATIONS`; anything this proxy has no
+    use for telling apart (CreateBucket, HeadBucket, CopyObject, ListParts, tagging ...)
+    is ``"Other"``. Virtual-hosted-style requests are not recognised (the test-suite's
+    endpoints are IP addresses, which botocore always addresses path-style).
+    """
+    method = method.upper()
+    if target.startswith(("http://", "https://")):  # absolute-form request target
+        parts = urlsplit(target)
+        path, query = parts.path, parts.query
+    else:
+        path, _, query = target.partition("?")
+    params = parse_qs(query, keep_blank_values=True)
+    _bucket, _, raw_key = path.lstrip("/").partition("/")
+    key = unquote(raw_key)
+    names = {h.lower() for h in headers}
+    extra = {p for p in params if p not in _PLAIN_PARAMS and not p.startswith("response-")}
+
+    if not key:
+        if method == "GET" and "uploads" in params:
+            return "ListMultipartUploads", key
+        if method == "GET" and params.get("list-type") == ["2"]:
+            return "ListObjectsV2", key
+        if method == "POST" and "delete" in params:
+            return "DeleteObjects", key
+        return "Other", key
+
+    copy = "x-amz-copy-source" in names
+    if method == "PUT":
+        if "partNumber" in params and "uploadId" in params:
+            return ("Other" if copy else "UploadPart"), key
+        if copy or extra:
+            return "Other", key
+        return "PutObject", key
+    if method == "POST":
+        if "uploads" in params:
+            return "CreateMultipartUpload", key
+        if "uploadId" in params:
+            return "CompleteMultipartUpload", key
+        return "Other", key
+    if method == "DELETE":
+        if "uploadId" in params:
+            return "AbortMultipartUpload", key
+        return ("Other" if extra else "DeleteObject"), key
+    if method == "GET":
+        return ("Other" if extra else "GetObject"), key
+    if method == "HEAD":
+        return ("Other" if extra else "HeadObject"), key
+    return "Other", key
+
+
+class Arm:
+    """A deterministic fault: see :meth:`FaultProxy.arm`. Counters are live."""
+
+    def __init__(
+        self,
+        op: str,
+        kind: str,
+        *,
+        times: int,
+        skip: int,
+        key_glob: str,
+        conditional: bool | None,
+    ) -> None:
+        self.op = op
+        self.kind = kind
+        self.times = times
+        self.skip = skip
+        self.key_glob = key_glob
+        self.conditional = conditional
+        self._seen = 0
+        self._hits = 0
+        self._active = True
+
+    @property
+    def seen(self) -> int:
+        """Matching requests so far (fired or not)."""
+        return self._seen
+
+    @property
+    def hits(self) -> int:
+        """How many times the fault was actually injected."""
+        return self._hits
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether every request in the arm's window has gone past."""
+        return self._seen >= self.skip + self.times
+
+    def _matches(self, op: str, key: str, conditional: bool) -> bool:
+        return (
+            self._active
+            and (self.op == "*" or self.op == op)
+            and (self.conditional is None or self.conditional == conditional)
+            and fnmatch.fnmatchcase(key, self.key_glob)
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Arm(op={self.op!r}, kind={self.kind!r}, times={self.times}, skip={self.skip}, "
+            f"key_glob={self.key_glob!r}, conditional={self.conditional}, "
+            f"seen={self._seen}, hits={self._hits})"
+        )
+
+
+class _Pending:
+    """A fault decided for the current request (armed, or drawn at random)."""
+
+    __slots__ = ("arm", "kind")
+
+    def __init__(self, kind: str, arm: Arm | None) -> None:
+        self.kind = kind
+        self.arm = arm
+
+
+class _Stats(dict[str, int]):
+    """Counter snapshot: a key never counted reads as 0 (e.g. ``op:HeadObject``)."""
+
+    def __missing__(self, key: str) -> int:
+        return 0
+
+
 class FaultProxy:
     """Loopback reverse proxy that injects S3-style faults into requests.
 
@@ -317,8 +537,25 @@ class FaultProxy:
     :attr:`endpoint_url`.
 
     :attr:`stats` counts ``requests`` (all requests seen), ``forwarded``
-    (requests sent upstream, including those hit by ``reset_mid_body``),
-    ``faults`` (total injected) and one entry per fault kind.
+    (requests sent upstream, including those hit by ``reset_mid_body``,
+    ``lost_reply`` and ``stall_after``), ``faults`` (total injected), one
+    entry per fault kind, ``op:<Operation>`` per :func:`classify` name and
+    ``hook_errors``; a key never counted reads as 0.
+
+    ``ops`` (operation names, see :data:`OPERATIONS`) restricts the *random*
+    faults to those operations; :meth:`arm` injects faults deterministically.
+
+    ``hook(op, key, phase)`` is called from the connection's thread with
+    phase ``"before"`` once a request has been read completely from the
+    client (before any fault is applied, before it is forwarded) and
+    ``"after"`` once upstream has answered a forwarded request (it was
+    applied) and before the response is relayed. The hook may block (that
+    connection waits) or kill the client process. If the client has closed
+    the connection by the time a ``"before"`` hook returns, the request is
+    dropped rather than forwarded: a client killed at ``"before"`` crashed
+    before its request reached the store, one killed at ``"after"`` crashed
+    after the store applied it. Exceptions from the hook are logged and
+    counted in ``hook_errors``; the request then proceeds normally.
 
     Use as a context manager or call :meth:`start` / :meth:`stop`.
     """
@@ -333,15 +570,23 @@ class FaultProxy:
         max_faults: int | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        ops: Collection[str] | None = None,
+        hook: Hook | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"upstream must be an http:// URL, got {upstream!r}")
         self._upstream = (parts.hostname, parts.port or 80)
         faults = tuple(faults)
-        unknown = sorted(set(faults) - set(FAULT_KINDS))
+        unknown = sorted(set(faults) - set(ALL_FAULT_KINDS))
         if unknown:
-            raise ValueError(f"unknown fault kinds {unknown}; known: {FAULT_KINDS}")
+            raise ValueError(f"unknown fault kinds {unknown}; known: {ALL_FAULT_KINDS}")
+        if ops is not None:
+            if isinstance(ops, str):
+                raise ValueError("ops must be a collection of operation names, not a string")
+            bad_ops = sorted(set(ops) - set(OPERATIONS))
+            if bad_ops:
+                raise ValueError(f"unknown operations {bad_ops}; known: {OPERATIONS}")
         if fault_rate > 0 and not faults:
             raise ValueError("fault_rate > 0 needs at least one fault kind")
         if max_faults is not None and max_faults < 0:
@@ -358,7 +603,10 @@ class FaultProxy:
         self._max_faults = max_faults
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._reserved = 0  # faults decided (possibly not yet applied)
+        self._reserved = 0  # random faults decided (possibly not yet applied)
+        self._ops = frozenset(ops) if ops is not None else None
+        self._hook = hook
+        self._arms: list[Arm] = []
         self._stats: dict[str, int] = dict.fromkeys(
             ("requests", "forwarded", "faults", *FAULT_KINDS), 0
         )
@@ -442,9 +690,48 @@ class FaultProxy:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Snapshot of the counters (see class docstring)."""
+        """Snapshot of the counters (see class docstring); missing keys read as 0."""
         with self._lock:
-            return dict(self._stats)
+            return _Stats(self._stats)
+
+    def arm(
+        self,
+        op: str,
+        kind: str,
+        *,
+        times: int = 1,
+        skip: int = 0,
+        key_glob: str = "*",
+        conditional: bool | None = None,
+    ) -> Arm:
+        """Inject ``kind`` into matching requests number ``skip+1`` .. ``skip+times``.
+
+        A request matches when its :func:`classify` operation is ``op`` (``"*"``: any),
+        its key matches ``key_glob`` (:func:`fnmatch.fnmatchcase`) and, unless
+        ``conditional`` is None, it does (True) or does not (False) carry an
+        ``If-None-Match`` / ``If-Match`` header. Armed faults take precedence over the
+        random draw and do not count against ``max_faults``. Every arm counts every
+        request it matches; when several arms would fire on one request, the one armed
+        first wins. A ``reset_mid_body`` that meets a bodiless response is not injected
+        and still uses up its slot (``hits`` tells what fired).
+        """
+        if op != "*" and op not in OPERATIONS:
+            raise ValueError(f"unknown operation {op!r}; known: {OPERATIONS} or '*'")
+        if kind not in ALL_FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; known: {ALL_FAULT_KINDS}")
+        if times < 1 or skip < 0:
+            raise ValueError("arm needs times >= 1 and skip >= 0")
+        armed = Arm(op, kind, times=times, skip=skip, key_glob=key_glob, conditional=conditional)
+        with self._lock:
+            self._arms.append(armed)
+        return armed
+
+    def disarm(self, armed: Arm | None = None) -> None:
+        """Remove one arm (or, with no argument, every arm)."""
+        with self._lock:
+            for a in self._arms if armed is None else [armed]:
+                a._active = False
+            self._arms = [] if armed is None else [a for a in self._arms if a is not armed]
 
     @property
     def fault_rate(self) -> float:
@@ -475,29 +762,56 @@ class FaultProxy:
 
     def _bump(self, key: str) -> None:
         with self._lock:
-            self._stats[key] += 1
+            self._stats[key] = self._stats.get(key, 0) + 1
 
-    def _decide(self) -> str | None:
+    def _decide(self, op: str, key: str, conditional: bool) -> _Pending | None:
         """Count a request and decide whether (and which) fault to inject."""
         with self._lock:
             self._stats["requests"] += 1
+            op_key = f"op:{op}"
+            self._stats[op_key] = self._stats.get(op_key, 0) + 1
+            # Drawn for every request, so arms and ops= do not shift the sequence.
             roll = self._rng.random()
             kind = self._rng.choice(self._faults) if self._faults else None
+            chosen: Arm | None = None
+            for armed in self._arms:
+                if armed._matches(op, key, conditional):
+                    armed._seen += 1
+                    if chosen is None and armed.skip < armed._seen <= armed.skip + armed.times:
+                        chosen = armed
+            if chosen is not None:
+                return _Pending(chosen.kind, chosen)
             if roll >= self._fault_rate or kind is None:
+                return None
+            if self._ops is not None and op not in self._ops:
                 return None
             if self._max_faults is not None and self._reserved >= self._max_faults:
                 return None
             self._reserved += 1
-            return kind
+            return _Pending(kind, None)
 
-    def _commit(self, kind: str) -> None:
+    def _commit(self, pending: _Pending) -> None:
         with self._lock:
-            self._stats[kind] += 1
+            self._stats[pending.kind] = self._stats.get(pending.kind, 0) + 1
             self._stats["faults"] += 1
+            if pending.arm is not None:
+                pending.arm._hits += 1
 
-    def _cancel(self) -> None:
+    def _cancel(self, pending: _Pending) -> None:
+        if pending.arm is not None:
+            return  # an armed slot is used up either way (see arm())
         with self._lock:
             self._reserved -= 1
+
+    def _call_hook(self, op: str, key: str, phase: str) -> None:
+        hook = self._hook
+        if hook is None:
+            return
+        try:
+            hook(op, key, phase)
+        except Exception:  # a broken hook must not take the proxy down
+            log.exception("FaultProxy hook failed for %s %r (%s)", op, key, phase)
+            self._bump("hook_errors")
 
     def _track(self, sock: socket.socket) -> bool:
         with self._lock:
@@ -566,7 +880,9 @@ class _Connection:
         self.cwrite = _sender(client)
         self.upstream: socket.socket | None = None
         self.urfile: io.BufferedReader | None = None
-        self.pending: str | None = None  # fault decided but not yet applied
+        self.pending: _Pending | None = None  # fault decided but not yet applied
+        self.op = "Other"  # classify() of the current request
+        self.key = ""
 
     # -- lifecycle
 
@@ -589,13 +905,32 @@ class _Connection:
 
     def _settle(self, *, applied: bool) -> None:
         """Record the pending fault as injected, or release its reservation."""
-        kind, self.pending = self.pending, None
-        if kind is None:
+        pending, self.pending = self.pending, None
+        if pending is None:
             return
         if applied:
-            self.proxy._commit(kind)
+            self.proxy._commit(pending)
         else:
-            self.proxy._cancel()
+            self.proxy._cancel(pending)
+
+    @property
+    def kind(self) -> str | None:
+        """The pending fault's kind, if any."""
+        return self.pending.kind if self.pending is not None else None
+
+    def _hold(self) -> None:
+        """Send nothing; return once the client closes or the proxy stops."""
+        while not self.proxy._stopping.is_set():
+            if not _wait_readable(self.client, _HOLD_POLL):
+                continue
+            try:
+                data = self.client.recv(_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:
+                return
+            if not data:
+                return  # client gave up (read timeout) or stop() shut the socket
 
     def _close_upstream(self) -> None:
         if self.urfile is not None:
@@ -640,7 +975,11 @@ class _Connection:
         else:
             keep_alive = b"close" not in req_tokens
 
-        kind = self.pending = self.proxy._decide()
+        fields = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
+        self.op, self.key = classify(method.decode("latin-1"), parts[1].decode("latin-1"), fields)
+        conditional = "if-none-match" in fields or "if-match" in fields
+        self.pending = self.proxy._decide(self.op, self.key, conditional)
+        kind = self.kind
 
         # We always honour "Expect: 100-continue" ourselves (and strip the
         # header before forwarding), so that the client's body is read in
@@ -648,11 +987,16 @@ class _Connection:
         if b"100-continue" in head.tokens(b"expect") and version != b"HTTP/1.0":
             self.cwrite(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-        if kind in ("slowdown", "internal", "reset"):
+        if kind in _LOCAL_FAULTS:
             self._read_body(chunked, length, None)  # discard
+            self.proxy._call_hook(self.op, self.key, "before")
             self._settle(applied=True)
             if kind == "reset":
                 raise _Closed(abort=True)
+            if kind == "stall":
+                self._hold()
+                raise _Closed()
+            assert kind is not None
             status, reason, code, message = _ERRORS[kind]
             self._send_simple(
                 status,
@@ -664,9 +1008,20 @@ class _Connection:
             )
             return keep_alive
 
-        upstream, urfile = self._ensure_upstream()
-        upstream.sendall(head.serialize(drop=frozenset({b"expect"})))
-        self._read_body(chunked, length, _sender(upstream))
+        if self.proxy._hook is not None:
+            # Buffer the body so "before" means the whole request has left the client.
+            body = bytearray()
+            self._read_body(chunked, length, body.extend)
+            self.proxy._call_hook(self.op, self.key, "before")
+            if _peer_closed(self.client):
+                raise _Closed()  # the client died before its request was sent on: drop it
+            upstream, urfile = self._ensure_upstream()
+            upstream.sendall(head.serialize(drop=frozenset({b"expect"})) + body)
+            del body
+        else:
+            upstream, urfile = self._ensure_upstream()
+            upstream.sendall(head.serialize(drop=frozenset({b"expect"})))
+            self._read_body(chunked, length, _sender(upstream))
         self.proxy._bump("forwarded")
         return self._relay_response(method, urfile, keep_alive)
 
@@ -698,7 +1053,27 @@ class _Connection:
         length = None if bodiless or chunked else _content_length(resp)
         until_eof = not bodiless and not chunked and length is None
 
-        if self.pending == "reset_mid_body" and not bodiless and length != 0:
+        # Upstream has answered: the request was applied.
+        self.proxy._call_hook(self.op, self.key, "after")
+
+        if self.kind in _REPLY_FAULTS:
+            # Read (and drop) the whole response so the store certainly applied it.
+            if chunked:
+                _relay_chunked(urfile, None)
+            elif until_eof:
+                _relay_until_eof(urfile, _discard)
+            elif length:
+                _relay_exact(urfile, length, None)
+            if upstream_close or until_eof:
+                self._close_upstream()
+            kind = self.kind
+            self._settle(applied=True)
+            if kind == "lost_reply":
+                raise _Closed(abort=True)  # RST, not one response byte
+            self._hold()  # stall_after
+            raise _Closed()
+
+        if self.kind == "reset_mid_body" and not bodiless and length != 0:
             self._cut_body(resp, urfile, chunked, length)  # raises _Closed
         self._settle(applied=False)  # no fault applicable: deliver normally
 

@@ -30,7 +30,14 @@ import urllib3.exceptions
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from tests.faultproxy import _IO_TIMEOUT, FAULT_KINDS, FaultProxy
+from tests.faultproxy import (
+    _IO_TIMEOUT,
+    ALL_FAULT_KINDS,
+    FAULT_KINDS,
+    OPERATIONS,
+    FaultProxy,
+    classify,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -621,3 +628,336 @@ def test_argument_validation(moto_url: str) -> None:
     with pytest.raises(ValueError):
         proxy.set_fault_rate(-0.1)
     assert set(proxy.stats) == {"requests", "forwarded", "faults", *FAULT_KINDS}
+
+
+# --------------------------------------------------------------------------
+# operation classification, deterministic arms, hooks, lost replies, stalls
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers", "expected"),
+    [
+        ("PUT", "/b/a/b%20c.bin", {}, ("PutObject", "a/b c.bin")),
+        ("PUT", "/b/k?x-id=PutObject", {"If-None-Match": "*"}, ("PutObject", "k")),
+        ("PUT", "/b/k", {"x-amz-copy-source": "/b/j"}, ("Other", "k")),
+        ("PUT", "/b/k?tagging", {}, ("Other", "k")),
+        ("PUT", "/b/k?partNumber=3&uploadId=u1", {}, ("UploadPart", "k")),
+        ("POST", "/b/k?uploads", {}, ("CreateMultipartUpload", "k")),
+        ("POST", "/b/k?uploadId=u1", {}, ("CompleteMultipartUpload", "k")),
+        ("DELETE", "/b/k?uploadId=u1", {}, ("AbortMultipartUpload", "k")),
+        ("POST", "/b?delete", {}, ("DeleteObjects", "")),
+        ("DELETE", "/b/dir/k", {}, ("DeleteObject", "dir/k")),
+        ("GET", "/b/k", {}, ("GetObject", "k")),
+        ("GET", "/b/k?partNumber=1&response-content-type=x", {}, ("GetObject", "k")),
+        ("GET", "/b/k?uploadId=u1", {}, ("Other", "k")),
+        ("HEAD", "/b/k%2Fx", {}, ("HeadObject", "k/x")),
+        ("GET", "/b?list-type=2&prefix=a%2F&delimiter=%2F", {}, ("ListObjectsV2", "")),
+        ("GET", "/b?uploads&prefix=a", {}, ("ListMultipartUploads", "")),
+        ("GET", "/b", {}, ("Other", "")),
+        ("PUT", "/b", {}, ("Other", "")),
+        ("HEAD", "/b", {}, ("Other", "")),
+        ("GET", "/", {}, ("Other", "")),
+        ("get", "http://127.0.0.1:9/b/k?versionId=1", {}, ("GetObject", "k")),
+        ("PUT", "/b//lead", {}, ("PutObject", "/lead")),
+    ],
+)
+def test_classify(
+    method: str, target: str, headers: dict[str, str], expected: tuple[str, str]
+) -> None:
+    assert classify(method, target, headers) == expected
+    assert expected[0] in OPERATIONS
+
+
+def test_classify_sees_what_boto3_sends(moto_url: str) -> None:
+    bucket = new_bucket(moto_url)
+    seen: list[tuple[str, str, str]] = []
+    with FaultProxy(
+        moto_url, fault_rate=0.0, hook=lambda op, key, phase: seen.append((op, key, phase))
+    ) as proxy:
+        s3 = make_client(proxy.endpoint_url)
+        s3.put_object(Bucket=bucket, Key="d/k 1", Body=b"x")
+        s3.put_object(Bucket=bucket, Key="d/c", Body=b"y", IfNoneMatch="*")
+        s3.head_object(Bucket=bucket, Key="d/k 1")
+        s3.get_object(Bucket=bucket, Key="d/k 1")["Body"].read()
+        s3.list_objects_v2(Bucket=bucket, Prefix="d/")
+        up = s3.create_multipart_upload(Bucket=bucket, Key="m")["UploadId"]
+        etag = s3.upload_part(Bucket=bucket, Key="m", UploadId=up, PartNumber=1, Body=b"p" * 100)[
+            "ETag"
+        ]
+        s3.list_multipart_uploads(Bucket=bucket)
+        s3.complete_multipart_upload(
+            Bucket=bucket,
+            Key="m",
+            UploadId=up,
+            MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": etag}]},
+        )
+        up2 = s3.create_multipart_upload(Bucket=bucket, Key="m2")["UploadId"]
+        s3.abort_multipart_upload(Bucket=bucket, Key="m2", UploadId=up2)
+        s3.delete_object(Bucket=bucket, Key="d/c")
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "m"}]})
+        stats = proxy.stats
+    ops = [(op, key) for op, key, phase in seen if phase == "before"]
+    assert ops == [
+        ("PutObject", "d/k 1"),
+        ("PutObject", "d/c"),
+        ("HeadObject", "d/k 1"),
+        ("GetObject", "d/k 1"),
+        ("ListObjectsV2", ""),
+        ("CreateMultipartUpload", "m"),
+        ("UploadPart", "m"),
+        ("ListMultipartUploads", ""),
+        ("CompleteMultipartUpload", "m"),
+        ("CreateMultipartUpload", "m2"),
+        ("AbortMultipartUpload", "m2"),
+        ("DeleteObject", "d/c"),
+        ("DeleteObjects", ""),
+    ]
+    # Every forwarded request has its "after", right behind its "before".
+    assert [p for _, _, p in seen] == ["before", "after"] * len(ops)
+    assert stats["op:PutObject"] == 2
+    assert stats["op:CreateMultipartUpload"] == 2
+    assert stats["op:HeadObject"] == 1
+    assert stats["op:Nope"] == 0  # missing keys read as 0
+    assert stats["hook_errors"] == 0
+
+
+def test_lost_reply_applies_upstream(moto_url: str) -> None:
+    bucket = new_bucket(moto_url)
+    direct = make_client(moto_url)
+    with FaultProxy(moto_url, fault_rate=0.0) as proxy:
+        armed = proxy.arm("PutObject", "lost_reply")
+        s3 = make_client(proxy.endpoint_url)
+        with pytest.raises(CONNECTION_ERRORS):
+            s3.put_object(Bucket=bucket, Key="k", Body=b"applied")
+        # The server applied it although the client saw only a connection error.
+        assert direct.get_object(Bucket=bucket, Key="k")["Body"].read() == b"applied"
+        assert armed.hits == 1 and armed.exhausted
+        s3.put_object(Bucket=bucket, Key="k", Body=b"second")  # the arm fired once only
+        stats = proxy.stats
+    assert direct.get_object(Bucket=bucket, Key="k")["Body"].read() == b"second"
+    assert stats["lost_reply"] == 1 and stats["faults"] == 1
+    assert stats["forwarded"] == stats["requests"] == 2
+
+
+def test_lost_reply_sends_no_byte(echo_url: str) -> None:
+    with FaultProxy(echo_url, fault_rate=1.0, faults=["lost_reply"]) as proxy:
+        port = int(proxy.endpoint_url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET /source/100000 HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = b""
+            with pytest.raises(ConnectionResetError):
+                while chunk := sock.recv(65536):
+                    received += chunk
+            assert received == b""
+        assert proxy.stats["lost_reply"] == 1
+        assert proxy.stats["forwarded"] == 1
+
+
+def test_lost_reply_random_restricted_by_ops(moto_url: str) -> None:
+    bucket = new_bucket(moto_url)
+    direct = make_client(moto_url)
+    direct.put_object(Bucket=bucket, Key="k", Body=b"v")
+    with FaultProxy(moto_url, fault_rate=1.0, faults=["lost_reply"], ops={"PutObject"}) as proxy:
+        s3 = make_client(proxy.endpoint_url)
+        assert s3.get_object(Bucket=bucket, Key="k")["Body"].read() == b"v"  # not in ops
+        s3.head_object(Bucket=bucket, Key="k")
+        with pytest.raises(CONNECTION_ERRORS):
+            s3.put_object(Bucket=bucket, Key="k2", Body=b"w")
+        stats = proxy.stats
+    assert direct.get_object(Bucket=bucket, Key="k2")["Body"].read() == b"w"
+    assert stats["lost_reply"] == 1 and stats["requests"] == 3
+
+
+def test_stall_black_holes_request(moto_url: str) -> None:
+    bucket = new_bucket(moto_url)
+    with FaultProxy(moto_url, fault_rate=0.0) as proxy:
+        armed = proxy.arm("PutObject", "stall")
+        s3 = make_client(proxy.endpoint_url, read_timeout=1)
+        started = time.monotonic()
+        with pytest.raises(bexc.ReadTimeoutError):
+            s3.put_object(Bucket=bucket, Key="k", Body=b"never")
+        assert 0.9 <= time.monotonic() - started < 10
+        assert armed.hits == 1
+        assert proxy.stats["forwarded"] == 0
+        # A stalled connection the client keeps open does not slow stop() down.
+        port = int(proxy.endpoint_url.rsplit(":", 1)[1])
+        proxy.arm("*", "stall")
+        held = socket.create_connection(("127.0.0.1", port), timeout=5)
+        held.sendall(b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n")
+        time.sleep(0.2)
+        assert not _readable(held)  # nothing came back
+        started = time.monotonic()
+        proxy.stop()
+        assert time.monotonic() - started < _PROMPT
+        try:
+            assert held.recv(10) == b""
+        except ConnectionResetError:
+            pass
+        held.close()
+    keys = make_client(moto_url).list_objects_v2(Bucket=bucket)["KeyCount"]
+    assert keys == 0  # never reached the server
+
+
+def test_stall_after_applies_then_black_holes(moto_url: str) -> None:
+    bucket = new_bucket(moto_url)
+    with FaultProxy(moto_url, fault_rate=1.0, faults=["stall_after"]) as proxy:
+        s3 = make_client(proxy.endpoint_url, read_timeout=1)
+        with pytest.raises(bexc.ReadTimeoutError):
+            s3.put_object(Bucket=bucket, Key="k", Body=b"applied")
+        assert proxy.stats["stall_after"] == 1 and proxy.stats["forwarded"] == 1
+    got = make_client(moto_url).get_object(Bucket=bucket, Key="k")["Body"].read()
+    assert got == b"applied"
+
+
+def _readable(sock: socket.socket) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def test_arm_window_glob_and_conditional(moto_url: str) -> None:
+    bucket = new_bucket(moto_url)
+    with FaultProxy(moto_url, fault_rate=0.0) as proxy:
+        s3 = make_client(proxy.endpoint_url)
+        windowed = proxy.arm("PutObject", "internal", skip=1, times=2, key_glob="a/*")
+        results = []
+        for key in ("a/1", "b/1", "a/2", "a/3", "a/4"):
+            try:
+                s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+                results.append("ok")
+            except bexc.ClientError as exc:
+                results.append(exc.response["Error"]["Code"])
+        assert results == ["ok", "ok", "InternalError", "InternalError", "ok"]
+        assert (windowed.seen, windowed.hits, windowed.exhausted) == (4, 2, True)
+
+        cond = proxy.arm("PutObject", "slowdown", conditional=True, times=5)
+        s3.put_object(Bucket=bucket, Key="c", Body=b"plain")  # not conditional: passes
+        with pytest.raises(bexc.ClientError) as info:
+            s3.put_object(Bucket=bucket, Key="d", Body=b"x", IfNoneMatch="*")
+        assert info.value.response["Error"]["Code"] == "SlowDown"
+        assert cond.hits == 1
+        proxy.disarm(cond)
+        s3.put_object(Bucket=bucket, Key="d", Body=b"x", IfNoneMatch="*")
+        assert cond.hits == 1
+        unconditional = proxy.arm("PutObject", "internal", conditional=False)
+        s3.put_object(Bucket=bucket, Key="e", Body=b"x", IfNoneMatch="*")
+        assert unconditional.hits == 0
+        proxy.disarm()
+        s3.put_object(Bucket=bucket, Key="e2", Body=b"x")
+        assert unconditional.hits == 0
+
+
+def test_arm_beats_random_draw_and_max_faults(echo_url: str) -> None:
+    with FaultProxy(echo_url, fault_rate=1.0, faults=["internal"], max_faults=0) as proxy:
+        first = proxy.arm("*", "slowdown")
+        second = proxy.arm("*", "internal", times=2)  # first armed wins the shared request
+        conn = _conn(proxy)
+        statuses = []
+        for _ in range(4):
+            conn.request("GET", "/bucket/key")
+            resp = conn.getresponse()
+            resp.read()
+            statuses.append(resp.status)
+        conn.close()
+    assert statuses == [503, 500, 200, 200]
+    assert (first.hits, second.hits) == (1, 1)
+
+
+def test_arm_keeps_random_sequence(echo_url: str) -> None:
+    def run(arm: bool) -> list[int]:
+        with FaultProxy(echo_url, fault_rate=0.5, faults=["internal"], seed=5) as proxy:
+            if arm:
+                proxy.arm("*", "slowdown", skip=3)
+            conn = _conn(proxy)
+            statuses = []
+            for _ in range(20):
+                conn.request("GET", "/b/k")
+                resp = conn.getresponse()
+                resp.read()
+                statuses.append(resp.status)
+            conn.close()
+        return statuses
+
+    plain, armed = run(False), run(True)
+    assert armed[3] == 503
+    assert armed[:3] + armed[4:] == plain[:3] + plain[4:]
+
+
+def test_hook_crash_points(moto_url: str) -> None:
+    """Killing the client at "before" drops the request; at "after" it was applied."""
+    bucket = new_bucket(moto_url)
+    clients: dict[str, socket.socket] = {}
+    calls: list[tuple[str, str, str]] = []
+
+    def hook(op: str, key: str, phase: str) -> None:
+        calls.append((op, key, phase))
+        if key == "boom":
+            raise RuntimeError("a broken hook")
+        if op == "PutObject" and key in clients and phase == key.split("-")[0]:
+            clients[key].close()  # the "client process" dies here
+            time.sleep(0.05)
+
+    with FaultProxy(moto_url, fault_rate=0.0, hook=hook) as proxy:
+        port = int(proxy.endpoint_url.rsplit(":", 1)[1])
+        for key in ("before-kill", "after-kill"):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            clients[key] = sock
+            sock.sendall(
+                f"PUT /{bucket}/{key} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "Content-Length: 4\r\n\r\nbody".encode()
+            )
+        deadline = time.monotonic() + 10
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s3 = make_client(proxy.endpoint_url)
+        s3.put_object(Bucket=bucket, Key="boom", Body=b"still works")
+        stats = proxy.stats
+    direct = make_client(moto_url)
+    keys = sorted(o["Key"] for o in direct.list_objects_v2(Bucket=bucket).get("Contents", []))
+    assert keys == ["after-kill", "boom"]
+    assert ("PutObject", "before-kill", "after") not in calls
+    assert ("PutObject", "after-kill", "after") in calls
+    assert stats["hook_errors"] == 2  # "before" and "after" of boom
+    assert stats["forwarded"] == 2
+
+
+def test_hook_can_block_a_request(moto_url: str) -> None:
+    bucket = new_bucket(moto_url)
+    entered, release = threading.Event(), threading.Event()
+
+    def hook(op: str, key: str, phase: str) -> None:
+        if op == "PutObject" and phase == "before":
+            entered.set()
+            release.wait(10)
+
+    direct = make_client(moto_url)
+    with FaultProxy(moto_url, fault_rate=0.0, hook=hook) as proxy:
+        s3 = make_client(proxy.endpoint_url)
+        worker = threading.Thread(
+            target=lambda: s3.put_object(Bucket=bucket, Key="k", Body=b"v" * 2_000_000)
+        )
+        worker.start()
+        assert entered.wait(10)
+        # Held at "before": the whole body has been read, nothing reached the server.
+        assert direct.list_objects_v2(Bucket=bucket)["KeyCount"] == 0
+        release.set()
+        worker.join(10)
+        assert not worker.is_alive()
+    assert direct.head_object(Bucket=bucket, Key="k")["ContentLength"] == 2_000_000
+
+
+def test_new_argument_validation(moto_url: str) -> None:
+    with pytest.raises(ValueError):
+        FaultProxy(moto_url, ops=["PutObjects"])
+    with pytest.raises(ValueError):
+        FaultProxy(moto_url, ops="PutObject")
+    FaultProxy(moto_url, faults=ALL_FAULT_KINDS)
+    proxy = FaultProxy(moto_url, fault_rate=0.0)
+    with pytest.raises(ValueError):
+        proxy.arm("Nope", "reset")
+    with pytest.raises(ValueError):
+        proxy.arm("PutObject", "nope")
+    with pytest.raises(ValueError):
+        proxy.arm("PutObject", "reset", times=0)
+    assert set(ALL_FAULT_KINDS) > set(FAULT_KINDS)
+    assert FAULT_KINDS == ("slowdown", "internal", "reset", "reset_mid_body")
