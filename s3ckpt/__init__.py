@@ -30,6 +30,7 @@ from s3ckpt.errors import (
     SaveInProgressError,
     StoreError,
     TransientStoreError,
+    UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "StoreError",
     "TransferConfig",
     "TransientStoreError",
+    "UncommittedCheckpointError",
     "UnsafeCheckpointError",
     "__version__",
 ]

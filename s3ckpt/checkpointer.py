@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -74,10 +75,13 @@ from s3ckpt.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     ConfigError,
+    PreconditionFailedError,
+    S3CkptError,
     SaveInProgressError,
+    TransientStoreError,
     find_s3ckpt_error,
 )
-from s3ckpt.format import MANIFEST_NAME, Manifest
+from s3ckpt.format import MANIFEST_NAME, Manifest, check_metrics
 from s3ckpt.retention import DEFAULT_GRACE, LATEST_NAME
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.uri import StoreURL
@@ -89,6 +93,9 @@ __all__ = ["LATEST_NAME", "Checkpointer", "SaveHandle", "checkpoint_name"]
 
 log = logging.getLogger("s3ckpt")
 
+
+
+_STEP_NAME = re.compile(r"step_(\d+)")
 
 
 def checkpoint_name(step: int) -> str:
@@ -370,6 +377,7 @@ class Checkpointer:
         overwritten. Call it on the coordinator (it does nothing on other ranks).
         """
         self._check_open()
+        new_metrics = check_metrics(metrics)
         inflight = self._inflight
         if inflight is not None and inflight.step == step:
             self._settle_previous()
@@ -385,9 +393,19 @@ class Checkpointer:
                 key=key,
             )
         manifest = Manifest.from_json(self.store.get(key))
-        merged = {**dict(manifest.metrics), **{k: float(v) for k, v in metrics.items()}}
-        updated = _replace_metrics(manifest, merged)
-        self.store.put(key, updated.to_json(), if_match=info.etag)
+        merged = {**dict(manifest.metrics), **new_metrics}
+        body = _replace_metrics(manifest, merged).to_json()
+        try:
+            self.store.put(key, body, if_match=info.etag)
+        except (PreconditionFailedError, TransientStoreError):
+            # The reply may have been lost after S3 applied the PUT (a retry then sees a
+            # 412 from our own write): the marker holding exactly our body means it did.
+            try:
+                if self.store.get(key) == body:
+                    return
+            except S3CkptError:
+                pass
+            raise
 
     def wait(self) -> None:
         """Block until the save in flight (if any) commits, and retention after it has run.
@@ -449,7 +467,7 @@ class Checkpointer:
             s3_config=self.s3_config,
             transfer_config=self.transfer_config,
             step=step,
-            metrics={k: float(v) for k, v in (metrics or {}).items()},
+            metrics=check_metrics(metrics),
             store=self.store,
         )
 
@@ -540,21 +558,50 @@ class Checkpointer:
         return step
 
     def _find_latest(self) -> int | None:
+        """The newest committed step: the pointer is a hint, checked by one listing.
+
+        A kill between a commit and the pointer's update leaves the pointer on an older
+        step, so the run's checkpoint prefixes after the pointer's are listed (names are
+        zero-padded, so "after" in key order is "newer"; ``start_after`` makes that one
+        LIST request however many checkpoints the run holds) and the newest with a marker
+        wins. Without a usable pointer, the whole run is listed.
+
+        Request cost: one HEAD + GET of the pointer, one LIST, and one HEAD per candidate
+        newer than the pointer (normally none) plus one for the pointer's own marker.
+        """
         pointer = self._read_pointer()
-        if pointer is not None:
-            key = self.url.child(checkpoint_name(pointer)).key(MANIFEST_NAME)
-            if self.store.head(key) is not None:
-                return pointer
-            log.info("s3ckpt: %s names step %d, which is not committed; listing", LATEST_NAME,
-                     pointer)
+        if pointer is None:
+            return self._list_latest()
+        after = self.url.child(checkpoint_name(pointer)).prefix
+        newer: list[int] = []
+        for prefix in self.store.list_prefixes(self.url.prefix, start_after=after):
+            m = _STEP_NAME.fullmatch(prefix[len(self.url.prefix) :].rstrip("/"))
+            if m is not None and int(m.group(1)) > pointer:
+                newer.append(int(m.group(1)))
+        for step in sorted(newer, reverse=True):
+            if self._committed(step):
+                log.info("s3ckpt: %s names step %d, but %d is committed", LATEST_NAME,
+                         pointer, step)
+                return step
+        if self._committed(pointer):
+            return pointer
+        log.info("s3ckpt: %s names step %d, which is not committed; listing", LATEST_NAME,
+                 pointer)
+        return self._list_latest()
+
+    def _committed(self, step: int) -> bool:
+        key = self.url.child(checkpoint_name(step)).key(MANIFEST_NAME)
+        return self.store.head(key) is not None
+
+    def _list_latest(self) -> int | None:
         from s3ckpt.retention import CheckpointState, list_checkpoints
 
         committed = [
-            c
+            c.step
             for c in list_checkpoints(self.store, self.url, grace=self.retention_grace)
             if c.state == CheckpointState.COMMITTED and c.step is not None
         ]
-        return max(c.step for c in committed if c.step is not None) if committed else None
+        return max(committed) if committed else None
 
     def _read_pointer(self) -> int | None:
         key = self.url.key(LATEST_NAME)

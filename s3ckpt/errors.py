@@ -16,6 +16,7 @@
     ├── CheckpointError              the checkpoint itself is the problem
     │   ├── CheckpointExistsError    a committed checkpoint is already at the prefix
     │   ├── CheckpointNotFoundError  no committed checkpoint (and no .metadata) at the prefix
+    │   │   └── UncommittedCheckpointError  an s3ckpt save without its commit marker
     │   ├── CorruptCheckpointError   truncated object, malformed manifest, inconsistent commit
     │   │   └── ChecksumMismatchError
     │   ├── IncompleteRestoreError   a load left entries of the state dict unrestored
@@ -57,6 +58,7 @@ __all__ = [
     "SaveInProgressError",
     "StoreError",
     "TransientStoreError",
+    "UncommittedCheckpointError",
     "UnsafeCheckpointError",
     "find_s3ckpt_error",
 ]
@@ -194,6 +196,11 @@ class CheckpointExistsError(CheckpointError):
 
 class CheckpointNotFoundError(CheckpointError):
     """There is no checkpoint (no commit marker and no ``.metadata``) at the prefix."""
+
+
+class UncommittedCheckpointError(CheckpointNotFoundError):
+    """The prefix holds an s3ckpt save that never wrote its commit marker (still running,
+    killed or failed); readers refuse it unless asked to load it anyway."""
 
 
 class CorruptCheckpointError(CheckpointError):

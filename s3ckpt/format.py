@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3ckpt._gc import gc_paused
-from s3ckpt.errors import CorruptCheckpointError
+from s3ckpt.errors import ConfigError, CorruptCheckpointError
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
+    "check_metrics",
     "MIN_GRACE_SECONDS",
     "data_name",
     "heartbeat_name",
@@ -114,6 +115,27 @@ def owned_tag(name: str) -> str | None:
         if m is not None:
             return m.group(1)
     return None
+
+
+def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """Metrics as the manifest records them: string names, float values.
+
+    NaN and +-inf are kept (a diverging run needs exactly that checkpoint, and retention
+    ranks NaN worst); anything that is not a real number is a :class:`ConfigError`.
+    """
+    out: dict[str, float] = {}
+    for name, value in (metrics or {}).items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"metric names must be non-empty strings, got {name!r}")
+        if isinstance(value, bool):
+            raise ConfigError(f"metric {name!r} must be a number, got a bool")
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"metric {name!r} must be a number, got {type(value).__name__} {value!r}"
+            ) from None
+    return out
 
 
 def _check_name(value: Any, what: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from s3ckpt import _crc
-from s3ckpt.errors import S3CkptError
+from s3ckpt.errors import ObjectNotFoundError, S3CkptError
 from s3ckpt.store.base import CompletedPart, ObjectStore
 
 __all__ = ["ObjectSink", "Uploader", "format_leftovers"]
@@ -402,10 +402,26 @@ class ObjectSink(io.RawIOBase):
                 if exc is not None:
                     raise exc
                 done.append(f.result())
-            up.store.complete_multipart(key, upload_id, done)
+            _complete(up.store, key, upload_id, done)
             up.upload_done(key)
 
         self.completion = up.submit(complete, completer=True)
+
+
+def _complete(store: ObjectStore, key: str, upload_id: str, parts: list[CompletedPart]) -> None:
+    """CompleteMultipartUpload, with a lost reply decided by reading back.
+
+    When the first attempt's reply is lost after S3 assembled the object, the retry finds
+    no such upload (404 NoSuchUpload). The key belongs to this save alone (it carries the
+    save's tag), so an object there of exactly the parts' total size is ours: done.
+    """
+    try:
+        store.complete_multipart(key, upload_id, parts)
+    except ObjectNotFoundError:
+        info = store.head(key)
+        if info is None or info.size != sum(p.size for p in parts):
+            raise
+        log.info("complete of %s confirmed by reading it back (its reply was lost)", key)
 
 
 def format_leftovers(keys: list[str]) -> str:

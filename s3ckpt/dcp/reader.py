@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from s3ckpt import _crc
+from s3ckpt._commit import read_marker
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import Request, coalesce
 from s3ckpt.dcp._unpickler import load_metadata
@@ -54,9 +55,10 @@ from s3ckpt.errors import (
     CorruptCheckpointError,
     ObjectNotFoundError,
     S3CkptError,
+    UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, ItemRecord, Manifest
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, ItemRecord, Manifest, owned_tag
 from s3ckpt.store import ObjectStore, RangeReader, open_store
 from s3ckpt.uri import StoreURL
 
@@ -90,10 +92,16 @@ class S3StorageReader(StorageReader):
         verify_checksums: Check every item's CRC32C against ``s3ckpt.json`` (default on).
         allow_unsafe_pickle: Load non-tensor items with full pickle instead of
             ``torch.load(weights_only=True)``. Only for checkpoints from a bucket you trust.
+        allow_uncommitted: Load an s3ckpt save that never committed (no ``s3ckpt.json``;
+            killed, failed or still running). Nothing is checksummed then. Off by default:
+            such a prefix raises :class:`~s3ckpt.errors.UncommittedCheckpointError`.
+            Checkpoints written by stock DCP (no s3ckpt objects) load either way.
         store: Use this store instead of one built from ``path``.
 
     Raises:
         CheckpointNotFoundError: nothing committed (and no ``.metadata``) at ``path``.
+        UncommittedCheckpointError: an s3ckpt save without its commit marker is at
+            ``path`` (see ``allow_uncommitted``).
         CorruptCheckpointError: the marker or metadata is malformed or inconsistent.
         UnsafeCheckpointError: ``.metadata`` asks to unpickle a non-DCP type.
     """
@@ -106,6 +114,7 @@ class S3StorageReader(StorageReader):
         transfer_config: TransferConfig | None = None,
         verify_checksums: bool = True,
         allow_unsafe_pickle: bool = False,
+        allow_uncommitted: bool = False,
         store: ObjectStore | None = None,
     ) -> None:
         super().__init__()
@@ -113,6 +122,7 @@ class S3StorageReader(StorageReader):
         self.transfer_config = transfer_config or TransferConfig()
         self.verify_checksums = verify_checksums
         self.allow_unsafe_pickle = allow_unsafe_pickle
+        self.allow_uncommitted = allow_uncommitted
         self._given_store = store
         self.rank = 0
         self.bytes_read = 0
@@ -139,45 +149,117 @@ class S3StorageReader(StorageReader):
             manifest = Manifest.from_json(self.store.get(marker_key), where=marker_key)
         except ObjectNotFoundError:
             pass
-        meta_name = manifest.metadata_key if manifest is not None else METADATA_NAME
-        meta_key = self.url.key(meta_name)
-        try:
-            raw = self.store.get(meta_key)
-        except ObjectNotFoundError as exc:
-            if manifest is not None:
-                raise CorruptCheckpointError(
-                    f"{MANIFEST_NAME} commits {meta_name}, which is missing; the checkpoint "
-                    "was partly deleted",
-                    bucket=self.store.bucket,
-                    key=meta_key,
-                ) from exc
-            raise CheckpointNotFoundError(
-                f"no checkpoint at {self.url}: neither {MANIFEST_NAME} nor {METADATA_NAME} "
-                "exists; check the URL, or the save did not finish",
-                bucket=self.store.bucket,
-                key=marker_key,
-            ) from exc
-        if manifest is not None:
-            crc = _crc.crc32c(raw)
-            if len(raw) != manifest.metadata_size or crc != manifest.metadata_crc32c:
-                raise CorruptCheckpointError(
-                    f"{meta_name} does not match the one {MANIFEST_NAME} committed "
-                    f"(size {len(raw)} vs {manifest.metadata_size}, crc32c {crc:08x} vs "
-                    f"{manifest.metadata_crc32c:08x}); it was changed after the commit",
-                    bucket=self.store.bucket,
-                    key=meta_key,
-                )
+        if manifest is None:
+            meta_key, raw = self._uncommitted_metadata()
+        else:
+            meta_key, raw = self._committed_metadata(manifest)
         metadata = load_metadata(raw, bucket=self.store.bucket, key=meta_key)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         if not isinstance(metadata.storage_data, dict):
             raise CorruptCheckpointError(
-                f"{meta_name} has no storage_data; it was not written by a file-style DCP writer",
+                f"{meta_key.rpartition('/')[2]} has no storage_data; it was not written by a "
+                "file-style DCP writer",
                 bucket=self.store.bucket,
                 key=meta_key,
             )
         return manifest, metadata
+
+    def _committed_metadata(self, manifest: Manifest) -> tuple[str, bytes]:
+        """The committed ``.metadata`` bytes, checked against the manifest.
+
+        The plain ``.metadata`` is read first (one GET, as for any DCP checkpoint). If it
+        is not the committed one (a commit interrupted after its marker, or an overwrite
+        whose copy did not land), the committed ``.metadata.{tag}`` is read instead and
+        the plain copy rolled forward, so stock DCP readers see the committed state too.
+        """
+        plain_key = self.url.key(METADATA_NAME)
+        try:
+            raw: bytes | None = self.store.get(plain_key)
+        except ObjectNotFoundError:
+            raw = None
+        if raw is not None and self._matches(raw, manifest):
+            return plain_key, raw
+        meta_key = self.url.key(manifest.metadata_key)
+        if manifest.metadata_key != METADATA_NAME:
+            try:
+                raw = self.store.get(meta_key)
+            except ObjectNotFoundError:
+                raw = None
+        if raw is None:
+            raise CorruptCheckpointError(
+                f"{MANIFEST_NAME} commits {manifest.metadata_key}, which is missing; the "
+                "checkpoint was partly deleted. Load an earlier checkpoint",
+                bucket=self.store.bucket,
+                key=meta_key,
+            )
+        if not self._matches(raw, manifest):
+            crc = _crc.crc32c(raw)
+            raise CorruptCheckpointError(
+                f"{manifest.metadata_key} does not match the one {MANIFEST_NAME} committed "
+                f"(size {len(raw)} vs {manifest.metadata_size}, crc32c {crc:08x} vs "
+                f"{manifest.metadata_crc32c:08x}); it was changed after the commit",
+                bucket=self.store.bucket,
+                key=meta_key,
+            )
+        if manifest.metadata_key != METADATA_NAME:
+            self._roll_forward(manifest, raw)
+        return meta_key, raw
+
+    @staticmethod
+    def _matches(raw: bytes, manifest: Manifest) -> bool:
+        return len(raw) == manifest.metadata_size and _crc.crc32c(raw) == manifest.metadata_crc32c
+
+    def _roll_forward(self, manifest: Manifest, raw: bytes) -> None:
+        """Best effort: publish the committed metadata as the plain ``.metadata``.
+
+        Only while the marker still names this save (a newer overwrite publishes its own),
+        and never fatal to the load (a read-only role cannot write; gc does it too).
+        """
+        try:
+            again = read_marker(self.store, self.url)
+            if again is None or again[0].save_id != manifest.save_id:
+                return
+            self.store.put(self.url.key(METADATA_NAME), raw)
+            log.info("s3ckpt: rolled %s forward: .metadata is the committed one again", self.url)
+        except S3CkptError as exc:
+            log.info("s3ckpt: could not roll %s forward (%s); gc will", self.url, exc)
+
+    def _uncommitted_metadata(self) -> tuple[str, bytes]:
+        """``.metadata`` of a prefix without a commit marker: a stock DCP checkpoint, or an
+        s3ckpt save that never committed, which is refused unless ``allow_uncommitted``."""
+        marker_key = self.url.key(MANIFEST_NAME)
+        tagged: list[str] = []
+        owned = False
+        for info in self.store.list(self.url.prefix):
+            name = info.key[len(self.url.prefix) :]
+            if "/" in name or owned_tag(name) is None:
+                continue
+            owned = True
+            if name.startswith(METADATA_NAME + "."):
+                tagged.append(info.key)
+        if owned and not self.allow_uncommitted:
+            raise UncommittedCheckpointError(
+                f"{self.url} holds an s3ckpt save that never committed (no {MANIFEST_NAME}): "
+                "it is still being written, or it was killed or failed. Load a committed "
+                "checkpoint (`s3ckpt ls` lists them), wait for the save to finish, or pass "
+                "allow_uncommitted=True to load it anyway, without any checksum",
+                bucket=self.store.bucket,
+                key=marker_key,
+            )
+        candidates = [self.url.key(METADATA_NAME), *sorted(tagged)]
+        for key in candidates:
+            try:
+                return key, self.store.get(key)
+            except ObjectNotFoundError:
+                continue
+        raise CheckpointNotFoundError(
+            f"no checkpoint at {self.url}: neither {MANIFEST_NAME} nor {METADATA_NAME} "
+            "exists; check the URL, or the save did not finish",
+            bucket=self.store.bucket,
+            key=marker_key,
+        )
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         """Start a new load, optionally of another checkpoint."""

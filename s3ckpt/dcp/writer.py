@@ -6,25 +6,26 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
    ``overwrite``, HEAD the commit marker and raise :class:`CheckpointExistsError` at once.
 1. ``set_up_storage_writer`` (all ranks): remember rank and role.
 2. ``prepare_local_plan`` (all ranks): nothing to add.
-3. ``prepare_global_plan`` (coordinator): check the marker again, pick this save's object
-   tag, hand each rank its plan data.
+3. ``prepare_global_plan`` (coordinator): check the marker again, pick this save's tag,
+   PUT the first heartbeat ``s3ckpt.alive.{tag}.{rank}`` (the save is visibly alive before
+   its first byte), hand each rank its plan data.
 4. ``write_data`` (all ranks): pack the rank's items into a few objects balanced by size
    and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
    item and per part; whole parts of a large contiguous CPU tensor are sent from its own
-   memory, see :class:`~s3ckpt.dcp._upload.ObjectSink`). On any failure: abort open
-   uploads, delete completed objects.
-5. ``finish`` (coordinator): the commit. ``.metadata`` with If-None-Match (or, when one
-   exists, a per-save ``.metadata.<tag>``), then ``s3ckpt.json`` last and conditional,
-   then (overwrite) the stock ``.metadata`` copy and removal of the old objects.
+   memory, see :class:`~s3ckpt.dcp._upload.ObjectSink`), beating the rank's heartbeat
+   every 15 s meanwhile. On any failure: abort open uploads, delete completed objects.
+5. ``finish`` (coordinator): the commit; see :meth:`S3StorageWriter.finish` and "The
+   commit protocol" in docs/dcp.md.
 
-Data objects are named ``__{rank}_{i}.{tag}.distcp``: torch's FileSystemWriter names plus
-a per-save tag, so an overwrite (or a second job racing on the same prefix) never writes
-under the keys a committed ``.metadata`` points at. A failed overwrite therefore leaves the
-previous checkpoint loadable.
+Every name a save writes carries its tag (``s3ckpt.format``): data objects
+``__{rank}_{i}.{tag}.distcp``, ``.metadata.{tag}``, heartbeats. An overwrite (or a second
+job racing on the same prefix) never writes under the keys a committed save uses, a failed
+save deletes only its own names, and gc can prove what is s3ckpt's. A failed overwrite
+therefore leaves the previous checkpoint loadable.
 
 Known limit: when one rank fails, DCP does not tell the other ranks, so objects they
-already completed stay behind, uncommitted (no marker refers to them). ``s3ckpt gc`` and
-the ``Checkpointer`` remove them.
+already completed stay behind, uncommitted (no marker refers to them). ``s3ckpt gc``
+removes them once the save's heartbeats are older than its grace period.
 """
 
 from __future__ import annotations
@@ -48,17 +49,20 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from s3ckpt import __version__, _crc
+from s3ckpt._commit import Heartbeat, read_marker
 from s3ckpt._gc import gc_paused
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import pack
 from s3ckpt.dcp._serialize import save_item
 from s3ckpt.dcp._upload import Uploader, format_leftovers
 from s3ckpt.errors import (
+    CheckpointError,
     CheckpointExistsError,
     ConfigError,
     ObjectNotFoundError,
     PreconditionFailedError,
     S3CkptError,
+    TransientStoreError,
 )
 from s3ckpt.format import (
     MANIFEST_NAME,
@@ -66,8 +70,14 @@ from s3ckpt.format import (
     ItemRecord,
     Manifest,
     ObjectRecord,
+    check_metrics,
+    data_name,
+    heartbeat_name,
+    metadata_name,
+    save_tag,
 )
 from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store.base import DeleteFailure, DeleteFailures
 from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageWriter"]
@@ -180,7 +190,7 @@ class S3StorageWriter(StorageWriter):
         self.transfer_config = transfer_config or TransferConfig()
         self.overwrite = overwrite
         self.step = step
-        self.metrics = dict(metrics or {})
+        self.metrics = check_metrics(metrics)
         self.user_metadata = dict(user_metadata or {})
         self._given_store = store
         self.rank = 0
@@ -241,10 +251,12 @@ class S3StorageWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """Check the prefix is free (or overwrite is on) and give every rank its tag."""
+        """Check the prefix is free (or overwrite is on), beat once (the save is alive
+        before its first byte), and give every rank its tag."""
         if not self.overwrite:
             self._refuse_if_committed()
-        tag = self.save_id[:8]
+        tag = save_tag(self.save_id)
+        self._beat()
         return [
             dataclasses.replace(plan, storage_data=_RankPlan(rank=i, tag=tag))
             for i, plan in enumerate(plans)
@@ -268,9 +280,11 @@ class S3StorageWriter(StorageWriter):
             rank=rank_plan.rank,
         )
         results: list[WriteResult] = []
+        heartbeat = Heartbeat(self.store, self.url, rank_plan.tag, rank_plan.rank, self.step)
+        heartbeat.start()
         try:
             for i, indices in enumerate(bins):
-                name = f"__{rank_plan.rank}_{i}.{rank_plan.tag}.distcp"
+                name = data_name(rank_plan.rank, i, rank_plan.tag)
                 sink = uploader.sink(self.url.key(name))
                 infos: list[_S3StorageInfo] = []
                 for idx in indices:
@@ -284,12 +298,17 @@ class S3StorageWriter(StorageWriter):
                 sink.close()
             uploader.finish()
         except BaseException as exc:
+            heartbeat.stop()
             leftovers = uploader.abort()
+            # The save is dead on this rank: its heartbeat must not keep it looking alive.
+            leftovers += [f.key for f in self._delete_quietly([heartbeat.key])]
             if leftovers:
                 log.error("rank %d: %s", rank_plan.rank, format_leftovers(leftovers))
             if isinstance(exc, S3CkptError) and exc.rank is None:
                 exc.rank = rank_plan.rank
             raise
+        finally:
+            heartbeat.stop()
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -338,58 +357,182 @@ class S3StorageWriter(StorageWriter):
 
     # -- commit -------------------------------------------------------------------------------
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Commit: metadata, then the marker (conditional), then overwrite cleanup."""
+        """Commit (coordinator); see "The commit protocol" in docs/dcp.md.
+
+        1. beat, then PUT ``.metadata.{tag}`` (this save's own key: no conflict possible);
+        2. list the prefix: every object the manifest will name exists with its size;
+        3. read the marker back: refuse (not ``overwrite``) or remember its ETag;
+        4. PUT ``s3ckpt.json`` conditionally (If-None-Match, or If-Match on the replaced
+           marker's ETag). An unknown outcome (a 412 after a retry, or retries exhausted)
+           is decided by reading the marker back: ours means committed;
+        5. after the commit: the plain ``.metadata`` copy, heartbeats removed, replaced
+           objects removed. A failure here never fails the save: gc and readers roll it
+           forward.
+
+        Before step 4 every failure removes this save's own objects (only names carrying
+        its tag); after an unknown outcome nothing is removed (the marker may yet name them).
+        """
         # Pickling .metadata and building the manifest allocate a few objects per item and
         # make no cycles: with the collector running they set off full collections over
         # every object in the process (see s3ckpt._gc).
         with gc_paused():
             meta_bytes, objects, items = self._describe(metadata, results)
-        data_keys = [self.url.key(name) for name in objects]
-        written: list[str] = []
+        tag = save_tag(self.save_id)
+        world = len(results)
+        meta_name = metadata_name(tag)
+        heartbeats = [self.url.key(heartbeat_name(tag, r)) for r in range(world)]
+        own = [self.url.key(name) for name in objects] + [self.url.key(meta_name), *heartbeats]
+        manifest = Manifest(
+            save_id=self.save_id,
+            created=time.time(),
+            world_size=world,
+            metadata_key=meta_name,
+            metadata_crc32c=_crc.crc32c(meta_bytes),
+            metadata_size=len(meta_bytes),
+            objects=tuple(sorted(objects.values(), key=lambda o: (o.rank, o.name))),
+            items=tuple(items),
+            step=self.step,
+            metrics=self.metrics,
+            user=self.user_metadata,
+            versions={"s3ckpt": __version__, "torch": torch.__version__},
+        )
         try:
-            previous = self._previous_manifest()
-            meta_name = METADATA_NAME
-            try:
-                self.store.put(self.url.key(meta_name), meta_bytes, if_none_match=True)
-            except PreconditionFailedError:
-                # A .metadata is already there: the checkpoint being overwritten, a failed
-                # save's leftover or a racing job. Never write over it before our commit.
-                meta_name = f"{METADATA_NAME}.{self.save_id[:8]}"
-                self.store.put(self.url.key(meta_name), meta_bytes)
-            written.append(self.url.key(meta_name))
-            manifest = Manifest(
-                save_id=self.save_id,
-                created=time.time(),
-                world_size=len(results),
-                metadata_key=meta_name,
-                metadata_crc32c=_crc.crc32c(meta_bytes),
-                metadata_size=len(meta_bytes),
-                objects=tuple(sorted(objects.values(), key=lambda o: (o.rank, o.name))),
-                items=tuple(items),
-                step=self.step,
-                metrics=self.metrics,
-                user=self.user_metadata,
-                versions={"s3ckpt": __version__, "torch": torch.__version__},
-            )
+            self._beat()
+            self.store.put(self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c)
+            self._check_objects(manifest)
+            previous = self._previous_marker()
             manifest_bytes = manifest.to_json()
-            marker = self.url.key(MANIFEST_NAME)
-            try:
-                self.store.put(marker, manifest_bytes, if_none_match=previous is None)
-            except PreconditionFailedError as exc:
-                raise CheckpointExistsError(
-                    f"another save committed {self.url} first; this save was discarded",
-                    bucket=self.store.bucket,
-                    key=marker,
-                ) from exc
         except BaseException:
-            self._discard(data_keys + written)
+            self._discard(own)
             raise
+        self._commit_marker(manifest_bytes, previous, own)
         self.last_manifest = manifest
-        if meta_name != METADATA_NAME:
-            # Stock readers look for ".metadata": point it at the committed save.
+        self._after_commit(manifest, meta_bytes, heartbeats, previous)
+
+    def _beat(self) -> None:
+        Heartbeat(self.store, self.url, save_tag(self.save_id), self.rank, self.step).beat()
+
+    def _check_objects(self, manifest: Manifest) -> None:
+        """Every object the manifest names exists with its recorded size (one listing).
+
+        A save whose objects vanished (a gc or lifecycle rule with too short a grace, a
+        person) must not commit a marker that points at nothing.
+        """
+        sizes = {o.key: o.size for o in self.store.list(self.url.prefix)}
+        wanted = [(o.name, o.size) for o in manifest.objects]
+        wanted.append((manifest.metadata_key, manifest.metadata_size))
+        bad = []
+        for name, size in wanted:
+            found = sizes.get(self.url.key(name))
+            if found != size:
+                seen = "missing" if found is None else f"{found} bytes"
+                bad.append(f"{name} ({seen}, expected {size} bytes)")
+        if bad:
+            raise CheckpointError(
+                f"not committing {self.url}: {len(bad)} object(s) of this save are missing or "
+                f"changed before the commit: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}. "
+                "Something deleted them while the save ran (a gc/prune or lifecycle rule, or "
+                "a person); nothing was committed, the previous checkpoint is intact",
+                bucket=self.store.bucket,
+                key=self.url.key(bad[0].split(" ")[0]),
+                rank=self.rank,
+            )
+
+    def _previous_marker(self) -> tuple[Manifest, str | None] | None:
+        found = read_marker(self.store, self.url)
+        if found is not None and not self.overwrite:
+            raise self._exists_error("another save committed it first")
+        return found
+
+    def _exists_error(self, why: str) -> CheckpointExistsError:
+        return CheckpointExistsError(
+            f"a committed checkpoint already exists at {self.url} ({why}); this save was "
+            "discarded. Pass overwrite=True to replace it, or save to a new prefix",
+            bucket=self.store.bucket,
+            key=self.url.key(MANIFEST_NAME),
+            rank=self.rank,
+        )
+
+    def _commit_marker(
+        self,
+        body: bytes,
+        previous: tuple[Manifest, str | None] | None,
+        own: list[str],
+    ) -> None:
+        """The single commit point, with unknown outcomes decided by reading back."""
+        marker = self.url.key(MANIFEST_NAME)
+        etag = previous[1] if previous is not None else None
+        try:
+            if previous is not None and etag:
+                self.store.put(marker, body, if_match=etag)
+            else:
+                self.store.put(marker, body, if_none_match=previous is None)
+            return
+        except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
+            failure: BaseException = exc
+        except BaseException:
+            self._discard(own)  # the request was never sent, or was refused outright
+            raise
+        # A 412 may be our own marker (the first attempt's reply was lost and the retry
+        # found it); a transient failure may have been applied. Read back to decide.
+        try:
+            found = read_marker(self.store, self.url)
+        except S3CkptError as exc:
+            raise CheckpointError(
+                f"the commit of {self.url} has an unknown outcome: the marker PUT failed "
+                f"({failure}) and reading it back failed too ({exc}). This save's objects "
+                "were kept; `s3ckpt ls` shows whether it committed, and `s3ckpt gc` removes "
+                "them if it did not",
+                bucket=self.store.bucket,
+                key=marker,
+                rank=self.rank,
+            ) from failure
+        if found is not None and found[0].save_id == self.save_id:
+            log.info("s3ckpt: commit of %s confirmed by reading the marker back", self.url)
+            return
+        if isinstance(failure, TransientStoreError):
+            # Not there now, but the PUT may still be applied: keep our objects (gc removes
+            # them once the save's heartbeats are old and no marker names them).
+            raise failure
+        self._discard(own)  # someone else's marker is there: we lost, provably
+        raise self._exists_error("a concurrent save committed first") from failure
+
+    def _after_commit(
+        self,
+        manifest: Manifest,
+        meta_bytes: bytes,
+        heartbeats: list[str],
+        previous: tuple[Manifest, str | None] | None,
+    ) -> None:
+        """Publish the stock ``.metadata`` copy and clean up; never fails the save."""
+        try:
             self.store.put(self.url.key(METADATA_NAME), meta_bytes)
-        if previous is not None:
-            self._remove_replaced(previous, manifest)
+            stale = list(heartbeats)
+            if previous is not None:
+                stale += self._replaced(previous[0], manifest)
+            failures = self.store.delete(stale)
+            if failures:
+                log.warning(
+                    "overwrite of %s committed, but %s",
+                    self.url,
+                    format_leftovers([f.key for f in failures]),
+                )
+        except S3CkptError as exc:
+            log.warning(
+                "s3ckpt: %s committed; finishing it failed (%s). Readers and `s3ckpt gc` "
+                "roll it forward",
+                self.url,
+                exc,
+            )
+
+    def _replaced(self, previous: Manifest, current: Manifest) -> list[str]:
+        """Keys of the replaced save that the new one does not use."""
+        keep = {o.name for o in current.objects} | {current.metadata_key, METADATA_NAME}
+        names = [o.name for o in previous.objects]
+        names.append(previous.metadata_key)
+        if previous.tag != current.tag:
+            names += [heartbeat_name(previous.tag, r) for r in range(previous.world_size)]
+        return [self.url.key(n) for n in names if n not in keep]
 
     def _describe(
         self, metadata: Metadata, results: list[list[WriteResult]]
@@ -422,36 +565,17 @@ class S3StorageWriter(StorageWriter):
             )
         return meta_bytes, objects, items
 
-    def _previous_manifest(self) -> Manifest | None:
-        key = self.url.key(MANIFEST_NAME)
-        try:
-            raw = self.store.get(key)
-        except ObjectNotFoundError:
-            return None
-        if not self.overwrite:
-            self._refuse_if_committed()
-        return Manifest.from_json(raw, where=key)
-
     def _discard(self, keys: list[str]) -> None:
-        try:
-            failures = self.store.delete(keys)
-        except Exception as exc:
-            log.error("could not remove objects of the failed save at %s: %s", self.url, exc)
-            return
+        failures = self._delete_quietly(keys)
         if failures:
             log.error("%s", format_leftovers([f.key for f in failures]))
 
-    def _remove_replaced(self, previous: Manifest, current: Manifest) -> None:
-        keep = {o.name for o in current.objects} | {current.metadata_key, METADATA_NAME}
-        stale = [o.name for o in previous.objects if o.name not in keep]
-        if previous.metadata_key not in keep:
-            stale.append(previous.metadata_key)
-        if not stale:
-            return
-        failures = self.store.delete([self.url.key(n) for n in stale])
-        if failures:
-            log.warning(
-                "overwrite of %s committed, but %s",
-                self.url,
-                format_leftovers([f.key for f in failures]),
-            )
+    def _delete_quietly(self, keys: list[str]) -> DeleteFailures:
+        """Delete this save's own ``keys``; a failure is reported, never raised (gc
+        removes what is left once the save's heartbeats are old)."""
+        try:
+            return self.store.delete(keys)
+        except S3CkptError as exc:
+            log.error("could not remove objects of the failed save at %s: %s", self.url, exc)
+            code = getattr(exc, "code", None) or type(exc).__name__
+            return [DeleteFailure(k, code, str(exc)) for k in keys]

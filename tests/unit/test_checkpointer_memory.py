@@ -176,6 +176,8 @@ def test_retention_runs_only_after_commit_and_keeps_the_newest() -> None:
         step = int(key.split("/step_")[1][:9])
         if kind == "commit":
             committed.add(step)
+        elif "/s3ckpt.alive." in key and step in committed:
+            continue  # the writer removing its own heartbeats after its commit
         else:
             # Every delete is of a checkpoint older than one already committed.
             assert committed and step < max(committed), (kind, key, committed)

@@ -110,13 +110,19 @@ def test_layout_is_dcp_plus_marker() -> None:
     store = MemoryStore("bkt")
     save(store, make_state())
     names = sorted(k.rsplit("/", 1)[1] for k in store.objects)
-    assert names[0] == ".metadata" and names[-1] == "s3ckpt.json"
-    assert all(n.startswith("__0_") and n.endswith(".distcp") for n in names[1:-1])
     manifest = Manifest.from_json(store.objects["run/step_1/s3ckpt.json"].data)
-    assert {o.name for o in manifest.objects} == set(names[1:-1])
-    assert manifest.total_bytes == sum(
-        len(o.data) for k, o in store.objects.items() if "s3ckpt.json" not in k
-    )
+    tag = manifest.tag
+    # torch's names plus the save's tag, the committed .metadata.<tag>, the stock copy and
+    # the marker; the heartbeats are gone once the save committed.
+    assert names[:2] == [".metadata", f".metadata.{tag}"] and names[-1] == "s3ckpt.json"
+    assert all(n.startswith("__0_") and n.endswith(f".{tag}.distcp") for n in names[2:-1])
+    assert {o.name for o in manifest.objects} == set(names[2:-1])
+    assert manifest.metadata_key == f".metadata.{tag}"
+    meta = store.objects["run/step_1/.metadata"].data
+    assert store.objects[f"run/step_1/.metadata.{tag}"].data == meta
+    assert manifest.total_bytes == sum(len(o.data) for o in store.objects.values()) - len(
+        store.objects["run/step_1/s3ckpt.json"].data
+    ) - len(meta)
 
 
 def test_existing_checkpoint_is_refused_then_overwritten_safely() -> None:
@@ -223,10 +229,32 @@ def test_missing_checkpoint() -> None:
 
 def test_metadata_changed_after_commit_is_detected() -> None:
     store = MemoryStore("bkt")
-    save(store, make_state())
+    writer = save(store, make_state())
+    assert writer.last_manifest is not None
+    committed = f"run/step_1/{writer.last_manifest.metadata_key}"
     store.objects["run/step_1/.metadata"].data += b"\0"
-    with pytest.raises(CorruptCheckpointError, match="does not match"):
+    store.objects[committed].data += b"\0"
+    with pytest.raises(CorruptCheckpointError, match="does not match") as info:
         S3StorageReader(URL, store=store)
+    assert info.value.key == committed
+
+
+def test_stale_stock_metadata_is_rolled_forward() -> None:
+    """A commit killed before its plain .metadata copy (or an overwrite whose old copy is
+    still there): s3ckpt loads the committed metadata and puts the copy back."""
+    store = MemoryStore("bkt")
+    sd = make_state()
+    writer = save(store, sd)
+    assert writer.last_manifest is not None
+    good = store.objects["run/step_1/.metadata"].data
+    store.objects["run/step_1/.metadata"].data = good[:-1] + bytes([good[-1] ^ 1])
+    out = zeros_like_state(sd)
+    load(store, out)
+    assert_same(sd, out)
+    assert store.objects["run/step_1/.metadata"].data == good
+    del store.objects["run/step_1/.metadata"]
+    load(store, zeros_like_state(sd))
+    assert store.objects["run/step_1/.metadata"].data == good
 
 
 class Evil:

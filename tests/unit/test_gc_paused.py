@@ -113,7 +113,7 @@ def test_decoding_runs_no_collection() -> None:
         metadata_key=".metadata",
         metadata_crc32c=0,
         metadata_size=len(raw),
-        objects=(ObjectRecord("__0_0.distcp", 1, 0),),
+        objects=(ObjectRecord("__0_0.distcp", 5000, 0),),
         items=tuple(
             ItemRecord(f"layers.{i}.w", (0, 0), "__0_0.distcp", i, 1, i, None) for i in range(5000)
         ),

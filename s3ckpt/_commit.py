@@ -1,0 +1,184 @@
+"""Pieces of the commit protocol shared by the writer, the reader and gc (torch-free).
+
+The protocol itself is written down in ``docs/dcp.md`` ("The commit protocol"). What lives
+here is what more than one party needs:
+
+* :class:`Heartbeat` — a save is visibly alive: each writing rank PUTs
+  ``s3ckpt.alive.{tag}.{rank}`` every :data:`~s3ckpt.format.HEARTBEAT_INTERVAL` seconds
+  while it uploads, so prune and gc, which measure grace from the newest activity of a
+  save's tag, never take a running save for a dead one.
+* :func:`read_marker` — the commit marker and its ETag, read back (how an unknown outcome
+  is decided).
+* :func:`restore_stock_metadata` — the roll-forward of a commit that was interrupted
+  after its marker: the plain ``.metadata`` stock DCP readers use becomes a copy of the
+  committed ``.metadata.{tag}`` again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+
+from s3ckpt import _crc
+from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, S3CkptError
+from s3ckpt.format import (
+    HEARTBEAT_INTERVAL,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    Manifest,
+    heartbeat_name,
+)
+from s3ckpt.store.base import ObjectStore
+from s3ckpt.uri import StoreURL
+
+__all__ = ["Heartbeat", "read_marker", "restore_stock_metadata"]
+
+log = logging.getLogger(__name__)
+
+
+def heartbeat_body(tag: str, rank: int, step: int | None) -> bytes:
+    """What a heartbeat object holds (for people; liveness is its LastModified)."""
+    doc = {
+        "tag": tag,
+        "rank": rank,
+        "step": step,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "interval": HEARTBEAT_INTERVAL,
+        "time": time.time(),
+    }
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+class Heartbeat:
+    """Beats ``s3ckpt.alive.{tag}.{rank}`` under ``url`` from a daemon thread until stopped.
+
+    The first beat comes after one interval (with jitter): the coordinator beats once
+    before any data is written, so thousands of ranks need not PUT at the same instant.
+    A failed beat is logged and retried at the next interval; it never fails the save (the
+    save's own requests will fail if the store is gone).
+
+    Args:
+        store: Where to beat.
+        url: The checkpoint prefix.
+        tag: The save's tag (see :func:`~s3ckpt.format.save_tag`).
+        rank: The beating rank.
+        step: Recorded in the body, for people.
+        interval: Seconds between beats.
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        url: StoreURL,
+        tag: str,
+        rank: int,
+        step: int | None = None,
+        *,
+        interval: float = HEARTBEAT_INTERVAL,
+    ) -> None:
+        self.store = store
+        self.key = url.key(heartbeat_name(tag, rank))
+        self._tag = tag
+        self._rank = rank
+        self._step = step
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+
+    def beat(self) -> None:
+        """One PUT of the heartbeat object now (raises what the store raises)."""
+        self.store.put(self.key, heartbeat_body(self._tag, self._rank, self._step))
+        self.beats += 1
+
+    def start(self) -> Heartbeat:
+        """Start beating in the background."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"s3ckpt-heartbeat-{self._rank}", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        wait = self._interval * (0.5 + random.random() / 2)
+        while not self._stop.wait(wait):
+            try:
+                self.beat()
+            except S3CkptError as exc:
+                log.warning("s3ckpt: heartbeat %s failed (retrying): %s", self.key, exc)
+            wait = self._interval
+
+    def stop(self) -> None:
+        """Stop beating (waits for a beat in flight)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def read_marker(store: ObjectStore, url: StoreURL) -> tuple[Manifest, str | None] | None:
+    """The committed manifest at ``url`` and the marker's ETag, or None when uncommitted.
+
+    Request cost: one HEAD and one GET. The ETag is for a compare-and-swap (If-Match) of
+    the marker; if the marker changes between the two requests the swap fails, which is
+    the safe side.
+    """
+    key = url.key(MANIFEST_NAME)
+    info = store.head(key)
+    if info is None:
+        return None
+    try:
+        raw = store.get(key)
+    except ObjectNotFoundError:
+        return None
+    return Manifest.from_json(raw, where=key), info.etag
+
+
+def restore_stock_metadata(store: ObjectStore, ckpt: StoreURL, manifest: Manifest) -> None:
+    """Make ``{ckpt}/.metadata`` a copy of the committed ``manifest.metadata_key``.
+
+    The roll-forward of a commit interrupted after its marker (a kill before the copy, or
+    an overwrite whose old ``.metadata`` is still in place): stock DCP readers then read
+    the committed save, not the replaced one. The source is checked against the manifest
+    first, so a damaged source is never published.
+
+    Raises:
+        CorruptCheckpointError: the committed metadata object is missing or damaged.
+
+    Request cost: one GET and one PUT.
+    """
+    if manifest.metadata_key == METADATA_NAME:
+        return  # a format-1 commit: the plain .metadata is the committed object itself
+    key = ckpt.key(manifest.metadata_key)
+    try:
+        raw = store.get(key)
+    except ObjectNotFoundError as exc:
+        raise CorruptCheckpointError(
+            f"{MANIFEST_NAME} commits {manifest.metadata_key}, which is missing; the "
+            "checkpoint was partly deleted",
+            bucket=store.bucket,
+            key=key,
+        ) from exc
+    crc = _crc.crc32c(raw)
+    if len(raw) != manifest.metadata_size or crc != manifest.metadata_crc32c:
+        raise CorruptCheckpointError(
+            f"{manifest.metadata_key} does not match the one {MANIFEST_NAME} committed (size "
+            f"{len(raw)} vs {manifest.metadata_size}, crc32c {crc:08x} vs "
+            f"{manifest.metadata_crc32c:08x}); it was changed after the commit",
+            bucket=store.bucket,
+            key=key,
+        )
+    store.put(ckpt.key(METADATA_NAME), raw, crc32c=crc)
