@@ -34,7 +34,7 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import coalesce
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
 from s3ckpt.store import ObjectInfo, ObjectStore
 from s3ckpt.tools._common import Chunk, Entry, index_checkpoint, open_reader
 
@@ -235,6 +235,8 @@ def verify_checkpoint(
     if read_data is None:
         read_data = has_crc
     problems = _structure(reader, entries)
+    if manifest is not None:
+        problems += _stock_metadata(reader, manifest)
 
     per_object: dict[str, list[_Span]] = defaultdict(list)
     for entry in entries.values():
@@ -327,6 +329,37 @@ def verify_checkpoint(
         problems=tuple(problems),
         seconds=round(time.perf_counter() - t0, 3),
     )
+
+
+def _stock_metadata(reader: S3StorageReader, manifest: Manifest) -> list[Problem]:
+    """The plain ``.metadata`` stock DCP readers use must be the committed one.
+
+    (The manifest's own digest and the committed ``.metadata.{tag}`` were checked when the
+    reader opened the checkpoint; the reader also rolls a stale copy forward when it may
+    write, so a problem here means that failed.)
+    """
+    if manifest.metadata_key == METADATA_NAME:
+        return []
+    try:
+        raw = reader.store.get(reader.url.key(METADATA_NAME))
+    except ObjectNotFoundError:
+        raw = None
+    if raw is not None and len(raw) == manifest.metadata_size and (
+        _crc.crc32c(raw) == manifest.metadata_crc32c
+    ):
+        return []
+    state = "missing" if raw is None else "not the committed one"
+    return [
+        Problem(
+            "structure",
+            METADATA_NAME,
+            None,
+            None,
+            f"{METADATA_NAME} is {state} ({manifest.metadata_key} is): stock DCP readers "
+            "would not load this commit. `s3ckpt gc --apply` (or any s3ckpt load with write "
+            "access) puts the committed copy back",
+        )
+    ]
 
 
 def _head_all(store: ObjectStore, keys: list[str], concurrency: int) -> list[ObjectInfo | None]:
