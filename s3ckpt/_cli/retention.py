@@ -21,6 +21,7 @@ from s3ckpt.retention import (
     DEFAULT_GC_AGE,
     DEFAULT_GRACE,
     DEFAULT_LEASE_TTL,
+    MIN_GRACE,
     CheckpointInfo,
     GcResult,
     PruneResult,
@@ -71,8 +72,9 @@ def _time(text: str) -> datetime:
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add ls, prune, pin, unpin and gc."""
     grace_help = (
-        "an uncommitted prefix with activity this recent is a save in progress "
-        f"(default {format_duration(DEFAULT_GRACE)})"
+        "a save is in progress (never deleted, its uploads never aborted) while any of its "
+        "objects, heartbeats or open uploads is younger than this; prune and gc raise "
+        f"it to at least {format_duration(MIN_GRACE)} (default {format_duration(DEFAULT_GRACE)})"
     )
 
     p = sub.add_parser(
@@ -143,7 +145,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser(
         "gc",
         parents=[common],
-        help="abort stale multipart uploads and remove abandoned saves (dry run by default)",
+        help="reclaim what dead saves left: their uploads, objects and heartbeats; restore "
+        "missing .metadata copies (dry run by default)",
+        description="Deletes only names s3ckpt wrote (__R_I.TAG.distcp, .metadata.TAG, "
+        "s3ckpt.alive.TAG.R) of saves that are dead: no object, heartbeat or upload of their "
+        "tag younger than --grace. Never a commit marker's objects, a plain .metadata, stock "
+        "DCP files or foreign files. Also finishes deletions a killed prune recorded in its "
+        "lease, and rewrites a committed checkpoint's missing or stale plain .metadata.",
     )
     p.add_argument("path", metavar="PATH")
     p.add_argument(
@@ -151,7 +159,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         type=_duration,
         default=DEFAULT_GC_AGE,
         metavar="DURATION",
-        help=f"abort multipart uploads started before this (default "
+        help="abort an open upload of a dead save only once it started this long ago; an "
+        "upload of a live save (see --grace) is never aborted, however old (default "
         f"{format_duration(DEFAULT_GC_AGE)})",
     )
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
@@ -249,7 +258,27 @@ def _ls(args: argparse.Namespace) -> int:
                 ]
             )
         print("\n".join(_table(rows, right=(1, 4, 5))))
+        for c in ck:
+            saves = _saves(c)
+            if saves:
+                print(f"  {c.name}: {saves}")
     return EXIT_OK
+
+
+def _saves(c: CheckpointInfo) -> str:
+    """``ls``'s line about saves in progress in one checkpoint prefix, or ""."""
+    if not c.live_saves and not (c.uploads and not c.is_committed):
+        return ""
+    n = c.live_saves
+    what = f"{n} save{'s' if n != 1 else ''} in progress" if n else "no live save"
+    if c.overwrite_in_progress:
+        what = f"overwrite in progress ({what})"
+    extra = []
+    if c.uploads:
+        extra.append(f"{len(c.uploads)} open upload{'s' if len(c.uploads) != 1 else ''}")
+    if not c.num_objects:
+        extra.append("no objects yet")
+    return what + (f", {', '.join(extra)}" if extra else "")
 
 
 # -- prune -------------------------------------------------------------------------------------
@@ -275,17 +304,27 @@ def _print_prune(result: PruneResult) -> None:
     freed = f"{human_bytes(p.bytes_freed)}, {p.objects_deleted} objects"
     counts = f"keep {len(p.keep)}, skip {len(p.skipped)}"
     deferred = f", {p.deferred} deferred by --max-delete" if p.deferred else ""
+    for note in result.notes:
+        print(f"  note: {note}")
     if not result.applied:
         print(
             f"  dry run: would delete {len(p.delete)} ({freed}), {counts}{deferred}; "
             "pass --apply to delete"
         )
         return
-    resumed = (
-        f"; finished {len(result.resumed)} from an interrupted prune" if result.resumed else ""
-    )
+    if result.resumed:
+        freed = (
+            f"{human_bytes(p.bytes_freed + result.resumed_bytes)}, "
+            f"{p.objects_deleted + result.resumed_objects} objects"
+        )
+        resumed = (
+            f"; {len(result.resumed)} of them finished for an interrupted prune "
+            f"({', '.join(result.resumed)})"
+        )
+    else:
+        resumed = ""
     print(
-        f"  deleted {len(result.deleted)} of {len(p.delete)} ({freed}) in "
+        f"  deleted {len(result.deleted)} of {result.targets} ({freed}) in "
         f"{result.delete_requests} DeleteObjects requests, {counts}{deferred}{resumed}"
     )
     for f in result.failures:
@@ -352,23 +391,60 @@ def _unpin(args: argparse.Namespace) -> int:
 
 # -- gc ----------------------------------------------------------------------------------------
 def _print_gc(r: GcResult) -> None:
-    verb = "aborted" if r.applied else "would abort"
-    print(f"{r.root}  multipart uploads older than the cutoff: {len(r.uploads)} ({verb})")
+    done = r.applied
+    print(
+        f"{r.root}  open uploads of dead saves older than the cutoff: {len(r.uploads)} "
+        + (f"(aborted {r.aborted})" if done else "(would abort)")
+    )
     for u in r.uploads:
         print(f"  upload {u.key} ({u.upload_id[:16]}...)")
-    verb = "removed" if r.applied else "would remove"
-    print(f"abandoned saves: {len(r.abandoned)} ({verb})")
+    if done:
+        state = f"removed {len(r.removed)}"
+        if r.skipped:
+            state += f", skipped {len(r.skipped)}: lease held by another pruner"
+        rest = len(r.abandoned) - len(r.removed) - len(r.skipped)
+        if rest > 0:
+            state += f", {rest} not (fully) removed"
+    else:
+        state = "would remove"
+    print(f"abandoned saves: {len(r.abandoned)} ({state})")
+    removed, skipped = set(r.removed), set(r.skipped)
     for c in r.abandoned:
+        mark = ""
+        if done:
+            url = str(c.url)
+            mark = "  removed" if url in removed else "  SKIPPED" if url in skipped else "  LEFT"
         print(
             f"  {c.url}  {human_bytes(c.size)}, {c.num_objects} objects, "
-            f"last activity {_when(c.last_activity)}"
+            f"last activity {_when(c.last_activity)}{mark}"
         )
+    if r.leftovers:
+        state = f"deleted {r.leftovers_deleted}" if done else "would delete"
+        print(
+            f"leftovers of dead saves in live or committed prefixes: {len(r.leftovers)} ({state})"
+        )
+        for k in r.leftovers:
+            print(f"  {k}")
+    if r.stale_metadata:
+        state = f"restored {len(r.restored)}" if done else "would restore"
+        print(
+            f"committed checkpoints missing a current .metadata: {len(r.stale_metadata)} ({state})"
+        )
+        for url in r.stale_metadata:
+            print(f"  {url}")
+    if r.resumed:
+        verb = "finished" if done else "would finish"
+        print(f"interrupted prunes: {len(r.resumed)} checkpoints ({verb})")
+        for url in r.resumed:
+            print(f"  {url}")
     for run in r.busy_runs:
         print(f"  skipped {run}: another pruner holds its lease", file=sys.stderr)
     for f in r.failures:
         print(f"  FAILED {f.key}: {f.code}: {f.message}")
-    if not r.applied and (r.uploads or r.abandoned):
-        print("dry run: pass --apply to abort and delete")
+    for note in r.notes:
+        print(f"note: {note}")
+    if not done and (r.uploads or r.abandoned or r.leftovers or r.stale_metadata or r.resumed):
+        print("dry run: pass --apply to abort, delete and restore")
 
 
 def _gc(args: argparse.Namespace) -> int:

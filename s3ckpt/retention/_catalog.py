@@ -8,16 +8,26 @@ immediate sub-prefix of it (``{run}/step_000001000/``). Besides checkpoints a ru
 * ``{run}/s3ckpt.lease`` — the pruner's lease (:mod:`s3ckpt.retention._lease`);
 * ``{ckpt}/s3ckpt.pin.json`` — a pin on one checkpoint (``s3ckpt pin``).
 
-A sub-prefix counts as a checkpoint when it holds a commit marker (``s3ckpt.json``), a DCP
-``.metadata``, a ``*.distcp`` data object or a pin, or when its name is ``step_<digits>``;
-any other folder under a run (``tensorboard/``, ``logs/``) is not retention's business and
-is never listed, planned or deleted.
+A sub-prefix counts as a checkpoint when it holds (as an object or as an open multipart
+upload) a commit marker (``s3ckpt.json``), a DCP ``.metadata``, a ``*.distcp`` data object,
+one of s3ckpt's per-save names (:func:`s3ckpt.format.owned_tag`: ``.metadata.{tag}``,
+heartbeats ``s3ckpt.alive.{tag}.{rank}``) or a pin. Its name alone never makes it one: a
+``step_<digits>/`` folder holding only foreign files (TensorBoard events, a safetensors
+export) is not retention's business, and neither is any other folder under a run
+(``tensorboard/``, ``logs/``); they are never listed, planned or deleted.
+
+Saves and liveness. Every object and upload a save creates carries the save's 8-hex *tag*
+(see :mod:`s3ckpt.format`). A tag is *live* while any of its objects (heartbeats included:
+each writing rank rewrites one every ``HEARTBEAT_INTERVAL``) or open uploads is younger than
+the grace period; a save uploading one large object for hours stays live through its
+heartbeats. ``live_tags`` lists them; a live tag other than the committed one is a save in
+progress (``live_saves``), in a committed prefix an overwrite.
 
 States:
 
 * ``COMMITTED`` — the commit marker is present.
-* ``IN_PROGRESS`` — no marker, and the newest sign of activity (an object's mtime, or an
-  open multipart upload's start) is younger than the grace period.
+* ``IN_PROGRESS`` — no marker, and a tag is live or the newest sign of activity (an
+  object's mtime, or an open multipart upload's start) is younger than the grace period.
 * ``FOREIGN`` — no marker but a DCP ``.metadata``, and older than the grace period: a
   checkpoint written by stock DCP or another tool. Never deleted unless asked
   (``include_foreign``), never removed by ``gc``.
@@ -40,14 +50,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
-from s3ckpt.store.base import ObjectInfo, ObjectStore
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, MIN_GRACE_SECONDS, Manifest, owned_tag
+from s3ckpt.retention._duration import format_duration
+from s3ckpt.store.base import ObjectInfo, ObjectStore, UploadInfo
 from s3ckpt.uri import StoreURL
 
 __all__ = [
     "DEFAULT_GRACE",
     "LATEST_NAME",
     "LEASE_NAME",
+    "MIN_GRACE",
     "PIN_NAME",
     "CheckpointInfo",
     "CheckpointState",
@@ -65,7 +77,9 @@ PIN_NAME = "s3ckpt.pin.json"
 """Per-checkpoint pin: ``{"reason": ..., "pinned_at": ..., "by": ...}``."""
 
 DEFAULT_GRACE = timedelta(hours=2)
-"""How long an uncommitted prefix counts as a save in progress after its last activity."""
+"""How long a save (a tag) counts as in progress after its last activity."""
+MIN_GRACE = timedelta(seconds=MIN_GRACE_SECONDS)
+"""The floor prune and gc raise a shorter grace period to (four missed heartbeats)."""
 
 RUN_CONTROL_NAMES = frozenset({LATEST_NAME, LEASE_NAME})
 _CKPT_CONTROL_NAMES = frozenset({PIN_NAME})
@@ -106,7 +120,14 @@ class CheckpointInfo:
         last_activity: Newest object mtime or open-upload start under the prefix (UTC);
             used only to tell IN_PROGRESS from ABANDONED, never to order.
         error: Why the marker could not be read, when it could not (still COMMITTED).
-        keys: Every key under the prefix (control objects included); what a delete removes.
+        keys: Every key under the prefix (control objects and foreign files included). Retention
+            deletes only the ones s3ckpt (or, with ``include_foreign``, DCP) wrote.
+        tag: The committed save's tag (from the marker), else None.
+        live_tags: Tags with an object, heartbeat or open upload younger than the grace period.
+        uploads: Open multipart uploads under the prefix.
+        committed_keys: Keys the marker commits (the marker, its metadata, its objects).
+        metadata_stale: Committed with a per-save metadata, and the plain ``.metadata`` (the
+            copy for stock DCP readers) is missing, of the wrong size or older than the marker.
     """
 
     url: StoreURL
@@ -121,11 +142,26 @@ class CheckpointInfo:
     last_activity: datetime | None = None
     error: str | None = None
     keys: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    tag: str | None = None
+    live_tags: tuple[str, ...] = ()
+    uploads: tuple[UploadInfo, ...] = field(default=(), repr=False, compare=False)
+    committed_keys: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    metadata_stale: bool = False
 
     @property
     def is_committed(self) -> bool:
         """Whether the commit marker is present."""
         return self.state is CheckpointState.COMMITTED
+
+    @property
+    def live_saves(self) -> int:
+        """Saves in progress under the prefix: live tags other than the committed one."""
+        return sum(1 for t in self.live_tags if t != self.tag)
+
+    @property
+    def overwrite_in_progress(self) -> bool:
+        """Committed, and another save is writing into the same prefix."""
+        return self.is_committed and self.live_saves > 0
 
     def sort_key(self) -> tuple[int, int, datetime, str]:
         """(has a step, step, commit time, name): the catalog's order, oldest first.
@@ -149,6 +185,10 @@ class CheckpointInfo:
             "pinned": self.pinned,
             "last_activity": _iso(self.last_activity),
             "error": self.error,
+            "tag": self.tag,
+            "live_saves": self.live_saves,
+            "overwrite_in_progress": self.overwrite_in_progress,
+            "open_uploads": len(self.uploads),
         }
 
 
@@ -193,24 +233,48 @@ class _Group:
     size: int = 0
     count: int = 0
     newest: float | None = None
-    marker: bool = False
+    marker: ObjectInfo | None = None
     metadata: ObjectInfo | None = None
     pin: bool = False
+    tags: dict[str, float] = field(default_factory=dict)
+    """Newest activity per save tag (objects, heartbeats and uploads directly under it)."""
+    uploads: list[UploadInfo] = field(default_factory=list)
+
+    def touch(self, when: float | None, tag: str | None = None) -> None:
+        if when is None:
+            return
+        self.newest = when if self.newest is None else max(self.newest, when)
+        if tag is not None:
+            self.tags[tag] = max(self.tags.get(tag, when), when)
 
 
 def _ckpt_dir(key: str) -> str | None:
-    """The checkpoint prefix (ending in ``/``) a key declares, if its name or folder does."""
+    """The checkpoint prefix (ending in ``/``) a key declares: only a name s3ckpt or DCP
+    writes does (a folder's name never does)."""
     head, sep, base = key.rpartition("/")
     if not sep:
         return None
-    folder = head.rpartition("/")[2]
     if (
         base in (MANIFEST_NAME, METADATA_NAME, PIN_NAME)
         or base.endswith(".distcp")
-        or _STEP_RE.fullmatch(folder)
+        or owned_tag(base) is not None
     ):
         return head + "/"
     return None
+
+
+def effective_grace(grace: timedelta) -> tuple[timedelta, str | None]:
+    """``grace`` raised to :data:`MIN_GRACE`, and a note saying so when it was."""
+    if grace >= MIN_GRACE:
+        return grace, None
+    return MIN_GRACE, (
+        f"grace {_fmt(grace)} is below the floor of {_fmt(MIN_GRACE)} (four missed "
+        f"heartbeats); used {_fmt(MIN_GRACE)}, so no setting can delete a running save"
+    )
+
+
+def _fmt(d: timedelta) -> str:
+    return format_duration(d) if d > timedelta(0) else format_duration(timedelta(0))
 
 
 def _parent(prefix: str) -> str:
@@ -235,9 +299,10 @@ def scan(
     """
     now = _check_now(now)
     objects = list(store.list(root.prefix))
+    uploads = list(store.list_multipart_uploads(root.prefix)) if include_uploads else []
     groups: dict[str, _Group] = {}
-    for obj in objects:
-        d = _ckpt_dir(obj.key)
+    for key in [o.key for o in objects] + [u.key for u in uploads]:
+        d = _ckpt_dir(key)
         if d is not None and d.startswith(root.prefix):
             groups.setdefault(d, _Group())
     runs_with_lease: set[str] = set()
@@ -254,17 +319,18 @@ def scan(
             continue
         g.size += obj.size
         g.count += 1
-        if obj.last_modified is not None:
-            g.newest = obj.last_modified if g.newest is None else max(g.newest, obj.last_modified)
-        if obj.key.endswith("/" + MANIFEST_NAME) and _is_direct(obj.key, groups):
-            g.marker = True
-        if obj.key.endswith("/" + METADATA_NAME) and _is_direct(obj.key, groups):
+        direct = _is_direct(obj.key, groups)
+        g.touch(obj.last_modified, owned_tag(base) if direct else None)
+        if base == MANIFEST_NAME and direct:
+            g.marker = obj
+        if base == METADATA_NAME and direct:
             g.metadata = obj
-    if include_uploads and groups:
-        for up in store.list_multipart_uploads(root.prefix):
-            g = _owner(groups, up.key)
-            if g is not None and up.initiated is not None:
-                g.newest = up.initiated if g.newest is None else max(g.newest, up.initiated)
+    for up in uploads:
+        g = _owner(groups, up.key)
+        if g is not None:
+            g.uploads.append(up)
+            direct = _is_direct(up.key, groups)
+            g.touch(up.initiated, owned_tag(up.key.rpartition("/")[2]) if direct else None)
 
     markers = [d for d, g in groups.items() if g.marker]
     pins = [d for d, g in groups.items() if g.pin]
@@ -355,6 +421,8 @@ def _info(
     step = int(m.group(1)) if m else None
     url = StoreURL(root.scheme, root.bucket, d)
     last = _utc(g.newest)
+    cutoff = (now - grace).timestamp()
+    live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff))
     common = dict(
         url=url,
         name=name,
@@ -363,14 +431,23 @@ def _info(
         pinned=pin,
         last_activity=last,
         keys=tuple(g.keys),
+        live_tags=live,
+        uploads=tuple(g.uploads),
     )
-    if g.marker:
+    if g.marker is not None:
         if isinstance(manifest, Manifest):
+            committed = frozenset(
+                [d + MANIFEST_NAME, d + manifest.metadata_key]
+                + [d + o.name for o in manifest.objects]
+            )
             return CheckpointInfo(
                 step=manifest.step if manifest.step is not None else step,
                 state=CheckpointState.COMMITTED,
                 committed_at=_utc(manifest.created),
                 metrics=dict(manifest.metrics),
+                tag=manifest.tag,
+                committed_keys=committed,
+                metadata_stale=_metadata_stale(g, manifest),
                 **common,  # type: ignore[arg-type]
             )
         return CheckpointInfo(
@@ -380,7 +457,7 @@ def _info(
             error=manifest if isinstance(manifest, str) else "commit marker unreadable",
             **common,  # type: ignore[arg-type]
         )
-    young = last is not None and now - last < grace
+    young = bool(live) or (last is not None and now - last < grace)
     if young:
         state = CheckpointState.IN_PROGRESS
     elif g.metadata is not None:
@@ -398,6 +475,23 @@ def _info(
     )
 
 
+def _metadata_stale(g: _Group, manifest: Manifest) -> bool:
+    """Whether the plain ``.metadata`` copy needs rewriting (a cheap signal from the listing;
+    the rewrite verifies the source against the marker)."""
+    if manifest.metadata_key == METADATA_NAME:
+        return False  # the plain .metadata is itself the committed one
+    plain = g.metadata
+    if plain is None or plain.size != manifest.metadata_size:
+        return True
+    marker = g.marker
+    return (
+        marker is not None
+        and marker.last_modified is not None
+        and plain.last_modified is not None
+        and plain.last_modified < marker.last_modified
+    )
+
+
 def list_checkpoints(
     store: ObjectStore,
     run: StoreURL,
@@ -410,8 +504,8 @@ def list_checkpoints(
     Args:
         store: The store holding the run.
         run: The run prefix.
-        grace: How long after its last activity an uncommitted prefix is still a save in
-            progress.
+        grace: How long after its last activity (an object, a heartbeat, an upload's start)
+            a save is still in progress.
         now: The time to judge ``grace`` against (default: the wall clock).
 
     Request cost: ``ceil(objects under run / 1000)`` LIST requests, one LIST of open

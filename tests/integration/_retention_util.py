@@ -5,15 +5,29 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, ObjectRecord
+from s3ckpt._crc import crc32c
+from s3ckpt.format import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    Manifest,
+    ObjectRecord,
+    data_name,
+    heartbeat_name,
+    metadata_name,
+)
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
 DATA_SIZE = 64
+META = b"meta"
 
 
 def ckpt_name(step: int) -> str:
     return f"step_{step:09d}"
+
+
+def new_tag() -> str:
+    return uuid.uuid4().hex[:8]
 
 
 def write_checkpoint(
@@ -27,30 +41,44 @@ def write_checkpoint(
     commit: bool = True,
     metadata: bool = True,
     name: str | None = None,
+    tag: str | None = None,
+    per_save_metadata: bool = False,
+    heartbeats: int = 0,
 ) -> StoreURL:
-    """Data objects, then ``.metadata``, then (``commit``) the marker — the save order."""
+    """Data objects, then ``.metadata``, then (``commit``) the marker — the save order.
+
+    Every object carries the save's ``tag``. ``per_save_metadata`` writes the commit
+    protocol's layout: ``.metadata.{tag}`` (what the marker commits), and after the marker
+    the plain ``.metadata`` copy. ``heartbeats`` writes that many ranks' heartbeats first.
+    """
+    tag = tag or new_tag()
     ckpt = run.child(name or ckpt_name(step))
+    for rank in range(heartbeats):
+        store.put(ckpt.key(heartbeat_name(tag, rank)), b"")
     objects = []
     for i in range(data_objects):
-        obj = f"__{i}_0.{uuid.uuid4().hex[:8]}.distcp"
+        obj = data_name(i, 0, tag)
         store.put(ckpt.key(obj), bytes([i % 256]) * DATA_SIZE)
         objects.append(ObjectRecord(obj, DATA_SIZE, i))
+    meta_key = metadata_name(tag) if per_save_metadata else METADATA_NAME
     if metadata:
-        store.put(ckpt.key(METADATA_NAME), b"meta")
+        store.put(ckpt.key(meta_key), META)
     if commit:
         m = Manifest(
-            save_id=uuid.uuid4().hex,
+            save_id=tag + uuid.uuid4().hex[8:],
             created=created,
             world_size=data_objects,
-            metadata_key=METADATA_NAME,
-            metadata_crc32c=0,
-            metadata_size=4,
+            metadata_key=meta_key,
+            metadata_crc32c=crc32c(META),
+            metadata_size=len(META),
             objects=tuple(objects),
             items=(),
             step=step,
             metrics=dict(metrics or {}),
         )
         store.put(ckpt.key(MANIFEST_NAME), m.to_json(), if_none_match=True)
+        if per_save_metadata and metadata:
+            store.put(ckpt.key(METADATA_NAME), META)
     return ckpt
 
 

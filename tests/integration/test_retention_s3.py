@@ -20,7 +20,7 @@ import pytest
 
 from s3ckpt.cli import main
 from s3ckpt.errors import LeaseHeldError
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format import MANIFEST_NAME, data_name
 from s3ckpt.retention import (
     CheckpointState,
     KeepLast,
@@ -222,8 +222,10 @@ def test_a_save_in_progress_is_untouched_by_prune_and_gc(
     run = StoreURL("s3", bucket, "runs/live/")
     populate(store, run, [1, 2, 3, 4, 5], data_objects=1)
     # the save of step 6: two ranks' objects are up, a third streams as a multipart upload
-    live = write_checkpoint(store, run, 6, created=time.time(), commit=False, metadata=False)
-    big = live.key("__2_0.big.distcp")
+    live = write_checkpoint(
+        store, run, 6, created=time.time(), commit=False, metadata=False, tag="5a5e0006"
+    )
+    big = live.key(data_name(2, 0, "5a5e0006"))
     upload_id = store.create_multipart(big)
     part = store.upload_part(big, upload_id, 1, b"x" * (5 * 1024 * 1024))
     before = keys_under(store, live.prefix)
@@ -254,8 +256,10 @@ def test_gc_aborts_stale_uploads_and_removes_abandoned_saves(
     store = shared_store(bucket)
     run = StoreURL("s3", bucket, "runs/gc/")
     populate(store, run, [1, 2], data_objects=1)
-    dead = write_checkpoint(store, run, 3, created=time.time(), commit=False, metadata=False)
-    store.create_multipart(dead.key("__1_0.distcp"))
+    dead = write_checkpoint(
+        store, run, 3, created=time.time(), commit=False, metadata=False, tag="dead0003"
+    )
+    store.create_multipart(dead.key(data_name(1, 0, "dead0003")))
     future = (datetime.now(timezone.utc) + timedelta(days=2)).isoformat()
     # judged two days from now everything is stale; the real clock is used by the CLI, so
     # call the library with `now` instead.

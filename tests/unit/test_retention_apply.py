@@ -19,7 +19,7 @@ from s3ckpt.errors import (
     PolicyError,
     TransientStoreError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, data_name
 from s3ckpt.retention import (
     LATEST_NAME,
     LEASE_NAME,
@@ -110,7 +110,7 @@ def test_catalog_states_order_and_control_objects(store: MemoryStore, clock: Clo
 def test_open_multipart_upload_keeps_a_prefix_in_progress(store: MemoryStore, clock: Clock) -> None:
     write_checkpoint(store, RUN, 7, created=clock.t, commit=False, metadata=False)
     clock.t += 5 * 3600
-    store.create_multipart(RUN.child(ckpt_name(7)).key("__1_0.big.distcp"))
+    store.create_multipart(RUN.child(ckpt_name(7)).key(data_name(1, 0, "abcdef01")))
     now = datetime.fromtimestamp(clock.t, timezone.utc)
     assert list_checkpoints(store, RUN, now=now)[0].state is CheckpointState.IN_PROGRESS
 
@@ -327,12 +327,17 @@ def test_intent_of_a_checkpoint_that_is_committed_again_is_not_blindly_finished(
 # -- gc ----------------------------------------------------------------------------------------
 def test_gc_aborts_old_uploads_and_removes_only_abandoned(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock, [1, 2])
-    write_checkpoint(store, RUN, 3, created=clock.t, commit=False, metadata=False)  # abandoned
+    dead = write_checkpoint(
+        store, RUN, 3, created=clock.t, commit=False, metadata=False, tag="0d0d0d0d"
+    )
     write_checkpoint(store, RUN, 4, created=clock.t, commit=False)  # foreign
-    old_upload = store.create_multipart(RUN.child(ckpt_name(3)).key("__9_0.distcp"))
+    old_upload = store.create_multipart(dead.key(data_name(9, 0, "0d0d0d0d")))
+    stock_upload = store.create_multipart(dead.key("__9_0.distcp"))  # not s3ckpt's: stays
     clock.t += 3 * 86400
-    write_checkpoint(store, RUN, 5, created=clock.t, commit=False, metadata=False)  # in progress
-    new_upload = store.create_multipart(RUN.child(ckpt_name(5)).key("__9_0.distcp"))
+    live = write_checkpoint(
+        store, RUN, 5, created=clock.t, commit=False, metadata=False, tag="1e1e1e1e"
+    )
+    new_upload = store.create_multipart(live.key(data_name(9, 0, "1e1e1e1e")))
     now = datetime.fromtimestamp(clock.t + 60, timezone.utc)
     dry = gc(store, RUN, now=now)
     assert not dry.applied and [c.name for c in dry.abandoned] == [ckpt_name(3)]
@@ -341,13 +346,17 @@ def test_gc_aborts_old_uploads_and_removes_only_abandoned(store: MemoryStore, cl
     r = gc(store, RUN, now=now, apply=True)
     assert r.ok and r.aborted == 1 and r.removed == (str(RUN.child(ckpt_name(3))),)
     assert old_upload not in store.uploads and new_upload in store.uploads
+    assert stock_upload in store.uploads
     states = {c.name: c.state for c in list_checkpoints(store, RUN, now=now)}
+    # step 3 still lists (the stock upload declares it), but holds nothing of s3ckpt's
     assert states == {
         ckpt_name(1): CheckpointState.COMMITTED,
         ckpt_name(2): CheckpointState.COMMITTED,
+        ckpt_name(3): CheckpointState.ABANDONED,
         ckpt_name(4): CheckpointState.FOREIGN,
         ckpt_name(5): CheckpointState.IN_PROGRESS,
     }
+    assert keys_under(store, dead.prefix) == set()
     assert keys_under(store, RUN.child(ckpt_name(5)).prefix)
 
 
