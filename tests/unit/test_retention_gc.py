@@ -5,6 +5,7 @@ gc, and truthful reports. MemoryStore, in process."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import types
@@ -26,6 +27,7 @@ from s3ckpt.format import (
 from s3ckpt.retention import (
     LEASE_NAME,
     CheckpointState,
+    KeepBest,
     KeepLast,
     Lease,
     LeaseRecord,
@@ -257,7 +259,8 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
     want_resave = {resave.key(data_name(i, 0, "33333333")) for i in range(3)}
     assert set(dry.leftovers) == want_committed | want_resave
     assert [u.upload_id for u in dry.uploads] == [lost] and dry.abandoned == ()
-    code, out = run_cli(store, monkeypatch, "gc", RUN.prefix, "--json")
+    assert run_cli(store, monkeypatch, "gc", RUN.prefix, "--json")[0] == 0
+    _, out = run_cli(store, monkeypatch, "gc", RUN.prefix, "--json")
     doc = json.loads(out)
     assert set(doc["leftovers"]) == set(dry.leftovers) and doc["applied"] is False
 
@@ -411,7 +414,7 @@ def test_a_gc_that_dies_keeps_the_intent_log(store: MemoryStore, clock: Clock) -
     assert rec is not None and set(rec.deleting) == {ckpt_name(1), ckpt_name(2)}
 
 
-# -- 7. truthful reports ----------------------------------------------------------------------------
+# -- 7. truthful reports ------------------------------------------------------------------------
 def test_gc_reports_a_busy_run_as_skipped_not_removed(
     store: MemoryStore, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -450,3 +453,23 @@ def test_scan_lists_uploads_once_and_gc_reads_leases_only_where_they_are(
     gets = store.calls["get"]
     gc(store, RUN, now=at(clock))
     assert store.calls["get"] == gets + 1  # the marker; there is no lease to read
+
+
+# -- 6. NaN / inf metrics from the markers --------------------------------------------------
+def test_nan_and_inf_metrics_from_markers_rank_in_keep_best(
+    store: MemoryStore, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    losses = [math.nan, math.inf, 0.5, -math.inf, math.nan]
+    for i, loss in enumerate(losses):
+        write_checkpoint(store, RUN, i + 1, created=clock.t + i, metrics={"loss": loss})
+    clock.t += 3 * HOUR
+    cat = list_checkpoints(store, RUN, now=at(clock))
+    assert [c.metrics["loss"] for c in cat][1:4] == [math.inf, 0.5, -math.inf]
+    assert math.isnan(cat[0].metrics["loss"])
+    p = prune(store, RUN, KeepBest(2, "loss"), now=at(clock))
+    assert set(p.plan.keep) == {ckpt_name(4), ckpt_name(3), ckpt_name(5)}  # 5: newest
+    p = prune(store, RUN, KeepBest(2, "loss", mode="max"), now=at(clock))
+    assert set(p.plan.keep) == {ckpt_name(2), ckpt_name(3), ckpt_name(5)}
+    _, out = run_cli(store, monkeypatch, "ls", RUN.prefix, "--json")
+    (run,) = json.loads(out)["runs"]
+    assert [c["metrics"]["loss"] for c in run["checkpoints"]] == ["nan", "inf", 0.5, "-inf", "nan"]

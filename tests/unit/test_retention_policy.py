@@ -373,3 +373,17 @@ def test_errors_pickle_with_their_attributes() -> None:
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err)
         assert back.__dict__ == err.__dict__
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_keep_best_nan_is_worst_both_ways_and_infinities_rank_by_value(mode: str) -> None:
+    vals = [math.nan, math.inf, -math.inf, 1.0, math.nan]
+    ck = [
+        mk((i + 1) * 10, T0 + timedelta(hours=i), metrics={"loss": v}) for i, v in enumerate(vals)
+    ]
+    order = [30, 40, 20] if mode == "min" else [20, 40, 30]  # -inf is the best loss
+    for n in (1, 2, 3):
+        assert kept(KeepBest(n, "loss", mode=mode), ck) == sorted(order[:n])  # type: ignore[arg-type]
+    # NaN comes last in both directions; between NaNs the newer wins
+    assert kept(KeepBest(4, "loss", mode=mode), ck) == sorted([*order, 50])  # type: ignore[arg-type]
+    assert kept(KeepBest(5, "loss", mode=mode, nan="skip"), ck) == [20, 30, 40]  # type: ignore[arg-type]

@@ -251,3 +251,71 @@ def test_calendar_matches_a_literal_newest_first_walk(
     rule = KeepCalendar(*counts)
     got = {k: list(v) for k, v in rule.select(cps, NOW).items()}
     assert got == _calendar_by_walking(rule, cps)
+
+
+# Metrics as s3ckpt.json now stores them: any float, NaN and +-inf included, or missing.
+any_metric = st.one_of(
+    st.none(),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0]),  # ties and specials
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+
+
+def _best_by_sorting(
+    values: list[float | None], n: int, mode: str, nan: str, missing: str
+) -> set[str]:
+    """KeepBest spelled out: numbers by value (+-inf included), the newer first on ties;
+    then, worst of all in either direction, NaN (``nan="worst"``) and missing metrics
+    (``missing="worst"``), the newer first; the first ``n`` are kept."""
+    numbers, worst = [], []
+    for i, v in enumerate(values):
+        if v is None:
+            if missing == "worst":
+                worst.append(i)
+        elif math.isnan(v):
+            if nan == "worst":
+                worst.append(i)
+        else:
+            numbers.append((v if mode == "min" else -v, -i))
+    order = [-i for _, i in sorted(numbers)] + sorted(worst, reverse=True)
+    return {f"c{i}" for i in order[:n]}
+
+
+@PROPS
+@given(
+    st.lists(any_metric, max_size=30),
+    st.integers(1, 8),
+    st.sampled_from(["min", "max"]),
+    st.sampled_from(["worst", "skip"]),
+    st.sampled_from(["skip", "worst"]),
+)
+def test_keep_best_ranks_nan_worst_both_ways_and_infinities_by_value(
+    values: list[float | None], n: int, mode: str, nan: str, missing: str
+) -> None:
+    cps = [
+        CheckpointInfo(
+            url=RUN.child(f"c{i}"),
+            name=f"c{i}",
+            step=i,
+            state=CheckpointState.COMMITTED,
+            committed_at=T0 + timedelta(minutes=i),
+            size=1,
+            num_objects=1,
+            metrics={} if v is None else {"loss": v},
+        )
+        for i, v in enumerate(values)
+    ]
+    rule = KeepBest(n, "loss", mode, nan, missing)  # type: ignore[arg-type]
+    kept = set(rule.select(cps, NOW))
+    assert kept == _best_by_sorting(values, n, mode, nan, missing)
+    numbers = [i for i, v in enumerate(values) if v is not None and not math.isnan(v)]
+    nans = [i for i, v in enumerate(values) if v is not None and math.isnan(v)]
+    # a NaN is kept only when every number is kept already, whichever the direction
+    if any(f"c{i}" in kept for i in nans):
+        assert all(f"c{i}" in kept for i in numbers)
+    # the best infinity wins over every finite number; the worst loses to all of them
+    best_inf, worst_inf = (-math.inf, math.inf) if mode == "min" else (math.inf, -math.inf)
+    if any(values[i] == best_inf for i in numbers):
+        assert any(values[int(k[1:])] == best_inf for k in kept)
+    if any(f"c{i}" in kept for i in numbers if values[i] == worst_inf):
+        assert all(f"c{i}" in kept for i in numbers if values[i] != worst_inf)
