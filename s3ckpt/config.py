@@ -152,8 +152,20 @@ class TransferConfig:
     """Seconds to open a connection. A bad hostname fails fast: DNS and refused
     connections are *not* retried."""
 
-    read_timeout: float = 60.0
-    """Seconds without a byte from the server before a request is retried."""
+    read_timeout: float = 20.0
+    """Seconds without a byte from the server before the attempt is abandoned (and retried
+    while :attr:`request_deadline` allows). A healthy S3 answers in well under a second and
+    streams continuously; raise it only for links that really pause this long."""
+
+    request_deadline: float = 50.0
+    """Seconds one request may spend across all its attempts (and the back-off between them).
+
+    What it buys: a dead or black-holed endpoint (one that accepts connections and never
+    answers) fails with a clear :class:`~s3ckpt.errors.TransientStoreError` in under a minute
+    instead of ``max_attempts x read_timeout``. It only decides whether to *start* another
+    attempt: an attempt that is transferring bytes is never cut, and after a timeout no new
+    attempt is started that could not itself time out before the deadline. Raise it together
+    with :attr:`read_timeout` for slow links."""
 
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ConfigError:
@@ -179,6 +191,8 @@ class TransferConfig:
             raise bad("retry_max_delay", ">= retry_initial_delay >= 0")
         if self.connect_timeout <= 0 or self.read_timeout <= 0:
             raise bad("connect_timeout", "connect_timeout > 0 and read_timeout > 0")
+        if not self.request_deadline > 0:  # also refuses NaN
+            raise bad("request_deadline", "> 0 (seconds)")
 
     @property
     def max_inflight_parts(self) -> int:

@@ -172,8 +172,17 @@ class ObjectStore(Protocol):
         """Every object under ``prefix``, paged (one request per 1000 keys on S3)."""
         ...
 
-    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
-        """The immediate "sub-folders" under ``prefix`` (S3 common prefixes)."""
+    def list_prefixes(
+        self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
+    ) -> Iterator[str]:
+        """The immediate "sub-folders" under ``prefix`` (S3 common prefixes), sorted.
+
+        Args:
+            start_after: Yield only prefixes that sort strictly after this string (a full
+                key or prefix, e.g. ``run/step-00000100/``). On S3 the keys up to it are
+                skipped server-side (``StartAfter``), so checking for anything newer than a
+                known name costs one request however much sorts before it.
+        """
         ...
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:

@@ -271,14 +271,16 @@ class FsspecStore:
             if key.startswith(prefix) and not key.endswith(".s3ckpt-partial"):
                 yield ObjectInfo(key, int(info.get("size") or 0), info.get("ETag"), _mtime(info))
 
-    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
-        """See :meth:`ObjectStore.list_prefixes`."""
+    def list_prefixes(
+        self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
+    ) -> Iterator[str]:
+        """See :meth:`ObjectStore.list_prefixes` (filtered here: fsspec lists everything)."""
         seen = set()
         for obj in self.list(prefix):
             rest = obj.key[len(prefix) :]
             if delimiter in rest:
                 seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-        yield from sorted(seen)
+        yield from sorted(p for p in seen if start_after is None or p > start_after)
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""

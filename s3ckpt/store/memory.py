@@ -223,7 +223,9 @@ class MemoryStore:
         for k, o in items:
             yield ObjectInfo(k, len(o.data), o.etag, o.mtime)
 
-    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
+    def list_prefixes(
+        self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
+    ) -> Iterator[str]:
         """See :meth:`ObjectStore.list_prefixes`."""
         self._enter("list", prefix)
         seen: set[str] = set()
@@ -233,7 +235,7 @@ class MemoryStore:
             rest = k[len(prefix) :]
             if delimiter in rest:
                 seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-        yield from sorted(seen)
+        yield from sorted(p for p in seen if start_after is None or p > start_after)
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""

@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -33,6 +34,8 @@ from tenacity import (
     stop_after_attempt,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
 
 from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
@@ -156,6 +159,68 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
+def _timeout_kind(exc: BaseException | None) -> str | None:
+    """``"connect"`` or ``"read"`` when ``exc`` is (or wraps) a timeout, else ``None``."""
+    for _ in range(6):  # botocore wraps urllib3 wraps socket: a short chain
+        if exc is None:
+            return None
+        if isinstance(exc, bce.ConnectTimeoutError):
+            return "connect"
+        if isinstance(exc, (bce.ReadTimeoutError, TimeoutError)) or (
+            type(exc).__name__ == "ReadTimeoutError"
+        ):
+            return "read"
+        kwargs = getattr(exc, "kwargs", None)
+        inner = kwargs.get("error") if isinstance(kwargs, dict) else None
+        exc = inner if isinstance(inner, BaseException) else (exc.__cause__ or exc.__context__)
+    return None
+
+
+class _StopAtDeadline(stop_base):
+    """Stop once another attempt could not finish within ``TransferConfig.request_deadline``.
+
+    Never start an attempt after the deadline. After a *timeout* the endpoint may be
+    black-holed, so the next attempt is assumed to cost a whole timeout again: stop when
+    that would end past the deadline. After a quick failure (503, reset) no such cost is
+    assumed, so throttling is still retried when ``read_timeout`` is close to (or above)
+    the deadline.
+    """
+
+    def __init__(self, deadline: float, read_timeout: float, connect_timeout: float) -> None:
+        self.deadline = deadline
+        self.read_timeout = read_timeout
+        self.connect_timeout = connect_timeout
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        # upcoming_sleep: the back-off before the next attempt (tenacity >= 8.3 sets it
+        # before asking stop; older versions leave it 0).
+        elapsed = (retry_state.seconds_since_start or 0.0) + float(
+            getattr(retry_state, "upcoming_sleep", 0.0) or 0.0
+        )
+        if elapsed >= self.deadline:
+            return True
+        outcome = retry_state.outcome
+        kind = _timeout_kind(outcome.exception() if outcome is not None else None)
+        if kind == "read":
+            return elapsed + self.read_timeout > self.deadline
+        if kind == "connect":
+            return elapsed + self.connect_timeout > self.deadline
+        return False
+
+
+def retry_strategies(tc: TransferConfig) -> tuple[stop_base, wait_base]:
+    """The one retry policy of every S3 request: ``(stop, wait)`` tenacity strategies.
+
+    Stop after ``max_attempts`` or when another attempt could not end before
+    ``request_deadline``; back off exponentially with full jitter.
+    """
+    stop = stop_after_attempt(tc.max_attempts) | _StopAtDeadline(
+        tc.request_deadline, tc.read_timeout, tc.connect_timeout
+    )
+    wait = wait_random_exponential(multiplier=tc.retry_initial_delay, max=tc.retry_max_delay)
+    return stop, wait
+
+
 def map_error(
     exc: BaseException,
     *,
@@ -164,11 +229,38 @@ def map_error(
     key: str | None,
     endpoint: str | None,
     attempts: int = 1,
+    elapsed: float | None = None,
+    transfer_config: TransferConfig | None = None,
 ) -> StoreError:
-    """Translate a botocore exception into the s3ckpt error tree (by code, never text)."""
+    """Translate a botocore exception into the s3ckpt error tree (by code, never text).
+
+    ``elapsed`` (seconds across all attempts) and ``transfer_config`` make the message of a
+    request that kept timing out say how long the endpoint stayed silent and which
+    settings bound that.
+    """
     where = f"{operation} s3://{bucket}/{key or ''}"
     if isinstance(exc, StoreError):
         return exc
+    timeout = _timeout_kind(exc)
+    if timeout is not None and elapsed is not None:
+        tc = transfer_config or TransferConfig()
+        limit = (
+            f"connect_timeout={tc.connect_timeout:g} s"
+            if timeout == "connect"
+            else f"read_timeout={tc.read_timeout:g} s"
+        )
+        return TransientStoreError(
+            f"{where}: the endpoint {endpoint or 'AWS S3'} did not answer within "
+            f"{elapsed:.0f} s ({attempts} attempt{'s' if attempts != 1 else ''}, each given "
+            f"{limit}; request_deadline={tc.request_deadline:g} s): the endpoint is stalled "
+            "or black-holed, or the network is dropping packets. Check endpoint_url / "
+            "AWS_ENDPOINT_URL, that the server is healthy and the network path to it; on a "
+            "slow link raise TransferConfig.read_timeout and request_deadline",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code=type(exc).__name__,
+        )
     if isinstance(exc, bce.ClientError):
         code, status = _error_code(exc)
         cls, hint = _ERROR_TABLE.get(code) or _ERROR_TABLE.get(
@@ -330,6 +422,7 @@ class S3Store:
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self._sleep = sleep
+        self._stop, self._wait = retry_strategies(self.transfer_config)
         self._lock = threading.Lock()
         self._client: Any = None
         self._pid: int | None = None
@@ -402,8 +495,12 @@ class S3Store:
 
     # -- retry + error mapping ---------------------------------------------------------------
     def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T:
-        tc = self.transfer_config
+        return self._call_counted(operation, key, fn)[0]
+
+    def _call_counted(self, operation: str, key: str | None, fn: Callable[[], T]) -> tuple[T, int]:
+        """``fn()`` under the retry policy; returns its result and the attempts it took."""
         attempts = 0
+        started = time.monotonic()
 
         def _before_sleep(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -417,8 +514,8 @@ class S3Store:
             )
 
         retrying = Retrying(
-            stop=stop_after_attempt(tc.max_attempts),
-            wait=wait_random_exponential(multiplier=tc.retry_initial_delay, max=tc.retry_max_delay),
+            stop=self._stop,
+            wait=self._wait,
             retry=retry_if_exception(is_transient),
             reraise=True,
             before_sleep=_before_sleep,
@@ -428,7 +525,7 @@ class S3Store:
             for attempt in retrying:
                 attempts = attempt.retry_state.attempt_number
                 with attempt:
-                    return fn()
+                    return fn(), attempts
         except Exception as exc:  # mapped at this one edge
             raise map_error(
                 exc,
@@ -437,6 +534,8 @@ class S3Store:
                 key=key,
                 endpoint=self.endpoint_url,
                 attempts=attempts,
+                elapsed=time.monotonic() - started,
+                transfer_config=self.transfer_config,
             ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -488,10 +587,45 @@ class S3Store:
         args: dict[str, Any] = {"Bucket": self._bucket, "Key": key, **self._sse_args(upload=True)}
         if self.s3_config.checksum_algorithm == "CRC32C":
             args["ChecksumAlgorithm"] = "CRC32C"
-        resp = self._call(
+        resp, attempts = self._call_counted(
             "create_multipart", key, lambda: self.client.create_multipart_upload(**args)
         )
-        return str(resp["UploadId"])
+        upload_id = str(resp["UploadId"])
+        if attempts > 1:
+            self._abort_orphan_uploads(key, upload_id)
+        return upload_id
+
+    def _abort_orphan_uploads(self, key: str, keep: str) -> None:
+        """Abort uploads of exactly ``key`` other than ``keep`` (best effort).
+
+        A retried CreateMultipartUpload may have been applied by an attempt whose reply was
+        lost: that upload's id never reached us and its parts would be billed until a
+        lifecycle rule removes them. s3ckpt's keys are unique per save (see
+        :mod:`s3ckpt.format`), so any other upload of this very key is such an orphan.
+        """
+        try:
+            orphans = [
+                u.upload_id
+                for u in self.list_multipart_uploads(key)
+                if u.key == key and u.upload_id != keep
+            ]
+            for upload_id in orphans:
+                self.abort_multipart(key, upload_id)
+        except StoreError as exc:  # the save itself is fine; only cleanup is left behind
+            log.warning(
+                "could not abort orphaned multipart uploads of s3://%s/%s: %s",
+                self._bucket,
+                key,
+                exc,
+            )
+            return
+        if orphans:
+            log.info(
+                "aborted %d orphaned multipart upload(s) of s3://%s/%s left by a lost reply",
+                len(orphans),
+                self._bucket,
+                key,
+            )
 
     def upload_part(
         self, key: str, upload_id: str, part_number: int, data: Buffer, *, crc32c: int | None = None
@@ -628,11 +762,20 @@ class S3Store:
                     last_modified=lm.timestamp() if lm is not None else None,
                 )
 
-    def list_prefixes(self, prefix: str, delimiter: str = "/") -> Iterator[str]:
+    def list_prefixes(
+        self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
+    ) -> Iterator[str]:
         """See :meth:`ObjectStore.list_prefixes`."""
-        for page in self._paginate("list_objects_v2", prefix, Delimiter=delimiter):
+        extra: dict[str, Any] = {"Delimiter": delimiter}
+        if start_after is not None:
+            # Keys <= start_after only make prefixes <= start_after, so S3 may skip them.
+            extra["StartAfter"] = start_after
+        for page in self._paginate("list_objects_v2", prefix, **extra):
             for cp in page.get("CommonPrefixes", []) or []:
-                yield cp["Prefix"]
+                # S3 still rolls the keys after start_after up into a prefix that starts
+                # before it (start_after "a/" and key "a/1" give "a/"): not after it.
+                if start_after is None or cp["Prefix"] > start_after:
+                    yield cp["Prefix"]
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
@@ -726,7 +869,10 @@ class _S3RangeReader:
                 return 0
         else:
             want = len(buffer)
-        tc = self._store.transfer_config
+        # Retry state of this call's run of failures. The deadline counts from the start of
+        # this call, so a long transfer that keeps making progress is never cut by it.
+        state: RetryCallState | None = None
+        started = time.monotonic()
         while True:
             try:
                 if self._body is None:
@@ -746,14 +892,27 @@ class _S3RangeReader:
             except Exception as exc:
                 self.close()
                 self._failures += 1
-                if not is_transient(exc) or self._failures >= tc.max_attempts:
+                store = self._store
+                if state is None:
+                    state = RetryCallState(Retrying(), fn=None, args=(), kwargs={})
+                    state.start_time = started
+                # Attempts count over the whole stream (as before); time over this call.
+                state.attempt_number = self._failures
+                state.set_exception((type(exc), exc, exc.__traceback__))
+                give_up = not is_transient(exc)
+                if not give_up:
+                    state.upcoming_sleep = store._wait(state)
+                    give_up = store._stop(state)
+                if give_up:
                     raise map_error(
                         exc,
                         operation="get",
-                        bucket=self._store.bucket,
+                        bucket=store.bucket,
                         key=self._key,
-                        endpoint=self._store.endpoint_url,
+                        endpoint=store.endpoint_url,
                         attempts=self._failures,
+                        elapsed=time.monotonic() - started,
+                        transfer_config=store.transfer_config,
                     ) from exc
                 log.debug(
                     "resuming GET s3://%s/%s at %d after %r",
@@ -762,11 +921,7 @@ class _S3RangeReader:
                     self._pos,
                     exc,
                 )
-                delay = wait_random_exponential(
-                    multiplier=tc.retry_initial_delay, max=tc.retry_max_delay
-                )
-                sleep = self._store._sleep or _default_sleep
-                sleep(delay(_FakeState(self._failures)))  # type: ignore[arg-type]
+                (store._sleep or _default_sleep)(state.upcoming_sleep)
 
     def _read_socket(self, buffer: memoryview) -> int:
         assert self._direct is not None and self._end is not None
@@ -815,14 +970,5 @@ def _socket_response(body: Any) -> tuple[Any, http.client.HTTPResponse | None]:
     return raw, fp
 
 
-class _FakeState:
-    """Enough of tenacity's RetryCallState for its wait strategies."""
-
-    def __init__(self, attempt_number: int) -> None:
-        self.attempt_number = attempt_number
-
-
 def _default_sleep(seconds: float) -> None:
-    import time
-
     time.sleep(seconds)
