@@ -30,9 +30,10 @@ States:
   object's mtime, or an open multipart upload's start) is younger than the grace period.
 * ``FOREIGN`` — no marker but a DCP ``.metadata``, and older than the grace period: a
   checkpoint written by stock DCP or another tool. Never deleted unless asked
-  (``include_foreign``), never removed by ``gc``.
-* ``ABANDONED`` — no marker, no ``.metadata``, older than the grace period: a save that
-  died. Only ``gc`` removes these.
+  (``include_foreign``), never removed by ``gc`` (which only reclaims s3ckpt's per-save
+  names of dead tags in it).
+* ``ABANDONED`` — no marker, no ``.metadata``, nothing live: a save that died. Only ``gc``
+  removes these, and only the names s3ckpt wrote.
 
 Order is by step, then commit time, then name; never by object mtime (a copied or restored
 bucket rewrites every mtime).
@@ -292,6 +293,9 @@ def scan(
 ) -> list[RunCatalog]:
     """Every run under ``root`` (``root`` itself included when it is a run), with its
     checkpoints, from one paged listing.
+
+    Open uploads count as activity (of their tag) and declare checkpoints too: a save that
+    has only started multipart uploads lists as in progress.
 
     Request cost: ``ceil(objects / 1000)`` LIST requests for everything under ``root``,
     ``ceil(open uploads / 1000)`` LIST-uploads requests (``include_uploads``), and one GET

@@ -204,12 +204,17 @@ class KeepBest(Policy):
         n: How many to keep.
         metric: A key of the commit marker's ``metrics``.
         mode: ``"min"`` (losses) or ``"max"`` (accuracies).
-        nan: ``"worst"`` ranks NaN below every number (still kept if fewer than ``n``
-            are numbers); ``"skip"`` never keeps for a NaN.
+        nan: ``"worst"`` ranks NaN below every number in *both* modes (a NaN loss is
+            never the best one when minimising, nor a NaN accuracy when maximising; still
+            kept if fewer than ``n`` are numbers); ``"skip"`` never keeps for a NaN.
         missing: ``"skip"`` never keeps a checkpoint without the metric; ``"worst"``
             ranks it with the NaNs.
 
-    Ties are broken deterministically: the newer checkpoint wins. Reason
+    Metrics come from ``s3ckpt.json``, which stores NaN and +-infinity (as ``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``). Infinities rank by value: with ``mode="min"``
+    ``-inf`` is the best and ``+inf`` the worst number, with ``mode="max"`` the reverse;
+    both still rank above NaN. Ties (equal values, two infinities of one sign, NaN with
+    NaN) are broken deterministically: the newer checkpoint wins. Reason
     ``best {n} by {metric}`` (``... (max)`` when maximising).
     """
 
@@ -244,7 +249,7 @@ class KeepBest(Policy):
                         yield (1, 0.0, -i, c.name)
                     continue
                 v = float(value)
-                if math.isnan(v):
+                if math.isnan(v):  # NaN: worst in both directions (sign does not apply)
                     if rank_nan:
                         yield (1, 0.0, -i, c.name)
                 else:
