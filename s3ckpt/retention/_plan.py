@@ -9,7 +9,11 @@ Pure: no store, no clock. The invariants are enforced here, on top of any policy
    deleted by a plan (``gc`` owns abandoned ones);
 4. an empty policy is refused (:class:`~s3ckpt.errors.PolicyError`);
 5. ``max_delete`` caps the deletions of one run: the oldest go first, the rest are
-   deferred to the next run.
+   deferred to the next run;
+6. a committed checkpoint that is being overwritten (a live save writes into its prefix,
+   :attr:`~s3ckpt.retention.CheckpointInfo.overwrite_in_progress`) is not deleted now: the
+   overwrite commits with a compare-and-swap on the marker it replaces, which a deletion
+   would make fail. It is deferred (``skip``) to a run after the overwrite.
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ Action = Literal["keep", "delete", "skip"]
 NEWEST = "newest committed"
 LATEST_COMMITTED = "most recently committed"
 _NO_RULE = ("no rule keeps it",)
+OVERWRITE = "deferred: an overwrite is in progress (a live save is re-writing it)"
+
+
+def _overwritten(c: CheckpointInfo) -> bool:
+    # live_tags is empty for nearly every checkpoint: test it before the property.
+    return bool(c.live_tags) and c.overwrite_in_progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +211,7 @@ def _plan(
 
     decisions: list[Decision] = []
     to_delete = 0
-    wanted = sum(1 for c in eligible if c.name not in kept)
+    wanted = sum(1 for c in eligible if c.name not in kept and not _overwritten(c))
     cap = wanted if max_delete is None else min(max_delete, wanted)
     deferred_reason = (f"deferred: max_delete={max_delete} reached",)
     for c in ordered:
@@ -209,6 +219,8 @@ def _plan(
             decisions.append(Decision(c, "skip", (_skip_reason(c),)))
         elif c.name in kept:
             decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
+        elif _overwritten(c):
+            decisions.append(Decision(c, "skip", (OVERWRITE,)))
         elif to_delete < cap:
             to_delete += 1
             decisions.append(Decision(c, "delete", _NO_RULE))

@@ -208,7 +208,9 @@ def test_prune_of_a_foreign_checkpoint_deletes_only_dcp_names(
     assert names(store, stock) == {"config.json"}
 
 
-def test_prune_leaves_a_live_overwrite_alone(store: MemoryStore, clock: Clock) -> None:
+def test_prune_defers_a_checkpoint_being_overwritten(store: MemoryStore, clock: Clock) -> None:
+    # The overwrite commits with If-Match on the marker it replaces: deleting that marker
+    # now would make the save fail. The plan defers it; the next prune deletes it.
     old = write_checkpoint(store, RUN, 1, created=clock.t, tag="0a0a0a0a")
     write_checkpoint(store, RUN, 2, created=clock.t + 60)
     clock.t += 3 * HOUR
@@ -216,10 +218,18 @@ def test_prune_leaves_a_live_overwrite_alone(store: MemoryStore, clock: Clock) -
     store.put(old.key(heartbeat_name(new, 0)), b"")
     store.put(old.key(data_name(0, 0, new)), b"x")
     up = store.create_multipart(old.key(data_name(1, 0, new)))
+    before = names(store, old)
     r = prune(store, RUN, KeepLast(1), now=at(clock, 1), apply=True)
-    assert r.deleted == (ckpt_name(1),)
-    assert names(store, old) == {heartbeat_name(new, 0), data_name(0, 0, new)}
-    assert up in store.uploads
+    assert r.deleted == () and r.plan.delete == () and r.plan.deferred == 0
+    assert r.plan.skipped[ckpt_name(1)] == (
+        "deferred: an overwrite is in progress (a live save is re-writing it)",
+    )
+    assert names(store, old) == before and up in store.uploads
+    # the overwrite died: its leftovers go with the checkpoint once it is dead
+    clock.t += 3 * HOUR
+    r = prune(store, RUN, KeepLast(1), now=at(clock), apply=True)
+    assert r.deleted == (ckpt_name(1),) and r.aborted == 1
+    assert names(store, old) == set() and up not in store.uploads
 
 
 # -- 3. leftovers, uploads nobody knows, rolling .metadata forward -------------------------------

@@ -53,6 +53,7 @@ rows = st.tuples(
     metric_values,
     st.booleans(),  # pinned
     st.integers(0, 1000),  # size
+    st.integers(0, 9),  # 0: a live save (an overwrite, if committed) writes into it
 )
 
 
@@ -68,8 +69,10 @@ def _build(table: list[tuple]) -> list[CheckpointInfo]:  # type: ignore[type-arg
             num_objects=3,
             metrics={} if value is None else {"loss": value},
             pinned="keep me" if pinned else None,
+            tag="00000000" if state is CheckpointState.COMMITTED else None,
+            live_tags=("ffffffff",) if live == 0 else (),
         )
-        for i, (state, step, minutes, value, pinned, size) in enumerate(table)
+        for i, (state, step, minutes, value, pinned, size, live) in enumerate(table)
     ]
 
 
@@ -148,8 +151,9 @@ def test_invariants_hold_for_any_catalog_and_policy(
         if timed:
             newest_commit = max(timed, key=lambda c: (c.committed_at, c.sort_key()))
             assert newest_commit.name not in deleted
-    # in-progress checkpoints are never deleted, whatever the flags
+    # in-progress checkpoints are never deleted, whatever the flags, nor one being overwritten
     assert not any(c.state is CheckpointState.IN_PROGRESS for c in p.delete)
+    assert not any(c.overwrite_in_progress for c in p.delete)
     # every keep has a reason; --max-delete caps the run
     assert all(reasons for reasons in p.keep.values())
     if max_delete is not None:
