@@ -59,6 +59,7 @@ from s3ckpt.errors import (
     CheckpointError,
     CheckpointExistsError,
     ConfigError,
+    CorruptCheckpointError,
     ObjectNotFoundError,
     PreconditionFailedError,
     S3CkptError,
@@ -438,8 +439,23 @@ class S3StorageWriter(StorageWriter):
                 rank=self.rank,
             )
 
-    def _previous_marker(self) -> tuple[Manifest, str | None] | None:
-        found = read_marker(self.store, self.url)
+    def _previous_marker(self) -> tuple[Manifest | None, str | None] | None:
+        """The marker being replaced (its manifest and ETag), or None on a fresh prefix.
+
+        An overwrite of a checkpoint whose marker cannot be parsed (damaged, forged)
+        still replaces it, by its ETag, but removes none of its objects: only names a
+        readable manifest lists are ever deleted (gc reclaims the rest by their tags).
+        """
+        try:
+            found: tuple[Manifest | None, str | None] | None = read_marker(self.store, self.url)
+        except CorruptCheckpointError as exc:
+            if not self.overwrite:
+                raise
+            info = self.store.head(self.url.key(MANIFEST_NAME))
+            if info is None:
+                return None
+            log.warning("s3ckpt: replacing %s, whose marker is unreadable: %s", self.url, exc)
+            found = (None, info.etag)
         if found is not None and not self.overwrite:
             raise self._exists_error("another save committed it first")
         return found
@@ -456,7 +472,7 @@ class S3StorageWriter(StorageWriter):
     def _commit_marker(
         self,
         body: bytes,
-        previous: tuple[Manifest, str | None] | None,
+        previous: tuple[Manifest | None, str | None] | None,
         own: list[str],
     ) -> None:
         """The single commit point, with unknown outcomes decided by reading back."""
@@ -502,13 +518,13 @@ class S3StorageWriter(StorageWriter):
         manifest: Manifest,
         meta_bytes: bytes,
         heartbeats: list[str],
-        previous: tuple[Manifest, str | None] | None,
+        previous: tuple[Manifest | None, str | None] | None,
     ) -> None:
         """Publish the stock ``.metadata`` copy and clean up; never fails the save."""
         try:
             self.store.put(self.url.key(METADATA_NAME), meta_bytes)
             stale = list(heartbeats)
-            if previous is not None:
+            if previous is not None and previous[0] is not None:
                 stale += self._replaced(previous[0], manifest)
             failures = self.store.delete(stale)
             if failures:

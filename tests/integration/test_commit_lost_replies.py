@@ -1,0 +1,120 @@
+"""Lost replies on every request a save makes, over HTTP through a fault proxy to moto.
+
+A "lost reply" is the worst ambiguity S3 hands a client: the server applied the request,
+the client saw a reset. Each case here loses the reply of one request type once; the save
+must still commit a checkpoint that loads bit-exact, with no open upload and no object
+outside what the commit names (docs/dcp.md, "The commit protocol").
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from s3ckpt import S3Config, S3StorageReader, S3StorageWriter, TransferConfig
+from s3ckpt.config import MiB
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from tests.conftest import list_keys, open_uploads
+from tests.faultproxy import FaultProxy
+
+pytestmark = pytest.mark.integration
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+TC = TransferConfig(
+    part_size=5 * MiB,
+    max_inflight_bytes=10 * MiB,
+    target_object_size=4 * MiB,
+    retry_initial_delay=0.01,
+    retry_max_delay=0.05,
+)
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
+    with FaultProxy(moto_endpoint, fault_rate=0.0) as p:
+        yield p
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "big": torch.randn(1536 * 1024, generator=g),  # 6 MiB: two parts
+        "small": torch.randn(100, generator=g),
+        "ints": torch.arange(17),
+    }
+
+
+def _save(url: str, sd: dict, proxy: FaultProxy, **kw: object) -> S3StorageWriter:
+    writer = S3StorageWriter(
+        url, s3_config=S3Config(endpoint_url=proxy.endpoint_url), transfer_config=TC, **kw
+    )
+    dcp.save(sd, storage_writer=writer)
+    return writer
+
+
+def _load_equal(url: str, sd: dict, endpoint: str) -> None:
+    out = {k: torch.zeros_like(v) for k, v in sd.items()}
+    dcp.load(
+        out,
+        storage_reader=S3StorageReader(
+            url, s3_config=S3Config(endpoint_url=endpoint), transfer_config=TC
+        ),
+    )
+    for k in sd:
+        assert torch.equal(out[k], sd[k]), k
+
+
+def _committed_keys(s3_client, bucket: str, prefix: str) -> set[str]:  # type: ignore[no-untyped-def]
+    raw = s3_client.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read()
+    m = Manifest.from_json(raw)
+    names = {o.name for o in m.objects} | {m.metadata_key, METADATA_NAME, MANIFEST_NAME}
+    return {prefix + n for n in names}
+
+
+# (operation, key glob, conditional): every request type a save makes. An overwrite adds
+# the If-Match marker PUT and the removal of the replaced save, so the requests around the
+# commit point run both ways.
+AROUND_COMMIT = [
+    ("PutObject", "*/s3ckpt.json", True),  # the commit point
+    ("PutObject", "*/.metadata", None),  # the stock copy after the marker
+    ("DeleteObjects", "*", None),  # heartbeats / replaced objects
+    ("ListObjectsV2", "*", None),  # the existence check before the marker
+]
+CASES = [(*case, False) for case in [
+    ("PutObject", "*s3ckpt.alive.*", None),  # heartbeat
+    ("CreateMultipartUpload", "*.distcp", None),
+    ("UploadPart", "*.distcp", None),
+    ("CompleteMultipartUpload", "*.distcp", None),
+    ("PutObject", "*.distcp", None),  # a small object in one PUT
+    ("PutObject", "*/.metadata.*", None),
+    *AROUND_COMMIT,
+]] + [(*case, True) for case in AROUND_COMMIT]
+
+
+@pytest.mark.parametrize(("op", "glob", "conditional", "overwrite"), CASES)
+def test_lost_reply_on_each_request_type_still_commits_cleanly(
+    proxy: FaultProxy,
+    moto_endpoint: str,
+    bucket: str,
+    s3_client,  # type: ignore[no-untyped-def]
+    op: str,
+    glob: str,
+    conditional: bool | None,
+    overwrite: bool,
+) -> None:
+    url = f"s3://{bucket}/run/step_1"
+    if overwrite:
+        _save(url, _state(1), proxy)
+    armed = proxy.arm(op, "lost_reply", key_glob=glob, conditional=conditional)
+    sd = _state(2)
+    writer = _save(url, sd, proxy, overwrite=overwrite)
+    assert armed.hits == 1, f"no {op} {glob} request was made"
+    _load_equal(url, sd, moto_endpoint)
+    raw = s3_client.get_object(Bucket=bucket, Key="run/step_1/" + MANIFEST_NAME)["Body"].read()
+    assert Manifest.from_json(raw).save_id == writer.save_id
+    assert set(list_keys(s3_client, bucket)) == _committed_keys(s3_client, bucket, "run/step_1/")
+    assert open_uploads(s3_client, bucket) == []

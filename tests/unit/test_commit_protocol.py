@@ -1,0 +1,296 @@
+"""The commit protocol on MemoryStore: races, objects vanishing before the marker, unknown
+outcomes, uncommitted prefixes, forged manifests, stale pointers, interrupted overwrites.
+
+Each test names the defect it guards against (docs/dcp.md, "The commit protocol").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from s3ckpt import (
+    Checkpointer,
+    CheckpointError,
+    CheckpointExistsError,
+    ConfigError,
+    CorruptCheckpointError,
+    S3StorageReader,
+    S3StorageWriter,
+    TransientStoreError,
+    UncommittedCheckpointError,
+)
+from s3ckpt.errors import find_s3ckpt_error
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, _digest, owned_tag
+from s3ckpt.store import MemoryStore
+from s3ckpt.tools import verify_checkpoint
+from tests.unit.test_dcp_memory import SMALL, URL, assert_same, load, make_state, save
+from tests.unit.test_dcp_memory import zeros_like_state as zeros
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+PREFIX = "run/step_1/"
+
+
+def _marker(store: MemoryStore, prefix: str = PREFIX) -> Manifest:
+    return Manifest.from_json(store.objects[prefix + MANIFEST_NAME].data)
+
+
+def _error(exc: BaseException) -> BaseException:
+    return find_s3ckpt_error(exc) or exc
+
+
+class HookStore(MemoryStore):
+    """A MemoryStore that calls ``on_put(key, store)`` before each PUT."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_put: Any = None
+
+    def put(self, key: str, data: Any, **kw: Any) -> str:
+        if self.on_put is not None:
+            self.on_put(key, self, kw)
+        return super().put(key, data, **kw)
+
+
+def test_concurrent_commit_loser_removes_only_its_own_objects() -> None:
+    """G: the loser of a race on one step never deletes the winner's .metadata or data."""
+    winner_state = make_state()
+    source = MemoryStore("bkt")
+    save(source, winner_state)
+    store = HookStore("bkt")
+
+    def winner_commits_first(key: str, st: HookStore, kw: dict[str, Any]) -> None:
+        if key.endswith(MANIFEST_NAME) and st.on_put is not None:
+            st.on_put = None
+            for k, obj in source.objects.items():
+                MemoryStore.put(st, k, obj.data)
+
+    store.on_put = winner_commits_first
+    loser = make_state()
+    loser["big"] += 1
+    with pytest.raises(CheckpointException) as info:
+        save(store, loser)
+    assert isinstance(_error(info.value), CheckpointExistsError)
+    # Exactly the winner's objects are left, .metadata included.
+    assert set(store.objects) == set(source.objects)
+    assert all(store.objects[k].data == o.data for k, o in source.objects.items())
+    out = zeros(winner_state)
+    load(store, out)
+    assert_same(winner_state, out)
+
+
+def test_objects_deleted_before_the_commit_are_not_committed() -> None:
+    """B: a save whose objects vanished (a gc) must not commit a marker pointing at nothing."""
+    store = HookStore("bkt")
+
+    def gc_strikes(key: str, st: HookStore, kw: dict[str, Any]) -> None:
+        if key.rpartition("/")[2].startswith(METADATA_NAME + "."):
+            victim = next(k for k in st.objects if k.endswith(".distcp"))
+            st.delete([victim])
+
+    store.on_put = gc_strikes
+    with pytest.raises(CheckpointException) as info:
+        save(store, make_state())
+    err = _error(info.value)
+    assert isinstance(err, CheckpointError) and "missing" in str(err)
+    assert PREFIX + MANIFEST_NAME not in store.objects
+    assert not [k for k in store.objects if owned_tag(k.rpartition("/")[2])]
+
+
+def test_marker_put_with_unknown_outcome_keeps_the_objects_and_is_not_loadable() -> None:
+    """A marker PUT whose outcome stays unknown (retries exhausted, nothing readable) keeps
+    the save's objects (the PUT may yet land) and the prefix is refused as uncommitted."""
+    store = MemoryStore("bkt")
+    store.inject(
+        "put",
+        key_glob="*s3ckpt.json",
+        error=lambda k: TransientStoreError("timed out", bucket="bkt", key=k),
+    )
+    sd = make_state()
+    with pytest.raises(CheckpointException) as info:
+        save(store, sd)
+    assert isinstance(_error(info.value), TransientStoreError)
+    assert any(k.endswith(".distcp") for k in store.objects)
+    with pytest.raises(UncommittedCheckpointError, match="never committed"):
+        S3StorageReader(URL, store=store)
+    out = zeros(sd)
+    load(store, out, allow_uncommitted=True)
+    assert_same(sd, out)
+
+
+class LostMarkerReply(MemoryStore):
+    """The first marker PUT is applied, then its "retry" runs too (as S3Store retries after
+    a lost reply) and meets our own marker: 412."""
+
+    fired = False
+
+    def put(self, key: str, data: Any, **kw: Any) -> str:
+        etag = super().put(key, data, **kw)
+        if key.endswith(MANIFEST_NAME) and not self.fired:
+            self.fired = True
+            return super().put(key, data, **kw)
+        return etag
+
+
+def test_lost_marker_reply_is_a_commit_when_the_marker_is_ours() -> None:
+    """A: the marker PUT reached the store, its reply was lost, the retry got 412 from our
+    own marker: the save committed, nothing is discarded."""
+    store = LostMarkerReply("bkt")
+    sd = make_state()
+    writer = save(store, sd)
+    assert store.fired
+    assert _marker(store).save_id == writer.save_id
+    out = zeros(sd)
+    load(store, out)
+    assert_same(sd, out)
+
+
+def test_uncommitted_s3ckpt_prefix_is_refused_but_stock_dcp_loads() -> None:
+    """D: a save killed after .metadata.<tag> and before the marker never loads silently."""
+    store = MemoryStore("bkt")
+    sd = make_state()
+    save(store, sd)
+    del store.objects[PREFIX + MANIFEST_NAME]
+    del store.objects[PREFIX + METADATA_NAME]
+    with pytest.raises(UncommittedCheckpointError, match="allow_uncommitted"):
+        S3StorageReader(URL, store=store)
+    # Stock DCP names only (no s3ckpt objects): loads, as any DCP checkpoint.
+    stock = MemoryStore("bkt")
+    for k, obj in store.objects.items():
+        name = k.rpartition("/")[2]
+        if name.startswith(METADATA_NAME):
+            stock.put(PREFIX + METADATA_NAME, obj.data)
+    assert S3StorageReader(URL, store=stock).manifest is None
+
+
+@pytest.mark.parametrize("shift", [1, 7, 64])
+def test_shifted_data_offset_is_refused_by_load_and_verify(shift: int) -> None:
+    """C: a manifest edited in place (data_offset moved) is refused, never read as wrong
+    tensors, and verify fails."""
+    store = MemoryStore("bkt")
+    save(store, make_state())
+    doc = json.loads(store.objects[PREFIX + MANIFEST_NAME].data)
+    row = next(r for r in doc["items"] if r[6] is not None)
+    row[6] += shift
+    store.objects[PREFIX + MANIFEST_NAME].data = json.dumps(doc).encode()
+    with pytest.raises(CorruptCheckpointError, match="digest"):
+        load(store, zeros(make_state()))
+    with pytest.raises(CorruptCheckpointError, match="digest"):
+        verify_checkpoint(URL, store=store)
+
+
+def test_forged_marker_cannot_name_objects_outside_the_prefix() -> None:
+    """H: a marker (even with a valid digest) naming ``../x`` is refused, and an overwrite
+    of it deletes nothing outside the checkpoint."""
+    store = MemoryStore("bkt")
+    save(store, make_state())
+    store.put("run/victim", b"keep me")
+    doc = json.loads(store.objects[PREFIX + MANIFEST_NAME].data)
+    doc["objects"].append(["../victim", 7, 0])
+    doc["metadata"]["key"] = "../victim"
+    doc["digest"] = _digest(doc)
+    store.objects[PREFIX + MANIFEST_NAME].data = json.dumps(doc).encode()
+    with pytest.raises(CorruptCheckpointError, match="not a plain name"):
+        S3StorageReader(URL, store=store)
+    sd = make_state()
+    save(store, sd, overwrite=True)
+    assert store.objects["run/victim"].data == b"keep me"
+    out = zeros(sd)
+    load(store, out)
+    assert_same(sd, out)
+
+
+def test_killed_overwrite_after_its_marker_is_rolled_forward_by_the_next_load() -> None:
+    """F: an overwrite killed between its marker and the .metadata copy: s3ckpt loads the
+    new state and puts the copy back, so stock readers read the committed save too."""
+    store = HookStore("bkt")
+    save(store, make_state())
+    new = make_state()
+    new["big"] *= 2
+
+    def die_after_marker(key: str, st: HookStore, kw: dict[str, Any]) -> None:
+        if key == PREFIX + METADATA_NAME:
+            raise SystemExit("killed")
+
+    store.on_put = die_after_marker
+    with pytest.raises(BaseException):  # noqa: B017 - the "kill"
+        save(store, new, overwrite=True)
+    store.on_put = None
+    manifest = _marker(store)
+    committed = store.objects[PREFIX + manifest.metadata_key].data
+    assert store.objects[PREFIX + METADATA_NAME].data != committed  # stock readers: old
+    out = zeros(new)
+    load(store, out)
+    assert_same(new, out)
+    assert store.objects[PREFIX + METADATA_NAME].data == committed
+
+
+class _TS:
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step = sd["step"]
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(3)
+    m = torch.nn.Linear(4, 3)
+    return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+def test_latest_is_never_older_than_the_newest_commit() -> None:
+    """E: a kill between a marker and the pointer update leaves the pointer behind;
+    latest() checks it with one listing, and the next save does not collide."""
+    store = MemoryStore("bkt")
+    model, opt = _model()
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, model, opt)
+    store.put("run/s3ckpt.latest.json", json.dumps({"step": 1}).encode())
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+        assert ckpt.latest() == 3
+        assert ckpt.load(*_model()) == 3
+        ckpt.save(4, model, opt)
+        assert ckpt.latest() == 4
+    # A pointer naming an uncommitted step falls back to listing.
+    store.put("run/s3ckpt.latest.json", json.dumps({"step": 9}).encode())
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+        assert ckpt.latest() == 4
+
+
+def test_nan_and_inf_metrics_are_saved_and_bad_ones_named() -> None:
+    """K2: a diverging run's checkpoint is saved with its NaN loss; a non-number is a
+    ConfigError naming the metric."""
+    store = MemoryStore("bkt")
+    model, opt = _model()
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+        ckpt.save(1, model, opt, metrics={"loss": float("nan"), "gnorm": float("inf")})
+        ckpt.attach_metrics(1, {"eval": float("-inf")})
+        with pytest.raises(ConfigError, match="'eval'"):
+            ckpt.attach_metrics(1, {"eval": "high"})  # type: ignore[dict-item]
+        with pytest.raises(ConfigError, match="'loss'"):
+            ckpt.save(2, model, opt, metrics={"loss": object()})  # type: ignore[dict-item]
+    m = _marker(store, "run/step_000000001/").metrics
+    assert math.isnan(m["loss"]) and m["gnorm"] == math.inf and m["eval"] == -math.inf
+
+
+def test_failed_write_on_a_rank_removes_its_heartbeat() -> None:
+    store = MemoryStore("bkt")
+    store.inject("upload_part")
+    with pytest.raises(CheckpointException):
+        dcp.save(
+            make_state(), storage_writer=S3StorageWriter(URL, store=store, transfer_config=SMALL)
+        )
+    assert not [k for k in store.objects if "s3ckpt.alive." in k]
