@@ -22,6 +22,12 @@ converges to the plan even though the dead pruner had already removed some commi
 Expiry compares this machine's clock with the holder's: keep the TTL far above any clock
 skew (NTP keeps it under a second; the default TTL is 5 minutes).
 
+Lost replies: S3 may apply a conditional PUT whose reply never arrives (a reset or timeout).
+The store then retries it and gets 412 from *our own* write, or gives up with a transient
+error. Both are resolved by reading the lease back (HEAD + GET): if its body is exactly the
+record we tried to write -- it names our owner id and our timestamps, so no one else can
+have written it -- the write succeeded and the HEAD's ETag is ours.
+
 The pruner writes exactly one key per run: ``{run}/s3ckpt.lease`` (PutObject, with
 If-None-Match / If-Match), and reads it (GetObject, HeadObject).
 """
@@ -42,6 +48,7 @@ from s3ckpt.errors import (
     LeaseLostError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    TransientStoreError,
 )
 from s3ckpt.retention._catalog import LEASE_NAME
 from s3ckpt.store.base import ObjectStore
@@ -183,11 +190,27 @@ class Lease:
             operation=self.operation,
         )
 
+    def _written(self, record: LeaseRecord) -> str | None:
+        """The lease's ETag if its body is exactly ``record``, else None.
+
+        How a conditional write whose reply was lost is recognised as ours. HEAD comes
+        before GET: our write finished before this is called and only we write this body,
+        so a GET that returns it proves the earlier HEAD saw it too.
+        """
+        info = self.store.head(self.key)
+        if info is None:
+            return None
+        try:
+            raw = self.store.get(self.key)
+        except ObjectNotFoundError:
+            return None
+        return info.etag if raw == record.to_json() else None
+
     def acquire(self) -> Lease:
         """Take the lease or raise :class:`~s3ckpt.errors.LeaseHeldError`.
 
         Request cost: one PUT when the lease is free; HEAD + GET + PUT to take over a
-        released, expired or stale one.
+        released, expired or stale one (plus HEAD + GET when a PUT's reply was lost).
         """
         if self.ttl <= timedelta(0):
             raise ValueError("lease ttl must be positive")
@@ -198,7 +221,13 @@ class Lease:
                 self._record = record
                 return self
             except PreconditionFailedError:
-                pass
+                pass  # taken -- or our own write, whose reply was lost: read below
+            except TransientStoreError:
+                etag = self._written(record)
+                if etag is None:
+                    raise
+                self._etag, self._record = etag, record
+                return self
             info = self.store.head(self.key)
             if info is None:
                 continue  # released and removed meanwhile: try the fresh put again
@@ -206,6 +235,10 @@ class Lease:
                 raw = self.store.get(self.key)
             except ObjectNotFoundError:
                 continue
+            if raw == record.to_json() and info.etag is not None:
+                # Our put was applied and its reply lost; the retry met our own lease.
+                self._etag, self._record = info.etag, record
+                return self
             current = LeaseRecord.from_json(raw)
             now = self.clock()
             if current is None:
@@ -219,8 +252,15 @@ class Lease:
                 raise self._held(current.owner, current.expires)
             try:
                 self._etag = self.store.put(self.key, record.to_json(), if_match=info.etag)
-            except (PreconditionFailedError, ObjectNotFoundError):
+            except ObjectNotFoundError:
                 raise self._held(None, None) from None
+            except (PreconditionFailedError, TransientStoreError) as exc:
+                etag = self._written(record)  # a lost reply of our takeover?
+                if etag is None:
+                    if isinstance(exc, TransientStoreError):
+                        raise
+                    raise self._held(None, None) from None
+                self._etag = etag
             self._record = record
             if current is not None and (current.deleting or not current.released):
                 self.previous = current
@@ -247,7 +287,14 @@ class Lease:
             )
         try:
             self._etag = self.store.put(self.key, record.to_json(), if_match=self._etag)
-        except (PreconditionFailedError, ObjectNotFoundError):
+        except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
+            # A 412 (or a give-up) may hide our own write whose reply was lost.
+            etag = None if isinstance(exc, ObjectNotFoundError) else self._written(record)
+            if etag is not None:
+                self._etag, self._record = etag, record
+                return
+            if isinstance(exc, TransientStoreError):
+                raise
             self._etag = None
             raise LeaseLostError(
                 f"lost the lease on {self.run}: it expired and another pruner took it over; "
