@@ -366,9 +366,15 @@ class S3StorageReader(StorageReader):
         reader = _Exact(
             stream, key, self.store.bucket, self.rank, self.transfer_config.read_chunk_size
         )
+        overlapping: list[tuple[int, int, _Span]] = []
         try:
             pos = req.start
-            for start, _end, span in req.spans:
+            for start, end, span in req.spans:
+                if start < pos:
+                    # Starts inside the span just read (items that share bytes): the
+                    # stream is past it, so it gets a request of its own below.
+                    overlapping.append((start, end, span))
+                    continue
                 reader.skip(start - pos)
                 self._read_span(reader, key, span, planner, lock)
                 pos = start + span.info.length
@@ -380,6 +386,8 @@ class S3StorageReader(StorageReader):
             raise
         finally:
             stream.close()
+        for start, end, span in overlapping:
+            self._fetch(name, Request(start, end, [(start, end, span)]), planner, lock)
 
     def _read_span(
         self,

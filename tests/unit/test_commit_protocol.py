@@ -294,3 +294,36 @@ def test_failed_write_on_a_rank_removes_its_heartbeat() -> None:
             make_state(), storage_writer=S3StorageWriter(URL, store=store, transfer_config=SMALL)
         )
     assert not [k for k in store.objects if "s3ckpt.alive." in k]
+
+
+def test_overlapping_spans_in_one_request_each_read_their_own_bytes() -> None:
+    """Two stored items that share bytes (a damaged or unusual .metadata) coalesce into
+    one request; the second must be read from its own offset, never from where the
+    stream happens to be."""
+    import threading
+
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from s3ckpt.dcp._plan import Request
+    from s3ckpt.dcp.reader import _Span
+
+    store = MemoryStore("bkt")
+    sd = make_state()
+    save(store, sd)
+    payload = bytes(range(256)) * 4
+    store.put(PREFIX + "blob", payload)
+    seen: dict[int, bytes] = {}
+
+    class Recording(S3StorageReader):
+        def _read_span(self, reader, key, span, planner, lock):  # type: ignore[no-untyped-def]
+            buf = memoryview(bytearray(span.info.length))
+            reader.readinto_all(buf, "x")
+            seen[span.info.offset] = bytes(buf)
+
+    reader = Recording(URL, store=store, transfer_config=SMALL)
+    spans = [(0, 100), (40, 160), (150, 170)]
+    req: Request[_Span] = Request(0, 170)
+    for start, end in spans:
+        req.spans.append((start, end, _Span(_StorageInfo("blob", start, end - start), None)))
+    reader._fetch("blob", req, None, threading.Lock())  # type: ignore[arg-type]
+    assert seen == {start: payload[start:end] for start, end in spans}
