@@ -367,6 +367,7 @@ def test_retention_and_its_cli_import_without_torch() -> None:
         import sys
         sys.modules["torch"] = None  # any "import torch" now raises ImportError
         import s3ckpt.retention, s3ckpt._cli.retention
+        import s3ckpt._commit  # gc rolls .metadata forward with it, in the torch-free cron
         from s3ckpt.cli import main
         for cmd in ("ls", "prune", "pin", "unpin", "gc"):
             try:
