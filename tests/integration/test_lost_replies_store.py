@@ -234,7 +234,9 @@ def test_stalled_range_body_fails_by_the_deadline(slow_server: str) -> None:
     assert isinstance(exc, TransientStoreError), exc
     assert elapsed < 10
     assert "did not answer within" in str(exc) and "s3://bucket/obj" in str(exc)
-    assert _SlowBody.requests == 2  # the reader's own retry loop honours the deadline
+    # The reader's own retry loop honours the deadline: a retry or two, never its 8
+    # attempts (how many fit in 3 s depends on the machine's load).
+    assert 1 <= _SlowBody.requests <= 3
 
 
 def test_lost_create_multipart_reply_leaves_no_orphan(
