@@ -475,41 +475,55 @@ class S3StorageWriter(StorageWriter):
         previous: tuple[Manifest | None, str | None] | None,
         own: list[str],
     ) -> None:
-        """The single commit point, with unknown outcomes decided by reading back."""
+        """The single commit point, with unknown outcomes decided by reading back.
+
+        A conditional PUT that fails (412, 404 for If-Match on a vanished marker, or
+        retries exhausted) is followed by a read of the marker: our save id means the PUT
+        was applied and its reply lost (committed). Otherwise, for an overwrite, a marker
+        that vanished (pruned or removed meanwhile) or was rewritten in place by the same
+        save (``attach_metrics``) is compared-and-swapped again; another save's marker means
+        we lost the race, provably, and only our own objects are removed.
+        """
         marker = self.url.key(MANIFEST_NAME)
-        etag = previous[1] if previous is not None else None
-        try:
-            if previous is not None and etag:
-                self.store.put(marker, body, if_match=etag)
-            else:
-                self.store.put(marker, body, if_none_match=previous is None)
-            return
-        except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
-            failure: BaseException = exc
-        except BaseException:
-            self._discard(own)  # the request was never sent, or was refused outright
-            raise
-        # A 412 may be our own marker (the first attempt's reply was lost and the retry
-        # found it); a transient failure may have been applied. Read back to decide.
-        try:
-            found = read_marker(self.store, self.url)
-        except S3CkptError as exc:
-            raise CheckpointError(
-                f"the commit of {self.url} has an unknown outcome: the marker PUT failed "
-                f"({failure}) and reading it back failed too ({exc}). This save's objects "
-                "were kept; `s3ckpt ls` shows whether it committed, and `s3ckpt gc` removes "
-                "them if it did not",
-                bucket=self.store.bucket,
-                key=marker,
-                rank=self.rank,
-            ) from failure
-        if found is not None and found[0].save_id == self.save_id:
-            log.info("s3ckpt: commit of %s confirmed by reading the marker back", self.url)
-            return
-        if isinstance(failure, TransientStoreError):
-            # Not there now, but the PUT may still be applied: keep our objects (gc removes
-            # them once the save's heartbeats are old and no marker names them).
-            raise failure
+        replaced_id = previous[0].save_id if previous is not None and previous[0] else None
+        for _ in range(3):
+            etag = previous[1] if previous is not None else None
+            try:
+                if previous is not None and etag:
+                    self.store.put(marker, body, if_match=etag)
+                else:
+                    self.store.put(marker, body, if_none_match=previous is None)
+                return
+            except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
+                failure: BaseException = exc
+            except BaseException:
+                self._discard(own)  # the request was never sent, or was refused outright
+                raise
+            # A 412 may be our own marker (the first attempt's reply was lost and the retry
+            # found it); a transient failure may have been applied. Read back to decide.
+            try:
+                found = read_marker(self.store, self.url)
+            except S3CkptError as exc:
+                raise CheckpointError(
+                    f"the commit of {self.url} has an unknown outcome: the marker PUT failed "
+                    f"({failure}) and reading it back failed too ({exc}). This save's "
+                    "objects were kept; `s3ckpt ls` shows whether it committed, and "
+                    "`s3ckpt gc` removes them if it did not",
+                    bucket=self.store.bucket,
+                    key=marker,
+                    rank=self.rank,
+                ) from failure
+            if found is not None and found[0].save_id == self.save_id:
+                log.info("s3ckpt: commit of %s confirmed by reading the marker back", self.url)
+                return
+            if isinstance(failure, TransientStoreError):
+                # Not there now, but the PUT may still be applied: keep our objects (gc
+                # removes them once the save's heartbeats are old and no marker names them).
+                raise failure
+            if self.overwrite and (found is None or found[0].save_id == replaced_id):
+                previous = found  # vanished, or rewritten in place: swap against what is there
+                continue
+            break
         self._discard(own)  # someone else's marker is there: we lost, provably
         raise self._exists_error("a concurrent save committed first") from failure
 

@@ -327,3 +327,33 @@ def test_overlapping_spans_in_one_request_each_read_their_own_bytes() -> None:
         req.spans.append((start, end, _Span(_StorageInfo("blob", start, end - start), None)))
     reader._fetch("blob", req, None, threading.Lock())  # type: ignore[arg-type]
     assert seen == {start: payload[start:end] for start, end in spans}
+
+
+@pytest.mark.parametrize("meanwhile", ["pruned", "metrics_attached"])
+def test_overwrite_commits_when_the_replaced_marker_changed_meanwhile(meanwhile: str) -> None:
+    """An overwrite whose replaced marker was deleted (a prune) or rewritten in place by
+    the same save (attach_metrics) while it uploaded still commits: its If-Match fails,
+    reading back shows no other save, and it swaps against what is there."""
+    store = HookStore("bkt")
+    save(store, make_state())
+    old = _marker(store)
+
+    def change_marker(key: str, st: HookStore, kw: dict[str, Any]) -> None:
+        if key.rpartition("/")[2].startswith(METADATA_NAME + "."):
+            st.on_put = None
+            if meanwhile == "pruned":
+                st.delete([PREFIX + MANIFEST_NAME])
+            else:
+                doc = json.loads(st.objects[PREFIX + MANIFEST_NAME].data)
+                doc["metrics"] = {"eval": 1.0}
+                doc["digest"] = _digest(doc)
+                MemoryStore.put(st, PREFIX + MANIFEST_NAME, json.dumps(doc).encode())
+
+    store.on_put = change_marker
+    new = make_state()
+    new["big"] -= 3
+    writer = save(store, new, overwrite=True)
+    assert _marker(store).save_id == writer.save_id != old.save_id
+    out = zeros(new)
+    load(store, out)
+    assert_same(new, out)
