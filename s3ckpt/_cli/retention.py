@@ -159,9 +159,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         type=_duration,
         default=DEFAULT_GC_AGE,
         metavar="DURATION",
-        help="abort an open upload of a dead save only once it started this long ago; an "
-        "upload of a live save (see --grace) is never aborted, however old (default "
-        f"{format_duration(DEFAULT_GC_AGE)})",
+        help="an extra margin: abort an open upload of a dead save (see --grace) only once "
+        "it started this long ago; an upload of a live save is never aborted, however old "
+        f"(default {format_duration(DEFAULT_GC_AGE)}: a dead save's uploads go at once)",
     )
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
     p.add_argument("--apply", action="store_true", help="abort and delete (default: dry run)")

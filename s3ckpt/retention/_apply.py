@@ -79,7 +79,9 @@ ProgressCallback = Callable[[str, dict[str, Any]], None]
 """``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
 request: ``phase``, ``keys``), ``done``. For logs and for the crash tests."""
 
-DEFAULT_GC_AGE = timedelta(days=1)
+DEFAULT_GC_AGE = timedelta(0)
+"""gc aborts an open upload of a dead save at once by default: its tag's heartbeats (older
+than the grace period) already prove nobody will complete it."""
 
 _TRANSIENT_CODES = frozenset(
     {
@@ -680,8 +682,9 @@ def gc(
     lease, from a re-listing made under it.
 
     Args:
-        older_than: Abort uploads of dead saves only once they started this long ago. It
-            never aborts an upload of a live save, however old.
+        older_than: An extra margin: abort uploads of dead saves only once they started
+            this long ago (default 0: a dead save's uploads go at once). It never aborts an
+            upload of a live save, however old.
         grace: A save is live while any object, heartbeat or upload of its tag is younger
             than this; raised to ``MIN_GRACE_SECONDS`` (60 s) when shorter, with a note.
 
