@@ -4,7 +4,7 @@
 #            (unless trainer_may_prune); never write pins or the pruner's lease.
 #   pruner   list, read and delete under the prefix; every write is explicitly denied except
 #            its lease objects ({run}/s3ckpt.lease, a conditional PUT that keeps two pruners
-#            from racing).
+#            from racing) and the plain {checkpoint}/.metadata copy that gc rolls forward.
 #   neither  writes pins ({checkpoint}/s3ckpt.pin.json): `s3ckpt pin` is an operator action.
 #
 # s3ckpt's request -> IAM action map (S3 authorises multipart parts as s3:PutObject):
@@ -189,15 +189,17 @@ locals {
       # the lease when released.
       local.delete_statement,
       {
-        Sid      = "WriteLeaseOnly"
+        # The lease, and the stock .metadata copy gc restores from the committed
+        # .metadata.<tag> after an interrupted commit (checked against the marker first).
+        Sid      = "WriteLeaseAndStockMetadata"
         Effect   = "Allow"
         Action   = "s3:PutObject"
-        Resource = local.lease_arns
+        Resource = local.pruner_write_arns
       },
       {
         # Explicit, so no policy attached to this role later (a broad managed policy, a
         # copy-paste) can let the retention job write or reconfigure anything. NotResource
-        # keeps the lease keys writable and matches every other resource in every bucket.
+        # keeps those keys writable and matches every other resource in every bucket.
         Sid    = "DenyAllWritesExceptLease"
         Effect = "Deny"
         Action = [
@@ -207,7 +209,7 @@ locals {
           "s3:CreateBucket",
           "s3:DeleteBucket*",
         ]
-        NotResource = local.lease_arns
+        NotResource = local.pruner_write_arns
       },
       {
         # Decrypt to read markers; GenerateDataKey because the lease object is encrypted too.

@@ -18,6 +18,12 @@ locals {
     "${local.bucket_arn}/${local.prefix}s3ckpt.lease",
     "${local.bucket_arn}/${local.prefix}*/s3ckpt.lease",
   ]
+  # The plain .metadata of a checkpoint: a copy of the committed .metadata.<tag> for stock DCP
+  # readers, written after the commit marker. `s3ckpt gc` rolls a commit interrupted before
+  # that copy forward by writing it (docs/dcp.md, "The commit protocol"), so the pruner may
+  # write these keys, and only these and its lease.
+  stock_metadata_arns = ["${local.bucket_arn}/${local.prefix}*/.metadata"]
+  pruner_write_arns   = concat(local.lease_arns, local.stock_metadata_arns)
   # Pins ({checkpoint}/s3ckpt.pin.json, written by `s3ckpt pin`) are an operator action: neither
   # role may write them (docs/operations.md, "Pins").
   pin_arns = ["${local.bucket_arn}/${local.prefix}*/s3ckpt.pin.json"]

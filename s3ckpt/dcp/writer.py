@@ -542,8 +542,12 @@ class S3StorageWriter(StorageWriter):
                 stale += self._replaced(previous[0], manifest)
             failures = self.store.delete(stale)
             if failures:
-                log.warning(
-                    "overwrite of %s committed, but %s",
+                # A trainer role without s3:DeleteObject (the default of terraform/) is
+                # expected to leave these to `s3ckpt gc`: say so quietly.
+                denied = all(f.code == "AccessDenied" for f in failures)
+                log.log(
+                    logging.INFO if denied else logging.WARNING,
+                    "%s committed, but %s",
                     self.url,
                     format_leftovers([f.key for f in failures]),
                 )

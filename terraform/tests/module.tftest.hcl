@@ -207,18 +207,19 @@ run "defaults" {
       s.Effect == "Deny" && contains(flatten([s.Action]), "s3:Put*") && toset(try(s.NotResource, [])) == toset([
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/.metadata",
       ])
     ])
-    error_message = "the pruner needs an explicit Deny on s3:Put* for everything but its lease keys"
+    error_message = "the pruner needs an explicit Deny on s3:Put* for everything but its lease keys and the stock .metadata copies"
   }
 
   assert {
     condition = alltrue([
       for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
-      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease")])
+      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata")])
       if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
     ])
-    error_message = "the pruner's only allowed PutObject must be on lease keys"
+    error_message = "the pruner's only allowed PutObject must be on lease keys and stock .metadata copies"
   }
 
   assert {

@@ -479,6 +479,7 @@ def test_pruner_cannot_write_checkpoint_objects_nor_pins(
     for key in (
         f"{RUN}step_000000300/s3ckpt.json",
         f"{RUN}step_000000300/__0_0.distcp",
+        f"{RUN}step_000000300/.metadata.0123abcd",
         f"{RUN}s3ckpt.latest.json",
         f"{STEP}s3ckpt.pin.json",
         "elsewhere/x",
@@ -491,6 +492,15 @@ def test_pruner_cannot_write_checkpoint_objects_nor_pins(
             Bucket=deployment.bucket, Key=f"{RUN}step_000000300/__1_0.distcp"
         )
     assert _error_code(excinfo) == "AccessDenied"
+
+
+def test_pruner_may_restore_a_stock_metadata_copy(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    """`s3ckpt gc` rolls a commit interrupted before its .metadata copy forward."""
+    s3 = role_clients["pruner"]
+    s3.put_object(Bucket=deployment.bucket, Key=f"{STEP}.metadata", Body=b"copy")
+    assert s3.get_object(Bucket=deployment.bucket, Key=f"{STEP}.metadata")["Body"].read() == b"copy"
 
 
 def test_destroy_removes_everything(deployment: Deployment) -> None:
