@@ -7,6 +7,9 @@ here is what more than one party needs:
   ``s3ckpt.alive.{tag}.{rank}`` every :data:`~s3ckpt.format.HEARTBEAT_INTERVAL` seconds
   while it uploads, so prune and gc, which measure grace from the newest activity of a
   save's tag, never take a running save for a dead one.
+* :func:`writer_gone` — a heartbeat whose writing process ran on this host and is gone
+  proves its save dead at once (restic's rule for stale locks), so gc need not wait out the
+  grace period after a killed save on the same machine.
 * :func:`read_marker` — the commit marker and its ETag, read back (how an unknown outcome
   is decided).
 * :func:`restore_stock_metadata` — the roll-forward of a commit that was interrupted
@@ -36,23 +39,78 @@ from s3ckpt.format import (
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["Heartbeat", "read_marker", "restore_stock_metadata"]
+__all__ = [
+    "Heartbeat",
+    "process_gone",
+    "read_marker",
+    "restore_stock_metadata",
+    "writer_gone",
+]
 
 log = logging.getLogger(__name__)
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace (``""`` where /proc does not say)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this PID namespace (True when unsure)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists but not ours to signal, or cannot tell: alive
+    return True
+
+
+def process_gone(host: str, pidns: str, pid: int) -> bool:
+    """Whether process ``pid`` of ``host`` / ``pidns`` provably no longer exists: only
+    decidable on that same host and PID namespace (a reused pid reads as alive: the safe
+    side)."""
+    return (
+        bool(pidns)
+        and pid > 0
+        and host == socket.gethostname()
+        and pidns == pid_namespace()
+        and pid != os.getpid()
+        and not pid_alive(pid)
+    )
+
+
 def heartbeat_body(tag: str, rank: int, step: int | None) -> bytes:
-    """What a heartbeat object holds (for people; liveness is its LastModified)."""
+    """What a heartbeat object holds: liveness is its LastModified; host, PID namespace and
+    pid let :func:`writer_gone` prove a killed writer dead at once on the same host."""
     doc = {
         "tag": tag,
         "rank": rank,
         "step": step,
         "host": socket.gethostname(),
+        "pidns": pid_namespace(),
         "pid": os.getpid(),
         "interval": HEARTBEAT_INTERVAL,
         "time": time.time(),
     }
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def writer_gone(raw: bytes) -> bool:
+    """Whether the heartbeat body ``raw`` names a writing process that is provably gone.
+
+    A save whose rank died can never commit (the coordinator's gather waits for every
+    rank; a dead coordinator commits nothing), so one such heartbeat proves the save dead.
+    Anything unreadable proves nothing.
+    """
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        return process_gone(str(doc["host"]), str(doc["pidns"]), int(doc["pid"]))
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return False
 
 
 class Heartbeat:

@@ -51,7 +51,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, MIN_GRACE_SECONDS, Manifest, owned_tag
+from s3ckpt.format import (
+    HEARTBEAT_PREFIX,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    MIN_GRACE_SECONDS,
+    Manifest,
+    owned_tag,
+)
 from s3ckpt.retention._duration import format_duration
 from s3ckpt.store.base import ObjectInfo, ObjectStore, UploadInfo
 from s3ckpt.uri import StoreURL
@@ -239,6 +246,12 @@ class _Group:
     pin: bool = False
     tags: dict[str, float] = field(default_factory=dict)
     """Newest activity per save tag (objects, heartbeats and uploads directly under it)."""
+    untagged: float | None = None
+    """Newest activity of everything else (stock DCP names, foreign files, nested keys)."""
+    heartbeats: dict[str, list[str]] = field(default_factory=dict)
+    """Heartbeat keys per tag."""
+    dead: set[str] = field(default_factory=set)
+    """Tags whose writing process is provably gone (see s3ckpt._commit.writer_gone)."""
     uploads: list[UploadInfo] = field(default_factory=list)
 
     def touch(self, when: float | None, tag: str | None = None) -> None:
@@ -247,6 +260,8 @@ class _Group:
         self.newest = when if self.newest is None else max(self.newest, when)
         if tag is not None:
             self.tags[tag] = max(self.tags.get(tag, when), when)
+        else:
+            self.untagged = when if self.untagged is None else max(self.untagged, when)
 
 
 def _ckpt_dir(key: str) -> str | None:
@@ -324,7 +339,10 @@ def scan(
         g.size += obj.size
         g.count += 1
         direct = _is_direct(obj.key, groups)
-        g.touch(obj.last_modified, owned_tag(base) if direct else None)
+        tag = owned_tag(base) if direct else None
+        g.touch(obj.last_modified, tag)
+        if tag is not None and base.startswith(HEARTBEAT_PREFIX):
+            g.heartbeats.setdefault(tag, []).append(obj.key)
         if base == MANIFEST_NAME and direct:
             g.marker = obj
         if base == METADATA_NAME and direct:
@@ -336,6 +354,7 @@ def scan(
             direct = _is_direct(up.key, groups)
             g.touch(up.initiated, owned_tag(up.key.rpartition("/")[2]) if direct else None)
 
+    _find_dead_writers(store, groups, (now - grace).timestamp())
     markers = [d for d, g in groups.items() if g.marker]
     pins = [d for d, g in groups.items() if g.pin]
     manifests: dict[str, Manifest | str] = {}
@@ -369,6 +388,45 @@ def scan(
             )
         )
     return out
+
+
+_HEARTBEATS_CHECKED = 4
+"""Heartbeats read per live-looking save (its lowest ranks, the coordinator among them)."""
+
+
+def _find_dead_writers(store: ObjectStore, groups: Mapping[str, _Group], cutoff: float) -> None:
+    """Mark tags that look live but whose writer process is provably gone (``_Group.dead``).
+
+    A heartbeat names the host, PID namespace and pid that wrote it; on that same host a
+    pid that no longer exists proves the save dead (a save that lost a rank never commits),
+    so gc need not wait out the grace period after a kill. Elsewhere nothing is provable
+    and the grace period decides. Request cost: one GET for each of at most
+    :data:`_HEARTBEATS_CHECKED` heartbeats per live-looking save (16 in parallel).
+    """
+    todo: list[tuple[_Group, str, str]] = []
+    for g in groups.values():
+        for tag, keys in g.heartbeats.items():
+            if g.tags.get(tag, 0.0) > cutoff:
+                todo += [(g, tag, k) for k in sorted(keys, key=_rank_of)[:_HEARTBEATS_CHECKED]]
+    if not todo:
+        return
+    from s3ckpt._commit import writer_gone
+
+    def gone(key: str) -> bool:
+        try:
+            return writer_gone(store.get(key))
+        except StoreError:
+            return False  # vanished (its save committed) or unreadable: proves nothing
+
+    with ThreadPoolExecutor(max_workers=_MARKER_WORKERS) as pool:
+        for (g, tag, _), dead in zip(todo, pool.map(lambda t: gone(t[2]), todo), strict=True):
+            if dead:
+                g.dead.add(tag)
+
+
+def _rank_of(key: str) -> int:
+    tail = key.rpartition(".")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _owner(groups: Mapping[str, _Group], key: str) -> _Group | None:
@@ -426,7 +484,7 @@ def _info(
     url = StoreURL(root.scheme, root.bucket, d)
     last = _utc(g.newest)
     cutoff = (now - grace).timestamp()
-    live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff))
+    live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff and t not in g.dead))
     common = dict(
         url=url,
         name=name,
@@ -461,7 +519,8 @@ def _info(
             error=manifest if isinstance(manifest, str) else "commit marker unreadable",
             **common,  # type: ignore[arg-type]
         )
-    young = bool(live) or (last is not None and now - last < grace)
+    # Activity of a save proven dead does not count; anything untagged still does.
+    young = bool(live) or (g.untagged is not None and g.untagged > cutoff)
     if young:
         state = CheckpointState.IN_PROGRESS
     elif g.metadata is not None:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from s3ckpt._commit import pid_namespace, process_gone
 from s3ckpt.errors import (
     LeaseHeldError,
     LeaseLostError,
@@ -58,25 +59,6 @@ __all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseRecord"]
 
 DEFAULT_LEASE_TTL = timedelta(minutes=5)
 LEASE_FORMAT = "s3ckpt.lease"
-
-
-def _pid_namespace() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return True
-    return True
 
 
 @dataclass(frozen=True)
@@ -134,13 +116,7 @@ class LeaseRecord:
         """Released, expired, or held by a dead process on this host and PID namespace."""
         if self.released or self.expires <= now:
             return True
-        return (
-            bool(self.pidns)
-            and self.host == socket.gethostname()
-            and self.pidns == _pid_namespace()
-            and self.pid != os.getpid()
-            and not _pid_alive(self.pid)
-        )
+        return process_gone(self.host, self.pidns, self.pid)
 
 
 @dataclass
@@ -182,7 +158,7 @@ class Lease:
             owner=self.owner,
             host=socket.gethostname(),
             pid=os.getpid(),
-            pidns=_pid_namespace(),
+            pidns=pid_namespace(),
             acquired=acquired,
             expires=0.0 if released else now + self.ttl.total_seconds(),
             released=released,

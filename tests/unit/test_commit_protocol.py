@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from typing import Any
 
@@ -28,7 +29,7 @@ from s3ckpt import (
     UncommittedCheckpointError,
 )
 from s3ckpt.errors import find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, _digest, owned_tag
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, _digest, data_name, owned_tag
 from s3ckpt.store import MemoryStore
 from s3ckpt.tools import verify_checkpoint
 from tests.unit.test_dcp_memory import SMALL, URL, assert_same, load, make_state, save
@@ -357,3 +358,34 @@ def test_overwrite_commits_when_the_replaced_marker_changed_meanwhile(meanwhile:
     out = zeros(new)
     load(store, out)
     assert_same(new, out)
+
+
+def test_gc_reclaims_a_killed_writers_save_at_once_on_the_same_host() -> None:
+    """A heartbeat names its writer's host, PID namespace and pid: on the same host a
+    vanished pid proves the save dead before its grace period ends; a live writer, or one
+    on another host, keeps its save however short the grace."""
+    import socket
+    import subprocess
+    import sys
+
+    from s3ckpt._commit import pid_namespace
+    from s3ckpt.format import heartbeat_name
+    from s3ckpt.retention import gc
+    from s3ckpt.uri import parse_url
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    writers = {
+        "step_1": (socket.gethostname(), child.pid),  # killed: gone
+        "step_2": (socket.gethostname(), os.getppid()),  # alive
+        "step_3": ("another-host", child.pid),  # nothing provable from here
+    }
+    store = MemoryStore("bkt")
+    for name, (host, pid) in writers.items():
+        store.put(f"run/{name}/{data_name(0, 0, 'abcd0123')}", b"x" * 10)
+        body = {"host": host, "pidns": pid_namespace(), "pid": pid, "tag": "abcd0123"}
+        store.put(f"run/{name}/{heartbeat_name('abcd0123', 0)}", json.dumps(body).encode())
+    result = gc(store, parse_url("s3://bkt/run/"), apply=True)
+    assert result.ok
+    left = {k.split("/")[1] for k in store.objects if "/step_" in k}
+    assert left == {"step_2", "step_3"}
