@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from s3ckpt import __version__, _crc
-from s3ckpt._commit import Heartbeat, read_marker
+from s3ckpt._commit import Heartbeat, read_marker, restore_stock_metadata
 from s3ckpt._gc import gc_paused
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import pack
@@ -362,7 +362,9 @@ class S3StorageWriter(StorageWriter):
 
         1. beat, then PUT ``.metadata.{tag}`` (this save's own key: no conflict possible);
         2. list the prefix: every object the manifest will name exists with its size;
-        3. read the marker back: refuse (not ``overwrite``) or remember its ETag;
+        3. read the marker back: refuse (not ``overwrite``) or remember its ETag; an
+           overwrite empties the replaced save's plain ``.metadata`` copy, so stock readers
+           never silently load the replaced state once this save may have committed;
         4. PUT ``s3ckpt.json`` conditionally (If-None-Match, or If-Match on the replaced
            marker's ETag). An unknown outcome (a 412 after a retry, or retries exhausted)
            is decided by reading the marker back: ours means committed;
@@ -403,10 +405,16 @@ class S3StorageWriter(StorageWriter):
             self._check_objects(manifest)
             previous = self._previous_marker()
             manifest_bytes = manifest.to_json()
+            retracted = self._retract_stock_metadata(previous)
         except BaseException:
             self._discard(own)
             raise
-        self._commit_marker(manifest_bytes, previous, own)
+        try:
+            self._commit_marker(manifest_bytes, previous, own)
+        except BaseException:
+            if retracted:
+                self._republish_stock_metadata()
+            raise
         self.last_manifest = manifest
         self._after_commit(manifest, meta_bytes, heartbeats, previous)
 
@@ -459,6 +467,34 @@ class S3StorageWriter(StorageWriter):
         if found is not None and not self.overwrite:
             raise self._exists_error("another save committed it first")
         return found
+
+    def _retract_stock_metadata(
+        self, previous: tuple[Manifest | None, str | None] | None
+    ) -> bool:
+        """Before an overwrite's marker: empty the plain ``.metadata`` copy of the save
+        being replaced, so that from here until this save's own copy lands, stock DCP
+        readers fail loudly instead of silently loading the replaced state (a kill in
+        between is repaired by the next s3ckpt load or gc, which copy the committed
+        ``.metadata.{tag}`` back). A PUT, not a delete: a trainer role may write but not
+        delete. Not for a format-1 commit, whose plain ``.metadata`` is the committed one.
+        """
+        if previous is None or previous[0] is None:
+            return False
+        if previous[0].metadata_key == METADATA_NAME:
+            return False
+        self.store.put(self.url.key(METADATA_NAME), b"")
+        return True
+
+    def _republish_stock_metadata(self) -> None:
+        """After a failed commit that retracted the stock copy: publish the copy of whatever
+        is committed now (the replaced save, or a racing winner). Best effort: readers and
+        gc do the same."""
+        try:
+            found = read_marker(self.store, self.url)
+            if found is not None:
+                restore_stock_metadata(self.store, self.url, found[0])
+        except S3CkptError as exc:
+            log.warning("s3ckpt: could not put %s/.metadata back (%s); gc will", self.url, exc)
 
     def _exists_error(self, why: str) -> CheckpointExistsError:
         return CheckpointExistsError(

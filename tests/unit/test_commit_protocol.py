@@ -214,11 +214,12 @@ def test_killed_overwrite_after_its_marker_is_rolled_forward_by_the_next_load() 
     new state and puts the copy back, so stock readers read the committed save too."""
     store = HookStore("bkt")
     save(store, make_state())
+    old_id = _marker(store).save_id
     new = make_state()
     new["big"] *= 2
 
     def die_after_marker(key: str, st: HookStore, kw: dict[str, Any]) -> None:
-        if key == PREFIX + METADATA_NAME:
+        if key == PREFIX + METADATA_NAME and _marker(st).save_id != old_id:
             raise SystemExit("killed")
 
     store.on_put = die_after_marker
@@ -227,7 +228,8 @@ def test_killed_overwrite_after_its_marker_is_rolled_forward_by_the_next_load() 
     store.on_put = None
     manifest = _marker(store)
     committed = store.objects[PREFIX + manifest.metadata_key].data
-    assert store.objects[PREFIX + METADATA_NAME].data != committed  # stock readers: old
+    # Stock readers fail loudly (an empty .metadata) rather than load the replaced state.
+    assert store.objects[PREFIX + METADATA_NAME].data == b""
     out = zeros(new)
     load(store, out)
     assert_same(new, out)
@@ -389,3 +391,31 @@ def test_gc_reclaims_a_killed_writers_save_at_once_on_the_same_host() -> None:
     assert result.ok
     left = {k.split("/")[1] for k in store.objects if "/step_" in k}
     assert left == {"step_2", "step_3"}
+
+
+def test_overwrite_that_loses_a_race_puts_the_winners_stock_metadata_back() -> None:
+    """An overwrite retracts the stock .metadata copy before its marker; when it then loses
+    the race, the copy of whatever is committed is put back (no stock reader left broken)."""
+    winner_state = make_state()
+    winner_state["big"] += 5
+    source = MemoryStore("bkt")
+    save(source, make_state())
+    save(source, winner_state, overwrite=True)
+    store = HookStore("bkt")
+    save(store, make_state())
+
+    def winner_commits_first(key: str, st: HookStore, kw: dict[str, Any]) -> None:
+        if key.endswith(MANIFEST_NAME) and st.on_put is not None:
+            st.on_put = None
+            for k, obj in source.objects.items():
+                if not k.endswith(METADATA_NAME):
+                    MemoryStore.put(st, k, obj.data)
+
+    store.on_put = winner_commits_first
+    with pytest.raises(CheckpointException) as info:
+        save(store, make_state(), overwrite=True)
+    assert isinstance(_error(info.value), CheckpointExistsError)
+    assert store.objects[PREFIX + METADATA_NAME].data == source.objects[PREFIX + METADATA_NAME].data
+    out = zeros(winner_state)
+    load(store, out)
+    assert_same(winner_state, out)
