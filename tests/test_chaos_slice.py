@@ -1,0 +1,70 @@
+"""The fixed-seed slice of the chaos harness (benchmarks/chaos.py --quick).
+
+One run of the slice (about a minute and a half on two cores) covers every class of
+docs/reliability.md with a few trials each; each class is then its own test, so a failure
+names the class and the violated invariant. The full run (>= 200 kill trials, >= 100
+faulted save/load runs) is ``benchmarks/chaos.py --trials-scale 1.0``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+CLASSES = range(1, 8)
+
+
+@pytest.fixture(scope="module")
+def slice_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("chaos") / "results.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "chaos.py"),
+            "--quick",
+            "--seed",
+            "0",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    if not out.exists():
+        pytest.fail(
+            f"the chaos slice wrote no results (exit {proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    doc: dict[str, Any] = json.loads(out.read_text())
+    doc["_rc"] = proc.returncode
+    doc["_log"] = proc.stdout[-4000:]
+    return doc
+
+
+def test_slice_ran_every_class(slice_results: dict[str, Any]) -> None:
+    assert not slice_results["harness_errors"], slice_results["harness_errors"]
+    assert slice_results["_rc"] in (0, 1), slice_results["_log"]
+    for cls in CLASSES:
+        assert slice_results["summary"][str(cls)]["trials"] > 0, f"class {cls} ran no trial"
+    assert slice_results["meta"]["seconds"] < 150
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_no_invariant_violated(slice_results: dict[str, Any], cls: int) -> None:
+    bad = [t for t in slice_results["trials"] if t["class"] == cls and t["violations"]]
+    detail = "\n".join(
+        f"{t['name']} {t['params']}: "
+        + "; ".join(f"{v['kind']}: {v['detail']}" for v in t["violations"])
+        for t in bad
+    )
+    assert not bad, f"class {cls}: {len(bad)} trial(s) violated an invariant:\n{detail}"
