@@ -1,15 +1,25 @@
 # s3ckpt: two commands do all set-up on a fresh machine: `make demo` and `make test`.
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip install -q --disable-pip-version-check
+# --no-compile: byte-compiling the ~10k modules of torch and friends at install costs more than
+# compiling, on first import, the few hundred a run imports. --prefer-binary: a wheel over a
+# newer sdist, never a build.
+PIP    := $(PY) -m pip install -q --disable-pip-version-check --prefer-binary --no-compile
+# pytest-xdist workers for `make test` (0: no xdist, everything in one process).
+PYTEST_WORKERS ?= 2
+# --dist loadscope: a module's tests stay on one worker, so module-scoped fixtures (the terraform
+# deployment, checkpoints saved once per module) are built once; tests/conftest.py puts the
+# slowest module first and --no-loadscope-reorder keeps that order.
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 .PHONY: install demo test test-terraform check-terraform lint typecheck unit integration bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	# The CPU build of torch, pinned (an unpinned torch pulls a multi-GB CUDA build).
-	$(PIP) torch==2.13.0
+	# One resolve for everything. torch is the CPU build, pinned (torch==2.13.0 in the test
+	# extra and constraints.txt; an unpinned torch pulls a multi-GB CUDA build).
 	$(PIP) -c constraints.txt -e '.[dev]'
 	touch $@
 
@@ -19,10 +29,67 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) -m s3ckpt.demo
 
-## Lint, type-check, check the terraform module and run the whole test suite.
+# `make test`, phase by phase. The terraform checks and checkov (make check-terraform: no project
+# venv needed) run in the background from the start, while install, lint, typecheck and pytest run
+# in the foreground; their log is shown once they are done. Every phase prints its wall time and
+# a summary closes the run: CI machines run this 10-25x slower than a quiet host, and the log
+# says where the time went. A failed phase fails the run; the foreground stops at the first.
+define TEST_SCRIPT
+set -uo pipefail
+started=$$SECONDS
+times=$$(mktemp "$${TMPDIR:-/tmp}/s3ckpt-test-times.XXXXXX")
+tf_log=$$(mktemp "$${TMPDIR:-/tmp}/s3ckpt-check-terraform.XXXXXX")
+phase() {
+    local name=$$1 t0=$$SECONDS rc=0
+    shift
+    echo "==> $$name: $$*"
+    "$$@" || rc=$$?
+    local took=$$((SECONDS - t0)) what=ok
+    ((rc == 0)) || what="FAILED (exit $$rc)"
+    echo "<== $$name: $$what, $${took}s"
+    printf '  %-34s %6ss  %s\n' "$$name" "$$took" "$$what" >>"$$times"
+    return $$rc
+}
+( phase "check-terraform (background)" $(MAKE) --no-print-directory check-terraform >"$$tf_log" 2>&1
+  echo $$? >"$$tf_log.rc" ) &
+tf_pid=$$!
+tf_shown=
+tf_status() {
+    [[ -z "$$tf_shown" && -f "$$tf_log.rc" ]] || return 0
+    wait "$$tf_pid"
+    tf_shown=1
+    echo "==> check-terraform (background) finished; its log:"
+    sed 's/^/  | /' "$$tf_log"
+    return "$$(cat "$$tf_log.rc")"
+}
+rc=0
+for step in install lint typecheck pytest; do
+    if [[ "$$step" == pytest ]]; then
+        phase pytest $(PY) -m pytest -q $(PYTEST_XDIST) --durations=25 || rc=1
+    else
+        phase "$$step" $(MAKE) --no-print-directory "$$step" || rc=1
+    fi
+    tf_status || rc=1
+    ((rc == 0)) || break
+done
+if [[ -z "$$tf_shown" ]]; then
+    echo "==> waiting for check-terraform (background)"
+    while [[ ! -f "$$tf_log.rc" ]] && kill -0 "$$tf_pid" 2>/dev/null; do sleep 1; done
+    [[ -f "$$tf_log.rc" ]] || echo 1 >"$$tf_log.rc"
+    tf_status || rc=1
+fi
+echo "== make test: wall time per phase (check-terraform overlaps the others)"
+cat "$$times"
+printf '  %-34s %6ss  %s\n' total "$$((SECONDS - started))" "$$( ((rc == 0)) && echo ok || echo FAILED)"
+rm -f "$$times" "$$tf_log" "$$tf_log.rc"
+exit $$rc
+endef
+export TEST_SCRIPT
+
+## Lint, type-check, check the terraform module and run the whole test suite (-n: pytest-xdist).
 ## --durations: CI machines run this suite 10-25x slower than a quiet host; the log says where.
-test: install lint typecheck check-terraform
-	$(PY) -m pytest -q --durations=25
+test:
+	@bash -c "$$TEST_SCRIPT"
 
 ## terraform/: fmt -check, validate, terraform test (mock provider) and checkov (in .venv-checkov,
 ## from requirements/checkov.txt). Prints SKIP and succeeds where there is no terraform binary.
@@ -49,4 +116,4 @@ bench: install
 	$(PY) benchmarks/bench_dcp.py --size-mib 1024 --runs 3
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-checkov .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -7,6 +7,7 @@
 #   scripts/terraform-env.sh mirror        print the provider mirror folder (exit 1 if none)
 #   scripts/terraform-env.sh check         fmt -check, init + validate (module and examples), test
 #   scripts/terraform-env.sh checkov       checkov --skip-download in its own venv (.venv-checkov)
+#   scripts/terraform-env.sh checkov-venv  build .venv-checkov, or reuse it (requirements unchanged)
 #   scripts/terraform-env.sh integration   apply/verify/destroy against moto (pytest tests/terraform)
 #   scripts/terraform-env.sh ci            check and checkov, or a printed SKIP (exit 0) when there
 #                                          is no terraform binary (`make check-terraform`)
@@ -94,13 +95,32 @@ EOF
     fi
 }
 
-# terraform init for one configuration folder, with its data dir outside the checkout.
+# terraform init for one configuration folder, with its data dir outside the checkout (one per
+# checkout and folder). Skipped when the data dir was initialised from the same configuration:
+# a stamp holds the terraform version, the CLI config and every .tf file the folder's init reads
+# (its own and the module's, which the examples use from ../..).
 _s3ckpt_tf_init() {
-    local dir="$1" data
-    data="$(s3ckpt_tf_work)/data/$(printf '%s' "${dir#"${_s3ckpt_tf_repo}"/}" | tr '/' '_')"
+    local dir="$1" data key
+    data="$(s3ckpt_tf_work)/data/$(printf '%s' "${_s3ckpt_tf_repo}" | cksum | cut -d' ' -f1)_$(
+        printf '%s' "${dir#"${_s3ckpt_tf_repo}"/}" | tr '/' '_')"
     mkdir -p "${data}"
-    TF_DATA_DIR="${data}" terraform -chdir="${dir}" init -backend=false -input=false -no-color >/dev/null ||
-        { echo "terraform init failed in ${dir}" >&2; return 1; }
+    key="$(
+        terraform version 2>/dev/null | head -n 1
+        cat "${TF_CLI_CONFIG_FILE:-/dev/null}" 2>/dev/null
+        cd "${dir}" && sha256sum ./*.tf "${_s3ckpt_tf_repo}"/terraform/*.tf 2>/dev/null
+    )"
+    (
+        # One init at a time per data dir: concurrent runs from the same checkout share it.
+        command -v flock >/dev/null && flock 9
+        if [[ -f "${data}/.s3ckpt-init" && -f "${dir}/.terraform.lock.hcl" ]] &&
+            [[ "$(cat "${data}/.s3ckpt-init")" == "${key}" ]]; then
+            exit 0
+        fi
+        rm -f "${data}/.s3ckpt-init"
+        TF_DATA_DIR="${data}" terraform -chdir="${dir}" init -backend=false -input=false -no-color >/dev/null ||
+            { echo "terraform init failed in ${dir}" >&2; exit 1; }
+        printf '%s\n' "${key}" >"${data}/.s3ckpt-init"
+    ) 9>"${data}.lock" || return 1
     printf '%s\n' "${data}"
 }
 
@@ -183,18 +203,43 @@ s3ckpt_tf_check() {
     )
 }
 
-s3ckpt_tf_checkov() {
+# checkov's own venv (it pins many libraries, boto3 among them, that conflict with the
+# project's venv), built once and reused while requirements/checkov.txt and the interpreter stay
+# the same: the stamp, written last, holds both. Concurrent runs wait on a lock.
+s3ckpt_tf_checkov_venv() {
     local venv="${S3CKPT_CHECKOV_VENV:-${_s3ckpt_tf_repo}/.venv-checkov}"
     local req="${_s3ckpt_tf_repo}/requirements/checkov.txt"
-    # checkov pins many libraries (boto3 among them) that conflict with the project's venv.
-    if [[ ! -x "${venv}/bin/checkov" ]] || ! cmp -s "${req}" "${venv}/.s3ckpt-requirements"; then
+    local python="${CHECKOV_PYTHON:-python3}" key lock
+    key="$("${python}" -c 'import sys; print(sys.version)' | head -n 1; cat "${req}")" || return 1
+    # The lock lives in the scratch folder: next to the venv it would show up in `git status`.
+    lock="$(s3ckpt_tf_work)/checkov-venv-$(printf '%s' "${venv}" | cksum | cut -d' ' -f1).lock"
+    mkdir -p "$(dirname "${venv}")" "$(dirname "${lock}")"
+    (
+        command -v flock >/dev/null && flock 9
+        if [[ -x "${venv}/bin/checkov" && -f "${venv}/.s3ckpt-requirements" ]] &&
+            [[ "$(cat "${venv}/.s3ckpt-requirements")" == "${key}" ]]; then
+            echo "== ${venv#"${_s3ckpt_tf_repo}"/} is up to date with ${req#"${_s3ckpt_tf_repo}"/}"
+            exit 0
+        fi
         _s3ckpt_tf_step_start "creating ${venv#"${_s3ckpt_tf_repo}"/} from ${req#"${_s3ckpt_tf_repo}"/}"
-        "${CHECKOV_PYTHON:-python3}" -m venv "${venv}" || return 1
-        "${venv}/bin/pip" install --quiet --disable-pip-version-check -r "${req}" || return 1
-        cp "${req}" "${venv}/.s3ckpt-requirements"
+        rm -f "${venv}/.s3ckpt-requirements"
+        "${python}" -m venv --clear "${venv}" || exit 1
+        # --no-compile: checkov imports a fraction of what it installs (compiled on first import).
+        "${venv}/bin/python" -m pip install --quiet --disable-pip-version-check --prefer-binary \
+            --no-compile -r "${req}" || exit 1
+        printf '%s\n' "${key}" >"${venv}/.s3ckpt-requirements"
         _s3ckpt_tf_step_done
-    fi
-    _s3ckpt_tf_step_start "checkov $("${venv}/bin/checkov" --version) --skip-download"
+    ) 9>"${lock}" || return 1
+    _s3ckpt_tf_venv_ready=1
+}
+
+s3ckpt_tf_checkov() {
+    local venv="${S3CKPT_CHECKOV_VENV:-${_s3ckpt_tf_repo}/.venv-checkov}" version
+    [[ -n "${_s3ckpt_tf_venv_ready:-}" ]] || s3ckpt_tf_checkov_venv || return 1
+    # The version from the package metadata: `checkov --version` imports all of checkov (~6 s
+    # here, minutes on a slow CI machine).
+    version="$("${venv}/bin/python" -c 'import importlib.metadata as m; print(m.version("checkov"))')"
+    _s3ckpt_tf_step_start "checkov ${version} --skip-download"
     # --skip-download: no Bridgecrew platform calls and no external module downloads; the
     # examples' module source is local. Skips are written inline (#checkov:skip=ID: reason);
     # any failed check fails this step.
@@ -210,10 +255,15 @@ s3ckpt_tf_ci() {
             "Install Terraform >= 1.11 to run them; tests/terraform skips for the same reason."
         return 0
     fi
-    local started=${SECONDS}
+    local started=${SECONDS} t venv_s check_s
+    t=${SECONDS}
+    s3ckpt_tf_checkov_venv || return 1
+    venv_s=$((SECONDS - t)) t=${SECONDS}
     s3ckpt_tf_check || return 1
+    check_s=$((SECONDS - t)) t=${SECONDS}
     s3ckpt_tf_checkov || return 1
-    echo "== terraform checks passed ($((SECONDS - started))s)"
+    echo "== terraform checks passed ($((SECONDS - started))s: checkov venv ${venv_s}s," \
+        "terraform ${check_s}s, checkov $((SECONDS - t))s)"
 }
 
 s3ckpt_tf_integration() {
@@ -228,11 +278,12 @@ if [[ "${BASH_SOURCE[0]}" == "${0}" ]]; then
         env) s3ckpt_tf_env && printf 'export TF_CLI_CONFIG_FILE=%q\n' "${TF_CLI_CONFIG_FILE}" ;;
         check) s3ckpt_tf_check ;;
         checkov) s3ckpt_tf_checkov ;;
+        checkov-venv) s3ckpt_tf_checkov_venv ;;
         ci) s3ckpt_tf_ci ;;
         integration) shift; s3ckpt_tf_integration "$@" ;;
         all) s3ckpt_tf_check && s3ckpt_tf_checkov && s3ckpt_tf_integration ;;
         *)
-            sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+            sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
             exit 2
             ;;
     esac

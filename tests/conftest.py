@@ -8,8 +8,10 @@ inherit. Each test gets a fresh bucket, so tests never see each other's objects.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,6 +24,26 @@ os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ["AWS_CONFIG_FILE"] = os.devnull
 os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
 os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: Any, argname: str) -> str | None:
+    """A stable test id for a loopback URL with a port drawn at import time.
+
+    ``make test`` runs the suite under pytest-xdist, whose workers each collect it and must
+    agree on every test id. A free port picked at collection (a refused-connection endpoint)
+    differs per worker, so it is named ``http://127.0.0.1:PORT`` instead.
+    """
+    if isinstance(val, str) and re.fullmatch(r"http://127\.0\.0\.1:\d+", val):
+        return "http://127.0.0.1:PORT"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """tests/terraform first: its one module (terraform apply, probes, destroy) is the suite's
+    longest. ``make test`` hands whole modules to its pytest-xdist workers in collection order
+    (``--dist loadscope --no-loadscope-reorder``), so it starts at once on one worker while the
+    other takes the rest, instead of starting late and running alone at the end."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/terraform/"))
 
 
 @pytest.fixture(scope="session")
