@@ -38,12 +38,21 @@ def pytest_make_parametrize_id(config: pytest.Config, val: Any, argname: str) ->
     return None
 
 
+# The suite's longest modules, each mostly one long fixture: terraform apply/probe/destroy and
+# the chaos slice (benchmarks/chaos.py --quick).
+_LONGEST_FIRST = ("tests/terraform/", "tests/test_chaos_slice.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """tests/terraform first: its one module (terraform apply, probes, destroy) is the suite's
-    longest. ``make test`` hands whole modules to its pytest-xdist workers in collection order
-    (``--dist loadscope --no-loadscope-reorder``), so it starts at once on one worker while the
-    other takes the rest, instead of starting late and running alone at the end."""
-    items.sort(key=lambda item: not item.nodeid.startswith("tests/terraform/"))
+    """The longest modules first. ``make test`` hands whole modules to its pytest-xdist workers
+    in collection order (``--dist loadscope --no-loadscope-reorder``), so these start at once
+    instead of late, running alone at the end while the other worker idles."""
+
+    def rank(item: pytest.Item) -> int:
+        starts = [i for i, p in enumerate(_LONGEST_FIRST) if item.nodeid.startswith(p)]
+        return starts[0] if starts else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")
