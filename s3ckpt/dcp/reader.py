@@ -58,7 +58,14 @@ from s3ckpt.errors import (
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, ItemRecord, Manifest, owned_tag
+from s3ckpt.format import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    ItemRecord,
+    Manifest,
+    owned_tag,
+    tensor_framing_error,
+)
 from s3ckpt.store import ObjectStore, RangeReader, open_store
 from s3ckpt.uri import StoreURL
 
@@ -410,12 +417,15 @@ class S3StorageReader(StorageReader):
                     key=key,
                     rank=self.rank,
                 )
-            crc = reader.readinto_all(memoryview(bytearray(record.data_offset)), fqn, 0)
+            head = bytearray(record.data_offset)
+            crc = reader.readinto_all(memoryview(head), fqn, 0)
             if nbytes:
                 view = memoryview(target.view(-1).view(torch.uint8).numpy())
                 crc = reader.readinto_all(view, fqn, crc)
-            crc = reader.readinto_all(memoryview(bytearray(tail_len)), fqn, crc)
+            tail = bytearray(tail_len)
+            crc = reader.readinto_all(memoryview(tail), fqn, crc)
             self._check(crc, record, key, fqn)
+            self._check_framing(head, tail, nbytes, key, fqn)
             with lock:
                 planner.commit_tensor(span.reads[0], target)
             return
@@ -486,6 +496,22 @@ class S3StorageReader(StorageReader):
                 item=fqn,
             )
 
+    def _check_framing(
+        self, head: Any, tail: Any, nbytes: int, key: str, fqn: str
+    ) -> None:
+        """The item's own zip framing must put the tensor where the manifest says (see
+        :func:`~s3ckpt.format.tensor_framing_error`): a manifest edited and re-sealed
+        cannot make a reader take other bytes for the tensor."""
+        why = tensor_framing_error(head, tail, nbytes)
+        if why is not None:
+            raise CorruptCheckpointError(
+                f"{fqn}: {why}; {MANIFEST_NAME} does not describe the bytes stored (it was "
+                "changed after the save). Load an earlier checkpoint",
+                bucket=self.store.bucket,
+                key=key,
+                rank=self.rank,
+            )
+
     def _check_safe(self, buf: bytearray, key: str, fqn: str) -> None:
         if self.allow_unsafe_pickle:
             return
@@ -518,6 +544,12 @@ class S3StorageReader(StorageReader):
                 numel *= s
             if numel == 0:
                 return torch.empty(tuple(sizes), dtype=dtype)
+            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            at = record.data_offset
+            self._check_framing(
+                memoryview(buf)[:at], memoryview(buf)[at + nbytes :], nbytes, key,
+                read.storage_index.fqn,
+            )
             flat = torch.frombuffer(buf, dtype=dtype, count=numel, offset=record.data_offset)
             return flat.view(tuple(sizes))
         stream: io.IOBase = io.BytesIO(buf)

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from s3ckpt import _crc
@@ -34,7 +35,14 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import coalesce
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from s3ckpt.format import (
+    FRAMING_HEAD,
+    FRAMING_TAIL,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    Manifest,
+    tensor_framing_error,
+)
 from s3ckpt.store import ObjectInfo, ObjectStore
 from s3ckpt.tools._common import Chunk, Entry, index_checkpoint, open_reader
 
@@ -331,6 +339,47 @@ def verify_checkpoint(
     )
 
 
+class _Framing:
+    """Collects the bytes around a tensor's data while an item streams past, to check that
+    its zip framing puts the tensor where the manifest says (a resealed manifest with a
+    moved ``data_offset`` must not pass)."""
+
+    def __init__(self, data_offset: int, nbytes: int) -> None:
+        self.head_from = max(0, data_offset - FRAMING_HEAD)
+        self.data_offset = data_offset
+        self.tail_from = data_offset + nbytes
+        self.nbytes = nbytes
+        self.head = bytearray(data_offset - self.head_from)
+        self.tail = bytearray(FRAMING_TAIL)
+        self.tail_len = 0
+
+    @classmethod
+    def of(cls, entry: Entry, chunk: Chunk) -> _Framing | None:
+        rec = chunk.record
+        if rec is None or rec.data_offset is None or entry.dtype is None or chunk.sizes is None:
+            return None
+        numel = 1
+        for n in chunk.sizes:
+            numel *= n
+        if numel == 0:
+            return None
+        return cls(rec.data_offset, numel * torch.empty((), dtype=entry.dtype).element_size())
+
+    def feed(self, at: int, data: memoryview) -> None:
+        """Bytes ``[at, at + len(data))`` of the item."""
+        end = at + len(data)
+        lo, hi = max(at, self.head_from), min(end, self.data_offset)
+        if lo < hi:
+            self.head[lo - self.head_from : hi - self.head_from] = data[lo - at : hi - at]
+        lo, hi = max(at, self.tail_from), min(end, self.tail_from + FRAMING_TAIL)
+        if lo < hi:
+            self.tail[lo - self.tail_from : hi - self.tail_from] = data[lo - at : hi - at]
+            self.tail_len = max(self.tail_len, hi - self.tail_from)
+
+    def error(self) -> str | None:
+        return tensor_framing_error(self.head, self.tail[: self.tail_len], self.nbytes)
+
+
 def _stock_metadata(reader: S3StorageReader, manifest: Manifest) -> list[Problem]:
     """The plain ``.metadata`` stock DCP readers use must be the committed one.
 
@@ -420,6 +469,8 @@ def _read_request(
             crc = 0
             todo = start - pos  # gap first
             skipping = True
+            framing = _Framing.of(entry, chunk)
+            ipos = 0  # offset inside the item
             while True:
                 if todo == 0:
                     if not skipping:
@@ -444,11 +495,26 @@ def _read_request(
                     return problems
                 if not skipping:
                     crc = _crc.crc32c(view[:got], crc)
+                    if framing is not None:
+                        framing.feed(ipos, view[:got])
+                    ipos += got
                 todo -= got
                 note(got)
             pos = end
             note(0, 1)
             rec = chunk.record
+            why = framing.error() if framing is not None else None
+            if why is not None:
+                problems.append(
+                    Problem(
+                        "structure",
+                        name,
+                        entry.name,
+                        chunk.offsets,
+                        f"{_where(entry, chunk)}: {why} (bytes {start}-{end - 1} of {name}); "
+                        f"{MANIFEST_NAME} does not describe the bytes stored",
+                    )
+                )
             if has_crc and rec is not None and crc != rec.crc32c:
                 problems.append(
                     Problem(

@@ -419,3 +419,43 @@ def test_overwrite_that_loses_a_race_puts_the_winners_stock_metadata_back() -> N
     out = zeros(winner_state)
     load(store, out)
     assert_same(winner_state, out)
+
+
+@pytest.mark.parametrize(
+    ("field", "shift"),
+    [("data_offset", s) for s in (-64, -1, 1, 8, 64)] + [("start", s) for s in (1, 64)],
+)
+def test_resealed_manifest_cannot_move_a_tensor(field: str, shift: int) -> None:
+    """C, against a forger who knows the digest: a manifest edited and re-sealed (digest
+    recomputed, CRCs untouched or moved with it) still cannot make a load, streamed or
+    buffered, take other bytes for a tensor; verify names the tensor."""
+    store = MemoryStore("bkt")
+    sd = make_state()
+    save(store, sd)
+    doc = json.loads(store.objects[PREFIX + MANIFEST_NAME].data)
+    col = {"data_offset": 6, "start": 3}[field]
+    row = next(r for r in doc["items"] if r[0] == "big")
+    row[col] += shift
+    if field == "start":
+        # Move the item's window and re-seal its CRC too: the bytes in the new window.
+        from s3ckpt import _crc
+
+        data = store.objects[PREFIX + row[2]].data
+        row[5] = f"{_crc.crc32c(data[row[3] : row[3] + row[4]]):08x}"
+    doc["digest"] = _digest(doc)
+    store.objects[PREFIX + MANIFEST_NAME].data = json.dumps(doc).encode()
+    for direct in (True, False):
+        out = zeros(sd)
+        if not direct:  # a destination the bytes cannot stream into: buffered decode
+            out["big"] = torch.zeros(2048, 1024).t()
+        with pytest.raises((CheckpointException, CorruptCheckpointError)) as info:
+            load(store, out)
+        err = _error(info.value)
+        assert isinstance(err, CorruptCheckpointError), err
+        assert "big" in str(err)
+    try:
+        result = verify_checkpoint(URL, store=store)
+    except CorruptCheckpointError as exc:  # refused while opening: the records disagree
+        assert "big" in str(exc)
+    else:
+        assert not result.ok and "big" in result.bad_items
