@@ -335,6 +335,20 @@ class S3StorageReader(StorageReader):
                         key=self.url.key(MANIFEST_NAME),
                         rank=self.rank,
                     )
+                if record is not None and (record.object, record.start, record.length) != (
+                    info.relative_path,
+                    info.offset,
+                    info.length,
+                ):
+                    raise CorruptCheckpointError(
+                        f"{read.storage_index.fqn}: {MANIFEST_NAME} places it at "
+                        f"{record.object}[{record.start}:+{record.length}], .metadata at "
+                        f"{info.relative_path}[{info.offset}:+{info.length}]; one of them was "
+                        "changed after the save. Load an earlier checkpoint",
+                        bucket=self.store.bucket,
+                        key=self.url.key(MANIFEST_NAME),
+                        rank=self.rank,
+                    )
                 span = spans[(info.offset, info.length)] = _Span(info, record)
             span.reads.append(read)
 

@@ -423,7 +423,9 @@ def test_overwrite_that_loses_a_race_puts_the_winners_stock_metadata_back() -> N
 
 @pytest.mark.parametrize(
     ("field", "shift"),
-    [("data_offset", s) for s in (-64, -1, 1, 8, 64)] + [("start", s) for s in (1, 64)],
+    [("data_offset", s) for s in (-64, -1, 1, 8, 64)]
+    + [("start", s) for s in (1, 64)]
+    + [("length", s) for s in (-1, 64)],
 )
 def test_resealed_manifest_cannot_move_a_tensor(field: str, shift: int) -> None:
     """C, against a forger who knows the digest: a manifest edited and re-sealed (digest
@@ -433,10 +435,10 @@ def test_resealed_manifest_cannot_move_a_tensor(field: str, shift: int) -> None:
     sd = make_state()
     save(store, sd)
     doc = json.loads(store.objects[PREFIX + MANIFEST_NAME].data)
-    col = {"data_offset": 6, "start": 3}[field]
+    col = {"data_offset": 6, "start": 3, "length": 4}[field]
     row = next(r for r in doc["items"] if r[0] == "big")
     row[col] += shift
-    if field == "start":
+    if field in ("start", "length"):
         # Move the item's window and re-seal its CRC too: the bytes in the new window.
         from s3ckpt import _crc
 
