@@ -118,8 +118,10 @@ def test_stalled_proxy_fails_by_the_deadline(moto_endpoint: str, bucket: str) ->
             assert isinstance(exc, TransientStoreError), exc
             assert elapsed < 10
             assert "did not answer within" in str(exc)
-        # 4 operations x 2 attempts: at ~2.1 s a third 1 s attempt would pass the 3 s mark.
-        assert proxy.stats["stall"] == 8
+        # 4 operations x about 2 attempts each (a third 1 s attempt would pass the 3 s
+        # mark), never the 8 attempts each that max_attempts allows. How many fit depends
+        # on the machine's load, so this bounds the count rather than pinning it.
+        assert 4 <= proxy.stats["stall"] <= 12
 
 
 def test_deadline_does_not_stop_quick_retries(moto_endpoint: str, bucket: str) -> None:
