@@ -103,6 +103,9 @@ class S3StorageReader(StorageReader):
             killed, failed or still running). Nothing is checksummed then. Off by default:
             such a prefix raises :class:`~s3ckpt.errors.UncommittedCheckpointError`.
             Checkpoints written by stock DCP (no s3ckpt objects) load either way.
+        roll_forward: When the plain ``.metadata`` (what stock DCP readers open) is not
+            the committed one, put the committed copy back (best effort; needs
+            s3:PutObject). ``s3ckpt verify`` turns this off to report instead.
         store: Use this store instead of one built from ``path``.
 
     Raises:
@@ -122,6 +125,7 @@ class S3StorageReader(StorageReader):
         verify_checksums: bool = True,
         allow_unsafe_pickle: bool = False,
         allow_uncommitted: bool = False,
+        roll_forward: bool = True,
         store: ObjectStore | None = None,
     ) -> None:
         super().__init__()
@@ -130,6 +134,7 @@ class S3StorageReader(StorageReader):
         self.verify_checksums = verify_checksums
         self.allow_unsafe_pickle = allow_unsafe_pickle
         self.allow_uncommitted = allow_uncommitted
+        self.roll_forward = roll_forward
         self._given_store = store
         self.rank = 0
         self.bytes_read = 0
@@ -210,7 +215,7 @@ class S3StorageReader(StorageReader):
                 bucket=self.store.bucket,
                 key=meta_key,
             )
-        if manifest.metadata_key != METADATA_NAME:
+        if manifest.metadata_key != METADATA_NAME and self.roll_forward:
             self._roll_forward(manifest, raw)
         return meta_key, raw
 

@@ -58,6 +58,7 @@ def open_reader(
     transfer_config: TransferConfig | None = None,
     store: ObjectStore | None = None,
     verify_checksums: bool = True,
+    roll_forward: bool = True,
 ) -> S3StorageReader:
     """An :class:`S3StorageReader` for ``path`` (reads ``s3ckpt.json`` and ``.metadata``)."""
     if isinstance(path, S3StorageReader):
@@ -68,6 +69,7 @@ def open_reader(
         transfer_config=transfer_config,
         store=store,
         verify_checksums=verify_checksums,
+        roll_forward=roll_forward,
     )
 
 

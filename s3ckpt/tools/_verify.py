@@ -58,7 +58,8 @@ class Problem:
     kind: str
     """``checksum`` (bytes changed), ``truncated`` (object too short for an item),
     ``missing_object``, ``object_size`` (differs from ``s3ckpt.json``), ``structure``
-    (metadata and marker disagree, chunks do not cover a tensor), ``read_error``."""
+    (metadata and marker disagree, chunks do not cover a tensor), ``metadata`` (a copy of
+    ``.metadata`` is missing or damaged), ``read_error``."""
     object: str | None
     """Object name relative to the checkpoint prefix."""
     item: str | None
@@ -233,8 +234,13 @@ def verify_checkpoint(
             itself is missing, malformed or does not match (nothing else can be checked).
     """
     t0 = time.perf_counter()
+    # No roll-forward: verify reports a stale .metadata copy rather than repairing it.
     reader = open_reader(
-        checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
+        checkpoint,
+        s3_config=s3_config,
+        transfer_config=transfer_config,
+        store=store,
+        roll_forward=False,
     )
     tc = transfer_config or reader.transfer_config
     entries = index_checkpoint(reader)
@@ -381,34 +387,46 @@ class _Framing:
 
 
 def _stock_metadata(reader: S3StorageReader, manifest: Manifest) -> list[Problem]:
-    """The plain ``.metadata`` stock DCP readers use must be the committed one.
+    """Both copies of ``.metadata`` must be the committed one.
 
-    (The manifest's own digest and the committed ``.metadata.{tag}`` were checked when the
-    reader opened the checkpoint; the reader also rolls a stale copy forward when it may
-    write, so a problem here means that failed.)
+    The committed ``.metadata.{tag}`` (the marker's) and the plain ``.metadata`` stock DCP
+    readers open are each compared with the marker's CRC32C and size. The reader loaded
+    whichever copy is intact; a damaged one is still a problem: a damaged plain copy breaks
+    stock readers, a damaged ``.metadata.{tag}`` leaves the checkpoint one copy from loss.
     """
     if manifest.metadata_key == METADATA_NAME:
-        return []
-    try:
-        raw = reader.store.get(reader.url.key(METADATA_NAME))
-    except ObjectNotFoundError:
-        raw = None
-    if raw is not None and len(raw) == manifest.metadata_size and (
-        _crc.crc32c(raw) == manifest.metadata_crc32c
+        return []  # a format-1 commit: one copy, checked when the reader opened it
+    problems = []
+    fixes = {
+        manifest.metadata_key: "s3ckpt still loads from the plain .metadata while it is intact; "
+        f"copy it over {manifest.metadata_key} (its CRC32C must match the marker's) or keep "
+        "another checkpoint",
+        METADATA_NAME: "`s3ckpt gc --apply`, or any s3ckpt load with write access, copies "
+        f"{manifest.metadata_key} back over it",
+    }
+    for name, role in (
+        (manifest.metadata_key, "the committed metadata"),
+        (METADATA_NAME, "the copy stock DCP readers load"),
     ):
-        return []
-    state = "missing" if raw is None else "not the committed one"
-    return [
-        Problem(
-            "structure",
-            METADATA_NAME,
-            None,
-            None,
-            f"{METADATA_NAME} is {state} ({manifest.metadata_key} is): stock DCP readers "
-            "would not load this commit. `s3ckpt gc --apply` (or any s3ckpt load with write "
-            "access) puts the committed copy back",
+        try:
+            raw: bytes | None = reader.store.get(reader.url.key(name))
+        except ObjectNotFoundError:
+            raw = None
+        if raw is not None and len(raw) == manifest.metadata_size and (
+            _crc.crc32c(raw) == manifest.metadata_crc32c
+        ):
+            continue
+        state = "missing" if raw is None else "not the one the marker commits"
+        problems.append(
+            Problem(
+                "metadata",
+                name,
+                None,
+                None,
+                f"{name} ({role}) is {state}: {fixes[name]}",
+            )
         )
-    ]
+    return problems
 
 
 def _head_all(store: ObjectStore, keys: list[str], concurrency: int) -> list[ObjectInfo | None]:

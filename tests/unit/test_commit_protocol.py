@@ -461,3 +461,30 @@ def test_resealed_manifest_cannot_move_a_tensor(field: str, shift: int) -> None:
         assert "big" in str(exc)
     else:
         assert not result.ok and "big" in result.bad_items
+
+
+@pytest.mark.parametrize("copy", ["plain", "tagged"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_verify_reports_a_damaged_metadata_copy_and_load_still_works(
+    copy: str, damage: str
+) -> None:
+    """Either copy of .metadata damaged: the load reads the intact one (bit-exact), verify
+    names the damaged one and fails (without repairing it behind the user's back)."""
+    store = MemoryStore("bkt")
+    sd = make_state()
+    save(store, sd)
+    name = METADATA_NAME if copy == "plain" else _marker(store).metadata_key
+    key = PREFIX + name
+    data = store.objects[key].data
+    if damage == "flip":
+        store.objects[key].data = data[:10] + bytes([data[10] ^ 0x40]) + data[11:]
+    elif damage == "truncate":
+        store.objects[key].data = data[: len(data) // 2]
+    else:
+        del store.objects[key]
+    result = verify_checkpoint(URL, store=store)
+    assert not result.ok
+    assert [(p.kind, p.object) for p in result.problems] == [("metadata", name)]
+    out = zeros(sd)
+    load(store, out)
+    assert_same(sd, out)
