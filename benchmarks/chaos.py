@@ -145,6 +145,20 @@ def keyclass(op: str, key: str) -> str:
 
 # --------------------------------------------------------------------------- results
 @dataclass
+def gc_after_grace(store: Any, run_url: Any) -> Any:
+    """``gc(apply=True)`` as it runs once every grace period is long past: the clock three
+    days ahead, and every dead save's uploads aborted at once."""
+    from s3ckpt.retention import gc
+
+    return gc(
+        store,
+        run_url,
+        apply=True,
+        older_than=timedelta(0),
+        now=datetime.now(timezone.utc) + timedelta(days=3),
+    )
+
+
 class Trial:
     cls: int
     name: str
@@ -599,7 +613,7 @@ class Harness:
 
         ``require``: checkpoint name -> why it must still be committed.
         """
-        from s3ckpt.retention import CheckpointState, gc, list_checkpoints
+        from s3ckpt.retention import CheckpointState, list_checkpoints
 
         store, run_url = self.store(f"s3://{bucket}/{run}")
         catalog = list_checkpoints(store, run_url)
@@ -665,13 +679,7 @@ class Harness:
                 )
         # gc with the grace period long past, then only committed objects may remain.
         try:
-            res = gc(
-                store,
-                run_url,
-                apply=True,
-                now=datetime.now(timezone.utc) + timedelta(days=3),
-                older_than=timedelta(0),
-            )
+            res = gc_after_grace(store, run_url)
             if not res.ok:
                 t.notes.append(f"gc failures: {[f.key for f in res.failures][:5]}")
         except CAUGHT as exc:
@@ -963,7 +971,6 @@ class Harness:
         """A save then a load through a faulting proxy, gc through it, then the invariants."""
         from faultproxy import FaultProxy
 
-        from s3ckpt.retention import gc
 
         b, run, planted = self.arena(kind)
         # A stale upload and an abandoned prefix for gc to clean up through the proxy.
@@ -985,13 +992,7 @@ class Harness:
                 store, run_url = self.store(f"s3://{b}/{run}", proxy.endpoint_url)
                 g0 = time.monotonic()
                 try:
-                    gc(
-                        store,
-                        run_url,
-                        apply=True,
-                        older_than=timedelta(0),
-                        now=datetime.now(timezone.utc) + timedelta(days=3),
-                    )
+                    gc_after_grace(store, run_url)
                 except CAUGHT as exc:
                     el = time.monotonic() - g0
                     t.notes.append(f"gc through the proxy: {type(exc).__name__}: {exc}"[:300])
@@ -1376,17 +1377,10 @@ class Harness:
                 "committed_unloadable",
                 f"stock DCP reader (FsspecReader over s3fs): {type(exc).__name__}: {exc}"[:400],
             )
-        from s3ckpt.retention import gc
 
         store, run_url = self.store(f"s3://{b}/race")
         try:
-            gc(
-                store,
-                run_url,
-                apply=True,
-                older_than=timedelta(0),
-                now=datetime.now(timezone.utc) + timedelta(days=3),
-            )
+            gc_after_grace(store, run_url)
         except CAUGHT as exc:
             t.notes.append(f"gc: {type(exc).__name__}: {exc}")
         self.check_bucket(t, b, "race", planted)
@@ -1823,16 +1817,9 @@ class Harness:
                     f"stock DCP checkpoint ({how}) does not load: {type(exc).__name__}: {exc}",
                 )
             if how == "fsspec-s3":
-                from s3ckpt.retention import gc
 
                 store, run_url = self.store(f"s3://{b}/stock")
-                gc(
-                    store,
-                    run_url,
-                    apply=True,
-                    older_than=timedelta(0),
-                    now=datetime.now(timezone.utc) + timedelta(days=3),
-                )
+                gc_after_grace(store, run_url)
                 gone = sorted(set(before) - set(self.s3.keys(b)))
                 if gone:
                     t.violate("foreign_deleted", f"gc --apply deleted stock DCP objects {gone}")
