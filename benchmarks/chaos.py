@@ -143,8 +143,6 @@ def keyclass(op: str, key: str) -> str:
     return "other"
 
 
-# --------------------------------------------------------------------------- results
-@dataclass
 def gc_after_grace(store: Any, run_url: Any) -> Any:
     """``gc(apply=True)`` as it runs once every grace period is long past: the clock three
     days ahead, and every dead save's uploads aborted at once."""
@@ -159,6 +157,8 @@ def gc_after_grace(store: Any, run_url: Any) -> Any:
     )
 
 
+# --------------------------------------------------------------------------- results
+@dataclass
 class Trial:
     cls: int
     name: str
