@@ -250,9 +250,9 @@ def map_error(
             else f"read_timeout={tc.read_timeout:g} s"
         )
         return TransientStoreError(
-            f"{where}: the endpoint {endpoint or 'AWS S3'} did not answer within "
-            f"{elapsed:.0f} s ({attempts} attempt{'s' if attempts != 1 else ''}, each given "
-            f"{limit}; request_deadline={tc.request_deadline:g} s): the endpoint is stalled "
+            f"{where}: the endpoint {endpoint or 'AWS S3'} did not answer within its "
+            f"{limit} ({attempts} attempt{'s' if attempts != 1 else ''}, {elapsed:.1f} s in "
+            f"all; request_deadline={tc.request_deadline:g} s): the endpoint is stalled "
             "or black-holed, or the network is dropping packets. Check endpoint_url / "
             "AWS_ENDPOINT_URL, that the server is healthy and the network path to it; on a "
             "slow link raise TransferConfig.read_timeout and request_deadline",
