@@ -110,15 +110,20 @@ def test_item_crcs_and_bytes_across_part_boundaries(
 class _RecordingStore(MemoryStore):
     """A MemoryStore that notes where each part's body lives and can hold parts back."""
 
+    @property
+    def part_addresses(self) -> list[int]:
+        """Body addresses by part number (parts upload on several threads, in any order)."""
+        return [self._addresses[n] for n in sorted(self._addresses)]
+
     def __init__(self) -> None:
         super().__init__()
-        self.part_addresses: list[int] = []
+        self._addresses: dict[int, int] = {}
         self.release = threading.Event()
         self.release.set()
 
     def upload_part(self, key, upload_id, part_number, data, *, crc32c=None):  # type: ignore[no-untyped-def]
         view = memoryview(data).cast("B")
-        self.part_addresses.append(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+        self._addresses[part_number] = np.frombuffer(view, dtype=np.uint8).ctypes.data
         assert self.release.wait(10)
         return super().upload_part(key, upload_id, part_number, data, crc32c=crc32c)
 
