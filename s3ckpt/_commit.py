@@ -41,6 +41,8 @@ from s3ckpt.uri import StoreURL
 
 __all__ = [
     "Heartbeat",
+    "check_metadata",
+    "metadata_matches",
     "process_gone",
     "read_marker",
     "restore_stock_metadata",
@@ -222,21 +224,40 @@ def restore_stock_metadata(store: ObjectStore, ckpt: StoreURL, manifest: Manifes
         return  # a format-1 commit: the plain .metadata is the committed object itself
     key = ckpt.key(manifest.metadata_key)
     try:
-        raw = store.get(key)
-    except ObjectNotFoundError as exc:
+        raw: bytes | None = store.get(key)
+    except ObjectNotFoundError:
+        raw = None
+    check_metadata(raw, manifest, bucket=store.bucket, key=key)
+    assert raw is not None
+    store.put(ckpt.key(METADATA_NAME), raw, crc32c=manifest.metadata_crc32c)
+
+
+def metadata_matches(raw: bytes | None, manifest: Manifest) -> bool:
+    """Whether ``raw`` is the ``.metadata`` the manifest commits (its size and CRC32C)."""
+    return (
+        raw is not None
+        and len(raw) == manifest.metadata_size
+        and _crc.crc32c(raw) == manifest.metadata_crc32c
+    )
+
+
+def check_metadata(raw: bytes | None, manifest: Manifest, *, bucket: str, key: str) -> None:
+    """Raise :class:`CorruptCheckpointError` naming ``key`` unless ``raw`` (None: missing)
+    is the ``.metadata`` the manifest commits."""
+    name = key.rpartition("/")[2]
+    if raw is None:
         raise CorruptCheckpointError(
-            f"{MANIFEST_NAME} commits {manifest.metadata_key}, which is missing; the "
-            "checkpoint was partly deleted",
-            bucket=store.bucket,
-            key=key,
-        ) from exc
-    crc = _crc.crc32c(raw)
-    if len(raw) != manifest.metadata_size or crc != manifest.metadata_crc32c:
-        raise CorruptCheckpointError(
-            f"{manifest.metadata_key} does not match the one {MANIFEST_NAME} committed (size "
-            f"{len(raw)} vs {manifest.metadata_size}, crc32c {crc:08x} vs "
-            f"{manifest.metadata_crc32c:08x}); it was changed after the commit",
-            bucket=store.bucket,
+            f"{MANIFEST_NAME} commits {name}, which is missing; the checkpoint was partly "
+            "deleted. Load an earlier checkpoint",
+            bucket=bucket,
             key=key,
         )
-    store.put(ckpt.key(METADATA_NAME), raw, crc32c=crc)
+    if not metadata_matches(raw, manifest):
+        crc = _crc.crc32c(raw)
+        raise CorruptCheckpointError(
+            f"{name} does not match the one {MANIFEST_NAME} committed (size {len(raw)} vs "
+            f"{manifest.metadata_size}, crc32c {crc:08x} vs {manifest.metadata_crc32c:08x}); "
+            "it was changed after the commit",
+            bucket=bucket,
+            key=key,
+        )

@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from s3ckpt import _crc
-from s3ckpt._commit import read_marker
+from s3ckpt._commit import check_metadata, metadata_matches, read_marker
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import Request, coalesce
 from s3ckpt.dcp._unpickler import load_metadata
@@ -191,7 +191,7 @@ class S3StorageReader(StorageReader):
             raw: bytes | None = self.store.get(plain_key)
         except ObjectNotFoundError:
             raw = None
-        if raw is not None and self._matches(raw, manifest):
+        if raw is not None and metadata_matches(raw, manifest):
             return plain_key, raw
         meta_key = self.url.key(manifest.metadata_key)
         if manifest.metadata_key != METADATA_NAME:
@@ -199,29 +199,11 @@ class S3StorageReader(StorageReader):
                 raw = self.store.get(meta_key)
             except ObjectNotFoundError:
                 raw = None
-        if raw is None:
-            raise CorruptCheckpointError(
-                f"{MANIFEST_NAME} commits {manifest.metadata_key}, which is missing; the "
-                "checkpoint was partly deleted. Load an earlier checkpoint",
-                bucket=self.store.bucket,
-                key=meta_key,
-            )
-        if not self._matches(raw, manifest):
-            crc = _crc.crc32c(raw)
-            raise CorruptCheckpointError(
-                f"{manifest.metadata_key} does not match the one {MANIFEST_NAME} committed "
-                f"(size {len(raw)} vs {manifest.metadata_size}, crc32c {crc:08x} vs "
-                f"{manifest.metadata_crc32c:08x}); it was changed after the commit",
-                bucket=self.store.bucket,
-                key=meta_key,
-            )
+        check_metadata(raw, manifest, bucket=self.store.bucket, key=meta_key)
+        assert raw is not None
         if manifest.metadata_key != METADATA_NAME and self.roll_forward:
             self._roll_forward(manifest, raw)
         return meta_key, raw
-
-    @staticmethod
-    def _matches(raw: bytes, manifest: Manifest) -> bool:
-        return len(raw) == manifest.metadata_size and _crc.crc32c(raw) == manifest.metadata_crc32c
 
     def _roll_forward(self, manifest: Manifest, raw: bytes) -> None:
         """Best effort: publish the committed metadata as the plain ``.metadata``.

@@ -31,6 +31,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from s3ckpt import _crc
+from s3ckpt._commit import metadata_matches
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._plan import coalesce
 from s3ckpt.dcp.reader import S3StorageReader
@@ -412,9 +413,7 @@ def _stock_metadata(reader: S3StorageReader, manifest: Manifest) -> list[Problem
             raw: bytes | None = reader.store.get(reader.url.key(name))
         except ObjectNotFoundError:
             raw = None
-        if raw is not None and len(raw) == manifest.metadata_size and (
-            _crc.crc32c(raw) == manifest.metadata_crc32c
-        ):
+        if metadata_matches(raw, manifest):
             continue
         state = "missing" if raw is None else "not the one the marker commits"
         problems.append(
