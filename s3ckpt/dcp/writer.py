@@ -572,7 +572,9 @@ class S3StorageWriter(StorageWriter):
     ) -> None:
         """Publish the stock ``.metadata`` copy and clean up; never fails the save."""
         try:
-            self.store.put(self.url.key(METADATA_NAME), meta_bytes)
+            self.store.put(
+                self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c
+            )
             stale = list(heartbeats)
             if previous is not None and previous[0] is not None:
                 stale += self._replaced(previous[0], manifest)
