@@ -1,0 +1,231 @@
+"""What deleting a checkpoint removes, and the batched deleter that removes it.
+
+Only names s3ckpt (or, for an uncommitted prefix, stock DCP) wrote are ever selected:
+:func:`checkpoint_keys` for a prune, :func:`leftover_keys` for gc. :class:`_Deleter`
+sends them in ``DeleteObjects`` batches, checks every per-key error, retries transient
+ones and renews the lease before every request.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from s3ckpt.errors import StoreError
+from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag
+from s3ckpt.retention._catalog import CheckpointInfo
+from s3ckpt.retention._lease import Lease
+from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
+
+__all__ = [
+    "ProgressCallback",
+    "checkpoint_keys",
+    "checkpoint_uploads",
+    "leftover_keys",
+    "leftover_uploads",
+]
+
+ProgressCallback = Callable[[str, dict[str, Any]], None]
+"""``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
+request: ``phase``, ``keys``), ``done``. For logs and for the crash tests."""
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "ServiceUnavailable",
+        "InternalError",
+        "RequestTimeout",
+        "500",
+        "502",
+        "503",
+        "504",
+    }
+)
+
+_DCP_DATA = re.compile(r"__\d+_\d+\.distcp")
+"""Stock DCP data names (``FileSystemWriter``); deleted only with ``include_foreign``."""
+
+
+# -- what may be deleted -----------------------------------------------------------------------
+def _direct_name(c: CheckpointInfo, key: str) -> str | None:
+    """``key``'s name relative to the checkpoint prefix when it lies directly under it."""
+    prefix = c.url.prefix
+    if not key.startswith(prefix):
+        return None
+    name = key[len(prefix) :]
+    return name if name and "/" not in name else None
+
+
+def _other_live(c: CheckpointInfo) -> set[str]:
+    return {t for t in c.live_tags if t != c.tag}
+
+
+def checkpoint_keys(c: CheckpointInfo) -> list[str]:
+    """The keys deleting checkpoint ``c`` removes: the marker, the plain ``.metadata``, what
+    the marker commits, and every per-save name of a tag that is not live (a save in
+    progress in the same prefix, an overwrite, is left alone); for an uncommitted
+    checkpoint also stock DCP data names. Never a file s3ckpt or DCP did not write."""
+    live = _other_live(c)
+    out: list[str] = []
+    for k in c.keys:
+        n = _direct_name(c, k)
+        if n is None:
+            continue
+        if k in c.committed_keys or n in (MANIFEST_NAME, METADATA_NAME):
+            out.append(k)
+            continue
+        t = owned_tag(n)
+        if t is not None:
+            if t not in live:
+                out.append(k)
+        elif not c.is_committed and _DCP_DATA.fullmatch(n):
+            out.append(k)
+    return out
+
+
+def checkpoint_uploads(c: CheckpointInfo) -> list[UploadInfo]:
+    """Open uploads of per-save names of tags that are not live (other than committed)."""
+    live = _other_live(c)
+    out = []
+    for u in c.uploads:
+        n = _direct_name(c, u.key)
+        t = owned_tag(n) if n is not None else None
+        if t is not None and t not in live:
+            out.append(u)
+    return out
+
+
+def leftover_keys(c: CheckpointInfo) -> list[str]:
+    """What gc may delete under ``c``: per-save names of dead tags, never what a readable
+    marker commits; in a committed prefix also the committed save's heartbeats. Nothing in
+    a pinned prefix, nothing in a committed one whose marker cannot be read."""
+    if c.pinned or (c.is_committed and c.tag is None):
+        return []
+    live = set(c.live_tags)
+    out: list[str] = []
+    for k in c.keys:
+        n = _direct_name(c, k)
+        t = owned_tag(n) if n is not None else None
+        if t is None or k in c.committed_keys:
+            continue
+        assert n is not None
+        if t not in live or (t == c.tag and n.startswith(HEARTBEAT_PREFIX)):
+            out.append(k)
+    return out
+
+
+def leftover_uploads(c: CheckpointInfo, cutoff: float) -> list[UploadInfo]:
+    """Open uploads of per-save names whose tag is dead and that started before ``cutoff``
+    (a dead tag's upload can never become committed data). None in a pinned prefix."""
+    if c.pinned:
+        return []
+    live = set(c.live_tags)
+    out = []
+    for u in c.uploads:
+        n = _direct_name(c, u.key)
+        t = owned_tag(n) if n is not None else None
+        if t is not None and t not in live and u.initiated is not None and u.initiated < cutoff:
+            out.append(u)
+    return out
+
+
+def _is_first_metadata(c: CheckpointInfo, key: str) -> bool:
+    """The plain ``.metadata`` or the committed metadata (deleted right after the marker)."""
+    n = _direct_name(c, key)
+    if n == METADATA_NAME:
+        return True
+    return n is not None and n.startswith(METADATA_NAME + ".") and key in c.committed_keys
+
+
+@dataclass
+class _Deleter:
+    """Batched deletes with per-key checks, retries of transient per-key errors, lease
+    renewal before every request, and a request counter."""
+
+    store: ObjectStore
+    lease: Lease | None
+    batch_size: int
+    retries: int
+    sleep: Callable[[float], None]
+    on_progress: ProgressCallback | None
+    requests: int = 0
+    deleted_keys: int = 0
+    aborted: int = 0
+    failures: list[DeleteFailure] = field(default_factory=list)
+
+    def delete(self, keys: Sequence[str], phase: str) -> set[str]:
+        """Delete ``keys``; return the keys that failed for good."""
+        pending = list(keys)
+        failed: dict[str, DeleteFailure] = {}
+        for attempt in range(self.retries + 1):
+            if not pending:
+                break
+            if attempt:
+                self.sleep(min(0.05 * 2**attempt, 5.0))
+            retry: list[str] = []
+            for i in range(0, len(pending), self.batch_size):
+                chunk = pending[i : i + self.batch_size]
+                if self.lease is not None:
+                    self.lease.renew_if_due()
+                try:
+                    errs = self.store.delete(chunk)
+                except StoreError as exc:  # the whole request failed (after S3Store retries)
+                    errs = [
+                        DeleteFailure(k, exc.code or type(exc).__name__, str(exc)) for k in chunk
+                    ]
+                self.requests += 1
+                bad = {e.key for e in errs}
+                self.deleted_keys += sum(1 for k in chunk if k not in bad)
+                for e in errs:
+                    failed[e.key] = e
+                    if e.code in _TRANSIENT_CODES:
+                        retry.append(e.key)
+                for k in chunk:
+                    if k not in bad:
+                        failed.pop(k, None)
+                if self.on_progress is not None:
+                    self.on_progress("delete", {"phase": phase, "keys": len(chunk)})
+            pending = retry
+        self.failures.extend(failed.values())
+        return set(failed)
+
+    def abort(self, uploads: Sequence[UploadInfo]) -> set[str]:
+        """Abort ``uploads``; return the upload ids that could not be aborted."""
+        bad: set[str] = set()
+        for u in uploads:
+            if self.lease is not None:
+                self.lease.renew_if_due()
+            try:
+                self.store.abort_multipart(u.key, u.upload_id)
+                self.aborted += 1
+            except StoreError as exc:
+                bad.add(u.upload_id)
+                self.failures.append(DeleteFailure(u.key, exc.code or type(exc).__name__, str(exc)))
+        return bad
+
+    def delete_checkpoints(self, targets: Sequence[CheckpointInfo]) -> tuple[str, ...]:
+        """Marker first, then the plain and committed ``.metadata``, then the rest and the
+        uploads; return the names fully deleted (every key s3ckpt may delete is gone)."""
+        keys = {c.name: checkpoint_keys(c) for c in targets}
+        markers = {c.name: c.url.key(MANIFEST_NAME) for c in targets}
+        present = [markers[c.name] for c in targets if markers[c.name] in keys[c.name]]
+        bad = self.delete(present, "marker")
+        alive = [c for c in targets if markers[c.name] not in bad]
+        metas = [k for c in alive for k in keys[c.name] if _is_first_metadata(c, k)]
+        bad |= self.delete(metas, "metadata")
+        first = set(present) | set(metas)
+        data = [k for c in alive for k in keys[c.name] if k not in first]
+        bad |= self.delete(data, "data")
+        ups = {c.name: checkpoint_uploads(c) for c in alive}
+        bad_ups = self.abort([u for c in alive for u in ups[c.name]])
+        return tuple(
+            c.name
+            for c in alive
+            if not any(k in bad for k in keys[c.name])
+            and not any(u.upload_id in bad_ups for u in ups[c.name])
+        )
