@@ -27,7 +27,6 @@ import os
 import threading
 import uuid
 from collections import defaultdict
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -44,10 +43,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from s3ckpt import _crc
 from s3ckpt._commit import check_metadata, metadata_matches, read_marker
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._plan import Request, coalesce
 from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import (
     CheckpointNotFoundError,
@@ -66,7 +63,9 @@ from s3ckpt.format import (
     owned_tag,
     tensor_framing_error,
 )
-from s3ckpt.store import ObjectStore, RangeReader, open_store
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.transfer import RangeWalk, Request, SpanReader
+from s3ckpt.transfer import Span as WalkSpan
 from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageReader"]
@@ -339,67 +338,50 @@ class S3StorageReader(StorageReader):
                 span = spans[(info.offset, info.length)] = _Span(info, record)
             span.reads.append(read)
 
-        tc = self.transfer_config
-        jobs: list[tuple[str, Request[_Span]]] = []
-        for name, spans in per_object.items():
-            ranges = [(s.info.offset, s.info.offset + s.info.length, s) for s in spans.values()]
-            for req in coalesce(ranges, tc.coalesce_gap, tc.read_request_size):
-                jobs.append((name, req))
-        # Largest first: the long poles start early.
-        jobs.sort(key=lambda j: -j[1].size)
         lock = threading.Lock()
-        if len(jobs) <= 1:
-            for name, req in jobs:
-                self._fetch(name, req, planner, lock)
-        else:
-            with ThreadPoolExecutor(
-                min(tc.max_concurrency, len(jobs)), thread_name_prefix="s3ckpt-get"
-            ) as pool:
-                futures = [pool.submit(self._fetch, n, r, planner, lock) for n, r in jobs]
-                _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
-                for fut in not_done:
-                    fut.cancel()
-                for fut in futures:
-                    if fut.done() and not fut.cancelled() and fut.exception() is not None:
-                        raise cast(BaseException, fut.exception())
+        walk = self._walk(planner, lock)
+        jobs = walk.plan(
+            {
+                name: [(s.info.offset, s.info.offset + s.info.length, s) for s in spans.values()]
+                for name, spans in per_object.items()
+            }
+        )
+        try:
+            walk.run(jobs)
+        finally:
+            self.bytes_read += walk.bytes_requested
         result: Future[None] = Future()
         result.set_result(None)
         return result
 
+    def _walk(self, planner: LoadPlanner, lock: threading.Lock) -> RangeWalk[_Span]:
+        """The ranged-read walk that streams each span through :meth:`_read_span`; the
+        first failure is raised."""
+
+        def on_span(span: WalkSpan[_Span], reader: SpanReader) -> None:
+            self._read_span(reader, span.key, span.payload, planner, lock)
+
+        return RangeWalk(
+            self.store,
+            self.url.key,
+            config=self.transfer_config,
+            on_span=on_span,
+            rank=self.rank,
+        )
+
     def _fetch(
         self, name: str, req: Request[_Span], planner: LoadPlanner, lock: threading.Lock
     ) -> None:
-        key = self.url.key(name)
-        stream = self.store.open_range(key, req.start, req.size)
-        reader = _Exact(
-            stream, key, self.store.bucket, self.rank, self.transfer_config.read_chunk_size
-        )
-        overlapping: list[tuple[int, int, _Span]] = []
+        """Read one request (and its overlapping spans' own requests) into the planner."""
+        walk = self._walk(planner, lock)
         try:
-            pos = req.start
-            for start, end, span in req.spans:
-                if start < pos:
-                    # Starts inside the span just read (items that share bytes): the
-                    # stream is past it, so it gets a request of its own below.
-                    overlapping.append((start, end, span))
-                    continue
-                reader.skip(start - pos)
-                self._read_span(reader, key, span, planner, lock)
-                pos = start + span.info.length
-            with lock:
-                self.bytes_read += req.size
-        except S3CkptError as exc:
-            if exc.rank is None:
-                exc.rank = self.rank
-            raise
+            walk.fetch(name, req)
         finally:
-            stream.close()
-        for start, end, span in overlapping:
-            self._fetch(name, Request(start, end, [(start, end, span)]), planner, lock)
+            self.bytes_read += walk.bytes_requested
 
     def _read_span(
         self,
-        reader: _Exact,
+        reader: SpanReader,
         key: str,
         span: _Span,
         planner: LoadPlanner,
@@ -497,9 +479,7 @@ class S3StorageReader(StorageReader):
                 item=fqn,
             )
 
-    def _check_framing(
-        self, head: Any, tail: Any, nbytes: int, key: str, fqn: str
-    ) -> None:
+    def _check_framing(self, head: Any, tail: Any, nbytes: int, key: str, fqn: str) -> None:
         """The item's own zip framing must put the tensor where the manifest says (see
         :func:`~s3ckpt.format.tensor_framing_error`): a manifest edited and re-sealed
         cannot make a reader take other bytes for the tensor."""
@@ -548,7 +528,10 @@ class S3StorageReader(StorageReader):
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
             at = record.data_offset
             self._check_framing(
-                memoryview(buf)[:at], memoryview(buf)[at + nbytes :], nbytes, key,
+                memoryview(buf)[:at],
+                memoryview(buf)[at + nbytes :],
+                nbytes,
+                key,
                 read.storage_index.fqn,
             )
             flat = torch.frombuffer(buf, dtype=dtype, count=numel, offset=record.data_offset)
@@ -588,52 +571,3 @@ def _transforms() -> Any:
 
         _TRANSFORMS = _StorageReaderTransforms(ExtensionRegistry())
     return _TRANSFORMS
-
-
-class _Exact:
-    """Reads exact byte counts from a :class:`RangeReader`, naming truncation clearly."""
-
-    def __init__(self, stream: RangeReader, key: str, bucket: str, rank: int, chunk: int) -> None:
-        self._stream = stream
-        self._key = key
-        self._bucket = bucket
-        self._rank = rank
-        self._chunk = chunk
-        self._scratch: bytearray | None = None
-        self.consumed = 0
-
-    def readinto_all(self, view: memoryview, what: str, crc: int = 0) -> int:
-        """Fill ``view`` completely; return CRC32C continued from ``crc``."""
-        view = view.cast("B") if view.format != "B" else view
-        off, n = 0, len(view)
-        while off < n:
-            got = self._stream.readinto(view[off : min(n, off + self._chunk)])
-            if got <= 0:
-                raise CorruptCheckpointError(
-                    f"object ends early while reading {what!r} ({n - off} of {n} bytes "
-                    "missing); the object is truncated",
-                    bucket=self._bucket,
-                    key=self._key,
-                    rank=self._rank,
-                )
-            crc = _crc.crc32c(view[off : off + got], crc)
-            off += got
-        self.consumed += n
-        return crc
-
-    def skip(self, n: int) -> None:
-        """Discard ``n`` bytes (a gap between needed ranges)."""
-        if n <= 0:
-            return
-        if self._scratch is None:
-            self._scratch = bytearray(min(self._chunk, max(n, 1)))
-        while n > 0:
-            got = self._stream.readinto(memoryview(self._scratch)[: min(n, len(self._scratch))])
-            if got <= 0:
-                raise CorruptCheckpointError(
-                    "object ends early (in a gap between items); the object is truncated",
-                    bucket=self._bucket,
-                    key=self._key,
-                    rank=self._rank,
-                )
-            n -= got

@@ -12,7 +12,7 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
 4. ``write_data`` (all ranks): pack the rank's items into a few objects balanced by size
    and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
    item and per part; whole parts of a large contiguous CPU tensor are sent from its own
-   memory, see :class:`~s3ckpt.dcp._upload.ObjectSink`), beating the rank's heartbeat
+   memory, see :class:`~s3ckpt.transfer.ObjectSink`), beating the rank's heartbeat
    every 15 s meanwhile. On any failure: abort open uploads, delete completed objects.
 5. ``finish`` (coordinator): the commit; see :meth:`S3StorageWriter.finish` and "The
    commit protocol" in docs/dcp.md.
@@ -48,13 +48,12 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from s3ckpt import __version__, _crc
+from s3ckpt import _crc
 from s3ckpt._commit import Heartbeat, read_marker, restore_stock_metadata
 from s3ckpt._gc import gc_paused
+from s3ckpt._version import __version__
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._plan import pack
 from s3ckpt.dcp._serialize import save_item
-from s3ckpt.dcp._upload import Uploader, format_leftovers
 from s3ckpt.errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -79,6 +78,7 @@ from s3ckpt.format import (
 )
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.store.base import DeleteFailure, DeleteFailures
+from s3ckpt.transfer import Uploader, format_leftovers, pack
 from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageWriter"]
@@ -468,9 +468,7 @@ class S3StorageWriter(StorageWriter):
             raise self._exists_error("another save committed it first")
         return found
 
-    def _retract_stock_metadata(
-        self, previous: tuple[Manifest | None, str | None] | None
-    ) -> bool:
+    def _retract_stock_metadata(self, previous: tuple[Manifest | None, str | None] | None) -> bool:
         """Before an overwrite's marker: empty the plain ``.metadata`` copy of the save
         being replaced, so that from here until this save's own copy lands, stock DCP
         readers fail loudly instead of silently loading the replaced state (a kill in
@@ -572,9 +570,7 @@ class S3StorageWriter(StorageWriter):
     ) -> None:
         """Publish the stock ``.metadata`` copy and clean up; never fails the save."""
         try:
-            self.store.put(
-                self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c
-            )
+            self.store.put(self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c)
             stale = list(heartbeats)
             if previous is not None and previous[0] is not None:
                 stale += self._replaced(previous[0], manifest)

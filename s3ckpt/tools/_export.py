@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._upload import Uploader, format_leftovers
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import CheckpointExistsError, ConfigError
 from s3ckpt.store import ObjectStore, open_store
@@ -50,6 +49,7 @@ from s3ckpt.tools._common import (
 )
 from s3ckpt.tools._load import iter_loaded
 from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
+from s3ckpt.transfer import Uploader, format_leftovers
 
 __all__ = [
     "INDEX_NAME",

@@ -33,9 +33,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from s3ckpt import _crc
 from s3ckpt._commit import metadata_matches
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._plan import coalesce
 from s3ckpt.dcp.reader import S3StorageReader
-from s3ckpt.errors import ObjectNotFoundError, S3CkptError
+from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.format import (
     FRAMING_HEAD,
     FRAMING_TAIL,
@@ -46,6 +45,8 @@ from s3ckpt.format import (
 )
 from s3ckpt.store import ObjectInfo, ObjectStore
 from s3ckpt.tools._common import Chunk, Entry, index_checkpoint, open_reader
+from s3ckpt.transfer import RangeWalk, ReadFailure, SpanReader
+from s3ckpt.transfer import Span as WalkSpan
 
 __all__ = ["Problem", "VerifyResult", "verify_checkpoint"]
 
@@ -310,28 +311,10 @@ def verify_checkpoint(
                 ok.append((e, c))
         readable[name] = ok
 
-    items_read = 0
-    bytes_read = 0
+    items_read = bytes_read = 0
     if read_data:
-        jobs = []
-        for name, spans in readable.items():
-            ranges = [(c.start, c.start + c.length, (e, c)) for e, c in spans]
-            for req in coalesce(ranges, tc.coalesce_gap, tc.read_request_size):
-                jobs.append((name, req))
-        jobs.sort(key=lambda j: -j[1].size)
-        total = sum(req.size for _, req in jobs)
-        lock = threading.Lock()
-        state = {"bytes": 0, "items": 0}
-
-        def run(name: str, req: Any) -> list[Problem]:
-            return _read_request(
-                reader, name, req, has_crc, tc.read_chunk_size, lock, state, total, progress
-            )
-
-        with ThreadPoolExecutor(max(1, min(tc.max_concurrency, len(jobs)))) as pool:
-            for found in pool.map(lambda j: run(*j), jobs):
-                problems += found
-        items_read, bytes_read = state["items"], state["bytes"]
+        items_read, bytes_read, found = _read_back(reader, readable, has_crc, tc, progress)
+        problems += found
 
     return VerifyResult(
         url=reader.checkpoint_id,
@@ -435,120 +418,112 @@ def _head_all(store: ObjectStore, keys: list[str], concurrency: int) -> list[Obj
         return list(pool.map(store.head, keys))
 
 
-def _read_request(
+def _read_back(
     reader: S3StorageReader,
-    name: str,
-    req: Any,
+    spans: dict[str, list[_Span]],
     has_crc: bool,
-    chunk_size: int,
-    lock: threading.Lock,
-    state: dict[str, int],
-    total: int,
+    tc: TransferConfig,
     progress: Progress | None,
-) -> list[Problem]:
-    """Stream one coalesced request and check each item in it; never raises for data."""
-    key = reader.url.key(name)
-    problems: list[Problem] = []
-    buf = bytearray(min(chunk_size, max(1, req.size)))
-    view = memoryview(buf)
+) -> tuple[int, int, list[Problem]]:
+    """Read every span back with coalesced ranged GETs and check each item; never raises
+    for data. Returns (items read, bytes read, problems in request order)."""
+    lock = threading.Lock()
+    state = {"bytes": 0, "items": 0}
+    found: dict[int, list[Problem]] = defaultdict(list)
 
-    def note(n: int, items: int = 0) -> None:
+    def on_bytes(n: int) -> None:
         with lock:
             state["bytes"] += n
-            state["items"] += items
             done = state["bytes"]
-        if progress is not None and n:
+        if progress is not None:
             progress(done, total)
 
-    try:
-        stream = reader.store.open_range(key, req.start, req.size)
-    except (ObjectNotFoundError, S3CkptError) as exc:
-        return [
-            Problem("read_error", name, e.name, c.offsets, f"{_where(e, c)}: {exc}")
-            for _, _, (e, c) in req.spans
-        ]
-    pos = req.start
-    try:
-        for i, (start, end, (entry, chunk)) in enumerate(req.spans):
-            if start < pos:  # overlapping items: read this one on its own
-                problems += _read_request(
-                    reader,
-                    name,
-                    type(req)(start, end, [(start, end, (entry, chunk))]),
-                    has_crc,
-                    chunk_size,
-                    lock,
-                    state,
-                    total,
-                    progress,
+    def on_span(span: WalkSpan[_Span], stream: SpanReader) -> None:
+        entry, chunk = span.payload
+        crc = 0
+        framing = _Framing.of(entry, chunk)
+        at = 0  # offset inside the item
+        for piece in stream.chunks(entry.name):
+            crc = _crc.crc32c(piece, crc)
+            if framing is not None:
+                framing.feed(at, piece)
+            at += len(piece)
+        checked = _check_item(span, crc, framing, has_crc)
+        with lock:
+            state["items"] += 1
+            found[span.job] += checked
+
+    def on_failure(failure: ReadFailure[_Span]) -> None:
+        if failure.kind == "truncated":
+            lost = [
+                Problem(
+                    "truncated",
+                    s.name,
+                    e.name,
+                    c.offsets,
+                    f"{_where(e, c)}: {s.name} ended early while reading it back; "
+                    "the object is truncated",
                 )
-                continue
-            crc = 0
-            todo = start - pos  # gap first
-            skipping = True
-            framing = _Framing.of(entry, chunk)
-            ipos = 0  # offset inside the item
-            while True:
-                if todo == 0:
-                    if not skipping:
-                        break
-                    skipping = False
-                    todo = end - start
-                    if todo == 0:
-                        break
-                got = stream.readinto(view[: min(len(buf), todo)])
-                if got <= 0:
-                    problems += [
-                        Problem(
-                            "truncated",
-                            name,
-                            e.name,
-                            c.offsets,
-                            f"{_where(e, c)}: {name} ended early while reading it back; "
-                            "the object is truncated",
-                        )
-                        for _, _, (e, c) in req.spans[i:]
-                    ]
-                    return problems
-                if not skipping:
-                    crc = _crc.crc32c(view[:got], crc)
-                    if framing is not None:
-                        framing.feed(ipos, view[:got])
-                    ipos += got
-                todo -= got
-                note(got)
-            pos = end
-            note(0, 1)
-            rec = chunk.record
-            why = framing.error() if framing is not None else None
-            if why is not None:
-                problems.append(
-                    Problem(
-                        "structure",
-                        name,
-                        entry.name,
-                        chunk.offsets,
-                        f"{_where(entry, chunk)}: {why} (bytes {start}-{end - 1} of {name}); "
-                        f"{MANIFEST_NAME} does not describe the bytes stored",
-                    )
-                )
-            if has_crc and rec is not None and crc != rec.crc32c:
-                problems.append(
-                    Problem(
-                        "checksum",
-                        name,
-                        entry.name,
-                        chunk.offsets,
-                        f"{_where(entry, chunk)}: crc32c {crc:08x}, recorded {rec.crc32c:08x} "
-                        f"(bytes {start}-{end - 1} of {name}); the data changed after it was "
-                        "saved",
-                    )
-                )
-    except S3CkptError as exc:
-        problems += [
-            Problem("read_error", name, e.name, c.offsets, f"{_where(e, c)}: {exc}")
-            for _, _, (e, c) in req.spans
-        ]
-    finally:
-        stream.close()
+                for s in failure.spans
+                for e, c in [s.payload]
+            ]
+        else:
+            lost = [
+                Problem("read_error", s.name, e.name, c.offsets, f"{_where(e, c)}: {failure.error}")
+                for s in failure.spans
+                for e, c in [s.payload]
+            ]
+        with lock:
+            found[failure.job] += lost
+
+    walk: RangeWalk[_Span] = RangeWalk(
+        reader.store,
+        reader.url.key,
+        config=tc,
+        on_span=on_span,
+        on_failure=on_failure,
+        on_bytes=on_bytes,
+        thread_name_prefix="s3ckpt-verify",
+    )
+    jobs = walk.plan(
+        {name: [(c.start, c.start + c.length, (e, c)) for e, c in ok] for name, ok in spans.items()}
+    )
+    total = sum(req.size for _, req in jobs)
+    walk.run(jobs)
+    problems = [p for job in range(len(jobs)) for p in found.get(job, [])]
+    return state["items"], state["bytes"], problems
+
+
+def _check_item(
+    span: WalkSpan[_Span], crc: int, framing: _Framing | None, has_crc: bool
+) -> list[Problem]:
+    """The problems of one item read back: its framing and its CRC32C."""
+    entry, chunk = span.payload
+    name, start, end = span.name, span.start, span.end
+    problems = []
+    why = framing.error() if framing is not None else None
+    if why is not None:
+        problems.append(
+            Problem(
+                "structure",
+                name,
+                entry.name,
+                chunk.offsets,
+                f"{_where(entry, chunk)}: {why} (bytes {start}-{end - 1} of {name}); "
+                f"{MANIFEST_NAME} does not describe the bytes stored",
+            )
+        )
+    rec = chunk.record
+    if has_crc and rec is not None and crc != rec.crc32c:
+        problems.append(
+            Problem(
+                "checksum",
+                name,
+                entry.name,
+                chunk.offsets,
+                f"{_where(entry, chunk)}: crc32c {crc:08x}, recorded {rec.crc32c:08x} "
+                f"(bytes {start}-{end - 1} of {name}); the data changed after it was "
+                "saved",
+            )
+        )
     return problems

@@ -307,8 +307,8 @@ def test_overlapping_spans_in_one_request_each_read_their_own_bytes() -> None:
 
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    from s3ckpt.dcp._plan import Request
     from s3ckpt.dcp.reader import _Span
+    from s3ckpt.transfer import Request
 
     store = MemoryStore("bkt")
     sd = make_state()

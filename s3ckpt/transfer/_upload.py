@@ -1,10 +1,11 @@
 """Streaming uploads with bounded memory.
 
-An :class:`Uploader` owns a fixed pool of part-sized buffers and a thread pool. Each
-object is written through an :class:`ObjectSink` (a write-only stream): bytes are copied
-into the current buffer; a full buffer becomes a part uploaded in the background and the
-sink takes the next free buffer, blocking when all are in flight. Memory above the data
-being saved is therefore ``n_buffers * part_size`` no matter how large the object is.
+An :class:`Uploader` owns a :class:`PartPool` of part-sized buffers and a thread pool.
+Each object is written through an :class:`ObjectSink` (a write-only stream): bytes are
+copied into the current buffer; a full buffer becomes a part uploaded in the background
+and the sink takes the next free buffer, blocking while all are in flight. Memory above
+the data being saved is therefore ``n_buffers * part_size`` no matter how large the
+object is.
 
 Every multipart upload is registered the moment it is created; on any failure
 :meth:`Uploader.abort` aborts the open ones and deletes the objects this uploader already
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import io
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -27,7 +27,7 @@ from s3ckpt import _crc
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
 from s3ckpt.store.base import CompletedPart, ObjectStore
 
-__all__ = ["ObjectSink", "Uploader", "format_leftovers"]
+__all__ = ["ObjectSink", "PartPool", "Uploader", "format_leftovers"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,52 @@ def _address(view: memoryview) -> int:
 
 class _Aborted(S3CkptError):
     """Raised inside the uploader once another task failed."""
+
+
+class PartPool:
+    """``n_buffers`` part-sized buffers; :meth:`take` blocks while every one is in flight.
+
+    Back-pressure by a semaphore, as s3transfer's ``BoundedExecutor`` does: a slot is
+    acquired before a buffer is taken and released when the buffer comes back (its part
+    was sent). Buffers are allocated on first use and reused, so memory is at most
+    ``n_buffers * part_size``. :meth:`close_for_failure` wakes every waiter at once.
+    """
+
+    def __init__(self, part_size: int, n_buffers: int) -> None:
+        self.part_size = part_size
+        self.n_buffers = n_buffers
+        self._slots = threading.Semaphore(n_buffers)
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []
+        self._failed = False
+
+    def take(self) -> bytearray | None:
+        """A free buffer; blocks while all are in flight. None once the pool has failed."""
+        self._slots.acquire()
+        if self._failed:
+            self._slots.release()  # pass the wake-up on to the next waiter
+            return None
+        with self._lock:
+            return self._free.pop() if self._free else bytearray(self.part_size)
+
+    def give(self, buf: bytearray) -> None:
+        """Return a buffer taken with :meth:`take` (its part was sent, or not needed)."""
+        with self._lock:
+            self._free.append(buf)
+        self._slots.release()
+
+    def close_for_failure(self) -> None:
+        """Make every current and future :meth:`take` return None without waiting."""
+        with self._lock:
+            if self._failed:
+                return
+            self._failed = True
+        self._slots.release()  # each woken waiter releases again: all of them wake
+
+    def clear(self) -> None:
+        """Drop the free buffers."""
+        with self._lock:
+            self._free.clear()
 
 
 class Uploader:
@@ -63,9 +109,7 @@ class Uploader:
         self.store = store
         self.part_size = part_size
         self.rank = rank
-        self._free: queue.Queue[bytearray] = queue.Queue()
-        self._n_buffers = max(2, n_buffers)
-        self._allocated = 0
+        self._buffers = PartPool(part_size, max(2, n_buffers))
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="s3ckpt-up")
         # Completing an object waits on its parts: a separate pool avoids starving them.
         self._completer = ThreadPoolExecutor(2, thread_name_prefix="s3ckpt-complete")
@@ -78,27 +122,25 @@ class Uploader:
 
     # -- buffers -------------------------------------------------------------------------
     def take_buffer(self) -> bytearray:
-        """A free buffer; blocks while every buffer is in flight (back-pressure)."""
-        while True:
+        """A free buffer; blocks while every buffer is in flight (back-pressure), and
+        raises the first background failure at once, waiting or not."""
+        self.raise_if_failed()
+        buf = self._buffers.take()
+        if buf is None:
             self.raise_if_failed()
-            with self._lock:
-                if self._free.empty() and self._allocated < self._n_buffers:
-                    self._allocated += 1
-                    return bytearray(self.part_size)
-            try:
-                return self._free.get(timeout=0.1)
-            except queue.Empty:
-                continue
+            raise _Aborted("upload buffers closed")  # not reached: a failure closes them
+        return buf
 
     def give_buffer(self, buf: bytearray) -> None:
         """Return a buffer to the pool."""
-        self._free.put(buf)
+        self._buffers.give(buf)
 
     # -- failure handling ------------------------------------------------------------------
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
             if self._error is None:
                 self._error = exc
+        self._buffers.close_for_failure()
 
     def raise_if_failed(self) -> None:
         """Re-raise the first failure of any background task."""
@@ -122,13 +164,82 @@ class Uploader:
             self._futures.append(fut)
         return fut
 
-    # -- bookkeeping used by sinks ----------------------------------------------------------
-    def register_upload(self, key: str, upload_id: str) -> None:
-        """Remember an open multipart upload so it is aborted on failure."""
+    # -- requests made for sinks -------------------------------------------------------------
+    def start_upload(self, key: str) -> str:
+        """CreateMultipartUpload for ``key``, registered so it is aborted on failure."""
+        upload_id = self.store.create_multipart(key)
         with self._lock:
             self._open_uploads[key] = upload_id
+        return upload_id
 
-    def upload_done(self, key: str) -> None:
+    def send_part(
+        self,
+        key: str,
+        upload_id: str,
+        part_no: int,
+        body: memoryview,
+        *,
+        buffer: bytearray | None = None,
+        hold: object | None = None,
+    ) -> Future[CompletedPart]:
+        """Upload ``body`` as part ``part_no`` in the background, with its CRC32C.
+
+        ``buffer`` (the pool buffer ``body`` lies in) goes back to the pool once the part
+        is sent; ``hold`` (the owner of borrowed memory) is kept alive until then.
+        """
+
+        def send(_owner: object | None = hold) -> CompletedPart:
+            try:
+                part = self.store.upload_part(
+                    key, upload_id, part_no, body, crc32c=_crc.crc32c(body)
+                )
+                self._count(body.nbytes)
+                return part
+            finally:
+                if buffer is not None:
+                    self.give_buffer(buffer)
+
+        return self.submit(send)
+
+    def send_object(self, key: str, buffer: bytearray | None, size: int) -> Future[None]:
+        """PUT the first ``size`` bytes of ``buffer`` (or nothing) as ``key`` in the
+        background; ``buffer`` goes back to the pool afterwards."""
+
+        def put() -> None:
+            try:
+                view = memoryview(buffer)[:size] if buffer is not None else memoryview(b"")
+                self.store.put(key, view, crc32c=_crc.crc32c(view))
+                self._count(size)
+            finally:
+                if buffer is not None:
+                    self.give_buffer(buffer)
+            self._done(key)
+
+        return self.submit(put)
+
+    def send_complete(
+        self, key: str, upload_id: str, parts: list[Future[CompletedPart]]
+    ) -> Future[None]:
+        """CompleteMultipartUpload once every part in ``parts`` is sent (background)."""
+
+        def complete() -> None:
+            wait(parts)
+            done = []
+            for f in parts:
+                exc = f.exception()
+                if exc is not None:
+                    raise exc
+                done.append(f.result())
+            _complete(self.store, key, upload_id, done)
+            self._done(key)
+
+        return self.submit(complete, completer=True)
+
+    def _count(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_uploaded += nbytes
+
+    def _done(self, key: str) -> None:
         """Record a completed object (deleted again if the save fails)."""
         with self._lock:
             self._open_uploads.pop(key, None)
@@ -183,8 +294,7 @@ class Uploader:
         """Release threads and buffers."""
         self._pool.shutdown(wait=True)
         self._completer.shutdown(wait=True)
-        while not self._free.empty():
-            self._free.get_nowait()
+        self._buffers.clear()
 
 
 class ObjectSink(io.RawIOBase):
@@ -339,26 +449,14 @@ class ObjectSink(io.RawIOBase):
         self, body: memoryview, *, buffer: bytearray | None = None, hold: object | None = None
     ) -> None:
         """Upload ``body`` as the next part; ``buffer`` goes back to the pool afterwards."""
-        up = self._up
         if self._upload_id is None:
-            self._upload_id = up.store.create_multipart(self.key)
-            up.register_upload(self.key, self._upload_id)
+            self._upload_id = self._up.start_upload(self.key)
         self._part_no += 1
-        part_no, upload_id, key = self._part_no, self._upload_id, self.key
-
-        # ``_owner`` keeps a borrowed body's memory alive until the part is sent.
-        def send(_owner: object | None = hold) -> CompletedPart:
-            try:
-                crc = _crc.crc32c(body)
-                part = up.store.upload_part(key, upload_id, part_no, body, crc32c=crc)
-                with up._lock:
-                    up.bytes_uploaded += body.nbytes
-                return part
-            finally:
-                if buffer is not None:
-                    up.give_buffer(buffer)
-
-        self._parts.append(up.submit(send))
+        self._parts.append(
+            self._up.send_part(
+                self.key, self._upload_id, self._part_no, body, buffer=buffer, hold=hold
+            )
+        )
 
     def close(self) -> None:
         """Finish the object: one PUT if it fit in a buffer, else the last part and a
@@ -372,40 +470,14 @@ class ObjectSink(io.RawIOBase):
         if self._upload_id is None:
             buf, fill = self._buf, self._fill
             self._buf = None
-            key = self.key
-
-            def put() -> None:
-                try:
-                    view = memoryview(buf)[:fill] if buf is not None else memoryview(b"")
-                    up.store.put(key, view, crc32c=_crc.crc32c(view))
-                    with up._lock:
-                        up.bytes_uploaded += fill
-                finally:
-                    if buf is not None:
-                        up.give_buffer(buf)
-                up.upload_done(key)
-
-            self.completion = up.submit(put)
+            self.completion = up.send_object(self.key, buf, fill)
             return
         if self._fill:
             self._flush_part()
         elif self._buf is not None:
             up.give_buffer(self._buf)
             self._buf = None
-        parts, key, upload_id = list(self._parts), self.key, self._upload_id
-
-        def complete() -> None:
-            wait(parts)
-            done = []
-            for f in parts:
-                exc = f.exception()
-                if exc is not None:
-                    raise exc
-                done.append(f.result())
-            _complete(up.store, key, upload_id, done)
-            up.upload_done(key)
-
-        self.completion = up.submit(complete, completer=True)
+        self.completion = up.send_complete(self.key, self._upload_id, list(self._parts))
 
 
 def _complete(store: ObjectStore, key: str, upload_id: str, parts: list[CompletedPart]) -> None:

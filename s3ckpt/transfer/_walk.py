@@ -1,0 +1,300 @@
+"""Coalesced ranged reads: the walk shared by the DCP reader and ``s3ckpt verify``.
+
+Call sequence::
+
+    walk = RangeWalk(store, key_of, config=..., on_span=...)   # on_failure: raise, or collect
+    jobs = walk.plan({object_name: [(start, end, payload), ...]})
+    walk.run(jobs)
+
+:meth:`RangeWalk.plan` coalesces each object's spans into requests of at most
+``read_request_size`` bytes (:func:`~s3ckpt.transfer.coalesce`), largest first so the long
+poles start early. :meth:`RangeWalk.run` makes one ranged GET per request on a pool of
+``max_concurrency`` threads and reads it front to back: gaps between spans are skipped, and
+each span is handed to ``on_span`` with a :class:`SpanReader` that yields exactly that
+span's bytes (the DCP reader streams them into tensor memory; verify through a small buffer).
+
+Spans may share bytes (two destination shards of one saved chunk, or a damaged
+``.metadata``). A span that starts before the stream's position cannot be read from that
+stream: it gets a request of its own once the stream is closed.
+
+A failure is either raised (no ``on_failure``: the first one, the other requests are
+cancelled) or handed to ``on_failure`` as a :class:`ReadFailure` naming the spans it cost,
+and the walk goes on.
+
+Cost: one GET per request (plus one per span that overlaps an earlier one); memory per
+thread: one ``read_chunk_size`` scratch buffer for gaps and :meth:`SpanReader.chunks`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar, cast
+
+from s3ckpt import _crc
+from s3ckpt.config import TransferConfig
+from s3ckpt.errors import CorruptCheckpointError, S3CkptError
+from s3ckpt.store.base import ObjectStore, RangeReader
+from s3ckpt.transfer._plan import Request, coalesce
+
+__all__ = ["RangeWalk", "ReadFailure", "Span", "SpanReader"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Span(Generic[T]):
+    """One byte range ``[start, end)`` of object ``name`` (store key ``key``)."""
+
+    name: str
+    key: str
+    start: int
+    end: int
+    payload: T
+    job: int
+    """Index in the job list given to :meth:`RangeWalk.run` of the request reading it
+    (a span read by a request of its own keeps the index of the job it came from)."""
+
+
+@dataclass(frozen=True)
+class ReadFailure(Generic[T]):
+    """A request that failed, and the spans it cost.
+
+    ``kind``: ``open`` (the GET was refused: every span of the request), ``truncated``
+    (the object ended early: the span being read and every later one), ``error`` (the
+    stream failed: every span of the request).
+    """
+
+    kind: Literal["open", "truncated", "error"]
+    error: S3CkptError
+    spans: list[Span[T]]
+    job: int
+
+
+class SpanReader:
+    """Exact reads of the current span from one ranged stream; ``on_span`` gets one.
+
+    Reads stop at the span's end (asking for more is a programming error); a stream that
+    ends early raises :class:`~s3ckpt.errors.CorruptCheckpointError` ("the object is
+    truncated").
+    """
+
+    def __init__(
+        self,
+        stream: RangeReader,
+        key: str,
+        bucket: str,
+        *,
+        chunk: int,
+        rank: int | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> None:
+        self._stream = stream
+        self._key = key
+        self._bucket = bucket
+        self._rank = rank
+        self._chunk = chunk
+        self._on_bytes = on_bytes
+        self._scratch: memoryview | None = None
+        self._left = 0  # bytes of the current span not read yet
+        self.truncated = False
+
+    def _truncated(self, message: str) -> CorruptCheckpointError:
+        self.truncated = True
+        return CorruptCheckpointError(message, bucket=self._bucket, key=self._key, rank=self._rank)
+
+    def _read(self, view: memoryview) -> int:
+        got = self._stream.readinto(view)
+        if got > 0 and self._on_bytes is not None:
+            self._on_bytes(got)
+        return got
+
+    def _buffer(self, n: int) -> memoryview:
+        """The scratch buffer, at least ``min(n, read_chunk_size)`` bytes long."""
+        want = min(self._chunk, max(n, 1))
+        if self._scratch is None or len(self._scratch) < want:
+            self._scratch = memoryview(bytearray(want))
+        return self._scratch
+
+    @property
+    def left(self) -> int:
+        """Bytes of the current span not read yet."""
+        return self._left
+
+    def readinto_all(self, view: memoryview, what: str, crc: int = 0) -> int:
+        """Fill ``view`` completely with the span's next bytes; return their CRC32C
+        continued from ``crc``. ``what`` names the item in a truncation error."""
+        view = view.cast("B") if view.format != "B" else view
+        off, n = 0, len(view)
+        if n > self._left:
+            raise ValueError(f"reading {n} bytes of a span with {self._left} left")
+        while off < n:
+            got = self._read(view[off : min(n, off + self._chunk)])
+            if got <= 0:
+                raise self._truncated(
+                    f"object ends early while reading {what!r} ({n - off} of {n} bytes "
+                    "missing); the object is truncated"
+                )
+            crc = _crc.crc32c(view[off : off + got], crc)
+            off += got
+        self._left -= n
+        return crc
+
+    def chunks(self, what: str) -> Iterator[memoryview]:
+        """The rest of the span in pieces of at most ``read_chunk_size`` bytes, each valid
+        until the next one (they share one buffer)."""
+        buf = self._buffer(self._left)
+        while self._left > 0:
+            got = self._read(buf[: min(len(buf), self._left)])
+            if got <= 0:
+                raise self._truncated(
+                    f"object ends early while reading {what!r} ({self._left} bytes "
+                    "missing); the object is truncated"
+                )
+            self._left -= got
+            yield buf[:got]
+
+    def skip(self, n: int) -> None:
+        """Discard the next ``n`` bytes of the stream (a gap between spans)."""
+        if n < 0:
+            raise ValueError(f"cannot skip back {-n} bytes in a stream")
+        buf = self._buffer(n)
+        while n > 0:
+            got = self._read(buf[: min(n, len(buf))])
+            if got <= 0:
+                raise self._truncated(
+                    "object ends early (in a gap between items); the object is truncated"
+                )
+            n -= got
+
+    def _begin(self, length: int) -> None:
+        self._left = length
+
+    def _drain(self) -> None:
+        """Skip what ``on_span`` left of its span, so the next span starts in place."""
+        left, self._left = self._left, 0
+        self.skip(left)
+
+
+class RangeWalk(Generic[T]):
+    """Reads spans of objects with coalesced, parallel ranged GETs (see the module docs).
+
+    Args:
+        store: Where the objects are.
+        key_of: The store key of an object name.
+        config: ``coalesce_gap``, ``read_request_size``, ``read_chunk_size``,
+            ``max_concurrency``.
+        on_span: Called (from worker threads) with each span and a :class:`SpanReader`
+            positioned at its first byte; what it leaves unread is skipped.
+        on_failure: Called with each failed request; without it the first failure is
+            raised and the requests not started yet are cancelled.
+        on_bytes: Called with the size of every piece read from a stream (gaps too).
+        rank: Set on s3ckpt errors raised while streaming that name no rank.
+        thread_name_prefix: Names of the worker threads.
+
+    Attributes:
+        bytes_requested: Bytes of the requests that completed (gaps included).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        key_of: Callable[[str], str],
+        *,
+        config: TransferConfig,
+        on_span: Callable[[Span[T], SpanReader], None],
+        on_failure: Callable[[ReadFailure[T]], None] | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+        rank: int | None = None,
+        thread_name_prefix: str = "s3ckpt-get",
+    ) -> None:
+        self.store = store
+        self.key_of = key_of
+        self.config = config
+        self.on_span = on_span
+        self.on_failure = on_failure
+        self.on_bytes = on_bytes
+        self.rank = rank
+        self.thread_name_prefix = thread_name_prefix
+        self.bytes_requested = 0
+        self._lock = threading.Lock()
+
+    def plan(
+        self, spans_by_object: Mapping[str, Iterable[tuple[int, int, T]]]
+    ) -> list[tuple[str, Request[T]]]:
+        """The requests that read every span, largest first (ties in object order)."""
+        tc = self.config
+        jobs = [
+            (name, req)
+            for name, spans in spans_by_object.items()
+            for req in coalesce(list(spans), tc.coalesce_gap, tc.read_request_size)
+        ]
+        jobs.sort(key=lambda j: -j[1].size)
+        return jobs
+
+    def run(self, jobs: Sequence[tuple[str, Request[T]]]) -> None:
+        """Make every request of ``jobs``, ``max_concurrency`` at a time."""
+        if len(jobs) <= 1:
+            for i, (name, req) in enumerate(jobs):
+                self.fetch(name, req, job=i)
+            return
+        workers = min(self.config.max_concurrency, len(jobs))
+        with ThreadPoolExecutor(workers, thread_name_prefix=self.thread_name_prefix) as pool:
+            futures = [pool.submit(self.fetch, n, r, job=i) for i, (n, r) in enumerate(jobs)]
+            _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
+            for fut in not_done:
+                fut.cancel()
+            for fut in futures:
+                if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                    raise cast(BaseException, fut.exception())
+
+    def fetch(self, name: str, req: Request[T], *, job: int = 0) -> None:
+        """Make one request, then one for each span that overlaps an earlier one."""
+        key = self.key_of(name)
+        spans = [Span(name, key, s, e, p, job) for s, e, p in req.spans]
+        try:
+            stream = self.store.open_range(key, req.start, req.size)
+        except S3CkptError as exc:
+            if self.on_failure is None:
+                raise
+            self.on_failure(ReadFailure("open", exc, spans, job))
+            return
+        reader = SpanReader(
+            stream,
+            key,
+            self.store.bucket,
+            chunk=self.config.read_chunk_size,
+            rank=self.rank,
+            on_bytes=self.on_bytes,
+        )
+        overlapping: list[tuple[int, int, T]] = []
+        i = 0
+        try:
+            pos = req.start
+            for i, span in enumerate(spans):
+                if span.start < pos:
+                    # Starts inside bytes already read: the stream is past it.
+                    overlapping.append(req.spans[i])
+                    continue
+                reader.skip(span.start - pos)
+                reader._begin(span.end - span.start)
+                self.on_span(span, reader)
+                reader._drain()
+                pos = span.end
+            with self._lock:
+                self.bytes_requested += req.size
+        except S3CkptError as exc:
+            if self.rank is not None and exc.rank is None:
+                exc.rank = self.rank
+            if self.on_failure is None:
+                raise
+            if reader.truncated:
+                self.on_failure(ReadFailure("truncated", exc, spans[i:], job))
+            else:
+                self.on_failure(ReadFailure("error", exc, spans, job))
+        finally:
+            stream.close()
+        for start, end, payload in overlapping:
+            self.fetch(name, Request(start, end, [(start, end, payload)]), job=job)
