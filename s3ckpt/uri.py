@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from s3ckpt.errors import InvalidURLError
 
-__all__ = ["StoreURL", "parse_url"]
+__all__ = ["StoreURL", "as_url", "parse_location", "parse_url"]
 
 # S3 bucket naming rules (general purpose buckets): 3-63 chars, lowercase letters, digits,
 # dots and hyphens, starting and ending with a letter or digit.
@@ -83,3 +85,22 @@ def parse_url(url: str) -> StoreURL:
     if "//" in prefix:
         raise InvalidURLError(f"checkpoint URL {url!r} has an empty path segment ('//')")
     return StoreURL(scheme, bucket, prefix)
+
+
+def as_url(location: str | os.PathLike[str]) -> str:
+    """``location`` as a URL: URLs pass through, local paths become ``file://`` URLs."""
+    text = os.fspath(location)
+    if "://" in text:
+        return text
+    return "file://" + str(Path(text).expanduser().resolve())
+
+
+def parse_location(location: str | os.PathLike[str] | StoreURL) -> StoreURL:
+    """A URL, a local path or a parsed :class:`StoreURL` as a :class:`StoreURL`.
+
+    Raises:
+        InvalidURLError: as :func:`parse_url`.
+    """
+    if isinstance(location, StoreURL):
+        return location
+    return parse_url(as_url(location))

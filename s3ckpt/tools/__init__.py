@@ -20,6 +20,7 @@ Each ``s3ckpt`` command has a function here returning a typed, frozen result (wi
 Everything here needs torch; the retention layer never imports it.
 """
 
+from s3ckpt.dcp.restore import check_restored, fill_nan, find_unrestored, load_verified
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.tools._common import NameFilter, parse_dtype, parse_size
 from s3ckpt.tools._diff import DiffResult, TensorDiff, compare_tensors, diff_checkpoints
@@ -40,7 +41,6 @@ from s3ckpt.tools._inspect import (
     TensorSummary,
     inspect_checkpoint,
 )
-from s3ckpt.tools._restore import check_restored, fill_nan, find_unrestored, load_verified
 from s3ckpt.tools._verify import Problem, VerifyResult, verify_checkpoint
 
 __all__ = [

@@ -1,14 +1,12 @@
-"""Pieces the tools share: locations, the checkpoint index, name filters, sizes, dtypes."""
+"""Pieces the tools share: readers, the checkpoint index, name filters, sizes, dtypes."""
 
 from __future__ import annotations
 
 import fnmatch
 import os
 import re
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import cast
 
 import torch
@@ -25,7 +23,7 @@ from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import ConfigError
 from s3ckpt.format import ItemRecord, Manifest
 from s3ckpt.store import ObjectStore
-from s3ckpt.uri import parse_url
+from s3ckpt.uri import as_url, parse_location  # as_url: re-exported for tools/_export.py
 
 __all__ = [
     "Chunk",
@@ -38,17 +36,8 @@ __all__ = [
     "open_reader",
     "parse_dtype",
     "parse_size",
-    "quiet_dcp",
     "shared_store",
 ]
-
-
-def as_url(location: str | os.PathLike[str]) -> str:
-    """``location`` as a URL: URLs pass through, local paths become ``file://`` URLs."""
-    text = os.fspath(location)
-    if "://" in text:
-        return text
-    return "file://" + str(Path(text).expanduser().resolve())
 
 
 def open_reader(
@@ -73,12 +62,6 @@ def open_reader(
     )
 
 
-class _Quiet(warnings.catch_warnings):
-    def __enter__(self) -> None:
-        super().__enter__()
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
-
 def shared_store(
     location: str | os.PathLike[str] | S3StorageReader, reader: S3StorageReader
 ) -> ObjectStore | None:
@@ -87,18 +70,12 @@ def shared_store(
     if isinstance(location, S3StorageReader):
         return None
     try:
-        url = parse_url(as_url(location))
+        url = parse_location(location)
     except ConfigError:
         return None
     if (url.scheme, url.bucket) == (reader.url.scheme, reader.url.bucket):
         return reader.store
     return None
-
-
-def quiet_dcp() -> warnings.catch_warnings:
-    """A context that silences DCP's "torch.distributed is disabled" warning (the tools
-    load in one process on purpose)."""
-    return _Quiet()
 
 
 # -- the checkpoint index ---------------------------------------------------------------------

@@ -26,13 +26,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp import quiet_dcp
 from s3ckpt.dcp.writer import S3StorageWriter
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError
 from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.tools._common import as_url, quiet_dcp
 from s3ckpt.tools._export import INDEX_NAME
 from s3ckpt.tools._safetensors import HeaderEntry, header_length, parse_header
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.uri import StoreURL, as_url, parse_location, parse_url
 
 __all__ = ["ImportResult", "import_safetensors"]
 
@@ -179,8 +179,8 @@ def _open_sources(
             raise CheckpointNotFoundError(f"no *.safetensors files in {path}")
         return [_LocalSource(f) for f in files]
 
-    opened, url = open_store(src, s3_config=s3_config, transfer_config=tc)
-    st = store or opened
+    url = parse_url(src)
+    st = store if store is not None else open_store(url, s3_config=s3_config, transfer_config=tc)[0]
     whole = url.prefix.rstrip("/")
     base = StoreURL(url.scheme, url.bucket, whole.rsplit("/", 1)[0] + "/" if "/" in whole else "")
     shown = f"{url.scheme}://{url.bucket}/"
@@ -214,7 +214,7 @@ def _shared(sources: list[_Source], dest: str | os.PathLike[str]) -> ObjectStore
     if not isinstance(first, _RemoteSource):
         return None
     try:
-        url = parse_url(as_url(dest))
+        url = parse_location(dest)
     except ConfigError:
         return None
     if (url.scheme, url.bucket) == (first.scheme, first.store.bucket):

@@ -16,8 +16,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from s3ckpt.dcp import quiet_dcp
 from s3ckpt.dcp.reader import S3StorageReader
-from s3ckpt.tools._common import Entry, quiet_dcp
+from s3ckpt.tools._common import Entry
 
 __all__ = ["iter_loaded", "load_entries"]
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
+import traceback
 from typing import Any
 
 import pytest
@@ -208,3 +210,84 @@ def test_store_error_at_construction_of_a_save_raises_synchronously() -> None:
         store.inject("*", key_glob="*step_000000002/*", times=1)
         with pytest.raises(StoreError):
             ckpt.async_save(2, model)
+
+
+def test_ctrl_c_while_waiting_for_an_upload_reaches_the_caller() -> None:
+    store = MemoryStore("unit-bkt")
+    gate = threading.Event()
+    original = store.complete_multipart
+
+    def slow_complete(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(30)
+        return original(*args, **kwargs)
+
+    store.complete_multipart = slow_complete  # type: ignore[method-assign]
+    big = torch.nn.Linear(2048, 2048)  # 16 MiB: a multipart upload, held at its completion
+    ckpt = Checkpointer(URL, store=store)
+    handle = ckpt.async_save(1, big)
+    handle.staged.result(timeout=60)
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    # SIGINT to the main thread while wait() blocks on the upload: Ctrl-C, for real.
+    timer = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            ckpt.wait()
+        assert not handle.done()  # interrupted while the upload was still held
+    finally:
+        timer.cancel()
+        gate.set()
+    handle.wait(timeout=60)
+    ckpt.close()
+    assert ckpt.list()[-1].step == 1
+
+
+def test_save_error_unwraps_dcp_checkpoint_exception_by_type() -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from s3ckpt.checkpointer._async import save_error
+    from s3ckpt.errors import CheckpointError
+
+    def failed(rank: int, exc: BaseException) -> CheckpointException:
+        return CheckpointException("save", {rank: (exc, traceback.StackSummary())})
+
+    url = "s3://unit-bkt/run/step_000000003/"
+    inner = StoreError("boom", bucket="unit-bkt", key="run/step_000000003/s3ckpt.json")
+    assert save_error(failed(0, inner), 3, url) is inner
+    wrapped = save_error(failed(1, ValueError("rank 1 broke")), 3, url)
+    assert isinstance(wrapped, CheckpointError)
+    assert str(wrapped).startswith(f"the save of step 3 to {url} failed:")
+
+    class CheckpointException2(ValueError):
+        """Not torch's: an ordinary error passes through unchanged."""
+
+    CheckpointException2.__name__ = "CheckpointException"
+    plain = CheckpointException2("mine")
+    assert save_error(plain, 3, url) is plain
+    interrupt = KeyboardInterrupt()
+    assert save_error(interrupt, 3, url) is interrupt
+
+
+def test_a_given_store_and_a_parsed_url_open_no_other_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from s3ckpt.store import S3Store
+    from s3ckpt.uri import parse_url
+
+    built: list[str] = []
+    original = S3Store.__init__
+
+    def counting_init(self: S3Store, *args: Any, **kwargs: Any) -> None:
+        built.append(args[0] if args else kwargs["bucket"])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(S3Store, "__init__", counting_init)
+    store = MemoryStore("unit-bkt")
+    url = parse_url(URL)
+    with Checkpointer(url, store=store) as ckpt:
+        assert ckpt.url is url and ckpt.store is store
+        assert built == []
+    opened = Checkpointer(URL)  # the S3 client itself is created lazily: no request here
+    opened.close()
+    assert isinstance(opened.store, S3Store) and built == ["unit-bkt"]

@@ -32,9 +32,11 @@ from torch.distributed.checkpoint.planner import LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp._quiet import quiet_dcp
+from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.store import ObjectStore
-from s3ckpt.tools._common import as_url, quiet_dcp
+from s3ckpt.uri import as_url
 
 __all__ = ["check_restored", "fill_nan", "find_unrestored", "load_verified"]
 
@@ -177,8 +179,6 @@ def load_verified(
     if isinstance(path_or_reader, StorageReader):
         reader = path_or_reader
     else:
-        from s3ckpt.dcp.reader import S3StorageReader
-
         reader = S3StorageReader(
             as_url(path_or_reader),
             s3_config=s3_config,

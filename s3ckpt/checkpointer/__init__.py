@@ -1,0 +1,365 @@
+"""``Checkpointer``: what a training loop touches.
+
+::
+
+    ckpt = Checkpointer("s3://bucket/runs/llama", policy="policies/pretraining.toml")
+    start = ckpt.load(model, optimizer, train_state) or 0      # None: nothing to resume
+    for step in range(start + 1, total + 1):
+        ...
+        if step % 100 == 0:
+            handle = ckpt.async_save(step, model, optimizer, train_state)
+            handle.staged.result()      # before the next optimizer.step() mutates parameters
+    ckpt.close()                        # waits for the last save
+
+Layout under the run prefix ``path``::
+
+    step_000000100/             one DCP checkpoint (S3StorageWriter), committed by s3ckpt.json
+    step_000000200/
+    s3ckpt.latest.json          pointer to the newest commit, written after each commit
+
+The state dict saved is ``{"model": ..., "optim": ..., "train_state": ...}`` built by
+torch's ``get_state_dict`` / ``set_state_dict``, so plain modules, DDP, DTensor and FSDP2
+(``fully_shard``) all work, and a checkpoint saved on N ranks loads on M.
+
+Distributed jobs: construct the Checkpointer on every rank (it creates a dedicated gloo
+process group for checkpoint traffic, which is a collective call) and call ``save`` /
+``async_save`` / ``load`` on every rank. Only the coordinator (rank 0 of that group) lists
+the bucket, resolves ``latest``, writes the pointer and runs retention; the others get the
+answer by broadcast.
+
+Async saves follow torch's zero-overhead design: the state dict is staged (copied) into a
+CPU copy that is cached across saves (pinned when CUDA is present), then uploaded in a
+background thread. A save's :class:`SaveHandle` has two futures: ``staged`` (training may
+modify parameters again) and ``committed`` (the checkpoint is durable: ``s3ckpt.json`` is
+written). One save is in flight at a time: a second one waits for the first to commit
+(``on_busy="wait"``, the default: the staging copy is reused, so it must not be
+overwritten while the upload reads it) or raises :class:`~s3ckpt.errors.SaveInProgressError`
+(``on_busy="raise"``). A failed async save sets its error on the handle and raises it from
+the next call to the Checkpointer (once), never silently.
+
+Retention (``policy``) runs only after a checkpoint commits, on the coordinator, in a
+background thread; its failures are logged and kept in :attr:`Checkpointer.last_retention`
+but never fail training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from s3ckpt.checkpointer._async import SaveHandle, SaveQueue
+from s3ckpt.checkpointer._latest import LatestPointer
+from s3ckpt.checkpointer._ranks import RankGroup
+from s3ckpt.checkpointer._retention import RetentionRunner, load_policy
+from s3ckpt.checkpointer._state import apply_state_dict, collect_state_dict
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp.reader import S3StorageReader
+from s3ckpt.dcp.restore import load_verified
+from s3ckpt.dcp.writer import S3StorageWriter
+from s3ckpt.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    PreconditionFailedError,
+    S3CkptError,
+    TransientStoreError,
+)
+from s3ckpt.format import LATEST_NAME, MANIFEST_NAME, Manifest, check_metrics, checkpoint_name
+from s3ckpt.retention import DEFAULT_GRACE
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.uri import StoreURL, parse_url
+
+if TYPE_CHECKING:
+    from s3ckpt.retention import CheckpointInfo, Policy, PruneResult
+
+__all__ = ["LATEST_NAME", "Checkpointer", "SaveHandle", "checkpoint_name"]
+
+log = logging.getLogger("s3ckpt")
+
+
+class Checkpointer:
+    """Save, async-save and resume training state in an S3 run prefix, with retention.
+
+    The parts it composes: a :class:`RankGroup` (process group, coordinator, broadcast), a
+    :class:`SaveQueue` (staging and the upload thread, one save in flight), a
+    :class:`LatestPointer` (the ``latest`` pointer and its resolution on the coordinator)
+    and a :class:`RetentionRunner` (the policy after each commit). The run's URL and store
+    are fixed at construction and shared by all of them.
+
+    Args:
+        path: The run prefix, e.g. ``s3://bucket/runs/llama-8b`` (any URL the store
+            accepts; ``s3://`` uses boto3), or a parsed :class:`~s3ckpt.uri.StoreURL`.
+        policy: A retention policy (a :class:`s3ckpt.retention.Policy`, or the path of a
+            TOML policy file) applied after each commit; ``None`` keeps everything.
+        s3_config: Endpoint, encryption, storage class (default: from the environment).
+        transfer_config: Part size, concurrency and memory bounds of transfers.
+        process_group: Group for checkpoint collectives. Default: a new gloo group over
+            all ranks, so checkpoint traffic never interleaves with training collectives
+            and async saves have the CPU backend DCP needs.
+        on_busy: What a save does while the previous async save is still uploading:
+            ``"wait"`` for it to commit, or ``"raise"`` :class:`SaveInProgressError`.
+        pin_memory: Stage into pinned memory (default: when CUDA is available).
+        verify_checksums: Verify CRC32C of every item on load.
+        retention_grace: Prefixes without a commit marker younger than this are treated
+            as saves in progress by retention (never deleted).
+        store: Use this store instead of opening one for ``path`` (tests; MemoryStore).
+    """
+
+    def __init__(
+        self,
+        path: str | StoreURL,
+        *,
+        policy: Policy | str | None = None,
+        s3_config: S3Config | None = None,
+        transfer_config: TransferConfig | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        on_busy: Literal["wait", "raise"] = "wait",
+        pin_memory: bool | None = None,
+        verify_checksums: bool = True,
+        retention_grace: timedelta = DEFAULT_GRACE,
+        store: ObjectStore | None = None,
+    ) -> None:
+        if on_busy not in ("wait", "raise"):
+            raise ConfigError(f"on_busy must be 'wait' or 'raise', got {on_busy!r}")
+        self.s3_config = s3_config or S3Config()
+        self.transfer_config = transfer_config or TransferConfig()
+        self.url: StoreURL = path if isinstance(path, StoreURL) else parse_url(path)
+        if store is None:
+            store, _ = open_store(
+                self.url, s3_config=self.s3_config, transfer_config=self.transfer_config
+            )
+        self.store: ObjectStore = store
+        self.policy = load_policy(policy)
+        self.on_busy = on_busy
+        self.verify_checksums = verify_checksums
+        self.retention_grace = retention_grace
+
+        # A collective in a distributed job: every rank constructs its Checkpointer here.
+        self._ranks = RankGroup(process_group)
+        self._pg = self._ranks.process_group
+        self.is_coordinator = self._ranks.is_coordinator
+        self._saves = SaveQueue(pin_memory)
+        self._latest = LatestPointer(self.store, self.url, self._ranks)
+        self._retention = RetentionRunner(self.store, self.url)
+        self._closed = False
+
+    @property
+    def last_retention(self) -> PruneResult | BaseException | None:
+        """The last retention pass's result, or the exception it failed with (``None``
+        before the first pass)."""
+        return self._retention.last
+
+    @last_retention.setter
+    def last_retention(self, value: PruneResult | BaseException | None) -> None:
+        self._retention.last = value
+
+    # -- public API ---------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module | list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+        train_state: Any | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> SaveHandle:
+        """Save synchronously; returns a done :class:`SaveHandle` (raises on failure)."""
+        self._check_open()
+        t0 = time.perf_counter()  # waiting for the previous save blocks training too
+        self._saves.settle(self.on_busy)
+        handle = SaveHandle(step=step, url=str(self._step_url(step)))
+        sd = collect_state_dict(model, optimizer, train_state)
+        writer = self._writer(step, metrics)
+        self._saves.save(handle, sd, writer, self._pg, t0, after_commit=self._latest.write)
+        self._schedule_retention()
+        return handle
+
+    def async_save(
+        self,
+        step: int,
+        model: torch.nn.Module | list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+        train_state: Any | None = None,
+        metrics: Mapping[str, float] | None = None,
+    ) -> SaveHandle:
+        """Start a save and return as soon as staging has been started.
+
+        Wait for ``handle.staged`` before the next step modifies parameters or optimizer
+        state; ``handle.committed`` resolves when the checkpoint is durable.
+        """
+        self._check_open()
+        t0 = time.perf_counter()  # waiting for the previous save blocks training too
+        self._saves.settle(self.on_busy)
+        handle = SaveHandle(step=step, url=str(self._step_url(step)))
+        sd = collect_state_dict(model, optimizer, train_state)
+        # Constructing the writer checks the location now (CheckpointExistsError, a missing
+        # bucket, bad credentials) so those raise here, not later on the handle.
+        writer = self._writer(step, metrics)
+        self._saves.start(
+            handle,
+            sd,
+            writer,
+            self._pg,
+            t0,
+            after_commit=self._latest.write,
+            on_committed=self._schedule_retention,
+        )
+        return handle
+
+    def load(
+        self,
+        model: torch.nn.Module | list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
+        train_state: Any | None = None,
+        step: int | Literal["latest"] = "latest",
+        *,
+        verify_complete: bool = False,
+    ) -> int | None:
+        """Restore ``model`` (and ``optimizer``, ``train_state``) from a checkpoint.
+
+        Args:
+            step: ``"latest"`` (the newest committed checkpoint) or a step number.
+            verify_complete: Fill floating-point destinations with NaN before loading and
+                raise :class:`~s3ckpt.errors.IncompleteRestoreError` naming every tensor
+                the checkpoint did not restore.
+
+        Returns:
+            The step loaded, or ``None`` when ``step="latest"`` and the run has no
+            committed checkpoint (the model is left untouched).
+
+        Raises:
+            CheckpointNotFoundError: ``step`` was a number with no committed checkpoint.
+        """
+        self._check_open()
+        self._saves.settle(self.on_busy)
+        resolved = self._latest.resolve(step, self.retention_grace)
+        if resolved is None:
+            return None
+        url = self._step_url(resolved)
+        sd = collect_state_dict(model, optimizer, train_state)
+        reader = S3StorageReader(
+            str(url),
+            s3_config=self.s3_config,
+            transfer_config=self.transfer_config,
+            verify_checksums=self.verify_checksums,
+            store=self.store,
+        )
+        if verify_complete:
+            load_verified(sd, reader, process_group=self._pg)
+        else:
+            dcp.load(sd, storage_reader=reader, process_group=self._pg)
+        apply_state_dict(sd, model, optimizer, train_state)
+        log.info("s3ckpt: loaded step %d from %s", resolved, url)
+        return resolved
+
+    def latest(self) -> int | None:
+        """The step of the newest committed checkpoint, or ``None``.
+
+        The coordinator reads the ``s3ckpt.latest.json`` pointer and trusts it only if the
+        commit marker it names exists; otherwise it lists the run. Other ranks receive the
+        answer by broadcast (so call it on every rank in a distributed job).
+        """
+        self._check_open()
+        self._saves.settle(self.on_busy)  # the upload thread may be using the process group
+        return self._latest.latest(self.retention_grace)
+
+    def list(self) -> list[CheckpointInfo]:
+        """Every checkpoint under the run (committed, in progress, abandoned), oldest first.
+
+        Local call: lists the bucket from whichever rank calls it.
+        """
+        from s3ckpt.retention import list_checkpoints
+
+        return list_checkpoints(self.store, self.url, grace=self.retention_grace)
+
+    def attach_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Merge ``metrics`` into the commit marker of ``step`` (evals often finish later).
+
+        Waits for that step's save if it is still in flight. The marker is rewritten with
+        a conditional put (If-Match on its ETag), so a concurrent pruner or writer is never
+        overwritten. Call it on the coordinator (it does nothing on other ranks).
+        """
+        self._check_open()
+        new_metrics = check_metrics(metrics)
+        inflight = self._saves.inflight
+        if inflight is not None and inflight.step == step:
+            self._saves.settle(self.on_busy)
+        if not self.is_coordinator:
+            return
+        key = self._step_url(step).key(MANIFEST_NAME)
+        info = self.store.head(key)
+        if info is None:
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint for step {step} at {self.url}: cannot attach "
+                "metrics; save it first",
+                bucket=self.store.bucket,
+                key=key,
+            )
+        manifest = Manifest.from_json(self.store.get(key))
+        merged = {**dict(manifest.metrics), **new_metrics}
+        body = dataclasses.replace(manifest, metrics=merged).to_json()
+        try:
+            self.store.put(key, body, if_match=info.etag)
+        except (PreconditionFailedError, TransientStoreError):
+            # The reply may have been lost after S3 applied the PUT (a retry then sees a
+            # 412 from our own write): the marker holding exactly our body means it did.
+            try:
+                if self.store.get(key) == body:
+                    return
+            except S3CkptError:
+                pass
+            raise
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) commits, and retention after it has run.
+
+        Raises the error of a failed async save (once).
+        """
+        self._saves.settle(self.on_busy)
+        self._retention.wait()
+
+    def close(self) -> None:
+        """Wait for pending saves and retention, then release threads and staging memory."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._saves.close()
+            self._retention.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError("this Checkpointer is closed")
+
+    def _step_url(self, step: int) -> StoreURL:
+        return self.url.child(checkpoint_name(step))
+
+    def _writer(self, step: int, metrics: Mapping[str, float] | None) -> S3StorageWriter:
+        return S3StorageWriter(
+            str(self._step_url(step)),
+            s3_config=self.s3_config,
+            transfer_config=self.transfer_config,
+            step=step,
+            metrics=check_metrics(metrics),
+            store=self.store,
+        )
+
+    def _schedule_retention(self) -> None:
+        if self.policy is None or not self.is_coordinator:
+            return
+        self._retention.schedule(self.policy, self.retention_grace)
