@@ -11,8 +11,8 @@ import argparse
 import importlib
 import sys
 
-from s3ckpt import __version__
 from s3ckpt._cli import EXIT_USAGE, common_parser, error, exit_code_for
+from s3ckpt._version import __version__
 from s3ckpt.errors import S3CkptError
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]

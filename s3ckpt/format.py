@@ -17,6 +17,13 @@ Names on the bucket (what s3ckpt writes, and so what it may ever delete):
                                    the marker, for stock DCP readers
 =================================  ===========================================================
 
+A *run* is a prefix whose checkpoints are its immediate sub-prefixes, named
+``step_{step:09d}`` by the Checkpointer (:func:`checkpoint_name`, :data:`STEP_NAME`). Its
+control objects are never checkpoints and never deleted by retention: ``s3ckpt.latest.json``
+(:data:`LATEST_NAME`, the Checkpointer's pointer to the latest checkpoint) and
+``s3ckpt.lease`` (:data:`LEASE_NAME`, the pruner's lease) in the run, and
+``s3ckpt.pin.json`` (:data:`PIN_NAME`, a pin set by ``s3ckpt pin``) in a checkpoint.
+
 ``{tag}`` is the first 8 hex digits of the save's id (:func:`save_tag`). Every per-save name
 carries it, so a save's own objects and uploads can always be found, and no save ever
 writes (or deletes) under another save's names. :func:`owned_tag` recognises these names;
@@ -42,6 +49,12 @@ from s3ckpt.errors import ConfigError, CorruptCheckpointError
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
+    "LATEST_NAME",
+    "LEASE_NAME",
+    "PIN_NAME",
+    "STEP_NAME",
+    "checkpoint_name",
+    "checkpoint_step",
     "check_metrics",
     "tensor_framing_error",
     "MIN_GRACE_SECONDS",
@@ -65,6 +78,16 @@ FORMAT_VERSION = 2
 MANIFEST_NAME = "s3ckpt.json"
 METADATA_NAME = ".metadata"
 HEARTBEAT_PREFIX = "s3ckpt.alive."
+
+LATEST_NAME = "s3ckpt.latest.json"
+"""Run-level pointer to the latest checkpoint (written by the Checkpointer)."""
+LEASE_NAME = "s3ckpt.lease"
+"""Run-level pruner lease."""
+PIN_NAME = "s3ckpt.pin.json"
+"""Per-checkpoint pin: ``{"reason": ..., "pinned_at": ..., "by": ...}``."""
+STEP_NAME = re.compile(r"step_(\d+)")
+"""A checkpoint sub-prefix named by its step (:func:`checkpoint_name`; any number of digits
+parses)."""
 
 HEARTBEAT_INTERVAL = 15.0
 """Seconds between a writing rank's heartbeats (``s3ckpt.alive.{tag}.{rank}``)."""
@@ -116,6 +139,22 @@ def owned_tag(name: str) -> str | None:
         if m is not None:
             return m.group(1)
     return None
+
+
+def checkpoint_name(step: int) -> str:
+    """The sub-prefix of a run that holds ``step``'s checkpoint: ``step_000001000``.
+
+    Nine digits sort correctly up to a billion steps; larger steps still parse.
+    """
+    if step < 0:
+        raise ConfigError(f"step must be >= 0, got {step}")
+    return f"step_{step:09d}"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step a checkpoint sub-prefix's name (without the slash) gives, else None."""
+    m = STEP_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
@@ -207,6 +246,7 @@ def _metric_json(value: float) -> float | str:
     if math.isfinite(value):
         return value
     return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
 
 _ITEM_FIELDS = ["fqn", "offset", "object", "start", "length", "crc32c", "data_offset"]
 

@@ -8,6 +8,12 @@ store a caller passes in. Layers, each a pure function of the one before::
     plan     plan(catalog, policy, now) -> Plan      decisions + invariants (pure)
     apply    prune / gc / pin / unpin                lease, ordered batched deletes
 
+Modules: ``_catalog`` (the records and states), ``_liveness`` (grace, dead writers),
+``_scan`` (the listing), ``_policy`` / ``_toml`` / ``_duration`` (rules and policy files),
+``_plan``, ``_lease`` (the run's lease), ``_intent`` (a dead pruner's intent log),
+``_delete`` (what may be deleted, batched deletes), ``_prune``, ``_gc``, ``_pins`` and
+``_results`` (what prune and gc report).
+
 Example::
 
     from s3ckpt.retention import KeepBest, KeepLast, prune
@@ -17,38 +23,21 @@ Example::
     result = prune(store, run, KeepLast(3) | KeepBest(2, "val_loss"), apply=True)
     print(result.plan.keep, result.deleted, result.failures)
 
-Layout conventions, states and invariants: see :mod:`s3ckpt.retention._catalog`,
-:mod:`s3ckpt.retention._plan` and ``docs/retention.md``.
+Layout conventions, states and invariants: see :mod:`s3ckpt.retention._scan`,
+:mod:`s3ckpt.retention._catalog`, :mod:`s3ckpt.retention._plan` and ``docs/retention.md``.
 """
 
 from __future__ import annotations
 
 from s3ckpt.errors import LeaseHeldError, LeaseLostError, PolicyError
-from s3ckpt.retention._apply import (
-    DEFAULT_GC_AGE,
-    GcResult,
-    ProgressCallback,
-    PruneResult,
-    gc,
-    pin,
-    prune,
-    unpin,
-)
-from s3ckpt.retention._catalog import (
-    DEFAULT_GRACE,
-    LATEST_NAME,
-    LEASE_NAME,
-    MIN_GRACE,
-    PIN_NAME,
-    CheckpointInfo,
-    CheckpointState,
-    RunCatalog,
-    list_checkpoints,
-    list_runs,
-    scan,
-)
+from s3ckpt.format import LATEST_NAME, LEASE_NAME, PIN_NAME
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
+from s3ckpt.retention._delete import ProgressCallback
 from s3ckpt.retention._duration import format_duration, parse_duration
+from s3ckpt.retention._gc import DEFAULT_GC_AGE, gc
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease, LeaseRecord
+from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE
+from s3ckpt.retention._pins import pin, unpin
 from s3ckpt.retention._plan import Decision, Plan, check_policy, plan
 from s3ckpt.retention._policy import (
     AllOf,
@@ -61,6 +50,9 @@ from s3ckpt.retention._policy import (
     KeepWithin,
     Policy,
 )
+from s3ckpt.retention._prune import prune
+from s3ckpt.retention._results import GcResult, PruneResult
+from s3ckpt.retention._scan import list_checkpoints, list_runs, scan
 from s3ckpt.retention._toml import load_policy, parse_policy
 
 __all__ = [

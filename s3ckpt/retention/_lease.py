@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from s3ckpt._commit import pid_namespace, process_gone
+from s3ckpt._time import iso_z_seconds
 from s3ckpt.errors import (
     LeaseHeldError,
     LeaseLostError,
@@ -51,7 +52,7 @@ from s3ckpt.errors import (
     PreconditionFailedError,
     TransientStoreError,
 )
-from s3ckpt.retention._catalog import LEASE_NAME
+from s3ckpt.format import LEASE_NAME
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -246,7 +247,7 @@ class Lease:
     def _held(self, holder: str | None, expires: float | None) -> LeaseHeldError:
         until = ""
         if expires is not None:
-            until = f" until {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(expires))}"
+            until = f" until {iso_z_seconds(expires)}"
         who = f" by {holder}" if holder else ""
         return LeaseHeldError(
             f"another pruner holds the lease on {self.run}{who}{until}; try again later",

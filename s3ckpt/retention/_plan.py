@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Literal
 
 from s3ckpt._gc import gc_paused
+from s3ckpt._time import iso_z
 from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._policy import KeepPinned, Policy
@@ -103,7 +104,7 @@ class Plan:
         return {
             "run": str(self.run) if self.run is not None else None,
             "policy": self.policy,
-            "now": self.now.isoformat().replace("+00:00", "Z"),
+            "now": iso_z(self.now),
             "max_delete": self.max_delete,
             "deferred": self.deferred,
             "keep": len(self.keep),

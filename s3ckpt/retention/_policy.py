@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -406,12 +406,3 @@ class KeepPinned(Policy):
 
     def describe(self) -> str:
         return "pinned"
-
-
-def merge(selections: Sequence[Mapping[str, tuple[str, ...]]]) -> Selection:
-    """Union of selections with reasons concatenated."""
-    out: dict[str, list[str]] = {}
-    for sel in selections:
-        for k, v in sel.items():
-            out.setdefault(k, []).extend(v)
-    return {k: tuple(v) for k, v in out.items()}

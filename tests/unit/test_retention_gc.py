@@ -297,7 +297,7 @@ def test_gc_rolls_forward_a_missing_or_stale_plain_metadata(
         calls.append((ckpt.prefix, manifest.tag))
         st.put(ckpt.key(METADATA_NAME), st.get(ckpt.key(manifest.metadata_key)))
 
-    monkeypatch.setattr("s3ckpt._commit.restore_stock_metadata", restore)
+    monkeypatch.setattr("s3ckpt.retention._gc.restore_stock_metadata", restore)
 
     missing = write_checkpoint(
         store, RUN, 1, created=clock.t, per_save_metadata=True, tag="1a1a1a1a"

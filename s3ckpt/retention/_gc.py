@@ -1,0 +1,223 @@
+"""Garbage collection: reclaim what dead saves and dead pruners left under a prefix.
+
+gc deletes only names s3ckpt wrote (:func:`s3ckpt.format.owned_tag`) of saves that are
+dead, aborts their open uploads, rolls a committed checkpoint's missing or stale plain
+``.metadata`` forward, and finishes a dead pruner's recorded deletions
+(:mod:`s3ckpt.retention._intent`). Every change to a run happens under that run's lease.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from s3ckpt._commit import restore_stock_metadata
+from s3ckpt._time import aware_now
+from s3ckpt.errors import LeaseHeldError, S3CkptError
+from s3ckpt.format import METADATA_NAME
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
+from s3ckpt.retention._delete import _Deleter, leftover_keys, leftover_uploads
+from s3ckpt.retention._intent import finish_previous, pending_intent
+from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
+from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace
+from s3ckpt.retention._prune import check_batch_size
+from s3ckpt.retention._results import GcResult
+from s3ckpt.retention._scan import list_checkpoints, read_manifest, scan
+from s3ckpt.store.base import MAX_DELETE_BATCH, DeleteFailure, ObjectStore, UploadInfo
+from s3ckpt.uri import StoreURL
+
+__all__ = ["DEFAULT_GC_AGE", "gc"]
+
+DEFAULT_GC_AGE = timedelta(0)
+"""gc aborts an open upload of a dead save at once by default: its tag's heartbeats (older
+than the grace period) already prove nobody will complete it."""
+
+
+@dataclass
+class _Survey:
+    """What gc would do in some checkpoints (one run, or everything under the root)."""
+
+    uploads: list[UploadInfo] = field(default_factory=list)
+    abandoned: list[CheckpointInfo] = field(default_factory=list)
+    abandoned_keys: dict[str, list[str]] = field(default_factory=dict)
+    leftovers: list[str] = field(default_factory=list)
+    stale: list[CheckpointInfo] = field(default_factory=list)
+
+    def add(self, c: CheckpointInfo, cutoff: float) -> None:
+        keys = leftover_keys(c)
+        ups = leftover_uploads(c, cutoff)
+        self.uploads.extend(ups)
+        if c.state is CheckpointState.ABANDONED and (keys or ups):
+            self.abandoned.append(c)
+            self.abandoned_keys[c.name] = keys
+        else:
+            self.leftovers.extend(keys)
+        # Roll forward only with no save live in the prefix: a concurrent overwrite writes
+        # its own plain .metadata after its marker, which ours must never replace.
+        if c.is_committed and c.metadata_stale and c.tag is not None and not c.live_tags:
+            self.stale.append(c)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.uploads or self.abandoned or self.leftovers or self.stale)
+
+
+def _survey(checkpoints: Iterable[CheckpointInfo], cutoff: float) -> _Survey:
+    out = _Survey()
+    for c in checkpoints:
+        out.add(c, cutoff)
+    return out
+
+
+def _restore_metadata(store: ObjectStore, c: CheckpointInfo) -> DeleteFailure | None:
+    """Rewrite ``c``'s plain ``.metadata`` from the metadata its marker commits (verified
+    against the marker's size and CRC32C by the helper)."""
+    key = c.url.key(METADATA_NAME)
+    manifest = read_manifest(store, c.url.prefix)
+    if isinstance(manifest, str):
+        return DeleteFailure(key, "CorruptCheckpoint", manifest)
+    if manifest.tag != c.tag:
+        return DeleteFailure(key, "Changed", "the commit marker changed since it was listed")
+    try:
+        restore_stock_metadata(store, c.url, manifest)
+    except S3CkptError as exc:
+        return DeleteFailure(key, getattr(exc, "code", None) or type(exc).__name__, str(exc))
+    return None
+
+
+def gc(
+    store: ObjectStore,
+    root: StoreURL,
+    *,
+    older_than: timedelta = DEFAULT_GC_AGE,
+    grace: timedelta = DEFAULT_GRACE,
+    apply: bool = False,
+    now: datetime | None = None,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    batch_size: int = MAX_DELETE_BATCH,
+    retries: int = 5,
+    sleep: Callable[[float], None] = time.sleep,
+) -> GcResult:
+    """Reclaim what dead saves and dead pruners left under ``root``.
+
+    A dry run by default, like :func:`prune`. gc deletes only names s3ckpt wrote (see
+    :func:`s3ckpt.format.owned_tag`) of saves that are dead — no object, heartbeat or open
+    upload of their tag younger than ``grace``:
+
+    * open uploads of per-save names of dead tags started before ``older_than`` (also those
+      whose id nobody knows: a create whose reply was lost);
+    * killed saves in uncommitted prefixes (their per-save names; a plain ``.metadata``,
+      stock ``__0_0.distcp`` or foreign files are never deleted);
+    * leftovers in committed prefixes: per-save names of other, dead tags (a killed
+      overwrite, a replaced save whose deletion was interrupted) and the committed save's
+      heartbeats — never what the marker commits;
+    * it rolls forward committed checkpoints whose plain ``.metadata`` (the copy for stock
+      DCP readers) is missing or stale, from the metadata the marker commits;
+    * it finishes a dead pruner's deletions recorded in the run's lease (its intent log).
+
+    Pinned prefixes are never cleaned. Every change to a run happens under that run's
+    lease, from a re-listing made under it.
+
+    Args:
+        older_than: An extra margin: abort uploads of dead saves only once they started
+            this long ago (default 0: a dead save's uploads go at once). It never aborts an
+            upload of a live save, however old.
+        grace: A save is live while any object, heartbeat or upload of its tag is younger
+            than this; raised to ``MIN_GRACE_SECONDS`` (60 s) when shorter, with a note.
+
+    Request cost: one scan of ``root`` (see :func:`~s3ckpt.retention.scan`) and one GET per
+    run holding a lease; with ``apply``, per run with work a lease, a re-listing,
+    ``ceil(keys / batch_size)`` DeleteObjects requests, one AbortMultipartUpload per upload
+    and a GET + PUT (plus the marker's GET) per restored ``.metadata``.
+    """
+    check_batch_size(batch_size)
+    now = aware_now(now)
+    grace, notes = effective_grace(grace)
+    cutoff = (now - older_than).timestamp()
+    catalogs = scan(store, root, grace=grace, now=now)
+    found = _survey((c for cat in catalogs for c in cat.checkpoints), cutoff)
+    intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in catalogs}
+    pending = tuple(str(cat.run.child(n)) for cat in catalogs for n in intents[cat.run.prefix])
+    if not apply:
+        return GcResult(
+            root=root,
+            applied=False,
+            uploads=tuple(found.uploads),
+            abandoned=tuple(found.abandoned),
+            leftovers=tuple(found.leftovers),
+            stale_metadata=tuple(str(c.url) for c in found.stale),
+            resumed=pending,
+            notes=notes,
+        )
+
+    deleter = _Deleter(store, None, batch_size, retries, sleep, None)
+    removed: list[str] = []
+    skipped: list[str] = []
+    busy: list[str] = []
+    restored: list[str] = []
+    resumed: list[str] = []
+    leftovers_deleted = 0
+    for cat in catalogs:
+        mine = _survey(cat.checkpoints, cutoff)
+        if mine.empty and not intents[cat.run.prefix]:
+            continue
+        try:
+            lease = Lease(store, cat.run, ttl=lease_ttl, operation="gc").acquire()
+        except LeaseHeldError:
+            busy.append(str(cat.run))
+            skipped.extend(str(c.url) for c in mine.abandoned)
+            continue
+        deleter.lease = lease
+        intent: list[str] = list(lease.previous.deleting) if lease.previous else []
+        try:
+            fresh = list_checkpoints(store, cat.run, grace=grace, now=now)
+            resume, carry, rest = finish_previous(lease, fresh)
+            done: tuple[str, ...] = ()
+            intent = [*carry, *(c.name for c in resume)]
+            if resume:
+                lease.record_intent(intent)
+                done = deleter.delete_checkpoints(resume)
+                resumed.extend(str(c.url) for c in resume if c.name in done)
+            work = _survey((c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff)
+            keys = [k for ks in work.abandoned_keys.values() for k in ks] + work.leftovers
+            bad = deleter.delete(keys, "leftovers")
+            leftovers_deleted += sum(1 for k in work.leftovers if k not in bad)
+            bad_ups = deleter.abort(work.uploads)
+            for c in work.abandoned:
+                ok_keys = not any(k in bad for k in work.abandoned_keys[c.name])
+                ok_ups = not any(u.upload_id in bad_ups for u in work.uploads if u in c.uploads)
+                if ok_keys and ok_ups:
+                    removed.append(str(c.url))
+            for c in work.stale:
+                lease.renew_if_due()
+                failure = _restore_metadata(store, c)
+                if failure is None:
+                    restored.append(str(c.url))
+                else:
+                    deleter.failures.append(failure)
+            intent = [n for n in intent if n not in set(done)]
+        except BaseException:
+            lease.release(intent)  # keep the intent log: the next pruner finishes it
+            raise
+        lease.release(intent)
+    return GcResult(
+        root=root,
+        applied=True,
+        uploads=tuple(found.uploads),
+        abandoned=tuple(found.abandoned),
+        removed=tuple(removed),
+        aborted=deleter.aborted,
+        busy_runs=tuple(busy),
+        failures=tuple(deleter.failures),
+        delete_requests=deleter.requests,
+        leftovers=tuple(found.leftovers),
+        leftovers_deleted=leftovers_deleted,
+        skipped=tuple(skipped),
+        stale_metadata=tuple(str(c.url) for c in found.stale),
+        restored=tuple(restored),
+        resumed=tuple(resumed),
+        keys_deleted=deleter.deleted_keys,
+        notes=notes,
+    )

@@ -1,0 +1,84 @@
+"""Whether a save is still running: the grace period, its floor, and writers proven gone.
+
+A save (a tag) is live while any of its objects, heartbeats or open uploads is younger than
+the grace period (:data:`DEFAULT_GRACE`). prune and gc never accept a grace period below
+:data:`MIN_GRACE` (four missed heartbeats), so no setting can take a running save for a dead
+one. A heartbeat also names the host, PID namespace and pid of its writer: on that same host
+a pid that no longer exists proves the save dead before the grace period runs out
+(:func:`dead_saves`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import TypeVar
+
+from s3ckpt._commit import writer_gone
+from s3ckpt.errors import StoreError
+from s3ckpt.format import MIN_GRACE_SECONDS
+from s3ckpt.retention._catalog import READ_WORKERS
+from s3ckpt.retention._duration import format_duration
+from s3ckpt.store.base import ObjectStore
+
+__all__ = ["DEFAULT_GRACE", "MIN_GRACE", "dead_saves", "effective_grace"]
+
+DEFAULT_GRACE = timedelta(hours=2)
+"""How long a save (a tag) counts as in progress after its last activity."""
+MIN_GRACE = timedelta(seconds=MIN_GRACE_SECONDS)
+"""The floor prune and gc raise a shorter grace period to (four missed heartbeats)."""
+
+HEARTBEATS_CHECKED = 4
+"""Heartbeats read per live-looking save (its lowest ranks, the coordinator among them)."""
+
+K = TypeVar("K", bound=Hashable)
+
+
+def effective_grace(grace: timedelta) -> tuple[timedelta, tuple[str, ...]]:
+    """``grace`` raised to :data:`MIN_GRACE`, and the notes saying so when it was (for a
+    result's ``notes``)."""
+    if grace >= MIN_GRACE:
+        return grace, ()
+    return MIN_GRACE, (
+        f"grace {_fmt(grace)} is below the floor of {_fmt(MIN_GRACE)} (four missed "
+        f"heartbeats); used {_fmt(MIN_GRACE)}, so no setting can delete a running save",
+    )
+
+
+def _fmt(d: timedelta) -> str:
+    return format_duration(d) if d > timedelta(0) else format_duration(timedelta(0))
+
+
+def dead_saves(store: ObjectStore, heartbeats: Mapping[K, Sequence[str]]) -> set[K]:
+    """The saves among ``heartbeats`` (heartbeat keys of each live-looking save, by any key
+    the caller names a save with) whose writer process is provably gone.
+
+    A save that lost a rank never commits, so one heartbeat whose writer is gone on this
+    host proves the save dead; elsewhere nothing is provable and the grace period decides.
+
+    Request cost: one GET for each of at most :data:`HEARTBEATS_CHECKED` heartbeats per
+    save, the lowest ranks first (16 in parallel).
+    """
+    todo = [
+        (save, key)
+        for save, keys in heartbeats.items()
+        for key in sorted(keys, key=_rank_of)[:HEARTBEATS_CHECKED]
+    ]
+    if not todo:
+        return set()
+
+    def gone(key: str) -> bool:
+        try:
+            return writer_gone(store.get(key))
+        except StoreError:
+            return False  # vanished (its save committed) or unreadable: proves nothing
+
+    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+        verdicts = pool.map(lambda t: gone(t[1]), todo)
+        return {save for (save, _), dead in zip(todo, verdicts, strict=True) if dead}
+
+
+def _rank_of(key: str) -> int:
+    tail = key.rpartition(".")[2]
+    return int(tail) if tail.isdigit() else 0

@@ -1,0 +1,159 @@
+"""What :func:`~s3ckpt.retention.prune` and :func:`~s3ckpt.retention.gc` report: frozen
+results with stable ``to_dict()`` forms (the CLI's ``--json``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from s3ckpt._time import iso_z, utc
+from s3ckpt.retention._catalog import CheckpointInfo
+from s3ckpt.retention._plan import Plan
+from s3ckpt.store.base import DeleteFailure, UploadInfo
+from s3ckpt.uri import StoreURL
+
+__all__ = ["GcResult", "PruneResult"]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What :func:`prune` planned and did for one run.
+
+    Attributes:
+        run: The run.
+        plan: The plan (with reasons for every decision).
+        applied: False for a dry run.
+        deleted: Names of checkpoints whose every deletable key was deleted (planned and
+            resumed ones).
+        resumed: Names finished on behalf of a pruner that died mid-way (already in
+            ``deleted`` when they completed).
+        failures: Keys that could not be deleted (after retries), with the store's code.
+        delete_requests: DeleteObjects requests sent.
+        keys_deleted: Keys removed (control objects included).
+        aborted: Open multipart uploads (of per-save names) aborted in deleted checkpoints.
+        resumed_bytes: Bytes under the resumed checkpoints (on top of ``plan.bytes_freed``).
+        resumed_objects: Objects under the resumed checkpoints.
+        notes: Adjustments made to the arguments (a grace period raised to its floor).
+    """
+
+    run: StoreURL
+    plan: Plan
+    applied: bool
+    deleted: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()
+    failures: tuple[DeleteFailure, ...] = ()
+    delete_requests: int = 0
+    keys_deleted: int = 0
+    aborted: int = 0
+    resumed_bytes: int = 0
+    resumed_objects: int = 0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """No delete failed."""
+        return not self.failures
+
+    @property
+    def targets(self) -> int:
+        """Checkpoints this run set out to delete: the plan's plus the resumed ones."""
+        return len(self.plan.delete) + len(self.resumed)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``s3ckpt prune --json``)."""
+        return {
+            **self.plan.to_dict(),
+            "applied": self.applied,
+            "deleted": list(self.deleted),
+            "resumed": list(self.resumed),
+            "failures": _failures(self.failures),
+            "delete_requests": self.delete_requests,
+            "keys_deleted": self.keys_deleted,
+            "aborted": self.aborted,
+            "targets": self.targets,
+            "resumed_bytes": self.resumed_bytes,
+            "resumed_objects": self.resumed_objects,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class GcResult:
+    """What :func:`gc` found under a prefix and (with ``apply``) removed.
+
+    Attributes:
+        uploads: Open uploads of per-save names whose save (tag) is dead, started before
+            ``older_than`` (aborted with ``apply``; never an upload of a live tag).
+        abandoned: Uncommitted prefixes with no live save holding s3ckpt's leftovers
+            (removed with ``apply``: only the names s3ckpt wrote).
+        removed: URLs of the abandoned prefixes whose leftovers were all removed.
+        aborted: Uploads aborted.
+        busy_runs: Runs skipped because another pruner held their lease.
+        failures: Keys or uploads that could not be removed, metadata not restored.
+        leftovers: Keys of dead saves inside committed or in-progress prefixes (an
+            overwrite or a re-save killed part-way, a committed save's heartbeats).
+        leftovers_deleted: How many of them were deleted.
+        skipped: URLs of abandoned prefixes not removed because their run was busy.
+        stale_metadata: Committed checkpoints whose plain ``.metadata`` is missing or stale.
+        restored: Of those, the ones whose ``.metadata`` was rewritten from the marker's.
+        resumed: Checkpoints a dead pruner was deleting (its lease's intent log), finished.
+        keys_deleted: Keys removed in all.
+        notes: Adjustments made to the arguments (a grace period raised to its floor).
+    """
+
+    root: StoreURL
+    applied: bool
+    uploads: tuple[UploadInfo, ...] = ()
+    abandoned: tuple[CheckpointInfo, ...] = ()
+    removed: tuple[str, ...] = ()
+    aborted: int = 0
+    busy_runs: tuple[str, ...] = ()
+    failures: tuple[DeleteFailure, ...] = ()
+    delete_requests: int = 0
+    leftovers: tuple[str, ...] = ()
+    leftovers_deleted: int = 0
+    skipped: tuple[str, ...] = ()
+    stale_metadata: tuple[str, ...] = ()
+    restored: tuple[str, ...] = ()
+    resumed: tuple[str, ...] = ()
+    keys_deleted: int = 0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Nothing failed."""
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``s3ckpt gc --json``)."""
+        return {
+            "root": str(self.root),
+            "applied": self.applied,
+            "uploads": [
+                {
+                    "key": u.key,
+                    "upload_id": u.upload_id,
+                    "initiated": iso_z(utc(u.initiated)),
+                }
+                for u in self.uploads
+            ],
+            "abandoned": [c.to_dict() for c in self.abandoned],
+            "removed": list(self.removed),
+            "aborted": self.aborted,
+            "busy_runs": list(self.busy_runs),
+            "failures": _failures(self.failures),
+            "delete_requests": self.delete_requests,
+            "leftovers": list(self.leftovers),
+            "leftovers_deleted": self.leftovers_deleted,
+            "skipped": list(self.skipped),
+            "stale_metadata": list(self.stale_metadata),
+            "restored": list(self.restored),
+            "resumed": list(self.resumed),
+            "keys_deleted": self.keys_deleted,
+            "notes": list(self.notes),
+        }
+
+
+def _failures(failures: Iterable[DeleteFailure]) -> list[dict[str, str]]:
+    return [{"key": f.key, "code": f.code, "message": f.message} for f in failures]

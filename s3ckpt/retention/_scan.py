@@ -1,0 +1,378 @@
+"""Cataloguing: which checkpoints the runs under a prefix hold, from one paged listing.
+
+Layout (:mod:`s3ckpt.format`): a *run* is a prefix, and every checkpoint is an immediate
+sub-prefix of it (``{run}/step_000001000/``). Besides checkpoints a run holds *control
+objects*, which are never checkpoints and never deleted by retention:
+
+* ``{run}/s3ckpt.latest.json`` — the Checkpointer's pointer to the latest checkpoint;
+* ``{run}/s3ckpt.lease`` — the pruner's lease (:mod:`s3ckpt.retention._lease`);
+* ``{ckpt}/s3ckpt.pin.json`` — a pin on one checkpoint (``s3ckpt pin``).
+
+A sub-prefix counts as a checkpoint when it holds (as an object or as an open multipart
+upload) a commit marker (``s3ckpt.json``), a DCP ``.metadata``, a ``*.distcp`` data object,
+one of s3ckpt's per-save names (:func:`s3ckpt.format.owned_tag`: ``.metadata.{tag}``,
+heartbeats ``s3ckpt.alive.{tag}.{rank}``) or a pin. Its name alone never makes it one: a
+``step_<digits>/`` folder holding only foreign files (TensorBoard events, a safetensors
+export) is not retention's business, and neither is any other folder under a run
+(``tensorboard/``, ``logs/``); they are never listed, planned or deleted.
+
+States and liveness: :mod:`s3ckpt.retention._catalog`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from s3ckpt._time import aware_now, utc
+from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
+from s3ckpt.format import (
+    HEARTBEAT_PREFIX,
+    LEASE_NAME,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    PIN_NAME,
+    Manifest,
+    checkpoint_step,
+    owned_tag,
+)
+from s3ckpt.retention._catalog import READ_WORKERS, CheckpointInfo, CheckpointState, RunCatalog
+from s3ckpt.retention._liveness import DEFAULT_GRACE, dead_saves
+from s3ckpt.store.base import ObjectInfo, ObjectStore, UploadInfo
+from s3ckpt.uri import StoreURL
+
+__all__ = ["list_checkpoints", "list_runs", "read_manifest", "scan"]
+
+
+@dataclass
+class _Group:
+    """Objects of one checkpoint prefix while scanning."""
+
+    keys: list[str] = field(default_factory=list)
+    size: int = 0
+    count: int = 0
+    newest: float | None = None
+    marker: ObjectInfo | None = None
+    metadata: ObjectInfo | None = None
+    pin: bool = False
+    tags: dict[str, float] = field(default_factory=dict)
+    """Newest activity per save tag (objects, heartbeats and uploads directly under it)."""
+    untagged: float | None = None
+    """Newest activity of everything else (stock DCP names, foreign files, nested keys)."""
+    heartbeats: dict[str, list[str]] = field(default_factory=dict)
+    """Heartbeat keys per tag."""
+    dead: set[str] = field(default_factory=set)
+    """Tags whose writing process is provably gone (see s3ckpt._commit.writer_gone)."""
+    uploads: list[UploadInfo] = field(default_factory=list)
+
+    def touch(self, when: float | None, tag: str | None = None) -> None:
+        if when is None:
+            return
+        self.newest = when if self.newest is None else max(self.newest, when)
+        if tag is not None:
+            self.tags[tag] = max(self.tags.get(tag, when), when)
+        else:
+            self.untagged = when if self.untagged is None else max(self.untagged, when)
+
+
+def _ckpt_dir(key: str) -> str | None:
+    """The checkpoint prefix (ending in ``/``) a key declares: only a name s3ckpt or DCP
+    writes does (a folder's name never does)."""
+    head, sep, base = key.rpartition("/")
+    if not sep:
+        return None
+    if (
+        base in (MANIFEST_NAME, METADATA_NAME, PIN_NAME)
+        or base.endswith(".distcp")
+        or owned_tag(base) is not None
+    ):
+        return head + "/"
+    return None
+
+
+def _parent(prefix: str) -> str:
+    """``a/b/c/`` -> ``a/b/``; ``c/`` -> ``""``."""
+    return prefix[:-1].rpartition("/")[0] + "/" if "/" in prefix[:-1] else ""
+
+
+def scan(
+    store: ObjectStore,
+    root: StoreURL,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    now: datetime | None = None,
+    include_uploads: bool = True,
+) -> list[RunCatalog]:
+    """Every run under ``root`` (``root`` itself included when it is a run), with its
+    checkpoints, from one paged listing.
+
+    Open uploads count as activity (of their tag) and declare checkpoints too: a save that
+    has only started multipart uploads lists as in progress.
+
+    Request cost: ``ceil(objects / 1000)`` LIST requests for everything under ``root``,
+    ``ceil(open uploads / 1000)`` LIST-uploads requests (``include_uploads``), and one GET
+    per commit marker and per pin (16 in parallel). Nothing is HEADed.
+    """
+    now = aware_now(now, "now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    objects = list(store.list(root.prefix))
+    uploads = list(store.list_multipart_uploads(root.prefix)) if include_uploads else []
+    groups, runs_with_lease = _group(root, objects, uploads)
+
+    cutoff = (now - grace).timestamp()
+    live_looking = {
+        (d, tag): keys
+        for d, g in groups.items()
+        for tag, keys in g.heartbeats.items()
+        if g.tags.get(tag, 0.0) > cutoff
+    }
+    for d, tag in dead_saves(store, live_looking):
+        groups[d].dead.add(tag)
+    manifests, reasons = _read_controls(store, groups)
+
+    by_run: dict[str, list[CheckpointInfo]] = {}
+    for d, g in groups.items():
+        run = _parent(d)
+        info = _info(root, run, d, g, manifests.get(d), reasons.get(d), cutoff)
+        by_run.setdefault(run, []).append(info)
+    for run_prefix in runs_with_lease:
+        if run_prefix.startswith(root.prefix):
+            by_run.setdefault(run_prefix, [])
+    out = []
+    for run_prefix in sorted(by_run):
+        ckpts = sorted(by_run[run_prefix], key=CheckpointInfo.sort_key)
+        out.append(
+            RunCatalog(
+                StoreURL(root.scheme, root.bucket, run_prefix),
+                tuple(ckpts),
+                has_lease=run_prefix in runs_with_lease,
+            )
+        )
+    return out
+
+
+def _group(
+    root: StoreURL, objects: Sequence[ObjectInfo], uploads: Sequence[UploadInfo]
+) -> tuple[dict[str, _Group], set[str]]:
+    """The checkpoint prefixes under ``root`` with what each holds, and the runs holding a
+    lease (their prefixes)."""
+    groups: dict[str, _Group] = {}
+    for key in [o.key for o in objects] + [u.key for u in uploads]:
+        d = _ckpt_dir(key)
+        if d is not None and d.startswith(root.prefix):
+            groups.setdefault(d, _Group())
+    runs_with_lease: set[str] = set()
+    for obj in objects:
+        base = obj.key.rpartition("/")[2]
+        if base == LEASE_NAME:
+            runs_with_lease.add(obj.key[: -len(base)])
+        g = _owner(groups, obj.key)
+        if g is None:
+            continue
+        g.keys.append(obj.key)
+        if base == PIN_NAME and _is_direct(obj.key, groups):
+            g.pin = True
+            continue
+        g.size += obj.size
+        g.count += 1
+        direct = _is_direct(obj.key, groups)
+        tag = owned_tag(base) if direct else None
+        g.touch(obj.last_modified, tag)
+        if tag is not None and base.startswith(HEARTBEAT_PREFIX):
+            g.heartbeats.setdefault(tag, []).append(obj.key)
+        if base == MANIFEST_NAME and direct:
+            g.marker = obj
+        if base == METADATA_NAME and direct:
+            g.metadata = obj
+    for up in uploads:
+        g = _owner(groups, up.key)
+        if g is not None:
+            g.uploads.append(up)
+            direct = _is_direct(up.key, groups)
+            g.touch(up.initiated, owned_tag(up.key.rpartition("/")[2]) if direct else None)
+    return groups, runs_with_lease
+
+
+def _read_controls(
+    store: ObjectStore, groups: Mapping[str, _Group]
+) -> tuple[dict[str, Manifest | str], dict[str, str]]:
+    """The commit markers (or why each cannot be read) and the pins' reasons, by prefix."""
+    markers = [d for d, g in groups.items() if g.marker]
+    pins = [d for d, g in groups.items() if g.pin]
+    manifests: dict[str, Manifest | str] = {}
+    reasons: dict[str, str] = {}
+    if markers or pins:
+        with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+            for d, m in zip(
+                markers, pool.map(lambda d: read_manifest(store, d), markers), strict=True
+            ):
+                manifests[d] = m
+            for d, r in zip(pins, pool.map(lambda d: _read_pin(store, d), pins), strict=True):
+                if r is not None:
+                    reasons[d] = r
+    return manifests, reasons
+
+
+def _owner(groups: Mapping[str, _Group], key: str) -> _Group | None:
+    """The innermost checkpoint group whose prefix holds ``key``."""
+    head = key
+    while "/" in head:
+        head = head.rpartition("/")[0]
+        g = groups.get(head + "/")
+        if g is not None:
+            return g
+    return None
+
+
+def _is_direct(key: str, groups: Mapping[str, _Group]) -> bool:
+    return key.rpartition("/")[0] + "/" in groups
+
+
+def read_manifest(store: ObjectStore, prefix: str) -> Manifest | str:
+    """The commit marker under ``prefix``, or why it cannot be read."""
+    key = prefix + MANIFEST_NAME
+    try:
+        return Manifest.from_json(store.get(key), where=key)
+    except CorruptCheckpointError as exc:
+        return exc.message
+    except ObjectNotFoundError:
+        return "commit marker vanished while listing"
+
+
+def _read_pin(store: ObjectStore, prefix: str) -> str | None:
+    try:
+        raw = store.get(prefix + PIN_NAME)
+    except StoreError:
+        return None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        reason = str(doc.get("reason") or "").strip()
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        reason = ""
+    # A pin that cannot be read still pins: failing safe means keeping the checkpoint.
+    return reason or "(unreadable pin)"
+
+
+def _info(
+    root: StoreURL,
+    run: str,
+    d: str,
+    g: _Group,
+    manifest: Manifest | str | None,
+    pin: str | None,
+    cutoff: float,
+) -> CheckpointInfo:
+    name = d[len(run) : -1]
+    step = checkpoint_step(name)
+    url = StoreURL(root.scheme, root.bucket, d)
+    live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff and t not in g.dead))
+    common = dict(
+        url=url,
+        name=name,
+        size=g.size,
+        num_objects=g.count,
+        pinned=pin,
+        last_activity=utc(g.newest),
+        keys=tuple(g.keys),
+        live_tags=live,
+        uploads=tuple(g.uploads),
+    )
+    if g.marker is not None:
+        if isinstance(manifest, Manifest):
+            committed = frozenset(
+                [d + MANIFEST_NAME, d + manifest.metadata_key]
+                + [d + o.name for o in manifest.objects]
+            )
+            return CheckpointInfo(
+                step=manifest.step if manifest.step is not None else step,
+                state=CheckpointState.COMMITTED,
+                committed_at=utc(manifest.created),
+                metrics=dict(manifest.metrics),
+                tag=manifest.tag,
+                committed_keys=committed,
+                metadata_stale=_metadata_stale(g, manifest),
+                **common,  # type: ignore[arg-type]
+            )
+        return CheckpointInfo(
+            step=step,
+            state=CheckpointState.COMMITTED,
+            committed_at=None,
+            error=manifest if isinstance(manifest, str) else "commit marker unreadable",
+            **common,  # type: ignore[arg-type]
+        )
+    # Activity of a save proven dead does not count; anything untagged still does.
+    young = bool(live) or (g.untagged is not None and g.untagged > cutoff)
+    if young:
+        state = CheckpointState.IN_PROGRESS
+    elif g.metadata is not None:
+        state = CheckpointState.FOREIGN
+    else:
+        state = CheckpointState.ABANDONED
+    committed_at = (
+        utc(g.metadata.last_modified) if state is CheckpointState.FOREIGN and g.metadata else None
+    )
+    return CheckpointInfo(
+        step=step,
+        state=state,
+        committed_at=committed_at,
+        **common,  # type: ignore[arg-type]
+    )
+
+
+def _metadata_stale(g: _Group, manifest: Manifest) -> bool:
+    """Whether the plain ``.metadata`` copy needs rewriting (a cheap signal from the listing;
+    the rewrite verifies the source against the marker)."""
+    if manifest.metadata_key == METADATA_NAME:
+        return False  # the plain .metadata is itself the committed one
+    plain = g.metadata
+    if plain is None or plain.size != manifest.metadata_size:
+        return True
+    marker = g.marker
+    return (
+        marker is not None
+        and marker.last_modified is not None
+        and plain.last_modified is not None
+        and plain.last_modified < marker.last_modified
+    )
+
+
+def list_checkpoints(
+    store: ObjectStore,
+    run: StoreURL,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    now: datetime | None = None,
+) -> list[CheckpointInfo]:
+    """The checkpoints directly under ``run``, oldest first (by step, then commit time).
+
+    Args:
+        store: The store holding the run.
+        run: The run prefix.
+        grace: How long after its last activity (an object, a heartbeat, an upload's start)
+            a save is still in progress.
+        now: The time to judge ``grace`` against (default: the wall clock).
+
+    Request cost: ``ceil(objects under run / 1000)`` LIST requests, one LIST of open
+    multipart uploads per 1000 uploads, and one GET per committed checkpoint (its marker)
+    and per pin, 16 at a time.
+    """
+    for cat in scan(store, run, grace=grace, now=now):
+        if cat.run.prefix == run.prefix:
+            return list(cat.checkpoints)
+    return []
+
+
+def list_runs(
+    store: ObjectStore,
+    root: StoreURL,
+    *,
+    grace: timedelta = DEFAULT_GRACE,
+    now: datetime | None = None,
+) -> list[StoreURL]:
+    """The runs (prefixes holding checkpoints or a lease) under ``root``, ``root`` included.
+
+    Same request cost as :func:`scan` over ``root``.
+    """
+    return [cat.run for cat in scan(store, root, grace=grace, now=now)]
