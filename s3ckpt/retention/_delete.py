@@ -13,10 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenacity import retry_if_result
+
+from s3ckpt.config import TransferConfig
 from s3ckpt.errors import StoreError
 from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._lease import Lease
+from s3ckpt.store import TRANSIENT_CODES, retrying
 from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
 
 __all__ = [
@@ -31,21 +35,8 @@ ProgressCallback = Callable[[str, dict[str, Any]], None]
 """``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
 request: ``phase``, ``keys``), ``done``. For logs and for the crash tests."""
 
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "ServiceUnavailable",
-        "InternalError",
-        "RequestTimeout",
-        "500",
-        "502",
-        "503",
-        "504",
-    }
-)
+_BACKOFF = TransferConfig(retry_initial_delay=0.1, retry_max_delay=5.0)
+"""Back-off between rounds of per-key retries: 0.1 s doubling up to 5 s, full jitter."""
 
 _DCP_DATA = re.compile(r"__\d+_\d+\.distcp")
 """Stock DCP data names (``FileSystemWriter``); deleted only with ``include_foreign``."""
@@ -159,40 +150,57 @@ class _Deleter:
     failures: list[DeleteFailure] = field(default_factory=list)
 
     def delete(self, keys: Sequence[str], phase: str) -> set[str]:
-        """Delete ``keys``; return the keys that failed for good."""
+        """Delete ``keys``; return the keys that failed for good.
+
+        Keys that failed with a transient code (:data:`~s3ckpt.store.TRANSIENT_CODES`)
+        are sent again in up to ``retries`` more rounds, backing off between rounds as
+        s3ckpt's one retry policy does (:func:`~s3ckpt.store.retrying`), without a deadline.
+        """
         pending = list(keys)
         failed: dict[str, DeleteFailure] = {}
-        for attempt in range(self.retries + 1):
-            if not pending:
-                break
-            if attempt:
-                self.sleep(min(0.05 * 2**attempt, 5.0))
-            retry: list[str] = []
-            for i in range(0, len(pending), self.batch_size):
-                chunk = pending[i : i + self.batch_size]
-                if self.lease is not None:
-                    self.lease.renew_if_due()
-                try:
-                    errs = self.store.delete(chunk)
-                except StoreError as exc:  # the whole request failed (after S3Store retries)
-                    errs = [
-                        DeleteFailure(k, exc.code or type(exc).__name__, str(exc)) for k in chunk
-                    ]
-                self.requests += 1
-                bad = {e.key for e in errs}
-                self.deleted_keys += sum(1 for k in chunk if k not in bad)
-                for e in errs:
-                    failed[e.key] = e
-                    if e.code in _TRANSIENT_CODES:
-                        retry.append(e.key)
-                for k in chunk:
-                    if k not in bad:
-                        failed.pop(k, None)
-                if self.on_progress is not None:
-                    self.on_progress("delete", {"phase": phase, "keys": len(chunk)})
-            pending = retry
+
+        def one_round() -> list[str]:
+            nonlocal pending
+            pending = self._round(pending, failed, phase)
+            return pending
+
+        rounds = retrying(
+            _BACKOFF,
+            retry=retry_if_result(bool),
+            sleep=self.sleep,
+            attempts=self.retries + 1,
+            deadline=False,
+        )
+        # Keys still pending after the last round stay in ``failed``: no RetryError.
+        rounds.copy(retry_error_callback=lambda state: None)(one_round)
         self.failures.extend(failed.values())
         return set(failed)
+
+    def _round(self, pending: list[str], failed: dict[str, DeleteFailure], phase: str) -> list[str]:
+        """Send ``pending`` in batches; record failures in ``failed``; return the keys worth
+        another round."""
+        retry: list[str] = []
+        for i in range(0, len(pending), self.batch_size):
+            chunk = pending[i : i + self.batch_size]
+            if self.lease is not None:
+                self.lease.renew_if_due()
+            try:
+                errs = self.store.delete(chunk)
+            except StoreError as exc:  # the whole request failed (after S3Store retries)
+                errs = [DeleteFailure(k, exc.code or type(exc).__name__, str(exc)) for k in chunk]
+            self.requests += 1
+            bad = {e.key for e in errs}
+            self.deleted_keys += sum(1 for k in chunk if k not in bad)
+            for e in errs:
+                failed[e.key] = e
+                if e.code in TRANSIENT_CODES:
+                    retry.append(e.key)
+            for k in chunk:
+                if k not in bad:
+                    failed.pop(k, None)
+            if self.on_progress is not None:
+                self.on_progress("delete", {"phase": phase, "keys": len(chunk)})
+        return retry
 
     def abort(self, uploads: Sequence[UploadInfo]) -> set[str]:
         """Abort ``uploads``; return the upload ids that could not be aborted."""

@@ -3,6 +3,9 @@
 * :class:`S3Store` — S3 and S3-compatible stores through boto3 (the only boto3 user).
 * :class:`FsspecStore` — any other fsspec URL (``gs://``, ``az://``, ``file://``, ``memory://``).
 * :class:`MemoryStore` — in-process, with fault injection, for tests.
+
+:func:`retrying` builds the one retry policy (tenacity) from a :class:`TransferConfig`;
+:data:`TRANSIENT_CODES` are the S3 error codes it is worth retrying on.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from s3ckpt.store.base import (
     UploadInfo,
 )
 from s3ckpt.store.memory import MemoryStore
+from s3ckpt.store.retry import TRANSIENT_CODES, retrying
 from s3ckpt.uri import StoreURL, parse_url
 
 if TYPE_CHECKING:
@@ -34,8 +38,10 @@ __all__ = [
     "ObjectStore",
     "RangeReader",
     "S3Store",
+    "TRANSIENT_CODES",
     "UploadInfo",
     "open_store",
+    "retrying",
 ]
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from s3ckpt.config import S3Config
 from s3ckpt.store import open_store
-from s3ckpt.store.s3 import BufferBody
+from s3ckpt.store._body import BufferBody
 
 MiB = 1 << 20
 

@@ -1,0 +1,224 @@
+"""Request and response bodies of the S3 store.
+
+* :class:`BufferBody` hands a part to botocore as a stream over the caller's buffer.
+* :func:`socket_body` finds the standard library's ``http.client`` response under a ranged
+  GET's ``StreamingBody``, so that :class:`SocketBody` reads the body with ``readinto``
+  straight from the socket into the caller's buffer (the destination tensor).
+  ``StreamingBody.read`` allocates a fresh ``bytes`` per call in http.client, copies it
+  once more there and again into the caller's buffer: three passes and two fresh
+  allocations per chunk instead of one pass.
+
+The shortcut needs four private names: botocore's ``StreamingBody._raw_stream`` and
+``_amount_read``, urllib3's ``HTTPResponse._fp`` and (urllib3 2) ``_decoded_buffer``. They
+are probed once, by reading a canned response through the same layers botocore builds
+(:func:`shortcut_available`); where they differ every body is read through the public
+``StreamingBody.read``. Each response is checked again before the shortcut is taken: any
+other shape (a content encoding, bytes already buffered above the socket, a body wrapped
+by botocore's checksum validation, another urllib3) is read through ``StreamingBody``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import logging
+import threading
+from typing import Any
+
+import botocore.exceptions as bce
+import urllib3
+from botocore.response import StreamingBody
+
+from s3ckpt.store.base import Buffer
+
+__all__ = ["BufferBody", "SocketBody", "shortcut_available", "socket_body"]
+
+log = logging.getLogger(__name__)
+
+# The private names the shortcut reads (tests rename them to force each fallback).
+_RAW_STREAM = "_raw_stream"  # StreamingBody -> urllib3 HTTPResponse (botocore)
+_AMOUNT_READ = "_amount_read"  # StreamingBody: bytes handed out so far (botocore)
+_FP = "_fp"  # urllib3 HTTPResponse -> http.client.HTTPResponse (urllib3)
+_DECODED_BUFFER = "_decoded_buffer"  # urllib3 2: bytes held above the socket (urllib3)
+_RELEASE_CONN = "release_conn"  # urllib3 HTTPResponse: the connection back to the pool
+
+
+class BufferBody(io.RawIOBase):
+    """A read-only, seekable stream over a buffer: how a request body is handed to botocore.
+
+    Passing a ``bytearray`` (or a ``bytes`` copy of a view) costs a full copy of every
+    part: botocore's CRT signer, used whenever ``awscrt`` is installed, wraps any body
+    without ``seek`` in ``io.BytesIO``, which copies a bytearray; with eight parts in
+    flight that is 8 x part_size of extra memory plus the page faults of touching it. A
+    stream is signed (SHA-256 read through :meth:`readinto` / :meth:`read` and rewound)
+    and sent in urllib3's blocks without ever holding a second copy.
+
+    A fresh one is made for every attempt, so a retry always starts at byte 0.
+    """
+
+    def __init__(self, data: Buffer) -> None:
+        super().__init__()
+        self._view = memoryview(data).cast("B").toreadonly()
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return self._view.nbytes
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._view.nbytes}
+        if whence not in base:
+            raise ValueError(f"invalid whence {whence!r}")
+        pos = base[whence] + offset
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos}")
+        self._pos = pos
+        return pos
+
+    def readinto(self, b: Any) -> int:
+        dest = memoryview(b).cast("B")
+        n = max(0, min(dest.nbytes, self._view.nbytes - self._pos))
+        dest[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> memoryview:
+        """Up to ``size`` bytes as a read-only view into the buffer, not a copy.
+
+        urllib3 sends a file-like body in ``blocksize`` ``read()`` blocks (botocore sets
+        128 KiB; urllib3's own default is 16 KiB); returning ``bytes`` would copy every
+        byte uploaded once more only for ``sendall`` to copy it into the socket. Every consumer
+        on the path (``sendall``, hashlib, ``chunk == b""`` loop ends) takes a view.
+        """
+        end = self._view.nbytes if size is None or size < 0 else self._pos + size
+        chunk = self._view[self._pos : end]
+        self._pos += chunk.nbytes
+        return chunk
+
+
+class SocketBody:
+    """A response body of known ``length`` read with ``http.client``'s ``readinto``.
+
+    Failures surface as botocore's own streaming errors, as ``StreamingBody`` would raise
+    them: a reset as ``ResponseStreamingError``, a body that ends early (a connection
+    closed before ``length`` bytes) as ``IncompleteReadError``. Once the whole body is
+    read the connection goes back to urllib3's pool.
+    """
+
+    def __init__(self, raw: Any, fp: http.client.HTTPResponse, length: int) -> None:
+        self._raw = raw
+        self._fp = fp
+        self.length = length
+        self.consumed = 0
+
+    def readinto(self, buffer: memoryview) -> int:
+        """Read up to ``len(buffer)`` bytes (at least one) into ``buffer``."""
+        try:
+            n = self._fp.readinto(buffer)
+        except (OSError, http.client.HTTPException) as exc:
+            # What urllib3 and botocore would make of it: a failure while streaming.
+            raise bce.ResponseStreamingError(error=exc) from exc
+        if n <= 0:
+            raise bce.IncompleteReadError(actual_bytes=self.consumed, expected_bytes=self.length)
+        self.consumed += n
+        if self._fp.isclosed():  # the whole body is read: the socket can be reused
+            getattr(self._raw, _RELEASE_CONN)()
+        return n
+
+
+def _plain_layers(body: Any) -> tuple[Any, http.client.HTTPResponse] | None:
+    """The urllib3 and http.client responses under a plain, untouched ``StreamingBody``;
+    ``None`` when reading the socket directly would skip a layer that matters."""
+    if type(body) is not StreamingBody:
+        return None  # e.g. botocore's checksum-validating body
+    raw = getattr(body, _RAW_STREAM, None)
+    fp = getattr(raw, _FP, None)
+    if not isinstance(fp, http.client.HTTPResponse) or not callable(
+        getattr(raw, _RELEASE_CONN, None)
+    ):
+        return None
+    headers = getattr(raw, "headers", None)
+    encoding = headers.get("content-encoding", "") if headers is not None else None
+    buffered = getattr(raw, _DECODED_BUFFER, None)  # urllib3 1.26 has none
+    if encoding not in ("", "identity") or (buffered is not None and len(buffered)):
+        return None
+    if getattr(body, _AMOUNT_READ, 0):
+        return None
+    return raw, fp
+
+
+class _CannedSocket:
+    """Just enough of a socket for ``http.client.HTTPResponse`` to parse ``data``."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(io.BytesIO(self._data))
+
+
+def _probe() -> bool:
+    """Read a canned response through ``http.client``, urllib3 and ``StreamingBody`` as
+    botocore stacks them, by the shortcut; ``True`` when every byte arrives."""
+    payload = bytes(range(256)) * 4
+    head = f"HTTP/1.1 206 Partial Content\r\nContent-Length: {len(payload)}\r\n\r\n"
+    try:
+        fp = http.client.HTTPResponse(_CannedSocket(head.encode() + payload))  # type: ignore[arg-type]
+        fp.begin()
+        raw = urllib3.HTTPResponse(
+            body=fp,
+            headers=dict(fp.getheaders()),
+            status=fp.status,
+            preload_content=False,
+            decode_content=False,
+            original_response=fp,
+        )
+        reader = _wrap(StreamingBody(raw, len(payload)), len(payload))
+        if reader is None:
+            return False
+        out = bytearray(len(payload))
+        view = memoryview(out)
+        got = 0
+        while got < len(out):
+            got += reader.readinto(view[got:])
+        return bytes(out) == payload and fp.isclosed()
+    except Exception:  # any change in those private names means "use StreamingBody.read"
+        return False
+
+
+_lock = threading.Lock()
+_available: bool | None = None
+
+
+def shortcut_available() -> bool:
+    """Whether this botocore and urllib3 let a body be read from the socket (probed once)."""
+    global _available
+    if _available is None:
+        with _lock:
+            if _available is None:
+                _available = _probe()
+                if not _available:
+                    log.debug(
+                        "botocore/urllib3 response internals differ from what s3ckpt knows: "
+                        "ranged GET bodies are read through StreamingBody.read"
+                    )
+    return _available
+
+
+def _wrap(body: Any, length: int) -> SocketBody | None:
+    layers = _plain_layers(body)
+    return None if layers is None else SocketBody(layers[0], layers[1], length)
+
+
+def socket_body(body: Any, length: int) -> SocketBody | None:
+    """A :class:`SocketBody` over ``body`` (a ranged GET's ``StreamingBody`` that should
+    hold ``length`` bytes), or ``None`` when it must be read through ``body.read``."""
+    return _wrap(body, length) if shortcut_available() else None

@@ -1,0 +1,259 @@
+"""botocore, urllib3 and socket exceptions to s3ckpt errors: the S3 store's one edge.
+
+Client errors are mapped by error *code* (HTTP status where the store sent none) through
+:data:`_ERROR_TABLE`, never by message text. Exceptions without a code are classified by
+*type*, as httpx's ``map_exceptions`` does: :data:`_RETRY_BY_TYPE` says which lower-layer
+exception types are worth retrying and :data:`_TIMEOUT_BY_TYPE` which are timeouts. The
+first matching row wins, so a subclass is listed before its base.
+"""
+
+from __future__ import annotations
+
+import http.client
+
+import botocore.exceptions as bce
+import urllib3.exceptions as u3e
+
+from s3ckpt.config import TransferConfig
+from s3ckpt.errors import (
+    AccessDeniedError,
+    EndpointError,
+    NoSuchBucketError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+    TransientStoreError,
+)
+from s3ckpt.store.retry import TRANSIENT_CODES
+
+__all__ = ["is_transient", "map_error", "timeout_kind"]
+
+# What to check when a transient code persisted through every retry; the codes are
+# retry.TRANSIENT_CODES (a code without a hint here fails at import).
+_TRANSIENT_HINTS: dict[str, str] = {
+    "SlowDown": "the store kept throttling: lower max_concurrency or retry",
+    "Throttling": "the store kept throttling: lower max_concurrency",
+    "ThrottlingException": "the store kept throttling",
+    "RequestLimitExceeded": "the store kept throttling",
+    "ServiceUnavailable": "the store stayed unavailable: retry later",
+    "503": "the store stayed unavailable: retry later",
+    "InternalError": "the store kept failing with 500s: retry later",
+    "500": "the store kept failing with 500s: retry later",
+    "502": "bad gateway: retry later",
+    "504": "gateway timeout: retry later",
+    "RequestTimeout": "the store timed out reading the request",
+}
+
+# error code -> (s3ckpt error class, what to check). HTTP status is the fallback key.
+_ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
+    "NoSuchBucket": (
+        NoSuchBucketError,
+        "the bucket does not exist here: check the bucket name, the region and endpoint_url / "
+        "AWS_ENDPOINT_URL",
+    ),
+    "NoSuchKey": (ObjectNotFoundError, "the object does not exist"),
+    "404": (ObjectNotFoundError, "the object does not exist"),
+    "NotFound": (ObjectNotFoundError, "the object does not exist"),
+    "NoSuchUpload": (ObjectNotFoundError, "the multipart upload no longer exists"),
+    "AccessDenied": (
+        AccessDeniedError,
+        "the credentials are not allowed to do this: check the IAM policy for this bucket/prefix",
+    ),
+    "403": (AccessDeniedError, "access denied: check credentials and the IAM policy"),
+    "InvalidAccessKeyId": (
+        AccessDeniedError,
+        "the access key is not valid for this endpoint: check AWS_ACCESS_KEY_ID / AWS_PROFILE",
+    ),
+    "SignatureDoesNotMatch": (
+        AccessDeniedError,
+        "the secret key does not match the access key: check AWS_SECRET_ACCESS_KEY / AWS_PROFILE",
+    ),
+    "ExpiredToken": (AccessDeniedError, "the session token has expired: refresh the credentials"),
+    "InvalidToken": (AccessDeniedError, "the session token is not valid: refresh the credentials"),
+    "AllAccessDisabled": (AccessDeniedError, "all access to this object has been disabled"),
+    "KMS.AccessDeniedException": (
+        AccessDeniedError,
+        "not allowed to use the KMS key: check kms:GenerateDataKey / kms:Decrypt grants",
+    ),
+    "PreconditionFailed": (PreconditionFailedError, "the object already exists or changed"),
+    "412": (PreconditionFailedError, "the object already exists or changed"),
+    "ConditionalRequestConflict": (
+        PreconditionFailedError,
+        "a concurrent conditional write to the same key won",
+    ),
+    **{code: (TransientStoreError, _TRANSIENT_HINTS[code]) for code in sorted(TRANSIENT_CODES)},
+    "RequestTimeTooSkewed": (
+        AccessDeniedError,
+        "this machine's clock is off by more than 15 minutes: fix NTP",
+    ),
+}
+
+# Exception type -> worth retrying. A refused connection or an unknown hostname
+# (EndpointConnectionError) is not: retrying a typo only delays the error. The urllib3,
+# http.client and socket rows are resets that escape botocore's wrapping while a body
+# streams.
+_RETRY_BY_TYPE: tuple[tuple[type[BaseException], bool], ...] = (
+    (bce.ConnectTimeoutError, True),
+    (bce.EndpointConnectionError, False),
+    (bce.ConnectionClosedError, True),
+    (bce.ReadTimeoutError, True),
+    (bce.ResponseStreamingError, True),
+    (bce.IncompleteReadError, True),
+    (bce.HTTPClientError, True),
+    (u3e.ProtocolError, True),
+    (u3e.ReadTimeoutError, True),
+    (http.client.IncompleteRead, True),
+    (ConnectionResetError, True),
+    (BrokenPipeError, True),
+    (TimeoutError, True),
+)
+
+# Exception type -> the timeout it is.
+_TIMEOUT_BY_TYPE: tuple[tuple[type[BaseException], str], ...] = (
+    (bce.ConnectTimeoutError, "connect"),
+    (bce.ReadTimeoutError, "read"),
+    (u3e.ReadTimeoutError, "read"),
+    (TimeoutError, "read"),
+)
+
+_SERVER_ERRORS = (500, 502, 503, 504)
+
+
+def _lookup(table: tuple[tuple[type[BaseException], object], ...], exc: BaseException) -> object:
+    for exc_type, value in table:
+        if isinstance(exc, exc_type):
+            return value
+    return None
+
+
+def _error_code(exc: bce.ClientError) -> tuple[str, int]:
+    err = exc.response.get("Error", {}) or {}
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return str(err.get("Code", "") or status), status
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a request that raised ``exc`` is worth retrying: a code in
+    :data:`~s3ckpt.store.retry.TRANSIENT_CODES`, a 5xx, a timeout or a reset.
+
+    Refused connections and unknown hostnames (``EndpointConnectionError``) are not:
+    retrying a typo only delays the error.
+    """
+    if isinstance(exc, bce.ClientError):
+        code, status = _error_code(exc)
+        return code in TRANSIENT_CODES or status in _SERVER_ERRORS
+    return _lookup(_RETRY_BY_TYPE, exc) is True
+
+
+def timeout_kind(exc: BaseException | None) -> str | None:
+    """``"connect"`` or ``"read"`` when ``exc`` is (or wraps) a timeout, else ``None``."""
+    for _ in range(6):  # botocore wraps urllib3 wraps socket: a short chain
+        if exc is None:
+            return None
+        kind = _lookup(_TIMEOUT_BY_TYPE, exc)
+        if isinstance(kind, str):
+            return kind
+        kwargs = getattr(exc, "kwargs", None)  # botocore keeps the wrapped error there
+        inner = kwargs.get("error") if isinstance(kwargs, dict) else None
+        exc = inner if isinstance(inner, BaseException) else (exc.__cause__ or exc.__context__)
+    return None
+
+
+def map_error(
+    exc: BaseException,
+    *,
+    operation: str,
+    bucket: str,
+    key: str | None,
+    endpoint: str | None,
+    attempts: int = 1,
+    elapsed: float | None = None,
+    transfer_config: TransferConfig | None = None,
+) -> StoreError:
+    """Translate a botocore exception into the s3ckpt error tree (by code, never text).
+
+    ``elapsed`` (seconds across all attempts) and ``transfer_config`` make the message of a
+    request that kept timing out say how long the endpoint stayed silent and which
+    settings bound that.
+    """
+    where = f"{operation} s3://{bucket}/{key or ''}"
+    if isinstance(exc, StoreError):
+        return exc
+    timeout = timeout_kind(exc)
+    if timeout is not None and elapsed is not None:
+        tc = transfer_config or TransferConfig()
+        limit = (
+            f"connect_timeout={tc.connect_timeout:g} s"
+            if timeout == "connect"
+            else f"read_timeout={tc.read_timeout:g} s"
+        )
+        return TransientStoreError(
+            f"{where}: the endpoint {endpoint or 'AWS S3'} did not answer within its "
+            f"{limit} ({attempts} attempt{'s' if attempts != 1 else ''}, {elapsed:.1f} s in "
+            f"all; request_deadline={tc.request_deadline:g} s): the endpoint is stalled "
+            "or black-holed, or the network is dropping packets. Check endpoint_url / "
+            "AWS_ENDPOINT_URL, that the server is healthy and the network path to it; on a "
+            "slow link raise TransferConfig.read_timeout and request_deadline",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code=type(exc).__name__,
+        )
+    if isinstance(exc, bce.ClientError):
+        code, status = _error_code(exc)
+        cls, hint = _ERROR_TABLE.get(code) or _ERROR_TABLE.get(
+            str(status), (StoreError, "unexpected error from the store")
+        )
+        tries = f" after {attempts} attempts" if cls is TransientStoreError else ""
+        return cls(
+            f"{operation} failed with {code} (HTTP {status}){tries}: {hint}",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code=code,
+        )
+    if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+        return AccessDeniedError(
+            f"{operation}: no usable AWS credentials found; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance/container role",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code="NoCredentials",
+        )
+    if isinstance(exc, bce.EndpointConnectionError) and not isinstance(
+        exc, bce.ConnectTimeoutError
+    ):
+        return EndpointError(
+            f"{operation}: cannot connect to endpoint {endpoint or 'AWS S3'} "
+            f"({type(exc).__name__}); check endpoint_url / AWS_ENDPOINT_URL, the hostname "
+            "and that the server is running",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code="EndpointConnectionError",
+        )
+    if isinstance(exc, bce.ParamValidationError):
+        return StoreError(
+            f"{operation}: invalid request parameters: {exc}",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code="ParamValidation",
+        )
+    if is_transient(exc):
+        return TransientStoreError(
+            f"{operation} failed after {attempts} attempts ({type(exc).__name__}): "
+            f"the endpoint {endpoint or 'AWS S3'} kept timing out or resetting connections",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+            code=type(exc).__name__,
+        )
+    return StoreError(
+        f"{where} failed: {type(exc).__name__}: {exc}",
+        bucket=bucket,
+        key=key,
+        operation=operation,
+        code=type(exc).__name__,
+    )

@@ -1,0 +1,165 @@
+"""The S3 store's ranged-read stream: one GET streamed into the caller's buffers, resumed
+at the offset reached when the body breaks off."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tenacity import RetryCallState
+
+from s3ckpt.errors import StoreError
+from s3ckpt.store._body import SocketBody, socket_body
+from s3ckpt.store._errors import map_error
+
+if TYPE_CHECKING:
+    from s3ckpt.store.s3 import S3Store
+
+__all__ = ["S3RangeReader"]
+
+log = logging.getLogger(__name__)
+
+
+class S3RangeReader:
+    """A ranged GET whose body is streamed; resets mid-body resume at the current offset.
+
+    When the range's length is known, the body is read from the socket straight into the
+    caller's buffer where :func:`~s3ckpt.store._body.socket_body` allows it, else through
+    botocore's ``StreamingBody.read``. A body that ends before the range does (a
+    connection closed early) is treated like a reset.
+
+    A failed read is retried under the store's retry policy
+    (:func:`~s3ckpt.store.retry.retrying`) by a new GET from the current offset. Attempts
+    count over the whole stream; the deadline counts from the start of each
+    :meth:`readinto` call, so a long transfer that keeps making progress is never cut by
+    it.
+    """
+
+    def __init__(self, store: S3Store, key: str, start: int, length: int | None) -> None:
+        self._store = store
+        self._key = key
+        self._pos = start
+        self._end = None if length is None else start + length  # exclusive
+        self._body: Any = None
+        self._direct: SocketBody | None = None  # set when reading the socket directly
+        self._failures = 0
+
+    def _open(self) -> None:
+        last = None if self._end is None else self._end - 1
+        resp = self._store._get_object(self._key, self._pos, last)
+        self._body = resp["Body"]
+        self._check_range(resp.get("ContentRange"))
+        if self._end is not None:
+            self._direct = socket_body(self._body, self._end - self._pos)
+
+    def _check_range(self, content_range: str | None) -> None:
+        # A server that ignores Range answers 200 with the object from byte 0.
+        first = 0
+        if content_range:
+            try:
+                first = int(content_range.split()[1].split("-")[0])
+            except (IndexError, ValueError):
+                first = -1
+        if first != self._pos:
+            self.close()
+            raise StoreError(
+                f"asked for bytes from {self._pos} and got {content_range or 'the whole object'}"
+                "; the endpoint does not honour HTTP Range requests, which s3ckpt needs",
+                bucket=self._store.bucket,
+                key=self._key,
+                operation="get",
+            )
+
+    def readinto(self, buffer: memoryview) -> int:
+        """Read up to ``len(buffer)`` bytes; ``0`` at the end of the range or object."""
+        if self._end is not None:
+            want = min(len(buffer), self._end - self._pos)
+            if want <= 0:
+                return 0
+        else:
+            want = len(buffer)
+        started = time.monotonic()
+        try:
+            try:
+                return self._read(buffer, want)
+            except StoreError:
+                raise
+            except Exception as exc:  # resumed, or mapped, by the retry policy
+                return self._resume(buffer, want, exc, started)
+        except StoreError as exc:
+            if exc.code == "InvalidRange":
+                return 0  # the object ends before the range starts
+            raise
+
+    def _read(self, buffer: memoryview, want: int) -> int:
+        """One read, opening the GET first when none is open; a failure closes it."""
+        try:
+            if self._body is None:
+                self._open()
+            if self._direct is not None:
+                n = self._direct.readinto(buffer[:want])
+            else:
+                chunk = self._body.read(want)
+                n = len(chunk)
+                buffer[:n] = chunk
+        except StoreError:
+            raise
+        except Exception:
+            self.close()
+            self._failures += 1
+            raise
+        self._pos += n
+        return n
+
+    def _resume(self, buffer: memoryview, want: int, failure: Exception, started: float) -> int:
+        """Retry the read that raised ``failure`` (attempt 1 of the policy's loop) from the
+        offset reached, or raise the mapped error when the policy gives up."""
+        store = self._store
+        replay = [failure]
+
+        def attempt() -> int:
+            if replay:
+                raise replay.pop()
+            return self._read(buffer, want)
+
+        policy = store._retrying(
+            before_sleep=self._log_resume,
+            attempts_used=self._failures - 1,
+            since=started,
+        )
+        try:
+            return policy(attempt)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise map_error(
+                exc,
+                operation="get",
+                bucket=store.bucket,
+                key=self._key,
+                endpoint=store.endpoint_url,
+                attempts=self._failures,
+                elapsed=time.monotonic() - started,
+                transfer_config=store.transfer_config,
+            ) from exc
+
+    def _log_resume(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        log.debug(
+            "resuming GET s3://%s/%s at %d after %r",
+            self._store.bucket,
+            self._key,
+            self._pos,
+            exc,
+        )
+
+    def close(self) -> None:
+        """Close the GET in flight, if any."""
+        self._direct = None
+        if self._body is not None:
+            try:
+                self._body.close()
+            except Exception:  # closing a broken stream can itself fail; nothing to keep
+                pass
+            self._body = None
