@@ -29,6 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 from torch.distributed.checkpoint import filesystem
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+from torch.distributed.checkpoint.planner import ReadItem
 
 from s3ckpt.errors import S3CkptError
 
@@ -224,7 +225,7 @@ def _reader_transforms() -> Any:
 
 
 def transform_load_stream(
-    read_item: Any, transform_descriptors: Sequence[str] | None, stream: IO[bytes]
+    read_item: ReadItem, transform_descriptors: Sequence[str] | None, stream: IO[bytes]
 ) -> IO[bytes]:
     """``stream`` with the item's stream transforms (e.g. compression) undone; ``stream``
     itself when the item has none, which needs no private torch API at all.
