@@ -43,16 +43,13 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from s3ckpt._commit import check_metadata, metadata_matches, read_marker
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp._locate import locate
 from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ChecksumMismatchError,
     CorruptCheckpointError,
-    ObjectNotFoundError,
-    S3CkptError,
-    UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
 from s3ckpt.format import (
@@ -60,13 +57,12 @@ from s3ckpt.format import (
     METADATA_NAME,
     ItemRecord,
     Manifest,
-    owned_tag,
     tensor_framing_error,
 )
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.transfer import RangeWalk, Request, SpanReader
 from s3ckpt.transfer import Span as WalkSpan
-from s3ckpt.uri import StoreURL
+from s3ckpt.uri import StoreURL, parse_url
 
 __all__ = ["S3StorageReader"]
 
@@ -92,7 +88,7 @@ class S3StorageReader(StorageReader):
         dcp.load(state_dict, storage_reader=S3StorageReader("s3://bucket/run/step_100"))
 
     Args:
-        path: Checkpoint prefix URL.
+        path: Checkpoint prefix URL, as a string or a parsed :class:`~s3ckpt.uri.StoreURL`.
         s3_config: Endpoint, region, SSE-C key, ...
         transfer_config: Concurrency, request sizes, retries.
         verify_checksums: Check every item's CRC32C against ``s3ckpt.json`` (default on).
@@ -117,7 +113,7 @@ class S3StorageReader(StorageReader):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | StoreURL,
         *,
         s3_config: S3Config | None = None,
         transfer_config: TransferConfig | None = None,
@@ -137,15 +133,14 @@ class S3StorageReader(StorageReader):
         self._given_store = store
         self.rank = 0
         self.bytes_read = 0
-        self._point(str(path))
+        self._point(path)
 
     # -- location & metadata ------------------------------------------------------------------
-    def _point(self, path: str) -> None:
-        store, url = open_store(
-            path, s3_config=self.s3_config, transfer_config=self.transfer_config
-        )
+    def _point(self, path: str | os.PathLike[str] | StoreURL) -> None:
+        url = path if isinstance(path, StoreURL) else parse_url(str(path))
         self.url: StoreURL = url
-        self.store: ObjectStore = self._given_store or store
+        given = self._given_store
+        self.store: ObjectStore = given if given is not None else self._open(url)
         self.checkpoint_id = str(url)
         self.load_id = uuid.uuid4().hex
         self.manifest, self.metadata = self._load()
@@ -153,17 +148,17 @@ class S3StorageReader(StorageReader):
             self.manifest.item_index() if self.manifest is not None else {}
         )
 
+    def _open(self, url: StoreURL) -> ObjectStore:
+        """The store for ``url``, opened only when the caller gave none."""
+        return open_store(url, s3_config=self.s3_config, transfer_config=self.transfer_config)[0]
+
     def _load(self) -> tuple[Manifest | None, Metadata]:
-        marker_key = self.url.key(MANIFEST_NAME)
-        manifest: Manifest | None = None
-        try:
-            manifest = Manifest.from_json(self.store.get(marker_key), where=marker_key)
-        except ObjectNotFoundError:
-            pass
-        if manifest is None:
-            meta_key, raw = self._uncommitted_metadata()
-        else:
-            meta_key, raw = self._committed_metadata(manifest)
+        manifest, meta_key, raw = locate(
+            self.store,
+            self.url,
+            allow_uncommitted=self.allow_uncommitted,
+            roll_forward=self.roll_forward,
+        )
         metadata = load_metadata(raw, bucket=self.store.bucket, key=meta_key)
         if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
@@ -177,92 +172,15 @@ class S3StorageReader(StorageReader):
             )
         return manifest, metadata
 
-    def _committed_metadata(self, manifest: Manifest) -> tuple[str, bytes]:
-        """The committed ``.metadata`` bytes, checked against the manifest.
-
-        The plain ``.metadata`` is read first (one GET, as for any DCP checkpoint). If it
-        is not the committed one (a commit interrupted after its marker, or an overwrite
-        whose copy did not land), the committed ``.metadata.{tag}`` is read instead and
-        the plain copy rolled forward, so stock DCP readers see the committed state too.
-        """
-        plain_key = self.url.key(METADATA_NAME)
-        try:
-            raw: bytes | None = self.store.get(plain_key)
-        except ObjectNotFoundError:
-            raw = None
-        if raw is not None and metadata_matches(raw, manifest):
-            return plain_key, raw
-        meta_key = self.url.key(manifest.metadata_key)
-        if manifest.metadata_key != METADATA_NAME:
-            try:
-                raw = self.store.get(meta_key)
-            except ObjectNotFoundError:
-                raw = None
-        check_metadata(raw, manifest, bucket=self.store.bucket, key=meta_key)
-        assert raw is not None
-        if manifest.metadata_key != METADATA_NAME and self.roll_forward:
-            self._roll_forward(manifest, raw)
-        return meta_key, raw
-
-    def _roll_forward(self, manifest: Manifest, raw: bytes) -> None:
-        """Best effort: publish the committed metadata as the plain ``.metadata``.
-
-        Only while the marker still names this save (a newer overwrite publishes its own),
-        and never fatal to the load (a read-only role cannot write; gc does it too).
-        """
-        try:
-            again = read_marker(self.store, self.url)
-            if again is None or again[0].save_id != manifest.save_id:
-                return
-            self.store.put(self.url.key(METADATA_NAME), raw)
-            log.info("s3ckpt: rolled %s forward: .metadata is the committed one again", self.url)
-        except S3CkptError as exc:
-            log.info("s3ckpt: could not roll %s forward (%s); gc will", self.url, exc)
-
-    def _uncommitted_metadata(self) -> tuple[str, bytes]:
-        """``.metadata`` of a prefix without a commit marker: a stock DCP checkpoint, or an
-        s3ckpt save that never committed, which is refused unless ``allow_uncommitted``."""
-        marker_key = self.url.key(MANIFEST_NAME)
-        tagged: list[str] = []
-        owned = False
-        for info in self.store.list(self.url.prefix):
-            name = info.key[len(self.url.prefix) :]
-            if "/" in name or owned_tag(name) is None:
-                continue
-            owned = True
-            if name.startswith(METADATA_NAME + "."):
-                tagged.append(info.key)
-        if owned and not self.allow_uncommitted:
-            raise UncommittedCheckpointError(
-                f"{self.url} holds an s3ckpt save that never committed (no {MANIFEST_NAME}): "
-                "it is still being written, or it was killed or failed. Load a committed "
-                "checkpoint (`s3ckpt ls` lists them), wait for the save to finish, or pass "
-                "allow_uncommitted=True to load it anyway, without any checksum",
-                bucket=self.store.bucket,
-                key=marker_key,
-            )
-        candidates = [self.url.key(METADATA_NAME), *sorted(tagged)]
-        for key in candidates:
-            try:
-                return key, self.store.get(key)
-            except ObjectNotFoundError:
-                continue
-        raise CheckpointNotFoundError(
-            f"no checkpoint at {self.url}: neither {MANIFEST_NAME} nor {METADATA_NAME} "
-            "exists; check the URL, or the save did not finish",
-            bucket=self.store.bucket,
-            key=marker_key,
-        )
-
-    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+    def reset(self, checkpoint_id: str | os.PathLike[str] | StoreURL | None = None) -> None:
         """Start a new load, optionally of another checkpoint."""
         if checkpoint_id is not None and str(checkpoint_id) != self.checkpoint_id:
-            self._point(str(checkpoint_id))
+            self._point(checkpoint_id)
         else:
             self.load_id = uuid.uuid4().hex
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str] | StoreURL) -> bool:
         """True for ``s3://`` URLs."""
         return str(checkpoint_id).startswith(("s3://", "s3a://"))
 

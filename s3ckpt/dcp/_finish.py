@@ -1,0 +1,388 @@
+"""The commit of a save, on the coordinator: :meth:`S3StorageWriter.finish
+<s3ckpt.dcp.S3StorageWriter.finish>` hands it to :class:`SaveCommit`.
+
+What each request does, what a lost reply or a crash after it leaves and who recovers it
+is "The commit protocol" in docs/dcp.md. The ranks' part of a save is in
+:mod:`s3ckpt.dcp.writer`; what they send the coordinator is :class:`S3StorageInfo`.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.storage import WriteResult
+
+from s3ckpt import _crc
+from s3ckpt._commit import Heartbeat, read_marker, restore_stock_metadata
+from s3ckpt._gc import gc_paused
+from s3ckpt._version import __version__
+from s3ckpt.errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    S3CkptError,
+    TransientStoreError,
+)
+from s3ckpt.format import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    ItemRecord,
+    Manifest,
+    ObjectRecord,
+    heartbeat_name,
+    metadata_name,
+    save_tag,
+)
+from s3ckpt.store import ObjectStore
+from s3ckpt.store.base import DeleteFailure, DeleteFailures
+from s3ckpt.transfer import format_leftovers
+from s3ckpt.uri import StoreURL
+
+__all__ = ["S3StorageInfo", "SaveCommit", "delete_own"]
+
+log = logging.getLogger(__name__)
+
+_DCP_VERSION = "1.0.0"
+
+
+@dataclass
+class S3StorageInfo(_StorageInfo):
+    """torch's per-item storage info plus what s3ckpt records in ``s3ckpt.json``.
+
+    Only the plain ``_StorageInfo`` part goes into ``.metadata`` (so stock readers can
+    read it); the rest travels to the coordinator inside the write results.
+    """
+
+    crc32c: int = 0
+    data_offset: int | None = None
+    object_size: int = 0
+    rank: int = 0
+
+    def plain(self) -> _StorageInfo:
+        return _StorageInfo(
+            self.relative_path, self.offset, self.length, self.transform_descriptors
+        )
+
+
+class SaveCommit:
+    """The coordinator's commit of one save (:meth:`S3StorageWriter.finish
+    <s3ckpt.dcp.S3StorageWriter.finish>`, whose docstring lists its steps).
+
+    Attributes:
+        manifest: The committed manifest, set at the commit point (None before).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        url: StoreURL,
+        *,
+        save_id: str,
+        overwrite: bool,
+        rank: int,
+        step: int | None,
+        metrics: dict[str, float],
+        user: dict[str, Any],
+    ) -> None:
+        self.store = store
+        self.url = url
+        self.save_id = save_id
+        self.overwrite = overwrite
+        self.rank = rank
+        self.step = step
+        self.metrics = metrics
+        self.user = user
+        self.manifest: Manifest | None = None
+
+    def run(
+        self,
+        metadata: Metadata,
+        results: list[list[WriteResult]],
+        storage_meta: StorageMeta | None,
+    ) -> None:
+        """Describe the save, commit its marker, then finish up (see the class docs)."""
+        # Pickling .metadata and building the manifest allocate a few objects per item and
+        # make no cycles: with the collector running they set off full collections over
+        # every object in the process (see s3ckpt._gc).
+        with gc_paused():
+            meta_bytes, objects, items = self._describe(metadata, results, storage_meta)
+        tag = save_tag(self.save_id)
+        world = len(results)
+        meta_name = metadata_name(tag)
+        heartbeats = [self.url.key(heartbeat_name(tag, r)) for r in range(world)]
+        own = [self.url.key(name) for name in objects] + [self.url.key(meta_name), *heartbeats]
+        manifest = Manifest(
+            save_id=self.save_id,
+            created=time.time(),
+            world_size=world,
+            metadata_key=meta_name,
+            metadata_crc32c=_crc.crc32c(meta_bytes),
+            metadata_size=len(meta_bytes),
+            objects=tuple(sorted(objects.values(), key=lambda o: (o.rank, o.name))),
+            items=tuple(items),
+            step=self.step,
+            metrics=self.metrics,
+            user=self.user,
+            versions={"s3ckpt": __version__, "torch": torch.__version__},
+        )
+        try:
+            self._beat()
+            self.store.put(self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c)
+            self._check_objects(manifest)
+            previous = self._previous_marker()
+            manifest_bytes = manifest.to_json()
+            retracted = self._retract_stock_metadata(previous)
+        except BaseException:
+            self._discard(own)
+            raise
+        try:
+            self._commit_marker(manifest_bytes, previous, own)
+        except BaseException:
+            if retracted:
+                self._republish_stock_metadata()
+            raise
+        self.manifest = manifest
+        self._after_commit(manifest, meta_bytes, heartbeats, previous)
+
+    def _beat(self) -> None:
+        Heartbeat(self.store, self.url, save_tag(self.save_id), self.rank, self.step).beat()
+
+    def _check_objects(self, manifest: Manifest) -> None:
+        """Every object the manifest names exists with its recorded size (one listing).
+
+        A save whose objects vanished (a gc or lifecycle rule with too short a grace, a
+        person) must not commit a marker that points at nothing.
+        """
+        sizes = {o.key: o.size for o in self.store.list(self.url.prefix)}
+        wanted = [(o.name, o.size) for o in manifest.objects]
+        wanted.append((manifest.metadata_key, manifest.metadata_size))
+        bad = []
+        for name, size in wanted:
+            found = sizes.get(self.url.key(name))
+            if found != size:
+                seen = "missing" if found is None else f"{found} bytes"
+                bad.append(f"{name} ({seen}, expected {size} bytes)")
+        if bad:
+            raise CheckpointError(
+                f"not committing {self.url}: {len(bad)} object(s) of this save are missing or "
+                f"changed before the commit: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}. "
+                "Something deleted them while the save ran (a gc/prune or lifecycle rule, or "
+                "a person); nothing was committed, the previous checkpoint is intact",
+                bucket=self.store.bucket,
+                key=self.url.key(bad[0].split(" ")[0]),
+                rank=self.rank,
+            )
+
+    def _previous_marker(self) -> tuple[Manifest | None, str | None] | None:
+        """The marker being replaced (its manifest and ETag), or None on a fresh prefix.
+
+        An overwrite of a checkpoint whose marker cannot be parsed (damaged, forged)
+        still replaces it, by its ETag, but removes none of its objects: only names a
+        readable manifest lists are ever deleted (gc reclaims the rest by their tags).
+        """
+        try:
+            found: tuple[Manifest | None, str | None] | None = read_marker(self.store, self.url)
+        except CorruptCheckpointError as exc:
+            if not self.overwrite:
+                raise
+            info = self.store.head(self.url.key(MANIFEST_NAME))
+            if info is None:
+                return None
+            log.warning("s3ckpt: replacing %s, whose marker is unreadable: %s", self.url, exc)
+            found = (None, info.etag)
+        if found is not None and not self.overwrite:
+            raise self._exists_error("another save committed it first")
+        return found
+
+    def _retract_stock_metadata(self, previous: tuple[Manifest | None, str | None] | None) -> bool:
+        """Before an overwrite's marker: empty the plain ``.metadata`` copy of the save
+        being replaced, so that from here until this save's own copy lands, stock DCP
+        readers fail loudly instead of silently loading the replaced state (a kill in
+        between is repaired by the next s3ckpt load or gc, which copy the committed
+        ``.metadata.{tag}`` back). A PUT, not a delete: a trainer role may write but not
+        delete. Not for a format-1 commit, whose plain ``.metadata`` is the committed one.
+        """
+        if previous is None or previous[0] is None:
+            return False
+        if previous[0].metadata_key == METADATA_NAME:
+            return False
+        self.store.put(self.url.key(METADATA_NAME), b"")
+        return True
+
+    def _republish_stock_metadata(self) -> None:
+        """After a failed commit that retracted the stock copy: publish the copy of whatever
+        is committed now (the replaced save, or a racing winner). Best effort: readers and
+        gc do the same."""
+        try:
+            found = read_marker(self.store, self.url)
+            if found is not None:
+                restore_stock_metadata(self.store, self.url, found[0])
+        except S3CkptError as exc:
+            log.warning("s3ckpt: could not put %s/.metadata back (%s); gc will", self.url, exc)
+
+    def _exists_error(self, why: str) -> CheckpointExistsError:
+        return CheckpointExistsError(
+            f"a committed checkpoint already exists at {self.url} ({why}); this save was "
+            "discarded. Pass overwrite=True to replace it, or save to a new prefix",
+            bucket=self.store.bucket,
+            key=self.url.key(MANIFEST_NAME),
+            rank=self.rank,
+        )
+
+    def _commit_marker(
+        self,
+        body: bytes,
+        previous: tuple[Manifest | None, str | None] | None,
+        own: list[str],
+    ) -> None:
+        """The single commit point, with unknown outcomes decided by reading back.
+
+        A conditional PUT that fails (412, 404 for If-Match on a vanished marker, or
+        retries exhausted) is followed by a read of the marker: our save id means the PUT
+        was applied and its reply lost (committed). Otherwise, for an overwrite, a marker
+        that vanished (pruned or removed meanwhile) or was rewritten in place by the same
+        save (``attach_metrics``) is compared-and-swapped again; another save's marker means
+        we lost the race, provably, and only our own objects are removed.
+        """
+        marker = self.url.key(MANIFEST_NAME)
+        replaced_id = previous[0].save_id if previous is not None and previous[0] else None
+        for _ in range(3):
+            etag = previous[1] if previous is not None else None
+            try:
+                if previous is not None and etag:
+                    self.store.put(marker, body, if_match=etag)
+                else:
+                    self.store.put(marker, body, if_none_match=previous is None)
+                return
+            except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
+                failure: BaseException = exc
+            except BaseException:
+                self._discard(own)  # the request was never sent, or was refused outright
+                raise
+            # A 412 may be our own marker (the first attempt's reply was lost and the retry
+            # found it); a transient failure may have been applied. Read back to decide.
+            try:
+                found = read_marker(self.store, self.url)
+            except S3CkptError as exc:
+                raise CheckpointError(
+                    f"the commit of {self.url} has an unknown outcome: the marker PUT failed "
+                    f"({failure}) and reading it back failed too ({exc}). This save's "
+                    "objects were kept; `s3ckpt ls` shows whether it committed, and "
+                    "`s3ckpt gc` removes them if it did not",
+                    bucket=self.store.bucket,
+                    key=marker,
+                    rank=self.rank,
+                ) from failure
+            if found is not None and found[0].save_id == self.save_id:
+                log.info("s3ckpt: commit of %s confirmed by reading the marker back", self.url)
+                return
+            if isinstance(failure, TransientStoreError):
+                # Not there now, but the PUT may still be applied: keep our objects (gc
+                # removes them once the save's heartbeats are old and no marker names them).
+                raise failure
+            if self.overwrite and (found is None or found[0].save_id == replaced_id):
+                previous = found  # vanished, or rewritten in place: swap against what is there
+                continue
+            break
+        self._discard(own)  # someone else's marker is there: we lost, provably
+        raise self._exists_error("a concurrent save committed first") from failure
+
+    def _after_commit(
+        self,
+        manifest: Manifest,
+        meta_bytes: bytes,
+        heartbeats: list[str],
+        previous: tuple[Manifest | None, str | None] | None,
+    ) -> None:
+        """Publish the stock ``.metadata`` copy and clean up; never fails the save."""
+        try:
+            self.store.put(self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c)
+            stale = list(heartbeats)
+            if previous is not None and previous[0] is not None:
+                stale += self._replaced(previous[0], manifest)
+            failures = self.store.delete(stale)
+            if failures:
+                # A trainer role without s3:DeleteObject (the default of terraform/) is
+                # expected to leave these to `s3ckpt gc`: say so quietly.
+                denied = all(f.code == "AccessDenied" for f in failures)
+                log.log(
+                    logging.INFO if denied else logging.WARNING,
+                    "%s committed, but %s",
+                    self.url,
+                    format_leftovers([f.key for f in failures]),
+                )
+        except S3CkptError as exc:
+            log.warning(
+                "s3ckpt: %s committed; finishing it failed (%s). Readers and `s3ckpt gc` "
+                "roll it forward",
+                self.url,
+                exc,
+            )
+
+    def _replaced(self, previous: Manifest, current: Manifest) -> list[str]:
+        """Keys of the replaced save that the new one does not use."""
+        keep = {o.name for o in current.objects} | {current.metadata_key, METADATA_NAME}
+        names = [o.name for o in previous.objects]
+        names.append(previous.metadata_key)
+        if previous.tag != current.tag:
+            names += [heartbeat_name(previous.tag, r) for r in range(previous.world_size)]
+        return [self.url.key(n) for n in names if n not in keep]
+
+    def _describe(
+        self,
+        metadata: Metadata,
+        results: list[list[WriteResult]],
+        storage_meta: StorageMeta | None,
+    ) -> tuple[bytes, dict[str, ObjectRecord], list[ItemRecord]]:
+        """The pickled ``.metadata`` and the manifest's object and item records."""
+        infos: dict[Any, S3StorageInfo] = {}
+        for rank_results in results:
+            for wr in rank_results:
+                infos[wr.index] = wr.storage_data
+        metadata.version = _DCP_VERSION
+        metadata.storage_data = {idx: info.plain() for idx, info in infos.items()}
+        metadata.storage_meta = storage_meta
+        meta_bytes = pickle.dumps(metadata, protocol=pickle.HIGHEST_PROTOCOL)
+        objects: dict[str, ObjectRecord] = {}
+        items: list[ItemRecord] = []
+        for idx, info in infos.items():
+            objects[info.relative_path] = ObjectRecord(
+                info.relative_path, info.object_size, info.rank
+            )
+            items.append(
+                ItemRecord(
+                    fqn=idx.fqn,
+                    offset=tuple(idx.offset) if idx.offset is not None else None,
+                    object=info.relative_path,
+                    start=info.offset,
+                    length=info.length,
+                    crc32c=info.crc32c,
+                    data_offset=info.data_offset,
+                )
+            )
+        return meta_bytes, objects, items
+
+    def _discard(self, keys: list[str]) -> None:
+        failures = delete_own(self.store, self.url, keys)
+        if failures:
+            log.error("%s", format_leftovers([f.key for f in failures]))
+
+
+def delete_own(store: ObjectStore, url: StoreURL, keys: list[str]) -> DeleteFailures:
+    """Delete a save's own ``keys``; a failure is reported, never raised (gc removes what
+    is left once the save's heartbeats are old)."""
+    try:
+        return store.delete(keys)
+    except S3CkptError as exc:
+        log.error("could not remove objects of the failed save at %s: %s", url, exc)
+        code = getattr(exc, "code", None) or type(exc).__name__
+        return [DeleteFailure(k, code, str(exc)) for k in keys]

@@ -1,0 +1,138 @@
+"""What is committed at a checkpoint prefix: the marker and the ``.metadata`` it commits.
+
+:func:`locate` is how :class:`~s3ckpt.dcp.S3StorageReader` opens a checkpoint: it reads
+``s3ckpt.json`` and the ``.metadata`` bytes the marker commits (checked against it), or,
+without a marker, the ``.metadata`` of a stock DCP checkpoint, refusing an s3ckpt save
+that never committed unless asked.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from s3ckpt._commit import check_metadata, metadata_matches, read_marker
+from s3ckpt.errors import (
+    CheckpointNotFoundError,
+    ObjectNotFoundError,
+    S3CkptError,
+    UncommittedCheckpointError,
+)
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, owned_tag
+from s3ckpt.store import ObjectStore
+from s3ckpt.uri import StoreURL
+
+__all__ = ["locate"]
+
+log = logging.getLogger(__name__)
+
+
+def locate(
+    store: ObjectStore, url: StoreURL, *, allow_uncommitted: bool, roll_forward: bool
+) -> tuple[Manifest | None, str, bytes]:
+    """The marker (None without one), and the key and bytes of the ``.metadata`` to load.
+
+    Cost: one GET of the marker, then one or two GETs of ``.metadata`` copies (plus a GET
+    and a PUT when rolling forward); without a marker, one LIST of the prefix first.
+
+    Raises:
+        CheckpointNotFoundError: neither a marker nor a ``.metadata`` at ``url``.
+        UncommittedCheckpointError: an s3ckpt save without its marker is at ``url`` and
+            not ``allow_uncommitted``.
+        CorruptCheckpointError: the marker is malformed, or no ``.metadata`` copy is the
+            one it commits.
+    """
+    marker_key = url.key(MANIFEST_NAME)
+    manifest: Manifest | None = None
+    try:
+        manifest = Manifest.from_json(store.get(marker_key), where=marker_key)
+    except ObjectNotFoundError:
+        pass
+    if manifest is None:
+        meta_key, raw = _uncommitted_metadata(store, url, allow_uncommitted)
+    else:
+        meta_key, raw = _committed_metadata(store, url, manifest, roll_forward)
+    return manifest, meta_key, raw
+
+
+def _committed_metadata(
+    store: ObjectStore, url: StoreURL, manifest: Manifest, roll_forward: bool
+) -> tuple[str, bytes]:
+    """The committed ``.metadata`` bytes, checked against the manifest.
+
+    The plain ``.metadata`` is read first (one GET, as for any DCP checkpoint). If it
+    is not the committed one (a commit interrupted after its marker, or an overwrite
+    whose copy did not land), the committed ``.metadata.{tag}`` is read instead and
+    the plain copy rolled forward, so stock DCP readers see the committed state too.
+    """
+    plain_key = url.key(METADATA_NAME)
+    try:
+        raw: bytes | None = store.get(plain_key)
+    except ObjectNotFoundError:
+        raw = None
+    if raw is not None and metadata_matches(raw, manifest):
+        return plain_key, raw
+    meta_key = url.key(manifest.metadata_key)
+    if manifest.metadata_key != METADATA_NAME:
+        try:
+            raw = store.get(meta_key)
+        except ObjectNotFoundError:
+            raw = None
+    check_metadata(raw, manifest, bucket=store.bucket, key=meta_key)
+    assert raw is not None
+    if manifest.metadata_key != METADATA_NAME and roll_forward:
+        _roll_forward(store, url, manifest, raw)
+    return meta_key, raw
+
+
+def _roll_forward(store: ObjectStore, url: StoreURL, manifest: Manifest, raw: bytes) -> None:
+    """Best effort: publish the committed metadata as the plain ``.metadata``.
+
+    Only while the marker still names this save (a newer overwrite publishes its own),
+    and never fatal to the load (a read-only role cannot write; gc does it too).
+    """
+    try:
+        again = read_marker(store, url)
+        if again is None or again[0].save_id != manifest.save_id:
+            return
+        store.put(url.key(METADATA_NAME), raw)
+        log.info("s3ckpt: rolled %s forward: .metadata is the committed one again", url)
+    except S3CkptError as exc:
+        log.info("s3ckpt: could not roll %s forward (%s); gc will", url, exc)
+
+
+def _uncommitted_metadata(
+    store: ObjectStore, url: StoreURL, allow_uncommitted: bool
+) -> tuple[str, bytes]:
+    """``.metadata`` of a prefix without a commit marker: a stock DCP checkpoint, or an
+    s3ckpt save that never committed, which is refused unless ``allow_uncommitted``."""
+    marker_key = url.key(MANIFEST_NAME)
+    tagged: list[str] = []
+    owned = False
+    for info in store.list(url.prefix):
+        name = info.key[len(url.prefix) :]
+        if "/" in name or owned_tag(name) is None:
+            continue
+        owned = True
+        if name.startswith(METADATA_NAME + "."):
+            tagged.append(info.key)
+    if owned and not allow_uncommitted:
+        raise UncommittedCheckpointError(
+            f"{url} holds an s3ckpt save that never committed (no {MANIFEST_NAME}): "
+            "it is still being written, or it was killed or failed. Load a committed "
+            "checkpoint (`s3ckpt ls` lists them), wait for the save to finish, or pass "
+            "allow_uncommitted=True to load it anyway, without any checksum",
+            bucket=store.bucket,
+            key=marker_key,
+        )
+    candidates = [url.key(METADATA_NAME), *sorted(tagged)]
+    for key in candidates:
+        try:
+            return key, store.get(key)
+        except ObjectNotFoundError:
+            continue
+    raise CheckpointNotFoundError(
+        f"no checkpoint at {url}: neither {MANIFEST_NAME} nor {METADATA_NAME} "
+        "exists; check the URL, or the save did not finish",
+        bucket=store.bucket,
+        key=marker_key,
+    )
