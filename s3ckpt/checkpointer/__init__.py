@@ -244,7 +244,7 @@ class Checkpointer:
         url = self._step_url(resolved)
         sd = collect_state_dict(model, optimizer, train_state)
         reader = S3StorageReader(
-            str(url),
+            url,
             s3_config=self.s3_config,
             transfer_config=self.transfer_config,
             verify_checksums=self.verify_checksums,
@@ -351,7 +351,7 @@ class Checkpointer:
 
     def _writer(self, step: int, metrics: Mapping[str, float] | None) -> S3StorageWriter:
         return S3StorageWriter(
-            str(self._step_url(step)),
+            self._step_url(step),
             s3_config=self.s3_config,
             transfer_config=self.transfer_config,
             step=step,

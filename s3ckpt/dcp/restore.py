@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlanner
@@ -33,6 +32,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._quiet import quiet_dcp
+from s3ckpt.dcp._torch import flatten_state_dict, local_chunks
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.store import ObjectStore
@@ -46,7 +46,7 @@ def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, .
     to_local = getattr(t, "to_local", None)
     if callable(to_local):  # DTensor
         local = to_local()
-        chunks = t.__create_chunk_list__()
+        chunks = local_chunks(t)
         offsets = tuple(chunks[0].offsets) if chunks else (0,) * t.dim()
         return local, offsets, tuple(t.shape)
     return t, (0,) * t.dim(), tuple(t.shape)

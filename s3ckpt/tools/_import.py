@@ -32,7 +32,7 @@ from s3ckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpoin
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.tools._export import INDEX_NAME
 from s3ckpt.tools._safetensors import HeaderEntry, header_length, parse_header
-from s3ckpt.uri import StoreURL, as_url, parse_location, parse_url
+from s3ckpt.uri import StoreURL, parse_location, parse_url
 
 __all__ = ["ImportResult", "import_safetensors"]
 
@@ -208,16 +208,12 @@ def _open_sources(
     return [_RemoteSource(st, k, shown + k, url.scheme) for k in keys]
 
 
-def _shared(sources: list[_Source], dest: str | os.PathLike[str]) -> ObjectStore | None:
+def _shared(sources: list[_Source], dest: StoreURL) -> ObjectStore | None:
     """The source's store when ``dest`` is in the same bucket (one boto3 client)."""
     first = sources[0] if sources else None
     if not isinstance(first, _RemoteSource):
         return None
-    try:
-        url = parse_location(dest)
-    except ConfigError:
-        return None
-    if (url.scheme, url.bucket) == (first.scheme, first.store.bucket):
+    if (dest.scheme, dest.bucket) == (first.scheme, first.store.bucket):
         return first.store
     return None
 
@@ -284,15 +280,16 @@ def import_safetensors(
                 fqn = f"{prefix}.{entry.name}" if prefix else entry.name
                 fetch[fqn] = (source, entry)
         state: dict[str, Any] = {prefix: flat} if prefix else dict(flat)
+        dest_url = parse_location(dest)
         writer = S3StorageWriter(
-            as_url(dest),
+            dest_url,
             s3_config=s3_config,
             transfer_config=transfer_config,
             overwrite=overwrite,
             step=step,
             metrics=metrics,
             user_metadata={"imported_from": os.fspath(src), "prefix": prefix or None},
-            store=store or _shared(sources, dest),
+            store=store if store is not None else _shared(sources, dest_url),
         )
         with quiet_dcp():
             dcp.save(state, storage_writer=writer, planner=_LazySavePlanner(fetch), no_dist=True)

@@ -285,9 +285,14 @@ def test_a_given_store_and_a_parsed_url_open_no_other_store(
     monkeypatch.setattr(S3Store, "__init__", counting_init)
     store = MemoryStore("unit-bkt")
     url = parse_url(URL)
+    model, opt = _fresh()
     with Checkpointer(url, store=store) as ckpt:
         assert ckpt.url is url and ckpt.store is store
-        assert built == []
+        ckpt.save(1, model, opt)
+        ckpt.async_save(2, model, opt).wait(timeout=60)
+        assert ckpt.load(*_fresh(), step=1) == 1
+        assert ckpt.load(*_fresh(), verify_complete=True) == 2
+    assert built == []  # the writers and readers used the Checkpointer's store
     opened = Checkpointer(URL)  # the S3 client itself is created lazily: no request here
     opened.close()
     assert isinstance(opened.store, S3Store) and built == ["unit-bkt"]
