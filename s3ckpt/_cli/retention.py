@@ -8,14 +8,15 @@ lease is held by another pruner (the other runs were still pruned).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from s3ckpt._cli import EXIT_BUSY, EXIT_OK, EXIT_PARTIAL, s3_config_from_args
+from s3ckpt._cli._output import format_bytes, print_json, print_table
+from s3ckpt._time import parse_iso
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.retention import (
     DEFAULT_GC_AGE,
@@ -36,6 +37,7 @@ from s3ckpt.retention import (
     unpin,
 )
 from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store.base import DeleteFailure
 from s3ckpt.uri import StoreURL
 
 __all__ = ["register"]
@@ -61,12 +63,11 @@ def _nonneg_int(text: str) -> int:
 
 def _time(text: str) -> datetime:
     try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return parse_iso(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected an ISO time such as 2025-03-01T12:00:00Z, got {text!r}"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -175,16 +176,6 @@ def _open(args: argparse.Namespace, url: str) -> tuple[ObjectStore, StoreURL]:
 
 
 # -- formatting ------------------------------------------------------------------------------
-def human_bytes(n: int) -> str:
-    """``1.5 GiB``."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
 def _when(t: datetime | None) -> str:
     return "-" if t is None else t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%MZ")
 
@@ -195,25 +186,26 @@ def _metrics(m: Mapping[str, float]) -> str:
     return " ".join(f"{k}={v:.4g}" if math.isfinite(v) else f"{k}={v}" for k, v in m.items())
 
 
-def _table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        ]
-        out.append("  " + "  ".join(cells).rstrip())
-    return out
-
-
-def _step(c: CheckpointInfo) -> str:
-    return "-" if c.step is None else str(c.step)
+def _columns(c: CheckpointInfo) -> list[str]:
+    """NAME, STEP, STATE, COMMITTED and SIZE: the columns ls and prune share."""
+    step = "-" if c.step is None else str(c.step)
+    return [c.name, step, c.state.value, _when(c.committed_at), format_bytes(c.size)]
 
 
 def _dump(doc: Any) -> None:
-    json.dump(doc, sys.stdout, indent=2, allow_nan=False, default=str)
-    sys.stdout.write("\n")
+    print_json(doc, allow_nan=False, default=str)
+
+
+def _section(title: str, items: Sequence[str], state: str, unit: str = "") -> None:
+    """``title: N{unit} (state)`` and one indented line per item."""
+    print(f"{title}: {len(items)}{unit} ({state})")
+    for item in items:
+        print(f"  {item}")
+
+
+def _print_failures(failures: Iterable[DeleteFailure]) -> None:
+    for f in failures:
+        print(f"  FAILED {f.key}: {f.code}: {f.message}")
 
 
 # -- ls ----------------------------------------------------------------------------------------
@@ -240,24 +232,13 @@ def _ls(args: argparse.Namespace) -> int:
         ck = cat.checkpoints
         committed = sum(1 for c in ck if c.is_committed)
         total = sum(c.size for c in ck)
-        print(f"{cat.run}  ({len(ck)} checkpoints, {committed} committed, {human_bytes(total)})")
+        print(f"{cat.run}  ({len(ck)} checkpoints, {committed} committed, {format_bytes(total)})")
         if not ck:
             continue
         rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "OBJECTS", "METRICS", "PINNED"]]
         for c in ck:
-            rows.append(
-                [
-                    c.name,
-                    _step(c),
-                    c.state.value,
-                    _when(c.committed_at),
-                    human_bytes(c.size),
-                    str(c.num_objects),
-                    _metrics(c.metrics),
-                    c.pinned or "-",
-                ]
-            )
-        print("\n".join(_table(rows, right=(1, 4, 5))))
+            rows.append([*_columns(c), str(c.num_objects), _metrics(c.metrics), c.pinned or "-"])
+        print_table(rows, right=(1, 4, 5), indent="  ")
         for c in ck:
             saves = _saves(c)
             if saves:
@@ -288,20 +269,9 @@ def _print_prune(result: PruneResult) -> None:
     if p.decisions:
         rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "ACTION", "REASONS"]]
         for d in p.decisions:
-            c = d.checkpoint
-            rows.append(
-                [
-                    c.name,
-                    _step(c),
-                    c.state.value,
-                    _when(c.committed_at),
-                    human_bytes(c.size),
-                    d.action,
-                    "; ".join(d.reasons),
-                ]
-            )
-        print("\n".join(_table(rows, right=(1, 4))))
-    freed = f"{human_bytes(p.bytes_freed)}, {p.objects_deleted} objects"
+            rows.append([*_columns(d.checkpoint), d.action, "; ".join(d.reasons)])
+        print_table(rows, right=(1, 4), indent="  ")
+    freed = f"{format_bytes(p.bytes_freed)}, {p.objects_deleted} objects"
     counts = f"keep {len(p.keep)}, skip {len(p.skipped)}"
     deferred = f", {p.deferred} deferred by --max-delete" if p.deferred else ""
     for note in result.notes:
@@ -314,7 +284,7 @@ def _print_prune(result: PruneResult) -> None:
         return
     if result.resumed:
         freed = (
-            f"{human_bytes(p.bytes_freed + result.resumed_bytes)}, "
+            f"{format_bytes(p.bytes_freed + result.resumed_bytes)}, "
             f"{p.objects_deleted + result.resumed_objects} objects"
         )
         resumed = (
@@ -327,8 +297,7 @@ def _print_prune(result: PruneResult) -> None:
         f"  deleted {len(result.deleted)} of {result.targets} ({freed}) in "
         f"{result.delete_requests} DeleteObjects requests, {counts}{deferred}{resumed}"
     )
-    for f in result.failures:
-        print(f"  FAILED {f.key}: {f.code}: {f.message}")
+    _print_failures(result.failures)
 
 
 def _prune(args: argparse.Namespace) -> int:
@@ -415,32 +384,31 @@ def _print_gc(r: GcResult) -> None:
             url = str(c.url)
             mark = "  removed" if url in removed else "  SKIPPED" if url in skipped else "  LEFT"
         print(
-            f"  {c.url}  {human_bytes(c.size)}, {c.num_objects} objects, "
+            f"  {c.url}  {format_bytes(c.size)}, {c.num_objects} objects, "
             f"last activity {_when(c.last_activity)}{mark}"
         )
     if r.leftovers:
-        state = f"deleted {r.leftovers_deleted}" if done else "would delete"
-        print(
-            f"leftovers of dead saves in live or committed prefixes: {len(r.leftovers)} ({state})"
+        _section(
+            "leftovers of dead saves in live or committed prefixes",
+            r.leftovers,
+            f"deleted {r.leftovers_deleted}" if done else "would delete",
         )
-        for k in r.leftovers:
-            print(f"  {k}")
     if r.stale_metadata:
-        state = f"restored {len(r.restored)}" if done else "would restore"
-        print(
-            f"committed checkpoints missing a current .metadata: {len(r.stale_metadata)} ({state})"
+        _section(
+            "committed checkpoints missing a current .metadata",
+            r.stale_metadata,
+            f"restored {len(r.restored)}" if done else "would restore",
         )
-        for url in r.stale_metadata:
-            print(f"  {url}")
     if r.resumed:
-        verb = "finished" if done else "would finish"
-        print(f"interrupted prunes: {len(r.resumed)} checkpoints ({verb})")
-        for url in r.resumed:
-            print(f"  {url}")
+        _section(
+            "interrupted prunes",
+            r.resumed,
+            "finished" if done else "would finish",
+            unit=" checkpoints",
+        )
     for run in r.busy_runs:
         print(f"  skipped {run}: another pruner holds its lease", file=sys.stderr)
-    for f in r.failures:
-        print(f"  FAILED {f.key}: {f.code}: {f.message}")
+    _print_failures(r.failures)
     for note in r.notes:
         print(f"note: {note}")
     if not done and (r.uploads or r.abandoned or r.leftovers or r.stale_metadata or r.resumed):

@@ -8,15 +8,15 @@ stderr, and only when stderr is a terminal.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import TextIO
 
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, error, s3_config_from_args
+from s3ckpt._cli._output import format_bytes, format_shape, print_json, print_table
+from s3ckpt._time import utc
 
 __all__ = ["ProgressBar", "register"]
 
@@ -137,29 +137,6 @@ def _filters(p: argparse.ArgumentParser) -> None:
 
 
 # -- output helpers --------------------------------------------------------------------------
-def _fmt(n: float) -> str:
-    from s3ckpt.tools._common import format_bytes
-
-    return format_bytes(n)
-
-
-def _shape(shape: Any) -> str:
-    return "-" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]"
-
-
-def _json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=False))
-
-
-def _table(rows: list[list[str]], right: set[int] = frozenset()) -> None:  # type: ignore[assignment]
-    if not rows:
-        return
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
-        print("  ".join(cells).rstrip())
-
-
 class ProgressBar:
     """``label [#####.....] 1.2 GiB / 3.4 GiB  210.5 MiB/s  ETA 0:11`` on a terminal.
 
@@ -189,8 +166,8 @@ class ProgressBar:
             eta = int((total - done) / rate) if rate > 0 and total > done else 0
             filled = int(frac * 30)
             self.stream.write(
-                f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {_fmt(done)} / "
-                f"{_fmt(total)}  {_fmt(rate)}/s  ETA {eta // 60}:{eta % 60:02d} "
+                f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {format_bytes(done)} / "
+                f"{format_bytes(total)}  {format_bytes(rate)}/s  ETA {eta // 60}:{eta % 60:02d} "
             )
             self.stream.flush()
             self._drawn = True
@@ -215,7 +192,7 @@ def _inspect(args: argparse.Namespace) -> int:
         doc = info.to_dict()
         if args.summary:  # totals only: no per-tensor / per-object lists
             doc = {k: v for k, v in doc.items() if k not in ("tensors", "objects")}
-        _json(doc)
+        print_json(doc)
         return EXIT_OK
     fmt = (
         "s3ckpt (committed; CRC32C per item)"
@@ -226,8 +203,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if info.step is not None:
         head.append(["step", str(info.step)])
     if info.created is not None:
-        when = datetime.fromtimestamp(info.created, tz=timezone.utc)
-        head.append(["created", when.strftime("%Y-%m-%d %H:%M:%S UTC")])
+        head.append(["created", utc(info.created).strftime("%Y-%m-%d %H:%M:%S UTC")])
     head.append(["world size", "?" if info.world_size is None else str(info.world_size)])
     if info.metrics:
         head.append(["metrics", ", ".join(f"{k}={v:g}" for k, v in info.metrics.items())])
@@ -236,24 +212,28 @@ def _inspect(args: argparse.Namespace) -> int:
     head.append(
         [
             "tensors",
-            f"{info.tensor_count} ({_fmt(info.tensor_bytes)}), {info.other_count} other values",
+            f"{info.tensor_count} ({format_bytes(info.tensor_bytes)}), "
+            f"{info.other_count} other values",
         ]
     )
-    meta = f" incl. {_fmt(info.metadata_bytes)} metadata" if info.metadata_bytes else ""
+    meta = f" incl. {format_bytes(info.metadata_bytes)} metadata" if info.metadata_bytes else ""
     n_obj = len(info.objects)
     head.append(
-        ["stored", f"{_fmt(info.stored_bytes)} in {n_obj} object{'s' if n_obj != 1 else ''}{meta}"]
+        [
+            "stored",
+            f"{format_bytes(info.stored_bytes)} in {n_obj} object{'s' if n_obj != 1 else ''}{meta}",
+        ]
     )
-    _table(head)
+    print_table(head)
     if args.summary:
         return EXIT_OK
     print()
     rows = [["name", "dtype", "shape", "size", "chunks", "objects"]]
     for t in info.tensors:
-        size = _fmt(t.nbytes) if t.kind == "tensor" else f"({_fmt(t.stored_bytes)})"
+        size = format_bytes(t.nbytes) if t.kind == "tensor" else f"({format_bytes(t.stored_bytes)})"
         objs = t.objects[0] if len(t.objects) == 1 else f"{len(t.objects)} objects"
-        rows.append([t.name, t.dtype or t.kind, _shape(t.shape), size, str(t.chunks), objs])
-    _table(rows, right={3, 4})
+        rows.append([t.name, t.dtype or t.kind, format_shape(t.shape), size, str(t.chunks), objs])
+    print_table(rows, right={3, 4})
     return EXIT_OK
 
 
@@ -271,12 +251,12 @@ def _verify(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     if args.json:
-        _json(res.to_dict())
+        print_json(res.to_dict())
     else:
         what = "CRC32C checked" if res.checksums else "no checksums: structure and sizes"
         print(
             f"{res.url}: {res.items} items in {res.objects} objects, {res.items_read} read "
-            f"({_fmt(res.bytes_read)}, {what}) in {res.seconds:.1f} s"
+            f"({format_bytes(res.bytes_read)}, {what}) in {res.seconds:.1f} s"
         )
         if res.ok:
             print("OK")
@@ -305,7 +285,7 @@ def _diff(args: argparse.Namespace) -> int:
         s3_config=s3_config_from_args(args),
     )
     if args.json:
-        _json(res.to_dict())
+        print_json(res.to_dict())
     else:
         print(f"A  {res.a}\nB  {res.b}")
         rows = []
@@ -323,8 +303,8 @@ def _diff(args: argparse.Namespace) -> int:
                 continue
             if e.status in ("shape_changed", "dtype_changed", "kind_changed"):
                 detail = (
-                    f"{e.dtype_a or 'value'} {_shape(e.shape_a)} -> "
-                    f"{e.dtype_b or 'value'} {_shape(e.shape_b)}"
+                    f"{e.dtype_a or 'value'} {format_shape(e.shape_a)} -> "
+                    f"{e.dtype_b or 'value'} {format_shape(e.shape_b)}"
                 )
             elif e.status == "changed" and e.max_abs_diff is not None:
                 detail = (
@@ -332,21 +312,22 @@ def _diff(args: argparse.Namespace) -> int:
                     f"({e.changed_elements} elements)"
                 )
             elif e.status == "only_in_a":
-                detail = f"{e.dtype_a or 'value'} {_shape(e.shape_a)}"
+                detail = f"{e.dtype_a or 'value'} {format_shape(e.shape_a)}"
             elif e.status == "only_in_b":
-                detail = f"{e.dtype_b or 'value'} {_shape(e.shape_b)}"
+                detail = f"{e.dtype_b or 'value'} {format_shape(e.shape_b)}"
             else:
                 detail = f"by {e.method}" if e.method else ""
             rows.append([labels[e.status], e.name, detail])
         if rows:
             print()
-            _table(rows)
+            print_table(rows)
         counts = {k: v for k, v in res.counts.items() if v}
         by_crc = sum(1 for e in res.entries if e.method == "checksum")
         print(
             "\n"
             + ", ".join(f"{v} {labels[k]}" for k, v in counts.items())
-            + f" ({by_crc} decided by checksum, {_fmt(res.bytes_compared)} compared by value)"
+            + f" ({by_crc} decided by checksum, "
+            f"{format_bytes(res.bytes_compared)} compared by value)"
         )
     return EXIT_PARTIAL if args.exit_code and not res.identical else EXIT_OK
 
@@ -375,15 +356,15 @@ def _export(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     if args.json:
-        _json(res.to_dict())
+        print_json(res.to_dict())
         return EXIT_OK
     print(
-        f"exported {res.tensors} tensors ({_fmt(res.tensor_bytes)}) from {res.source} to "
+        f"exported {res.tensors} tensors ({format_bytes(res.tensor_bytes)}) from {res.source} to "
         f"{res.dest} in {res.seconds:.1f} s"
     )
-    _table(
+    print_table(
         [
-            ["  " + f.name, _fmt(f.size), f"{f.tensors} tensors" if f.tensors else ""]
+            ["  " + f.name, format_bytes(f.size), f"{f.tensors} tensors" if f.tensors else ""]
             for f in res.files
         ],
         right={1},
@@ -407,11 +388,11 @@ def _import(args: argparse.Namespace) -> int:
         s3_config=s3_config_from_args(args),
     )
     if args.json:
-        _json(res.to_dict())
+        print_json(res.to_dict())
         return EXIT_OK
     under = f" under '{res.prefix}.'" if res.prefix else ""
     print(
-        f"imported {res.tensors} tensors ({_fmt(res.tensor_bytes)}) from {len(res.files)} "
+        f"imported {res.tensors} tensors ({format_bytes(res.tensor_bytes)}) from {len(res.files)} "
         f"file(s){under} into {res.dest} in {res.seconds:.1f} s"
     )
     return EXIT_OK
