@@ -86,14 +86,6 @@ def _model(width: int, depth: int):  # type: ignore[no-untyped-def]
 VOCAB = 2048
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GiB"  # pragma: no cover
-
-
 class TrainState:
     """What besides model and optimizer a resumed run needs: the step and the data RNG."""
 
@@ -169,8 +161,10 @@ def train(url: str, steps: int, every: int, width: int, depth: int) -> None:
         # A synchronous save of the same state, for comparison with the async ones.
         t0 = time.perf_counter()
         sync = ckpt.save(steps + 1, model, opt, state)
-        print(f"sync: a synchronous save of the same state blocked {sync.blocked_seconds:.2f} s",
-              flush=True)
+        print(
+            f"sync: a synchronous save of the same state blocked {sync.blocked_seconds:.2f} s",
+            flush=True,
+        )
 
 
 def _report_commit(h: SaveHandle, fut: Future[None]) -> None:
@@ -191,14 +185,28 @@ def run(url: str, steps: int, every: int, kill_at: int, width: int, depth: int) 
     import re
     import subprocess
 
+    from s3ckpt._units import format_bytes
     from s3ckpt.retention import list_checkpoints, load_policy, plan
     from s3ckpt.store import open_store
 
     print(f"run prefix: {url}")
     policy_path = _policy_file()
     print(f"retention policy: {policy_path or 'KeepLast(3) (policies/ not found)'}\n")
-    cmd = [sys.executable, "-m", "s3ckpt.demo", "--child", url, "--steps", str(steps),
-           "--every", str(every), "--width", str(width), "--depth", str(depth)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "s3ckpt.demo",
+        "--child",
+        url,
+        "--steps",
+        str(steps),
+        "--every",
+        str(every),
+        "--width",
+        str(width),
+        "--depth",
+        str(depth),
+    ]
 
     # 1. The first training process, killed mid-run.
     print(f"== training process 1 (SIGKILLed while its async save of step {kill_at} uploads) ==")
@@ -237,7 +245,7 @@ def run(url: str, steps: int, every: int, kill_at: int, width: int, depth: int) 
         if c.state.value != "committed":
             leftovers = True
             why = "not a checkpoint (no commit marker): never loaded, never pruned"
-        print(f"  {c.name}  {c.state.value:<11} {_fmt_bytes(c.size):>10}  kept: {why}")
+        print(f"  {c.name}  {c.state.value:<11} {format_bytes(c.size):>10}  kept: {why}")
     if leftovers:
         print(
             "  (objects without a commit marker: a save or a prune that the kill interrupted.\n"
@@ -279,7 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=40, help="training steps (default 40)")
     parser.add_argument("--every", type=int, default=5, help="async save every N steps")
     parser.add_argument(
-        "--kill-at", type=int, default=25,
+        "--kill-at",
+        type=int,
+        default=25,
         help="SIGKILL the first process right after it starts the async save of this step",
     )
     parser.add_argument("--width", type=int, default=128, help="model width (default 128)")
@@ -307,8 +317,14 @@ def main(argv: list[str] | None = None) -> None:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
             Bucket="s3ckpt-demo"
         )
-        run(f"s3://s3ckpt-demo/{run_name}", args.steps, args.every, args.kill_at, args.width,
-            args.depth)
+        run(
+            f"s3://s3ckpt-demo/{run_name}",
+            args.steps,
+            args.every,
+            args.kill_at,
+            args.width,
+            args.depth,
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""How the ``s3ckpt`` commands print: sizes, shapes, aligned tables and JSON on stdout."""
+"""How the ``s3ckpt`` commands print: shapes, aligned tables and JSON on stdout (sizes:
+:func:`s3ckpt._units.format_bytes`)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,7 @@ import json
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-__all__ = ["format_bytes", "format_shape", "print_json", "print_table"]
-
-
-def format_bytes(n: float) -> str:
-    """A binary size for people: ``512 B``, ``1.5 GiB`` (one decimal above bytes)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+__all__ = ["format_shape", "print_json", "print_table"]
 
 
 def format_shape(shape: Sequence[int] | None) -> str:

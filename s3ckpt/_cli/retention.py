@@ -15,8 +15,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from s3ckpt._cli import EXIT_BUSY, EXIT_OK, EXIT_PARTIAL, s3_config_from_args
-from s3ckpt._cli._output import format_bytes, print_json, print_table
+from s3ckpt._cli._output import print_json, print_table
 from s3ckpt._time import parse_iso
+from s3ckpt._units import format_bytes
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.retention import (
     DEFAULT_GC_AGE,

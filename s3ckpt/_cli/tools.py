@@ -15,8 +15,9 @@ import time
 from typing import TextIO
 
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, error, s3_config_from_args
-from s3ckpt._cli._output import format_bytes, format_shape, print_json, print_table
+from s3ckpt._cli._output import format_shape, print_json, print_table
 from s3ckpt._time import utc
+from s3ckpt._units import format_bytes
 
 __all__ = ["ProgressBar", "register"]
 
