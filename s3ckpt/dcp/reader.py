@@ -3,16 +3,17 @@
 Call sequence (torch's ``StorageReader`` contract):
 
 0. ``__init__`` / ``reset(checkpoint_id)``: parse the URL, read ``s3ckpt.json`` (if any)
-   and the ``.metadata`` it commits, eagerly, so a missing, corrupt or unsafe checkpoint
-   raises a typed s3ckpt error before DCP wraps it.
+   and the ``.metadata`` it commits (:func:`~s3ckpt.dcp._locate.locate`), eagerly, so a
+   missing, corrupt or unsafe checkpoint raises a typed s3ckpt error before DCP wraps it.
 1. ``read_metadata`` (all ranks): the metadata, unpickled by an allow-list.
 2. ``set_up_storage_reader``: index saved chunks (dtype, shape) for direct streaming.
 3. ``prepare_local_plan`` / ``prepare_global_plan``: nothing to add.
 4. ``read_data``: group read items by object, sort by offset, coalesce near ranges into
    requests of at most ``read_request_size`` (a whole-object GET when everything fits, so
    stores that serve ranges slowly, like moto, read each byte once), fetch requests in
-   parallel, stream tensor bytes straight into destination tensors when dtype and layout
-   allow, and check every item's CRC32C.
+   parallel (:class:`~s3ckpt.transfer.RangeWalk`, the walk ``s3ckpt verify`` uses too),
+   stream tensor bytes straight into destination tensors when dtype and layout allow,
+   and check every item's CRC32C.
 
 Reads checkpoints from other DCP writers too (torch's FileSystemWriter/FsspecWriter,
 s3torchconnector): without ``s3ckpt.json`` there are no checksums to check, and items go

@@ -305,8 +305,8 @@ class S3StorageWriter(StorageWriter):
             # A tensor that is the caller's own memory (no device copy, no contiguous
             # copy) may be uploaded from that memory: the caller is blocked in dcp.save (or
             # this is an async save's staged copy) until write_data returns, which waits
-            # for every part. A copy made here is copied into part buffers as before, so
-            # memory stays bounded by the pool.
+            # for every part. A copy made here goes through the part buffers like any
+            # other bytes, so memory stays bounded by the pool.
             own = tensor.data_ptr() == data.data_ptr() and data.device.type == "cpu"
             start = sink.begin_item(
                 tensor.data_ptr() if nbytes else None, nbytes, hold=tensor if own else None
