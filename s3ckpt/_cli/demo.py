@@ -6,6 +6,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add demo; the arguments after it go to :func:`s3ckpt.demo.main` as they are."""
     p = sub.add_parser(
         "demo",
         help="train, checkpoint and resume a small model on an embedded S3 server",
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def _run(args: argparse.Namespace) -> int:
-    from s3ckpt import demo
+    from s3ckpt.demo import main
 
-    demo.main(list(args.rest))
+    main(list(args.rest))
     return 0

@@ -16,7 +16,7 @@ from typing import Any
 
 from s3ckpt._cli import EXIT_BUSY, EXIT_OK, EXIT_PARTIAL, s3_config_from_args
 from s3ckpt._cli._output import print_json, print_table
-from s3ckpt._time import parse_iso
+from s3ckpt._time import aware_now, parse_iso
 from s3ckpt._units import format_bytes
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.retention import (
@@ -304,7 +304,7 @@ def _print_prune(result: PruneResult) -> None:
 def _prune(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)  # bad file -> PolicyError -> exit 2, before any request
     store, root = _open(args, args.path)
-    now = args.now or datetime.now(timezone.utc)
+    now = aware_now(args.now)
     runs = list_runs(store, root, grace=args.grace, now=now)
     code = EXIT_OK
     docs: list[dict[str, Any]] = []

@@ -23,6 +23,7 @@ __all__ = ["ProgressBar", "register"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add inspect, verify, diff, export and import."""
     p = sub.add_parser(
         "inspect",
         parents=[common],

@@ -13,6 +13,7 @@ import os
 import time
 from datetime import datetime, timedelta, timezone
 
+from s3ckpt._time import iso_z
 from s3ckpt.cli import main
 from s3ckpt.retention import pin
 from s3ckpt.store.s3 import S3Store
@@ -56,7 +57,7 @@ def main_() -> None:
         write_checkpoint(store, llm, step, created=created, metrics=metrics, data_objects=2)
     pin(store, llm.child("step_000010000"), "ablation baseline")
     write_checkpoint(store, llm, 57500, created=time.time(), commit=False, data_objects=1)
-    now_llm = (t0 + timedelta(hours=6 * 21 + 1)).isoformat().replace("+00:00", "Z")
+    now_llm = iso_z(t0 + timedelta(hours=6 * 21 + 1))
 
     # A finished run kept for the record: one checkpoint in the middle of each month.
     old = StoreURL("s3", BUCKET, "runs/resnet-2023/")
@@ -64,7 +65,7 @@ def main_() -> None:
         month = datetime(2023 + (5 + i) // 12, (5 + i) % 12 + 1, 15, tzinfo=timezone.utc)
         write_checkpoint(store, old, 1000 * (i + 1), created=month.timestamp(), data_objects=1)
     pin(store, old.child("step_000004000"), "release v1")
-    now_old = datetime(2025, 3, 1, tzinfo=timezone.utc).isoformat().replace("+00:00", "Z")
+    now_old = iso_z(datetime(2025, 3, 1, tzinfo=timezone.utc))
 
     run_cli("ls", f"s3://{BUCKET}/runs/llama-8b/")
     for name in ("keep-last-3", "pretraining", "finetuning"):

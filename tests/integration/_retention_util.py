@@ -15,15 +15,14 @@ from s3ckpt.format import (
     heartbeat_name,
     metadata_name,
 )
+from s3ckpt.format import checkpoint_name as ckpt_name
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
+__all__ = ["ckpt_name", "keys_under", "new_tag", "write_checkpoint"]
+
 DATA_SIZE = 64
 META = b"meta"
-
-
-def ckpt_name(step: int) -> str:
-    return f"step_{step:09d}"
 
 
 def new_tag() -> str:
