@@ -26,7 +26,7 @@
         └── LeaseLostError           our lease expired and another pruner took it over
 
 Lower-layer exceptions (botocore, fsspec, OSError) are mapped to these at exactly one
-edge each (``s3ckpt.store.s3`` and ``s3ckpt.store.fsspec_store``).
+edge each (``s3ckpt.store._errors`` and ``s3ckpt.store.fsspec_store``).
 
 All errors derive from :class:`Exception` (not ``BaseException``) and pickle with their
 attributes, because ``torch.distributed.checkpoint`` gathers per-rank exceptions across

@@ -12,6 +12,7 @@ from tenacity import RetryCallState
 from s3ckpt.errors import StoreError
 from s3ckpt.store._body import SocketBody, socket_body
 from s3ckpt.store._errors import map_error
+from s3ckpt.store._request import store_retrying
 
 if TYPE_CHECKING:
     from s3ckpt.store.s3 import S3Store
@@ -123,7 +124,9 @@ class S3RangeReader:
                 raise replay.pop()
             return self._read(buffer, want)
 
-        policy = store._retrying(
+        policy = store_retrying(
+            store.transfer_config,
+            store._sleep,
             before_sleep=self._log_resume,
             attempts_used=self._failures - 1,
             since=started,

@@ -1,9 +1,9 @@
 """S3Store: the one module that creates boto3 clients.
 
-Retries happen here, at the request level, under the one retry policy of
-:mod:`s3ckpt.store.retry` (exponential back-off with full jitter) on throttling
-(``SlowDown``, 503), 5xx, request timeouts and connection resets. botocore's own retries
-are turned off (one attempt) so the two never multiply. A bad hostname or a refused
+Every request is retried on its own (:func:`s3ckpt.store._request.call`), under the one
+retry policy of :mod:`s3ckpt.store.retry` (exponential back-off with full jitter), on
+throttling (``SlowDown``, 503), 5xx, request timeouts and connection resets. botocore's
+own retries are turned off (one attempt) so the two never multiply. A bad hostname or a refused
 connection is *not* retried: it fails at once with an :class:`~s3ckpt.errors.EndpointError`
 that says what to check.
 
@@ -15,25 +15,21 @@ botocore errors become s3ckpt errors in :func:`s3ckpt.store._errors.map_error`, 
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config as BotoConfig
-from tenacity import RetryCallState, Retrying, retry_if_exception
 
-from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError, StoreError
 from s3ckpt.store._body import BufferBody
-from s3ckpt.store._errors import is_transient, map_error, timeout_kind
 from s3ckpt.store._range import S3RangeReader
+from s3ckpt.store._request import call, checksum_args, sse_args
 from s3ckpt.store.base import (
     MAX_DELETE_BATCH,
     Buffer,
@@ -43,17 +39,12 @@ from s3ckpt.store.base import (
     ObjectInfo,
     UploadInfo,
 )
-from s3ckpt.store.retry import retrying
 
 __all__ = ["S3Store"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def _b64_crc(value: int) -> str:
-    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
 class S3Store:
@@ -163,72 +154,20 @@ class S3Store:
         )
 
     # -- retry + error mapping ---------------------------------------------------------------
-    def _retrying(self, **kwargs: Any) -> Retrying:
-        """The store's retry policy (see :func:`~s3ckpt.store.retry.retrying`) for one
-        request or one resumed read: transient failures only, this store's settings."""
-        return retrying(
-            self.transfer_config,
-            retry=retry_if_exception(is_transient),
-            sleep=self._sleep,
-            timeout_kind=timeout_kind,
-            **kwargs,
-        )
-
     def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T:
         return self._call_counted(operation, key, fn)[0]
 
     def _call_counted(self, operation: str, key: str | None, fn: Callable[[], T]) -> tuple[T, int]:
         """``fn()`` under the retry policy; returns its result and the attempts it took."""
-        attempts = 0
-        started = time.monotonic()
-
-        def _before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            log.debug(
-                "retrying %s s3://%s/%s after %s (attempt %d)",
-                operation,
-                self._bucket,
-                key or "",
-                type(exc).__name__,
-                state.attempt_number,
-            )
-
-        try:
-            for attempt in self._retrying(before_sleep=_before_sleep):
-                attempts = attempt.retry_state.attempt_number
-                with attempt:
-                    return fn(), attempts
-        except Exception as exc:  # mapped at this one edge
-            raise map_error(
-                exc,
-                operation=operation,
-                bucket=self._bucket,
-                key=key,
-                endpoint=self.endpoint_url,
-                attempts=attempts,
-                elapsed=time.monotonic() - started,
-                transfer_config=self.transfer_config,
-            ) from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _sse_args(self, *, upload: bool) -> dict[str, Any]:
-        cfg = self.s3_config
-        args: dict[str, Any] = {}
-        if cfg.sse_customer_key is not None:
-            args["SSECustomerAlgorithm"] = "AES256"
-            args["SSECustomerKey"] = cfg.sse_customer_key
-        elif upload and cfg.sse_kms_key_id is not None:
-            args["ServerSideEncryption"] = "aws:kms"
-            args["SSEKMSKeyId"] = cfg.sse_kms_key_id
-        if upload and cfg.storage_class is not None:
-            args["StorageClass"] = cfg.storage_class
-        return args
-
-    def _checksum_args(self, data: Buffer, crc32c: int | None) -> dict[str, Any]:
-        if self.s3_config.checksum_algorithm != "CRC32C":
-            return {}
-        value = _crc.crc32c(data) if crc32c is None else crc32c
-        return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": _b64_crc(value)}
+        return call(
+            fn,
+            operation=operation,
+            bucket=self._bucket,
+            key=key,
+            endpoint=self.endpoint_url,
+            config=self.transfer_config,
+            sleep=self._sleep,
+        )
 
     # -- ObjectStore -------------------------------------------------------------------------
     def put(
@@ -244,8 +183,8 @@ class S3Store:
         args = {
             "Bucket": self._bucket,
             "Key": key,
-            **self._sse_args(upload=True),
-            **self._checksum_args(data, crc32c),
+            **sse_args(self.s3_config, upload=True),
+            **checksum_args(self.s3_config, data, crc32c),
         }
         if if_none_match:
             args["IfNoneMatch"] = "*"
@@ -256,7 +195,11 @@ class S3Store:
 
     def create_multipart(self, key: str) -> str:
         """See :meth:`ObjectStore.create_multipart`."""
-        args: dict[str, Any] = {"Bucket": self._bucket, "Key": key, **self._sse_args(upload=True)}
+        args: dict[str, Any] = {
+            "Bucket": self._bucket,
+            "Key": key,
+            **sse_args(self.s3_config, upload=True),
+        }
         if self.s3_config.checksum_algorithm == "CRC32C":
             args["ChecksumAlgorithm"] = "CRC32C"
         resp, attempts = self._call_counted(
@@ -303,13 +246,13 @@ class S3Store:
         self, key: str, upload_id: str, part_number: int, data: Buffer, *, crc32c: int | None = None
     ) -> CompletedPart:
         """See :meth:`ObjectStore.upload_part`."""
-        checksum = self._checksum_args(data, crc32c)
+        checksum = checksum_args(self.s3_config, data, crc32c)
         args = {
             "Bucket": self._bucket,
             "Key": key,
             "UploadId": upload_id,
             "PartNumber": part_number,
-            **self._sse_args(upload=False),
+            **sse_args(self.s3_config, upload=False),
             **checksum,
         }
         resp = self._call(
@@ -344,7 +287,7 @@ class S3Store:
             "MultipartUpload": {"Parts": body},
         }
         if self.s3_config.sse_customer_key is not None:
-            args.update(self._sse_args(upload=False))
+            args.update(sse_args(self.s3_config, upload=False))
         if if_none_match:
             args["IfNoneMatch"] = "*"
         resp = self._call(
@@ -371,12 +314,17 @@ class S3Store:
 
     def _get_object(self, key: str, first: int, last: int | None) -> Any:
         rng = f"bytes={first}-{'' if last is None else last}"
-        args = {"Bucket": self._bucket, "Key": key, "Range": rng, **self._sse_args(upload=False)}
+        args = {
+            "Bucket": self._bucket,
+            "Key": key,
+            "Range": rng,
+            **sse_args(self.s3_config, upload=False),
+        }
         return self._call("get", key, lambda: self.client.get_object(**args))
 
     def get(self, key: str) -> bytes:
         """See :meth:`ObjectStore.get`."""
-        args = {"Bucket": self._bucket, "Key": key, **self._sse_args(upload=False)}
+        args = {"Bucket": self._bucket, "Key": key, **sse_args(self.s3_config, upload=False)}
 
         def fetch() -> bytes:
             return bytes(self.client.get_object(**args)["Body"].read())
@@ -385,7 +333,7 @@ class S3Store:
 
     def head(self, key: str) -> ObjectInfo | None:
         """See :meth:`ObjectStore.head`."""
-        args = {"Bucket": self._bucket, "Key": key, **self._sse_args(upload=False)}
+        args = {"Bucket": self._bucket, "Key": key, **sse_args(self.s3_config, upload=False)}
         try:
             resp = self._call("head", key, lambda: self.client.head_object(**args))
         except ObjectNotFoundError:

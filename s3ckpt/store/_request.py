@@ -1,0 +1,110 @@
+"""One S3 request: its encryption and checksum arguments, and its run under the store's
+retry policy with the failure mapped at the store's edge."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tenacity import RetryCallState, Retrying, retry_if_exception
+
+from s3ckpt import _crc
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.store._errors import is_transient, map_error, timeout_kind
+from s3ckpt.store.base import Buffer
+from s3ckpt.store.retry import retrying
+
+__all__ = ["call", "checksum_args", "sse_args", "store_retrying"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def sse_args(cfg: S3Config, *, upload: bool) -> dict[str, Any]:
+    """Encryption (SSE-C on every request, SSE-KMS on uploads) and storage-class arguments."""
+    args: dict[str, Any] = {}
+    if cfg.sse_customer_key is not None:
+        args["SSECustomerAlgorithm"] = "AES256"
+        args["SSECustomerKey"] = cfg.sse_customer_key
+    elif upload and cfg.sse_kms_key_id is not None:
+        args["ServerSideEncryption"] = "aws:kms"
+        args["SSEKMSKeyId"] = cfg.sse_kms_key_id
+    if upload and cfg.storage_class is not None:
+        args["StorageClass"] = cfg.storage_class
+    return args
+
+
+def checksum_args(cfg: S3Config, data: Buffer, crc32c: int | None) -> dict[str, Any]:
+    """The CRC32C of a body (``crc32c`` when the caller has it) for the store to verify."""
+    if cfg.checksum_algorithm != "CRC32C":
+        return {}
+    value = _crc.crc32c(data) if crc32c is None else crc32c
+    crc = base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+    return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc}
+
+
+def store_retrying(
+    config: TransferConfig, sleep: Callable[[float], None] | None, **kwargs: Any
+) -> Retrying:
+    """The S3 store's retry policy (:func:`~s3ckpt.store.retry.retrying`) for one request
+    or one resumed read: transient failures only (:func:`is_transient`), timeouts told
+    apart for the deadline (:func:`timeout_kind`)."""
+    return retrying(
+        config,
+        retry=retry_if_exception(is_transient),
+        sleep=sleep,
+        timeout_kind=timeout_kind,
+        **kwargs,
+    )
+
+
+def call(
+    fn: Callable[[], T],
+    *,
+    operation: str,
+    bucket: str,
+    key: str | None,
+    endpoint: str | None,
+    config: TransferConfig,
+    sleep: Callable[[float], None] | None,
+) -> tuple[T, int]:
+    """``fn()`` under the store's retry policy; its result and the attempts it took.
+
+    Raises:
+        StoreError: The last failure, mapped by :func:`~s3ckpt.store._errors.map_error`.
+    """
+    attempts = 0
+    started = time.monotonic()
+
+    def before_sleep(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.debug(
+            "retrying %s s3://%s/%s after %s (attempt %d)",
+            operation,
+            bucket,
+            key or "",
+            type(exc).__name__,
+            state.attempt_number,
+        )
+
+    try:
+        for attempt in store_retrying(config, sleep, before_sleep=before_sleep):
+            attempts = attempt.retry_state.attempt_number
+            with attempt:
+                return fn(), attempts
+    except Exception as exc:  # mapped at this one edge
+        raise map_error(
+            exc,
+            operation=operation,
+            bucket=bucket,
+            key=key,
+            endpoint=endpoint,
+            attempts=attempts,
+            elapsed=time.monotonic() - started,
+            transfer_config=config,
+        ) from exc
+    raise AssertionError("unreachable")  # pragma: no cover
