@@ -12,6 +12,7 @@ so the parts that need no torch (configuration, errors, the store, retention) im
 
 import typing as _typing
 
+from s3ckpt._version import __version__
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     AccessDeniedError,
@@ -33,8 +34,6 @@ from s3ckpt.errors import (
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
-
-__version__ = "0.1.0"
 
 if _typing.TYPE_CHECKING:
     from s3ckpt.checkpointer import Checkpointer, SaveHandle
