@@ -3,7 +3,8 @@
 Call sequence (torch's ``StorageWriter`` contract, with what each step does here):
 
 0. ``__init__`` / ``reset(checkpoint_id)`` (all ranks): parse the URL; unless
-   ``overwrite``, read the commit marker's first byte and raise :class:`CheckpointExistsError` at once.
+   ``overwrite``, read the commit marker's first byte and raise
+   :class:`CheckpointExistsError` at once.
 1. ``set_up_storage_writer`` (all ranks): remember rank and role.
 2. ``prepare_local_plan`` (all ranks): nothing to add.
 3. ``prepare_global_plan`` (coordinator): check the marker again, pick this save's tag,

@@ -15,7 +15,8 @@ imports no torch.
 from __future__ import annotations
 
 from s3ckpt.transfer._plan import Request, coalesce, pack
-from s3ckpt.transfer._upload import ObjectSink, PartPool, Uploader, format_leftovers
+from s3ckpt.transfer._pool import PartPool
+from s3ckpt.transfer._upload import ObjectSink, Uploader, format_leftovers
 from s3ckpt.transfer._walk import RangeWalk, ReadFailure, Span, SpanReader
 
 __all__ = [
