@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.storage import WriteResult
 
@@ -23,6 +22,7 @@ from s3ckpt import _crc
 from s3ckpt._commit import Heartbeat, read_marker, restore_stock_metadata
 from s3ckpt._gc import gc_paused
 from s3ckpt._version import __version__
+from s3ckpt.dcp._torch import StorageInfo
 from s3ckpt.errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -55,10 +55,10 @@ _DCP_VERSION = "1.0.0"
 
 
 @dataclass
-class S3StorageInfo(_StorageInfo):
+class S3StorageInfo(StorageInfo):
     """torch's per-item storage info plus what s3ckpt records in ``s3ckpt.json``.
 
-    Only the plain ``_StorageInfo`` part goes into ``.metadata`` (so stock readers can
+    Only the plain :class:`StorageInfo` part goes into ``.metadata`` (so stock readers can
     read it); the rest travels to the coordinator inside the write results.
     """
 
@@ -67,10 +67,8 @@ class S3StorageInfo(_StorageInfo):
     object_size: int = 0
     rank: int = 0
 
-    def plain(self) -> _StorageInfo:
-        return _StorageInfo(
-            self.relative_path, self.offset, self.length, self.transform_descriptors
-        )
+    def plain(self) -> StorageInfo:
+        return StorageInfo(self.relative_path, self.offset, self.length, self.transform_descriptors)
 
 
 class SaveCommit:

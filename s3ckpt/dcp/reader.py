@@ -29,11 +29,9 @@ import threading
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import IO, Any, cast
 
 import torch
-from torch.distributed.checkpoint._extension import ExtensionRegistry
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
@@ -46,6 +44,7 @@ from torch.futures import Future
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._locate import locate
+from s3ckpt.dcp._torch import StorageInfo, transform_load_stream
 from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import (
     CheckpointNotFoundError,
@@ -76,7 +75,7 @@ _Key = tuple[str, tuple[int, ...] | None]
 class _Span:
     """One stored item (a byte range of an object) and every read item that needs it."""
 
-    info: _StorageInfo
+    info: StorageInfo
     record: ItemRecord | None
     reads: list[ReadItem] = field(default_factory=list)
 
@@ -218,7 +217,7 @@ class S3StorageReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Fetch every item of ``plan`` into the planner's tensors; see the module docs."""
-        storage_data = cast(dict[MetadataIndex, _StorageInfo], self.metadata.storage_data)
+        storage_data = cast(dict[MetadataIndex, StorageInfo], self.metadata.storage_data)
         per_object: dict[str, dict[tuple[int, int], _Span]] = defaultdict(dict)
         for read in plan.items:
             info = storage_data.get(read.storage_index)
@@ -455,11 +454,9 @@ class S3StorageReader(StorageReader):
             )
             flat = torch.frombuffer(buf, dtype=dtype, count=numel, offset=record.data_offset)
             return flat.view(tuple(sizes))
-        stream: io.IOBase = io.BytesIO(buf)
+        stream: IO[bytes] = io.BytesIO(buf)
         if span.info.transform_descriptors:
-            stream = _transforms().transform_load_stream(
-                read, span.info.transform_descriptors, stream
-            )
+            stream = transform_load_stream(read, span.info.transform_descriptors, stream)
             stream = io.BytesIO(stream.read())
         try:
             return cast(torch.Tensor, torch.load(stream, map_location="cpu", weights_only=True))
@@ -478,15 +475,3 @@ def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
         if start != 0 or length != tensor.size(dim):
             tensor = torch.narrow(tensor, dim, start, length)
     return tensor
-
-
-_TRANSFORMS: Any = None
-
-
-def _transforms() -> Any:
-    global _TRANSFORMS
-    if _TRANSFORMS is None:
-        from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
-
-        _TRANSFORMS = _StorageReaderTransforms(ExtensionRegistry())
-    return _TRANSFORMS

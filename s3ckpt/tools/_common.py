@@ -5,12 +5,11 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     Metadata,
@@ -23,15 +22,13 @@ from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import ConfigError
 from s3ckpt.format import ItemRecord, Manifest
 from s3ckpt.store import ObjectStore
-from s3ckpt.uri import as_url, parse_location  # as_url: re-exported for tools/_export.py
+from s3ckpt.uri import parse_location
 
 __all__ = [
     "Chunk",
     "Entry",
     "NameFilter",
-    "as_url",
     "dtype_name",
-    "format_bytes",
     "index_checkpoint",
     "open_reader",
     "parse_dtype",
@@ -53,7 +50,7 @@ def open_reader(
     if isinstance(path, S3StorageReader):
         return path
     return S3StorageReader(
-        as_url(path),
+        parse_location(path),
         s3_config=s3_config,
         transfer_config=transfer_config,
         store=store,
@@ -128,12 +125,21 @@ class Entry:
         return sorted({c.object for c in self.chunks})
 
 
+class _Stored(Protocol):
+    """What ``.metadata``'s ``storage_data`` says about one item (the fields of torch's
+    ``_StorageInfo`` the tools read; typed structurally, so no private torch name)."""
+
+    relative_path: str
+    offset: int
+    length: int
+
+
 def index_checkpoint(reader: S3StorageReader) -> dict[str, Entry]:
     """Every key of the checkpoint in ``.metadata`` order, with its chunks and records."""
     metadata: Metadata = reader.metadata
     manifest: Manifest | None = reader.manifest
     records = manifest.item_index() if manifest is not None else {}
-    storage = cast(dict[MetadataIndex, _StorageInfo], metadata.storage_data)
+    storage = cast(dict[MetadataIndex, _Stored], metadata.storage_data)
     entries: dict[str, Entry] = {}
     for fqn, md in metadata.state_dict_metadata.items():
         if isinstance(md, TensorStorageMetadata):
@@ -268,17 +274,3 @@ def parse_dtype(text: str | torch.dtype | None) -> torch.dtype | None:
 def dtype_name(dtype: torch.dtype | None) -> str | None:
     """``torch.float32`` -> ``"float32"``."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable binary size."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def shape_str(shape: Sequence[int] | None) -> str:
-    """``(2, 3)`` -> ``"[2, 3]"``."""
-    return "-" if shape is None else "[" + ", ".join(str(s) for s in shape) + "]"

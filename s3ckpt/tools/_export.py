@@ -39,7 +39,6 @@ from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.tools._common import (
     Entry,
     NameFilter,
-    as_url,
     dtype_name,
     index_checkpoint,
     open_reader,
@@ -50,6 +49,7 @@ from s3ckpt.tools._common import (
 from s3ckpt.tools._load import iter_loaded
 from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
 from s3ckpt.transfer import Uploader, format_leftovers
+from s3ckpt.uri import StoreURL, parse_location
 
 __all__ = [
     "INDEX_NAME",
@@ -210,9 +210,11 @@ def _dest_location(
     store: ObjectStore | None,
     s3_config: S3Config | None,
     transfer_config: TransferConfig | None,
-) -> tuple[ObjectStore, Any]:
-    opened, url = open_store(as_url(dest), s3_config=s3_config, transfer_config=transfer_config)
-    return store or opened, url
+) -> tuple[ObjectStore, StoreURL]:
+    url = parse_location(dest)
+    if store is not None:
+        return store, url
+    return open_store(url, s3_config=s3_config, transfer_config=transfer_config)
 
 
 def export_checkpoint(
