@@ -117,7 +117,7 @@ def train(url: str, steps: int, every: int, width: int, depth: int) -> None:
     """
     import torch
 
-    from s3ckpt import Checkpointer
+    from s3ckpt.checkpointer import Checkpointer
     from s3ckpt.retention import KeepLast
 
     warnings.filterwarnings("ignore")
