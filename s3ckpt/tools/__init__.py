@@ -23,15 +23,14 @@ Everything here needs torch; the retention layer never imports it.
 from s3ckpt.dcp.restore import check_restored, fill_nan, find_unrestored, load_verified
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.tools._common import NameFilter, parse_dtype, parse_size
+from s3ckpt.tools._convert import Converter, load_converter
 from s3ckpt.tools._diff import DiffResult, TensorDiff, compare_tensors, diff_checkpoints
 from s3ckpt.tools._export import (
     INDEX_NAME,
-    Converter,
     ExportedFile,
     ExportResult,
     SkippedItem,
     export_checkpoint,
-    load_converter,
 )
 from s3ckpt.tools._flatten import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
 from s3ckpt.tools._import import ImportResult, import_safetensors
@@ -41,7 +40,8 @@ from s3ckpt.tools._inspect import (
     TensorSummary,
     inspect_checkpoint,
 )
-from s3ckpt.tools._verify import Problem, VerifyResult, verify_checkpoint
+from s3ckpt.tools._structure import Problem
+from s3ckpt.tools._verify import VerifyResult, verify_checkpoint
 
 __all__ = [
     "INDEX_NAME",

@@ -19,15 +19,12 @@ How safetensors export stays within bounded memory:
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -46,6 +43,14 @@ from s3ckpt.tools._common import (
     parse_size,
     shared_store,
 )
+from s3ckpt.tools._convert import (
+    Converter,
+    check_converted,
+    convert,
+    load_converter,
+    plan_export,
+    split_shards,
+)
 from s3ckpt.tools._load import iter_loaded
 from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
 from s3ckpt.transfer import Uploader, format_leftovers
@@ -53,23 +58,14 @@ from s3ckpt.uri import StoreURL, parse_location
 
 __all__ = [
     "INDEX_NAME",
-    "Converter",
     "ExportResult",
     "ExportedFile",
     "SkippedItem",
     "export_checkpoint",
-    "load_converter",
 ]
 
 INDEX_NAME = "model.safetensors.index.json"
 TORCH_NAME = "model.pt"
-
-Converter = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
-"""``(name, tensor) -> iterable of (new_name, new_tensor)``: rename (yield one pair with a
-new name), reshape or transpose, split (yield several), or drop (yield nothing). Called
-once per tensor, after ``only`` stripped the prefix and before the dtype cast. It should
-work on ``meta`` tensors (shape and dtype only) so the export can be planned without
-reading data; plain renames, views, ``chunk``/``split`` and ``transpose`` all do."""
 
 Progress = Callable[[int, int], None]
 
@@ -109,80 +105,6 @@ class ExportResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys)."""
         return asdict(self)
-
-
-@dataclass
-class _Out:
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n * torch.empty((), dtype=self.dtype).element_size()
-
-
-@dataclass
-class _Group:
-    """One source tensor and the outputs the converter makes of it."""
-
-    entry: Entry
-    name: str
-    """The source name after ``only`` stripped its prefix."""
-    outs: list[_Out] = field(default_factory=list)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(o.nbytes for o in self.outs)
-
-
-def load_converter(spec: str | Converter | None) -> Converter | None:
-    """A converter from ``"package.module:function"`` (or ``"path/file.py:function"``)."""
-    if spec is None or callable(spec):
-        return spec
-    mod_name, sep, attr = spec.partition(":")
-    if not sep or not mod_name or not attr:
-        raise ConfigError(f"converter {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.convert:to_hf")
-    try:
-        if mod_name.endswith(".py"):
-            path = Path(mod_name).expanduser().resolve()
-            loaded = importlib.util.spec_from_file_location(path.stem, path)
-            if loaded is None or loaded.loader is None:
-                raise ImportError(f"cannot load {path}")
-            module = importlib.util.module_from_spec(loaded)
-            loaded.loader.exec_module(module)
-        else:
-            module = importlib.import_module(mod_name)
-    except (ImportError, OSError) as exc:
-        raise ConfigError(f"converter {spec!r}: cannot import {mod_name!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ConfigError(f"converter {spec!r}: {mod_name!r} has no attribute {attr!r}")
-    if not callable(obj):
-        raise ConfigError(f"converter {spec!r} is not callable")
-    return obj
-
-
-def _convert(
-    converter: Converter | None, name: str, tensor: torch.Tensor, dtype: torch.dtype | None
-) -> list[tuple[str, torch.Tensor]]:
-    pairs = [(name, tensor)] if converter is None else list(converter(name, tensor))
-    out = []
-    for new_name, t in pairs:
-        if not isinstance(new_name, str) or not isinstance(t, torch.Tensor):
-            raise ConfigError(
-                f"converter output for {name!r} must be (str, Tensor) pairs, got "
-                f"({type(new_name).__name__}, {type(t).__name__})"
-            )
-        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)
-        out.append((new_name, t))
-    return out
 
 
 def _select(
@@ -308,7 +230,7 @@ def export_checkpoint(
             key=url.key(INDEX_NAME),
         )
     notes: list[str] = []
-    groups = _plan(reader, tensors, conv, cast, read_window, notes)
+    groups = plan_export(reader, tensors, conv, cast, read_window, notes)
     for g in groups:
         bad = [o for o in g.outs if o.dtype not in TORCH_TO_ST]
         if bad:
@@ -318,7 +240,7 @@ def export_checkpoint(
                 for o in bad
             ]
     groups = [g for g in groups if g.outs]
-    shards = _split(groups, shard_limit)
+    shards = split_shards(groups, shard_limit)
     n = len(shards)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     meta = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
@@ -345,9 +267,9 @@ def export_checkpoint(
             for g in shard:
                 entry, value = next(loaded)
                 assert entry is g.entry
-                outs = _convert(conv, g.name, value, cast)
+                outs = convert(conv, g.name, value, cast)
                 del value
-                _check_plan(g, outs)
+                check_converted(g, outs)
                 for _name, t in outs:
                     sink.write(tensor_bytes(t))
                     done += t.numel() * t.element_size()
@@ -382,58 +304,6 @@ def export_checkpoint(
     )
 
 
-def _plan(
-    reader: S3StorageReader,
-    tensors: Sequence[tuple[Entry, str]],
-    conv: Converter | None,
-    cast: torch.dtype | None,
-    read_window: int,
-    notes: list[str],
-) -> list[_Group]:
-    groups = [_Group(e, n) for e, n in tensors]
-    try:
-        for g in groups:
-            assert g.entry.shape is not None and g.entry.dtype is not None
-            meta = torch.empty(g.entry.shape, dtype=g.entry.dtype, device="meta")
-            g.outs = [
-                _Out(n, t.dtype, tuple(t.shape)) for n, t in _convert(conv, g.name, meta, cast)
-            ]
-    except ConfigError:
-        raise
-    except Exception as exc:
-        notes.append(
-            f"the converter does not run on meta tensors ({type(exc).__name__}: {exc}); "
-            "planned on real values, so the checkpoint was read twice"
-        )
-        by_entry = {id(g.entry): g for g in groups}
-        for entry, value in iter_loaded(reader, [g.entry for g in groups], window=read_window):
-            g = by_entry[id(entry)]
-            g.outs = [
-                _Out(n, t.dtype, tuple(t.shape)) for n, t in _convert(conv, g.name, value, cast)
-            ]
-    seen: dict[str, str] = {}
-    for g in groups:
-        for o in g.outs:
-            if o.name in seen:
-                raise ConfigError(
-                    f"two tensors would be exported as {o.name!r} (from {seen[o.name]!r} and "
-                    f"{g.name!r}); fix the converter or the name filters"
-                )
-            seen[o.name] = g.name
-    return groups
-
-
-def _check_plan(group: _Group, outs: Sequence[tuple[str, torch.Tensor]]) -> None:
-    got = [(n, t.dtype, tuple(t.shape)) for n, t in outs]
-    want = [(o.name, o.dtype, o.shape) for o in group.outs]
-    if got != want:
-        raise ConfigError(
-            f"the converter turned {group.name!r} into {got}, but planning (on its shape "
-            f"alone) gave {want}; a converter must decide names, shapes and dtypes from "
-            "the name, shape and dtype, not from the values"
-        )
-
-
 _SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 
 
@@ -449,18 +319,6 @@ def _remove_stale_shards(store: ObjectStore, url: Any, keep: set[str], notes: li
         notes.append(f"removed {len(stale) - len(failures)} shard(s) of the earlier export")
         if failures:
             notes.append(format_leftovers([f.key for f in failures]))
-
-
-def _split(groups: Sequence[_Group], limit: int) -> list[list[_Group]]:
-    shards: list[list[_Group]] = []
-    size = 0
-    for g in groups:
-        if not shards or (size + g.nbytes > limit and shards[-1]):
-            shards.append([])
-            size = 0
-        shards[-1].append(g)
-        size += g.nbytes
-    return shards or [[]]
 
 
 def _export_torch(
@@ -494,7 +352,7 @@ def _export_torch(
     for entry, value in iter_loaded(reader, [e for e, _ in chosen], window=read_window):
         name = names[id(entry)]
         if isinstance(value, torch.Tensor):
-            pairs = _convert(conv, name, value, cast)
+            pairs = convert(conv, name, value, cast)
             done += entry.nbytes
         else:
             pairs = [(name, value)]
