@@ -9,8 +9,10 @@ that never committed unless asked.
 from __future__ import annotations
 
 import logging
+import os
 
 from s3ckpt._commit import check_metadata, metadata_matches, read_marker
+from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ObjectNotFoundError,
@@ -18,12 +20,25 @@ from s3ckpt.errors import (
     UncommittedCheckpointError,
 )
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, owned_tag
-from s3ckpt.store import ObjectStore
-from s3ckpt.uri import StoreURL
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.uri import StoreURL, parse_url
 
 __all__ = ["locate"]
 
 log = logging.getLogger(__name__)
+
+
+def open_location(
+    path: str | os.PathLike[str] | StoreURL,
+    store: ObjectStore | None,
+    s3_config: S3Config,
+    transfer_config: TransferConfig,
+) -> tuple[StoreURL, ObjectStore]:
+    """``path`` parsed once, and ``store``, or the store for it only when none is given."""
+    url = path if isinstance(path, StoreURL) else parse_url(str(path))
+    if store is None:
+        store = open_store(url, s3_config=s3_config, transfer_config=transfer_config)[0]
+    return url, store
 
 
 def locate(

@@ -43,7 +43,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._locate import locate
+from s3ckpt.dcp._locate import locate, open_location
 from s3ckpt.dcp._torch import StorageInfo, transform_load_stream
 from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import (
@@ -59,10 +59,10 @@ from s3ckpt.format import (
     Manifest,
     tensor_framing_error,
 )
-from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store import ObjectStore
 from s3ckpt.transfer import RangeWalk, Request, SpanReader
 from s3ckpt.transfer import Span as WalkSpan
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageReader"]
 
@@ -137,20 +137,17 @@ class S3StorageReader(StorageReader):
 
     # -- location & metadata ------------------------------------------------------------------
     def _point(self, path: str | os.PathLike[str] | StoreURL) -> None:
-        url = path if isinstance(path, StoreURL) else parse_url(str(path))
-        self.url: StoreURL = url
-        given = self._given_store
-        self.store: ObjectStore = given if given is not None else self._open(url)
-        self.checkpoint_id = str(url)
+        self.url: StoreURL
+        self.store: ObjectStore
+        self.url, self.store = open_location(
+            path, self._given_store, self.s3_config, self.transfer_config
+        )
+        self.checkpoint_id = str(self.url)
         self.load_id = uuid.uuid4().hex
         self.manifest, self.metadata = self._load()
         self._records: dict[_Key, ItemRecord] = (
             self.manifest.item_index() if self.manifest is not None else {}
         )
-
-    def _open(self, url: StoreURL) -> ObjectStore:
-        """The store for ``url``, opened only when the caller gave none."""
-        return open_store(url, s3_config=self.s3_config, transfer_config=self.transfer_config)[0]
 
     def _load(self) -> tuple[Manifest | None, Metadata]:
         manifest, meta_key, raw = locate(

@@ -49,6 +49,7 @@ from torch.futures import Future
 from s3ckpt._commit import Heartbeat
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
+from s3ckpt.dcp._locate import open_location
 from s3ckpt.dcp._serialize import save_item
 from s3ckpt.errors import (
     CheckpointExistsError,
@@ -63,9 +64,9 @@ from s3ckpt.format import (
     data_name,
     save_tag,
 )
-from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store import ObjectStore
 from s3ckpt.transfer import Uploader, format_leftovers, pack
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageWriter"]
 
@@ -167,18 +168,15 @@ class S3StorageWriter(StorageWriter):
 
     # -- location ---------------------------------------------------------------------------
     def _point(self, path: str | os.PathLike[str] | StoreURL) -> None:
-        url = path if isinstance(path, StoreURL) else parse_url(str(path))
-        self.url: StoreURL = url
-        given = self._given_store
-        self.store: ObjectStore = given if given is not None else self._open(url)
-        self.checkpoint_id = str(url)
+        self.url: StoreURL
+        self.store: ObjectStore
+        self.url, self.store = open_location(
+            path, self._given_store, self.s3_config, self.transfer_config
+        )
+        self.checkpoint_id = str(self.url)
         self.save_id = uuid.uuid4().hex
         if not self.overwrite:
             self._refuse_if_committed()
-
-    def _open(self, url: StoreURL) -> ObjectStore:
-        """The store for ``url``, opened only when the caller gave none."""
-        return open_store(url, s3_config=self.s3_config, transfer_config=self.transfer_config)[0]
 
     def _refuse_if_committed(self) -> None:
         if _exists(self.store, self.url.key(MANIFEST_NAME)):

@@ -3,19 +3,16 @@ only when they are given none."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
+import s3ckpt.dcp._locate
 import s3ckpt.dcp.reader
 import s3ckpt.dcp.writer
 from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt.store import MemoryStore, ObjectStore
 from s3ckpt.uri import StoreURL, parse_url
-
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 URL = "s3://bkt/run/step_1"
 
@@ -29,8 +26,7 @@ def no_open(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         opened.append(str(url))
         raise AssertionError(f"opened a store for {url}")
 
-    monkeypatch.setattr(s3ckpt.dcp.writer, "open_store", refuse)
-    monkeypatch.setattr(s3ckpt.dcp.reader, "open_store", refuse)
+    monkeypatch.setattr(s3ckpt.dcp._locate, "open_store", refuse)
     return opened
 
 
@@ -61,8 +57,7 @@ def test_without_a_store_one_is_opened_for_the_parsed_url(monkeypatch: pytest.Mo
         parsed = url if isinstance(url, StoreURL) else parse_url(str(url))
         return store, parsed
 
-    monkeypatch.setattr(s3ckpt.dcp.writer, "open_store", fake_open)
-    monkeypatch.setattr(s3ckpt.dcp.reader, "open_store", fake_open)
+    monkeypatch.setattr(s3ckpt.dcp._locate, "open_store", fake_open)
     url = parse_url(URL)
     dcp.save({"w": torch.ones(3)}, storage_writer=S3StorageWriter(url))
     reader = S3StorageReader(URL)
