@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the ``s3ckpt`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:
+        from s3ckpt._cli import demo
+
+        return demo.run(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -17,7 +17,20 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def _run(args: argparse.Namespace) -> int:
+    return run(list(args.rest))
+
+
+def run(argv: list[str]) -> int:
+    """``s3ckpt demo ARGS...``: :func:`s3ckpt.demo.main` with ``argv`` as given.
+
+    :func:`s3ckpt.cli.main` calls this directly when ``demo`` is the first argument:
+    argparse's ``REMAINDER`` does not take arguments that start with ``-`` right after a
+    sub-command, so ``s3ckpt demo --steps 5`` would otherwise be refused.
+    """
     from s3ckpt.demo import main
 
-    main(list(args.rest))
+    try:
+        main(argv)
+    except SystemExit as exc:  # the demo's own --help (0) or bad usage (2)
+        return int(exc.code) if isinstance(exc.code, int) else 2
     return 0
