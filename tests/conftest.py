@@ -8,10 +8,8 @@ inherit. Each test gets a fresh bucket, so tests never see each other's objects.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -24,18 +22,6 @@ os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
 os.environ["AWS_CONFIG_FILE"] = os.devnull
 os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
 os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
-
-
-def pytest_make_parametrize_id(config: pytest.Config, val: Any, argname: str) -> str | None:
-    """A stable test id for a loopback URL with a port drawn at import time.
-
-    ``make test`` runs the suite under pytest-xdist, whose workers each collect it and must
-    agree on every test id. A free port picked at collection (a refused-connection endpoint)
-    differs per worker, so it is named ``http://127.0.0.1:PORT`` instead.
-    """
-    if isinstance(val, str) and re.fullmatch(r"http://127\.0\.0\.1:\d+", val):
-        return "http://127.0.0.1:PORT"
-    return None
 
 
 # The suite's longest modules, each mostly one long fixture: terraform apply/probe/destroy and
@@ -90,17 +76,3 @@ def bucket(s3_client) -> str:  # type: ignore[no-untyped-def]
     name = f"test-{uuid.uuid4().hex[:16]}"
     s3_client.create_bucket(Bucket=name)
     return name
-
-
-def list_keys(client, bucket: str, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]
-    """Every key under ``prefix`` (test helper)."""
-    keys: list[str] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        keys.extend(o["Key"] for o in page.get("Contents", []))
-    return sorted(keys)
-
-
-def open_uploads(client, bucket: str, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]
-    """Keys of open multipart uploads under ``prefix`` (test helper)."""
-    resp = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
-    return sorted(u["Key"] for u in resp.get("Uploads", []))

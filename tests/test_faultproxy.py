@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import boto3
@@ -30,6 +30,7 @@ import urllib3.exceptions
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
+from tests._http import serve
 from tests.faultproxy import (
     _IO_TIMEOUT,
     ALL_FAULT_KINDS,
@@ -203,23 +204,11 @@ class _EchoHandler(BaseHTTPRequestHandler):
             self._reply(200, b"x" * 1000)
 
 
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # the proxy cuts upstream connections on purpose (reset_mid_body)
-
-
 @pytest.fixture(scope="module")
 def echo_url() -> Iterator[str]:
-    server = _QuietServer(("127.0.0.1", 0), _EchoHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    # quiet: the proxy cuts upstream connections on purpose (reset_mid_body)
+    with serve(_EchoHandler, quiet=True) as url:
+        yield url
 
 
 def _conn(proxy: FaultProxy) -> http.client.HTTPConnection:

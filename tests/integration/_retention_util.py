@@ -1,9 +1,14 @@
-"""Helpers for the retention tests: write checkpoints in the s3ckpt layout to any store."""
+"""Helpers for the retention tests: write checkpoints in the s3ckpt layout to any store, and a
+settable clock with a MemoryStore on it."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import pytest
 
 from s3ckpt._crc import crc32c
 from s3ckpt.format import (
@@ -16,10 +21,18 @@ from s3ckpt.format import (
     metadata_name,
 )
 from s3ckpt.format import checkpoint_name as ckpt_name
+from s3ckpt.store import MemoryStore
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["ckpt_name", "keys_under", "new_tag", "write_checkpoint"]
+__all__ = [
+    "Clock",
+    "ckpt_name",
+    "clock_and_store_fixtures",
+    "keys_under",
+    "new_tag",
+    "write_checkpoint",
+]
 
 DATA_SIZE = 64
 META = b"meta"
@@ -83,3 +96,31 @@ def write_checkpoint(
 
 def keys_under(store: ObjectStore, prefix: str) -> set[str]:
     return {o.key for o in store.list(prefix)}
+
+
+class Clock:
+    """A clock the test sets: ``clock()`` is ``clock.t``, seconds since the epoch."""
+
+    def __init__(self, start: datetime) -> None:
+        self.t = start.timestamp()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def clock_and_store_fixtures(start: datetime) -> tuple[Any, Any]:
+    """The fixtures ``clock`` (a :class:`Clock` at ``start``) and ``store`` (a MemoryStore of
+    bucket ``b`` whose object times come from that clock), for a test module to bind::
+
+        clock, store = clock_and_store_fixtures(T0)
+    """
+
+    @pytest.fixture
+    def clock() -> Clock:
+        return Clock(start)
+
+    @pytest.fixture
+    def store(clock: Clock) -> MemoryStore:
+        return MemoryStore("b", clock=clock)
+
+    return clock, store

@@ -12,7 +12,6 @@ import contextlib
 import io
 import os
 import shlex
-import socket
 import time
 from typing import Any
 
@@ -23,6 +22,7 @@ from torch import nn
 from s3ckpt import S3StorageWriter
 from s3ckpt.cli import main
 from s3ckpt.tools import load_verified
+from tests._http import free_port
 
 BUCKET = "ml-checkpoints"
 
@@ -68,9 +68,7 @@ def main_() -> None:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"

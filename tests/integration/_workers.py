@@ -110,4 +110,3 @@ def failing_save_worker(rank: int, world_size: int, port: int, url: str) -> None
         raise AssertionError("save should have failed on every rank")
     finally:
         dist.destroy_process_group()
-

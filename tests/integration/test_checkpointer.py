@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,9 @@ import boto3
 import pytest
 import torch
 
+from tests._helpers import list_keys, open_uploads
+from tests._http import free_port
 from tests._spawn import event, run_ranks, start_process
-from tests.conftest import list_keys, open_uploads
 from tests.integration import _ckpt_workers
 
 pytestmark = [pytest.mark.integration]
@@ -24,16 +24,10 @@ TOTAL = 6
 SAVE_AT = [2, 4]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _train(world: int, url: str, out: Path, *, resume: bool) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     save_at = [] if resume else SAVE_AT
-    args = (world, _free_port(), url, TOTAL, save_at, resume, str(out))
+    args = (world, free_port(), url, TOTAL, save_at, resume, str(out))
     run_ranks(_ckpt_workers.train_worker, world, args)
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     result["losses"] = {int(k): v for k, v in result["losses"].items()}

@@ -8,28 +8,23 @@ outside what the commit names (docs/dcp.md, "The commit protocol").
 
 from __future__ import annotations
 
-import warnings
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from s3ckpt import S3Config, S3StorageReader, S3StorageWriter, TransferConfig
+from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
-from tests.conftest import list_keys, open_uploads
+from tests._helpers import SMALL, list_keys, open_uploads
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
-TC = TransferConfig(
-    part_size=5 * MiB,
-    max_inflight_bytes=10 * MiB,
-    target_object_size=4 * MiB,
-    retry_initial_delay=0.01,
-    retry_max_delay=0.05,
+TC = dataclasses.replace(
+    SMALL, target_object_size=4 * MiB, retry_initial_delay=0.01, retry_max_delay=0.05
 )
 
 
@@ -84,15 +79,18 @@ AROUND_COMMIT = [
     ("DeleteObjects", "*", None),  # heartbeats / replaced objects
     ("ListObjectsV2", "*", None),  # the existence check before the marker
 ]
-CASES = [(*case, False) for case in [
-    ("PutObject", "*s3ckpt.alive.*", None),  # heartbeat
-    ("CreateMultipartUpload", "*.distcp", None),
-    ("UploadPart", "*.distcp", None),
-    ("CompleteMultipartUpload", "*.distcp", None),
-    ("PutObject", "*.distcp", None),  # a small object in one PUT
-    ("PutObject", "*/.metadata.*", None),
-    *AROUND_COMMIT,
-]] + [(*case, True) for case in AROUND_COMMIT]
+CASES = [
+    (*case, False)
+    for case in [
+        ("PutObject", "*s3ckpt.alive.*", None),  # heartbeat
+        ("CreateMultipartUpload", "*.distcp", None),
+        ("UploadPart", "*.distcp", None),
+        ("CompleteMultipartUpload", "*.distcp", None),
+        ("PutObject", "*.distcp", None),  # a small object in one PUT
+        ("PutObject", "*/.metadata.*", None),
+        *AROUND_COMMIT,
+    ]
+] + [(*case, True) for case in AROUND_COMMIT]
 
 
 @pytest.mark.parametrize(("op", "glob", "conditional", "overwrite"), CASES)

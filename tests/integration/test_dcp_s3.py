@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import socket
-import warnings
+import dataclasses
 
 import pytest
 import torch
@@ -15,17 +14,17 @@ from s3ckpt import (
     S3Config,
     S3StorageReader,
     S3StorageWriter,
-    TransferConfig,
 )
 from s3ckpt.config import MiB
+from tests import _helpers
+from tests._helpers import assert_same, list_keys, open_uploads, zeros_like_state
+from tests._http import free_port
 from tests._spawn import run_ranks
-from tests.conftest import list_keys, open_uploads
 from tests.integration import _workers
 
 pytestmark = pytest.mark.integration
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
-SMALL = TransferConfig(part_size=5 * MiB, max_inflight_bytes=10 * MiB, target_object_size=4 * MiB)
+SMALL = dataclasses.replace(_helpers.SMALL, target_object_size=4 * MiB)
 
 
 def state() -> dict:
@@ -38,21 +37,6 @@ def state() -> dict:
     }
 
 
-def empty_like(sd: dict) -> dict:
-    return {
-        "w": torch.zeros(768, 1024),
-        "b": torch.zeros(1024, dtype=torch.bfloat16),
-        "step": 0,
-        "opt": {"m": torch.zeros(512, 512), "lr": 0.0},
-    }
-
-
-def check(a: dict, b: dict) -> None:
-    assert torch.equal(a["w"], b["w"]) and torch.equal(a["b"], b["b"])
-    assert torch.equal(a["opt"]["m"], b["opt"]["m"])
-    assert a["step"] == b["step"] and a["opt"]["lr"] == b["opt"]["lr"]
-
-
 def test_save_load_over_http(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
     url = f"s3://{bucket}/run/step_3"
     sd = state()
@@ -60,9 +44,9 @@ def test_save_load_over_http(bucket: str, s3_client) -> None:  # type: ignore[no
     keys = list_keys(s3_client, bucket)
     assert keys[0] == "run/step_3/.metadata" and keys[-1] == "run/step_3/s3ckpt.json"
     assert len(keys) >= 4  # several data objects
-    out = empty_like(sd)
+    out = zeros_like_state(sd)
     dcp.load(out, storage_reader=S3StorageReader(url, transfer_config=SMALL))
-    check(sd, out)
+    assert_same(sd, out)
     with pytest.raises(CheckpointExistsError):
         S3StorageWriter(url)
     # Uploads carried CRC32C checksums the server stored.
@@ -92,9 +76,9 @@ def test_async_save_thread(bucket: str) -> None:
     sd = state()
     fut = dcp.async_save(sd, storage_writer=S3StorageWriter(url, transfer_config=SMALL))
     fut.result(timeout=120)
-    out = empty_like(sd)
+    out = zeros_like_state(sd)
     dcp.load(out, storage_reader=S3StorageReader(url))
-    check(sd, out)
+    assert_same(sd, out)
 
 
 def test_writer_pickles_for_the_process_executor(bucket: str) -> None:
@@ -110,9 +94,9 @@ def test_writer_pickles_for_the_process_executor(bucket: str) -> None:
     clone = pickle.loads(blob)
     sd = state()
     dcp.save(sd, storage_writer=clone)
-    out = empty_like(sd)
+    out = zeros_like_state(sd)
     dcp.load(out, storage_reader=S3StorageReader(url))
-    check(sd, out)
+    assert_same(sd, out)
 
 
 def test_failed_save_leaves_no_object_and_no_upload(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
@@ -140,12 +124,6 @@ def test_failed_save_leaves_no_object_and_no_upload(bucket: str, s3_client) -> N
     assert open_uploads(s3_client, bucket) == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def saved_by_two_ranks(moto_endpoint: str) -> str:
     """A checkpoint saved by world size 2 (DTensor shards + per-rank state)."""
@@ -156,7 +134,7 @@ def saved_by_two_ranks(moto_endpoint: str) -> str:
     name = f"dist-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint).create_bucket(Bucket=name)
     url = f"s3://{name}/dist/step_11"
-    run_ranks(_workers.save_worker, 2, (2, _free_port(), url))
+    run_ranks(_workers.save_worker, 2, (2, free_port(), url))
     return url
 
 
@@ -164,14 +142,14 @@ def saved_by_two_ranks(moto_endpoint: str) -> str:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_world_size_2_checkpoint_loads_with_world_size(saved_by_two_ranks: str, world: int) -> None:
-    run_ranks(_workers.load_worker, world, (world, _free_port(), saved_by_two_ranks, 2))
+    run_ranks(_workers.load_worker, world, (world, free_port(), saved_by_two_ranks, 2))
 
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(900)
 def test_one_rank_failing_fails_the_save_without_commit(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
     url = f"s3://{bucket}/dist_fail"
-    run_ranks(_workers.failing_save_worker, 2, (2, _free_port(), url))
+    run_ranks(_workers.failing_save_worker, 2, (2, free_port(), url))
     keys = list_keys(s3_client, bucket)
     assert not any(k.endswith(("s3ckpt.json", ".metadata")) for k in keys)
     assert not any(k.startswith("dist_fail/__1_") for k in keys), "the failing rank cleans up"

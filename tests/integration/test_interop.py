@@ -30,7 +30,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.api import CheckpointException
 
 from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
-from tests.conftest import list_keys
+from tests._helpers import list_keys
 
 pytestmark = [
     pytest.mark.integration,

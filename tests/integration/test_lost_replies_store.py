@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar
 
 import pytest
@@ -21,6 +21,7 @@ import pytest
 from s3ckpt.config import MiB, S3Config, TransferConfig
 from s3ckpt.errors import StoreError, TransientStoreError
 from s3ckpt.store.s3 import S3Store
+from tests._http import serve
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
@@ -190,17 +191,10 @@ class _SlowBody(BaseHTTPRequestHandler):
 def slow_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowBody)
-    server.daemon_threads = True
     _SlowBody.requests = 0
     _SlowBody.stall = False
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_SlowBody) as url:
+        yield url
 
 
 def test_progressing_range_read_is_not_cut_by_the_deadline(slow_server: str) -> None:

@@ -91,7 +91,7 @@ def test_the_probe_fails_without_each_private_name(
 def test_a_response_without_a_private_name_is_read_through_streaming_body(
     store: S3Store, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_body, "_available", True)  # probed under the old names
+    monkeypatch.setattr(_body, "_available", True)  # the probe saw the real names
     monkeypatch.setattr(_body, name, "_no_such_attribute")
     assert _read(store) == (DATA[START : START + LENGTH], False)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
 import torch
@@ -23,15 +23,14 @@ from s3ckpt import (
     S3Config,
     S3StorageReader,
     S3StorageWriter,
-    TransferConfig,
 )
 from s3ckpt.config import MiB
 from s3ckpt.store.s3 import S3Store
-from tests.conftest import list_keys, open_uploads
+from tests._helpers import SMALL, assert_same, list_keys, open_uploads, zeros_like_state
+from tests._http import free_port
 from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 
 def test_store_semantics(bucket: str, s3_client) -> None:  # type: ignore[no-untyped-def]
@@ -78,17 +77,18 @@ def test_malformed_url() -> None:
         S3StorageReader("s3://UPPER_case/x")
 
 
-def _dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again: nothing listens there
-
-
 @pytest.mark.parametrize(
-    "endpoint", [f"http://127.0.0.1:{_dead_port()}", "http://no-such-host.invalid:9000"]
+    "endpoint",
+    [
+        # The port is picked when the test runs, so the id is the same in every
+        # pytest-xdist worker's collection.
+        pytest.param("http://127.0.0.1:{port}", id="http://127.0.0.1:PORT"),
+        "http://no-such-host.invalid:9000",
+    ],
 )
 def test_unreachable_endpoint_fails_without_retrying(endpoint: str) -> None:
     """A refused connection or an unknown host is not retried: no back-off sleep at all."""
+    endpoint = endpoint.format(port=free_port())  # nothing listens there
     sleeps: list[float] = []
     store = S3Store("some-bucket", S3Config(endpoint_url=endpoint), sleep=sleeps.append)
     with pytest.raises(EndpointError) as info:
@@ -112,9 +112,7 @@ def test_missing_credentials(monkeypatch: pytest.MonkeyPatch, bucket: str) -> No
 @pytest.fixture(scope="module")
 def auth_endpoint():  # type: ignore[no-untyped-def]
     """A moto server that checks credentials (IAM enforcement on), in its own process."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="0")
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -159,9 +157,8 @@ def test_save_and_load_through_20_percent_faults(
     bucket: str, moto_endpoint: str, s3_client
 ) -> None:  # type: ignore[no-untyped-def]
     """503 SlowDown, 500s, resets and mid-body resets on ~20 % of requests."""
-    tc = TransferConfig(
-        part_size=5 * MiB,
-        max_inflight_bytes=10 * MiB,
+    tc = dataclasses.replace(
+        SMALL,
         target_object_size=4 * MiB,
         read_request_size=3 * MiB,
         max_attempts=12,
@@ -173,14 +170,10 @@ def test_save_and_load_through_20_percent_faults(
         cfg = S3Config(endpoint_url=proxy.endpoint_url)
         url = f"s3://{bucket}/faulty/step_9"
         dcp.save(sd, storage_writer=S3StorageWriter(url, s3_config=cfg, transfer_config=tc))
-        out = {k: torch.zeros_like(v) for k, v in sd.items() if isinstance(v, torch.Tensor)}
-        out["meta"] = {"step": 0}
+        out = zeros_like_state(sd)
         dcp.load(out, storage_reader=S3StorageReader(url, s3_config=cfg, transfer_config=tc))
         stats = proxy.stats
-    for k, v in sd.items():
-        if isinstance(v, torch.Tensor):
-            assert torch.equal(out[k], v), k
-    assert out["meta"] == {"step": 9}
+    assert_same(sd, out)
     injected = sum(stats.get(k, 0) for k in ("slowdown", "internal", "reset", "reset_mid_body"))
     assert injected >= 5, stats
     assert open_uploads(s3_client, bucket) == []

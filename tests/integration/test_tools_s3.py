@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
@@ -11,19 +10,15 @@ import safetensors.torch as st
 import torch
 import torch.distributed.checkpoint as dcp
 
-from s3ckpt import S3StorageReader, S3StorageWriter, TransferConfig
+from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
 from s3ckpt.cli import main
-from s3ckpt.config import MiB
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.format import Manifest
 from s3ckpt.tools import load_verified
-from tests.conftest import list_keys
+from tests._helpers import SMALL, list_keys
 
 pytestmark = pytest.mark.integration
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
-SMALL = TransferConfig(part_size=5 * MiB, max_inflight_bytes=10 * MiB, target_object_size=2 * MiB)
 
 
 def state(bump: float = 0.0) -> dict:

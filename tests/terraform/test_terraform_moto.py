@@ -202,9 +202,9 @@ def test_outputs_name_what_s3ckpt_needs(deployment: Deployment) -> None:
 
 def test_bucket_is_encrypted_with_the_key_and_a_bucket_key(deployment: Deployment) -> None:
     s3 = deployment.client("s3")
-    rule = s3.get_bucket_encryption(Bucket=deployment.bucket)[
-        "ServerSideEncryptionConfiguration"
-    ]["Rules"][0]
+    rule = s3.get_bucket_encryption(Bucket=deployment.bucket)["ServerSideEncryptionConfiguration"][
+        "Rules"
+    ][0]
     assert rule["ApplyServerSideEncryptionByDefault"] == {
         "SSEAlgorithm": "aws:kms",
         "KMSMasterKeyID": deployment.outputs["kms_key_arn"],
@@ -230,9 +230,7 @@ def test_bucket_blocks_public_access_and_enforces_ownership(deployment: Deployme
         "BlockPublicPolicy": True,
         "RestrictPublicBuckets": True,
     }
-    rules = s3.get_bucket_ownership_controls(Bucket=deployment.bucket)["OwnershipControls"][
-        "Rules"
-    ]
+    rules = s3.get_bucket_ownership_controls(Bucket=deployment.bucket)["OwnershipControls"]["Rules"]
     assert rules == [{"ObjectOwnership": "BucketOwnerEnforced"}]
 
 
@@ -259,9 +257,10 @@ def test_lifecycle_rules_are_as_declared(deployment: Deployment) -> None:
     assert rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"] == {
         "DaysAfterInitiation": ABORT_DAYS
     }
-    assert rules["expire-noncurrent-versions"]["NoncurrentVersionExpiration"][
-        "NoncurrentDays"
-    ] == NONCURRENT_DAYS
+    assert (
+        rules["expire-noncurrent-versions"]["NoncurrentVersionExpiration"]["NoncurrentDays"]
+        == NONCURRENT_DAYS
+    )
     assert rules["remove-expired-delete-markers"]["Expiration"] == {
         "ExpiredObjectDeleteMarker": True
     }
@@ -439,9 +438,7 @@ def test_pruner_takes_renews_and_releases_its_lease(
 ) -> None:
     s3 = role_clients["pruner"]
     for key in (f"{PREFIX}s3ckpt.lease", f"{RUN}s3ckpt.lease"):
-        etag = s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"{}", IfNoneMatch="*")[
-            "ETag"
-        ]
+        etag = s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"{}", IfNoneMatch="*")["ETag"]
         s3.put_object(Bucket=deployment.bucket, Key=key, Body=b'{"renewed": 1}', IfMatch=etag)
         s3.delete_object(Bucket=deployment.bucket, Key=key)
 

@@ -16,8 +16,6 @@ from s3ckpt.errors import SaveInProgressError, StoreError
 from s3ckpt.retention import CheckpointState, KeepLast
 from s3ckpt.store import MemoryStore
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
 URL = "s3://unit-bkt/run"
 
 

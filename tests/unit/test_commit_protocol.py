@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from typing import Any
 
 import pytest
@@ -32,10 +31,9 @@ from s3ckpt.errors import find_s3ckpt_error
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, _digest, data_name, owned_tag
 from s3ckpt.store import MemoryStore
 from s3ckpt.tools import verify_checkpoint
-from tests.unit.test_dcp_memory import SMALL, URL, assert_same, load, make_state, save
-from tests.unit.test_dcp_memory import zeros_like_state as zeros
-
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+from tests._helpers import assert_same
+from tests._helpers import zeros_like_state as zeros
+from tests.unit._memory_dcp import CONFIG, URL, load, make_state, save
 
 PREFIX = "run/step_1/"
 
@@ -258,18 +256,18 @@ def test_latest_is_never_older_than_the_newest_commit() -> None:
     latest() checks it with one listing, and the next save does not collide."""
     store = MemoryStore("bkt")
     model, opt = _model()
-    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=CONFIG) as ckpt:
         for step in (1, 2, 3):
             ckpt.save(step, model, opt)
     store.put("run/s3ckpt.latest.json", json.dumps({"step": 1}).encode())
-    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=CONFIG) as ckpt:
         assert ckpt.latest() == 3
         assert ckpt.load(*_model()) == 3
         ckpt.save(4, model, opt)
         assert ckpt.latest() == 4
     # A pointer naming an uncommitted step falls back to listing.
     store.put("run/s3ckpt.latest.json", json.dumps({"step": 9}).encode())
-    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=CONFIG) as ckpt:
         assert ckpt.latest() == 4
 
 
@@ -278,7 +276,7 @@ def test_nan_and_inf_metrics_are_saved_and_bad_ones_named() -> None:
     ConfigError naming the metric."""
     store = MemoryStore("bkt")
     model, opt = _model()
-    with Checkpointer("s3://bkt/run", store=store, transfer_config=SMALL) as ckpt:
+    with Checkpointer("s3://bkt/run", store=store, transfer_config=CONFIG) as ckpt:
         ckpt.save(1, model, opt, metrics={"loss": float("nan"), "gnorm": float("inf")})
         ckpt.attach_metrics(1, {"eval": float("-inf")})
         with pytest.raises(ConfigError, match="'eval'"):
@@ -294,7 +292,7 @@ def test_failed_write_on_a_rank_removes_its_heartbeat() -> None:
     store.inject("upload_part")
     with pytest.raises(CheckpointException):
         dcp.save(
-            make_state(), storage_writer=S3StorageWriter(URL, store=store, transfer_config=SMALL)
+            make_state(), storage_writer=S3StorageWriter(URL, store=store, transfer_config=CONFIG)
         )
     assert not [k for k in store.objects if "s3ckpt.alive." in k]
 
@@ -323,7 +321,7 @@ def test_overlapping_spans_in_one_request_each_read_their_own_bytes() -> None:
             reader.readinto_all(buf, "x")
             seen[span.info.offset] = bytes(buf)
 
-    reader = Recording(URL, store=store, transfer_config=SMALL)
+    reader = Recording(URL, store=store, transfer_config=CONFIG)
     spans = [(0, 100), (40, 160), (150, 170)]
     req: Request[_Span] = Request(0, 170)
     for start, end in spans:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import warnings
 
 import numpy as np
 import pytest
@@ -19,74 +18,14 @@ from s3ckpt import (
     S3StorageReader,
     S3StorageWriter,
     StoreError,
-    TransferConfig,
     UnsafeCheckpointError,
 )
 from s3ckpt.config import MiB
 from s3ckpt.errors import find_s3ckpt_error
 from s3ckpt.format import Manifest
 from s3ckpt.store import MemoryStore
-
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
-URL = "s3://bkt/run/step_1"
-# Small parts and objects so a few MiB exercise multipart, several objects and coalescing.
-SMALL = TransferConfig(
-    part_size=5 * MiB,
-    max_inflight_bytes=10 * MiB,
-    target_object_size=3 * MiB,
-    read_request_size=4 * MiB,
-)
-
-
-def make_state() -> dict:
-    g = torch.Generator().manual_seed(0)
-    return {
-        "big": torch.randn(1024, 2048, generator=g),  # 8 MiB: multipart
-        "half": torch.randn(333, 77, generator=g).to(torch.bfloat16),
-        "ints": torch.arange(1000, dtype=torch.int64),
-        "bools": torch.rand(17, generator=g) > 0.5,
-        "noncontig": torch.randn(64, 32, generator=g).t(),
-        "view": torch.arange(100.0)[10:20],
-        "empty": torch.empty(0, 4),
-        "scalar": torch.tensor(3.5),
-        "nested": {"lr": 0.1, "name": "adam", "steps": [1, 2, 3], "t": torch.ones(3)},
-    }
-
-
-def zeros_like_state(sd: dict) -> dict:
-    out: dict = {}
-    for k, v in sd.items():
-        if isinstance(v, torch.Tensor):
-            out[k] = torch.zeros_like(v.contiguous())
-        elif isinstance(v, dict):
-            out[k] = zeros_like_state(v)
-        else:
-            out[k] = None
-    return out
-
-
-def assert_same(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        elif isinstance(a[k], dict):
-            assert_same(a[k], b[k])
-        else:
-            assert a[k] == b[k], k
-
-
-def save(store: MemoryStore, sd: dict, url: str = URL, **kw) -> S3StorageWriter:
-    writer = S3StorageWriter(url, store=store, transfer_config=SMALL, **kw)
-    dcp.save(sd, storage_writer=writer)
-    return writer
-
-
-def load(store: MemoryStore, sd: dict, url: str = URL, **kw) -> S3StorageReader:
-    reader = S3StorageReader(url, store=store, transfer_config=SMALL, **kw)
-    dcp.load(sd, storage_reader=reader)
-    return reader
+from tests._helpers import assert_same, zeros_like_state
+from tests.unit._memory_dcp import URL, load, make_state, save
 
 
 def test_round_trip_every_dtype_and_layout() -> None:

@@ -39,28 +39,19 @@ from s3ckpt.retention import (
 )
 from s3ckpt.store import MemoryStore
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import ckpt_name, keys_under, write_checkpoint
+from tests.integration._retention_util import (
+    Clock,
+    ckpt_name,
+    clock_and_store_fixtures,
+    keys_under,
+    write_checkpoint,
+)
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 RUN = StoreURL("memory", "b", "runs/a/")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0.timestamp()
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(clock: Clock) -> MemoryStore:
-    return MemoryStore("b", clock=clock)
+clock, store = clock_and_store_fixtures(T0)
 
 
 def fill(store: MemoryStore, clock: Clock, steps: list[int], run: StoreURL = RUN) -> None:

@@ -38,7 +38,13 @@ from s3ckpt.retention import (
 )
 from s3ckpt.store import MemoryStore
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import ckpt_name, keys_under, write_checkpoint
+from tests.integration._retention_util import (
+    Clock,
+    ckpt_name,
+    clock_and_store_fixtures,
+    keys_under,
+    write_checkpoint,
+)
 
 # The CLI judges against the wall clock: the store's clock starts 30 days before it, so
 # "3 hours later" is still in the past and ``at(clock)`` is close to what the CLI uses.
@@ -47,22 +53,7 @@ RUN = StoreURL("memory", "b", "runs/a/")
 HOUR = 3600.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0.timestamp()
-
-    def __call__(self) -> float:
-        return self.t
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def store(clock: Clock) -> MemoryStore:
-    return MemoryStore("b", clock=clock)
+clock, store = clock_and_store_fixtures(T0)
 
 
 def at(clock: Clock, ahead: float = 0.0) -> datetime:
@@ -110,7 +101,8 @@ def test_a_save_uploading_one_big_object_past_grace_is_live_through_its_heartbea
 def test_an_overwrite_in_a_committed_prefix_keeps_its_old_upload(
     store: MemoryStore, clock: Clock
 ) -> None:
-    # gc used to abort every upload older than --older-than outside uncommitted prefixes
+    # An upload older than --older-than in a committed prefix belongs to a save still
+    # writing there (its heartbeat is fresh): gc leaves it open.
     ckpt = write_checkpoint(store, RUN, 1, created=clock.t, tag="c0c0c0c0")
     new = "b2b2b2b2"
     store.put(ckpt.key(heartbeat_name(new, 0)), b"")

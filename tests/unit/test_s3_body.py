@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import io
-import threading
 import tracemalloc
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from s3ckpt.config import S3Config
 from s3ckpt.store import open_store
 from s3ckpt.store._body import BufferBody
+from tests._http import serve
 
 MiB = 1 << 20
 
@@ -50,15 +50,9 @@ class _Discard(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def endpoint() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Discard)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     _Discard.received.clear()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve(_Discard) as url:
+        yield url
 
 
 @pytest.mark.parametrize("kind", ["bytearray", "memoryview"])

@@ -9,10 +9,9 @@ range) and count requests and connections.
 from __future__ import annotations
 
 import re
-import threading
 import tracemalloc
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, ClassVar
 
 import pytest
@@ -20,6 +19,7 @@ import pytest
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import StoreError
 from s3ckpt.store.s3 import S3Store
+from tests._http import serve
 
 MiB = 1 << 20
 DATA = bytes(range(256)) * (24 * MiB // 256)
@@ -67,22 +67,15 @@ class _Objects(BaseHTTPRequestHandler):
 def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Objects)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     _Objects.mode = "normal"
     _Objects.ranges = []
     _Objects.clients = set()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serve(_Objects) as endpoint:
         yield S3Store(
             "bucket",
             S3Config(endpoint_url=endpoint, region="us-east-1"),
             TransferConfig(retry_initial_delay=0.01, retry_max_delay=0.05),
         )
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _read(store: S3Store, start: int, length: int, chunk: int = 8 * MiB) -> bytes:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +22,6 @@ from s3ckpt import (
     ConfigError,
     S3StorageReader,
     S3StorageWriter,
-    TransferConfig,
 )
 from s3ckpt.config import MiB
 from s3ckpt.errors import IncompleteRestoreError
@@ -41,15 +40,9 @@ from s3ckpt.tools import (
     parse_size,
     verify_checkpoint,
 )
+from tests import _helpers
 
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
-SMALL = TransferConfig(
-    part_size=5 * MiB,
-    max_inflight_bytes=10 * MiB,
-    target_object_size=2 * MiB,
-    read_request_size=4 * MiB,
-)
+SMALL = dataclasses.replace(_helpers.SMALL, read_request_size=4 * MiB)
 URL = "s3://bkt/run/step_1"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 
 import pytest
 import torch
@@ -28,8 +27,6 @@ from s3ckpt.transfer import (
     Uploader,
     coalesce,
 )
-
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 CONFIG = TransferConfig(read_request_size=MiB, coalesce_gap=64 * KiB, read_chunk_size=64 * KiB)
 PAYLOAD = bytes(range(256)) * 4
