@@ -216,6 +216,19 @@ def _conn(proxy: FaultProxy) -> http.client.HTTPConnection:
     return http.client.HTTPConnection("127.0.0.1", port, timeout=10)
 
 
+def _statuses(proxy: FaultProxy, n: int, path: str = "/") -> list[int]:
+    """The status of each of ``n`` GETs of ``path`` sent one after another on one connection."""
+    conn = _conn(proxy)
+    statuses = []
+    for _ in range(n):
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        statuses.append(resp.status)
+    conn.close()
+    return statuses
+
+
 # --------------------------------------------------------------------------
 # boto3 against moto, no faults
 
@@ -435,14 +448,7 @@ def test_standard_retries_survive_faults(moto_url: str, monkeypatch: pytest.Monk
 
 def test_max_faults_caps_injection(echo_url: str) -> None:
     with FaultProxy(echo_url, fault_rate=1.0, faults=["internal"], max_faults=2) as proxy:
-        conn = _conn(proxy)
-        statuses = []
-        for _ in range(5):
-            conn.request("GET", "/")
-            resp = conn.getresponse()
-            resp.read()
-            statuses.append(resp.status)
-        conn.close()
+        statuses = _statuses(proxy, 5)
     assert statuses == [500, 500, 200, 200, 200]
     assert proxy.stats["internal"] == 2
 
@@ -452,15 +458,7 @@ def test_same_seed_same_fault_sequence(echo_url: str) -> None:
         with FaultProxy(
             echo_url, fault_rate=0.5, faults=["internal", "slowdown"], seed=seed
         ) as proxy:
-            conn = _conn(proxy)
-            statuses = []
-            for _ in range(30):
-                conn.request("GET", "/")
-                resp = conn.getresponse()
-                resp.read()
-                statuses.append(resp.status)
-            conn.close()
-        return statuses
+            return _statuses(proxy, 30)
 
     first = run(3)
     assert first == run(3)
@@ -840,14 +838,7 @@ def test_arm_beats_random_draw_and_max_faults(echo_url: str) -> None:
     with FaultProxy(echo_url, fault_rate=1.0, faults=["internal"], max_faults=0) as proxy:
         first = proxy.arm("*", "slowdown")
         second = proxy.arm("*", "internal", times=2)  # first armed wins the shared request
-        conn = _conn(proxy)
-        statuses = []
-        for _ in range(4):
-            conn.request("GET", "/bucket/key")
-            resp = conn.getresponse()
-            resp.read()
-            statuses.append(resp.status)
-        conn.close()
+        statuses = _statuses(proxy, 4, "/bucket/key")
     assert statuses == [503, 500, 200, 200]
     assert (first.hits, second.hits) == (1, 1)
 
@@ -857,15 +848,7 @@ def test_arm_keeps_random_sequence(echo_url: str) -> None:
         with FaultProxy(echo_url, fault_rate=0.5, faults=["internal"], seed=5) as proxy:
             if arm:
                 proxy.arm("*", "slowdown", skip=3)
-            conn = _conn(proxy)
-            statuses = []
-            for _ in range(20):
-                conn.request("GET", "/b/k")
-                resp = conn.getresponse()
-                resp.read()
-                statuses.append(resp.status)
-            conn.close()
-        return statuses
+            return _statuses(proxy, 20, "/b/k")
 
     plain, armed = run(False), run(True)
     assert armed[3] == 503

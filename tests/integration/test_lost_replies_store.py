@@ -188,9 +188,7 @@ class _SlowBody(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def slow_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+def slow_server() -> Iterator[str]:
     _SlowBody.requests = 0
     _SlowBody.stall = False
     with serve(_SlowBody) as url:

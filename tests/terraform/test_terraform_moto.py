@@ -24,6 +24,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,8 +186,13 @@ def deployment(
         shutil.rmtree(workdir / ".terraform-data", ignore_errors=True)
 
 
-def _error_code(excinfo: pytest.ExceptionInfo[ClientError]) -> str:
-    return str(excinfo.value.response["Error"]["Code"])
+@contextmanager
+def _fails_with(*codes: str, what: object = None) -> Iterator[None]:
+    """The block raises a ClientError whose error code is one of ``codes`` (``what`` names
+    the case in the assertion message)."""
+    with pytest.raises(ClientError) as excinfo:
+        yield
+    assert str(excinfo.value.response["Error"]["Code"]) in codes, what
 
 
 def test_outputs_name_what_s3ckpt_needs(deployment: Deployment) -> None:
@@ -270,9 +276,8 @@ def test_no_tls_policy_on_moto(deployment: Deployment) -> None:
     """The moto example leaves the TLS-only policy out (moto would apply its deny to every
     request); this pins that choice so a change to the example is noticed."""
     s3 = deployment.client("s3")
-    with pytest.raises(ClientError) as excinfo:
+    with _fails_with("NoSuchBucketPolicy"):
         s3.get_bucket_policy(Bucket=deployment.bucket)
-    assert _error_code(excinfo) == "NoSuchBucketPolicy"
 
 
 def _assume(deployment: Deployment, keys: dict[str, str], user: str, role_arn: str) -> Any:
@@ -334,9 +339,8 @@ def role_clients(deployment: Deployment) -> Iterator[dict[str, Any]]:
 
 def test_iam_enforcement_is_on(deployment: Deployment, role_clients: dict[str, Any]) -> None:
     """Guards the tests below: with enforcement on, moto's dummy root keys are refused."""
-    with pytest.raises(ClientError) as excinfo:
+    with _fails_with("InvalidAccessKeyId"):
         deployment.client("s3").list_objects_v2(Bucket=deployment.bucket)
-    assert _error_code(excinfo) == "InvalidAccessKeyId"
 
 
 def test_only_the_trusted_user_can_assume_each_role(
@@ -348,11 +352,10 @@ def test_only_the_trusted_user_can_assume_each_role(
         aws_access_key_id=keys["AccessKeyId"],
         aws_secret_access_key=keys["SecretAccessKey"],
     )
-    with pytest.raises(ClientError) as excinfo:
+    with _fails_with("AccessDenied"):
         sts.assume_role(
             RoleArn=deployment.outputs["pruner_role_arn"], RoleSessionName="trainer-as-pruner"
         )
-    assert _error_code(excinfo) == "AccessDenied"
 
 
 RUN = f"{PREFIX}run-a/"
@@ -403,9 +406,8 @@ def test_trainer_writes_a_checkpoint_under_the_prefix(
 
 def test_trainer_cannot_delete(deployment: Deployment, role_clients: dict[str, Any]) -> None:
     s3 = role_clients["trainer"]
-    with pytest.raises(ClientError) as excinfo:
+    with _fails_with("AccessDenied"):
         s3.delete_object(Bucket=deployment.bucket, Key=f"{STEP}s3ckpt.json")
-    assert _error_code(excinfo) == "AccessDenied"
 
 
 def test_trainer_cannot_write_outside_the_prefix_nor_pins_nor_the_lease(
@@ -413,9 +415,8 @@ def test_trainer_cannot_write_outside_the_prefix_nor_pins_nor_the_lease(
 ) -> None:
     s3 = role_clients["trainer"]
     for key in ("elsewhere/x", f"{STEP}s3ckpt.pin.json", f"{RUN}s3ckpt.lease"):
-        with pytest.raises(ClientError) as excinfo:
+        with _fails_with("AccessDenied", what=key):
             s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"x")
-        assert _error_code(excinfo) == "AccessDenied", key
 
 
 def test_a_failed_save_leaves_debris_the_trainer_cannot_remove(
@@ -428,9 +429,8 @@ def test_a_failed_save_leaves_debris_the_trainer_cannot_remove(
     step = f"{RUN}step_000000200/"
     s3.put_object(Bucket=deployment.bucket, Key=f"{step}__0_0.distcp", Body=b"partial")
     s3.create_multipart_upload(Bucket=deployment.bucket, Key=f"{step}__1_0.distcp")
-    with pytest.raises(ClientError) as excinfo:
+    with _fails_with("AccessDenied"):
         s3.delete_object(Bucket=deployment.bucket, Key=f"{step}__0_0.distcp")
-    assert _error_code(excinfo) == "AccessDenied"
 
 
 def test_pruner_takes_renews_and_releases_its_lease(
@@ -481,14 +481,12 @@ def test_pruner_cannot_write_checkpoint_objects_nor_pins(
         f"{STEP}s3ckpt.pin.json",
         "elsewhere/x",
     ):
-        with pytest.raises(ClientError) as excinfo:
+        with _fails_with("AccessDenied", what=key):
             s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"x")
-        assert _error_code(excinfo) == "AccessDenied", key
-    with pytest.raises(ClientError) as excinfo:
+    with _fails_with("AccessDenied"):
         s3.create_multipart_upload(
             Bucket=deployment.bucket, Key=f"{RUN}step_000000300/__1_0.distcp"
         )
-    assert _error_code(excinfo) == "AccessDenied"
 
 
 def test_pruner_may_restore_a_stock_metadata_copy(
@@ -503,9 +501,8 @@ def test_pruner_may_restore_a_stock_metadata_copy(
 def test_destroy_removes_everything(deployment: Deployment) -> None:
     deployment.destroy()
     s3 = deployment.client("s3")
-    with pytest.raises(ClientError) as excinfo:
+    with _fails_with("404", "NoSuchBucket"):
         s3.head_bucket(Bucket=deployment.bucket)
-    assert _error_code(excinfo) in {"404", "NoSuchBucket"}
     iam = deployment.client("iam")
     roles = {role["RoleName"] for role in iam.list_roles()["Roles"]}
     assert not roles & {"s3ckpt-trainer", "s3ckpt-pruner"}

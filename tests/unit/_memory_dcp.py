@@ -1,9 +1,11 @@
 """DCP against MemoryStore for the in-process tests: one checkpoint URL, a state dict of
-every dtype and layout, and ``save``/``load`` with small parts and objects."""
+every dtype and layout, ``save``/``load`` with small parts and objects, and a read of
+spans that share bytes."""
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import torch
@@ -14,7 +16,7 @@ from s3ckpt.config import MiB
 from s3ckpt.store import MemoryStore
 from tests._helpers import SMALL
 
-__all__ = ["CONFIG", "URL", "load", "make_state", "save"]
+__all__ = ["CONFIG", "OVERLAPPING", "URL", "load", "make_state", "read_overlapping_spans", "save"]
 
 URL = "s3://bkt/run/step_1"
 CONFIG = dataclasses.replace(SMALL, target_object_size=3 * MiB, read_request_size=4 * MiB)
@@ -51,3 +53,37 @@ def load(store: MemoryStore, sd: dict[str, Any], url: str = URL, **kw: Any) -> S
     reader = S3StorageReader(url, store=store, transfer_config=CONFIG, **kw)
     dcp.load(sd, storage_reader=reader)
     return reader
+
+
+OVERLAPPING = ((0, 100), (40, 160), (150, 170))
+"""Three spans of one object that share bytes, as a damaged or unusual ``.metadata`` can
+name them; they coalesce into one request of 170 bytes."""
+
+
+def read_overlapping_spans(
+    store: MemoryStore, key: str, url: str = URL, **reader_kw: Any
+) -> tuple[dict[int, bytes], S3StorageReader]:
+    """Read :data:`OVERLAPPING` of object ``key`` (relative to the checkpoint at ``url``,
+    which must exist) as one request through the reader's per-request entry point.
+
+    Returns the bytes each span was handed, by its offset, and the reader.
+    """
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    from s3ckpt.dcp.reader import _Span
+    from s3ckpt.transfer import Request
+
+    seen: dict[int, bytes] = {}
+
+    class Recording(S3StorageReader):
+        def _read_span(self, reader, key, span, planner, lock):  # type: ignore[no-untyped-def]
+            buf = memoryview(bytearray(span.info.length))
+            reader.readinto_all(buf, "x")
+            seen[span.info.offset] = bytes(buf)
+
+    reader = Recording(url, store=store, **reader_kw)
+    req: Request[_Span] = Request(0, OVERLAPPING[-1][1])
+    for start, end in OVERLAPPING:
+        req.spans.append((start, end, _Span(_StorageInfo(key, start, end - start), None)))
+    reader._fetch(key, req, None, threading.Lock())
+    return seen, reader

@@ -44,6 +44,20 @@ def _fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=0.05)
 
 
+def _hold_completions(store: MemoryStore) -> threading.Event:
+    """Make ``store`` hold every CompleteMultipartUpload until the returned event is set
+    (or 30 s pass): a save stays uploading for as long as a test needs."""
+    gate = threading.Event()
+    original = store.complete_multipart
+
+    def held_complete(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(30)
+        return original(*args, **kwargs)
+
+    store.complete_multipart = held_complete  # type: ignore[method-assign]
+    return gate
+
+
 def test_save_then_resume_latest_restores_model_optimizer_and_train_state() -> None:
     store = MemoryStore("unit-bkt")
     model, opt = _fresh()
@@ -123,14 +137,7 @@ def test_failed_async_save_surfaces_on_the_handle_and_on_the_next_call() -> None
 
 def test_on_busy_raise_refuses_a_second_save_while_uploading() -> None:
     store = MemoryStore("unit-bkt")
-    gate = threading.Event()
-    original = store.complete_multipart
-
-    def slow_complete(*args: Any, **kwargs: Any) -> Any:
-        gate.wait(30)
-        return original(*args, **kwargs)
-
-    store.complete_multipart = slow_complete  # type: ignore[method-assign]
+    gate = _hold_completions(store)
     big = torch.nn.Linear(2048, 2048)  # 16 MiB: a multipart upload
     ckpt = Checkpointer(URL, store=store, on_busy="raise")
     handle = ckpt.async_save(1, big)
@@ -212,14 +219,7 @@ def test_store_error_at_construction_of_a_save_raises_synchronously() -> None:
 
 def test_ctrl_c_while_waiting_for_an_upload_reaches_the_caller() -> None:
     store = MemoryStore("unit-bkt")
-    gate = threading.Event()
-    original = store.complete_multipart
-
-    def slow_complete(*args: Any, **kwargs: Any) -> Any:
-        gate.wait(30)
-        return original(*args, **kwargs)
-
-    store.complete_multipart = slow_complete  # type: ignore[method-assign]
+    gate = _hold_completions(store)
     big = torch.nn.Linear(2048, 2048)  # 16 MiB: a multipart upload, held at its completion
     ckpt = Checkpointer(URL, store=store)
     handle = ckpt.async_save(1, big)

@@ -33,7 +33,15 @@ from s3ckpt.store import MemoryStore
 from s3ckpt.tools import verify_checkpoint
 from tests._helpers import assert_same
 from tests._helpers import zeros_like_state as zeros
-from tests.unit._memory_dcp import CONFIG, URL, load, make_state, save
+from tests.unit._memory_dcp import (
+    CONFIG,
+    OVERLAPPING,
+    URL,
+    load,
+    make_state,
+    read_overlapping_spans,
+    save,
+)
 
 PREFIX = "run/step_1/"
 
@@ -301,33 +309,12 @@ def test_overlapping_spans_in_one_request_each_read_their_own_bytes() -> None:
     """Two stored items that share bytes (a damaged or unusual .metadata) coalesce into
     one request; the second must be read from its own offset, never from where the
     stream happens to be."""
-    import threading
-
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-
-    from s3ckpt.dcp.reader import _Span
-    from s3ckpt.transfer import Request
-
     store = MemoryStore("bkt")
-    sd = make_state()
-    save(store, sd)
+    save(store, make_state())
     payload = bytes(range(256)) * 4
     store.put(PREFIX + "blob", payload)
-    seen: dict[int, bytes] = {}
-
-    class Recording(S3StorageReader):
-        def _read_span(self, reader, key, span, planner, lock):  # type: ignore[no-untyped-def]
-            buf = memoryview(bytearray(span.info.length))
-            reader.readinto_all(buf, "x")
-            seen[span.info.offset] = bytes(buf)
-
-    reader = Recording(URL, store=store, transfer_config=CONFIG)
-    spans = [(0, 100), (40, 160), (150, 170)]
-    req: Request[_Span] = Request(0, 170)
-    for start, end in spans:
-        req.spans.append((start, end, _Span(_StorageInfo("blob", start, end - start), None)))
-    reader._fetch("blob", req, None, threading.Lock())  # type: ignore[arg-type]
-    assert seen == {start: payload[start:end] for start, end in spans}
+    seen, _ = read_overlapping_spans(store, "blob", transfer_config=CONFIG)
+    assert seen == {start: payload[start:end] for start, end in OVERLAPPING}
 
 
 @pytest.mark.parametrize("meanwhile", ["pruned", "metrics_attached"])

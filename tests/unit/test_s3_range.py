@@ -64,9 +64,7 @@ class _Objects(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+def store() -> Iterator[S3Store]:
     _Objects.mode = "normal"
     _Objects.ranges = []
     _Objects.clients = set()

@@ -5,6 +5,7 @@ and wakes at once on a failure."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -21,12 +22,13 @@ from s3ckpt.transfer import (
     PartPool,
     RangeWalk,
     ReadFailure,
-    Request,
     Span,
     SpanReader,
     Uploader,
     coalesce,
 )
+from tests._helpers import SMALL
+from tests.unit._memory_dcp import OVERLAPPING, read_overlapping_spans
 
 CONFIG = TransferConfig(read_request_size=MiB, coalesce_gap=64 * KiB, read_chunk_size=64 * KiB)
 PAYLOAD = bytes(range(256)) * 4
@@ -180,13 +182,8 @@ def _checkpoint(store: MemoryStore, tc: TransferConfig) -> dict[str, torch.Tenso
 def test_the_reader_and_verify_make_the_same_gets_the_plan_names(
     gap: int, request_size: int
 ) -> None:
-    tc = TransferConfig(
-        part_size=5 * MiB,
-        max_inflight_bytes=10 * MiB,
-        target_object_size=2 * MiB,
-        read_request_size=request_size,
-        coalesce_gap=gap,
-        read_chunk_size=64 * KiB,
+    tc = dataclasses.replace(
+        SMALL, read_request_size=request_size, coalesce_gap=gap, read_chunk_size=64 * KiB
     )
     store = Recording()
     sd = _checkpoint(store, tc)
@@ -216,27 +213,11 @@ def test_the_reader_and_verify_make_the_same_gets_the_plan_names(
 
 def test_the_reader_reads_overlapping_spans_of_one_request_from_their_own_offsets() -> None:
     """The reader's per-request entry point hands each span its own bytes."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-
-    from s3ckpt.dcp.reader import _Span
-
     store = MemoryStore("bkt")
     _checkpoint(store, TransferConfig())
     store.put("run/step_1/blob", PAYLOAD)
-    seen: dict[int, bytes] = {}
-
-    class Reader(S3StorageReader):
-        def _read_span(self, reader, key, span, planner, lock):  # type: ignore[no-untyped-def]
-            buf = memoryview(bytearray(span.info.length))
-            reader.readinto_all(buf, "x")
-            seen[span.info.offset] = bytes(buf)
-
-    reader = Reader("s3://bkt/run/step_1", store=store)
-    req: Request[_Span] = Request(0, 170)
-    for s, e in [(0, 100), (40, 160), (150, 170)]:
-        req.spans.append((s, e, _Span(_StorageInfo("blob", s, e - s), None)))
-    reader._fetch("blob", req, None, threading.Lock())  # type: ignore[arg-type]
-    assert seen == {s: PAYLOAD[s:e] for s, e in [(0, 100), (40, 160), (150, 170)]}
+    seen, reader = read_overlapping_spans(store, "blob", "s3://bkt/run/step_1")
+    assert seen == {s: PAYLOAD[s:e] for s, e in OVERLAPPING}
     assert reader.bytes_read == 170 + 120
 
 
