@@ -6,8 +6,8 @@ container objects in a burst. Every 700 of them start a young collection, and en
 start a full collection that re-scans every tracked object in the process (a training job
 holds millions: torch's modules, the model, the optimizer state). Measured on a 2-core VM
 beside a loaded model, a ``.metadata`` of 2,000 items takes 0.9-2.1 s to unpickle with the
-collector running and 0.008 s without it. None of this work makes reference cycles, so reference counting frees
-everything it drops while the collector is paused.
+collector running and 0.008 s without it. None of this work makes reference cycles, so
+reference counting frees everything it drops while the collector is paused.
 
 The collector switch is process-wide. :func:`gc_paused` counts the threads inside it and
 re-enables the collector only when the last one leaves, and only if it was enabled when the
