@@ -28,7 +28,7 @@ import random
 import statistics
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ from s3ckpt.retention import (  # noqa: E402
 from s3ckpt.store import MemoryStore  # noqa: E402
 from s3ckpt.uri import StoreURL  # noqa: E402
 
-T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def synthetic_catalog(n: int, seed: int = 0) -> list[CheckpointInfo]:
@@ -147,7 +147,7 @@ def bench_prune(n: int, objects: int) -> None:
     store.calls.clear()
     keys_before = len(store.objects)
     t = time.perf_counter()
-    result = prune(store, run, KeepLast(3), apply=True, now=datetime.now(timezone.utc))
+    result = prune(store, run, KeepLast(3), apply=True, now=datetime.now(UTC))
     wall = time.perf_counter() - t
     deleted_keys = keys_before - len(store.objects)
     per_phase = {

@@ -52,7 +52,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +153,7 @@ def gc_after_grace(store: Any, run_url: Any) -> Any:
         run_url,
         apply=True,
         older_than=timedelta(0),
-        now=datetime.now(timezone.utc) + timedelta(days=3),
+        now=datetime.now(UTC) + timedelta(days=3),
     )
 
 

@@ -7,7 +7,7 @@ leases and the CLI all format times here, so every ``...Z`` string has one spell
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import overload
 
 __all__ = ["aware_now", "iso_z", "iso_z_seconds", "parse_iso", "utc"]
@@ -19,7 +19,7 @@ def utc(ts: float) -> datetime: ...
 def utc(ts: None) -> None: ...
 def utc(ts: float | None) -> datetime | None:
     """A POSIX timestamp as a UTC datetime (None stays None)."""
-    return None if ts is None else datetime.fromtimestamp(ts, tz=timezone.utc)
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
 
 
 @overload
@@ -51,7 +51,7 @@ def parse_iso(text: str) -> datetime:
         ValueError: ``text`` is not an ISO-8601 time.
     """
     value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def aware_now(now: datetime | None, message: str = "now must be timezone-aware") -> datetime:
@@ -61,7 +61,7 @@ def aware_now(now: datetime | None, message: str = "now must be timezone-aware")
         ValueError: ``now`` has no timezone (``message``).
     """
     if now is None:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
     if now.tzinfo is None:
         raise ValueError(message)
     return now

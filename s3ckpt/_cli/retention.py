@@ -11,7 +11,7 @@ import argparse
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from s3ckpt._cli import EXIT_BUSY, EXIT_OK, EXIT_PARTIAL, s3_config_from_args
@@ -178,7 +178,7 @@ def _open(args: argparse.Namespace, url: str) -> tuple[ObjectStore, StoreURL]:
 
 # -- formatting ------------------------------------------------------------------------------
 def _when(t: datetime | None) -> str:
-    return "-" if t is None else t.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%MZ")
+    return "-" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%MZ")
 
 
 def _metrics(m: Mapping[str, float]) -> str:

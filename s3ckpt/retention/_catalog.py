@@ -30,7 +30,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from s3ckpt._time import iso_z
 from s3ckpt.store.base import UploadInfo
@@ -54,7 +54,7 @@ class CheckpointState(str, enum.Enum):
         return self.value
 
 
-_NO_TIME = datetime.min.replace(tzinfo=timezone.utc)
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import io
 import math
 import os
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from s3ckpt._time import iso_z
 from s3ckpt.cli import main
@@ -48,7 +48,7 @@ def main_() -> None:
 
     # A pre-training run: a checkpoint every 2,500 steps, every 6 hours, for 5.5 days.
     llm = StoreURL("s3", BUCKET, "runs/llama-8b/")
-    t0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+    t0 = datetime(2025, 3, 1, tzinfo=UTC)
     for i in range(22):
         step = 2500 * (i + 1)
         loss = 2.0 + 3.0 / math.sqrt(i + 1) + (0.15 if i % 5 == 3 else 0.0)
@@ -62,10 +62,10 @@ def main_() -> None:
     # A finished run kept for the record: one checkpoint in the middle of each month.
     old = StoreURL("s3", BUCKET, "runs/resnet-2023/")
     for i in range(21):
-        month = datetime(2023 + (5 + i) // 12, (5 + i) % 12 + 1, 15, tzinfo=timezone.utc)
+        month = datetime(2023 + (5 + i) // 12, (5 + i) % 12 + 1, 15, tzinfo=UTC)
         write_checkpoint(store, old, 1000 * (i + 1), created=month.timestamp(), data_objects=1)
     pin(store, old.child("step_000004000"), "release v1")
-    now_old = iso_z(datetime(2025, 3, 1, tzinfo=timezone.utc))
+    now_old = iso_z(datetime(2025, 3, 1, tzinfo=UTC))
 
     run_cli("ls", f"s3://{BUCKET}/runs/llama-8b/")
     for name in ("keep-last-3", "pretraining", "finetuning"):

@@ -13,7 +13,7 @@ import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 # Checkpoints are "committed" (their markers say) in 2025; the grace period is judged
 # against the real clock, which is what moto's object mtimes use.
 
@@ -260,7 +260,7 @@ def test_gc_aborts_stale_uploads_and_removes_abandoned_saves(
         store, run, 3, created=time.time(), commit=False, metadata=False, tag="dead0003"
     )
     store.create_multipart(dead.key(data_name(1, 0, "dead0003")))
-    future = (datetime.now(timezone.utc) + timedelta(days=2)).isoformat()
+    future = (datetime.now(UTC) + timedelta(days=2)).isoformat()
     # judged two days from now everything is stale; the real clock is used by the CLI, so
     # call the library with `now` instead.
     from s3ckpt.retention import gc
@@ -299,7 +299,7 @@ def test_gc_reclaims_dead_saves_leftovers_and_restores_metadata_on_s3(
     assert code == 0 and f"{ckpt_name(2)}: no live save, 1 open upload, no objects yet" in out
     assert f"{ckpt_name(1)}: overwrite in progress" in out
 
-    later = datetime.now(timezone.utc) + timedelta(days=2)
+    later = datetime.now(UTC) + timedelta(days=2)
     from s3ckpt.retention import gc
 
     r = gc(store, run, now=later, apply=True)
@@ -370,7 +370,7 @@ def test_pruner_killed_at_random_points_converges_and_keeps_what_it_must(bucket:
     populate(store, run, steps, data_objects=2)
     # past the grace period of every object (the policy itself reads no time): leftovers
     # of a killed pruner look abandoned / foreign, not in progress
-    now = datetime.now(timezone.utc) + timedelta(days=1)
+    now = datetime.now(UTC) + timedelta(days=1)
     from tests.integration._retention_worker import POLICY
 
     catalog = list_checkpoints(store, run, now=now)

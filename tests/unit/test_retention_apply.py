@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -47,7 +47,7 @@ from tests.integration._retention_util import (
     write_checkpoint,
 )
 
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 RUN = StoreURL("memory", "b", "runs/a/")
 
 
@@ -61,7 +61,7 @@ def fill(store: MemoryStore, clock: Clock, steps: list[int], run: StoreURL = RUN
 
 
 def now_after(clock: Clock, hours: float = 3) -> datetime:
-    return datetime.fromtimestamp(clock.t, timezone.utc) + timedelta(hours=hours)
+    return datetime.fromtimestamp(clock.t, UTC) + timedelta(hours=hours)
 
 
 # -- catalog -----------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_catalog_states_order_and_control_objects(store: MemoryStore, clock: Clo
     write_checkpoint(store, RUN, 6, created=clock.t, commit=False, name="foreign")
     clock.t += 3600 * 3
     write_checkpoint(store, RUN, 40, created=clock.t, commit=False)  # the save in progress
-    now = datetime.fromtimestamp(clock.t + 60, timezone.utc)
+    now = datetime.fromtimestamp(clock.t + 60, UTC)
     cat = list_checkpoints(store, RUN, now=now, grace=timedelta(hours=2))
     # without a step: by commit time (none for the abandoned one, so it sorts first)
     assert [(c.name, c.state) for c in cat] == [
@@ -102,7 +102,7 @@ def test_open_multipart_upload_keeps_a_prefix_in_progress(store: MemoryStore, cl
     write_checkpoint(store, RUN, 7, created=clock.t, commit=False, metadata=False)
     clock.t += 5 * 3600
     store.create_multipart(RUN.child(ckpt_name(7)).key(data_name(1, 0, "abcdef01")))
-    now = datetime.fromtimestamp(clock.t, timezone.utc)
+    now = datetime.fromtimestamp(clock.t, UTC)
     assert list_checkpoints(store, RUN, now=now)[0].state is CheckpointState.IN_PROGRESS
 
 
@@ -329,7 +329,7 @@ def test_gc_aborts_old_uploads_and_removes_only_abandoned(store: MemoryStore, cl
         store, RUN, 5, created=clock.t, commit=False, metadata=False, tag="1e1e1e1e"
     )
     new_upload = store.create_multipart(live.key(data_name(9, 0, "1e1e1e1e")))
-    now = datetime.fromtimestamp(clock.t + 60, timezone.utc)
+    now = datetime.fromtimestamp(clock.t + 60, UTC)
     dry = gc(store, RUN, now=now)
     assert not dry.applied and [c.name for c in dry.abandoned] == [ckpt_name(3)]
     assert [u.upload_id for u in dry.uploads] == [old_upload]

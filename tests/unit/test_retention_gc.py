@@ -9,7 +9,7 @@ import math
 import sys
 import time
 import types
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -48,7 +48,7 @@ from tests.integration._retention_util import (
 
 # The CLI judges against the wall clock: the store's clock starts 30 days before it, so
 # "3 hours later" is still in the past and ``at(clock)`` is close to what the CLI uses.
-T0 = datetime.fromtimestamp(time.time() - 30 * 86400, timezone.utc)
+T0 = datetime.fromtimestamp(time.time() - 30 * 86400, UTC)
 RUN = StoreURL("memory", "b", "runs/a/")
 HOUR = 3600.0
 
@@ -57,7 +57,7 @@ clock, store = clock_and_store_fixtures(T0)
 
 
 def at(clock: Clock, ahead: float = 0.0) -> datetime:
-    return datetime.fromtimestamp(clock.t + ahead, timezone.utc)
+    return datetime.fromtimestamp(clock.t + ahead, UTC)
 
 
 def names(store: MemoryStore, ckpt: StoreURL) -> set[str]:

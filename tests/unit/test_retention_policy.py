@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -30,7 +30,7 @@ from s3ckpt.retention import (
 from s3ckpt.uri import StoreURL
 
 RUN = StoreURL("s3", "bucket", "runs/a/")
-T0 = datetime(2025, 3, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 3, 1, tzinfo=UTC)
 NOW = T0 + timedelta(days=400)
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

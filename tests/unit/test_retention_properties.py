@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,7 +23,7 @@ from s3ckpt.retention import (
 from s3ckpt.uri import StoreURL
 
 RUN = StoreURL("s3", "bucket", "runs/p/")
-T0 = datetime(2024, 12, 20, tzinfo=timezone.utc)
+T0 = datetime(2024, 12, 20, tzinfo=UTC)
 NOW = T0 + timedelta(days=800)
 
 PROPS = settings(
