@@ -27,12 +27,18 @@ is kept if any rule keeps it, like restic's ``forget``)::
 
 An unknown key, a wrong type or a bad duration raises
 :class:`~s3ckpt.errors.PolicyError` naming the file, the key and what is allowed.
+
+Built-in policies: the ready-made files of the repository's ``policies/`` directory ship in the
+package as ``s3ckpt.policies``; :func:`load_policy` takes their bare names (``"pretraining"``)
+as well as paths (see :func:`builtin_policies`).
 """
 
 from __future__ import annotations
 
-import sys
+import tomllib
 from collections.abc import Mapping
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +55,11 @@ from s3ckpt.retention._policy import (
     Policy,
 )
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+__all__ = ["builtin_policies", "load_policy", "parse_policy"]
 
-__all__ = ["load_policy", "parse_policy"]
+# The package the ready-made policy files are installed as (pyproject.toml maps the
+# repository's policies/ directory to it).
+_BUILTIN_PACKAGE = "s3ckpt.policies"
 
 _TOP = {"description": "a string", "keep": "a table of rules"}
 _KEEP = {
@@ -206,8 +211,54 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     return rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
 
 
+def _builtin_files() -> dict[str, Traversable]:
+    """The shipped policy files by name (file name without ``.toml``)."""
+    try:
+        root = resources.files(_BUILTIN_PACKAGE)
+    except ModuleNotFoundError:  # a source tree used without installing (PYTHONPATH=.)
+        return {}
+    return {
+        f.name.removesuffix(".toml"): f
+        for f in root.iterdir()
+        if f.name.endswith(".toml") and f.is_file()
+    }
+
+
+def builtin_policies() -> list[str]:
+    """The names of the built-in policies, sorted (``["archive", ..., "pretraining"]``).
+
+    Each is a ready-made file of the repository's ``policies/`` directory, shipped with the
+    package; :func:`load_policy` and ``s3ckpt prune --policy NAME`` accept these names.
+    """
+    return sorted(_builtin_files())
+
+
+def _is_bare_name(name: str) -> bool:
+    return "/" not in name and "\\" not in name and not name.endswith(".toml")
+
+
 def load_policy(path: str | Path) -> Policy:
-    """Read and parse a TOML policy file (see :func:`parse_policy`)."""
+    """Read and parse a TOML policy file (see :func:`parse_policy`).
+
+    ``path`` is a policy file, or, as a string, the name of a built-in policy (see
+    :func:`builtin_policies`): a name has no path separator and no ``.toml`` suffix. A file
+    that exists wins over a built-in of the same name.
+
+    Raises:
+        PolicyError: The file cannot be read or is not a valid policy, or the name is
+            neither a file nor a built-in policy (the message lists the built-in names).
+    """
+    if isinstance(path, str) and _is_bare_name(path) and not Path(path).is_file():
+        builtins = _builtin_files()
+        if path in builtins:
+            res = builtins[path]
+            return parse_policy(res.read_text(encoding="utf-8"), source=str(res))
+        names = ", ".join(sorted(builtins)) or "none installed"
+        raise PolicyError(
+            f"{path}: no such policy file and no built-in policy of that name "
+            f"(built-in: {names}; a file path needs a / or the .toml suffix)",
+            source=path,
+        )
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

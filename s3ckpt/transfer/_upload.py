@@ -14,14 +14,13 @@ completed, so a failed save leaves nothing behind.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
-
-import numpy as np
 
 from s3ckpt import _crc
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
@@ -33,8 +32,48 @@ __all__ = ["ObjectSink", "Uploader", "format_leftovers"]
 log = logging.getLogger(__name__)
 
 
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (the buffer protocol's view), to read a buffer's address."""
+
+    _fields_ = (
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_void_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    )
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
+_release_buffer.restype = None
+_PYBUF_SIMPLE = 0  # a contiguous buffer of bytes, read-only allowed
+
+
 def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+    """The address of the first byte of a C-contiguous ``view`` (0 for an empty one).
+
+    Read through the buffer protocol, so read-only buffers (``bytes``, a read-only mmap)
+    work as well as writable ones.
+    """
+    if not view.nbytes:
+        return 0
+    buf = _PyBuffer()
+    # PyObject_GetBuffer raises (through ctypes.pythonapi) for a non-contiguous view.
+    _get_buffer(view, ctypes.byref(buf), _PYBUF_SIMPLE)
+    try:
+        return buf.buf or 0
+    finally:
+        _release_buffer(ctypes.byref(buf))
 
 
 class _Aborted(S3CkptError):
