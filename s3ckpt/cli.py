@@ -3,15 +3,28 @@
 Sub-commands live in the modules named in :data:`COMMAND_MODULES` (each has a
 ``register(subparsers, common)``); exit codes are documented in :mod:`s3ckpt._cli`.
 Commands that need no torch (ls, prune, pin, gc, ...) never import it.
+
+Every error a user can meet ends the command with one line on stderr
+(``s3ckpt: error: ...``) and its exit code, never a traceback; a reader that closes the
+pipe early (``s3ckpt ls ... | head -1``) ends it quietly with exit 141.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from s3ckpt._cli import EXIT_USAGE, common_parser, error, exit_code_for
+from s3ckpt._cli import (
+    EXIT_INTERRUPTED,
+    EXIT_PIPE,
+    EXIT_USAGE,
+    CommandError,
+    common_parser,
+    error,
+    exit_code_for,
+)
 from s3ckpt._version import __version__
 from s3ckpt.errors import S3CkptError
 
@@ -56,13 +69,34 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return int(func(args))
+        code = int(func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_PIPE
+    except CommandError as exc:
+        error(str(exc))
+        return exc.code
     except S3CkptError as exc:
         error(str(exc))
         return exit_code_for(exc)
     except KeyboardInterrupt:
         error("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _silence_stdout() -> None:
+    """After the reader of stdout went away: send what is still buffered, and whatever
+    is printed until exit, to the null device, so the interpreter's last flush raises no
+    second BrokenPipeError ("Exception ignored ..."). Python's documented recipe
+    (``signal`` module, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no file descriptor (captured in tests)
+        pass
 
 
 if __name__ == "__main__":

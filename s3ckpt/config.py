@@ -4,12 +4,12 @@ move (:class:`TransferConfig`)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from s3ckpt.errors import ConfigError
 
-__all__ = ["KiB", "MiB", "GiB", "S3Config", "TransferConfig"]
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "KiB", "MiB", "GiB", "S3Config", "TransferConfig"]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -19,6 +19,39 @@ GiB = 1024 * MiB
 MIN_PART_SIZE = 5 * MiB
 MAX_PART_SIZE = 5 * GiB
 MAX_PARTS = 10_000
+
+DEFAULT_MAX_ATTEMPTS = 8
+"""Attempts per request when neither the caller, ``AWS_MAX_ATTEMPTS`` nor the AWS profile
+chooses."""
+
+
+class _DefaultAttempts(int):
+    """``TransferConfig.max_attempts`` that nobody chose (neither the caller nor
+    ``AWS_MAX_ATTEMPTS``): the S3 store may replace it with the AWS profile's
+    ``max_attempts`` (:meth:`TransferConfig.with_profile_attempts`). Equal to, printed as and
+    pickled as the number it holds."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+def _max_attempts_default() -> int:
+    """``AWS_MAX_ATTEMPTS`` when set, else :data:`DEFAULT_MAX_ATTEMPTS` (marked as unchosen)."""
+    text = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
+    if not text:
+        return _DefaultAttempts(DEFAULT_MAX_ATTEMPTS)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(
+            f"AWS_MAX_ATTEMPTS={text!r}: expected an integer >= 1 (attempts per request, "
+            "the first included)"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -35,14 +68,20 @@ class S3Config:
     ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` from the environment, else AWS."""
 
     region: str | None = None
-    """Region; ``None`` uses ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile, else
-    ``us-east-1``."""
+    """Region; ``None`` uses ``AWS_REGION``, else ``AWS_DEFAULT_REGION``, else the profile's
+    ``region``, else ``us-east-1`` (the AWS CLI v2's order; boto3 alone reads no
+    ``AWS_REGION``)."""
 
     profile: str | None = None
-    """Named profile from ``~/.aws/config``; ``None`` uses the default chain."""
+    """Named profile from ``~/.aws/config`` / ``~/.aws/credentials`` (or the files
+    ``AWS_CONFIG_FILE`` / ``AWS_SHARED_CREDENTIALS_FILE`` name); ``None`` uses
+    ``AWS_PROFILE``, else the default chain. An unknown profile is a
+    :class:`~s3ckpt.errors.ConfigError` when the client is built."""
 
     addressing_style: Literal["auto", "path", "virtual"] = "auto"
-    """Bucket addressing; most self-hosted stores need ``path``."""
+    """Bucket addressing; most self-hosted stores need ``path``. ``auto`` leaves it to the
+    AWS profile's ``s3.addressing_style`` when its config file sets one, else to botocore
+    (virtual-hosted where the bucket name allows it)."""
 
     sse_kms_key_id: str | None = None
     """KMS key id or ARN: every object is uploaded with ``aws:kms`` server-side encryption
@@ -139,8 +178,17 @@ class TransferConfig:
     read_chunk_size: int = 4 * MiB
     """Bytes read from a response body per call when streaming into tensors."""
 
-    max_attempts: int = 8
-    """Attempts per request (first try included) on throttling, 5xx, timeouts and resets."""
+    max_attempts: int = field(default_factory=_max_attempts_default)
+    """Attempts per request (first try included) on throttling, 5xx, timeouts and resets.
+
+    Precedence, as the AWS CLI and SDKs have it: this field when given (the CLI's
+    ``--max-attempts``), else ``AWS_MAX_ATTEMPTS`` (read when the config is built), else
+    ``max_attempts`` in the AWS profile's config file (applied by the S3 store when it
+    builds its client), else 8. s3ckpt retries every request itself, with one policy
+    (:mod:`s3ckpt.store.retry`: exponential back-off with full jitter, like botocore's
+    ``standard`` mode); botocore's own retries stay at one attempt, so the two never
+    multiply. ``AWS_RETRY_MODE`` / ``retry_mode`` therefore change nothing (``adaptive``
+    client-side rate limiting is not implemented)."""
 
     retry_initial_delay: float = 0.1
     """First back-off in seconds; doubles per attempt with full jitter."""
@@ -193,6 +241,21 @@ class TransferConfig:
             raise bad("connect_timeout", "connect_timeout > 0 and read_timeout > 0")
         if not self.request_deadline > 0:  # also refuses NaN
             raise bad("request_deadline", "> 0 (seconds)")
+
+    def with_profile_attempts(self, max_attempts: int | None) -> TransferConfig:
+        """This config with the AWS profile's ``max_attempts`` (``None``: the profile sets
+        none) applied where neither the caller nor ``AWS_MAX_ATTEMPTS`` chose a value.
+
+        Raises:
+            ConfigError: The profile's value is not an integer >= 1.
+        """
+        if max_attempts is None or type(self.max_attempts) is not _DefaultAttempts:
+            return self
+        if max_attempts < 1:
+            raise ConfigError(
+                f"max_attempts = {max_attempts} in the AWS config file; expected an integer >= 1"
+            )
+        return replace(self, max_attempts=int(max_attempts))
 
     @property
     def max_inflight_parts(self) -> int:

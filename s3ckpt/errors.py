@@ -68,7 +68,8 @@ class S3CkptError(Exception):
     """Base class of every error s3ckpt raises.
 
     Attributes:
-        bucket: The bucket involved, when there is one.
+        bucket: The bucket involved, when there is one; ``""`` for a local path (the
+            message then names it as a ``file://`` URL).
         key: The object key involved, when there is one.
         rank: The distributed rank that hit the error, when known.
     """
@@ -93,7 +94,9 @@ class S3CkptError(Exception):
 
     def __str__(self) -> str:
         where = []
-        if self.bucket is not None:
+        if self.bucket == "":  # a local file system (file:// URL): the key is the path
+            where.append(f"file:///{(self.key or '').lstrip('/')}")
+        elif self.bucket is not None:
             loc = f"s3://{self.bucket}/{self.key}" if self.key else f"s3://{self.bucket}"
             where.append(loc)
         elif self.key is not None:

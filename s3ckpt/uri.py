@@ -70,6 +70,17 @@ def parse_url(url: str) -> StoreURL:
         raise InvalidURLError(
             f"checkpoint URL {url!r} has a query or fragment; expected s3://BUCKET/PREFIX"
         )
+    if scheme in ("http", "https"):
+        raise InvalidURLError(
+            f"{url!r} is a web address, not a checkpoint location: for S3 or an "
+            "S3-compatible store write s3://BUCKET/PREFIX and give the endpoint with "
+            "--endpoint-url / S3Config.endpoint_url / AWS_ENDPOINT_URL"
+        )
+    if scheme not in ("s3", "file", "memory") and not _fsspec_knows(scheme):
+        raise InvalidURLError(
+            f"unsupported URL scheme {scheme!r} in {url!r}: expected s3://BUCKET/PREFIX, "
+            "a local path, or a URL of an fsspec file system (gs://, az://, file://, ...)"
+        )
     bucket = parts.netloc
     if scheme == "file":
         # file:///abs/path -> bucket "" is not allowed by S3 rules; keep the path whole.
@@ -85,6 +96,13 @@ def parse_url(url: str) -> StoreURL:
     if "//" in prefix:
         raise InvalidURLError(f"checkpoint URL {url!r} has an empty path segment ('//')")
     return StoreURL(scheme, bucket, prefix)
+
+
+def _fsspec_knows(scheme: str) -> bool:
+    """Whether fsspec has a file system for ``scheme`` (installed or installable)."""
+    from fsspec.registry import known_implementations, registry
+
+    return scheme in known_implementations or scheme in registry
 
 
 def as_url(location: str | os.PathLike[str]) -> str:

@@ -3,18 +3,27 @@
 Each sub-command module exposes ``register(subparsers, common)``: it adds its parsers with
 ``parser.set_defaults(func=handler)``; a handler takes the parsed ``argparse.Namespace`` and
 returns an exit code. ``common`` is a parent parser holding the store options every command
-takes (``--endpoint-url``, ``--region``, ``--profile``, ``--no-verify-tls``).
+takes (``--endpoint-url``, ``--region``, ``--profile``, ``--addressing-style``,
+``--no-verify-tls``, ``--max-attempts``, ``--read-timeout``).
 
 Exit codes (stable; cron jobs and scripts act on them):
 
 ====  ==========================================================================
 0     done (a dry run that planned, a verify that found nothing wrong, ...)
 1     done in part: some deletes failed, a verify found bad data, a diff found differences
-      when ``--exit-code`` was asked for; the message names each failure
-2     bad input: a malformed URL, policy file or argument; nothing was changed
+      when ``--exit-code`` was asked for, a checkpoint is unreadable; the message names
+      each failure
+2     bad input: a malformed or unsupported URL, policy file or argument, no checkpoint
+      at the location, an unknown AWS profile, a command that needs PyTorch where it is
+      not installed; nothing was changed
 3     the store refused or could not be reached (credentials, bucket, endpoint)
 4     busy: another pruner holds the lease on a run; try again later
+130   interrupted (Ctrl-C)
+141   stdout was closed early (``s3ckpt ls ... | head``): the command stops quietly, as
+      a program killed by SIGPIPE does
 ====  ==========================================================================
+
+Errors are one line on stderr, ``s3ckpt: error: ...``, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,9 +32,10 @@ import argparse
 import sys
 from typing import Any
 
-from s3ckpt.config import S3Config
+from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     AccessDeniedError,
+    CheckpointNotFoundError,
     ConfigError,
     EndpointError,
     NoSuchBucketError,
@@ -38,17 +48,57 @@ EXIT_PARTIAL = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
 EXIT_BUSY = 4
+EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141
 
 __all__ = [
     "EXIT_BUSY",
+    "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_PARTIAL",
+    "EXIT_PIPE",
     "EXIT_STORE",
     "EXIT_USAGE",
+    "CommandError",
     "common_parser",
+    "error",
     "exit_code_for",
     "s3_config_from_args",
+    "transfer_config_from_args",
 ]
+
+#: ``TransferConfig.request_deadline`` per second of ``--read-timeout`` (the defaults' ratio,
+#: 50 s / 20 s): a slower read timeout keeps room for more than one attempt.
+_DEADLINE_PER_READ_TIMEOUT = 2.5
+
+
+class CommandError(Exception):
+    """A command cannot go on: :func:`s3ckpt.cli.main` prints ``message`` as one error line
+    and exits with ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -58,12 +108,44 @@ def common_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--endpoint-url",
         default=None,
-        help="S3-compatible endpoint (default: AWS_ENDPOINT_URL, else AWS)",
+        help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)",
     )
-    g.add_argument("--region", default=None, help="AWS region (default: boto3's chain)")
-    g.add_argument("--profile", default=None, help="AWS profile name (default: boto3's chain)")
+    g.add_argument(
+        "--region",
+        default=None,
+        help="AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile's, us-east-1)",
+    )
+    g.add_argument(
+        "--profile",
+        default=None,
+        help="AWS profile from ~/.aws/config or ~/.aws/credentials (default: AWS_PROFILE)",
+    )
+    g.add_argument(
+        "--addressing-style",
+        choices=("auto", "virtual", "path"),
+        default=None,
+        help="bucket addressing; most self-hosted stores need path (default: the profile's "
+        "s3.addressing_style, else auto)",
+    )
     g.add_argument(
         "--no-verify-tls", action="store_true", help="do not verify the endpoint's TLS certificate"
+    )
+    g.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="attempts per request, the first included, on throttling, 5xx, timeouts and "
+        "resets (default: AWS_MAX_ATTEMPTS, the profile's max_attempts, else 8)",
+    )
+    g.add_argument(
+        "--read-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds without a byte from the store before an attempt is retried; one "
+        f"request may take {_DEADLINE_PER_READ_TIMEOUT:g} times this across its attempts "
+        f"(default {TransferConfig.read_timeout:g})",
     )
     return p
 
@@ -77,14 +159,31 @@ def s3_config_from_args(args: argparse.Namespace) -> S3Config:
         kwargs["region"] = args.region
     if getattr(args, "profile", None):
         kwargs["profile"] = args.profile
+    if getattr(args, "addressing_style", None):
+        kwargs["addressing_style"] = args.addressing_style
     if getattr(args, "no_verify_tls", False):
         kwargs["verify_tls"] = False
     return S3Config(**kwargs)
 
 
+def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig | None:
+    """A :class:`TransferConfig` from ``--max-attempts`` / ``--read-timeout``; ``None``
+    when neither is given (the library's defaults, ``AWS_MAX_ATTEMPTS`` and the profile's
+    ``max_attempts`` apply)."""
+    kwargs: dict[str, Any] = {}
+    if getattr(args, "max_attempts", None) is not None:
+        kwargs["max_attempts"] = args.max_attempts
+    if getattr(args, "read_timeout", None) is not None:
+        kwargs["read_timeout"] = args.read_timeout
+        kwargs["request_deadline"] = max(
+            TransferConfig.request_deadline, _DEADLINE_PER_READ_TIMEOUT * args.read_timeout
+        )
+    return TransferConfig(**kwargs) if kwargs else None
+
+
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an error that ended a command."""
-    if isinstance(exc, ConfigError):
+    if isinstance(exc, (ConfigError, CheckpointNotFoundError)):
         return EXIT_USAGE
     if isinstance(exc, (AccessDeniedError, NoSuchBucketError, EndpointError, StoreError)):
         return EXIT_STORE

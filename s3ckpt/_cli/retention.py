@@ -3,19 +3,37 @@
 ``prune`` and ``gc`` are dry runs unless ``--apply`` is given. Exit codes are those of
 :mod:`s3ckpt._cli`: 0 done, 1 some deletes failed, 2 bad input, 3 store error, 4 a run's
 lease is held by another pruner (the other runs were still pruned).
+
+PATH and CKPT are ``s3://`` URLs, other fsspec URLs or local paths. On a terminal, ``ls``,
+``prune`` and ``gc`` count the objects they list, read and delete on stderr as they go
+(:class:`_Counted` wraps the store); ``--json`` and ``--no-progress`` turn that off.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from s3ckpt._cli import EXIT_BUSY, EXIT_OK, EXIT_PARTIAL, s3_config_from_args
-from s3ckpt._cli._output import print_json, print_table
+from s3ckpt._cli import (
+    EXIT_BUSY,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    CommandError,
+    s3_config_from_args,
+    transfer_config_from_args,
+)
+from s3ckpt._cli._output import (
+    ProgressCounter,
+    add_output_options,
+    print_json,
+    print_table,
+    progress_enabled,
+)
 from s3ckpt._time import aware_now, parse_iso
 from s3ckpt._units import format_bytes
 from s3ckpt.errors import LeaseHeldError
@@ -26,6 +44,7 @@ from s3ckpt.retention import (
     MIN_GRACE,
     CheckpointInfo,
     GcResult,
+    Policy,
     PruneResult,
     format_duration,
     gc,
@@ -38,8 +57,16 @@ from s3ckpt.retention import (
     unpin,
 )
 from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.store.base import DeleteFailure
-from s3ckpt.uri import StoreURL
+from s3ckpt.store.base import (
+    Buffer,
+    CompletedPart,
+    DeleteFailure,
+    DeleteFailures,
+    ObjectInfo,
+    RangeReader,
+    UploadInfo,
+)
+from s3ckpt.uri import StoreURL, parse_location
 
 __all__ = ["register"]
 
@@ -87,7 +114,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "and pins. PATH is a run (s3://bucket/runs/llama/) or a prefix holding many runs.",
     )
     p.add_argument("path", metavar="PATH")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_output_options(p)
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
     p.set_defaults(func=_ls)
 
@@ -99,9 +126,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "freed. A dry run unless --apply is given.",
     )
     p.add_argument("path", metavar="PATH")
-    p.add_argument("--policy", required=True, metavar="FILE", help="a policy TOML file")
+    p.add_argument(
+        "--policy",
+        required=True,
+        metavar="POLICY",
+        help="a policy TOML file, or the name of a ready-made one (e.g. pretraining)",
+    )
     p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_output_options(p)
     p.add_argument(
         "--max-delete",
         type=_nonneg_int,
@@ -138,10 +170,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     )
     p.add_argument("checkpoint", metavar="CKPT")
     p.add_argument("--reason", required=True, help="why it is pinned (shown by ls and prune)")
+    add_output_options(p, progress=False)
     p.set_defaults(func=_pin)
 
     p = sub.add_parser("unpin", parents=[common], help="remove a checkpoint's pin")
     p.add_argument("checkpoint", metavar="CKPT")
+    add_output_options(p, progress=False)
     p.set_defaults(func=_unpin)
 
     p = sub.add_parser(
@@ -167,13 +201,115 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     )
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
     p.add_argument("--apply", action="store_true", help="abort and delete (default: dry run)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_output_options(p)
     p.add_argument("--lease-ttl", type=_duration, default=DEFAULT_LEASE_TTL, help=argparse.SUPPRESS)
     p.set_defaults(func=_gc)
 
 
-def _open(args: argparse.Namespace, url: str) -> tuple[ObjectStore, StoreURL]:
-    return open_store(url, s3_config=s3_config_from_args(args))
+def _open(args: argparse.Namespace, location: str) -> tuple[ObjectStore, StoreURL]:
+    """The store and URL of a command's PATH / CKPT: a URL or a local path (which must be
+    a folder: a typo is an error here, where a prefix on a bucket would only be empty)."""
+    url = parse_location(location)
+    if url.scheme == "file" and not os.path.isdir("/" + url.prefix):
+        raise CommandError(f"{location}: no such folder (PATH is a URL or a local folder)")
+    return open_store(
+        url,
+        s3_config=s3_config_from_args(args),
+        transfer_config=transfer_config_from_args(args),
+    )
+
+
+class _Counted:
+    """An :class:`ObjectStore` that counts, on a :class:`ProgressCounter`, the objects it
+    lists, reads and deletes and the uploads it aborts; everything else passes through."""
+
+    def __init__(self, store: ObjectStore, counter: ProgressCounter) -> None:
+        self._store = store
+        self._counter = counter
+
+    @property
+    def bucket(self) -> str:
+        return self._store.bucket
+
+    @property
+    def url_scheme(self) -> str:
+        return self._store.url_scheme
+
+    def put(
+        self,
+        key: str,
+        data: Buffer,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        crc32c: int | None = None,
+    ) -> str:
+        return self._store.put(
+            key, data, if_none_match=if_none_match, if_match=if_match, crc32c=crc32c
+        )
+
+    def create_multipart(self, key: str) -> str:
+        return self._store.create_multipart(key)
+
+    def upload_part(
+        self, key: str, upload_id: str, part_number: int, data: Buffer, *, crc32c: int | None = None
+    ) -> CompletedPart:
+        return self._store.upload_part(key, upload_id, part_number, data, crc32c=crc32c)
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload_id: str,
+        parts: Sequence[CompletedPart],
+        *,
+        if_none_match: bool = False,
+    ) -> str:
+        return self._store.complete_multipart(key, upload_id, parts, if_none_match=if_none_match)
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        self._store.abort_multipart(key, upload_id)
+        self._counter.add("uploads aborted")
+
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> RangeReader:
+        return self._store.open_range(key, start, length)
+
+    def get(self, key: str) -> bytes:
+        data = self._store.get(key)
+        self._counter.add("read")
+        return data
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self._store.head(key)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        for info in self._store.list(prefix):
+            self._counter.add("objects listed")
+            yield info
+
+    def list_prefixes(
+        self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
+    ) -> Iterator[str]:
+        return self._store.list_prefixes(prefix, delimiter, start_after=start_after)
+
+    def delete(self, keys: Sequence[str]) -> DeleteFailures:
+        failures = self._store.delete(keys)
+        self._counter.add("deleted", len(keys) - len(failures))
+        return failures
+
+    def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
+        for upload in self._store.list_multipart_uploads(prefix):
+            self._counter.add("uploads listed")
+            yield upload
+
+
+def _open_counted(
+    args: argparse.Namespace, location: str, label: str
+) -> tuple[ObjectStore, StoreURL, ProgressCounter]:
+    """:func:`_open`, with the store counted on a progress line (drawn only on a terminal
+    without ``--json`` / ``--no-progress``)."""
+    store, url = _open(args, location)
+    counter = ProgressCounter(label, enabled=progress_enabled(args))
+    return (_Counted(store, counter) if counter.enabled else store), url, counter
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -211,8 +347,11 @@ def _print_failures(failures: Iterable[DeleteFailure]) -> None:
 
 # -- ls ----------------------------------------------------------------------------------------
 def _ls(args: argparse.Namespace) -> int:
-    store, root = _open(args, args.path)
-    catalogs = scan(store, root, grace=args.grace)
+    store, root, counter = _open_counted(args, args.path, "ls")
+    try:
+        catalogs = scan(store, root, grace=args.grace)
+    finally:
+        counter.close()
     if args.json:
         _dump(
             {
@@ -303,7 +442,20 @@ def _print_prune(result: PruneResult) -> None:
 
 def _prune(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)  # bad file -> PolicyError -> exit 2, before any request
-    store, root = _open(args, args.path)
+    store, root, counter = _open_counted(args, args.path, "prune")
+    try:
+        return _prune_runs(args, policy, store, root, counter)
+    finally:
+        counter.close()
+
+
+def _prune_runs(
+    args: argparse.Namespace,
+    policy: Policy,
+    store: ObjectStore,
+    root: StoreURL,
+    counter: ProgressCounter,
+) -> int:
     now = aware_now(args.now)
     runs = list_runs(store, root, grace=args.grace, now=now)
     code = EXIT_OK
@@ -328,15 +480,19 @@ def _prune(args: argparse.Namespace) -> int:
                 code = EXIT_BUSY
             docs.append({"run": str(run), "busy": str(exc)})
             if not args.json:
+                counter.clear()
                 print(f"{run}  skipped: {exc}", file=sys.stderr)
             continue
+        counter.add(f"of {len(runs)} runs done")
         if not result.ok:
             code = EXIT_PARTIAL
         docs.append(result.to_dict())
         if not args.json:
+            counter.clear()
             if i:
                 print()
             _print_prune(result)
+            sys.stdout.flush()  # before the progress line is drawn again on stderr
     if args.json:
         _dump({"root": str(root), "applied": args.apply, "exit_code": code, "runs": docs})
     return code
@@ -345,14 +501,21 @@ def _prune(args: argparse.Namespace) -> int:
 # -- pin / unpin -------------------------------------------------------------------------------
 def _pin(args: argparse.Namespace) -> int:
     store, ckpt = _open(args, args.checkpoint)
-    pin(store, ckpt, args.reason)
-    print(f"pinned {ckpt}: {args.reason.strip()}")
+    pin(store, ckpt, args.reason)  # nothing there, or a run: exit 2 (exit_code_for)
+    reason = args.reason.strip()
+    if args.json:
+        _dump({"checkpoint": str(ckpt), "pinned": True, "reason": reason})
+    else:
+        print(f"pinned {ckpt}: {reason}")
     return EXIT_OK
 
 
 def _unpin(args: argparse.Namespace) -> int:
     store, ckpt = _open(args, args.checkpoint)
-    if unpin(store, ckpt):
+    was_pinned = unpin(store, ckpt)
+    if args.json:
+        _dump({"checkpoint": str(ckpt), "pinned": False, "was_pinned": was_pinned})
+    elif was_pinned:
         print(f"unpinned {ckpt}")
     else:
         print(f"{ckpt} was not pinned")
@@ -417,15 +580,18 @@ def _print_gc(r: GcResult) -> None:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    store, root = _open(args, args.path)
-    result = gc(
-        store,
-        root,
-        older_than=args.older_than,
-        grace=args.grace,
-        apply=args.apply,
-        lease_ttl=args.lease_ttl,
-    )
+    store, root, counter = _open_counted(args, args.path, "gc")
+    try:
+        result = gc(
+            store,
+            root,
+            older_than=args.older_than,
+            grace=args.grace,
+            apply=args.apply,
+            lease_ttl=args.lease_ttl,
+        )
+    finally:
+        counter.close()
     code = EXIT_PARTIAL if result.failures else EXIT_BUSY if result.busy_runs else EXIT_OK
     if args.json:
         _dump({**result.to_dict(), "exit_code": code})

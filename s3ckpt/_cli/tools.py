@@ -1,8 +1,9 @@
 """``s3ckpt inspect | verify | diff | export | import``: thin wrappers over
-:mod:`s3ckpt.tools` (imported only when one of these commands runs, since it needs torch).
+:mod:`s3ckpt.tools` (imported only when one of these commands runs, since it needs torch;
+without torch the command says how to install it and exits 2).
 
 ``--json`` prints the result's ``to_dict()`` (stable keys) on stdout. Progress bars go to
-stderr, and only when stderr is a terminal.
+stderr, and only when stderr is a terminal (never with ``--json`` / ``--no-progress``).
 """
 
 from __future__ import annotations
@@ -10,16 +11,30 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
-import time
-from typing import TextIO
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, error, s3_config_from_args
-from s3ckpt._cli._output import format_shape, print_json, print_table
+from s3ckpt._cli import (
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_USAGE,
+    CommandError,
+    error,
+    s3_config_from_args,
+    transfer_config_from_args,
+)
+from s3ckpt._cli._output import (
+    ProgressBar,
+    add_output_options,
+    format_shape,
+    print_json,
+    print_table,
+    progress_enabled,
+)
 from s3ckpt._time import utc
 from s3ckpt._units import format_bytes
 
-__all__ = ["ProgressBar", "register"]
+__all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -34,7 +49,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
     _filters(p)
     p.add_argument("--summary", action="store_true", help="totals only, no per-tensor list")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_options(p, progress=False)
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser(
@@ -50,8 +65,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         action="store_true",
         help="also read every byte of checkpoints without checksums (other DCP writers)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_options(p)
     p.set_defaults(func=_verify)
 
     p = sub.add_parser(
@@ -67,7 +81,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     _filters(p)
     p.add_argument("--all", action="store_true", help="list identical keys too")
     p.add_argument("--exit-code", action="store_true", help="exit 1 when the checkpoints differ")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_options(p)
     p.set_defaults(func=_diff)
 
     p = sub.add_parser(
@@ -98,8 +112,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         help="callable (name, tensor) -> iterable of (new_name, tensor) renaming/reshaping keys",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_options(p)
     p.set_defaults(func=_export)
 
     p = sub.add_parser(
@@ -121,7 +134,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     g.add_argument("--no-prefix", action="store_true", help="keep names as they are")
     p.add_argument("--step", type=int, default=None, help="step to record in s3ckpt.json")
     p.add_argument("--overwrite", action="store_true", help="replace a committed checkpoint")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_options(p)
     p.set_defaults(func=_import)
 
 
@@ -138,57 +151,33 @@ def _filters(p: argparse.ArgumentParser) -> None:
     )
 
 
-# -- output helpers --------------------------------------------------------------------------
-class ProgressBar:
-    """``label [#####.....] 1.2 GiB / 3.4 GiB  210.5 MiB/s  ETA 0:11`` on a terminal.
-
-    Callable as ``bar(done, total)`` from any thread; draws at most ten times a second
-    and only when ``stream`` is a TTY (or ``enabled=True``).
-    """
-
-    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None):
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self._t0 = time.monotonic()
-        self._last = 0.0
-        self._drawn = False
-        self._lock = threading.Lock()
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last < 0.1 and done < total:
-                return
-            self._last = now
-            frac = min(1.0, done / total) if total else 1.0
-            rate = done / max(now - self._t0, 1e-6)
-            eta = int((total - done) / rate) if rate > 0 and total > done else 0
-            filled = int(frac * 30)
-            self.stream.write(
-                f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] {format_bytes(done)} / "
-                f"{format_bytes(total)}  {format_bytes(rate)}/s  ETA {eta // 60}:{eta % 60:02d} "
-            )
-            self.stream.flush()
-            self._drawn = True
-
-    def close(self) -> None:
-        if self._drawn:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 # -- commands --------------------------------------------------------------------------------
+@contextmanager
+def _needs_torch(command: str) -> Iterator[None]:
+    """Around the import of :mod:`s3ckpt.tools`: without PyTorch (or with a broken
+    install), a one-line error saying how to get it."""
+    try:
+        yield
+    except ImportError as exc:
+        name = (getattr(exc, "name", None) or "").split(".")[0]
+        what = f"{name} is not installed" if name in ("torch", "numpy") else f"{exc}"
+        raise CommandError(
+            f"'s3ckpt {command}' needs PyTorch ({what}): "
+            'pip install "s3ckpt[torch]" (ls, prune, pin, unpin and gc run without it)',
+            EXIT_USAGE,
+        ) from None
+
+
 def _inspect(args: argparse.Namespace) -> int:
-    from s3ckpt.tools import inspect_checkpoint
+    with _needs_torch("inspect"):
+        from s3ckpt.tools import inspect_checkpoint
 
     info = inspect_checkpoint(
         args.checkpoint,
         include=args.include,
         exclude=args.exclude,
         s3_config=s3_config_from_args(args),
+        transfer_config=transfer_config_from_args(args),
     )
     if args.json:
         doc = info.to_dict()
@@ -240,15 +229,17 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from s3ckpt.tools import verify_checkpoint
+    with _needs_torch("verify"):
+        from s3ckpt.tools import verify_checkpoint
 
-    bar = ProgressBar("verify", enabled=False if args.no_progress or args.json else None)
+    bar = ProgressBar("verify", enabled=progress_enabled(args))
     try:
         res = verify_checkpoint(
             args.checkpoint,
             read_data=True if args.read_data else None,
             progress=bar,
             s3_config=s3_config_from_args(args),
+            transfer_config=transfer_config_from_args(args),
         )
     finally:
         bar.close()
@@ -277,15 +268,22 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from s3ckpt.tools import diff_checkpoints
+    with _needs_torch("diff"):
+        from s3ckpt.tools import diff_checkpoints
 
-    res = diff_checkpoints(
-        args.a,
-        args.b,
-        include=args.include,
-        exclude=args.exclude,
-        s3_config=s3_config_from_args(args),
-    )
+    bar = ProgressBar("diff", enabled=progress_enabled(args))
+    try:
+        res = diff_checkpoints(
+            args.a,
+            args.b,
+            include=args.include,
+            exclude=args.exclude,
+            s3_config=s3_config_from_args(args),
+            transfer_config=transfer_config_from_args(args),
+            progress=bar,
+        )
+    finally:
+        bar.close()
     if args.json:
         print_json(res.to_dict())
     else:
@@ -335,11 +333,12 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from s3ckpt.tools import export_checkpoint
+    with _needs_torch("export"):
+        from s3ckpt.tools import export_checkpoint
 
     if args.converter and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--converter mymodule:fn` from the current folder
-    bar = ProgressBar("export", enabled=False if args.no_progress or args.json else None)
+    bar = ProgressBar("export", enabled=progress_enabled(args))
     try:
         res = export_checkpoint(
             args.checkpoint,
@@ -353,6 +352,7 @@ def _export(args: argparse.Namespace) -> int:
             converter=args.converter,
             overwrite=args.overwrite,
             s3_config=s3_config_from_args(args),
+            transfer_config=transfer_config_from_args(args),
             progress=bar,
         )
     finally:
@@ -379,16 +379,23 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from s3ckpt.tools import import_safetensors
+    with _needs_torch("import"):
+        from s3ckpt.tools import import_safetensors
 
-    res = import_safetensors(
-        args.src,
-        args.dest,
-        prefix=None if args.no_prefix else args.prefix,
-        step=args.step,
-        overwrite=args.overwrite,
-        s3_config=s3_config_from_args(args),
-    )
+    bar = ProgressBar("import", enabled=progress_enabled(args))
+    try:
+        res = import_safetensors(
+            args.src,
+            args.dest,
+            prefix=None if args.no_prefix else args.prefix,
+            step=args.step,
+            overwrite=args.overwrite,
+            s3_config=s3_config_from_args(args),
+            transfer_config=transfer_config_from_args(args),
+            progress=bar,
+        )
+    finally:
+        bar.close()
     if args.json:
         print_json(res.to_dict())
         return EXIT_OK

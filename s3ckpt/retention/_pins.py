@@ -8,11 +8,13 @@ from datetime import datetime
 
 from s3ckpt._time import aware_now, iso_z
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, StoreError
-from s3ckpt.format import PIN_NAME
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = ["pin", "unpin"]
+
+_PAGE = 1000  # keys in the first page of a listing: all pin reads to decide
 
 
 def pin(
@@ -28,19 +30,15 @@ def pin(
 
     Raises:
         CheckpointNotFoundError: Nothing is stored under ``checkpoint``.
-        ConfigError: The reason is empty.
+        ConfigError: The reason is empty, or ``checkpoint`` is a run (a prefix holding
+            checkpoints) rather than one checkpoint.
 
     Request cost: one LIST (of at most 1000 keys, the first page) and one PUT.
     """
     reason = (reason or "").strip()
     if not reason:
         raise ConfigError("a pin needs a reason (--reason TEXT), e.g. 'release v1.2'")
-    if not _exists(store, checkpoint):
-        raise CheckpointNotFoundError(
-            f"no checkpoint at {checkpoint}: nothing is stored under that prefix",
-            bucket=checkpoint.bucket or None,
-            key=checkpoint.prefix,
-        )
+    _check_checkpoint(store, checkpoint)
     doc = {
         "reason": reason,
         "pinned_at": iso_z(aware_now(now)),
@@ -62,7 +60,7 @@ def unpin(store: ObjectStore, checkpoint: StoreURL) -> bool:
         f = failures[0]
         raise StoreError(
             f"could not remove the pin: {f.code}: {f.message}",
-            bucket=checkpoint.bucket or None,
+            bucket=checkpoint.bucket,
             key=key,
             operation="delete",
             code=f.code,
@@ -70,7 +68,41 @@ def unpin(store: ObjectStore, checkpoint: StoreURL) -> bool:
     return True
 
 
-def _exists(store: ObjectStore, prefix: StoreURL) -> bool:
-    for _ in store.list(prefix.prefix):
-        return True
-    return False
+def _is_checkpoint_file(name: str) -> bool:
+    """A name only a checkpoint prefix holds: the marker, DCP's ``.metadata``, data."""
+    return (
+        name in (MANIFEST_NAME, METADATA_NAME)
+        or name.endswith(".distcp")
+        or owned_tag(name) is not None
+    )
+
+
+def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
+    """Refuse a prefix with nothing under it, and a run (checkpoints one level down but
+    no checkpoint file at the prefix itself). Reads at most the first page of the
+    listing, and stops as soon as it knows."""
+    children: list[str] = []
+    empty = True
+    for i, info in enumerate(store.list(checkpoint.prefix)):
+        empty = False
+        rest = info.key[len(checkpoint.prefix) :]
+        child, sep, name = rest.partition("/")
+        if not sep and _is_checkpoint_file(child):
+            return
+        if sep and name in (MANIFEST_NAME, METADATA_NAME) and child not in children:
+            children.append(child)
+        if i + 1 >= _PAGE:
+            break
+    if empty:
+        raise CheckpointNotFoundError(
+            f"no checkpoint at {checkpoint}: nothing is stored under that prefix; "
+            "check the URL (s3ckpt ls RUN lists a run's checkpoints)",
+            bucket=checkpoint.bucket,
+            key=checkpoint.prefix,
+        )
+    if children:
+        some = ", ".join(children[:3]) + (", ..." if len(children) > 3 else "")
+        raise ConfigError(
+            f"{checkpoint} is a run holding checkpoints ({some}), not a checkpoint: pin one "
+            f"of them, e.g. {checkpoint.child(children[-1])}"
+        )

@@ -3,9 +3,14 @@
 Every request is retried on its own (:func:`s3ckpt.store._request.call`), under the one
 retry policy of :mod:`s3ckpt.store.retry` (exponential back-off with full jitter), on
 throttling (``SlowDown``, 503), 5xx, request timeouts and connection resets. botocore's
-own retries are turned off (one attempt) so the two never multiply. A bad hostname or a refused
-connection is *not* retried: it fails at once with an :class:`~s3ckpt.errors.EndpointError`
-that says what to check.
+own retries are turned off (one attempt) so the two never multiply; the attempts come from
+``TransferConfig.max_attempts``, ``AWS_MAX_ATTEMPTS`` or the profile's ``max_attempts``, in
+that order. A bad hostname or a refused connection is *not* retried: it fails at once with an
+:class:`~s3ckpt.errors.EndpointError` that says what to check.
+
+The client's region follows the AWS CLI v2: ``S3Config.region``, ``AWS_REGION``,
+``AWS_DEFAULT_REGION``, the profile's ``region``, else ``us-east-1``. An unknown profile is a
+:class:`~s3ckpt.errors.ConfigError` raised before any request.
 
 botocore errors become s3ckpt errors in :func:`s3ckpt.store._errors.map_error`, by error
 *code* and HTTP status through one table, never by message text. Request bodies are
@@ -23,10 +28,12 @@ from functools import partial
 from typing import Any, TypeVar
 
 import boto3
+import botocore.session
 from botocore.config import Config as BotoConfig
+from botocore.exceptions import ProfileNotFound
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.errors import ObjectNotFoundError, StoreError
+from s3ckpt.errors import ConfigError, ObjectNotFoundError, StoreError
 from s3ckpt.store._body import BufferBody
 from s3ckpt.store._range import S3RangeReader
 from s3ckpt.store._request import call, checksum_args, sse_args
@@ -45,6 +52,51 @@ __all__ = ["S3Store"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def _session(cfg: S3Config) -> botocore.session.Session:
+    """A botocore session for ``cfg.profile`` (``None``: ``AWS_PROFILE``, else the default
+    chain).
+
+    Raises:
+        ConfigError: The profile is in neither AWS file: naming it, where it came from and
+            where profiles are read from.
+    """
+    try:
+        session = botocore.session.Session(profile=cfg.profile)
+        session.get_scoped_config()  # raises ProfileNotFound for an unknown profile
+        return session
+    except ProfileNotFound as exc:
+        name = exc.kwargs.get("profile") or cfg.profile
+        source = "--profile / S3Config.profile" if cfg.profile else "AWS_PROFILE"
+        config_file = os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config"
+        creds_file = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+        raise ConfigError(
+            f"AWS profile {name!r} (from {source}) is in neither {config_file} nor "
+            f"{creds_file} (AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE choose other "
+            "files): name a profile listed by `aws configure list-profiles`, or create it "
+            f"with `aws configure --profile {name}`"
+        ) from None
+
+
+def _setting(session: botocore.session.Session, name: str) -> Any:
+    """A botocore setting: its environment variable, else the profile's config file."""
+    try:
+        return session.get_config_variable(name)
+    except ValueError as exc:  # a value botocore cannot convert (max_attempts = many)
+        raise ConfigError(f"{name} in the AWS config file or environment: {exc}") from None
+
+
+def _region(cfg: S3Config, session: botocore.session.Session) -> str:
+    """The region a client for ``cfg`` uses, in the AWS CLI v2's order: ``cfg.region``
+    (``--region``), ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's ``region``, else
+    ``us-east-1``. botocore itself reads ``AWS_DEFAULT_REGION`` and the profile only."""
+    return (
+        cfg.region
+        or os.environ.get("AWS_REGION", "").strip()
+        or _setting(session, "region")
+        or "us-east-1"
+    )
 
 
 class S3Store:
@@ -124,14 +176,24 @@ class S3Store:
         return self._client
 
     def _make_client(self) -> Any:
-        cfg, tc = self.s3_config, self.transfer_config
-        s3_opts: dict[str, Any] = {"addressing_style": cfg.addressing_style}
+        cfg = self.s3_config
+        session = _session(cfg)
+        # The profile's max_attempts counts only where neither the caller nor
+        # AWS_MAX_ATTEMPTS chose (TransferConfig.max_attempts says the precedence).
+        self.transfer_config = tc = self.transfer_config.with_profile_attempts(
+            _setting(session, "max_attempts")
+        )
+        s3_opts: dict[str, Any] = {}
+        if cfg.addressing_style != "auto":  # "auto" leaves the profile's s3.addressing_style
+            s3_opts["addressing_style"] = cfg.addressing_style
         if cfg.checksum_algorithm == "CRC32C":
             # Every body we send carries a CRC32C the store verifies, so signing the
             # payload's SHA-256 as well only burns client CPU (botocore already skips it on
             # HTTPS when a checksum is present; this makes http:// endpoints match).
             s3_opts["payload_signing_enabled"] = False
         boto_cfg = BotoConfig(
+            # s3ckpt retries every request itself (store/retry.py); a Config value wins over
+            # AWS_MAX_ATTEMPTS and the config file in botocore, so botocore never retries too.
             retries={"total_max_attempts": 1, "mode": "standard"},
             max_pool_connections=tc.max_concurrency + 4,
             connect_timeout=tc.connect_timeout,
@@ -143,12 +205,10 @@ class S3Store:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        session = boto3.session.Session(profile_name=cfg.profile)
-        region = cfg.region or session.region_name or "us-east-1"
-        return session.client(
+        return boto3.session.Session(botocore_session=session).client(
             "s3",
             endpoint_url=self.endpoint_url,
-            region_name=region,
+            region_name=_region(cfg, session),
             config=boto_cfg,
             verify=cfg.verify_tls,
         )
@@ -159,6 +219,9 @@ class S3Store:
 
     def _call_counted(self, operation: str, key: str | None, fn: Callable[[], T]) -> tuple[T, int]:
         """``fn()`` under the retry policy; returns its result and the attempts it took."""
+        # The client first, outside the retries: an unknown profile is a ConfigError at
+        # once, and the profile's max_attempts is in self.transfer_config from here on.
+        _ = self.client
         return call(
             fn,
             operation=operation,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -201,6 +201,7 @@ def diff_checkpoints(
     transfer_config: TransferConfig | None = None,
     store_a: ObjectStore | None = None,
     store_b: ObjectStore | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> DiffResult:
     """Compare every key (matching the filters) of checkpoints ``a`` and ``b``.
 
@@ -209,6 +210,8 @@ def diff_checkpoints(
         include / exclude: Glob filters on state-dict keys (``"model.*"``).
         read_window: Bytes of tensors downloaded per DCP load on each side.
         store_a / store_b: Stores to use instead of ones built from the URLs (tests).
+        progress: Called with ``(bytes_done, bytes_total)`` of the tensors compared by
+            value (those checksums could not decide), after each window.
     """
     ra = open_reader(a, s3_config=s3_config, transfer_config=transfer_config, store=store_a)
     rb = open_reader(
@@ -243,6 +246,10 @@ def diff_checkpoints(
         else:
             to_load.append((x, y))
     compared = 0
+    total = sum(max(x.nbytes, x.stored_bytes) for x, _ in to_load)
+    done = 0
+    if progress is not None and to_load:
+        progress(0, total)
     for batch in _batches(to_load, read_window):
         va = load_entries(ra, [x for x, _ in batch])
         vb = load_entries(rb, [y for _, y in batch])
@@ -273,6 +280,9 @@ def diff_checkpoints(
                     x.name, "identical" if same else "changed", "values", **both
                 )
         del va, vb
+        if progress is not None:
+            done += sum(max(x.nbytes, x.stored_bytes) for x, _ in batch)
+            progress(done, total)
     ordered = [results[k] for k in ea]
     ordered += [
         TensorDiff(k, "only_in_b", dtype_b=dtype_name(y.dtype), shape_b=y.shape)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -219,15 +221,30 @@ def _shared(sources: list[_Source], dest: StoreURL) -> ObjectStore | None:
 
 
 class _LazySavePlanner(DefaultSavePlanner):
-    """Hands the writer each tensor's real bytes only when it asks for that item."""
+    """Hands the writer each tensor's real bytes only when it asks for that item (and
+    reports the bytes handed over to ``progress``)."""
 
-    def __init__(self, fetch: dict[str, tuple[_Source, HeaderEntry]]) -> None:
+    def __init__(
+        self,
+        fetch: dict[str, tuple[_Source, HeaderEntry]],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         super().__init__()
         self._fetch = fetch
+        self._progress = progress
+        self._total = sum(e.nbytes for _, e in fetch.values())
+        self._done = 0
+        self._lock = threading.Lock()
 
     def resolve_data(self, write_item: Any) -> Any:
         source, entry = self._fetch[write_item.index.fqn]
-        return source.tensor(entry)
+        tensor = source.tensor(entry)
+        if self._progress is not None:
+            with self._lock:
+                self._done += entry.nbytes
+                done = self._done
+            self._progress(done, self._total)
+        return tensor
 
 
 def import_safetensors(
@@ -242,6 +259,7 @@ def import_safetensors(
     transfer_config: TransferConfig | None = None,
     src_store: ObjectStore | None = None,
     store: ObjectStore | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ImportResult:
     """Turn Hugging Face safetensors into an s3ckpt DCP checkpoint at ``dest``.
 
@@ -257,6 +275,8 @@ def import_safetensors(
         step / metrics: Recorded in ``s3ckpt.json``.
         overwrite: Replace a committed checkpoint at ``dest`` (safely).
         src_store / store: Stores to use instead of ones built from the URLs (tests).
+        progress: Called with ``(bytes_done, bytes_total)`` of tensor data as each tensor
+            is read from its source and handed to the writer (from the writer's threads).
 
     Raises:
         CheckpointNotFoundError: no safetensors at ``src``.
@@ -292,7 +312,12 @@ def import_safetensors(
             store=store if store is not None else _shared(sources, dest_url),
         )
         with quiet_dcp():
-            dcp.save(state, storage_writer=writer, planner=_LazySavePlanner(fetch), no_dist=True)
+            dcp.save(
+                state,
+                storage_writer=writer,
+                planner=_LazySavePlanner(fetch, progress),
+                no_dist=True,
+            )
     finally:
         for source in sources:
             source.close()
