@@ -34,8 +34,8 @@ REPO = HERE.parent
 #: bench_dcp.py's backend keys -> the names the docs use, in plot order.
 BACKENDS: dict[str, str] = {
     "s3ckpt": "s3ckpt",
-    "s3tc": "s3torchconnector",
-    "fsspec": "FsspecWriter + s3fs",
+    "s3tc": "s3torch-\nconnector",
+    "fsspec": "FsspecWriter\n+ s3fs",
     "boto3": "raw boto3\n(1 blob, ceiling)",
 }
 OPS = ("save", "load")
@@ -60,7 +60,7 @@ def plot_throughput(data: dict[str, Any], out: Path) -> Path:
     """MB/s per backend, save and load side by side; bars are medians, whiskers min-max."""
     summary = data["summary"]
     backends = _present(summary)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), layout="constrained")
     for ax, op in zip(axes, OPS, strict=True):
         names, med, err = [], [], [[], []]
         for b in backends:
@@ -89,7 +89,7 @@ def plot_peak_memory(data: dict[str, Any], out: Path) -> Path:
     """Peak RSS over the baseline (the state dict), max over runs, per backend and op."""
     summary = data["summary"]
     backends = _present(summary)
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.2), layout="constrained")
     width = 0.38
     xs = range(len(backends))
     for i, op in enumerate(OPS):
@@ -121,7 +121,7 @@ def plot_async(data: dict[str, Any], out: Path) -> Path:
     if warm:
         labels.append(f"async_save, warm\n(median of {len(warm)})")
         values.append(statistics.median(warm))
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 3.8), layout="constrained")
     bars = ax.bar(labels, values, color=["#8C8C8C", "#DD8452", "#55A868"][: len(values)])
     ax.bar_label(
         bars,

@@ -70,7 +70,8 @@ s3ckpt_docs_build() {
     local site="${S3CKPT_DOCS_SITE:-${_s3ckpt_docs_repo}/build/docs-site}"
     s3ckpt_docs_check || return 1
     _s3ckpt_docs_step_start "mkdocs build --strict (site in ${site#"${_s3ckpt_docs_repo}"/})"
-    (cd "${_s3ckpt_docs_repo}" && "${_s3ckpt_docs_venv}/bin/mkdocs" build --strict --quiet \
+    # Not --quiet: it drops warnings before --strict counts them.
+    (cd "${_s3ckpt_docs_repo}" && NO_MKDOCS_2_WARNING=1 "${_s3ckpt_docs_venv}/bin/mkdocs" build --strict \
         --site-dir "${site}") || return 1
     _s3ckpt_docs_step_done
 }

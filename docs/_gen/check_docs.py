@@ -89,15 +89,19 @@ def check_text(text: str, source: Path) -> list[str]:
             problems.append(f"{where}: placeholder {match.group(0)!r}")
         if fenced:
             continue
+        linked = set()
         for link in _LINK.finditer(line):
             path = resolve_link(source, link.group("target"))
             if path is not None and not path.exists():
                 problems.append(f"{where}: link to a missing file: {link.group('target')}")
+                linked.add(path)
         for code in _CODE_PATH.finditer(line):
             path_text = code.group("path").rstrip(".,:;")
             if any(c in path_text for c in "*<>{}$") or "..." in path_text:
                 continue
             path_text = path_text.split("::", 1)[0].split("#", 1)[0]
+            if (REPO / path_text).resolve() in linked:
+                continue  # reported once, as the link it is the text of
             if not (REPO / path_text).exists():
                 problems.append(f"{where}: names a missing repository path: {path_text}")
     return problems
