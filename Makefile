@@ -14,13 +14,19 @@ PYTEST_WORKERS ?= 2
 # slowest module first and --no-loadscope-reorder keeps that order.
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: install demo test test-terraform check-terraform lint typecheck unit integration bench clean
+.PHONY: install demo test test-terraform check-terraform check-wheel lint typecheck unit integration bench clean
+
+# torch is pinned to 2.13.0 (the test extra and constraints.txt). From PyPI alone that is, on
+# Linux x86_64, the CUDA build (several GB with its nvidia-* wheels). For the CPU build, name
+# the CPU wheel index: `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu` (pip then
+# takes 2.13.0+cpu, which the ==2.13.0 pin matches). This repository's machines have a local
+# torch 2.13.0+cpu wheel in pip's find-links, so they install the CPU build as they are.
+TORCH_INDEX ?=
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	# One resolve for everything. torch is the CPU build, pinned (torch==2.13.0 in the test
-	# extra and constraints.txt; an unpinned torch pulls a multi-GB CUDA build).
-	$(PIP) -c constraints.txt -e '.[dev]'
+	# One resolve for everything.
+	$(PIP) -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -e '.[dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -63,9 +69,9 @@ tf_status() {
     return "$$(cat "$$tf_log.rc")"
 }
 rc=0
-for step in install lint typecheck pytest; do
+for step in install lint typecheck check-wheel pytest; do
     if [[ "$$step" == pytest ]]; then
-        phase pytest $(PY) -m pytest -q $(PYTEST_XDIST) --durations=25 || rc=1
+        phase pytest $(PY) -m pytest -q -m "not packaging" $(PYTEST_XDIST) --durations=25 || rc=1
     else
         phase "$$step" $(MAKE) --no-print-directory "$$step" || rc=1
     fi
@@ -99,6 +105,11 @@ check-terraform:
 ## The terraform checks plus tests/terraform (apply to moto, probe the roles, destroy).
 test-terraform: install check-terraform
 	$(PY) -m pytest -q tests/terraform
+
+## Build the sdist and, from it, the wheel; check what they hold; install the wheel into a fresh
+## venv without torch and run `s3ckpt ls / prune --policy pretraining / gc` on a moto server.
+check-wheel: install
+	$(PY) -m pytest -q -p no:xdist -m packaging tests/packaging
 
 lint: install
 	$(VENV)/bin/ruff check s3ckpt tests benchmarks
