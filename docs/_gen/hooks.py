@@ -8,6 +8,8 @@
   (``[project.urls]`` Source or Repository), else the path as code.
 - Every page is checked by ``check_docs.check_text`` (placeholders, missing repository files);
   each problem is a warning, so ``mkdocs build --strict`` fails on it.
+- The docstrings mix in Sphinx roles (``:class:`X```); in the API pages they are shown as the
+  plain code they name (``~a.b.C`` as ``C``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ log = logging.getLogger("mkdocs.plugins.s3ckpt")
 
 _INCLUDE = re.compile(r"^\s*<!--\s*s3ckpt:include\s+(?P<path>\S+)\s*-->\s*$")
 _LINK = re.compile(r"(?P<bang>!?)\[(?P<text>[^\]]*)\]\((?P<target>[^)\s]+)\)")
+_ROLE = re.compile(
+    r":(?:class|func|meth|attr|data|mod|exc|obj):<code>(?P<tilde>~?)(?P<name>[^<]*)</code>"
+)
 DOCS = REPO / "docs"
 
 
@@ -81,3 +86,13 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     for problem in check_text(markdown, source):
         log.warning(problem)
     return _rewrite_links(markdown, source, page_path)
+
+
+def _strip_role(match: re.Match[str]) -> str:
+    name = match.group("name")
+    return f"<code>{name.rsplit('.', 1)[-1] if match.group('tilde') else name}</code>"
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Sphinx roles left in rendered docstrings become plain code."""
+    return _ROLE.sub(_strip_role, html)
