@@ -192,3 +192,16 @@ def test_the_installed_cli_runs_ls_prune_and_gc_without_torch(
 
     doc = json.loads(_s3ckpt(venv, "gc", root, "--json").stdout)
     assert doc["applied"] is False and doc["exit_code"] == 0
+
+
+def test_commands_that_need_an_extra_say_which_without_torch(venv: Path, bucket: str) -> None:
+    cases = {
+        ("demo",): 's3ckpt[demo]"',
+        ("inspect", f"s3://{bucket}/runs/a/step_000000001"): 'pip install "s3ckpt[torch]"',
+    }
+    for args, hint in cases.items():
+        proc = subprocess.run(
+            [str(venv / "s3ckpt"), *args], capture_output=True, text=True, timeout=120
+        )
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and hint in lines[0], (args, proc.stderr)
