@@ -31,6 +31,6 @@ def run(argv: list[str]) -> int:
 
     try:
         main(argv)
-    except SystemExit as exc:  # the demo's own --help (0) or bad usage (2)
+    except SystemExit as exc:  # --help (0), or a failure the demo has reported (1, 2, 3)
         return int(exc.code) if isinstance(exc.code, int) else 2
     return 0
