@@ -2,7 +2,7 @@
 
 ::
 
-    ckpt = Checkpointer("s3://bucket/runs/llama", policy="policies/pretraining.toml")
+    ckpt = Checkpointer("s3://bucket/runs/llama", policy="pretraining")
     start = ckpt.load(model, optimizer, train_state) or 0      # None: nothing to resume
     for step in range(start + 1, total + 1):
         ...
@@ -96,8 +96,9 @@ class Checkpointer:
     Args:
         path: The run prefix, e.g. ``s3://bucket/runs/llama-8b`` (any URL the store
             accepts; ``s3://`` uses boto3), or a parsed :class:`~s3ckpt.uri.StoreURL`.
-        policy: A retention policy (a :class:`s3ckpt.retention.Policy`, or the path of a
-            TOML policy file) applied after each commit; ``None`` keeps everything.
+        policy: A retention policy (a :class:`s3ckpt.retention.Policy`, a built-in policy
+            name such as ``"pretraining"``, or the path of a TOML policy file) applied after
+            each commit; ``None`` keeps everything.
         s3_config: Endpoint, encryption, storage class (default: from the environment).
         transfer_config: Part size, concurrency and memory bounds of transfers.
         process_group: Group for checkpoint collectives. Default: a new gloo group over

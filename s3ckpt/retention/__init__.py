@@ -53,7 +53,7 @@ from s3ckpt.retention._policy import (
 from s3ckpt.retention._prune import prune
 from s3ckpt.retention._results import GcResult, PruneResult
 from s3ckpt.retention._scan import list_checkpoints, list_runs, scan
-from s3ckpt.retention._toml import load_policy, parse_policy
+from s3ckpt.retention._toml import builtin_policies, load_policy, parse_policy
 
 __all__ = [
     "DEFAULT_GC_AGE",
@@ -90,6 +90,7 @@ __all__ = [
     "gc",
     "list_checkpoints",
     "list_runs",
+    "builtin_policies",
     "load_policy",
     "parse_duration",
     "parse_policy",
