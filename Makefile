@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= 2
 # slowest module first and --no-loadscope-reorder keeps that order.
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: install demo test test-terraform check-terraform check-wheel lint typecheck unit integration bench clean
+.PHONY: install demo test test-terraform check-terraform check-wheel check-deploy docs lint typecheck unit integration bench clean
 
 # torch is pinned to 2.13.0 (the test extra and constraints.txt). From PyPI alone that is, on
 # Linux x86_64, the CUDA build (several GB with its nvidia-* wheels). For the CPU build, name
@@ -36,15 +36,16 @@ demo: install
 	$(PY) -m s3ckpt.demo
 
 # `make test`, phase by phase. The terraform checks and checkov (make check-terraform: no project
-# venv needed) run in the background from the start, while install, lint, typecheck and pytest run
-# in the foreground; their log is shown once they are done. Every phase prints its wall time and
+# venv needed) run in the background from the start, the docs site and the deploy/ lint once the
+# project venv is installed, while install, lint, typecheck, check-wheel and pytest run in the
+# foreground; each background phase's log is shown once it is done. Every phase prints its wall time and
 # a summary closes the run: CI machines run this 10-25x slower than a quiet host, and the log
 # says where the time went. A failed phase fails the run; the foreground stops at the first.
 define TEST_SCRIPT
 set -uo pipefail
 started=$$SECONDS
-times=$$(mktemp "$${TMPDIR:-/tmp}/s3ckpt-test-times.XXXXXX")
-tf_log=$$(mktemp "$${TMPDIR:-/tmp}/s3ckpt-check-terraform.XXXXXX")
+tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/s3ckpt-test.XXXXXX")
+times=$$tmp/times
 phase() {
     local name=$$1 t0=$$SECONDS rc=0
     shift
@@ -56,18 +57,27 @@ phase() {
     printf '  %-34s %6ss  %s\n' "$$name" "$$took" "$$what" >>"$$times"
     return $$rc
 }
-( phase "check-terraform (background)" $(MAKE) --no-print-directory check-terraform >"$$tf_log" 2>&1
-  echo $$? >"$$tf_log.rc" ) &
-tf_pid=$$!
-tf_shown=
-tf_status() {
-    [[ -z "$$tf_shown" && -f "$$tf_log.rc" ]] || return 0
-    wait "$$tf_pid"
-    tf_shown=1
-    echo "==> check-terraform (background) finished; its log:"
-    sed 's/^/  | /' "$$tf_log"
-    return "$$(cat "$$tf_log.rc")"
+# Background phases: each runs one make target into its own log, shown once it is done.
+bg_names=() bg_pids=() bg_shown=()
+bg_start() {
+    local i=$${#bg_names[@]}
+    ( phase "$$1 (background)" $(MAKE) --no-print-directory "$$1" >"$$tmp/bg$$i.log" 2>&1
+      echo $$? >"$$tmp/bg$$i.rc" ) &
+    bg_names+=("$$1") bg_pids+=($$!) bg_shown+=("")
 }
+bg_status() {  # show the background phases that finished; fail if one of them failed
+    local i rc=0
+    for i in "$${!bg_names[@]}"; do
+        [[ -z "$${bg_shown[$$i]}" && -f "$$tmp/bg$$i.rc" ]] || continue
+        wait "$${bg_pids[$$i]}"
+        bg_shown[$$i]=1
+        echo "==> $${bg_names[$$i]} (background) finished; its log:"
+        sed 's/^/  | /' "$$tmp/bg$$i.log"
+        [[ "$$(cat "$$tmp/bg$$i.rc")" == 0 ]] || rc=1
+    done
+    return $$rc
+}
+bg_start check-terraform          # needs no project venv
 rc=0
 for step in install lint typecheck check-wheel pytest; do
     if [[ "$$step" == pytest ]]; then
@@ -75,19 +85,22 @@ for step in install lint typecheck check-wheel pytest; do
     else
         phase "$$step" $(MAKE) --no-print-directory "$$step" || rc=1
     fi
-    tf_status || rc=1
+    # The docs site and the deploy/ lint read the project venv: they start once it exists.
+    [[ "$$step" == install && $$rc == 0 ]] && { bg_start docs; bg_start check-deploy; }
+    bg_status || rc=1
     ((rc == 0)) || break
 done
-if [[ -z "$$tf_shown" ]]; then
-    echo "==> waiting for check-terraform (background)"
-    while [[ ! -f "$$tf_log.rc" ]] && kill -0 "$$tf_pid" 2>/dev/null; do sleep 1; done
-    [[ -f "$$tf_log.rc" ]] || echo 1 >"$$tf_log.rc"
-    tf_status || rc=1
-fi
-echo "== make test: wall time per phase (check-terraform overlaps the others)"
+for i in "$${!bg_names[@]}"; do
+    [[ -z "$${bg_shown[$$i]}" ]] || continue
+    echo "==> waiting for $${bg_names[$$i]} (background)"
+    while [[ ! -f "$$tmp/bg$$i.rc" ]] && kill -0 "$${bg_pids[$$i]}" 2>/dev/null; do sleep 1; done
+    [[ -f "$$tmp/bg$$i.rc" ]] || echo 1 >"$$tmp/bg$$i.rc"
+done
+bg_status || rc=1
+echo "== make test: wall time per phase (background phases overlap the others)"
 cat "$$times"
 printf '  %-34s %6ss  %s\n' total "$$((SECONDS - started))" "$$( ((rc == 0)) && echo ok || echo FAILED)"
-rm -f "$$times" "$$tf_log" "$$tf_log.rc"
+rm -rf "$$tmp"
 exit $$rc
 endef
 export TEST_SCRIPT
@@ -111,6 +124,15 @@ test-terraform: install check-terraform
 check-wheel: install
 	$(PY) -m pytest -q -p no:xdist -m packaging tests/packaging
 
+## The docs site: generated pages current, no placeholders or missing files, mkdocs build --strict
+## (in .venv-docs, from requirements/docs.txt).
+docs: install
+	bash scripts/build-docs.sh ci
+
+## deploy/ (the retention cron's image, Kubernetes CronJob, ECS schedule): linted, see the script.
+check-deploy: install
+	bash scripts/check-deploy.sh
+
 lint: install
 	$(VENV)/bin/ruff check s3ckpt tests benchmarks
 
@@ -127,4 +149,4 @@ bench: install
 	$(PY) benchmarks/bench_dcp.py --size-mib 1024 --runs 3
 
 clean:
-	rm -rf $(VENV) .venv-checkov .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-checkov .venv-docs build/docs-site .pytest_cache .mypy_cache .ruff_cache .hypothesis
