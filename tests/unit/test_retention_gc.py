@@ -67,9 +67,8 @@ def names(store: MemoryStore, ckpt: StoreURL) -> set[str]:
 def run_cli(store: MemoryStore, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str]:
     import s3ckpt._cli.retention as cli_mod
 
-    monkeypatch.setattr(
-        cli_mod, "open_store", lambda url, **kw: (store, StoreURL("memory", "b", url))
-    )
+    # PATH is a memory:// URL: the command parses it, and runs on this test's store.
+    monkeypatch.setattr(cli_mod, "open_store", lambda url, **kw: (store, url))
     out: list[str] = []
     monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(write=out.append, flush=lambda: 0))
     code = main(list(argv))
@@ -134,7 +133,7 @@ def test_grace_below_the_floor_is_raised_and_said(
     assert p.notes == r.notes
     assert p.plan.skipped[ckpt_name(2)] == ("in progress (no commit marker, recent activity)",)
     assert MIN_GRACE_SECONDS == 60
-    code, out = run_cli(store, monkeypatch, "gc", RUN.prefix, "--grace", "0s", "--apply")
+    code, out = run_cli(store, monkeypatch, "gc", str(RUN), "--grace", "0s", "--apply")
     assert code == 0 and "note: grace 0s is below the floor of 1m" in out
     assert len(names(store, live)) == 3
 
@@ -261,8 +260,8 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
     want_resave = {resave.key(data_name(i, 0, "33333333")) for i in range(3)}
     assert set(dry.leftovers) == want_committed | want_resave
     assert [u.upload_id for u in dry.uploads] == [lost] and dry.abandoned == ()
-    assert run_cli(store, monkeypatch, "gc", RUN.prefix, "--json")[0] == 0
-    _, out = run_cli(store, monkeypatch, "gc", RUN.prefix, "--json")
+    assert run_cli(store, monkeypatch, "gc", str(RUN), "--json")[0] == 0
+    _, out = run_cli(store, monkeypatch, "gc", str(RUN), "--json")
     doc = json.loads(out)
     assert set(doc["leftovers"]) == set(dry.leftovers) and doc["applied"] is False
 
@@ -352,11 +351,11 @@ def test_ls_shows_upload_only_saves_and_overwrites(
     assert c2.live_saves == 1 and len(c2.uploads) == 1
     assert cat[ckpt_name(1)].overwrite_in_progress
     # ls: the text and the JSON
-    code, out = run_cli(store, monkeypatch, "ls", RUN.prefix)
+    code, out = run_cli(store, monkeypatch, "ls", str(RUN))
     assert code == 0 and ckpt_name(2) in out
     assert f"{ckpt_name(2)}: 1 save in progress, 1 open upload, no objects yet" in out
     assert f"{ckpt_name(1)}: overwrite in progress (1 save in progress)" in out
-    code, out = run_cli(store, monkeypatch, "ls", RUN.prefix, "--json")
+    code, out = run_cli(store, monkeypatch, "ls", str(RUN), "--json")
     (run,) = json.loads(out)["runs"]
     by = {c["name"]: c for c in run["checkpoints"]}
     assert by[ckpt_name(2)]["state"] == "in_progress" and by[ckpt_name(2)]["open_uploads"] == 1
@@ -424,11 +423,11 @@ def test_gc_reports_a_busy_run_as_skipped_not_removed(
     r = gc(store, RUN, now=at(clock), apply=True)
     assert r.removed == () and r.skipped == (str(dead),) and r.busy_runs == (str(RUN),)
     assert len(names(store, dead)) == 3
-    code, out = run_cli(store, monkeypatch, "gc", RUN.prefix, "--apply")
+    code, out = run_cli(store, monkeypatch, "gc", str(RUN), "--apply")
     assert code == 4
     assert "abandoned saves: 1 (removed 0, skipped 1: lease held by another pruner)" in out
     holder.release()
-    code, out = run_cli(store, monkeypatch, "gc", RUN.prefix, "--apply")
+    code, out = run_cli(store, monkeypatch, "gc", str(RUN), "--apply")
     assert code == 0 and "abandoned saves: 1 (removed 1)" in out
 
 
@@ -438,7 +437,7 @@ def test_prune_counts_resumed_deletions_in_its_totals(
     _crashed_prune(store, clock)
     policy = tmp_path / "p.toml"
     policy.write_text("[keep]\nlast = 5\n")
-    code, out = run_cli(store, monkeypatch, "prune", RUN.prefix, "--policy", str(policy), "--apply")
+    code, out = run_cli(store, monkeypatch, "prune", str(RUN), "--policy", str(policy), "--apply")
     assert code == 0
     assert "deleted 2 of 2 (" in out and "2 of them finished for an interrupted prune" in out
     assert "of 0" not in out
@@ -470,6 +469,6 @@ def test_nan_and_inf_metrics_from_markers_rank_in_keep_best(
     assert set(p.plan.keep) == {ckpt_name(4), ckpt_name(3), ckpt_name(5)}  # 5: newest
     p = prune(store, RUN, KeepBest(2, "loss", mode="max"), now=at(clock))
     assert set(p.plan.keep) == {ckpt_name(2), ckpt_name(3), ckpt_name(5)}
-    _, out = run_cli(store, monkeypatch, "ls", RUN.prefix, "--json")
+    _, out = run_cli(store, monkeypatch, "ls", str(RUN), "--json")
     (run,) = json.loads(out)["runs"]
     assert [c["metrics"]["loss"] for c in run["checkpoints"]] == ["nan", "inf", 0.5, "-inf", "nan"]
