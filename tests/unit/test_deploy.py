@@ -248,8 +248,10 @@ def test_bad_settings_are_one_line_exit_2_and_run_nothing(
     assert len(err.strip().splitlines()) == 1 and message in err
 
 
-def test_any_other_command_goes_to_s3ckpt(tmp_path: Path) -> None:
-    code, calls, _, _ = run_entrypoint(tmp_path, {}, "ls", URL, "--json", exits={"ls": 3})
+@pytest.mark.parametrize("prefix", [(), ("s3ckpt",)])
+def test_any_other_command_goes_to_s3ckpt(tmp_path: Path, prefix: tuple[str, ...]) -> None:
+    args = (*prefix, "ls", URL, "--json")
+    code, calls, _, _ = run_entrypoint(tmp_path, {}, *args, exits={"ls": 3})
     assert (code, calls) == (3, [["ls", URL, "--json"]])
 
 
