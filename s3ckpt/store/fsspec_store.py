@@ -256,7 +256,19 @@ class FsspecStore:
             raise _map(exc, "head", self._bucket, key) from exc
         if info.get("type") == "directory":
             return None
-        return ObjectInfo(key, int(info.get("size") or 0), info.get("ETag"), _mtime(info))
+        size = int(info.get("size") or 0)
+        etag = info.get("ETag")
+        if etag is None and size <= _HEAD_MD5_LIMIT:
+            # No ETag of its own (a local file): the quoted MD5 that a conditional put
+            # returns and compares, so a head-then-conditional-put (a lease takeover) and
+            # the conditional puts after it agree.
+            try:
+                etag = _md5_etag(self.fs.cat_file(self._path(key)))
+            except FileNotFoundError:
+                return None
+            except Exception as exc:
+                raise _map(exc, "head", self._bucket, key) from exc
+        return ObjectInfo(key, size, etag, _mtime(info))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """See :meth:`ObjectStore.list`."""
@@ -303,6 +315,12 @@ class FsspecStore:
             key = self._key(str(path)).removesuffix(".s3ckpt-partial")
             if key.startswith(prefix):
                 yield UploadInfo(key, uid, None)
+
+
+_HEAD_MD5_LIMIT = 1 << 20
+"""Objects up to this size without an ETag of their own get the MD5 one from :meth:`head`
+(control objects: leases, markers, pins); a larger one has none, so a HEAD never costs the
+read of a data object."""
 
 
 def _md5_etag(data: bytes) -> str:
