@@ -29,7 +29,8 @@ def pin(
     checkpoint is never deleted by prune or gc. Pinning again replaces the reason.
 
     Raises:
-        CheckpointNotFoundError: Nothing is stored under ``checkpoint``.
+        CheckpointNotFoundError: Nothing is stored under ``checkpoint``, or nothing stored
+            there is a checkpoint's (a folder of runs, a foreign folder).
         ConfigError: The reason is empty, or ``checkpoint`` is a run (a prefix holding
             checkpoints) rather than one checkpoint.
 
@@ -106,3 +107,13 @@ def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
             f"{checkpoint} is a run holding checkpoints ({some}), not a checkpoint: pin one "
             f"of them, e.g. {checkpoint.child(children[-1])}"
         )
+    # Objects, but none a checkpoint holds at its own level and no checkpoint one level
+    # down: a folder of runs, or something that is not s3ckpt's. A pin there would keep
+    # nothing (prune and gc read pins per checkpoint), so it is refused, not written.
+    raise CheckpointNotFoundError(
+        f"no checkpoint at {checkpoint}: the objects under it are not a checkpoint's (no "
+        f"{MANIFEST_NAME}, {METADATA_NAME} or .distcp directly under it); if it is a folder "
+        "of runs, pin one checkpoint (s3ckpt ls URL lists them)",
+        bucket=checkpoint.bucket,
+        key=checkpoint.prefix,
+    )

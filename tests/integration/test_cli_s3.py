@@ -48,7 +48,7 @@ def test_inspect_into_a_closed_pipe_ends_quietly(bucket: str) -> None:
     assert (code, err) == (141, ""), err
 
 
-def test_pin_refuses_a_run_and_an_empty_prefix_with_exit_2(
+def test_pin_refuses_a_run_a_folder_of_runs_and_an_empty_prefix_with_exit_2(
     bucket: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = S3Store(bucket)
@@ -62,5 +62,11 @@ def test_pin_refuses_a_run_and_an_empty_prefix_with_exit_2(
     code = main(["pin", f"s3://{bucket}/runs/a/step_000000009", "--reason", "release"])
     err = capsys.readouterr().err
     assert code == 2 and "no checkpoint at" in err and err.count("\n") == 1, err
+    # A folder of runs (checkpoints two levels down) is no checkpoint either, and nothing
+    # is written there.
+    code = main(["pin", f"s3://{bucket}/runs/", "--reason", "release"])
+    err = capsys.readouterr().err
+    assert code == 2 and "are not a checkpoint's" in err and err.count("\n") == 1, err
+    assert store.head("runs/s3ckpt.pin.json") is None
     code = main(["pin", str(run.child("step_000000002")), "--reason", "release", "--json"])
     assert code == 0 and '"pinned": true' in capsys.readouterr().out
