@@ -79,9 +79,10 @@ def _is_checkpoint_file(name: str) -> bool:
 
 
 def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
-    """Refuse a prefix with nothing under it, and a run (checkpoints one level down but
-    no checkpoint file at the prefix itself). Reads at most the first page of the
-    listing, and stops as soon as it knows."""
+    """Refuse anything but a checkpoint: a prefix with nothing under it, a run (checkpoints
+    one level down but no checkpoint file at the prefix itself), and a prefix whose first
+    page holds no checkpoint file of its own (a folder of runs, a foreign folder). Reads at
+    most the first page of the listing, and stops as soon as it knows."""
     children: list[str] = []
     empty = True
     for i, info in enumerate(store.list(checkpoint.prefix)):
@@ -94,26 +95,23 @@ def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
             children.append(child)
         if i + 1 >= _PAGE:
             break
-    if empty:
-        raise CheckpointNotFoundError(
-            f"no checkpoint at {checkpoint}: nothing is stored under that prefix; "
-            "check the URL (s3ckpt ls RUN lists a run's checkpoints)",
-            bucket=checkpoint.bucket,
-            key=checkpoint.prefix,
-        )
     if children:
         some = ", ".join(children[:3]) + (", ..." if len(children) > 3 else "")
         raise ConfigError(
             f"{checkpoint} is a run holding checkpoints ({some}), not a checkpoint: pin one "
             f"of them, e.g. {checkpoint.child(children[-1])}"
         )
-    # Objects, but none a checkpoint holds at its own level and no checkpoint one level
-    # down: a folder of runs, or something that is not s3ckpt's. A pin there would keep
+    # Nothing at all, or objects none of which a checkpoint holds at its own level with no
+    # checkpoint one level down (a folder of runs, a foreign folder): a pin there would keep
     # nothing (prune and gc read pins per checkpoint), so it is refused, not written.
+    why = (
+        "nothing is stored under that prefix; check the URL (s3ckpt ls RUN lists a run's "
+        "checkpoints)"
+        if empty
+        else f"the objects under it are not a checkpoint's (no {MANIFEST_NAME}, "
+        f"{METADATA_NAME} or .distcp directly under it); if it is a folder of runs, pin one "
+        "checkpoint (s3ckpt ls URL lists them)"
+    )
     raise CheckpointNotFoundError(
-        f"no checkpoint at {checkpoint}: the objects under it are not a checkpoint's (no "
-        f"{MANIFEST_NAME}, {METADATA_NAME} or .distcp directly under it); if it is a folder "
-        "of runs, pin one checkpoint (s3ckpt ls URL lists them)",
-        bucket=checkpoint.bucket,
-        key=checkpoint.prefix,
+        f"no checkpoint at {checkpoint}: {why}", bucket=checkpoint.bucket, key=checkpoint.prefix
     )
