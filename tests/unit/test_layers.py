@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"transfer", "_commit"},  # part pool, uploads, ranged-read walk; commit-protocol checks
     {"dcp", "retention"},  # torch's StorageWriter/Reader; catalog -> policy -> plan -> apply
     {"checkpointer", "tools"},  # siblings: the training loop's API and the people's tools
+    {"lightning", "accelerate", "torchtitan"},  # framework glue over the Checkpointer and dcp/
     {"demo"},  # the main job: a small training run on the Checkpointer
     {"_cli"},  # the command line (``cli.py`` is its entry point)
 ]
