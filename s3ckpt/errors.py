@@ -21,7 +21,8 @@
     │   │   └── ChecksumMismatchError
     │   ├── IncompleteRestoreError   a load left entries of the state dict unrestored
     │   ├── UnsafeCheckpointError    a pickle asked for something outside the allow-list
-    │   └── SaveInProgressError      the previous async save is still uploading
+    │   ├── SaveInProgressError      the previous async save is still uploading
+    │   └── DeleteRefusedError       deleting this checkpoint could lose one (pinned, newest...)
     └── LeaseHeldError               another pruner holds the lease on a run
         └── LeaseLostError           our lease expired and another pruner took it over
 
@@ -45,6 +46,7 @@ __all__ = [
     "ChecksumMismatchError",
     "ConfigError",
     "CorruptCheckpointError",
+    "DeleteRefusedError",
     "EndpointError",
     "IncompleteRestoreError",
     "InvalidURLError",
@@ -264,6 +266,28 @@ class UnsafeCheckpointError(CheckpointError):
 class SaveInProgressError(CheckpointError):
     """A save was asked for while the previous async save is still uploading
     (``Checkpointer(on_busy="raise")``)."""
+
+
+class DeleteRefusedError(CheckpointError):
+    """A checkpoint was not deleted because deleting it could lose one: it is pinned, a save
+    is still writing it, it is the run's newest committed checkpoint, or it is not an s3ckpt
+    checkpoint (stock DCP, or a dead save's leftovers); nothing was deleted.
+
+    Attributes:
+        reason: Why, as a word: ``pinned``, ``in_progress``, ``newest``, ``foreign`` or
+            ``abandoned``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key)
+        self.reason = reason
 
 
 class LeaseHeldError(S3CkptError):

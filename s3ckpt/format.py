@@ -18,7 +18,10 @@ Names on the bucket (what s3ckpt writes, and so what it may ever delete):
 =================================  ===========================================================
 
 A *run* is a prefix whose checkpoints are its immediate sub-prefixes, named
-``step_{step:09d}`` by the Checkpointer (:func:`checkpoint_name`, :data:`STEP_NAME`). Its
+``step_{step:09d}`` by the Checkpointer (:func:`checkpoint_name`, :data:`STEP_NAME`); the
+names frameworks give (``step-4``, ``epoch=0-step=4.ckpt``, ``global_step4``,
+``checkpoint-4``) parse too (:func:`checkpoint_step`, or a pattern of the run's own,
+:func:`compile_step_pattern`). Its
 control objects are never checkpoints and never deleted by retention: ``s3ckpt.latest.json``
 (:data:`LATEST_NAME`, the Checkpointer's pointer to the latest checkpoint) and
 ``s3ckpt.lease`` (:data:`LEASE_NAME`, the pruner's lease) in the run, and
@@ -55,6 +58,7 @@ __all__ = [
     "STEP_NAME",
     "checkpoint_name",
     "checkpoint_step",
+    "compile_step_pattern",
     "check_metrics",
     "tensor_framing_error",
     "MIN_GRACE_SECONDS",
@@ -85,9 +89,23 @@ LEASE_NAME = "s3ckpt.lease"
 """Run-level pruner lease."""
 PIN_NAME = "s3ckpt.pin.json"
 """Per-checkpoint pin: ``{"reason": ..., "pinned_at": ..., "by": ...}``."""
-STEP_NAME = re.compile(r"step_(\d+)")
-"""A checkpoint sub-prefix named by its step (:func:`checkpoint_name`; any number of digits
-parses)."""
+STEP_NAME = re.compile(r"step_([0-9]+)")
+"""A checkpoint sub-prefix named by its step, as the Checkpointer names it
+(:func:`checkpoint_name`); :func:`checkpoint_step` reads this form and the frameworks'."""
+
+MAX_STEP_DIGITS = 18
+"""The most digits a step read from a name may have (a longer run of digits is no step)."""
+_DIGITS = f"([0-9]{{1,{MAX_STEP_DIGITS}}})"
+# A step word must not be glued to a letter or digit before it (``restep_4``, ``xstep_4``), and
+# its number must end the name or be followed by ``-`` or ``_`` (``step_4a``, ``step=4.5`` are
+# no steps).
+_STEP_FORMS = (
+    re.compile(r"(?<![A-Za-z0-9])step[_=-]" + _DIGITS + r"(?=$|[-_])"),
+    re.compile(r"(?<![A-Za-z0-9])global_step" + _DIGITS + r"(?=$|[-_])"),
+)
+_HF_NAME = re.compile(r"checkpoint-" + _DIGITS)
+_ONLY_DIGITS = re.compile(_DIGITS)
+_STEP_EXTENSIONS = (".ckpt", ".pt", ".pth")
 
 HEARTBEAT_INTERVAL = 15.0
 """Seconds between a writing rank's heartbeats (``s3ckpt.alive.{tag}.{rank}``)."""
@@ -151,9 +169,77 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:09d}"
 
 
-def checkpoint_step(name: str) -> int | None:
-    """The step a checkpoint sub-prefix's name (without the slash) gives, else None."""
-    m = STEP_NAME.fullmatch(name)
+def compile_step_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+    """``pattern`` compiled and checked for :func:`checkpoint_step`: a regular expression
+    with exactly one capture group, around the step's digits (``r"ckpt_e\\d+_s(\\d+)"``;
+    other groups must not capture: ``(?:...)``).
+
+    Raises:
+        ConfigError: Not a string, not a valid regular expression, or not exactly one
+            capture group; the message says which.
+    """
+    if isinstance(pattern, re.Pattern):
+        compiled = pattern
+    elif isinstance(pattern, str):
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(
+                f"step pattern '{pattern}' is not a valid regular expression: {exc}"
+            ) from None
+    else:
+        raise ConfigError(
+            f"a step pattern must be a regular expression (string), got {type(pattern).__name__}"
+        )
+    if compiled.groups != 1:
+        raise ConfigError(
+            f"step pattern '{compiled.pattern}' has {compiled.groups} capture groups; it needs "
+            r"exactly one, around the step's digits (e.g. 'ckpt_e\d+_s(\d+)'; write other "
+            "groups as (?:...))"
+        )
+    return compiled
+
+
+def checkpoint_step(name: str, pattern: str | re.Pattern[str] | None = None) -> int | None:
+    """The step a checkpoint sub-prefix's name (without the slash) gives, else None.
+
+    With ``pattern`` (see :func:`compile_step_pattern`) the whole name must match it
+    (``re.fullmatch``) and its capture group must be 1 to 18 ASCII digits; nothing else is
+    tried. Without one, the forms training frameworks use are read, by these rules:
+
+    1. One trailing ``.ckpt``, ``.pt`` or ``.pth`` is ignored (``step=4.ckpt``).
+    2. A *step word* is ``step`` followed by ``_``, ``=`` or ``-`` (``step_000000100`` of the
+       Checkpointer, ``step_4``, ``step-4`` of torchtitan, ``step=4`` of Lightning), or
+       ``global_step`` followed directly by the digits (DeepSpeed's ``global_step4``). The
+       word must not be glued to a letter or digit before it (``restep_4`` is no step;
+       ``epoch=0-step=4`` and ``global_step=4`` are), and its 1 to 18 digits must end the
+       name or be followed by ``-`` or ``_`` (``epoch=1-step=200-v1`` is 200; ``step_4a``,
+       ``step=4.5`` and ``steps_4`` are no steps). Case matters: ``Step_4`` is no step.
+    3. Every step word of the name counts: when they name **different** numbers
+       (``step_4-step_8``, ``epoch=0-step=4-warmup_step=10``) the name is ambiguous and
+       gives None rather than a guess; the same number twice is that number.
+    4. Failing those, the whole name ``checkpoint-<digits>`` (Hugging Face Trainer) gives
+       its number.
+
+    So ``last.ckpt``, ``epoch=3.ckpt``, ``best`` and accelerate's ``checkpoint_4`` (a count
+    of saves, not a step) give None; a run named otherwise can pass a pattern (the policy
+    file's ``step_pattern``, ``s3ckpt ls --step-pattern``). The catalog prefers the step
+    recorded in a checkpoint's commit marker to either.
+    """
+    if pattern is not None:
+        m = compile_step_pattern(pattern).fullmatch(name)
+        digits = m.group(1) if m else None
+        if digits is None or not _ONLY_DIGITS.fullmatch(digits):
+            return None
+        return int(digits)
+    for ext in _STEP_EXTENSIONS:
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+            break
+    found = {int(m.group(1)) for form in _STEP_FORMS for m in form.finditer(name)}
+    if found:
+        return found.pop() if len(found) == 1 else None
+    m = _HF_NAME.fullmatch(name)
     return int(m.group(1)) if m else None
 
 

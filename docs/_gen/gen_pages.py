@@ -136,6 +136,12 @@ WHAT_TO_DO: dict[str, str] = {
         '`on_busy="raise"`: wait on the previous handle\'s `committed`, save less often, or '
         'use `on_busy="wait"`.'
     ),
+    "DeleteRefusedError": (
+        "The message says why (`reason`) and what to do: `s3ckpt unpin` a pinned checkpoint "
+        "first; wait for a save in progress to commit; let `s3ckpt gc` remove a dead save's "
+        "leftovers; pass `--include-foreign` (`include_foreign=True`) for a stock-DCP "
+        "checkpoint, or `--allow-newest` (`allow_newest=True`) for the run's newest one."
+    ),
     "LeaseHeldError": (
         "Another pruner (`s3ckpt prune --apply` or `gc --apply`) is working on the run; the "
         "message names it and when its lease expires. Try again later (the cron's next run "

@@ -15,7 +15,8 @@ Exit codes (stable; cron jobs and scripts act on them):
       each failure
 2     bad input: a malformed or unsupported URL, policy file or argument, no checkpoint
       at the location, an unknown AWS profile, a command that needs PyTorch where it is
-      not installed; nothing was changed
+      not installed, ``rm`` of a checkpoint it refuses to delete (pinned, the newest, in
+      progress, foreign); nothing was changed
 3     the store refused or could not be reached (credentials, bucket, endpoint)
 4     busy: another pruner holds the lease on a run; try again later
 130   interrupted (Ctrl-C)
@@ -37,6 +38,7 @@ from s3ckpt.errors import (
     AccessDeniedError,
     CheckpointNotFoundError,
     ConfigError,
+    DeleteRefusedError,
     EndpointError,
     NoSuchBucketError,
     S3CkptError,
@@ -183,7 +185,7 @@ def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig | None
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an error that ended a command."""
-    if isinstance(exc, (ConfigError, CheckpointNotFoundError)):
+    if isinstance(exc, (ConfigError, CheckpointNotFoundError, DeleteRefusedError)):
         return EXIT_USAGE
     if isinstance(exc, (AccessDeniedError, NoSuchBucketError, EndpointError, StoreError)):
         return EXIT_STORE

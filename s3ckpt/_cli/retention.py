@@ -1,8 +1,9 @@
-"""``s3ckpt ls | prune | pin | unpin | gc``: the retention commands (no torch needed).
+"""``s3ckpt ls | prune | pin | unpin | gc | rm``: the retention commands (no torch needed).
 
-``prune`` and ``gc`` are dry runs unless ``--apply`` is given. Exit codes are those of
-:mod:`s3ckpt._cli`: 0 done, 1 some deletes failed, 2 bad input, 3 store error, 4 a run's
-lease is held by another pruner (the other runs were still pruned).
+``prune`` and ``gc`` are dry runs unless ``--apply`` is given; ``rm`` deletes (like ``rm``)
+unless ``--dry-run`` is given, and refuses what could lose a checkpoint. Exit codes are those
+of :mod:`s3ckpt._cli`: 0 done, 1 some deletes failed, 2 bad input (or a refused ``rm``), 3
+store error, 4 a run's lease is held by another pruner (the other runs were still pruned).
 
 PATH and CKPT are ``s3://`` URLs, other fsspec URLs or local paths. On a terminal, ``ls``,
 ``prune`` and ``gc`` count the objects they list, read and delete on stderr as they go
@@ -24,6 +25,8 @@ from s3ckpt._cli import (
     EXIT_OK,
     EXIT_PARTIAL,
     CommandError,
+    error,
+    exit_code_for,
     s3_config_from_args,
     transfer_config_from_args,
 )
@@ -36,16 +39,19 @@ from s3ckpt._cli._output import (
 )
 from s3ckpt._time import aware_now, parse_iso
 from s3ckpt._units import format_bytes
-from s3ckpt.errors import LeaseHeldError
+from s3ckpt.errors import ConfigError, LeaseHeldError, S3CkptError
+from s3ckpt.format import compile_step_pattern
 from s3ckpt.retention import (
     DEFAULT_GC_AGE,
     DEFAULT_GRACE,
     DEFAULT_LEASE_TTL,
     MIN_GRACE,
     CheckpointInfo,
+    DeleteResult,
     GcResult,
     Policy,
     PruneResult,
+    delete_checkpoint,
     format_duration,
     gc,
     list_runs,
@@ -89,6 +95,22 @@ def _nonneg_int(text: str) -> int:
     return value
 
 
+def _step_pattern(text: str) -> str:
+    try:
+        compile_step_pattern(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
+STEP_PATTERN_HELP = (
+    "a regular expression with one capture group around the step's digits, matched against "
+    "the whole checkpoint name, for names s3ckpt does not read by itself (it reads step_100, "
+    "step-100, epoch=1-step=100.ckpt, global_step100, checkpoint-100); a step recorded in "
+    "s3ckpt.json wins"
+)
+
+
 def _time(text: str) -> datetime:
     try:
         return parse_iso(text)
@@ -99,7 +121,7 @@ def _time(text: str) -> datetime:
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add ls, prune, pin, unpin and gc."""
+    """Add ls, prune, pin, unpin, gc and rm."""
     grace_help = (
         "a save is in progress (never deleted, its uploads never aborted) while any of its "
         "objects, heartbeats or open uploads is younger than this; prune and gc raise "
@@ -116,6 +138,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("path", metavar="PATH")
     add_output_options(p)
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
+    p.add_argument(
+        "--step-pattern",
+        type=_step_pattern,
+        default=None,
+        metavar="REGEX",
+        help=STEP_PATTERN_HELP,
+    )
     p.set_defaults(func=_ls)
 
     p = sub.add_parser(
@@ -161,6 +190,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         metavar="TIME",
         help="plan as of this ISO time (what-if dry runs; default: now)",
     )
+    p.add_argument(
+        "--step-pattern",
+        type=_step_pattern,
+        default=None,
+        metavar="REGEX",
+        help=STEP_PATTERN_HELP + " (default: the policy file's step_pattern)",
+    )
     p.set_defaults(func=_prune)
 
     p = sub.add_parser(
@@ -204,6 +240,58 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     add_output_options(p)
     p.add_argument("--lease-ttl", type=_duration, default=DEFAULT_LEASE_TTL, help=argparse.SUPPRESS)
     p.set_defaults(func=_gc)
+
+    p = sub.add_parser(
+        "rm",
+        parents=[common],
+        help="delete checkpoints safely (marker first, only what s3ckpt wrote); refuses a "
+        "pinned, in-progress or newest one",
+        description="Delete each CKPT under its run's lease: the commit marker first, then the "
+        ".metadata and the data s3ckpt wrote (files it did not write stay). Refuses, with exit "
+        "2 and nothing deleted, a pinned checkpoint, a save in progress, a dead save's "
+        "leftovers (s3ckpt gc removes those), a stock-DCP checkpoint without "
+        "--include-foreign, and the run's newest committed checkpoint without --allow-newest. "
+        "Deletes unless --dry-run is given. With several CKPTs every one is tried; the exit "
+        "code is the first failure's.",
+    )
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CKPT",
+        help="a checkpoint: an s3:// (or other fsspec) URL or a local folder, e.g. "
+        "s3://bucket/runs/llama/step-400",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="check and list what would go; change nothing"
+    )
+    p.add_argument(
+        "--allow-newest",
+        action="store_true",
+        help="also delete the run's newest committed checkpoint (the one a resume loads)",
+    )
+    p.add_argument(
+        "--include-foreign",
+        action="store_true",
+        help="delete a stock-DCP checkpoint (.metadata but no s3ckpt.json): its .metadata and "
+        "__R_I.distcp only",
+    )
+    add_output_options(p, progress=False)
+    p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
+    p.add_argument(
+        "--lease-ttl",
+        type=_duration,
+        default=DEFAULT_LEASE_TTL,
+        metavar="DURATION",
+        help=f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
+    )
+    p.add_argument(
+        "--step-pattern",
+        type=_step_pattern,
+        default=None,
+        metavar="REGEX",
+        help=STEP_PATTERN_HELP + " (tells which checkpoint is the newest)",
+    )
+    p.set_defaults(func=_rm)
 
 
 def _open(args: argparse.Namespace, location: str) -> tuple[ObjectStore, StoreURL]:
@@ -349,7 +437,7 @@ def _print_failures(failures: Iterable[DeleteFailure]) -> None:
 def _ls(args: argparse.Namespace) -> int:
     store, root, counter = _open_counted(args, args.path, "ls")
     try:
-        catalogs = scan(store, root, grace=args.grace)
+        catalogs = scan(store, root, grace=args.grace, step_pattern=args.step_pattern)
     finally:
         counter.close()
     if args.json:
@@ -474,6 +562,7 @@ def _prune_runs(
                 grace=args.grace,
                 lease_ttl=args.lease_ttl,
                 include_foreign=args.include_foreign,
+                step_pattern=args.step_pattern,
             )
         except LeaseHeldError as exc:
             if code == EXIT_OK:
@@ -597,4 +686,67 @@ def _gc(args: argparse.Namespace) -> int:
         _dump({**result.to_dict(), "exit_code": code})
     else:
         _print_gc(result)
+    return code
+
+
+# -- rm ----------------------------------------------------------------------------------------
+def _print_rm(r: DeleteResult) -> None:
+    step = "" if r.step is None else f"step {r.step}, "
+    what = f"{step}{r.state.value}, {len(r.keys)} keys, {format_bytes(r.size)}"
+    if not r.applied:
+        print(f"would delete {r.checkpoint} ({what}); without --dry-run it is deleted")
+    elif r.deleted:
+        print(f"deleted {r.checkpoint} ({what}) in {r.delete_requests} DeleteObjects requests")
+    else:
+        print(
+            f"NOT deleted {r.checkpoint} ({what}): {len(r.failures)} failures; its name stays "
+            "in the run's lease, and the next prune, gc or rm finishes it"
+        )
+    if r.kept:
+        n = len(r.kept)
+        print(f"  kept {n} object{'s' if n != 1 else ''} s3ckpt did not write:")
+        for key in r.kept:
+            print(f"    {key[len(r.checkpoint.prefix) :]}")
+    if r.resumed:
+        print(f"  also finished for an interrupted prune: {', '.join(r.resumed)}")
+    _print_failures(r.failures)
+    for note in r.notes:
+        print(f"  note: {note}")
+
+
+def _rm(args: argparse.Namespace) -> int:
+    code = EXIT_OK
+    docs: list[dict[str, Any]] = []
+    for location in args.checkpoints:
+        try:
+            store, ckpt = _open(args, location)
+            result = delete_checkpoint(
+                store,
+                ckpt,
+                allow_newest=args.allow_newest,
+                include_foreign=args.include_foreign,
+                dry_run=args.dry_run,
+                grace=args.grace,
+                lease_ttl=args.lease_ttl,
+                step_pattern=args.step_pattern,
+            )
+        except (S3CkptError, CommandError) as exc:
+            if isinstance(exc, LeaseHeldError):
+                rc = EXIT_BUSY
+            elif isinstance(exc, CommandError):
+                rc = exc.code
+            else:
+                rc = exit_code_for(exc)
+            code = code or rc
+            docs.append({"checkpoint": location, "error": str(exc), "exit_code": rc})
+            error(str(exc))
+            continue
+        rc = EXIT_OK if result.ok else EXIT_PARTIAL
+        code = code or rc
+        docs.append({**result.to_dict(), "exit_code": rc})
+        if not args.json:
+            _print_rm(result)
+            sys.stdout.flush()
+    if args.json:
+        _dump({"dry_run": args.dry_run, "exit_code": code, "checkpoints": docs})
     return code

@@ -7,12 +7,14 @@ store a caller passes in. Layers, each a pure function of the one before::
     policy   KeepLast | KeepEvery | KeepBest | ...   which to keep and why (pure)
     plan     plan(catalog, policy, now) -> Plan      decisions + invariants (pure)
     apply    prune / gc / pin / unpin                lease, ordered batched deletes
+             delete_checkpoint                       one checkpoint, by request (s3ckpt rm)
 
 Modules: ``_catalog`` (the records and states), ``_liveness`` (grace, dead writers),
 ``_scan`` (the listing), ``_policy`` / ``_toml`` / ``_duration`` (rules and policy files),
 ``_plan``, ``_lease`` (the run's lease), ``_intent`` (a dead pruner's intent log),
-``_delete`` (what may be deleted, batched deletes), ``_prune``, ``_gc``, ``_pins`` and
-``_results`` (what prune and gc report).
+``_delete`` (what may be deleted, batched deletes), ``_prune``, ``_gc``, ``_pins``,
+``_remove`` (one checkpoint, by request) and ``_results`` (what prune, gc and
+delete_checkpoint report).
 
 Example::
 
@@ -29,7 +31,7 @@ Layout conventions, states and invariants: see :mod:`s3ckpt.retention._scan`,
 
 from __future__ import annotations
 
-from s3ckpt.errors import LeaseHeldError, LeaseLostError, PolicyError
+from s3ckpt.errors import DeleteRefusedError, LeaseHeldError, LeaseLostError, PolicyError
 from s3ckpt.format import LATEST_NAME, LEASE_NAME, PIN_NAME
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._delete import ProgressCallback
@@ -49,9 +51,11 @@ from s3ckpt.retention._policy import (
     KeepPinned,
     KeepWithin,
     Policy,
+    StepPattern,
 )
 from s3ckpt.retention._prune import prune
-from s3ckpt.retention._results import GcResult, PruneResult
+from s3ckpt.retention._remove import delete_checkpoint
+from s3ckpt.retention._results import DeleteResult, GcResult, PruneResult
 from s3ckpt.retention._scan import list_checkpoints, list_runs, scan
 from s3ckpt.retention._toml import builtin_policies, load_policy, parse_policy
 
@@ -68,6 +72,8 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointState",
     "Decision",
+    "DeleteRefusedError",
+    "DeleteResult",
     "GcResult",
     "KeepBest",
     "KeepCalendar",
@@ -85,7 +91,9 @@ __all__ = [
     "ProgressCallback",
     "PruneResult",
     "RunCatalog",
+    "StepPattern",
     "check_policy",
+    "delete_checkpoint",
     "format_duration",
     "gc",
     "list_checkpoints",

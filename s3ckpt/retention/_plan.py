@@ -30,7 +30,7 @@ from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._policy import KeepPinned, Policy
 from s3ckpt.uri import StoreURL
 
-__all__ = ["Decision", "Plan", "plan"]
+__all__ = ["Decision", "Plan", "newest", "plan"]
 
 Action = Literal["keep", "delete", "skip"]
 
@@ -193,19 +193,8 @@ def _plan(
         name: list(reasons) for name, reasons in policy.select(eligible, now).items()
     }
     # Invariants: these reasons are added whatever the policy said.
-    committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or eligible
-    if committed:
-        kept.setdefault(committed[-1].name, []).insert(0, NEWEST)
-        # ``committed`` is in catalog order, so ">=" lets the later one win a commit-time
-        # tie, as sort_key() would.
-        latest: CheckpointInfo | None = None
-        latest_at: datetime | None = None
-        for c in committed:
-            at = c.committed_at
-            if at is not None and (latest_at is None or at >= latest_at):
-                latest, latest_at = c, at
-        if latest is not None and latest.name != committed[-1].name:
-            kept.setdefault(latest.name, []).insert(0, LATEST_COMMITTED)
+    for name, reason in newest(eligible).items():
+        kept.setdefault(name, []).insert(0, reason)
     for c in eligible:
         if c.pinned:
             kept.setdefault(c.name, []).insert(0, f"pinned: {c.pinned}")
@@ -235,6 +224,31 @@ def _plan(
         max_delete=max_delete,
         deferred=wanted - cap,
     )
+
+
+def newest(eligible: Sequence[CheckpointInfo]) -> dict[str, str]:
+    """Invariant 1: the newest committed checkpoint (by step, then commit time) and the most
+    recently committed one, by name, with the reason each is kept.
+
+    ``eligible`` is in catalog order and holds the checkpoints a plan may delete (committed
+    ones, and foreign ones when they are included); the foreign ones count only when none is
+    committed. ``delete_checkpoint`` refuses the same ones.
+    """
+    committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or list(eligible)
+    if not committed:
+        return {}
+    out = {committed[-1].name: NEWEST}
+    # ``committed`` is in catalog order, so ">=" lets the later one win a commit-time tie, as
+    # sort_key() would.
+    latest: CheckpointInfo | None = None
+    latest_at: datetime | None = None
+    for c in committed:
+        at = c.committed_at
+        if at is not None and (latest_at is None or at >= latest_at):
+            latest, latest_at = c, at
+    if latest is not None and latest.name not in out:
+        out[latest.name] = LATEST_COMMITTED
+    return out
 
 
 def _skip_reason(c: CheckpointInfo) -> str:

@@ -15,6 +15,12 @@ Rules combine like tenacity's strategies::
 Every rule is *hereditary*: a checkpoint it keeps in a catalog is still kept in any
 sub-catalog that contains it (deleting others never changes its mind). That is what makes
 planning idempotent: prune twice and the second run deletes nothing.
+
+Steps come from the catalog (the commit marker's, else the checkpoint's name). A run whose
+names the built-in forms do not read wraps its rules in :class:`StepPattern`, which tells
+``prune`` (and the Checkpointer's retention, and a policy file's ``step_pattern``) how::
+
+    policy = StepPattern(KeepLast(3) | KeepEvery(1_000), r"ckpt_e\\d+_s(\\d+)")
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from s3ckpt.errors import PolicyError
+from s3ckpt.errors import ConfigError, PolicyError
+from s3ckpt.format import compile_step_pattern
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._duration import format_duration
 
@@ -42,6 +49,7 @@ __all__ = [
     "KeepWithin",
     "Policy",
     "Selection",
+    "StepPattern",
 ]
 
 Selection = dict[str, tuple[str, ...]]
@@ -62,6 +70,17 @@ class Policy:
     def rules(self) -> tuple[Policy, ...]:
         """The leaf rules (for emptiness checks)."""
         return (self,)
+
+    @property
+    def step_pattern(self) -> str | None:
+        """The regular expression that reads steps from checkpoint names for this policy
+        (see :class:`StepPattern`), or None: the built-in name forms
+        (:func:`s3ckpt.format.checkpoint_step`).
+
+        Raises:
+            PolicyError: Rules combined with ``|`` / ``&`` carry different patterns.
+        """
+        return None
 
     def __or__(self, other: Policy) -> Policy:
         if not isinstance(other, Policy):
@@ -112,6 +131,10 @@ class AnyOf(Policy):
     def rules(self) -> tuple[Policy, ...]:
         return tuple(r for p in self.policies for r in p.rules())
 
+    @property
+    def step_pattern(self) -> str | None:
+        return _common_pattern(self.policies)
+
 
 @dataclass(frozen=True)
 class AllOf(Policy):
@@ -135,6 +158,22 @@ class AllOf(Policy):
 
     def rules(self) -> tuple[Policy, ...]:
         return tuple(r for p in self.policies for r in p.rules())
+
+    @property
+    def step_pattern(self) -> str | None:
+        return _common_pattern(self.policies)
+
+
+def _common_pattern(policies: Sequence[Policy]) -> str | None:
+    """The one step pattern among ``policies`` (None when none has one)."""
+    found = sorted({p.step_pattern for p in policies if p.step_pattern is not None})
+    if len(found) > 1:
+        quoted = ", ".join(f"'{f}'" for f in found)
+        raise PolicyError(
+            f"rules combined with | or & read steps from names with different patterns "
+            f"({quoted}); a run has one naming: wrap the combined policy in one StepPattern"
+        )
+    return found[0] if found else None
 
 
 def _paren(p: Policy, kind: type) -> str:
@@ -406,3 +445,50 @@ class KeepPinned(Policy):
 
     def describe(self) -> str:
         return "pinned"
+
+
+@dataclass(frozen=True)
+class StepPattern(Policy):
+    """The rules of ``policy``, over a run whose checkpoint names give their steps through
+    ``pattern``: a regular expression with exactly one capture group around the step's
+    digits, matched against the whole name (``r"ckpt_e\\d+_s(\\d+)"`` reads 400 from
+    ``ckpt_e3_s400``).
+
+    It keeps what ``policy`` keeps, with its reasons; what it adds is the catalog
+    :func:`~s3ckpt.retention.prune` plans from: steps are read with ``pattern`` (a step
+    recorded in a checkpoint's commit marker still wins). A policy file's top-level
+    ``step_pattern`` key gives one. Only names the built-in forms do not read need it
+    (:func:`s3ckpt.format.checkpoint_step`: ``step_100``, ``step-4``,
+    ``epoch=0-step=4.ckpt``, ``global_step4``, ``checkpoint-4``).
+
+    Raises:
+        PolicyError: ``pattern`` is not a valid regular expression with one capture group.
+    """
+
+    policy: Policy
+    pattern: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, Policy):
+            raise PolicyError(f"StepPattern needs a retention policy, got {self.policy!r}")
+        if isinstance(self.policy, StepPattern):
+            raise PolicyError("StepPattern of a StepPattern: give one pattern")
+        if not isinstance(self.pattern, str):
+            raise PolicyError(f"step_pattern must be a string, got {self.pattern!r}")
+        try:
+            compile_step_pattern(self.pattern)
+        except ConfigError as exc:
+            raise PolicyError(exc.message, field="step_pattern") from None
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        return self.policy.select(checkpoints, now)
+
+    def describe(self) -> str:
+        return f"{self.policy.describe()} (step_pattern {self.pattern})"
+
+    def rules(self) -> tuple[Policy, ...]:
+        return self.policy.rules()
+
+    @property
+    def step_pattern(self) -> str | None:
+        return self.pattern

@@ -36,6 +36,7 @@ from typing import Any
 
 from s3ckpt._time import aware_now
 from s3ckpt.errors import ConfigError
+from s3ckpt.format import compile_step_pattern
 from s3ckpt.retention._delete import ProgressCallback, _Deleter
 from s3ckpt.retention._intent import finish_previous
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
@@ -71,6 +72,7 @@ def prune(
     retries: int = 5,
     sleep: Callable[[float], None] = time.sleep,
     on_progress: ProgressCallback | None = None,
+    step_pattern: str | None = None,
 ) -> PruneResult:
     """Plan retention for one run and, with ``apply=True``, carry the plan out.
 
@@ -94,11 +96,16 @@ def prune(
         retries: Rounds of retries for throttled / 5xx per-key errors.
         sleep: Back-off sleep (tests pass a no-op).
         on_progress: See :data:`ProgressCallback`.
+        step_pattern: How the run's checkpoint names give their steps (a regular expression
+            with one capture group; see :func:`s3ckpt.format.checkpoint_step`). Default: the
+            policy's own (:attr:`Policy.step_pattern`, a policy file's ``step_pattern``), else
+            the built-in name forms. A step recorded in a commit marker always wins.
 
     Raises:
         LeaseHeldError: Another pruner holds the run's lease (nothing was changed).
         LeaseLostError: Our lease was taken over mid-way; we stopped before the next delete.
         PolicyError: The policy is empty or a value is out of range.
+        ConfigError: ``step_pattern`` is not a regular expression with one capture group.
 
     Request cost: the listing of :func:`list_checkpoints`; with ``apply``, 1-3 lease
     requests plus one per renewal, then ``ceil(keys / batch_size)`` DeleteObjects requests
@@ -107,6 +114,9 @@ def prune(
     """
     check_policy(policy)
     check_batch_size(batch_size)
+    pattern = step_pattern if step_pattern is not None else policy.step_pattern
+    if pattern is not None:
+        compile_step_pattern(pattern)  # a bad one is refused before any request
     now = aware_now(now)
     grace, notes = effective_grace(grace)
 
@@ -115,7 +125,7 @@ def prune(
             on_progress(event, details)
 
     if not apply:
-        catalog = list_checkpoints(store, run, grace=grace, now=now)
+        catalog = list_checkpoints(store, run, grace=grace, now=now, step_pattern=pattern)
         p = plan(
             catalog, policy, now, max_delete=max_delete, include_foreign=include_foreign, run=run
         )
@@ -127,7 +137,7 @@ def prune(
     # Until our own intent is recorded, an exception keeps the dead holder's log.
     intent: list[str] = list(lease.previous.deleting) if lease.previous else []
     try:
-        catalog = list_checkpoints(store, run, grace=grace, now=now)
+        catalog = list_checkpoints(store, run, grace=grace, now=now, step_pattern=pattern)
         resume, carry, rest = finish_previous(lease, catalog)
         p = plan(rest, policy, now, max_delete=max_delete, include_foreign=include_foreign, run=run)
         emit("plan", delete=len(p.delete), resume=len(resume))

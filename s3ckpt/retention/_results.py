@@ -1,5 +1,6 @@
-"""What :func:`~s3ckpt.retention.prune` and :func:`~s3ckpt.retention.gc` report: frozen
-results with stable ``to_dict()`` forms (the CLI's ``--json``)."""
+"""What :func:`~s3ckpt.retention.prune`, :func:`~s3ckpt.retention.gc` and
+:func:`~s3ckpt.retention.delete_checkpoint` report: frozen results with stable ``to_dict()``
+forms (the CLI's ``--json``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from s3ckpt._time import iso_z, utc
-from s3ckpt.retention._catalog import CheckpointInfo
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._plan import Plan
 from s3ckpt.store.base import DeleteFailure, UploadInfo
 from s3ckpt.uri import StoreURL
 
-__all__ = ["GcResult", "PruneResult"]
+__all__ = ["DeleteResult", "GcResult", "PruneResult"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,74 @@ class GcResult:
             "restored": list(self.restored),
             "resumed": list(self.resumed),
             "keys_deleted": self.keys_deleted,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    """What :func:`delete_checkpoint` found and (unless a dry run) deleted.
+
+    Attributes:
+        checkpoint: The checkpoint's URL.
+        run: Its run (the parent prefix), whose lease the deletion took.
+        state: The checkpoint's state when it was catalogued (before any deletion).
+        step: Its step (from the marker, else from the name), or None.
+        applied: False for a dry run (nothing was changed, no lease was taken).
+        deleted: Every key s3ckpt may delete under the prefix is gone (always False for a
+            dry run).
+        keys: The keys selected for deletion (a dry run: the ones that would be): the
+            marker, the ``.metadata`` and what the marker commits, per-save names.
+        kept: Keys under the prefix that are not deleted because s3ckpt did not write them
+            (a TensorBoard file, an export), and the pin file when there is one.
+        size: Bytes under the prefix, as catalogued (control objects excluded).
+        failures: Keys or uploads that could not be deleted (after retries), with the
+            store's code. The marker goes first: when it failed, nothing else was deleted.
+        delete_requests: DeleteObjects requests sent.
+        keys_deleted: Keys removed (a dead pruner's resumed checkpoints included).
+        aborted: Open multipart uploads (of per-save names) aborted.
+        resumed: Checkpoints a dead pruner was deleting (its lease's intent log), finished.
+        notes: Adjustments made to the arguments (a grace period raised to its floor).
+    """
+
+    checkpoint: StoreURL
+    run: StoreURL
+    state: CheckpointState
+    step: int | None
+    applied: bool
+    deleted: bool = False
+    keys: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    size: int = 0
+    failures: tuple[DeleteFailure, ...] = ()
+    delete_requests: int = 0
+    keys_deleted: int = 0
+    aborted: int = 0
+    resumed: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """No delete failed."""
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``s3ckpt rm --json``)."""
+        return {
+            "checkpoint": str(self.checkpoint),
+            "run": str(self.run),
+            "state": self.state.value,
+            "step": self.step,
+            "applied": self.applied,
+            "deleted": self.deleted,
+            "keys": list(self.keys),
+            "kept": list(self.kept),
+            "size": self.size,
+            "failures": _failures(self.failures),
+            "delete_requests": self.delete_requests,
+            "keys_deleted": self.keys_deleted,
+            "aborted": self.aborted,
+            "resumed": list(self.resumed),
             "notes": list(self.notes),
         }
 

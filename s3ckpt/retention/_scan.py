@@ -16,12 +16,18 @@ heartbeats ``s3ckpt.alive.{tag}.{rank}``) or a pin. Its name alone never makes i
 export) is not retention's business, and neither is any other folder under a run
 (``tensorboard/``, ``logs/``); they are never listed, planned or deleted.
 
+A checkpoint's step is the one its commit marker records (``step``; the catalog reads every
+marker anyway), else the one its name gives (:func:`s3ckpt.format.checkpoint_step`: the
+Checkpointer's ``step_000001000`` and the frameworks' ``step-4``, ``epoch=0-step=4.ckpt``,
+``global_step4``, ``checkpoint-4``; or, with ``step_pattern``, the run's own naming).
+
 States and liveness: :mod:`s3ckpt.retention._catalog`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +43,7 @@ from s3ckpt.format import (
     PIN_NAME,
     Manifest,
     checkpoint_step,
+    compile_step_pattern,
     owned_tag,
 )
 from s3ckpt.retention._catalog import READ_WORKERS, CheckpointInfo, CheckpointState, RunCatalog
@@ -105,6 +112,7 @@ def scan(
     grace: timedelta = DEFAULT_GRACE,
     now: datetime | None = None,
     include_uploads: bool = True,
+    step_pattern: str | re.Pattern[str] | None = None,
 ) -> list[RunCatalog]:
     """Every run under ``root`` (``root`` itself included when it is a run), with its
     checkpoints, from one paged listing.
@@ -112,11 +120,17 @@ def scan(
     Open uploads count as activity (of their tag) and declare checkpoints too: a save that
     has only started multipart uploads lists as in progress.
 
+    ``step_pattern`` reads steps from checkpoint names that the built-in forms do not
+    (:func:`s3ckpt.format.compile_step_pattern`); a step recorded in a commit marker wins
+    over any name. A bad pattern raises :class:`~s3ckpt.errors.ConfigError` before any
+    request.
+
     Request cost: ``ceil(objects / 1000)`` LIST requests for everything under ``root``,
     ``ceil(open uploads / 1000)`` LIST-uploads requests (``include_uploads``), and one GET
     per commit marker and per pin (16 in parallel). Nothing is HEADed.
     """
     now = aware_now(now, "now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    pattern = None if step_pattern is None else compile_step_pattern(step_pattern)
     objects = list(store.list(root.prefix))
     uploads = list(store.list_multipart_uploads(root.prefix)) if include_uploads else []
     groups, runs_with_lease = _group(root, objects, uploads)
@@ -135,7 +149,7 @@ def scan(
     by_run: dict[str, list[CheckpointInfo]] = {}
     for d, g in groups.items():
         run = _parent(d)
-        info = _info(root, run, d, g, manifests.get(d), reasons.get(d), cutoff)
+        info = _info(root, run, d, g, manifests.get(d), reasons.get(d), cutoff, pattern)
         by_run.setdefault(run, []).append(info)
     for run_prefix in runs_with_lease:
         if run_prefix.startswith(root.prefix):
@@ -263,9 +277,10 @@ def _info(
     manifest: Manifest | str | None,
     pin: str | None,
     cutoff: float,
+    pattern: re.Pattern[str] | None,
 ) -> CheckpointInfo:
     name = d[len(run) : -1]
-    step = checkpoint_step(name)
+    step = checkpoint_step(name, pattern)
     url = StoreURL(root.scheme, root.bucket, d)
     live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff and t not in g.dead))
     common = dict(
@@ -344,6 +359,7 @@ def list_checkpoints(
     *,
     grace: timedelta = DEFAULT_GRACE,
     now: datetime | None = None,
+    step_pattern: str | re.Pattern[str] | None = None,
 ) -> list[CheckpointInfo]:
     """The checkpoints directly under ``run``, oldest first (by step, then commit time).
 
@@ -353,12 +369,15 @@ def list_checkpoints(
         grace: How long after its last activity (an object, a heartbeat, an upload's start)
             a save is still in progress.
         now: The time to judge ``grace`` against (default: the wall clock).
+        step_pattern: A regular expression with one capture group that reads a step from a
+            checkpoint's name, for names the built-in forms do not read (see
+            :func:`s3ckpt.format.checkpoint_step`); the marker's step still wins.
 
     Request cost: ``ceil(objects under run / 1000)`` LIST requests, one LIST of open
     multipart uploads per 1000 uploads, and one GET per committed checkpoint (its marker)
     and per pin, 16 at a time.
     """
-    for cat in scan(store, run, grace=grace, now=now):
+    for cat in scan(store, run, grace=grace, now=now, step_pattern=step_pattern):
         if cat.run.prefix == run.prefix:
             return list(cat.checkpoints)
     return []

@@ -4,6 +4,7 @@ Format (every key optional, at least one rule required; rules are OR'ed — a ch
 is kept if any rule keeps it, like restic's ``forget``)::
 
     description = "free text"          # shown nowhere, for people reading the file
+    step_pattern = 'ckpt_e\\d+_s(\\d+)'   # optional: how this run's names give their steps
 
     [keep]
     last = 3                            # KeepLast(3)
@@ -25,7 +26,11 @@ is kept if any rule keeps it, like restic's ``forget``)::
     monthly = 12
     yearly = -1                         # -1: unlimited
 
-An unknown key, a wrong type or a bad duration raises
+``step_pattern`` (a regular expression with exactly one capture group, matched against the
+whole checkpoint name) wraps the rules in :class:`~s3ckpt.retention.StepPattern`; only names
+the built-in forms do not read need it (:func:`s3ckpt.format.checkpoint_step`).
+
+An unknown key, a wrong type, a bad duration or a bad pattern raises
 :class:`~s3ckpt.errors.PolicyError` naming the file, the key and what is allowed.
 
 Built-in policies: the ready-made files of the repository's ``policies/`` directory ship in the
@@ -42,7 +47,8 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from s3ckpt.errors import PolicyError
+from s3ckpt.errors import ConfigError, PolicyError
+from s3ckpt.format import compile_step_pattern
 from s3ckpt.retention._duration import DURATION_HELP, parse_duration
 from s3ckpt.retention._policy import (
     AnyOf,
@@ -53,6 +59,7 @@ from s3ckpt.retention._policy import (
     KeepPinned,
     KeepWithin,
     Policy,
+    StepPattern,
 )
 
 __all__ = ["builtin_policies", "load_policy", "parse_policy"]
@@ -61,7 +68,11 @@ __all__ = ["builtin_policies", "load_policy", "parse_policy"]
 # repository's policies/ directory to it).
 _BUILTIN_PACKAGE = "s3ckpt.policies"
 
-_TOP = {"description": "a string", "keep": "a table of rules"}
+_TOP = {
+    "description": "a string",
+    "keep": "a table of rules",
+    "step_pattern": "a regular expression with one capture group (the step's digits)",
+}
 _KEEP = {
     "last": "a positive integer",
     "every": "a positive integer (steps)",
@@ -141,8 +152,9 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     """Parse a TOML policy document into a :class:`~s3ckpt.retention.Policy`.
 
     Raises:
-        PolicyError: Invalid TOML, an unknown key, a wrong type, a bad duration or no
-            rule at all; the message names ``source``, the key and what is allowed.
+        PolicyError: Invalid TOML, an unknown key, a wrong type, a bad duration, a bad
+            ``step_pattern`` or no rule at all; the message names ``source``, the key and
+            what is allowed.
     """
     try:
         doc = tomllib.loads(text)
@@ -151,6 +163,16 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     _check_keys(source, "", doc, _TOP)
     if "description" in doc and not isinstance(doc["description"], str):
         raise _err(source, "description", f"must be a string, got {_type_name(doc['description'])}")
+    pattern = doc.get("step_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str):
+            raise _err(
+                source, "step_pattern", f"must be {_TOP['step_pattern']}, got {_type_name(pattern)}"
+            )
+        try:
+            compile_step_pattern(pattern)
+        except ConfigError as exc:
+            raise _err(source, "step_pattern", exc.message) from None
     keep = doc.get("keep")
     if keep is None:
         raise _err(source, "keep", "missing: a policy needs a [keep] table with at least one rule")
@@ -208,7 +230,8 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
             "has no rule: an empty policy would delete everything but the invariants; "
             "name at least one of last, every, within, best, calendar",
         )
-    return rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
+    policy = rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
+    return policy if pattern is None else StepPattern(policy, pattern)
 
 
 def _builtin_files() -> dict[str, Traversable]:

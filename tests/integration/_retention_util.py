@@ -56,12 +56,14 @@ def write_checkpoint(
     tag: str | None = None,
     per_save_metadata: bool = False,
     heartbeats: int = 0,
+    record_step: bool = True,
 ) -> StoreURL:
     """Data objects, then ``.metadata``, then (``commit``) the marker — the save order.
 
     Every object carries the save's ``tag``. ``per_save_metadata`` writes the commit
     protocol's layout: ``.metadata.{tag}`` (what the marker commits), and after the marker
     the plain ``.metadata`` copy. ``heartbeats`` writes that many ranks' heartbeats first.
+    ``record_step=False`` leaves the marker's ``step`` empty (the name must give it).
     """
     tag = tag or new_tag()
     ckpt = run.child(name or ckpt_name(step))
@@ -85,7 +87,7 @@ def write_checkpoint(
             metadata_size=len(META),
             objects=tuple(objects),
             items=(),
-            step=step,
+            step=step if record_step else None,
             metrics=dict(metrics or {}),
         )
         store.put(ckpt.key(MANIFEST_NAME), m.to_json(), if_none_match=True)

@@ -1,0 +1,346 @@
+"""Deleting one checkpoint on request: :func:`delete_checkpoint` (``s3ckpt rm``).
+
+Frameworks that manage their own checkpoints delete them one at a time (Lightning's
+``save_top_k`` calls ``remove_checkpoint(path)``), and people do by hand. A recursive delete
+of the prefix (s3fs ``rm -r``) would race a pruner, leave a committed-looking checkpoint with
+missing data when it dies half-way, and take files s3ckpt never wrote. This is prune with a
+plan of one checkpoint, under the same rules:
+
+1. The checkpoint is found in its run's catalog (the run is its parent prefix); a prefix that
+   is not a checkpoint there is refused (:class:`~s3ckpt.errors.CheckpointNotFoundError`, or
+   :class:`~s3ckpt.errors.ConfigError` for a run).
+2. Refused, with nothing written or deleted (:class:`~s3ckpt.errors.DeleteRefusedError`):
+   a pinned checkpoint; a save in progress (no marker, activity within the grace period) or
+   an overwrite in progress; a dead save's leftovers (``gc``'s business); a foreign (stock
+   DCP) checkpoint unless ``include_foreign``; and the run's newest committed checkpoint
+   (by step, and the most recently committed one) unless ``allow_newest``. These are checked
+   once from a listing without the lease (so a refusal writes nothing, not even a lease) and
+   again from a listing made under the lease (decide by reading state back). A checkpoint
+   whose deletion began and did not finish (a failed or killed rm or prune: its marker is
+   gone, its name is in the run's lease) is not refused: it is finished.
+3. Under the run's lease (:mod:`s3ckpt.retention._lease`): finish a dead pruner's recorded
+   deletions (like prune and gc), record the intent (the checkpoint's name) in the lease,
+   delete the commit marker first, then the ``.metadata`` and what the marker commits, then
+   the other per-save names, and abort the prefix's open uploads of per-save names
+   (:class:`~s3ckpt.retention._delete._Deleter`). A crash at any point leaves the name in
+   the lease's intent log, and the next pruner finishes it.
+
+Only names s3ckpt (or, with ``include_foreign``, stock DCP) wrote are deleted; anything else
+under the prefix stays and is reported (:attr:`DeleteResult.kept`).
+
+The run's ``latest`` pointer (``s3ckpt.latest.json``) is left as it is, even when it names
+the deleted checkpoint: it is a hint that the Checkpointer checks against the commit marker
+(one HEAD) before trusting it, and falls back to a listing when the marker is gone
+(:class:`s3ckpt.checkpointer._latest.LatestPointer`). Rewriting it here could race a
+Checkpointer writing a newer one, since the pointer is written without a condition.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from s3ckpt._time import aware_now
+from s3ckpt.errors import CheckpointNotFoundError, ConfigError, DeleteRefusedError
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, compile_step_pattern
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
+from s3ckpt.retention._delete import ProgressCallback, _Deleter, checkpoint_keys
+from s3ckpt.retention._duration import format_duration
+from s3ckpt.retention._intent import finish_previous, pending_intent
+from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
+from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace
+from s3ckpt.retention._plan import newest
+from s3ckpt.retention._results import DeleteResult
+from s3ckpt.retention._scan import _parent, scan
+from s3ckpt.store.base import MAX_DELETE_BATCH, ObjectStore
+from s3ckpt.uri import StoreURL
+
+__all__ = ["delete_checkpoint"]
+
+
+def delete_checkpoint(
+    store: ObjectStore,
+    checkpoint: StoreURL,
+    *,
+    allow_newest: bool = False,
+    include_foreign: bool = False,
+    dry_run: bool = False,
+    grace: timedelta = DEFAULT_GRACE,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    retries: int = 5,
+    sleep: Callable[[float], None] = time.sleep,
+    now: datetime | None = None,
+    step_pattern: str | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> DeleteResult:
+    """Delete one checkpoint safely: under its run's lease, commit marker first, only the
+    names s3ckpt wrote; refuse what could lose a checkpoint (see the module docs).
+
+    Args:
+        store: The store.
+        checkpoint: The checkpoint's prefix (``s3://bucket/runs/a/step-4/``); its run is
+            the parent prefix.
+        allow_newest: Delete the run's newest committed checkpoint (by step) or its most
+            recently committed one too; by default they are refused, since a resume loads
+            them.
+        include_foreign: Delete a stock-DCP checkpoint (a ``.metadata`` but no s3ckpt
+            marker): only its DCP names (``.metadata``, ``__{r}_{i}.distcp``).
+        dry_run: Only find the checkpoint and check it may be deleted: the result lists the
+            keys that would go (no lease, nothing written).
+        grace: A save is in progress while any of its objects, heartbeats or open uploads is
+            younger than this (raised to ``MIN_GRACE_SECONDS`` when shorter, with a note).
+        lease_ttl: How long the run's lease lasts without renewal.
+        retries: Rounds of retries for throttled / 5xx per-key errors.
+        sleep: Back-off sleep (tests pass a no-op).
+        now: The time the grace period is judged against (default: the clock).
+        step_pattern: How the run's names give their steps (see
+            :func:`s3ckpt.format.checkpoint_step`), for telling which checkpoint is newest.
+        on_progress: See :data:`~s3ckpt.retention.ProgressCallback` (``lease``, ``intent``,
+            ``delete``, ``done``).
+
+    Returns:
+        What was found and deleted. A per-key failure does not raise: it is in
+        ``failures``, ``deleted`` is False, and the name stays in the lease's intent log
+        for the next pruner.
+
+    Raises:
+        DeleteRefusedError: Pinned, in progress, a dead save's leftovers, foreign without
+            ``include_foreign``, or the newest without ``allow_newest``; nothing deleted.
+        CheckpointNotFoundError: No checkpoint at ``checkpoint`` in its run's catalog.
+        ConfigError: ``checkpoint`` is a run (or the bucket's root), or ``step_pattern``
+            is not a regular expression with one capture group.
+        LeaseHeldError: Another pruner holds the run's lease (nothing was changed).
+        LeaseLostError: The lease was taken over mid-way; stopped before the next delete.
+
+    Request cost: the catalog of the run (:func:`~s3ckpt.retention.list_checkpoints`: LISTs
+    of the run, one GET per committed checkpoint's marker); without ``dry_run`` a second
+    catalog under the lease, 3-4 lease PUTs (plus HEAD + GET to take over a released one),
+    and one DeleteObjects request per phase (marker, metadata, the rest).
+    """
+    now = aware_now(now)
+    grace, notes = effective_grace(grace)
+    if step_pattern is not None:
+        compile_step_pattern(step_pattern)
+    name, run = _split(checkpoint)
+
+    def emit(event: str, **details: Any) -> None:
+        if on_progress is not None:
+            on_progress(event, details)
+
+    def catalog() -> RunCatalog:
+        cats = scan(store, run, grace=grace, now=now, step_pattern=step_pattern)
+        return _run_catalog(cats, checkpoint, run, name)
+
+    # Refuse from a listing without the lease first: a refusal writes nothing at all. A
+    # checkpoint whose deletion a pruner (or an earlier rm) began and did not finish has no
+    # marker any more; it is in that pruner's intent log, and finished under the lease.
+    first = catalog()
+    target = _find(first.checkpoints, checkpoint, run, name)
+    unfinished = () if target.is_committed else pending_intent(store, first, now)
+    if name not in unfinished:
+        _check(target, first.checkpoints, allow_newest, include_foreign, grace)
+    if dry_run:
+        return _result(target, run, applied=False, notes=notes)
+
+    lease = Lease(store, run, ttl=lease_ttl, operation="rm").acquire()
+    emit("lease", owner=lease.owner, resumed=bool(lease.previous))
+    # Until our own intent is recorded, an exception keeps the dead holder's log.
+    intent: list[str] = list(lease.previous.deleting) if lease.previous else []
+    try:
+        # Decide again from what is there now, under the lease.
+        resume, carry, rest = finish_previous(lease, catalog().checkpoints)
+        if name in carry:
+            raise _refused(
+                checkpoint,
+                "in_progress",
+                "a pruner that died was deleting it, and a save is writing into it again; "
+                "try again once that save commits or dies",
+            )
+        found = [c for c in resume if c.name == name]
+        if found:  # already being deleted (its marker is gone): finish it
+            target, targets = found[0], list(resume)
+        else:
+            target = _find(rest, checkpoint, run, name)
+            _check(target, rest, allow_newest, include_foreign, grace)
+            targets = [*resume, target]
+        intent = [*carry, *(c.name for c in targets)]
+        lease.record_intent(intent)
+        emit("intent", names=intent)
+        deleter = _Deleter(store, lease, MAX_DELETE_BATCH, retries, sleep, on_progress)
+        done = deleter.delete_checkpoints(targets)
+        lease.release([n for n in intent if n not in set(done)])
+        emit("done", deleted=len(done), failures=len(deleter.failures))
+    except BaseException:
+        lease.release(intent)  # keep the intent log: the next pruner finishes it
+        raise
+    if allow_newest and newest(_eligible(rest, include_foreign)).get(name):
+        notes += (
+            "it was the run's newest checkpoint: a `latest` pointer naming it is a stale hint "
+            "now, which the Checkpointer checks against the commit marker and replaces by a "
+            "listing",
+        )
+    return _result(
+        target,
+        run,
+        applied=True,
+        deleted=target.name in done,
+        deleter=deleter,
+        resumed=tuple(c.name for c in resume),
+        notes=notes,
+    )
+
+
+def _split(checkpoint: StoreURL) -> tuple[str, StoreURL]:
+    """The checkpoint's name in its run, and the run (its parent prefix)."""
+    if not checkpoint.prefix:
+        raise ConfigError(
+            f"{checkpoint} is the root of the bucket, not a checkpoint: name one checkpoint "
+            "(s3ckpt ls URL lists them)"
+        )
+    name = checkpoint.prefix[:-1].rpartition("/")[2]
+    return name, StoreURL(checkpoint.scheme, checkpoint.bucket, _parent(checkpoint.prefix))
+
+
+def _run_catalog(
+    cats: Sequence[RunCatalog], checkpoint: StoreURL, run: StoreURL, name: str
+) -> RunCatalog:
+    """The run's catalog from a scan of it; a checkpoint URL that names a run or a folder of
+    runs is refused here (the scan of its parent sees those too)."""
+    by_run = {cat.run.prefix: cat for cat in cats}
+    own = by_run.get(run.prefix)
+    if own is not None and any(c.name == name for c in own.checkpoints):
+        return own
+    inner = by_run.get(checkpoint.prefix)
+    if inner is not None and inner.checkpoints:
+        names = [c.name for c in inner.checkpoints]
+        some = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ConfigError(
+            f"{checkpoint} is a run holding checkpoints ({some}), not a checkpoint: delete one "
+            f"of them, e.g. {inner.checkpoints[0].url}; nothing was deleted"
+        )
+    if any(p.startswith(checkpoint.prefix) for p in by_run):
+        why = "it holds runs, not a checkpoint (s3ckpt ls URL lists them)"
+    else:
+        why = (
+            f"nothing a checkpoint holds ({MANIFEST_NAME}, {METADATA_NAME}, *.distcp) is stored "
+            f"directly under it; `s3ckpt ls {run}` lists the run's checkpoints"
+        )
+    raise CheckpointNotFoundError(
+        f"no checkpoint at {checkpoint}: {why}; nothing was deleted",
+        bucket=checkpoint.bucket,
+        key=checkpoint.prefix,
+    )
+
+
+def _find(
+    catalog: Sequence[CheckpointInfo], checkpoint: StoreURL, run: StoreURL, name: str
+) -> CheckpointInfo:
+    for c in catalog:
+        if c.name == name:
+            return c
+    # It was there a moment ago: another pruner (or gc) deleted it before we took the lease.
+    raise CheckpointNotFoundError(
+        f"no checkpoint at {checkpoint} any more: it was deleted while this took the lease of "
+        f"{run}; nothing was deleted",
+        bucket=checkpoint.bucket,
+        key=checkpoint.prefix,
+    )
+
+
+def _eligible(catalog: Sequence[CheckpointInfo], include_foreign: bool) -> list[CheckpointInfo]:
+    """What a plan may delete, in catalog order (for the newest-checkpoint invariant)."""
+    states = (CheckpointState.COMMITTED, CheckpointState.FOREIGN)[: 2 if include_foreign else 1]
+    return [c for c in catalog if c.state in states]
+
+
+def _check(
+    c: CheckpointInfo,
+    catalog: Sequence[CheckpointInfo],
+    allow_newest: bool,
+    include_foreign: bool,
+    grace: timedelta,
+) -> None:
+    """Raise :class:`DeleteRefusedError` when deleting ``c`` could lose a checkpoint."""
+    if c.pinned:
+        raise _refused(
+            c.url, "pinned", f"it is pinned ({c.pinned}); unpin it first (s3ckpt unpin {c.url})"
+        )
+    if c.state is CheckpointState.IN_PROGRESS:
+        raise _refused(
+            c.url,
+            "in_progress",
+            "a save is still writing it (no commit marker, and activity within the grace "
+            f"period of {format_duration(grace)}); wait until it commits, or until it is dead "
+            "and gc removes it",
+        )
+    if c.overwrite_in_progress:
+        raise _refused(
+            c.url,
+            "in_progress",
+            "a live save is overwriting it (it commits by a compare-and-swap on this marker); "
+            "try again once that save has committed",
+        )
+    if c.state is CheckpointState.ABANDONED:
+        raise _refused(
+            c.url,
+            "abandoned",
+            "it is what a dead save left (no commit marker, no .metadata), which s3ckpt gc "
+            "removes (only the names s3ckpt wrote)",
+        )
+    if c.state is CheckpointState.FOREIGN and not include_foreign:
+        raise _refused(
+            c.url,
+            "foreign",
+            "it has a DCP .metadata but no s3ckpt commit marker (a stock DCP checkpoint or "
+            "another tool's); pass include_foreign=True (s3ckpt rm --include-foreign) to "
+            "delete its DCP files (.metadata, __R_I.distcp)",
+        )
+    if not allow_newest:
+        why = newest(_eligible(catalog, include_foreign)).get(c.name)
+        if why is not None:
+            raise _refused(
+                c.url,
+                "newest",
+                f"it is the run's {why} checkpoint, the one a resume loads; pass "
+                "allow_newest=True (s3ckpt rm --allow-newest) to delete it anyway",
+            )
+
+
+def _refused(url: StoreURL, reason: str, why: str) -> DeleteRefusedError:
+    # The message starts with the URL: no location suffix repeating it.
+    return DeleteRefusedError(
+        f"refusing to delete {url}: {why}; nothing was deleted", reason=reason
+    )
+
+
+def _result(
+    c: CheckpointInfo,
+    run: StoreURL,
+    *,
+    applied: bool,
+    deleted: bool = False,
+    deleter: _Deleter | None = None,
+    resumed: tuple[str, ...] = (),
+    notes: tuple[str, ...] = (),
+) -> DeleteResult:
+    keys = checkpoint_keys(c)
+    chosen = set(keys)
+    return DeleteResult(
+        checkpoint=c.url,
+        run=run,
+        state=c.state,
+        step=c.step,
+        applied=applied,
+        deleted=deleted,
+        keys=tuple(keys),
+        kept=tuple(k for k in c.keys if k not in chosen),
+        size=c.size,
+        failures=tuple(deleter.failures) if deleter else (),
+        delete_requests=deleter.requests if deleter else 0,
+        keys_deleted=deleter.deleted_keys if deleter else 0,
+        aborted=deleter.aborted if deleter else 0,
+        resumed=resumed,
+        notes=notes,
+    )
