@@ -39,15 +39,23 @@ the next call to the Checkpointer (once), never silently.
 
 Retention (``policy``) runs only after a checkpoint commits, on the coordinator, in a
 background thread; its failures are logged and kept in :attr:`Checkpointer.last_retention`
+(and every pass, with the step that triggered it, in :attr:`Checkpointer.retention_history`)
 but never fail training.
+
+Requests: the Checkpointer, the writers and readers it makes and any other
+:class:`~s3ckpt.store.S3Store` of the process with the same settings share one boto3
+client. A save reads ``s3ckpt.json`` once to fail fast (construction of its writer) and
+once in its commit; a load reads the ``latest`` pointer once (a GET), checks the marker it
+names (a HEAD) and reads ``s3ckpt.json`` and ``.metadata`` once each.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -58,9 +66,15 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt.checkpointer._async import SaveHandle, SaveQueue
 from s3ckpt.checkpointer._latest import LatestPointer
 from s3ckpt.checkpointer._ranks import RankGroup
-from s3ckpt.checkpointer._retention import RetentionRunner, load_policy
+from s3ckpt.checkpointer._retention import (
+    RETENTION_HISTORY,
+    RetentionRecord,
+    RetentionRunner,
+    load_policy,
+)
 from s3ckpt.checkpointer._state import apply_state_dict, collect_state_dict
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp import SafeGlobal
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.dcp.restore import load_verified
 from s3ckpt.dcp.writer import S3StorageWriter
@@ -79,7 +93,16 @@ from s3ckpt.uri import StoreURL, parse_url
 if TYPE_CHECKING:
     from s3ckpt.retention import CheckpointInfo, Policy, PruneResult
 
-__all__ = ["LATEST_NAME", "Checkpointer", "SaveHandle", "checkpoint_name"]
+__all__ = [
+    "LATEST_NAME",
+    "RETENTION_HISTORY",
+    "Checkpointer",
+    "RetentionRecord",
+    "RetentionRunner",
+    "SaveHandle",
+    "checkpoint_name",
+    "load_policy",
+]
 
 log = logging.getLogger("s3ckpt")
 
@@ -161,6 +184,16 @@ class Checkpointer:
     def last_retention(self, value: PruneResult | BaseException | None) -> None:
         self._retention.last = value
 
+    @property
+    def retention_history(self) -> tuple[RetentionRecord, ...]:
+        """Every retention pass of this Checkpointer, oldest first, up to the last
+        :data:`~s3ckpt.checkpointer.RETENTION_HISTORY` (100): each a
+        :class:`RetentionRecord` with the step whose commit triggered it, when it ran, and
+        its result or the exception it failed with. Empty on ranks other than the
+        coordinator, and without a policy. Passes still queued are not in it yet
+        (:meth:`wait` first)."""
+        return self._retention.history
+
     # -- public API ---------------------------------------------------------------------------
     def save(
         self,
@@ -178,7 +211,7 @@ class Checkpointer:
         sd = collect_state_dict(model, optimizer, train_state)
         writer = self._writer(step, metrics)
         self._saves.save(handle, sd, writer, self._pg, t0, after_commit=self._latest.write)
-        self._schedule_retention()
+        self._schedule_retention(step)
         return handle
 
     def async_save(
@@ -209,7 +242,7 @@ class Checkpointer:
             self._pg,
             t0,
             after_commit=self._latest.write,
-            on_committed=self._schedule_retention,
+            on_committed=functools.partial(self._schedule_retention, step),
         )
         return handle
 
@@ -221,6 +254,8 @@ class Checkpointer:
         step: int | Literal["latest"] = "latest",
         *,
         verify_complete: bool = False,
+        safe_globals: Sequence[SafeGlobal] = (),
+        allow_unsafe_pickle: bool = False,
     ) -> int | None:
         """Restore ``model`` (and ``optimizer``, ``train_state``) from a checkpoint.
 
@@ -229,6 +264,11 @@ class Checkpointer:
             verify_complete: Fill floating-point destinations with NaN before loading and
                 raise :class:`~s3ckpt.errors.IncompleteRestoreError` naming every tensor
                 the checkpoint did not restore.
+            safe_globals: Your own classes that non-tensor values (the train state, say)
+                may rebuild, on top of :data:`~s3ckpt.dcp.SAFE_GLOBALS` (see
+                :class:`~s3ckpt.dcp.S3StorageReader`).
+            allow_unsafe_pickle: Rebuild non-tensor values with full pickle, unchecked:
+                only for a bucket you trust (a framework's ``weights_only=False``).
 
         Returns:
             The step loaded, or ``None`` when ``step="latest"`` and the run has no
@@ -236,6 +276,10 @@ class Checkpointer:
 
         Raises:
             CheckpointNotFoundError: ``step`` was a number with no committed checkpoint.
+            CheckpointException: DCP's wrapper of what failed while reading, for example an
+                :class:`~s3ckpt.errors.UnsafeCheckpointError` for a value that needs a
+                class outside the allow-list (:func:`~s3ckpt.errors.find_s3ckpt_error`
+                digs it out).
         """
         self._check_open()
         self._saves.settle(self.on_busy)
@@ -250,6 +294,8 @@ class Checkpointer:
             transfer_config=self.transfer_config,
             verify_checksums=self.verify_checksums,
             store=self.store,
+            safe_globals=safe_globals,
+            allow_unsafe_pickle=allow_unsafe_pickle,
         )
         if verify_complete:
             load_verified(sd, reader, process_group=self._pg)
@@ -360,7 +406,7 @@ class Checkpointer:
             store=self.store,
         )
 
-    def _schedule_retention(self) -> None:
+    def _schedule_retention(self, step: int | None = None) -> None:
         if self.policy is None or not self.is_coordinator:
             return
-        self._retention.schedule(self.policy, self.retention_grace)
+        self._retention.schedule(self.policy, self.retention_grace, step)

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Literal
 
 from s3ckpt.checkpointer._ranks import RankGroup
-from s3ckpt.errors import CheckpointNotFoundError, ConfigError
+from s3ckpt.errors import CheckpointNotFoundError, ConfigError, ObjectNotFoundError
 from s3ckpt.format import LATEST_NAME, MANIFEST_NAME, checkpoint_name, checkpoint_step
 from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL
@@ -85,8 +85,8 @@ class LatestPointer:
         LIST request however many checkpoints the run holds) and the newest with a marker
         wins. Without a usable pointer, the whole run is listed.
 
-        Request cost: one HEAD + GET of the pointer, one LIST, and one HEAD per candidate
-        newer than the pointer (normally none) plus one for the pointer's own marker.
+        Request cost: one GET of the pointer, one LIST, and one HEAD per candidate newer
+        than the pointer (normally none) plus one for the pointer's own marker.
         """
         pointer = self._read()
         if pointer is None:
@@ -126,11 +126,11 @@ class LatestPointer:
     def _read(self) -> int | None:
         key = self._url.key(LATEST_NAME)
         try:
-            if self._store.head(key) is None:
-                return None
-            data = json.loads(self._store.get(key))
+            data = json.loads(self._store.get(key))  # one GET: a 404 says "no pointer"
             step = data["step"]
             return step if isinstance(step, int) and step >= 0 else None
+        except ObjectNotFoundError:
+            return None
         except (ValueError, KeyError, TypeError):
             log.warning("s3ckpt: ignoring malformed %s", key)
             return None

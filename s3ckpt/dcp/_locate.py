@@ -23,9 +23,18 @@ from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, owned_tag
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
 
-__all__ = ["locate"]
+__all__ = ["locate", "open_location", "parse_location"]
 
 log = logging.getLogger(__name__)
+
+
+def parse_location(path: str | os.PathLike[str] | StoreURL) -> StoreURL:
+    """``path`` as a :class:`StoreURL` (a parsed one passes through).
+
+    Raises:
+        InvalidURLError: ``path`` is not a checkpoint URL.
+    """
+    return path if isinstance(path, StoreURL) else parse_url(str(path))
 
 
 def open_location(
@@ -33,9 +42,17 @@ def open_location(
     store: ObjectStore | None,
     s3_config: S3Config,
     transfer_config: TransferConfig,
+    *,
+    current: tuple[StoreURL, ObjectStore] | None = None,
 ) -> tuple[StoreURL, ObjectStore]:
-    """``path`` parsed once, and ``store``, or the store for it only when none is given."""
-    url = path if isinstance(path, StoreURL) else parse_url(str(path))
+    """``path`` parsed once, and ``store``; without one, the store of ``current`` (the
+    location and store a writer or reader already uses) when ``path`` is in the same
+    bucket, else a new store for it."""
+    url = parse_location(path)
+    if store is None and current is not None:
+        old_url, old_store = current
+        if (old_url.scheme, old_url.bucket) == (url.scheme, url.bucket):
+            store = old_store
     if store is None:
         store = open_store(url, s3_config=s3_config, transfer_config=transfer_config)[0]
     return url, store

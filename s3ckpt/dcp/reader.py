@@ -5,6 +5,9 @@ Call sequence (torch's ``StorageReader`` contract):
 0. ``__init__`` / ``reset(checkpoint_id)``: parse the URL, read ``s3ckpt.json`` (if any)
    and the ``.metadata`` it commits (:func:`~s3ckpt.dcp._locate.locate`), eagerly, so a
    missing, corrupt or unsafe checkpoint raises a typed s3ckpt error before DCP wraps it.
+   A ``reset`` to the location already read (compared parsed: ``s3://b/run/step_4`` is
+   ``s3://b/run/step_4/``) reads nothing again; one to another location in the same bucket
+   keeps the store.
 1. ``read_metadata`` (all ranks): the metadata, unpickled by an allow-list.
 2. ``set_up_storage_reader``: index saved chunks (dtype, shape) for direct streaming.
 3. ``prepare_local_plan`` / ``prepare_global_plan``: nothing to add.
@@ -13,11 +16,12 @@ Call sequence (torch's ``StorageReader`` contract):
    stores that serve ranges slowly, like moto, read each byte once), fetch requests in
    parallel (:class:`~s3ckpt.transfer.RangeWalk`, the walk ``s3ckpt verify`` uses too),
    stream tensor bytes straight into destination tensors when dtype and layout allow,
-   and check every item's CRC32C.
+   and check every item's CRC32C. Non-tensor items are checked by
+   :func:`~s3ckpt.dcp._safe.check_item` before the planner unpickles them.
 
 Reads checkpoints from other DCP writers too (torch's FileSystemWriter/FsspecWriter,
 s3torchconnector): without ``s3ckpt.json`` there are no checksums to check, and items go
-through ``torch.load(weights_only=True)``.
+through the same safe loader.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import os
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
@@ -43,7 +48,15 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._locate import locate, open_location
+from s3ckpt.dcp._locate import locate, open_location, parse_location
+from s3ckpt.dcp._safe import (
+    SAFE_GLOBALS,
+    SafeGlobal,
+    check_item,
+    global_name,
+    missing_global,
+    reason,
+)
 from s3ckpt.dcp._torch import StorageInfo, transform_load_stream
 from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import (
@@ -92,8 +105,11 @@ class S3StorageReader(StorageReader):
         s3_config: Endpoint, region, SSE-C key, ...
         transfer_config: Concurrency, request sizes, retries.
         verify_checksums: Check every item's CRC32C against ``s3ckpt.json`` (default on).
-        allow_unsafe_pickle: Load non-tensor items with full pickle instead of
-            ``torch.load(weights_only=True)``. Only for checkpoints from a bucket you trust.
+        allow_unsafe_pickle: Load non-tensor items with full pickle, unchecked. Only for
+            checkpoints from a bucket you trust (it can run any code the pickle names).
+        safe_globals: Your own classes (or ``(class, "dotted.name")`` pairs, as
+            ``torch.serialization.add_safe_globals`` takes) that non-tensor items may
+            rebuild, on top of :data:`~s3ckpt.dcp.SAFE_GLOBALS`; for this reader only.
         allow_uncommitted: Load an s3ckpt save that never committed (no ``s3ckpt.json``;
             killed, failed or still running). Nothing is checksummed then. Off by default:
             such a prefix raises :class:`~s3ckpt.errors.UncommittedCheckpointError`.
@@ -103,12 +119,29 @@ class S3StorageReader(StorageReader):
             s3:PutObject). ``s3ckpt verify`` turns this off to report instead.
         store: Use this store instead of one built from ``path``.
 
+    Non-tensor items (anything in the state dict that is not a tensor) are loaded by DCP's
+    planner with full pickle, so each one is first loaded with torch's restricted
+    unpickler, ``torch.load(weights_only=True)``, allowing torch's defaults, the globals
+    the process registered with ``torch.serialization.add_safe_globals``,
+    :data:`~s3ckpt.dcp.SAFE_GLOBALS` (paths, ``argparse.Namespace``, ``datetime`` types, ...)
+    and ``safe_globals``. Anything else raises :class:`~s3ckpt.errors.UnsafeCheckpointError`
+    naming the object, the item and the global. A framework's ``weights_only`` maps so:
+
+    * ``weights_only=True`` or ``None`` (torch's default since 2.6): this safe loader, with
+      the framework's or user's extra classes as ``safe_globals``;
+    * ``weights_only=False``: ``allow_unsafe_pickle=True`` (the user trusts the bucket).
+
+    Requests: the marker and ``.metadata`` are read once per location (at construction;
+    a ``reset`` to the same location reads neither again), through one client per process
+    (:mod:`s3ckpt.store.s3`). To see a checkpoint rewritten since, construct a new reader.
+
     Raises:
         CheckpointNotFoundError: nothing committed (and no ``.metadata``) at ``path``.
         UncommittedCheckpointError: an s3ckpt save without its commit marker is at
             ``path`` (see ``allow_uncommitted``).
         CorruptCheckpointError: the marker or metadata is malformed or inconsistent.
-        UnsafeCheckpointError: ``.metadata`` asks to unpickle a non-DCP type.
+        UnsafeCheckpointError: ``.metadata`` asks to unpickle a non-DCP type (and, while
+            loading, a non-tensor item a global outside the allow-list).
     """
 
     def __init__(
@@ -122,12 +155,14 @@ class S3StorageReader(StorageReader):
         allow_uncommitted: bool = False,
         roll_forward: bool = True,
         store: ObjectStore | None = None,
+        safe_globals: Sequence[SafeGlobal] = (),
     ) -> None:
         super().__init__()
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self.verify_checksums = verify_checksums
         self.allow_unsafe_pickle = allow_unsafe_pickle
+        self.safe_globals: tuple[SafeGlobal, ...] = tuple(safe_globals)
         self.allow_uncommitted = allow_uncommitted
         self.roll_forward = roll_forward
         self._given_store = store
@@ -139,8 +174,9 @@ class S3StorageReader(StorageReader):
     def _point(self, path: str | os.PathLike[str] | StoreURL) -> None:
         self.url: StoreURL
         self.store: ObjectStore
+        current = (self.url, self.store) if hasattr(self, "url") else None
         self.url, self.store = open_location(
-            path, self._given_store, self.s3_config, self.transfer_config
+            path, self._given_store, self.s3_config, self.transfer_config, current=current
         )
         self.checkpoint_id = str(self.url)
         self.load_id = uuid.uuid4().hex
@@ -170,8 +206,13 @@ class S3StorageReader(StorageReader):
         return manifest, metadata
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | StoreURL | None = None) -> None:
-        """Start a new load, optionally of another checkpoint."""
-        if checkpoint_id is not None and str(checkpoint_id) != self.checkpoint_id:
+        """Start a new load, optionally of another checkpoint.
+
+        ``checkpoint_id`` is compared with the current location parsed (a missing trailing
+        slash, ``s3a://`` or a :class:`StoreURL` name the same place): the same location
+        reads nothing again; another one reads its marker and ``.metadata``.
+        """
+        if checkpoint_id is not None and parse_location(checkpoint_id) != self.url:
             self._point(checkpoint_id)
         else:
             self.load_id = uuid.uuid4().hex
@@ -412,17 +453,31 @@ class S3StorageReader(StorageReader):
         if self.allow_unsafe_pickle:
             return
         try:
-            torch.load(io.BytesIO(buf), weights_only=True)
+            check_item(buf, (*SAFE_GLOBALS, *self.safe_globals))
         except Exception as exc:
+            name = missing_global(exc)
+            if name is not None:
+                what = f"needs {name}, which the safe loader does not allow"
+                allow = (
+                    f"If {name} is a plain value type, pass safe_globals=[{name}] to the "
+                    "reader (Checkpointer.load takes it too)"
+                )
+            else:
+                what = f"does not load with torch.load(weights_only=True): {reason(exc)}"
+                allow = "If the types it holds are plain values, pass them as safe_globals=[...]"
             raise UnsafeCheckpointError(
-                f"non-tensor item {fqn!r} does not load with torch.load(weights_only=True): "
-                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}. If you "
-                "trust this bucket, pass allow_unsafe_pickle=True (or register the type with "
-                "torch.serialization.add_safe_globals)",
+                f"non-tensor item {fqn!r} {what} (torch's weights_only defaults, "
+                f"s3ckpt.dcp.SAFE_GLOBALS{self._listed()}). {allow}; if you trust this "
+                "bucket, pass allow_unsafe_pickle=True",
                 bucket=self.store.bucket,
                 key=key,
                 rank=self.rank,
             ) from exc
+
+    def _listed(self) -> str:
+        if not self.safe_globals:
+            return ""
+        return " and safe_globals=[" + ", ".join(map(global_name, self.safe_globals)) + "]"
 
     def _decode_tensor(self, buf: bytearray, span: _Span, key: str) -> torch.Tensor:
         read = span.reads[0]

@@ -4,12 +4,15 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
 
 0. ``__init__`` / ``reset(checkpoint_id)`` (all ranks): parse the URL; unless
    ``overwrite``, read the commit marker's first byte and raise
-   :class:`CheckpointExistsError` at once.
+   :class:`CheckpointExistsError` at once (fail fast, before any byte is uploaded). A
+   ``reset`` to the location the writer already points at (compared parsed, so
+   ``s3://b/run/step_4`` is ``s3://b/run/step_4/``) only starts a new save: no request.
 1. ``set_up_storage_writer`` (all ranks): remember rank and role.
 2. ``prepare_local_plan`` (all ranks): nothing to add.
-3. ``prepare_global_plan`` (coordinator): check the marker again, pick this save's tag,
-   PUT the first heartbeat ``s3ckpt.alive.{tag}.{rank}`` (the save is visibly alive before
-   its first byte), hand each rank its plan data.
+3. ``prepare_global_plan`` (coordinator): check the marker, unless step 0 checked it for
+   this save (so a save checks it once; a writer reused for another save checks again
+   here), pick this save's tag, PUT the first heartbeat ``s3ckpt.alive.{tag}.{rank}``
+   (the save is visibly alive before its first byte), hand each rank its plan data.
 4. ``write_data`` (all ranks): pack the rank's items into a few objects balanced by size
    and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
    item and per part; whole parts of a large contiguous CPU tensor are sent from its own
@@ -49,7 +52,7 @@ from torch.futures import Future
 from s3ckpt._commit import Heartbeat
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
-from s3ckpt.dcp._locate import open_location
+from s3ckpt.dcp._locate import open_location, parse_location
 from s3ckpt.dcp._serialize import save_item
 from s3ckpt.errors import (
     CheckpointExistsError,
@@ -136,6 +139,14 @@ class S3StorageWriter(StorageWriter):
         user_metadata: JSON-serialisable data recorded in ``s3ckpt.json``.
         store: Use this store instead of one built from ``path`` (tests, custom clients).
 
+    Requests: one client per process (stores of equal settings share it, see
+    :mod:`s3ckpt.store.s3`), and one fail-fast read of the marker per save: at
+    construction (or a ``reset`` to another location), else when the save is planned. A
+    ``reset`` to the same location (``dcp.save(..., checkpoint_id=...)`` naming the
+    writer's own path, with or without the trailing slash) reads nothing. The commit
+    reads the marker once more and writes it conditionally (:meth:`finish`): that read,
+    not the fail-fast one, is what keeps a save from replacing a commit.
+
     Raises:
         CheckpointExistsError: at construction, if ``path`` is committed and not
             ``overwrite``.
@@ -164,19 +175,25 @@ class S3StorageWriter(StorageWriter):
         self.rank = 0
         self.is_coordinator = True
         self.last_manifest: Manifest | None = None
+        # The marker was read for the next save already (at construction or a reset to a
+        # new location), so planning it need not read it again.
+        self._marker_checked = False
         self._point(path)
 
     # -- location ---------------------------------------------------------------------------
     def _point(self, path: str | os.PathLike[str] | StoreURL) -> None:
         self.url: StoreURL
         self.store: ObjectStore
+        current = (self.url, self.store) if hasattr(self, "url") else None
         self.url, self.store = open_location(
-            path, self._given_store, self.s3_config, self.transfer_config
+            path, self._given_store, self.s3_config, self.transfer_config, current=current
         )
         self.checkpoint_id = str(self.url)
         self.save_id = uuid.uuid4().hex
+        self._marker_checked = False
         if not self.overwrite:
             self._refuse_if_committed()
+            self._marker_checked = True
 
     def _refuse_if_committed(self) -> None:
         if _exists(self.store, self.url.key(MANIFEST_NAME)):
@@ -188,8 +205,14 @@ class S3StorageWriter(StorageWriter):
             )
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | StoreURL | None = None) -> None:
-        """Start a new save, optionally at a new location."""
-        if checkpoint_id is not None:
+        """Start a new save, optionally at a new location.
+
+        ``checkpoint_id`` is compared with the current location parsed (a missing trailing
+        slash, ``s3a://`` or a :class:`StoreURL` name the same place): the same location
+        keeps the store and reads nothing; another one in the same bucket keeps the store
+        and checks its marker (see :meth:`__init__`).
+        """
+        if checkpoint_id is not None and parse_location(checkpoint_id) != self.url:
             self._point(checkpoint_id)
         else:
             self.save_id = uuid.uuid4().hex
@@ -219,10 +242,12 @@ class S3StorageWriter(StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        """Check the prefix is free (or overwrite is on), beat once (the save is alive
-        before its first byte), and give every rank its tag."""
-        if not self.overwrite:
+        """Check the prefix is free (or overwrite is on; not again when construction or
+        a reset just did), beat once (the save is alive before its first byte), and give
+        every rank its tag."""
+        if not self.overwrite and not self._marker_checked:
             self._refuse_if_committed()
+        self._marker_checked = False  # used by this save: the next one checks again
         tag = save_tag(self.save_id)
         self._beat()
         return [

@@ -8,6 +8,14 @@ own retries are turned off (one attempt) so the two never multiply; the attempts
 that order. A bad hostname or a refused connection is *not* retried: it fails at once with an
 :class:`~s3ckpt.errors.EndpointError` that says what to check.
 
+One boto3 client per process and configuration: every :class:`S3Store` in a process whose
+``S3Config``, client settings of its ``TransferConfig`` (pool size, timeouts), ``AWS_*``
+environment and AWS config and credentials files are the same shares one client
+(:func:`shared_client`), whatever its bucket. A Checkpointer, the writers and readers it
+makes, and a reader built separately for the same endpoint therefore open one connection
+pool and read the credential chain once. boto3 clients are thread-safe; the cache is keyed
+by process id, so a forked or spawned child builds its own.
+
 The client's region follows the AWS CLI v2: ``S3Config.region``, ``AWS_REGION``,
 ``AWS_DEFAULT_REGION``, the profile's ``region``, else ``us-east-1``. An unknown profile is a
 :class:`~s3ckpt.errors.ConfigError` raised before any request.
@@ -23,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -47,7 +56,7 @@ from s3ckpt.store.base import (
     UploadInfo,
 )
 
-__all__ = ["S3Store"]
+__all__ = ["S3Store", "shared_client"]
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +108,126 @@ def _region(cfg: S3Config, session: botocore.session.Session) -> str:
     )
 
 
+MAX_SHARED_CLIENTS = 16
+"""Clients :func:`shared_client` keeps (least recently used out). A store keeps the client
+it was given, so an evicted client lives on in the stores that use it."""
+
+_ClientKey = tuple[Any, ...]
+_clients: OrderedDict[_ClientKey, tuple[Any, int | None]] = OrderedDict()
+_clients_lock = threading.Lock()
+
+
+def _forget_clients_after_fork() -> None:
+    """In a forked child: the parent's clients (and their sockets) are not ours, and the
+    cache lock may have been held by a parent thread that does not exist here."""
+    global _clients_lock
+    _clients_lock = threading.Lock()
+    _clients.clear()
+
+
+os.register_at_fork(after_in_child=_forget_clients_after_fork)
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    """``(inode, size, mtime in ns)`` of ``path``, or ``None`` when it cannot be read."""
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
+    """What a client is built from: the process, ``cfg``, the client settings of ``tc``,
+    every ``AWS_*`` variable (endpoint, region, profile, credentials) and the state of the
+    two AWS files, so a changed environment or profile gets a new client, as it would
+    without the cache. (A client keeps the credentials it resolved; refreshable ones, such
+    as an instance role's, refresh themselves.)"""
+    aws_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    files = tuple(
+        _file_stamp(os.environ.get(var) or default)
+        for var, default in (
+            ("AWS_CONFIG_FILE", "~/.aws/config"),
+            ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+        )
+    )
+    return (
+        os.getpid(),
+        cfg,
+        tc.max_concurrency,
+        tc.connect_timeout,
+        tc.read_timeout,
+        aws_env,
+        files,
+    )
+
+
+def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> tuple[Any, int | None]:
+    """The process's boto3 S3 client for these settings, and the AWS profile's
+    ``max_attempts`` (``None``: the profile sets none).
+
+    Built on first use and shared from then on (see the module docs for the key).
+    Thread-safe: concurrent first calls build one client.
+
+    Raises:
+        ConfigError: an unknown profile, or a setting botocore cannot read (nothing is
+            cached then).
+    """
+    key = _client_key(s3_config, transfer_config)
+    with _clients_lock:
+        found = _clients.get(key)
+        if found is None:
+            found = _clients[key] = _new_client(s3_config, transfer_config)
+            while len(_clients) > MAX_SHARED_CLIENTS:
+                _clients.popitem(last=False)
+        else:
+            _clients.move_to_end(key)
+        return found
+
+
+def _new_client(cfg: S3Config, tc: TransferConfig) -> tuple[Any, int | None]:
+    """A new boto3 S3 client for ``cfg`` and ``tc``, and the profile's ``max_attempts``."""
+    session = _session(cfg)
+    profile_attempts = _setting(session, "max_attempts")
+    s3_opts: dict[str, Any] = {}
+    if cfg.addressing_style != "auto":  # "auto" leaves the profile's s3.addressing_style
+        s3_opts["addressing_style"] = cfg.addressing_style
+    if cfg.checksum_algorithm == "CRC32C":
+        # Every body we send carries a CRC32C the store verifies, so signing the
+        # payload's SHA-256 as well only burns client CPU (botocore already skips it on
+        # HTTPS when a checksum is present; this makes http:// endpoints match).
+        s3_opts["payload_signing_enabled"] = False
+    boto_cfg = BotoConfig(
+        # s3ckpt retries every request itself (store/retry.py); a Config value wins over
+        # AWS_MAX_ATTEMPTS and the config file in botocore, so botocore never retries too.
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        max_pool_connections=tc.max_concurrency + 4,
+        connect_timeout=tc.connect_timeout,
+        read_timeout=tc.read_timeout,
+        tcp_keepalive=True,
+        s3=s3_opts,
+        # s3ckpt computes and checks CRC32C end to end; botocore's own default checksums
+        # would hash every byte a second time.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    client = boto3.session.Session(botocore_session=session).client(
+        "s3",
+        endpoint_url=cfg.resolved_endpoint_url(),
+        region_name=_region(cfg, session),
+        config=boto_cfg,
+        verify=cfg.verify_tls,
+    )
+    return client, profile_attempts
+
+
 class S3Store:
     """:class:`~s3ckpt.store.base.ObjectStore` over boto3 for S3 and S3-compatible stores.
 
-    The boto3 client is created lazily, once per process (the store pickles without it and
-    rebuilds it after ``fork`` or ``spawn``), with a connection pool sized to
-    ``TransferConfig.max_concurrency``.
+    The boto3 client is fetched lazily, once per process, from :func:`shared_client` (the
+    store pickles without it and fetches one again after ``fork`` or ``spawn``): stores of
+    one process with equal settings share one client, whose connection pool is sized to
+    ``TransferConfig.max_concurrency`` (stores busy at once share that pool).
 
     Args:
         bucket: The bucket every key lives in.
@@ -135,9 +258,7 @@ class S3Store:
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self._sleep = sleep
-        self._lock = threading.Lock()
-        self._client: Any = None
-        self._pid: int | None = None
+        self._bound: tuple[int, Any] | None = None  # (process id, its client)
 
     @property
     def bucket(self) -> str:
@@ -147,14 +268,8 @@ class S3Store:
     # -- pickling: never ship a live client (or credentials) to another process ------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_client"] = None
-        state["_pid"] = None
-        state["_lock"] = None
+        state["_bound"] = None
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self._bucket!r}, endpoint={self.endpoint_url!r})"
@@ -166,52 +281,19 @@ class S3Store:
 
     @property
     def client(self) -> Any:
-        """The process's boto3 S3 client (created on first use)."""
+        """The process's boto3 S3 client (:func:`shared_client`, fetched on first use and
+        again in a new process)."""
+        bound = self._bound
         pid = os.getpid()
-        if self._client is None or self._pid != pid:
-            with self._lock:
-                if self._client is None or self._pid != pid:
-                    self._client = self._make_client()
-                    self._pid = pid
-        return self._client
-
-    def _make_client(self) -> Any:
-        cfg = self.s3_config
-        session = _session(cfg)
-        # The profile's max_attempts counts only where neither the caller nor
-        # AWS_MAX_ATTEMPTS chose (TransferConfig.max_attempts says the precedence).
-        self.transfer_config = tc = self.transfer_config.with_profile_attempts(
-            _setting(session, "max_attempts")
-        )
-        s3_opts: dict[str, Any] = {}
-        if cfg.addressing_style != "auto":  # "auto" leaves the profile's s3.addressing_style
-            s3_opts["addressing_style"] = cfg.addressing_style
-        if cfg.checksum_algorithm == "CRC32C":
-            # Every body we send carries a CRC32C the store verifies, so signing the
-            # payload's SHA-256 as well only burns client CPU (botocore already skips it on
-            # HTTPS when a checksum is present; this makes http:// endpoints match).
-            s3_opts["payload_signing_enabled"] = False
-        boto_cfg = BotoConfig(
-            # s3ckpt retries every request itself (store/retry.py); a Config value wins over
-            # AWS_MAX_ATTEMPTS and the config file in botocore, so botocore never retries too.
-            retries={"total_max_attempts": 1, "mode": "standard"},
-            max_pool_connections=tc.max_concurrency + 4,
-            connect_timeout=tc.connect_timeout,
-            read_timeout=tc.read_timeout,
-            tcp_keepalive=True,
-            s3=s3_opts,
-            # s3ckpt computes and checks CRC32C end to end; botocore's own default checksums
-            # would hash every byte a second time.
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        )
-        return boto3.session.Session(botocore_session=session).client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            region_name=_region(cfg, session),
-            config=boto_cfg,
-            verify=cfg.verify_tls,
-        )
+        if bound is None or bound[0] != pid:
+            client, profile_attempts = shared_client(self.s3_config, self.transfer_config)
+            # The profile's max_attempts counts only where neither the caller nor
+            # AWS_MAX_ATTEMPTS chose (TransferConfig.max_attempts says the precedence).
+            self.transfer_config = self.transfer_config.with_profile_attempts(profile_attempts)
+            # One assignment: another thread sees the old pair or the new one, never a
+            # parent's client next to this process's id.
+            bound = self._bound = (pid, client)
+        return bound[1]
 
     # -- retry + error mapping ---------------------------------------------------------------
     def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T:

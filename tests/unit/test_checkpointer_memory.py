@@ -6,6 +6,8 @@ import json
 import signal
 import threading
 import traceback
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -294,3 +296,84 @@ def test_a_given_store_and_a_parsed_url_open_no_other_store(
     opened = Checkpointer(URL)  # the S3 client itself is created lazily: no request here
     opened.close()
     assert isinstance(opened.store, S3Store) and built == ["unit-bkt"]
+
+
+def test_retention_history_keeps_every_pass_with_its_step_and_failure() -> None:
+    from s3ckpt.checkpointer import RETENTION_HISTORY, RetentionRecord
+    from s3ckpt.retention import PruneResult
+
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    with Checkpointer(URL, store=store, policy=KeepLast(1)) as ckpt:
+        assert ckpt.retention_history == () and ckpt.last_retention is None
+        ckpt.save(1, model, opt)
+        ckpt.async_save(2, model, opt).wait(timeout=60)
+        ckpt.wait()
+        # The third pass fails: its listings of the run raise (the save's own do not).
+        store.inject("*", key_glob="run/", times=100)
+        ckpt.save(3, model, opt)
+        ckpt.wait()
+        history = ckpt.retention_history
+    assert [r.step for r in history] == [1, 2, 3]
+    assert all(isinstance(r, RetentionRecord) for r in history)
+    assert [r.ok for r in history] == [True, True, False]
+    assert isinstance(history[1].result, PruneResult)
+    assert history[1].result.deleted == ("step_000000001",)
+    assert isinstance(history[2].error, StoreError) and history[2].result is None
+    assert ckpt.last_retention is history[2].error  # last_retention is the newest outcome
+    assert history[0].started <= history[1].started <= history[2].started
+    assert all(r.seconds >= 0 for r in history)
+    assert RETENTION_HISTORY == 100
+
+
+def test_retention_history_is_bounded() -> None:
+    from s3ckpt.checkpointer import RETENTION_HISTORY
+    from s3ckpt.checkpointer._retention import RetentionRunner
+    from s3ckpt.uri import parse_url
+
+    store = MemoryStore("unit-bkt")
+    runner = RetentionRunner(store, parse_url(URL))
+    for step in range(RETENTION_HISTORY + 5):
+        runner.schedule(KeepLast(1), timedelta(hours=1), step)
+    runner.close()
+    steps = [r.step for r in runner.history]
+    assert steps == list(range(5, RETENTION_HISTORY + 5))  # the oldest dropped first
+
+
+class Tagged:
+    """A train-state value of the user's own class (not in SAFE_GLOBALS)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+
+class TaggedState(State):
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "note": Tagged(self.note), "root": Path("/runs") / self.note}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step, self.note = sd["step"], sd["note"].tag
+        assert sd["root"] == Path("/runs") / self.note
+
+
+def test_load_passes_safe_globals_to_the_reader() -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from s3ckpt.errors import UnsafeCheckpointError, find_s3ckpt_error
+
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    saved = TaggedState(5)
+    saved.note = "abc"
+    with Checkpointer(URL, store=store) as ckpt:
+        ckpt.save(5, model, opt, saved)
+        with pytest.raises(CheckpointException) as info:
+            ckpt.load(*_fresh(), TaggedState())
+        err = find_s3ckpt_error(info.value)
+        assert isinstance(err, UnsafeCheckpointError) and "Tagged" in str(err)
+        restored = TaggedState()
+        assert ckpt.load(*_fresh(), restored, safe_globals=[Tagged]) == 5
+        assert (restored.step, restored.note) == (5, "abc")
+        trusting = TaggedState()
+        assert ckpt.load(*_fresh(), trusting, allow_unsafe_pickle=True) == 5
+        assert trusting.note == "abc"

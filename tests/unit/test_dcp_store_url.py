@@ -63,3 +63,55 @@ def test_without_a_store_one_is_opened_for_the_parsed_url(monkeypatch: pytest.Mo
     reader = S3StorageReader(URL)
     assert reader.store is store
     assert opened == [url, url]  # the StoreURL as given, then the parsed string
+
+
+def test_a_reset_to_the_same_location_reads_nothing_again() -> None:
+    """``dcp.save/load(..., checkpoint_id=URL)`` with the writer's or reader's own URL,
+    spelled without the trailing slash: the location is compared parsed."""
+    store = MemoryStore("bkt")
+    writer = S3StorageWriter(URL, store=store)
+    assert store.calls == {"get": 1}  # the fail-fast check of the marker (a 1-byte range)
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=URL, storage_writer=writer)
+    assert store.calls["get"] == 1  # not again on reset, nor when planning
+    store.calls.clear()
+    reader = S3StorageReader(URL, store=store)
+    assert store.calls == {"get": 2}  # s3ckpt.json and .metadata
+    out = {"w": torch.zeros(3)}
+    for same in (URL, URL + "/", parse_url(URL), "s3a://bkt/run/step_1"):
+        reader.reset(same)
+    assert store.calls == {"get": 2}
+    dcp.load(out, checkpoint_id=URL, storage_reader=reader)
+    assert store.calls == {"get": 3}  # and the one data object
+    assert torch.equal(out["w"], torch.ones(3))
+
+
+def test_a_writer_saving_again_checks_the_marker_when_planning() -> None:
+    from s3ckpt.errors import CheckpointExistsError, find_s3ckpt_error
+
+    store = MemoryStore("bkt")
+    writer = S3StorageWriter(URL, store=store)
+    dcp.save({"w": torch.ones(3)}, storage_writer=writer)
+    store.calls.clear()
+    with pytest.raises(BaseException) as info:  # DCP's CheckpointException
+        dcp.save({"w": torch.ones(3)}, storage_writer=writer)
+    assert isinstance(find_s3ckpt_error(info.value), CheckpointExistsError)
+    assert store.calls == {"get": 1}  # refused when planning: nothing uploaded
+
+
+def test_a_reset_to_another_prefix_of_the_bucket_keeps_the_opened_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    opened: list[str] = []
+
+    def fake_open(url: object, **kw: object) -> tuple[ObjectStore, StoreURL]:
+        opened.append(str(url))
+        return MemoryStore(parse_url(str(url)).bucket), parse_url(str(url))
+
+    monkeypatch.setattr(s3ckpt.dcp._locate, "open_store", fake_open)
+    writer = S3StorageWriter(URL)
+    first = writer.store
+    writer.reset("s3://bkt/run/step_2")
+    assert writer.store is first and writer.url.prefix == "run/step_2/"
+    writer.reset("s3://other-bkt/run/step_2")
+    assert writer.store is not first and writer.store.bucket == "other-bkt"
+    assert opened == ["s3://bkt/run/step_1/", "s3://other-bkt/run/step_2/"]
