@@ -39,6 +39,10 @@ from s3ckpt.format import (
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
+# A generator of its own: drawing from the global ``random`` would move a training job's
+# Python RNG with every save, and a resumed run would no longer repeat the interrupted one.
+_JITTER = random.Random()
+
 __all__ = [
     "Heartbeat",
     "check_metadata",
@@ -167,7 +171,7 @@ class Heartbeat:
         return self
 
     def _run(self) -> None:
-        wait = self._interval * (0.5 + random.random() / 2)
+        wait = self._interval * (0.5 + _JITTER.random() / 2)
         while not self._stop.wait(wait):
             try:
                 self.beat()

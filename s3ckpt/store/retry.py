@@ -15,10 +15,17 @@ runs without either.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 
-from tenacity import RetryCallState, Retrying, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random_exponential,
+)
 from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 
@@ -49,6 +56,19 @@ exactly these to :class:`~s3ckpt.errors.TransientStoreError`; retention retries 
 TimeoutKind = Callable[[BaseException | None], str | None]
 """``timeout_kind(exc)``: ``"connect"`` or ``"read"`` when ``exc`` is (or wraps) a
 timeout, else ``None``. The store's is :func:`s3ckpt.store._errors.timeout_kind`."""
+
+
+_JITTER = random.Random()
+
+
+class _FullJitter(wait_random_exponential):
+    """tenacity's full-jitter back-off, drawn from a generator of s3ckpt's own: tenacity
+    draws from the global ``random``, and a retry (in a background upload or retention
+    thread too) would otherwise move the training job's Python RNG."""
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        high = wait_exponential.__call__(self, retry_state)
+        return _JITTER.uniform(self.min, high)
 
 
 def _no_timeout(exc: BaseException | None) -> str | None:
@@ -155,9 +175,7 @@ def retrying(
             since,
         )
     # Attempt n of this loop backs off like attempt n + attempts_used of one long loop.
-    wait = wait_random_exponential(
-        multiplier=tc.retry_initial_delay * 2**attempts_used, max=tc.retry_max_delay
-    )
+    wait = _FullJitter(multiplier=tc.retry_initial_delay * 2**attempts_used, max=tc.retry_max_delay)
     return Retrying(
         stop=stop,
         wait=wait,
