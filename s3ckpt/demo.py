@@ -42,7 +42,7 @@ from typing import IO, TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     from s3ckpt.checkpointer import SaveHandle
 
-__all__ = ["main"]
+__all__ = ["local_s3", "main"]
 
 #: The bucket of the embedded server, and of an endpoint given by ``AWS_ENDPOINT_URL`` alone.
 DEMO_BUCKET = "s3ckpt-demo"
@@ -474,6 +474,25 @@ def _child(args: argparse.Namespace) -> None:
         train(args.child, args.steps, args.every, args.width, args.depth, stop_at=args.stop_at)
     except S3CkptError as exc:
         _fail(str(exc), _EXIT_USAGE if isinstance(exc, ConfigError) else _EXIT_STORE)
+
+
+@contextmanager
+def local_s3(bucket: str = DEMO_BUCKET) -> Iterator[str]:
+    """``s3://{bucket}`` on the endpoint ``AWS_ENDPOINT_URL`` names, or, without one, on an
+    embedded S3 server (moto) on 127.0.0.1 with dummy credentials, stopped on exit. The
+    bucket is created when missing. ``AWS_ENDPOINT_URL`` and the credentials are set in
+    ``os.environ`` meanwhile, so child processes reach the same server.
+
+    The examples under ``examples/`` start this way; it is for examples and tests, not for
+    production (use a real bucket and boto3's credential chain there).
+    """
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        _prepare(f"s3://{bucket}/", create_bucket=True)
+        yield f"s3://{bucket}"
+        return
+    with _embedded_s3():
+        _create_bucket(bucket)
+        yield f"s3://{bucket}"
 
 
 def _prepare(url: str, create_bucket: bool) -> bool:

@@ -14,6 +14,11 @@ shape of the tree:
 * which flat key holds each tensor (dots inside keys, such as ``layers.0.weight``, are
   therefore never ambiguous; a name two paths would share gets a ``~N`` suffix).
 
+With ``objects=True`` (for DCP, not safetensors), any other leaf (a ``pathlib.Path`` or an
+``argparse.Namespace`` among a framework's hyperparameters) is kept as it is under its own
+flat key, recorded in the schema as an object; DCP pickles it, and s3ckpt's reader
+unpickles it only through the safe loader and its allow-list of globals.
+
 The schema travels inside the flat dict, so ``safetensors.torch.save_file(flat, path)``
 then ``unflatten_state_dict(load_file(path))`` gives the original back, with no side file
 and nothing unpickled. A flat dict without the schema key (someone else's safetensors)
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -34,15 +39,26 @@ SCHEMA_KEY = "__s3ckpt_schema__"
 _VERSION = 1
 
 
-def flatten_state_dict(state_dict: Mapping[Any, Any]) -> dict[str, torch.Tensor]:
+@overload
+def flatten_state_dict(
+    state_dict: Mapping[Any, Any], *, objects: Literal[False] = False
+) -> dict[str, torch.Tensor]: ...
+
+
+@overload
+def flatten_state_dict(state_dict: Mapping[Any, Any], *, objects: bool) -> dict[str, Any]: ...
+
+
+def flatten_state_dict(state_dict: Mapping[Any, Any], *, objects: bool = False) -> dict[str, Any]:
     """``{"state": {0: {"exp_avg": t}}, "param_groups": [...]}`` ->
     ``{"state.0.exp_avg": t, ..., SCHEMA_KEY: <uint8 JSON>}``.
 
     Tensors are returned as they are (not copied). Raises ``TypeError`` naming the path of
-    a leaf that is neither a tensor nor ``None``/``bool``/``int``/``float``/``str``, or of
-    a dict key that is neither ``str`` nor ``int``.
+    a leaf that is neither a tensor nor ``None``/``bool``/``int``/``float``/``str`` (unless
+    ``objects``: such a leaf is then kept as it is, under its own flat key), or of a dict
+    key that is neither ``str`` nor ``int``.
     """
-    flat: dict[str, torch.Tensor] = {}
+    flat: dict[str, Any] = {}
 
     def name_for(path: str) -> str:
         name = path or "_"
@@ -75,6 +91,10 @@ def flatten_state_dict(state_dict: Mapping[Any, Any]) -> dict[str, torch.Tensor]
             return {"v": obj}
         if isinstance(obj, float):
             return {"f": repr(obj)}
+        if objects:
+            name = name_for(path)
+            flat[name] = obj
+            return {"o": name}
         raise TypeError(
             f"cannot flatten {type(obj).__name__} at {path or '<root>'!r}: leaves must be "
             "tensors, None, bool, int, float or str"
@@ -86,7 +106,7 @@ def flatten_state_dict(state_dict: Mapping[Any, Any]) -> dict[str, torch.Tensor]
     return flat
 
 
-def unflatten_state_dict(flat: Mapping[str, torch.Tensor]) -> Any:
+def unflatten_state_dict(flat: Mapping[str, Any]) -> Any:
     """Inverse of :func:`flatten_state_dict` (exact, including container and key types).
 
     Without :data:`SCHEMA_KEY`, names are split on dots into nested dicts of str keys.
@@ -106,11 +126,14 @@ def unflatten_state_dict(flat: Mapping[str, torch.Tensor]) -> Any:
         raise ValueError(f"{SCHEMA_KEY}: unsupported schema version {doc.get('version')!r}")
 
     def build(node: dict[str, Any]) -> Any:
-        if "t" in node:
-            try:
-                return flat[node["t"]]
-            except KeyError:
-                raise KeyError(f"the schema names tensor {node['t']!r}, which is missing") from None
+        for kind, what in (("t", "tensor"), ("o", "object")):
+            if kind in node:
+                try:
+                    return flat[node[kind]]
+                except KeyError:
+                    raise KeyError(
+                        f"the schema names {what} {node[kind]!r}, which is missing"
+                    ) from None
         if "d" in node:
             return {k: build(v) for k, v in node["d"]}
         if "l" in node:

@@ -136,3 +136,16 @@ def test_unsupported_leaves_are_named() -> None:
 def test_flat_dicts_without_a_schema_split_on_dots() -> None:
     t = torch.ones(2)
     assert unflatten_state_dict({"a.b": t, "c": t}) == {"a": {"b": t}, "c": t}
+
+
+def test_objects_keeps_other_leaves_under_their_own_names() -> None:
+    import pathlib
+
+    tree = {"hp": {"dir": pathlib.PurePosixPath("/d"), "n": 3}, "w": torch.ones(2)}
+    with pytest.raises(TypeError, match="PurePosixPath"):
+        flatten_state_dict(tree)
+    flat = flatten_state_dict(tree, objects=True)
+    assert flat["hp.dir"] == pathlib.PurePosixPath("/d")
+    back = unflatten_state_dict(flat)
+    assert back["hp"] == {"dir": pathlib.PurePosixPath("/d"), "n": 3}
+    assert torch.equal(back["w"], tree["w"])
