@@ -134,7 +134,7 @@ check-deploy: install
 	bash scripts/check-deploy.sh
 
 lint: install
-	$(VENV)/bin/ruff check s3ckpt tests benchmarks
+	$(VENV)/bin/ruff check s3ckpt tests benchmarks examples
 
 typecheck: install
 	$(VENV)/bin/mypy
