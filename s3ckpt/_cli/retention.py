@@ -77,6 +77,16 @@ from s3ckpt.uri import StoreURL, parse_location
 __all__ = ["register"]
 
 
+
+def _add_lease_ttl(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lease-ttl",
+        type=_duration,
+        default=DEFAULT_LEASE_TTL,
+        metavar="DURATION",
+        help=f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
+    )
+
 def _duration(text: str) -> timedelta:
     try:
         value = parse_duration(text)
@@ -176,13 +186,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         action="store_true",
         help="treat stock-DCP checkpoints (.metadata but no s3ckpt.json) as committed",
     )
-    p.add_argument(
-        "--lease-ttl",
-        type=_duration,
-        default=DEFAULT_LEASE_TTL,
-        metavar="DURATION",
-        help=f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
-    )
+    _add_lease_ttl(p)
     p.add_argument(
         "--now",
         type=_time,
@@ -277,13 +281,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     )
     add_output_options(p, progress=False)
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
-    p.add_argument(
-        "--lease-ttl",
-        type=_duration,
-        default=DEFAULT_LEASE_TTL,
-        metavar="DURATION",
-        help=f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
-    )
+    _add_lease_ttl(p)
     p.add_argument(
         "--step-pattern",
         type=_step_pattern,

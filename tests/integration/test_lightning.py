@@ -3,9 +3,11 @@
 In-process tests cover the plug-in's calls one by one (save/load exactness, safe loading,
 remove, ModelCheckpoint's file-system view, ``ckpt_path="last"``); the framework runs train
 with Lightning in fresh processes (``examples/lightning_train.py``): an uninterrupted run,
-a run stopped halfway and a resume from ``ckpt_path="last"``, at world size 1 and 2 (DDP,
-and FSDP2 through S3ModelParallelStrategy), and compare the final weights and optimizer
-state exactly.
+a run stopped halfway and a resume from ``ckpt_path="last"``, at world size 1 and at 2
+with FSDP2 through S3ModelParallelStrategy, and compare the final weights and optimizer
+state exactly. DDP at 2 ranks saves like world size 1 (rank 0 writes, every rank loads)
+and costs another minute of CI, so it is run by hand (``examples/lightning_train.py
+--devices 2``), not here.
 """
 
 from __future__ import annotations
@@ -228,7 +230,6 @@ def _steps(run: str) -> list[int | None]:
     "extra",
     [
         pytest.param((), id="ws1"),
-        pytest.param(("--devices", "2"), id="ddp-ws2"),
         pytest.param(("--devices", "2", "--strategy", "model_parallel"), id="fsdp2-ws2"),
     ],
 )

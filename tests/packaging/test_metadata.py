@@ -67,8 +67,17 @@ def test_dependencies_say_what_is_true() -> None:
     assert project["requires-python"] == ">=3.11"
 
 
-# The packages that need torch (the `torch` extra); every other module imports without it.
-_TORCH_PACKAGES = ("s3ckpt.dcp", "s3ckpt.checkpointer", "s3ckpt.tools")
+# The packages that need torch (the `torch` extra), and the framework glue, which needs its
+# framework too (the `lightning` / `accelerate` extras, torchtitan); every other module
+# imports without torch.
+_TORCH_PACKAGES = (
+    "s3ckpt.dcp",
+    "s3ckpt.checkpointer",
+    "s3ckpt.tools",
+    "s3ckpt.lightning",
+    "s3ckpt.accelerate",
+    "s3ckpt.torchtitan",
+)
 
 
 def test_everything_but_dcp_checkpointer_and_tools_imports_without_numpy_or_torch() -> None:
