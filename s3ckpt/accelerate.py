@@ -47,7 +47,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -62,6 +61,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from s3ckpt.checkpointer import RetentionRecord, RetentionRunner
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageReader, S3StorageWriter, SafeGlobal, quiet_dcp
 from s3ckpt.errors import (
@@ -173,9 +173,9 @@ class S3Checkpointing:
     Attributes:
         policy: The retention policy (``None``: none).
         last_saved: URL of the last checkpoint this process saved (``None`` before).
-        last_retention: The last retention pass's result, or the exception it failed with
-            (on the main process; ``None`` before the first pass). Failures never fail
-            training; they are logged.
+    Retention passes run on the main process, one at a time, in the background; failures
+    never fail training (they are logged). :attr:`last_retention` and
+    :attr:`retention_history` show them.
     """
 
     def __init__(
@@ -207,11 +207,10 @@ class S3Checkpointing:
         self.allow_unsafe_pickle = allow_unsafe_pickle
         self.retention_grace = retention_grace
         self.last_saved: str | None = None
-        self.last_retention: PruneResult | BaseException | None = None
         self._step_fn = step
         self._stores: dict[tuple[str, str], ObjectStore] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._retention: Future[None] | None = None
+        self._runners: dict[StoreURL, RetentionRunner] = {}
+        self._last_runner: RetentionRunner | None = None
         # A dedicated gloo group (a collective): checkpoint traffic never interleaves with
         # training collectives, and DCP's object gathers need a CPU backend under NCCL.
         self._pg: dist.ProcessGroup | None = None
@@ -289,19 +288,30 @@ class S3Checkpointing:
         url = parse_url(run)
         return self._agree(lambda: self._latest(url))
 
+    @property
+    def last_retention(self) -> PruneResult | BaseException | None:
+        """The last retention pass's result, or the exception it failed with (on the main
+        process; ``None`` before the first pass)."""
+        return self._last_runner.last if self._last_runner is not None else None
+
+    @property
+    def retention_history(self) -> tuple[RetentionRecord, ...]:
+        """This process's retention passes (the last 100 per run), oldest first: the step
+        whose commit triggered each, and its result or the exception it failed with."""
+        records = [r for runner in self._runners.values() for r in runner.history]
+        return tuple(sorted(records, key=lambda r: r.started))
+
     def wait(self) -> None:
-        """Block until the retention pass in flight (if any) has run."""
-        fut = self._retention
-        if fut is not None:
-            fut.result()
+        """Block until the retention passes queued so far have run."""
+        for runner in self._runners.values():
+            runner.wait()
 
     def remove(self) -> None:
         """Give the accelerator its own ``save_state`` / ``load_state`` back (after the
-        retention pass in flight)."""
-        self.wait()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        retention passes queued so far)."""
+        for runner in self._runners.values():
+            runner.close()
+        self._runners.clear()
         own = vars(self.accelerator)
         for name in ("save_state", "load_state"):
             if getattr(own.get(name), "__self__", None) is self:
@@ -389,7 +399,7 @@ class S3Checkpointing:
         acc.project_configuration.iteration += 1
         self.last_saved = str(url)
         log.info("s3ckpt: saved %s (step %d)", url, step)
-        self._schedule_retention(target)
+        self._schedule_retention(target, step)
         return str(url)
 
     def _step(self, url: StoreURL) -> int:
@@ -514,27 +524,20 @@ class S3Checkpointing:
         committed = [c for c in infos if c.state == CheckpointState.COMMITTED]
         return str(committed[-1].url) if committed else None
 
-    def _schedule_retention(self, target: _Target) -> None:
+    def _schedule_retention(self, target: _Target, step: int) -> None:
         policy = self.policy
         limit = self.accelerator.project_configuration.total_limit
         if policy is None and target.automatic and limit is not None:
             policy = KeepLast(int(limit))
         if policy is None or self._rank != 0:
             return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-retention")
-        self._retention = self._pool.submit(self._prune, policy, target.run)
-
-    def _prune(self, policy: Policy, run: StoreURL) -> None:
-        from s3ckpt.retention import prune
-
-        try:
-            self.last_retention = prune(
-                self._store(run), run, policy, apply=True, grace=self.retention_grace
+        runner = self._runners.get(target.run)
+        if runner is None:
+            runner = self._runners[target.run] = RetentionRunner(
+                self._store(target.run), target.run
             )
-        except Exception as exc:
-            self.last_retention = exc
-            log.warning("s3ckpt: retention on %s failed (training continues): %s", run, exc)
+        self._last_runner = runner
+        runner.schedule(policy, self.retention_grace, step)
 
 
 # -- helpers ------------------------------------------------------------------------------------

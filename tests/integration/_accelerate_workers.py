@@ -71,6 +71,11 @@ def _tree(x: Any) -> Any:
     return x
 
 
+def snaps_steps(snaps: dict[str, Any]) -> list[int]:
+    """The steps saved in this process (``snaps`` holds one entry per save)."""
+    return [int(k.removeprefix("step_")) for k in snaps if k.startswith("step_")]
+
+
 def _snapshot(accelerator: Any, model: Any, opt: Any, sched: Any, counter: Counter) -> Any:
     import numpy as np
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -200,8 +205,12 @@ def train_worker(
         assert saved == f"{run}/step_{step}/", saved
     ckpt.wait()
     assert all(h.startswith(("save ", "load ")) and "s3://" in h for h in hooks), hooks
-    if rank == 0 and ckpt.last_retention is not None:
-        assert not isinstance(ckpt.last_retention, BaseException), ckpt.last_retention
+    if rank == 0:
+        # A pass after each commit, each with the step that triggered it, none failed.
+        history = ckpt.retention_history
+        assert [r.step for r in history] == sorted(snaps_steps(snaps)), history
+        assert all(r.ok for r in history), history
+        assert ckpt.last_retention is history[-1].outcome
     assert "s3fs" not in sys.modules
     torch.save(snaps, Path(out) / f"snaps_{rank}.pt")
     result = {"losses": losses, "hooks": hooks, "latest": latest}
