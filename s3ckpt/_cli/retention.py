@@ -77,7 +77,6 @@ from s3ckpt.uri import StoreURL, parse_location
 __all__ = ["register"]
 
 
-
 def _add_lease_ttl(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--lease-ttl",
@@ -86,6 +85,7 @@ def _add_lease_ttl(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help=f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
     )
+
 
 def _duration(text: str) -> timedelta:
     try:

@@ -34,4 +34,3 @@ def test_retry_back_off_leaves_the_global_rng_alone() -> None:
     assert r(flaky) == 4
     assert len(waits) == 3 and all(w >= 0 for w in waits)
     assert random.getstate() == before
-
