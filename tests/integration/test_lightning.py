@@ -1,13 +1,11 @@
 """s3ckpt.lightning against a real S3 endpoint (moto on 127.0.0.1), with s3fs blocked.
 
 In-process tests cover the plug-in's calls one by one (save/load exactness, safe loading,
-remove, ModelCheckpoint's file-system view, ``ckpt_path="last"``); the framework runs train
-with Lightning in fresh processes (``examples/lightning_train.py``): an uninterrupted run,
-a run stopped halfway and a resume from ``ckpt_path="last"``, at world size 1 and at 2
-with FSDP2 through S3ModelParallelStrategy, and compare the final weights and optimizer
-state exactly. DDP at 2 ranks saves like world size 1 (rank 0 writes, every rank loads)
-and costs another minute of CI, so it is run by hand (``examples/lightning_train.py
---devices 2``), not here.
+remove, ModelCheckpoint's file-system view, ``ckpt_path="last"``). The framework runs train
+with Lightning in fresh processes (``train()`` of ``examples/lightning_train.py``, ranks
+forked from the session's forkserver): an uninterrupted run, a run stopped halfway and a
+resume from ``ckpt_path="last"``, at world size 1, and at 2 with DDP and with FSDP2
+through S3ModelParallelStrategy; the final weights and optimizer state must be equal.
 """
 
 from __future__ import annotations
@@ -15,9 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import pathlib
-import subprocess
 import sys
 from collections import OrderedDict
 from datetime import datetime
@@ -35,11 +31,9 @@ from s3ckpt.errors import UnsafeCheckpointError
 from s3ckpt.lightning import S3CheckpointIO
 from s3ckpt.retention import KeepLast, list_checkpoints
 from s3ckpt.store import open_store
-from s3ckpt.uri import parse_url
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "lightning_train.py"
-NO_S3FS = ROOT / "tests" / "no_s3fs"
+from tests._http import free_port
+from tests._spawn import run_ranks
+from tests.integration import _lightning_workers as workers
 
 
 class Custom:
@@ -205,42 +199,39 @@ def _no_s3fs(monkeypatch: pytest.MonkeyPatch) -> Any:
             registry._registry[p] = cls
 
 
-def _example(run: str, *extra: str) -> str:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(NO_S3FS), str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--url", run, "--epochs", "2", *extra],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+def _phase(world: int, strategy: str, url: str, epochs: int, resume: bool, out: Path) -> None:
+    run_ranks(
+        workers.train_rank,
+        world,
+        (world, free_port(), url, epochs, resume, str(out), strategy),
     )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    assert "resumed run vs uninterrupted run: 0 differences" in out, out[-6000:]
-    return out
-
-
-def _steps(run: str) -> list[int | None]:
-    store, url = open_store(f"{run}/resumed")
-    return [c.step for c in list_checkpoints(store, url)]
 
 
 @pytest.mark.parametrize(
-    "extra",
+    ("world", "strategy"),
     [
-        pytest.param((), id="ws1"),
-        pytest.param(("--devices", "2", "--strategy", "model_parallel"), id="fsdp2-ws2"),
+        pytest.param(1, "ddp", id="ws1"),
+        pytest.param(2, "ddp", id="ddp-ws2"),
+        pytest.param(2, "model_parallel", id="fsdp2-ws2"),
     ],
 )
-def test_resume_in_a_fresh_process_is_exact(run: str, extra: tuple[str, ...]) -> None:
-    """save_last + save_top_k=2 on val_loss + a KeepLast(2)|KeepBest(2) policy: the resumed
-    run ends where the uninterrupted one does, bit for bit, and every kept checkpoint
-    carries its step."""
-    out = _example(run, *extra)
-    steps = _steps(run)
-    assert steps and None not in steps, out[-3000:]
+def test_resume_in_a_fresh_process_is_exact(
+    run: str, tmp_path: Path, world: int, strategy: str
+) -> None:
+    """Three fresh jobs, as examples/lightning_train.py runs them: 2 epochs uninterrupted;
+    1 epoch; a resume from ``ckpt_path="last"`` to 2 epochs. save_last + save_top_k=2 on
+    val_loss + a KeepLast(2)|KeepBest(2) policy. The resumed run ends where the
+    uninterrupted one does, bit for bit (weights, optimizer state, step), and every kept
+    checkpoint carries its step."""
+    _phase(world, strategy, f"{run}/uninterrupted", 2, False, tmp_path / "whole.pt")
+    _phase(world, strategy, f"{run}/resumed", 1, False, tmp_path / "half.pt")
+    _phase(world, strategy, f"{run}/resumed", 2, True, tmp_path / "resumed.pt")
+    compare = workers.example().compare
+    assert compare(str(tmp_path / "whole.pt"), str(tmp_path / "resumed.pt")) == 0
+    assert compare(str(tmp_path / "half.pt"), str(tmp_path / "resumed.pt")) > 0  # it trained on
+    store, url = open_store(f"{run}/resumed")
+    kept = {c.name: c.step for c in list_checkpoints(store, url)}
     # 8 batches an epoch on one rank, 4 on each of two; 2 epochs.
-    assert max(s for s in steps if s is not None) == 2 * (8 // (2 if extra else 1))
-    assert "last.ckpt" in out
-    parse_url(run)  # the run URL the example used is a valid s3ckpt URL
+    last = 2 * (8 // world)
+    assert kept.get("last.ckpt") == last and f"epoch=1-step={last}.ckpt" in kept, kept
+    assert None not in kept.values(), kept
