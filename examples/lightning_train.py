@@ -111,7 +111,8 @@ def train(args: argparse.Namespace) -> None:
     train_loader, val_loader = loaders()
     trainer.fit(model, train_loader, val_loader, ckpt_path="last" if args.resume else None)
     trainer.strategy.checkpoint_io.teardown()  # let the last retention pass finish
-    if (args.out and trainer.is_global_zero) or (args.out and args.strategy == "model_parallel"):
+    # Gathering sharded (FSDP2) state is a collective: every rank takes part, rank 0 writes.
+    if args.out and (trainer.is_global_zero or args.strategy == "model_parallel"):
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
