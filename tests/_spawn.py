@@ -76,6 +76,22 @@ def start_process(fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> Any:
     return proc
 
 
+def set_torchrun_env(rank: int, world: int, port: int) -> None:
+    """Set this rank's environment as ``torchrun`` would (frameworks such as Lightning and
+    accelerate then join these processes on 127.0.0.1:``port`` instead of launching their
+    own); nothing for one rank, which needs no process group."""
+    if world > 1:
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_WORLD_SIZE=str(world),
+            NODE_RANK="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+
+
 def event() -> Any:
     """A ``multiprocessing.Event`` that processes from :func:`start_process` can set."""
     return _ctx.Event()

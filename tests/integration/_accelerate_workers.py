@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from tests._spawn import set_torchrun_env
+
 NO_S3FS = str(Path(__file__).resolve().parents[1] / "no_s3fs")
 
 # 32 samples, 4 per rank per step: 8 steps per epoch on 1 rank, 4 on 2.
@@ -120,15 +122,7 @@ def train_worker(
     ``float.hex``, the hooks seen, what ``latest`` answered)."""
     _block_s3fs()
     os.environ["OMP_NUM_THREADS"] = "1"
-    if world > 1:
-        os.environ.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
+    set_torchrun_env(rank, world, port)
     import numpy as np
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from tests._spawn import set_torchrun_env
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning_train.py"
 
 
@@ -39,17 +41,7 @@ def train_rank(
     # for subprocesses; the forkserver does not pass PYTHONPATH on).
     sys.modules["s3fs"] = None  # type: ignore[assignment]
     os.environ["OMP_NUM_THREADS"] = "1"
-    if world > 1:
-        # Set as torchrun would: Lightning then joins these processes instead of launching.
-        os.environ.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_WORLD_SIZE=str(world),
-            NODE_RANK="0",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
+    set_torchrun_env(rank, world, port)  # Lightning joins these processes, launches none
     args = argparse.Namespace(
         url=url, epochs=epochs, devices=world, strategy=strategy, resume=resume, out=out
     )
