@@ -87,6 +87,16 @@ def _add_lease_ttl(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_step_pattern(p: argparse.ArgumentParser, note: str = "") -> None:
+    p.add_argument(
+        "--step-pattern",
+        type=_step_pattern,
+        default=None,
+        metavar="REGEX",
+        help=STEP_PATTERN_HELP + note,
+    )
+
+
 def _duration(text: str) -> timedelta:
     try:
         value = parse_duration(text)
@@ -148,13 +158,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("path", metavar="PATH")
     add_output_options(p)
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
-    p.add_argument(
-        "--step-pattern",
-        type=_step_pattern,
-        default=None,
-        metavar="REGEX",
-        help=STEP_PATTERN_HELP,
-    )
+    _add_step_pattern(p)
     p.set_defaults(func=_ls)
 
     p = sub.add_parser(
@@ -194,13 +198,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         metavar="TIME",
         help="plan as of this ISO time (what-if dry runs; default: now)",
     )
-    p.add_argument(
-        "--step-pattern",
-        type=_step_pattern,
-        default=None,
-        metavar="REGEX",
-        help=STEP_PATTERN_HELP + " (default: the policy file's step_pattern)",
-    )
+    _add_step_pattern(p, " (default: the policy file's step_pattern)")
     p.set_defaults(func=_prune)
 
     p = sub.add_parser(
@@ -282,13 +280,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     add_output_options(p, progress=False)
     p.add_argument("--grace", type=_duration, default=DEFAULT_GRACE, help=grace_help)
     _add_lease_ttl(p)
-    p.add_argument(
-        "--step-pattern",
-        type=_step_pattern,
-        default=None,
-        metavar="REGEX",
-        help=STEP_PATTERN_HELP + " (tells which checkpoint is the newest)",
-    )
+    _add_step_pattern(p, " (tells which checkpoint is the newest)")
     p.set_defaults(func=_rm)
 
 
