@@ -3,13 +3,24 @@ move (:class:`TransferConfig`)."""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from s3ckpt.errors import ConfigError
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "KiB", "MiB", "GiB", "S3Config", "TransferConfig"]
+__all__ = [
+    "CONNECTION_MBPS",
+    "DEFAULT_MAX_ATTEMPTS",
+    "MAX_DERIVED_CONCURRENCY",
+    "UPLOAD_MEMORY_BOUND",
+    "KiB",
+    "MiB",
+    "GiB",
+    "S3Config",
+    "TransferConfig",
+]
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -23,6 +34,53 @@ MAX_PARTS = 10_000
 DEFAULT_MAX_ATTEMPTS = 8
 """Attempts per request when neither the caller, ``AWS_MAX_ATTEMPTS`` nor the AWS profile
 chooses."""
+
+
+CONNECTION_MBPS = 90.0
+"""What one connection to S3 carries, in MB/s (10**6 bytes per second). AWS's performance
+guidelines: "make one concurrent request for each 85-90 MB/s of desired network
+throughput". :attr:`TransferConfig.max_concurrency` is derived from it."""
+
+MAX_DERIVED_CONCURRENCY = 64
+"""The most connections a throughput target derives (1 is the least). An explicit
+``max_concurrency`` may go higher."""
+
+UPLOAD_MEMORY_BOUND = 256 * MiB
+"""Upload buffers a saving rank holds at most when ``max_inflight_bytes`` is derived (left
+to its default) and ``part_size <= 128 MiB``: ``max_inflight_bytes + part_size`` never
+exceeds it."""
+
+
+class _Derived(int):
+    """A :class:`TransferConfig` field nobody chose (``max_concurrency``,
+    ``max_inflight_bytes``): derived from the other fields when the config is built, and
+    derived again by ``dataclasses.replace``, so ``replace(tc, part_size=...)`` or
+    ``replace(tc, target_throughput_gbps=...)`` moves it along. Equal to, printed as and
+    hashed as the number it holds."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+_DERIVE = _Derived(0)
+"""Default of the derived fields: "derive me"."""
+
+
+def derived_concurrency(target_throughput_gbps: float) -> int:
+    """Connections for a throughput target: ``ceil(target MB/s / CONNECTION_MBPS)``, within
+    ``1 .. MAX_DERIVED_CONCURRENCY`` (10 Gbit/s: 1,250 MB/s, 14 connections)."""
+    mbps = target_throughput_gbps * 1000.0 / 8.0
+    return max(1, min(MAX_DERIVED_CONCURRENCY, math.ceil(mbps / CONNECTION_MBPS)))
+
+
+def derived_inflight_bytes(part_size: int, concurrency: int) -> int:
+    """Upload buffers in flight: one part per connection, at most as many parts as keep
+    ``max_inflight_bytes + part_size`` within :data:`UPLOAD_MEMORY_BOUND` (one part, at
+    least)."""
+    parts_in_bound = (UPLOAD_MEMORY_BOUND - part_size) // part_size
+    return part_size * max(1, min(concurrency, parts_in_bound))
 
 
 class _DefaultAttempts(int):
@@ -140,15 +198,29 @@ class S3Config:
 class TransferConfig:
     """How many bytes move at once, in what pieces, and how failures are retried.
 
+    Connections: one per :data:`CONNECTION_MBPS` (90 MB/s, AWS's figure) of
+    :attr:`target_throughput_gbps`, so the default 10 Gbit/s is 1,250 MB/s on
+    ``ceil(1250 / 90) =`` **14** threads (and pooled HTTP connections) per rank, unless
+    :attr:`max_concurrency` is given. :attr:`concurrency` is the number in force.
+
     Memory: a saving rank holds at most ``max_inflight_bytes + part_size`` bytes of
     upload buffers above the state dict itself (the buffers are reused, never more are
-    allocated). With the defaults: 128 MiB + 16 MiB = 144 MiB per rank.
+    allocated). Left to its default, ``max_inflight_bytes`` is one part per connection,
+    capped so that this sum stays within :data:`UPLOAD_MEMORY_BOUND` (**256 MiB**) for any
+    ``part_size`` up to 128 MiB (larger parts: one in flight, ``2 * part_size``). With the
+    defaults: 14 x 16 MiB = 224 MiB + 16 MiB = **240 MiB per rank**. (An object over
+    10,000 parts gets a larger part, :meth:`part_size_for`, and the bound grows with it to
+    ``max(max_inflight_bytes, part) + part``.)
 
     A loading rank streams object bodies straight into destination tensors in
     ``read_chunk_size`` pieces; an item that must be decoded or resharded (a slice of a
     saved chunk, a foreign ``torch.save`` item, a non-tensor item) is buffered whole, so
-    the extra memory on load is at most ``max_concurrency`` such items plus
-    ``max_concurrency * read_chunk_size``.
+    the extra memory on load is at most :attr:`concurrency` such items plus
+    ``concurrency * read_chunk_size`` (14 x 4 MiB = 56 MiB with the defaults).
+
+    Throttling: with :attr:`adaptive` (the default) the requests of a process to one
+    bucket share a congestion window that halves on ``503 SlowDown`` and grows back on
+    success (:mod:`s3ckpt.store._adaptive`), so a throttled prefix sees far fewer retries.
     """
 
     part_size: int = 16 * MiB
@@ -156,13 +228,17 @@ class TransferConfig:
     so with the default one object holds up to ~156 GiB; larger objects get a larger part
     size automatically (see :meth:`part_size_for`)."""
 
-    max_concurrency: int = 8
+    max_concurrency: int = _DERIVE
     """Threads per rank for part uploads and ranged GETs; the HTTP connection pool is
-    sized to match."""
+    sized to match. Default: derived from :attr:`target_throughput_gbps` (14 for
+    10 Gbit/s); a value given here wins. Read :attr:`concurrency` for the number in
+    force (this field holds it too)."""
 
-    max_inflight_bytes: int = 128 * MiB
+    max_inflight_bytes: int = _DERIVE
     """Upload buffers (filled, uploading or waiting) per rank. Must hold at least one
-    part; ``max_inflight_bytes // part_size`` parts are in flight at once."""
+    part; ``max_inflight_bytes // part_size`` parts are in flight at once. Default: one
+    part per connection (:attr:`concurrency` parts), at most as many as keep
+    ``max_inflight_bytes + part_size <= 256 MiB``: 224 MiB with the defaults."""
 
     target_object_size: int = 128 * MiB
     """Each rank packs its items into ``ceil(rank_bytes / target_object_size)`` objects
@@ -187,8 +263,8 @@ class TransferConfig:
     builds its client), else 8. s3ckpt retries every request itself, with one policy
     (:mod:`s3ckpt.store.retry`: exponential back-off with full jitter, like botocore's
     ``standard`` mode); botocore's own retries stay at one attempt, so the two never
-    multiply. ``AWS_RETRY_MODE`` / ``retry_mode`` therefore change nothing (``adaptive``
-    client-side rate limiting is not implemented)."""
+    multiply. ``AWS_RETRY_MODE`` / ``retry_mode`` therefore change nothing: s3ckpt's own
+    client-side rate limiting is :attr:`adaptive`."""
 
     retry_initial_delay: float = 0.1
     """First back-off in seconds; doubles per attempt with full jitter."""
@@ -215,14 +291,40 @@ class TransferConfig:
     attempt is started that could not itself time out before the deadline. Raise it together
     with :attr:`read_timeout` for slow links."""
 
+    target_throughput_gbps: float = 10.0
+    """Network throughput one rank aims for, in Gbit/s (the AWS CRT's
+    ``throughput_target_gbps``, same default). Sets the connections when
+    :attr:`max_concurrency` is not given: ``ceil(target in MB/s / 90)``, within 1 .. 64
+    (10 Gbit/s: 14). Set it to the rank's share of the NIC."""
+
+    adaptive: bool = True
+    """Adapt to throttling (AIMD, like TCP): every request attempt of this process to one
+    (endpoint, bucket) takes a slot of a shared congestion window that starts at
+    :attr:`concurrency`, halves on a throttling answer (``SlowDown``, 503, ``Throttling``;
+    once per congestion event), paces request starts once it is down to one and
+    throttling goes on, and grows back by one per window of successes. Costs one lock per
+    attempt and never waits while nothing is throttled. ``False``: fixed concurrency,
+    exponential back-off only (for comparisons). See :mod:`s3ckpt.store._adaptive`."""
+
     def __post_init__(self) -> None:
         def bad(name: str, allowed: str) -> ConfigError:
             return ConfigError(f"TransferConfig.{name}={getattr(self, name)!r}; allowed: {allowed}")
 
         if not MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE:
             raise bad("part_size", "5 MiB <= part_size <= 5 GiB (S3 limits)")
+        target = self.target_throughput_gbps
+        if isinstance(target, bool) or not isinstance(target, (int, float)):
+            raise bad("target_throughput_gbps", "a number of Gbit/s > 0")
+        if not 0 < target < math.inf:  # also refuses NaN
+            raise bad("target_throughput_gbps", "> 0 (Gbit/s)")
+        # Fields nobody chose are derived (again, after dataclasses.replace).
+        if type(self.max_concurrency) is _Derived:
+            object.__setattr__(self, "max_concurrency", _Derived(derived_concurrency(target)))
         if self.max_concurrency < 1:
             raise bad("max_concurrency", ">= 1")
+        if type(self.max_inflight_bytes) is _Derived:
+            inflight = derived_inflight_bytes(self.part_size, self.max_concurrency)
+            object.__setattr__(self, "max_inflight_bytes", _Derived(inflight))
         if self.max_inflight_bytes < self.part_size:
             raise bad("max_inflight_bytes", f">= part_size ({self.part_size})")
         if self.target_object_size < 1:
@@ -256,6 +358,12 @@ class TransferConfig:
                 f"max_attempts = {max_attempts} in the AWS config file; expected an integer >= 1"
             )
         return replace(self, max_attempts=int(max_attempts))
+
+    @property
+    def concurrency(self) -> int:
+        """Threads (and HTTP connections) per rank in force: :attr:`max_concurrency` when
+        given, else derived from :attr:`target_throughput_gbps`."""
+        return int(self.max_concurrency)
 
     @property
     def max_inflight_parts(self) -> int:

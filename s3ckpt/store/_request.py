@@ -1,5 +1,6 @@
 """One S3 request: its encryption and checksum arguments, and its run under the store's
-retry policy with the failure mapped at the store's edge."""
+retry policy, each attempt holding a slot of the store's adaptive limiter, with the
+failure mapped at the store's edge."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import botocore.exceptions as bce
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.store._errors import is_transient, map_error, timeout_kind
+from s3ckpt.store._adaptive import AdaptiveLimiter
+from s3ckpt.store._errors import _error_code, is_transient, map_error, timeout_kind
 from s3ckpt.store.base import Buffer
-from s3ckpt.store.retry import retrying
+from s3ckpt.store.retry import THROTTLE_CODES, retrying
 
-__all__ = ["call", "checksum_args", "sse_args", "store_retrying"]
+__all__ = ["call", "checksum_args", "is_throttle", "sse_args", "store_retrying"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,16 @@ def store_retrying(
     )
 
 
+def is_throttle(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store asking for fewer requests: an error code in
+    :data:`~s3ckpt.store.retry.THROTTLE_CODES` or an HTTP 503. Not 500s, timeouts or
+    resets: those are retried, but say nothing about the request rate."""
+    if not isinstance(exc, bce.ClientError):
+        return False
+    code, status = _error_code(exc)
+    return code in THROTTLE_CODES or status == 503
+
+
 def call(
     fn: Callable[[], T],
     *,
@@ -71,14 +84,21 @@ def call(
     endpoint: str | None,
     config: TransferConfig,
     sleep: Callable[[float], None] | None,
+    limiter: AdaptiveLimiter | None = None,
 ) -> tuple[T, int]:
     """``fn()`` under the store's retry policy; its result and the attempts it took.
+
+    With a ``limiter`` every attempt takes one of its slots before ``fn()`` and gives it
+    back with the outcome (throttled, answered, or failed otherwise); the time an attempt
+    waits for its slot (and for pacing, slept with ``sleep``) does not count towards
+    ``config.request_deadline``.
 
     Raises:
         StoreError: The last failure, mapped by :func:`~s3ckpt.store._errors.map_error`.
     """
     attempts = 0
     started = time.monotonic()
+    queued = [0.0]  # seconds the attempts waited for the limiter, read by the deadline
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -92,10 +112,25 @@ def call(
         )
 
     try:
-        for attempt in store_retrying(config, sleep, before_sleep=before_sleep):
+        for attempt in store_retrying(
+            config, sleep, before_sleep=before_sleep, queued=lambda: queued[0]
+        ):
             attempts = attempt.retry_state.attempt_number
             with attempt:
-                return fn(), attempts
+                if limiter is None:
+                    return fn(), attempts
+                slot = limiter.acquire(sleep)
+                queued[0] += slot.queued
+                try:
+                    result = fn()
+                except BaseException as exc:
+                    if is_throttle(exc):
+                        limiter.throttled(slot)
+                    else:
+                        limiter.failed(slot)
+                    raise
+                limiter.succeeded(slot)
+                return result, attempts
     except Exception as exc:  # mapped at this one edge
         raise map_error(
             exc,

@@ -31,7 +31,7 @@ from tenacity.stop import stop_base
 
 from s3ckpt.config import TransferConfig
 
-__all__ = ["TRANSIENT_CODES", "TimeoutKind", "retrying"]
+__all__ = ["THROTTLE_CODES", "TRANSIENT_CODES", "TimeoutKind", "retrying"]
 
 TRANSIENT_CODES: frozenset[str] = frozenset(
     {
@@ -52,6 +52,22 @@ TRANSIENT_CODES: frozenset[str] = frozenset(
 server errors and a request the store timed out reading. The store's error table maps
 exactly these to :class:`~s3ckpt.errors.TransientStoreError`; retention retries per-key
 ``DeleteObjects`` failures with these codes."""
+
+THROTTLE_CODES: frozenset[str] = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "ServiceUnavailable",
+        "503",
+    }
+)
+"""The :data:`TRANSIENT_CODES` that mean "too many requests": the store asks the client to
+slow down (S3's ``503 Slow Down``; ``ServiceUnavailable`` is the 503 S3 documents as
+"reduce your request rate"). The S3 store's adaptive limiter
+(:mod:`s3ckpt.store._adaptive`) narrows its window on these, and on any HTTP 503; never on
+500s, timeouts or resets, which say nothing about the request rate."""
 
 TimeoutKind = Callable[[BaseException | None], str | None]
 """``timeout_kind(exc)``: ``"connect"`` or ``"read"`` when ``exc`` is (or wraps) a
@@ -89,7 +105,9 @@ class _StopAtDeadline(stop_base):
     the deadline.
 
     The deadline counts from ``since`` (a :func:`time.monotonic` value) when given, else
-    from the first attempt.
+    from the first attempt, less the seconds ``queued()`` reports: time the request spent
+    waiting in the client's own queue (the adaptive limiter's window and pacing), which
+    says nothing about the endpoint.
     """
 
     def __init__(
@@ -99,18 +117,22 @@ class _StopAtDeadline(stop_base):
         connect_timeout: float,
         timeout_kind: TimeoutKind,
         since: float | None = None,
+        queued: Callable[[], float] | None = None,
     ) -> None:
         self.deadline = deadline
         self.read_timeout = read_timeout
         self.connect_timeout = connect_timeout
         self.timeout_kind = timeout_kind
         self.since = since
+        self.queued = queued
 
     def __call__(self, retry_state: RetryCallState) -> bool:
         if self.since is None:
             spent = retry_state.seconds_since_start or 0.0
         else:
             spent = (retry_state.outcome_timestamp or time.monotonic()) - self.since
+        if self.queued is not None:
+            spent -= self.queued()
         # upcoming_sleep: the back-off before the next attempt (tenacity >= 8.3 sets it
         # before asking stop; older versions leave it 0).
         elapsed = spent + float(getattr(retry_state, "upcoming_sleep", 0.0) or 0.0)
@@ -136,6 +158,7 @@ def retrying(
     deadline: bool = True,
     since: float | None = None,
     timeout_kind: TimeoutKind | None = None,
+    queued: Callable[[], float] | None = None,
 ) -> Retrying:
     """A tenacity ``Retrying`` with s3ckpt's retry policy, built from ``config``.
 
@@ -161,6 +184,8 @@ def retrying(
             first attempt).
         timeout_kind: Classifies a failure as a connect or read timeout (default: none
             is).
+        queued: Seconds spent so far waiting in the client's own queue (the adaptive
+            limiter): not counted towards the deadline.
     """
     tc = config or TransferConfig()
     stop: stop_base = stop_after_attempt(
@@ -173,6 +198,7 @@ def retrying(
             tc.connect_timeout,
             timeout_kind or _no_timeout,
             since,
+            queued,
         )
     # Attempt n of this loop backs off like attempt n + attempts_used of one long loop.
     wait = _FullJitter(multiplier=tc.retry_initial_delay * 2**attempts_used, max=tc.retry_max_delay)

@@ -8,6 +8,11 @@ own retries are turned off (one attempt) so the two never multiply; the attempts
 that order. A bad hostname or a refused connection is *not* retried: it fails at once with an
 :class:`~s3ckpt.errors.EndpointError` that says what to check.
 
+Throttling is met by an adaptive limiter (:mod:`s3ckpt.store._adaptive`, on unless
+``TransferConfig.adaptive`` is off): the request attempts of all stores of a process that
+talk to one (endpoint, bucket) share a congestion window that halves on ``503 SlowDown``
+and grows back on success; :meth:`S3Store.throttle_stats` reports it.
+
 One boto3 client per process and configuration: every :class:`S3Store` in a process whose
 ``S3Config``, client settings of its ``TransferConfig`` (pool size, timeouts), ``AWS_*``
 environment and AWS config and credentials files are the same shares one client
@@ -43,6 +48,7 @@ from botocore.exceptions import ProfileNotFound
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError, ObjectNotFoundError, StoreError
+from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._body import BufferBody
 from s3ckpt.store._range import S3RangeReader
 from s3ckpt.store._request import call, checksum_args, sse_args
@@ -154,7 +160,7 @@ def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
     return (
         os.getpid(),
         cfg,
-        tc.max_concurrency,
+        tc.concurrency,
         tc.connect_timeout,
         tc.read_timeout,
         aws_env,
@@ -201,7 +207,9 @@ def _new_client(cfg: S3Config, tc: TransferConfig) -> tuple[Any, int | None]:
         # s3ckpt retries every request itself (store/retry.py); a Config value wins over
         # AWS_MAX_ATTEMPTS and the config file in botocore, so botocore never retries too.
         retries={"total_max_attempts": 1, "mode": "standard"},
-        max_pool_connections=tc.max_concurrency + 4,
+        # One connection per upload / read thread, and a few for the requests made
+        # beside them (completes, heartbeats, the caller's own).
+        max_pool_connections=tc.concurrency + 4,
         connect_timeout=tc.connect_timeout,
         read_timeout=tc.read_timeout,
         tcp_keepalive=True,
@@ -227,13 +235,16 @@ class S3Store:
     The boto3 client is fetched lazily, once per process, from :func:`shared_client` (the
     store pickles without it and fetches one again after ``fork`` or ``spawn``): stores of
     one process with equal settings share one client, whose connection pool is sized to
-    ``TransferConfig.max_concurrency`` (stores busy at once share that pool).
+    ``TransferConfig.concurrency`` (stores busy at once share that pool). Stores of one
+    process and (endpoint, bucket) share one adaptive limiter the same way
+    (:meth:`throttle_stats`).
 
     Args:
         bucket: The bucket every key lives in.
         s3_config: Endpoint, region, encryption and checksum settings.
         transfer_config: Concurrency, timeouts and retry budget.
-        sleep: Injected into the retry policy (tests pass a no-op).
+        sleep: Sleeps the retry back-off and the adaptive limiter's pacing (tests pass a
+            no-op).
         page_size: Keys per list request (S3's maximum is 1000).
         delete_batch_size: Keys per DeleteObjects request (at most 1000).
     """
@@ -259,6 +270,7 @@ class S3Store:
         self.transfer_config = transfer_config or TransferConfig()
         self._sleep = sleep
         self._bound: tuple[int, Any] | None = None  # (process id, its client)
+        self._limiter_bound: tuple[int, AdaptiveLimiter] | None = None  # (process id, ...)
 
     @property
     def bucket(self) -> str:
@@ -269,6 +281,7 @@ class S3Store:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_bound"] = None
+        state["_limiter_bound"] = None
         return state
 
     def __repr__(self) -> str:
@@ -295,6 +308,29 @@ class S3Store:
             bound = self._bound = (pid, client)
         return bound[1]
 
+    @property
+    def limiter(self) -> AdaptiveLimiter | None:
+        """The process's adaptive limiter for this endpoint and bucket
+        (:func:`~s3ckpt.store._adaptive.shared_limiter`, fetched on first use and again in
+        a new process); ``None`` when ``TransferConfig.adaptive`` is off."""
+        if not self.transfer_config.adaptive:
+            return None
+        bound = self._limiter_bound
+        pid = os.getpid()
+        if bound is None or bound[0] != pid:
+            limiter = shared_limiter(
+                self.endpoint_url, self._bucket, self.transfer_config.concurrency
+            )
+            bound = self._limiter_bound = (pid, limiter)
+        return bound[1]
+
+    def throttle_stats(self) -> ThrottleStats | None:
+        """Throttling seen by this process's requests to this endpoint and bucket (every
+        store sharing the limiter counts), and the limiter's window and pacing now;
+        ``None`` when ``TransferConfig.adaptive`` is off."""
+        limiter = self.limiter
+        return None if limiter is None else limiter.stats()
+
     # -- retry + error mapping ---------------------------------------------------------------
     def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T:
         return self._call_counted(operation, key, fn)[0]
@@ -312,6 +348,7 @@ class S3Store:
             endpoint=self.endpoint_url,
             config=self.transfer_config,
             sleep=self._sleep,
+            limiter=self.limiter,
         )
 
     # -- ObjectStore -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ Call sequence::
 :meth:`RangeWalk.plan` coalesces each object's spans into requests of at most
 ``read_request_size`` bytes (:func:`~s3ckpt.transfer.coalesce`), largest first so the long
 poles start early. :meth:`RangeWalk.run` makes one ranged GET per request on a pool of
-``max_concurrency`` threads and reads it front to back: gaps between spans are skipped, and
+``concurrency`` threads and reads it front to back: gaps between spans are skipped, and
 each span is handed to ``on_span`` with a :class:`SpanReader` that yields exactly that
 span's bytes (the DCP reader streams them into tensor memory; verify through a small buffer).
 
@@ -185,7 +185,7 @@ class RangeWalk(Generic[T]):
         store: Where the objects are.
         key_of: The store key of an object name.
         config: ``coalesce_gap``, ``read_request_size``, ``read_chunk_size``,
-            ``max_concurrency``.
+            ``concurrency``.
         on_span: Called (from worker threads) with each span and a :class:`SpanReader`
             positioned at its first byte; what it leaves unread is skipped.
         on_failure: Called with each failed request; without it the first failure is
@@ -235,12 +235,12 @@ class RangeWalk(Generic[T]):
         return jobs
 
     def run(self, jobs: Sequence[tuple[str, Request[T]]]) -> None:
-        """Make every request of ``jobs``, ``max_concurrency`` at a time."""
+        """Make every request of ``jobs``, ``config.concurrency`` at a time."""
         if len(jobs) <= 1:
             for i, (name, req) in enumerate(jobs):
                 self.fetch(name, req, job=i)
             return
-        workers = min(self.config.max_concurrency, len(jobs))
+        workers = min(self.config.concurrency, len(jobs))
         with ThreadPoolExecutor(workers, thread_name_prefix=self.thread_name_prefix) as pool:
             futures = [pool.submit(self.fetch, n, r, job=i) for i, (n, r) in enumerate(jobs)]
             _, not_done = wait(futures, return_when=FIRST_EXCEPTION)

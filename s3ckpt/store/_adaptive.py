@@ -1,0 +1,365 @@
+"""Adaptive concurrency under throttling: one AIMD limiter per process and (endpoint,
+bucket).
+
+S3 answers ``503 Slow Down`` when a prefix gets more requests per second than it serves
+(3,500 writes or 5,500 reads per second per partition, more once S3 has split it).
+Retrying each request with exponential back-off alone leaves every thread knocking at the
+same rate, so most attempts are refused for as long as the throttling lasts. The limiter
+narrows how many requests the process has in flight instead, as TCP does with its
+congestion window:
+
+* Every request *attempt* takes a slot (:meth:`AdaptiveLimiter.acquire`) before it is sent
+  and gives it back with its outcome (:meth:`~AdaptiveLimiter.succeeded`,
+  :meth:`~AdaptiveLimiter.throttled`, :meth:`~AdaptiveLimiter.failed`).
+* The **window** (a float) bounds the attempts in flight to ``floor(window)``. It starts at
+  the store's thread count (the *ceiling*), and while it is there nothing is limited: an
+  attempt costs one lock to take its slot and one to give it back, and never waits.
+* **Multiplicative decrease**, once per congestion event: a throttled attempt that started
+  after the last decrease halves the window (from the attempts in flight when those are
+  fewer, as TCP halves its flight size), down to 1. A throttled attempt that started
+  before the last decrease belongs to the event already answered: it is only counted.
+* Once the window is 1 and throttling goes on, request starts are **paced** (a token
+  bucket of one token): the rate starts at half of what one request at a time achieves
+  (one over the average time of an answered attempt), and each further congestion event
+  halves it, down to :data:`MIN_RATE`.
+* **Additive increase** on each success of an attempt started since the last decrease:
+  ``window += 1 / window``, about one slot more per window of successes; back at the
+  ceiling, the limiter stops limiting. While pacing, the rate grows with time, by what one
+  request at a time started per :data:`RATE_RECOVERY` seconds (at most doubling per
+  success, so a rate deep down does not leap past what was throttled), and pacing ends
+  once the rate is twice what one request at a time started: seconds from any depth,
+  never minutes.
+* Other outcomes (500s, resets, timeouts, 404s) change nothing: they say nothing about the
+  request rate.
+
+The retry of a throttled attempt still waits its back-off (:mod:`s3ckpt.store.retry`)
+before it queues for a slot again; the time a request spends queued here does not count
+towards its ``request_deadline``. Each process (rank) adapts on its own, as TCP flows do.
+
+:func:`shared_limiter` hands every store of a process that talks to one (endpoint, bucket)
+the same limiter; a forked child starts afresh. This module imports neither boto3 nor
+torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+__all__ = [
+    "MIN_RATE",
+    "RATE_RECOVERY",
+    "AdaptiveLimiter",
+    "Slot",
+    "ThrottleStats",
+    "forget_limiters",
+    "shared_limiter",
+]
+
+log = logging.getLogger(__name__)
+
+MIN_RATE = 1.0
+"""Slowest pacing, in request starts per second. Below it a process waits on the retries'
+own back-off (up to ``retry_max_delay``) instead, and a rate this low grows back in
+seconds once the throttling ends."""
+
+RATE_RECOVERY = 2.0
+"""Seconds in which pacing grows back by the rate one request at a time started (the rate
+pacing began from): from half of it, pacing ends 3 s after the last decrease."""
+
+LOG_INTERVAL = 5.0
+"""Seconds between two INFO lines about decreases (the ones between are summed up)."""
+
+_WEIGHT = 0.2  # weight of the newest sample in a moving average
+_MIN_GAP = 1e-3  # seconds: no pacing starts faster than 1,000 requests per second
+
+
+@dataclass(frozen=True)
+class ThrottleStats:
+    """What an :class:`AdaptiveLimiter` has seen and where it stands (a snapshot)."""
+
+    throttles: int
+    """Attempts answered with throttling (each was retried or failed its request)."""
+
+    decreases: int
+    """Congestion events answered: halvings of the window or of the pacing rate."""
+
+    window: float
+    """Attempts allowed in flight (``floor(window)``); the ceiling when not limited."""
+
+    rate: float | None
+    """Pacing, in request starts per second; ``None`` when starts are not paced."""
+
+    in_flight: int
+    """Attempts holding a slot now."""
+
+    limited: bool
+    """Whether the window or pacing holds attempts back now (``False`` at the ceiling)."""
+
+    ceiling: int
+    """The window when nothing is throttled: the thread count of the stores using it."""
+
+
+class Slot:
+    """One attempt's hold on the limiter, from :meth:`AdaptiveLimiter.acquire`."""
+
+    __slots__ = ("epoch", "queued", "started")
+
+    def __init__(self, epoch: int, started: float, queued: float) -> None:
+        self.epoch = epoch
+        """Decreases before this attempt started: a throttle of an older epoch is old news."""
+        self.started = started
+        """Clock time the attempt was let go."""
+        self.queued = queued
+        """Seconds it waited for the window and for pacing."""
+
+
+class AdaptiveLimiter:
+    """AIMD window and pacing over the request attempts of one process to one bucket.
+
+    See the module docs for the algorithm. Thread-safe; every method takes one lock.
+
+    Args:
+        concurrency: The ceiling: threads of the store(s) using it; the window starts here.
+        name: How log lines name the bucket (no credentials).
+        clock: Seconds, monotonic (tests pass a fake).
+        sleep: Sleeps the pacing delay when :meth:`acquire` is given none (tests pass a
+            fake that moves their clock).
+    """
+
+    def __init__(
+        self,
+        concurrency: int,
+        *,
+        name: str = "",
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        self.name = name
+        self._clock = clock
+        self._sleep = sleep
+        self._cond = threading.Condition(threading.Lock())
+        self._ceiling = concurrency
+        self._window = float(concurrency)
+        self._limited = False
+        self._rate: float | None = None
+        self._rate_at = 0.0  # clock time the rate last changed
+        self._paced_at = -math.inf  # clock time of the last paced start
+        self._last_start: float | None = None
+        self._gap: float | None = None  # average seconds between starts
+        self._latency: float | None = None  # average seconds of an answered attempt
+        self._in_flight = 0
+        self._waiting = 0
+        self._epoch = 0
+        self._throttles = 0
+        self._decreases = 0
+        self._logged_at = -math.inf
+        self._unlogged = 0
+
+    # -- configuration ---------------------------------------------------------------------
+    def widen(self, concurrency: int) -> None:
+        """Raise the ceiling to ``concurrency`` (a store with more threads joined)."""
+        with self._cond:
+            if concurrency <= self._ceiling:
+                return
+            self._ceiling = concurrency
+            if not self._limited:
+                self._window = float(concurrency)
+
+    # -- slots -----------------------------------------------------------------------------
+    def acquire(self, sleep: Callable[[float], None] | None = None) -> Slot:
+        """A slot for one attempt: waits while the window is full, then sleeps (``sleep``,
+        else the limiter's) until pacing lets the attempt start. Free and immediate while
+        the limiter is not limited.
+
+        Give it back with exactly one of :meth:`succeeded`, :meth:`throttled` or
+        :meth:`failed`.
+        """
+        clock = self._clock
+        with self._cond:
+            asked = clock()
+            while self._limited and self._in_flight >= int(self._window):
+                self._waiting += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._waiting -= 1
+            now = clock() if self._limited else asked
+            start = now
+            if self._rate is not None:
+                # At the rate in force now: a rate that grew since the last start counts.
+                start = max(now, self._paced_at + 1.0 / self._rate)
+                self._paced_at = start
+            self._in_flight += 1
+            last = self._last_start
+            if last is not None:
+                gap = max(0.0, start - last)
+                self._gap = gap if self._gap is None else self._gap + _WEIGHT * (gap - self._gap)
+            if last is None or start > last:
+                self._last_start = start
+            slot = Slot(self._epoch, start, start - asked)
+        if start > now:
+            try:
+                (sleep or self._sleep)(start - now)
+            except BaseException:
+                self.failed(slot)
+                raise
+        return slot
+
+    def succeeded(self, slot: Slot) -> None:
+        """Give ``slot`` back: its attempt got an answer that was not throttling."""
+        now = self._clock()
+        with self._cond:
+            self._in_flight -= 1
+            took = max(0.0, now - slot.started)
+            latency = self._latency
+            self._latency = took if latency is None else latency + _WEIGHT * (took - latency)
+            if self._limited and slot.epoch == self._epoch:
+                if self._rate is not None:
+                    cap = self._one_at_a_time()  # pacing ends at twice this
+                    grown = cap * (now - self._rate_at) / RATE_RECOVERY
+                    self._rate += min(self._rate, grown)
+                    self._rate_at = now
+                    if self._rate >= 2.0 * cap:
+                        self._rate = None  # one at a time starts no faster than this
+                else:
+                    self._window += 1.0 / self._window
+                    if self._window >= self._ceiling:
+                        self._window = float(self._ceiling)
+                        self._limited = False
+            self._wake()
+
+    def failed(self, slot: Slot) -> None:
+        """Give ``slot`` back: its attempt failed in a way that says nothing about the
+        request rate (a 500, a reset, a timeout, a 404), or never went out."""
+        with self._cond:
+            self._in_flight -= 1
+            self._wake()
+
+    def throttled(self, slot: Slot) -> None:
+        """Give ``slot`` back: its attempt was throttled. Decreases the window (or the
+        pacing rate) when the attempt started after the last decrease."""
+        with self._cond:
+            in_flight = self._in_flight  # this attempt included
+            self._in_flight -= 1
+            self._throttles += 1
+            if slot.epoch != self._epoch:  # the event was answered already
+                self._wake()
+                return
+            self._epoch += 1
+            self._decreases += 1
+            self._limited = True
+            before = self._describe()
+            if self._window > 1.0:
+                self._window = max(1.0, min(self._window, float(in_flight)) / 2.0)
+            elif self._rate is None:
+                self._rate = max(MIN_RATE, self._one_at_a_time() / 2.0)
+                self._rate_at = self._clock()
+                self._paced_at = self._rate_at  # the next start waits one interval
+            else:
+                self._rate = max(MIN_RATE, self._rate / 2.0)
+                self._rate_at = self._clock()
+            line = self._log_line(before)
+            self._wake()
+        if line is not None:
+            log.info("%s", line)
+
+    # -- reporting ---------------------------------------------------------------------------
+    def stats(self) -> ThrottleStats:
+        """A snapshot of the counters and the current window and rate."""
+        with self._cond:
+            return ThrottleStats(
+                throttles=self._throttles,
+                decreases=self._decreases,
+                window=self._window,
+                rate=self._rate,
+                in_flight=self._in_flight,
+                limited=self._limited,
+                ceiling=self._ceiling,
+            )
+
+    def __repr__(self) -> str:
+        return f"AdaptiveLimiter({self.name or '?'}, {self._describe()})"
+
+    # -- internals (called with the lock held) -----------------------------------------------
+    def _one_at_a_time(self) -> float:
+        """Starts per second with one request at a time: one per answered attempt's
+        average time (before any answer, the average gap between starts)."""
+        return 1.0 / max(self._latency or self._gap or _MIN_GAP, _MIN_GAP)
+
+    def _wake(self) -> None:
+        if self._waiting:
+            self._cond.notify_all()
+
+    def _describe(self) -> str:
+        if self._rate is not None:
+            return f"1 request at a time, {self._rate:.2f} starts/s"
+        return f"{int(self._window)} request(s) in flight"
+
+    def _log_line(self, before: str) -> str | None:
+        """The INFO line for the decrease just made, at most one per LOG_INTERVAL."""
+        now = self._clock()
+        self._unlogged += 1
+        if now - self._logged_at < LOG_INTERVAL:
+            return None
+        more = self._unlogged - 1
+        self._logged_at, self._unlogged = now, 0
+        return (
+            f"S3 is throttling {self.name or 'the bucket'} (503 SlowDown): {before} -> "
+            f"{self._describe()}; {self._throttles} throttled attempt(s) so far"
+            + (f", {more} more decrease(s) since the last report" if more else "")
+        )
+
+
+# -- one limiter per process and (endpoint, bucket) --------------------------------------------
+MAX_SHARED_LIMITERS = 64
+"""Limiters :func:`shared_limiter` keeps (least recently used out); a store keeps the one
+it was given."""
+
+_limiters: OrderedDict[tuple[str | None, str], AdaptiveLimiter] = OrderedDict()
+_limiters_lock = threading.Lock()
+
+
+def _name(endpoint: str | None, bucket: str) -> str:
+    """``s3://bucket`` and the endpoint's host (never its user info) for log lines."""
+    if not endpoint:
+        return f"s3://{bucket}"
+    parts = urlsplit(endpoint)
+    host = parts.hostname or "?"
+    return f"s3://{bucket} at {host}" + (f":{parts.port}" if parts.port else "")
+
+
+def shared_limiter(endpoint: str | None, bucket: str, concurrency: int) -> AdaptiveLimiter:
+    """The process's limiter for ``bucket`` at ``endpoint`` (``None``: AWS), its ceiling
+    raised to ``concurrency`` if that is more. Thread-safe."""
+    key = (endpoint, bucket)
+    with _limiters_lock:
+        limiter = _limiters.get(key)
+        if limiter is None:
+            limiter = _limiters[key] = AdaptiveLimiter(concurrency, name=_name(endpoint, bucket))
+            while len(_limiters) > MAX_SHARED_LIMITERS:
+                _limiters.popitem(last=False)
+        else:
+            _limiters.move_to_end(key)
+    limiter.widen(concurrency)
+    return limiter
+
+
+def forget_limiters() -> None:
+    """Drop every shared limiter: the next :func:`shared_limiter` starts afresh (a forked
+    child; tests)."""
+    global _limiters_lock
+    _limiters_lock = threading.Lock()  # a parent thread may have held it at fork
+    _limiters.clear()
+
+
+os.register_at_fork(after_in_child=forget_limiters)
