@@ -5,6 +5,7 @@ Public API::
     from s3ckpt import Checkpointer                       # what a training loop uses
     from s3ckpt import S3StorageWriter, S3StorageReader   # torch.distributed.checkpoint
     from s3ckpt import S3Config, TransferConfig
+    from s3ckpt import HashedPrefixes                     # opt-in layout for many-rank saves
 
 The torch-dependent names (Checkpointer, the DCP writer and reader) are imported lazily,
 so the parts that need no torch (configuration, errors, the store, retention) import without it.
@@ -34,6 +35,7 @@ from s3ckpt.errors import (
     UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
+from s3ckpt.format import HashedPrefixes
 
 if _typing.TYPE_CHECKING:
     from s3ckpt.checkpointer import Checkpointer, SaveHandle
@@ -49,6 +51,7 @@ __all__ = [
     "ConfigError",
     "CorruptCheckpointError",
     "EndpointError",
+    "HashedPrefixes",
     "InvalidURLError",
     "NoSuchBucketError",
     "ObjectNotFoundError",

@@ -17,6 +17,21 @@ Names on the bucket (what s3ckpt writes, and so what it may ever delete):
                                    the marker, for stock DCP readers
 =================================  ===========================================================
 
+A save with hashed prefixes (:class:`HashedPrefixes`, opt-in) writes its data objects
+outside the checkpoint prefix, in the run's reserved shard folder :data:`SHARDS_DIR`, and
+records that layout in its marker (which is then ``format_version`` 3)::
+
+    {run}/{ckpt}/.metadata.{tag}, s3ckpt.json, .metadata, heartbeats      (as above)
+    {run}/s3ckpt-shards/{h}/{ckpt}/__{rank}_{i}.{tag}.shard               (data objects)
+
+``{h}`` is the object's shard, fixed-width lowercase hex (:meth:`HashedPrefixes.shard`).
+The data names end in ``.shard``, not ``.distcp``: s3ckpt before format 3 takes the folder
+of any ``*.distcp`` (and any ``__{rank}_{i}.{tag}.distcp``) for a checkpoint of its own, so
+its gc would delete a committed save's data as an abandoned save's; names it does not know
+it never lists or deletes. :func:`shard_owner` maps a key in the shard folder back to its
+checkpoint; ``s3ckpt-shards`` is never a run or a checkpoint, and no checkpoint may be
+saved under a folder of that name.
+
 A *run* is a prefix whose checkpoints are its immediate sub-prefixes, named
 ``step_{step:09d}`` by the Checkpointer (:func:`checkpoint_name`, :data:`STEP_NAME`); the
 names frameworks give (``step-4``, ``epoch=0-step=4.ckpt``, ``global_step4``,
@@ -47,6 +62,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from s3ckpt import _crc
 from s3ckpt._gc import gc_paused
 from s3ckpt.errors import ConfigError, CorruptCheckpointError
 
@@ -74,11 +90,32 @@ __all__ = [
     "ItemRecord",
     "Manifest",
     "ObjectRecord",
+    # hashed prefixes
+    "LAYOUT_FORMAT_VERSION",
+    "MAX_FORMAT_VERSION",
+    "SHARDS_DIR",
+    "SHARD_SUFFIX",
+    "HashedPrefixes",
+    "ShardOwner",
+    "check_checkpoint_prefix",
+    "check_prefix_strategy",
+    "in_shard_tree",
+    "object_key",
+    "shard_name",
+    "shard_owner",
+    "shard_tag",
 ]
 
 FORMAT_NAME = "s3ckpt"
 FORMAT_VERSION = 2
-"""2: the manifest carries ``digest`` (SHA-256 of its canonical content); 1 had none."""
+"""The version of a save in the default layout. 2: the manifest carries ``digest`` (SHA-256
+of its canonical content); 1 had none."""
+LAYOUT_FORMAT_VERSION = 3
+"""The version of a save whose data objects are placed by a ``layout`` (:class:`HashedPrefixes`):
+an s3ckpt that reads format 2 at most refuses it ("newer than this s3ckpt understands;
+upgrade s3ckpt") instead of looking for the objects under the checkpoint prefix."""
+MAX_FORMAT_VERSION = LAYOUT_FORMAT_VERSION
+"""The newest ``format_version`` this s3ckpt reads."""
 MANIFEST_NAME = "s3ckpt.json"
 METADATA_NAME = ".metadata"
 HEARTBEAT_PREFIX = "s3ckpt.alive."
@@ -89,6 +126,9 @@ LEASE_NAME = "s3ckpt.lease"
 """Run-level pruner lease."""
 PIN_NAME = "s3ckpt.pin.json"
 """Per-checkpoint pin: ``{"reason": ..., "pinned_at": ..., "by": ...}``."""
+SHARDS_DIR = "s3ckpt-shards"
+"""Reserved folder of a run: the data objects of its hashed-prefix saves
+(:class:`HashedPrefixes`). Never a run or a checkpoint, never inside a checkpoint's URL."""
 STEP_NAME = re.compile(r"step_([0-9]+)")
 """A checkpoint sub-prefix named by its step, as the Checkpointer names it
 (:func:`checkpoint_name`); :func:`checkpoint_step` reads this form and the frameworks'."""
@@ -121,6 +161,10 @@ _OWNED = (
     re.compile(re.escape(HEARTBEAT_PREFIX) + _TAG + r"\.\d+"),
 )
 _SEGMENT = re.compile(r"[^/\\\x00]+")
+SHARD_SUFFIX = ".shard"
+_SHARD_NAME = re.compile(r"(__\d+_\d+)\." + _TAG + re.escape(SHARD_SUFFIX))
+_SHARD_HEX = re.compile(r"[0-9a-f]{1,3}")
+_SHARDS_SEGMENT = SHARDS_DIR + "/"
 
 
 def save_tag(save_id: str) -> str:
@@ -157,6 +201,199 @@ def owned_tag(name: str) -> str | None:
         if m is not None:
             return m.group(1)
     return None
+
+
+def shard_name(rank: int, index: int, tag: str) -> str:
+    """Name of data object ``index`` of ``rank`` in the hashed-prefix save tagged ``tag``
+    (it lives in the run's shard folder, see :class:`HashedPrefixes`)."""
+    return f"__{rank}_{index}.{tag}{SHARD_SUFFIX}"
+
+
+def shard_tag(name: str) -> str | None:
+    """The save tag of a hashed-prefix data name (:func:`shard_name`), else None."""
+    m = _SHARD_NAME.fullmatch(name)
+    return m.group(2) if m else None
+
+
+MIN_FANOUT = 2
+MAX_FANOUT = 4096
+
+
+@dataclass(frozen=True)
+class HashedPrefixes:
+    """Put a save's data objects under ``fanout`` hashed prefixes of the run, so that S3
+    spreads them over that many partitions (opt-in; the default layout is ``None``).
+
+    S3 throttles each partitioned key range (about 3,500 writes and 5,500 reads per
+    second) and splits a busy range only after minutes of sustained load. Every object of
+    a checkpoint shares its prefix, so a save of thousands of ranks starts in one
+    partition; and since each new ``step_*`` folder sorts after the previous one's split
+    points, hashing inside the checkpoint folder would not help the next save. The shard
+    is therefore placed right after the run, where the key ranges stay the same from save
+    to save and a split made during one save serves every later one::
+
+        {run}/{ckpt}/.metadata.{tag}, s3ckpt.json, .metadata, heartbeats   (unchanged)
+        {run}/s3ckpt-shards/{h}/{ckpt}/__{rank}_{i}.{tag}.shard             (data)
+
+    ``{h}`` is ``crc32c(b"__{rank}_{i}") % fanout`` in fixed-width lowercase hex (one digit
+    up to 16, two up to 256, three up to 4096), so a rank's objects land in the same shard
+    folder every save. The DCP ``.metadata`` names objects by their plain names; the
+    layout is recorded in ``s3ckpt.json`` (``format_version`` 3), which is how every s3ckpt
+    reader, retention and the tools find the objects. Stock DCP readers cannot read such a
+    checkpoint, and neither can s3ckpt without its ``s3ckpt.json``.
+
+    Attributes:
+        fanout: Shard folders, a power of two from 2 to 4096 (default 16). Choose it by
+            the request rate a save needs, about one folder per 3,500 PUTs per second (a
+            save sends one per part of every object, plus a create and a complete per
+            object): once S3 has split them, its PUTs and a load's GETs spread over
+            ``fanout`` partitions.
+
+    Raises:
+        ConfigError: ``fanout`` is not a power of two in ``2..4096``.
+    """
+
+    fanout: int = 16
+
+    def __post_init__(self) -> None:
+        f = self.fanout
+        if (
+            isinstance(f, bool)
+            or not isinstance(f, int)
+            or not MIN_FANOUT <= f <= MAX_FANOUT
+            or f & (f - 1)
+        ):
+            raise ConfigError(
+                f"HashedPrefixes fanout must be a power of two from {MIN_FANOUT} to "
+                f"{MAX_FANOUT} (2, 4, 8, 16, ...), got {f!r}"
+            )
+
+    @property
+    def width(self) -> int:
+        """Hex digits of a shard folder's name."""
+        return (self.fanout.bit_length() + 2) // 4
+
+    def shard(self, name: str) -> str:
+        """The shard folder (``{h}``) of data object ``name``: a hash of the name without its
+        tag, so the same rank's object lands in the same folder every save."""
+        stem = name.partition(".")[0]
+        return format(_crc.crc32c(stem.encode("utf-8")) % self.fanout, f"0{self.width}x")
+
+    def folder(self, prefix: str, name: str) -> str:
+        """The folder (ending in ``/``) holding data object ``name`` of the checkpoint at
+        ``prefix``: ``{run}/s3ckpt-shards/{h}/{ckpt}/``."""
+        run, ckpt = _split_checkpoint(prefix)
+        return f"{run}{SHARDS_DIR}/{self.shard(name)}/{ckpt}/"
+
+    def key(self, prefix: str, name: str) -> str:
+        """The key of data object ``name`` of the checkpoint at ``prefix``."""
+        return self.folder(prefix, name) + name
+
+    def to_doc(self) -> dict[str, Any]:
+        """What ``s3ckpt.json`` records under ``layout``."""
+        return {
+            "prefix_strategy": "hashed",
+            "fanout": self.fanout,
+            "dir": SHARDS_DIR,
+            "hash": "crc32c",
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> HashedPrefixes:
+        """The layout ``s3ckpt.json`` records (ValueError for one this s3ckpt does not know)."""
+        if not isinstance(doc, dict):
+            raise TypeError(f"layout must be an object, got {type(doc).__name__}")
+        known = cls().to_doc()
+        for field_name in ("prefix_strategy", "dir", "hash"):
+            if doc.get(field_name) != known[field_name]:
+                raise ValueError(
+                    f"layout {field_name} {doc.get(field_name)!r} is not one this s3ckpt "
+                    f"knows ({known[field_name]!r}); upgrade s3ckpt"
+                )
+        return cls(_nonneg(doc.get("fanout")))
+
+
+def _split_checkpoint(prefix: str) -> tuple[str, str]:
+    """``runs/a/step_1/`` -> (``runs/a/``, ``step_1``); ``step_1/`` -> (``""``, ``step_1``)."""
+    head, _, ckpt = prefix.rstrip("/").rpartition("/")
+    if not ckpt:
+        raise ConfigError(
+            "hashed prefixes need a checkpoint prefix under a run (the shard folder is placed "
+            "in the run); the bucket's root is no checkpoint prefix"
+        )
+    return (head + "/" if head else ""), ckpt
+
+
+def object_key(prefix: str, name: str, layout: HashedPrefixes | None) -> str:
+    """The key of data object ``name`` of the checkpoint at ``prefix`` in ``layout``
+    (``None``: the default, directly under the prefix)."""
+    return prefix + name if layout is None else layout.key(prefix, name)
+
+
+def in_shard_tree(key: str) -> bool:
+    """Whether a folder on ``key``'s path is named :data:`SHARDS_DIR`."""
+    return key.startswith(_SHARDS_SEGMENT) or ("/" + _SHARDS_SEGMENT) in key
+
+
+@dataclass(frozen=True)
+class ShardOwner:
+    """Whose a key in a run's shard folder is (see :func:`shard_owner`)."""
+
+    checkpoint: str
+    """The checkpoint's prefix, ``{run}/{ckpt}/``."""
+    name: str
+    """The data object's name (as ``.metadata`` and ``s3ckpt.json`` name it)."""
+    tag: str
+    """The save tag the name carries."""
+
+
+def shard_owner(key: str) -> ShardOwner | None:
+    """The checkpoint a key of the form ``{run}/s3ckpt-shards/{h}/{ckpt}/{name}`` belongs
+    to, when ``{name}`` is a hashed-prefix data name (:func:`shard_name`); else None.
+
+    ``{run}`` must not itself lie in a shard folder and ``{ckpt}`` must not be named
+    :data:`SHARDS_DIR`: nothing in a shard folder is ever a run or a checkpoint. Any other
+    key in a shard folder (a foreign file, a deeper path) belongs to no checkpoint, so no
+    retention ever deletes it.
+    """
+    parts = key.rsplit("/", 4)
+    if len(parts) == 4:
+        run, (shards, h, ckpt, name) = "", parts
+    elif len(parts) == 5:
+        run, shards, h, ckpt, name = parts[0] + "/", *parts[1:]
+    else:
+        return None
+    if shards != SHARDS_DIR or not _SHARD_HEX.fullmatch(h):
+        return None
+    tag = shard_tag(name)
+    if tag is None or not _SEGMENT.fullmatch(ckpt) or ckpt in (".", "..", SHARDS_DIR):
+        return None
+    if in_shard_tree(run):
+        return None
+    return ShardOwner(f"{run}{ckpt}/", name, tag)
+
+
+def check_prefix_strategy(value: Any) -> HashedPrefixes | None:
+    """``value`` if it is a prefix strategy (:class:`HashedPrefixes` or ``None``), else a
+    :class:`ConfigError`."""
+    if value is None or isinstance(value, HashedPrefixes):
+        return value
+    raise ConfigError(
+        f"prefix_strategy must be None (the default layout) or HashedPrefixes(fanout), got "
+        f"{type(value).__name__} {value!r}"
+    )
+
+
+def check_checkpoint_prefix(prefix: str, layout: HashedPrefixes | None) -> None:
+    """Refuse a checkpoint prefix no save may use: one inside a folder named
+    :data:`SHARDS_DIR` (reserved), and, for hashed prefixes, the bucket's root."""
+    if in_shard_tree(prefix if prefix.endswith("/") else prefix + "/"):
+        raise ConfigError(
+            f"'{prefix}' lies in a folder named {SHARDS_DIR}, which s3ckpt reserves for the "
+            "data objects of hashed-prefix saves; save the checkpoint elsewhere"
+        )
+    if layout is not None:
+        _split_checkpoint(prefix)
 
 
 def checkpoint_name(step: int) -> str:
@@ -389,6 +626,21 @@ class Manifest:
     versions: Mapping[str, str] = field(default_factory=dict)
     byteorder: str = sys.byteorder
     format_version: int = FORMAT_VERSION
+    layout: HashedPrefixes | None = None
+    """Where the data objects are (``None``: directly under the checkpoint prefix); needs
+    ``format_version`` :data:`LAYOUT_FORMAT_VERSION`, so older readers refuse the manifest
+    instead of looking for the objects in the wrong place."""
+
+    def __post_init__(self) -> None:
+        if (self.layout is not None) != (self.format_version >= LAYOUT_FORMAT_VERSION):
+            raise ValueError(
+                f"a manifest has a layout iff it is format_version {LAYOUT_FORMAT_VERSION} or "
+                f"newer (format_version {self.format_version}, layout {self.layout})"
+            )
+
+    def object_key(self, prefix: str, name: str) -> str:
+        """The key of data object ``name`` of this save, checkpoint prefix ``prefix``."""
+        return object_key(prefix, name, self.layout)
 
     @property
     def total_bytes(self) -> int:
@@ -414,6 +666,7 @@ class Manifest:
             "step": self.step,
             "world_size": self.world_size,
             "byteorder": self.byteorder,
+            **({"layout": self.layout.to_doc()} if self.layout is not None else {}),
             "versions": dict(self.versions),
             "metrics": {str(k): _metric_json(v) for k, v in self.metrics.items()},
             "user": dict(self.user),
@@ -462,6 +715,11 @@ class Manifest:
                 ) from exc
             try:
                 return cls._from_doc(doc)
+            except _NewerFormat as exc:
+                raise CorruptCheckpointError(
+                    f"{where} was written by a newer s3ckpt: {exc} to read it",
+                    key=where,
+                ) from None
             except _DigestMismatch as exc:
                 raise CorruptCheckpointError(
                     f"{where} does not match its own digest ({exc}): it was changed or "
@@ -481,10 +739,10 @@ class Manifest:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ValueError("missing 'format': 's3ckpt'")
         version = int(doc["format_version"])
-        if version > FORMAT_VERSION:
-            raise ValueError(
+        if version > MAX_FORMAT_VERSION:
+            raise _NewerFormat(
                 f"format_version {version} is newer than this s3ckpt understands "
-                f"({FORMAT_VERSION}); upgrade s3ckpt"
+                f"({MAX_FORMAT_VERSION}); upgrade s3ckpt"
             )
         if version >= 2:
             recorded = doc.get("digest")
@@ -516,6 +774,14 @@ class Manifest:
         meta_key = _check_name(meta["key"], "metadata key")
         if meta_key != METADATA_NAME and not meta_key.startswith(METADATA_NAME + "."):
             raise ValueError(f"metadata key {meta_key!r} is not a .metadata object")
+        layout = None
+        if version >= LAYOUT_FORMAT_VERSION:
+            layout = HashedPrefixes.from_doc(doc["layout"])
+            for o in objects:
+                if shard_tag(o.name) is None:
+                    raise ValueError(f"object {o.name!r} is no hashed-prefix data name")
+        elif "layout" in doc:
+            raise ValueError(f"a layout needs format_version {LAYOUT_FORMAT_VERSION}")
         step = doc.get("step")
         return cls(
             save_id=_str(doc["save_id"]),
@@ -532,6 +798,7 @@ class Manifest:
             versions={str(k): str(v) for k, v in (doc.get("versions") or {}).items()},
             byteorder=_str(doc.get("byteorder", "little")),
             format_version=version,
+            layout=layout,
         )
 
     def item_index(self) -> dict[tuple[str, tuple[int, ...] | None], ItemRecord]:
@@ -542,6 +809,10 @@ class Manifest:
 
 class _DigestMismatch(ValueError):
     """The manifest's content does not hash to its recorded digest."""
+
+
+class _NewerFormat(ValueError):
+    """The manifest's ``format_version`` is newer than this s3ckpt reads."""
 
 
 def _metric(value: Any) -> float:

@@ -196,6 +196,10 @@ def _inspect(args: argparse.Namespace) -> int:
     if info.created is not None:
         head.append(["created", utc(info.created).strftime("%Y-%m-%d %H:%M:%S UTC")])
     head.append(["world size", "?" if info.world_size is None else str(info.world_size)])
+    if info.layout:
+        head.append(
+            ["layout", f"hashed prefixes: {info.layout['fanout']} {info.layout['dir']}/ folders"]
+        )
     if info.metrics:
         head.append(["metrics", ", ".join(f"{k}={v:g}" for k, v in info.metrics.items())])
     if info.versions:

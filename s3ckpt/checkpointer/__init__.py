@@ -16,6 +16,7 @@ Layout under the run prefix ``path``::
     step_000000100/             one DCP checkpoint (S3StorageWriter), committed by s3ckpt.json
     step_000000200/
     s3ckpt.latest.json          pointer to the newest commit, written after each commit
+    s3ckpt-shards/              with prefix_strategy=HashedPrefixes(...): the saves' data objects
 
 The state dict saved is ``{"model": ..., "optim": ..., "train_state": ...}`` built by
 torch's ``get_state_dict`` / ``set_state_dict``, so plain modules, DDP, DTensor and FSDP2
@@ -85,7 +86,15 @@ from s3ckpt.errors import (
     S3CkptError,
     TransientStoreError,
 )
-from s3ckpt.format import LATEST_NAME, MANIFEST_NAME, Manifest, check_metrics, checkpoint_name
+from s3ckpt.format import (
+    LATEST_NAME,
+    MANIFEST_NAME,
+    HashedPrefixes,
+    Manifest,
+    check_metrics,
+    check_prefix_strategy,
+    checkpoint_name,
+)
 from s3ckpt.retention import DEFAULT_GRACE
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
@@ -134,6 +143,11 @@ class Checkpointer:
         retention_grace: Prefixes without a commit marker younger than this are treated
             as saves in progress by retention (never deleted).
         store: Use this store instead of opening one for ``path`` (tests; MemoryStore).
+        prefix_strategy: Where each save's data objects go (see ``prefix_strategy`` of
+            :class:`~s3ckpt.dcp.S3StorageWriter`): ``None``, the default, in the step's
+            folder; :class:`~s3ckpt.HashedPrefixes` spreads them over hashed folders of the
+            run (``s3ckpt-shards/{h}/step_.../``) for jobs of many ranks that S3 would
+            throttle. Loading needs nothing: the layout is recorded in each ``s3ckpt.json``.
     """
 
     def __init__(
@@ -149,9 +163,11 @@ class Checkpointer:
         verify_checksums: bool = True,
         retention_grace: timedelta = DEFAULT_GRACE,
         store: ObjectStore | None = None,
+        prefix_strategy: HashedPrefixes | None = None,
     ) -> None:
         if on_busy not in ("wait", "raise"):
             raise ConfigError(f"on_busy must be 'wait' or 'raise', got {on_busy!r}")
+        self.prefix_strategy = check_prefix_strategy(prefix_strategy)
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self.url: StoreURL = path if isinstance(path, StoreURL) else parse_url(path)
@@ -256,6 +272,7 @@ class Checkpointer:
         verify_complete: bool = False,
         safe_globals: Sequence[SafeGlobal] = (),
         allow_unsafe_pickle: bool = False,
+        fan_out: bool = False,
     ) -> int | None:
         """Restore ``model`` (and ``optimizer``, ``train_state``) from a checkpoint.
 
@@ -269,6 +286,11 @@ class Checkpointer:
                 :class:`~s3ckpt.dcp.S3StorageReader`).
             allow_unsafe_pickle: Rebuild non-tensor values with full pickle, unchecked:
                 only for a bucket you trust (a framework's ``weights_only=False``).
+            fan_out: Read what several ranks load (replicated parameters, data-parallel
+                replicas) from the store once for the group and share it over the
+                Checkpointer's process group (see ``fan_out`` of
+                :class:`~s3ckpt.dcp.S3StorageReader`: when it helps, its memory cost).
+                Without a process group every rank reads directly.
 
         Returns:
             The step loaded, or ``None`` when ``step="latest"`` and the run has no
@@ -296,6 +318,8 @@ class Checkpointer:
             store=self.store,
             safe_globals=safe_globals,
             allow_unsafe_pickle=allow_unsafe_pickle,
+            fan_out=fan_out,
+            process_group=self._pg,
         )
         if verify_complete:
             load_verified(sd, reader, process_group=self._pg)
@@ -404,6 +428,7 @@ class Checkpointer:
             step=step,
             metrics=check_metrics(metrics),
             store=self.store,
+            prefix_strategy=self.prefix_strategy,
         )
 
     def _schedule_retention(self, step: int | None = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +34,17 @@ from s3ckpt.errors import (
     TransientStoreError,
 )
 from s3ckpt.format import (
+    FORMAT_VERSION,
+    LAYOUT_FORMAT_VERSION,
     MANIFEST_NAME,
     METADATA_NAME,
+    HashedPrefixes,
     ItemRecord,
     Manifest,
     ObjectRecord,
     heartbeat_name,
     metadata_name,
+    object_key,
     save_tag,
 )
 from s3ckpt.store import ObjectStore
@@ -52,6 +57,10 @@ __all__ = ["S3StorageInfo", "SaveCommit", "delete_own"]
 log = logging.getLogger(__name__)
 
 _DCP_VERSION = "1.0.0"
+
+_LIST_WORKERS = 16
+"""Requests sent in parallel by the object check of a hashed-prefix save (a LIST per shard
+folder it used, and a HEAD)."""
 
 
 @dataclass
@@ -90,8 +99,10 @@ class SaveCommit:
         step: int | None,
         metrics: dict[str, float],
         user: dict[str, Any],
+        layout: HashedPrefixes | None = None,
     ) -> None:
         self.store = store
+        self.layout = layout
         self.url = url
         self.save_id = save_id
         self.overwrite = overwrite
@@ -117,7 +128,8 @@ class SaveCommit:
         world = len(results)
         meta_name = metadata_name(tag)
         heartbeats = [self.url.key(heartbeat_name(tag, r)) for r in range(world)]
-        own = [self.url.key(name) for name in objects] + [self.url.key(meta_name), *heartbeats]
+        own = [object_key(self.url.prefix, name, self.layout) for name in objects]
+        own += [self.url.key(meta_name), *heartbeats]
         manifest = Manifest(
             save_id=self.save_id,
             created=time.time(),
@@ -131,6 +143,8 @@ class SaveCommit:
             metrics=self.metrics,
             user=self.user,
             versions={"s3ckpt": __version__, "torch": torch.__version__},
+            format_version=FORMAT_VERSION if self.layout is None else LAYOUT_FORMAT_VERSION,
+            layout=self.layout,
         )
         try:
             self._beat()
@@ -155,30 +169,62 @@ class SaveCommit:
         Heartbeat(self.store, self.url, save_tag(self.save_id), self.rank, self.step).beat()
 
     def _check_objects(self, manifest: Manifest) -> None:
-        """Every object the manifest names exists with its recorded size (one listing).
+        """Every object the manifest names exists with its recorded size.
 
         A save whose objects vanished (a gc or lifecycle rule with too short a grace, a
         person) must not commit a marker that points at nothing.
+
+        Request cost: ``ceil(keys / 1000)`` LISTs of the prefix; with hashed prefixes
+        instead :meth:`_hashed_sizes`.
         """
-        sizes = {o.key: o.size for o in self.store.list(self.url.prefix)}
-        wanted = [(o.name, o.size) for o in manifest.objects]
-        wanted.append((manifest.metadata_key, manifest.metadata_size))
+        prefix = self.url.prefix
+        wanted = [(manifest.object_key(prefix, o.name), o.name, o.size) for o in manifest.objects]
+        meta_key = self.url.key(manifest.metadata_key)
+        wanted.append((meta_key, manifest.metadata_key, manifest.metadata_size))
+        if manifest.layout is None:
+            sizes = {o.key: o.size for o in self.store.list(prefix)}
+        else:
+            sizes = self._hashed_sizes(manifest.layout, manifest, meta_key)
         bad = []
-        for name, size in wanted:
-            found = sizes.get(self.url.key(name))
+        for key, name, size in wanted:
+            found = sizes.get(key)
             if found != size:
                 seen = "missing" if found is None else f"{found} bytes"
-                bad.append(f"{name} ({seen}, expected {size} bytes)")
+                bad.append((key, f"{name} ({seen}, expected {size} bytes)"))
         if bad:
             raise CheckpointError(
                 f"not committing {self.url}: {len(bad)} object(s) of this save are missing or "
-                f"changed before the commit: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}. "
+                f"changed before the commit: {', '.join(b for _, b in bad[:5])}"
+                f"{' ...' if len(bad) > 5 else ''}. "
                 "Something deleted them while the save ran (a gc/prune or lifecycle rule, or "
                 "a person); nothing was committed, the previous checkpoint is intact",
                 bucket=self.store.bucket,
-                key=self.url.key(bad[0].split(" ")[0]),
+                key=bad[0][0],
                 rank=self.rank,
             )
+
+    def _hashed_sizes(
+        self, layout: HashedPrefixes, manifest: Manifest, meta_key: str
+    ) -> dict[str, int]:
+        """Sizes of a hashed-prefix save's objects: one listing of each shard folder it used
+        and one HEAD of its ``.metadata.{tag}``, in parallel.
+
+        Request cost: ``ceil(objects in the folder / 1000)`` LISTs per shard folder used (at
+        most ``fanout``, and never more than the save's objects, so never more requests
+        than a HEAD per object) plus one HEAD; the checkpoint prefix itself, which holds a
+        heartbeat per rank, is not listed.
+        """
+        prefix = self.url.prefix
+        folders = sorted({layout.folder(prefix, o.name) for o in manifest.objects})
+        sizes: dict[str, int] = {}
+        with ThreadPoolExecutor(max(1, min(_LIST_WORKERS, len(folders)))) as pool:
+            meta = pool.submit(self.store.head, meta_key)
+            for listing in pool.map(lambda f: list(self.store.list(f)), folders):
+                sizes.update((o.key, o.size) for o in listing)
+            info = meta.result()
+        if info is not None:
+            sizes[meta_key] = info.size
+        return sizes
 
     def _previous_marker(self) -> tuple[Manifest | None, str | None] | None:
         """The marker being replaced (its manifest and ETag), or None on a fresh prefix.
@@ -327,13 +373,18 @@ class SaveCommit:
             )
 
     def _replaced(self, previous: Manifest, current: Manifest) -> list[str]:
-        """Keys of the replaced save that the new one does not use."""
-        keep = {o.name for o in current.objects} | {current.metadata_key, METADATA_NAME}
-        names = [o.name for o in previous.objects]
-        names.append(previous.metadata_key)
+        """Keys of the replaced save that the new one does not use (its data objects where
+        its own layout put them)."""
+        prefix = self.url.prefix
+        keep = {current.object_key(prefix, o.name) for o in current.objects}
+        keep |= {self.url.key(current.metadata_key), self.url.key(METADATA_NAME)}
+        keys = [previous.object_key(prefix, o.name) for o in previous.objects]
+        keys.append(self.url.key(previous.metadata_key))
         if previous.tag != current.tag:
-            names += [heartbeat_name(previous.tag, r) for r in range(previous.world_size)]
-        return [self.url.key(n) for n in names if n not in keep]
+            keys += [
+                self.url.key(heartbeat_name(previous.tag, r)) for r in range(previous.world_size)
+            ]
+        return [k for k in keys if k not in keep]
 
     def _describe(
         self,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Iterable
+from functools import partial
 
 from s3ckpt._commit import check_metadata, metadata_matches, read_marker
 from s3ckpt.config import S3Config, TransferConfig
@@ -19,11 +21,18 @@ from s3ckpt.errors import (
     S3CkptError,
     UncommittedCheckpointError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, owned_tag
+from s3ckpt.format import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    SHARDS_DIR,
+    Manifest,
+    owned_tag,
+    shard_tag,
+)
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
 
-__all__ = ["locate", "open_location", "parse_location"]
+__all__ = ["locate", "object_keys", "open_location", "parse_location"]
 
 log = logging.getLogger(__name__)
 
@@ -168,3 +177,30 @@ def _uncommitted_metadata(
         bucket=store.bucket,
         key=marker_key,
     )
+
+
+def object_keys(
+    store: ObjectStore, url: StoreURL, manifest: Manifest | None, names: Iterable[str]
+) -> Callable[[str], str]:
+    """The key of each data object of the checkpoint at ``url``, by its name in
+    ``.metadata`` (``names``: those names): where the marker's layout puts it, else
+    directly under the prefix.
+
+    Raises:
+        UncommittedCheckpointError: there is no marker and ``names`` are data names of a
+            hashed-prefix save: only its ``s3ckpt.json`` says where they are.
+    """
+    if manifest is not None:
+        return partial(manifest.object_key, url.prefix) if manifest.layout else url.key
+    for name in set(names):
+        if shard_tag(name) is not None:
+            raise UncommittedCheckpointError(
+                f"{url} is a save with hashed prefixes (its data objects, such as {name}, "
+                f"are in the run's {SHARDS_DIR}/ folder) and has no {MANIFEST_NAME}: only "
+                "the commit marker records where they are, so it cannot be loaded. Load a "
+                "committed checkpoint (`s3ckpt ls` lists them); if this save never "
+                "committed, `s3ckpt gc` removes it once its grace period is over",
+                bucket=store.bucket,
+                key=url.key(MANIFEST_NAME),
+            )
+    return url.key

@@ -10,7 +10,9 @@ Call sequence (torch's ``StorageReader`` contract):
    keeps the store.
 1. ``read_metadata`` (all ranks): the metadata, unpickled by an allow-list.
 2. ``set_up_storage_reader``: index saved chunks (dtype, shape) for direct streaming.
-3. ``prepare_local_plan`` / ``prepare_global_plan``: nothing to add.
+3. ``prepare_local_plan``: nothing to add. ``prepare_global_plan`` (coordinator), with
+   ``fan_out``: the items two or more ranks read, cut into pieces each read by one rank
+   for the group (:mod:`s3ckpt.dcp._fanout`), in every rank's plan.
 4. ``read_data``: group read items by object, sort by offset, coalesce near ranges into
    requests of at most ``read_request_size`` (a whole-object GET when everything fits, so
    stores that serve ranges slowly, like moto, read each byte once), fetch requests in
@@ -18,6 +20,8 @@ Call sequence (torch's ``StorageReader`` contract):
    stream tensor bytes straight into destination tensors when dtype and layout allow,
    and check every item's CRC32C. Non-tensor items are checked by
    :func:`~s3ckpt.dcp._safe.check_item` before the planner unpickles them.
+   With a fan-out table, the shared items come from the group's broadcasts instead and
+   go through the same decoding and checks (:class:`~s3ckpt.dcp._fanout.FanOutRead`).
 
 Reads checkpoints from other DCP writers too (torch's FileSystemWriter/FsspecWriter,
 s3torchconnector): without ``s3ckpt.json`` there are no checksums to check, and items go
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
@@ -48,7 +53,15 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._locate import locate, open_location, parse_location
+from s3ckpt.dcp._fanout import (
+    DEFAULT_PIECE_SIZE,
+    MIN_PIECE_SIZE,
+    ByteSource,
+    FanOutPlan,
+    FanOutRead,
+    plan_fan_out,
+)
+from s3ckpt.dcp._locate import locate, object_keys, open_location, parse_location
 from s3ckpt.dcp._safe import (
     SAFE_GLOBALS,
     SafeGlobal,
@@ -62,6 +75,7 @@ from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ChecksumMismatchError,
+    ConfigError,
     CorruptCheckpointError,
     UnsafeCheckpointError,
 )
@@ -118,6 +132,24 @@ class S3StorageReader(StorageReader):
             the committed one, put the committed copy back (best effort; needs
             s3:PutObject). ``s3ckpt verify`` turns this off to report instead.
         store: Use this store instead of one built from ``path``.
+        fan_out: Read each stored item that several ranks load (replicated parameters,
+            data-parallel replicas, a checkpoint saved on fewer ranks than load it) from
+            the store once per process group, and broadcast it to the ranks that need it
+            (:mod:`s3ckpt.dcp._fanout`). Off by default. It pays when the store's
+            bandwidth or request rate is the bottleneck and the group's links are faster
+            (NCCL over NVLink / InfiniBand; gloo over the host network): the group reads
+            those bytes once instead of once per rank. Items one rank loads are read
+            directly, as without it. Memory: up to ``3 * fan_out_piece_size`` more per
+            rank (plus one piece on the GPU with NCCL). Every rank still checks the
+            CRC32C of every item it loads. Without an initialised process group, with one
+            rank or with ``dcp.load(..., no_dist=True)`` every rank reads directly (logged
+            at DEBUG).
+        process_group: The group of the fan-out collectives: the group ``dcp.load`` runs
+            on (``None``: the default group). NCCL groups broadcast through CUDA memory
+            (``torch.cuda.current_device()``), others through CPU memory.
+        fan_out_piece_size: The most bytes one broadcast carries (and an owning rank
+            reads in one go); pieces are smaller when the shared bytes spread over the
+            ranks need less.
 
     Non-tensor items (anything in the state dict that is not a tensor) are loaded by DCP's
     planner with full pickle, so each one is first loaded with torch's restricted
@@ -134,6 +166,12 @@ class S3StorageReader(StorageReader):
     Requests: the marker and ``.metadata`` are read once per location (at construction;
     a ``reset`` to the same location reads neither again), through one client per process
     (:mod:`s3ckpt.store.s3`). To see a checkpoint rewritten since, construct a new reader.
+    With ``fan_out``, the items several ranks load cost one read per group instead of one
+    per rank.
+
+    Counters (cumulative over the reader's loads): ``bytes_read``, the bytes this rank
+    requested from the store (gaps between coalesced items included); ``bytes_received``,
+    the bytes it received from other ranks instead (``fan_out``).
 
     Raises:
         CheckpointNotFoundError: nothing committed (and no ``.metadata``) at ``path``.
@@ -156,8 +194,18 @@ class S3StorageReader(StorageReader):
         roll_forward: bool = True,
         store: ObjectStore | None = None,
         safe_globals: Sequence[SafeGlobal] = (),
+        fan_out: bool = False,
+        process_group: dist.ProcessGroup | None = None,
+        fan_out_piece_size: int = DEFAULT_PIECE_SIZE,
     ) -> None:
         super().__init__()
+        if fan_out_piece_size < MIN_PIECE_SIZE:
+            raise ConfigError(
+                f"fan_out_piece_size must be >= {MIN_PIECE_SIZE} bytes, got {fan_out_piece_size}"
+            )
+        self.fan_out = fan_out
+        self.process_group = process_group
+        self.fan_out_piece_size = fan_out_piece_size
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self.verify_checksums = verify_checksums
@@ -168,6 +216,7 @@ class S3StorageReader(StorageReader):
         self._given_store = store
         self.rank = 0
         self.bytes_read = 0
+        self.bytes_received = 0
         self._point(path)
 
     # -- location & metadata ------------------------------------------------------------------
@@ -181,6 +230,9 @@ class S3StorageReader(StorageReader):
         self.checkpoint_id = str(self.url)
         self.load_id = uuid.uuid4().hex
         self.manifest, self.metadata = self._load()
+        # A data object's key by its .metadata name (the marker's layout may place it).
+        names = (i.relative_path for i in self.metadata.storage_data.values())
+        self.object_key = object_keys(self.store, self.url, self.manifest, names)
         self._records: dict[_Key, ItemRecord] = (
             self.manifest.item_index() if self.manifest is not None else {}
         )
@@ -246,8 +298,14 @@ class S3StorageReader(StorageReader):
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
-        """No storage-specific planning."""
-        return plans
+        """With ``fan_out``: which stored items two or more ranks read, and which rank
+        reads each piece of them for the group (:func:`~s3ckpt.dcp._fanout.plan_fan_out`)."""
+        if not self.fan_out:
+            return plans
+        storage_data = cast(dict[MetadataIndex, StorageInfo], self.metadata.storage_data)
+        return plan_fan_out(
+            plans, storage_data, piece_size=self.fan_out_piece_size, group=self.process_group
+        )
 
     # -- data -----------------------------------------------------------------------------------
     def _key_of(self, index: MetadataIndex) -> _Key:
@@ -255,6 +313,16 @@ class S3StorageReader(StorageReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Fetch every item of ``plan`` into the planner's tensors; see the module docs."""
+        if isinstance(plan.storage_data, FanOutPlan):
+            FanOutRead(self, plan.storage_data, planner).run(plan)
+        else:
+            self._read_direct(self._group(plan), planner, threading.Lock())
+        result: Future[None] = Future()
+        result.set_result(None)
+        return result
+
+    def _group(self, plan: LoadPlan) -> dict[str, dict[tuple[int, int], _Span]]:
+        """The plan's stored items by object, each checked against its manifest row."""
         storage_data = cast(dict[MetadataIndex, StorageInfo], self.metadata.storage_data)
         per_object: dict[str, dict[tuple[int, int], _Span]] = defaultdict(dict)
         for read in plan.items:
@@ -293,8 +361,16 @@ class S3StorageReader(StorageReader):
                     )
                 span = spans[(info.offset, info.length)] = _Span(info, record)
             span.reads.append(read)
+        return per_object
 
-        lock = threading.Lock()
+    def _read_direct(
+        self,
+        per_object: dict[str, dict[tuple[int, int], _Span]],
+        planner: LoadPlanner,
+        lock: threading.Lock,
+    ) -> None:
+        """Read ``per_object`` from the store, streaming each span through
+        :meth:`_read_span`."""
         walk = self._walk(planner, lock)
         jobs = walk.plan(
             {
@@ -306,9 +382,6 @@ class S3StorageReader(StorageReader):
             walk.run(jobs)
         finally:
             self.bytes_read += walk.bytes_requested
-        result: Future[None] = Future()
-        result.set_result(None)
-        return result
 
     def _walk(self, planner: LoadPlanner, lock: threading.Lock) -> RangeWalk[_Span]:
         """The ranged-read walk that streams each span through :meth:`_read_span`; the
@@ -319,7 +392,7 @@ class S3StorageReader(StorageReader):
 
         return RangeWalk(
             self.store,
-            self.url.key,
+            self.object_key,
             config=self.transfer_config,
             on_span=on_span,
             rank=self.rank,
@@ -337,7 +410,7 @@ class S3StorageReader(StorageReader):
 
     def _read_span(
         self,
-        reader: SpanReader,
+        reader: ByteSource,
         key: str,
         span: _Span,
         planner: LoadPlanner,

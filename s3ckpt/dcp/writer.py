@@ -22,10 +22,12 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
    :meth:`S3StorageWriter.finish` and "The commit protocol" in docs/dcp.md.
 
 Every name a save writes carries its tag (``s3ckpt.format``): data objects
-``__{rank}_{i}.{tag}.distcp``, ``.metadata.{tag}``, heartbeats. An overwrite (or a second
-job racing on the same prefix) never writes under the keys a committed save uses, a failed
-save deletes only its own names, and gc can prove what is s3ckpt's. A failed overwrite
-therefore leaves the previous checkpoint loadable.
+``__{rank}_{i}.{tag}.distcp`` (with ``prefix_strategy=HashedPrefixes(...)``,
+``__{rank}_{i}.{tag}.shard`` in the run's shard folder ``{run}/s3ckpt-shards/{h}/{ckpt}/``),
+``.metadata.{tag}``, heartbeats. An overwrite (or a second job racing on the same prefix)
+never writes under the keys a committed save uses, a failed save deletes only its own
+names, and gc can prove what is s3ckpt's. A failed overwrite therefore leaves the previous
+checkpoint loadable.
 
 Known limit: when one rank fails, DCP does not tell the other ranks, so objects they
 already completed stay behind, uncommitted (no marker refers to them). ``s3ckpt gc``
@@ -62,10 +64,15 @@ from s3ckpt.errors import (
 )
 from s3ckpt.format import (
     MANIFEST_NAME,
+    HashedPrefixes,
     Manifest,
+    check_checkpoint_prefix,
     check_metrics,
+    check_prefix_strategy,
     data_name,
+    object_key,
     save_tag,
+    shard_name,
 )
 from s3ckpt.store import ObjectStore
 from s3ckpt.transfer import Uploader, format_leftovers, pack
@@ -85,6 +92,8 @@ class _RankPlan:
 
     rank: int
     tag: str
+    layout: HashedPrefixes | None = None
+    """Where data objects go: the coordinator's choice, so every rank follows one layout."""
 
 
 def _exists(store: ObjectStore, key: str) -> bool:
@@ -138,6 +147,12 @@ class S3StorageWriter(StorageWriter):
         metrics: Numbers recorded in ``s3ckpt.json`` (for retention's "best by").
         user_metadata: JSON-serialisable data recorded in ``s3ckpt.json``.
         store: Use this store instead of one built from ``path`` (tests, custom clients).
+        prefix_strategy: Where the data objects go: ``None`` (default) directly under
+            ``path``, as torch's FileSystemWriter lays them out; or
+            :class:`~s3ckpt.HashedPrefixes` to spread them over hashed prefixes of the run
+            (``{run}/s3ckpt-shards/{h}/{ckpt}/``) for saves of many ranks that S3 would
+            otherwise throttle. Such a checkpoint is read through its ``s3ckpt.json`` (by
+            s3ckpt only, not by stock DCP readers); see docs/dcp.md, "Hashed prefixes".
 
     Requests: one client per process (stores of equal settings share it, see
     :mod:`s3ckpt.store.s3`), and one fail-fast read of the marker per save: at
@@ -150,6 +165,9 @@ class S3StorageWriter(StorageWriter):
     Raises:
         CheckpointExistsError: at construction, if ``path`` is committed and not
             ``overwrite``.
+        ConfigError: ``prefix_strategy`` is not ``None`` or a :class:`HashedPrefixes`, or
+            ``path`` lies in a folder named ``s3ckpt-shards`` (reserved), or is the bucket's
+            root with hashed prefixes.
     """
 
     def __init__(
@@ -163,8 +181,10 @@ class S3StorageWriter(StorageWriter):
         metrics: dict[str, float] | None = None,
         user_metadata: dict[str, Any] | None = None,
         store: ObjectStore | None = None,
+        prefix_strategy: HashedPrefixes | None = None,
     ) -> None:
         super().__init__()
+        self.prefix_strategy = check_prefix_strategy(prefix_strategy)
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self.overwrite = overwrite
@@ -188,6 +208,7 @@ class S3StorageWriter(StorageWriter):
         self.url, self.store = open_location(
             path, self._given_store, self.s3_config, self.transfer_config, current=current
         )
+        check_checkpoint_prefix(self.url.prefix, self.prefix_strategy)
         self.checkpoint_id = str(self.url)
         self.save_id = uuid.uuid4().hex
         self._marker_checked = False
@@ -251,7 +272,9 @@ class S3StorageWriter(StorageWriter):
         tag = save_tag(self.save_id)
         self._beat()
         return [
-            dataclasses.replace(plan, storage_data=_RankPlan(rank=i, tag=tag))
+            dataclasses.replace(
+                plan, storage_data=_RankPlan(rank=i, tag=tag, layout=self.prefix_strategy)
+            )
             for i, plan in enumerate(plans)
         ]
 
@@ -275,10 +298,13 @@ class S3StorageWriter(StorageWriter):
         results: list[WriteResult] = []
         heartbeat = Heartbeat(self.store, self.url, rank_plan.tag, rank_plan.rank, self.step)
         heartbeat.start()
+        layout = rank_plan.layout
         try:
             for i, indices in enumerate(bins):
-                name = data_name(rank_plan.rank, i, rank_plan.tag)
-                sink = uploader.sink(self.url.key(name))
+                name = (data_name if layout is None else shard_name)(
+                    rank_plan.rank, i, rank_plan.tag
+                )
+                sink = uploader.sink(object_key(self.url.prefix, name, layout))
                 infos: list[S3StorageInfo] = []
                 for idx in indices:
                     item = plan.items[idx]
@@ -376,6 +402,7 @@ class S3StorageWriter(StorageWriter):
             step=self.step,
             metrics=self.metrics,
             user=self.user_metadata,
+            layout=self.prefix_strategy,
         )
         try:
             commit.run(metadata, results, self.storage_meta())

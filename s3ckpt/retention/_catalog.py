@@ -71,18 +71,20 @@ class CheckpointInfo:
         state: See :class:`CheckpointState`.
         committed_at: The marker's ``created`` time (UTC); for ``FOREIGN`` checkpoints the
             ``.metadata`` object's mtime (the only commit time stock DCP leaves); else None.
-        size: Bytes under the prefix (control objects excluded).
-        num_objects: Objects under the prefix (control objects excluded).
+        size: Bytes under the prefix (control objects excluded), and of the checkpoint's data
+            objects in the run's shard folder (hashed prefixes, :mod:`s3ckpt.retention._scan`).
+        num_objects: Objects under the prefix (control objects excluded), shards included.
         metrics: From the marker (empty without one).
         pinned: The pin's reason, or None if not pinned.
         last_activity: Newest object mtime or open-upload start under the prefix (UTC);
             used only to tell IN_PROGRESS from ABANDONED, never to order.
         error: Why the marker could not be read, when it could not (still COMMITTED).
-        keys: Every key under the prefix (control objects and foreign files included). Retention
-            deletes only the ones s3ckpt (or, with ``include_foreign``, DCP) wrote.
+        keys: Every key under the prefix (control objects and foreign files included) and the
+            checkpoint's data objects in the run's shard folder. Retention deletes only the
+            ones s3ckpt (or, with ``include_foreign``, DCP) wrote.
         tag: The committed save's tag (from the marker), else None.
         live_tags: Tags with an object, heartbeat or open upload younger than the grace period.
-        uploads: Open multipart uploads under the prefix.
+        uploads: Open multipart uploads under the prefix (and of its shards).
         committed_keys: Keys the marker commits (the marker, its metadata, its objects).
         metadata_stale: Committed with a per-save metadata, and the plain ``.metadata`` (the
             copy for stock DCP readers) is missing, of the wrong size or older than the marker.

@@ -17,7 +17,7 @@ from tenacity import retry_if_result
 
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import StoreError
-from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag
+from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag, shard_owner
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._lease import Lease
 from s3ckpt.store import TRANSIENT_CODES, retrying
@@ -52,6 +52,20 @@ def _direct_name(c: CheckpointInfo, key: str) -> str | None:
     return name if name and "/" not in name else None
 
 
+def _own_name(c: CheckpointInfo, key: str) -> tuple[str, str | None, bool] | None:
+    """``key``'s name in checkpoint ``c``, the save tag the name carries (None for names
+    without one), and whether it is one of ``c``'s data objects in the run's shard folder
+    (hashed prefixes, :func:`s3ckpt.format.shard_owner`); None for any other key (nested
+    under the prefix, or not ``c``'s)."""
+    name = _direct_name(c, key)
+    if name is not None:
+        return name, owned_tag(name), False
+    owner = shard_owner(key)
+    if owner is not None and owner.checkpoint == c.url.prefix:
+        return owner.name, owner.tag, True
+    return None
+
+
 def _other_live(c: CheckpointInfo) -> set[str]:
     return {t for t in c.live_tags if t != c.tag}
 
@@ -60,17 +74,19 @@ def checkpoint_keys(c: CheckpointInfo) -> list[str]:
     """The keys deleting checkpoint ``c`` removes: the marker, the plain ``.metadata``, what
     the marker commits, and every per-save name of a tag that is not live (a save in
     progress in the same prefix, an overwrite, is left alone); for an uncommitted
-    checkpoint also stock DCP data names. Never a file s3ckpt or DCP did not write."""
+    checkpoint also stock DCP data names. Never a file s3ckpt or DCP did not write. The data
+    objects of hashed-prefix saves in the run's shard folder count as the checkpoint's own
+    per-save names."""
     live = _other_live(c)
     out: list[str] = []
     for k in c.keys:
-        n = _direct_name(c, k)
-        if n is None:
+        own = _own_name(c, k)
+        if own is None:
             continue
+        n, t, _ = own
         if k in c.committed_keys or n in (MANIFEST_NAME, METADATA_NAME):
             out.append(k)
             continue
-        t = owned_tag(n)
         if t is not None:
             if t not in live:
                 out.append(k)
@@ -84,8 +100,8 @@ def checkpoint_uploads(c: CheckpointInfo) -> list[UploadInfo]:
     live = _other_live(c)
     out = []
     for u in c.uploads:
-        n = _direct_name(c, u.key)
-        t = owned_tag(n) if n is not None else None
+        own = _own_name(c, u.key)
+        t = own[1] if own is not None else None
         if t is not None and t not in live:
             out.append(u)
     return out
@@ -94,17 +110,19 @@ def checkpoint_uploads(c: CheckpointInfo) -> list[UploadInfo]:
 def leftover_keys(c: CheckpointInfo) -> list[str]:
     """What gc may delete under ``c``: per-save names of dead tags, never what a readable
     marker commits; in a committed prefix also the committed save's heartbeats. Nothing in
-    a pinned prefix, nothing in a committed one whose marker cannot be read."""
+    a pinned prefix, nothing in a committed one whose marker cannot be read, and no data
+    object of the committed save in the shard folder (even one the marker does not list)."""
     if c.pinned or (c.is_committed and c.tag is None):
         return []
     live = set(c.live_tags)
     out: list[str] = []
     for k in c.keys:
-        n = _direct_name(c, k)
-        t = owned_tag(n) if n is not None else None
-        if t is None or k in c.committed_keys:
+        own = _own_name(c, k)
+        if own is None or own[1] is None or k in c.committed_keys:
             continue
-        assert n is not None
+        n, t, sharded = own
+        if sharded and t == c.tag:
+            continue
         if t not in live or (t == c.tag and n.startswith(HEARTBEAT_PREFIX)):
             out.append(k)
     return out
@@ -118,8 +136,8 @@ def leftover_uploads(c: CheckpointInfo, cutoff: float) -> list[UploadInfo]:
     live = set(c.live_tags)
     out = []
     for u in c.uploads:
-        n = _direct_name(c, u.key)
-        t = owned_tag(n) if n is not None else None
+        own = _own_name(c, u.key)
+        t = own[1] if own is not None else None
         if t is not None and t not in live and u.initiated is not None and u.initiated < cutoff:
             out.append(u)
     return out

@@ -3,7 +3,8 @@
 What retention deletes: only names it can prove s3ckpt (or, with ``include_foreign``,
 stock DCP) wrote — the commit marker, the plain ``.metadata``, the objects the marker
 lists and the per-save names of :func:`s3ckpt.format.owned_tag` (``__{r}_{i}.{tag}.distcp``,
-``.metadata.{tag}``, ``s3ckpt.alive.{tag}.{rank}``), plus open uploads of per-save names.
+``.metadata.{tag}``, ``s3ckpt.alive.{tag}.{rank}``; with hashed prefixes the data objects
+``{run}/s3ckpt-shards/{h}/{ckpt}/__{r}_{i}.{tag}.shard``), plus open uploads of per-save names.
 Anything else under a checkpoint prefix (TensorBoard events, a safetensors export) stays.
 Nothing of a *live* save (a tag with an object, heartbeat or upload younger than the grace
 period) is ever deleted or aborted, except the committed save's own objects by a prune.

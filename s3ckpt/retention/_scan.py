@@ -16,6 +16,17 @@ heartbeats ``s3ckpt.alive.{tag}.{rank}``) or a pin. Its name alone never makes i
 export) is not retention's business, and neither is any other folder under a run
 (``tensorboard/``, ``logs/``); they are never listed, planned or deleted.
 
+Hashed-prefix saves (:class:`s3ckpt.format.HashedPrefixes`) put their data objects in the
+run's shard folder: a key ``{run}/s3ckpt-shards/{h}/{name}/__{r}_{i}.{tag}.shard`` belongs
+to the checkpoint ``{run}/{name}/`` (:func:`s3ckpt.format.shard_owner`) and counts there as
+one of its own per-save names: in its size and object count, its keys, its save tags'
+activity and, as an upload, its open uploads. Such a key declares its checkpoint even when
+nothing is stored under ``{run}/{name}/`` yet (a save killed before its ``.metadata``).
+Nothing else in a shard folder belongs to any checkpoint, and ``s3ckpt-shards/`` and its
+sub-folders are never runs or checkpoints. A scan of a root inside a checkpoint prefix does
+not see the run's shard folder: its sizes leave the shards out, and nothing there is
+deleted (a scan of the run or above sees them).
+
 A checkpoint's step is the one its commit marker records (``step``; the catalog reads every
 marker anyway), else the one its name gives (:func:`s3ckpt.format.checkpoint_step`: the
 Checkpointer's ``step_000001000`` and the frameworks' ``step-4``, ``epoch=0-step=4.ckpt``,
@@ -44,7 +55,9 @@ from s3ckpt.format import (
     Manifest,
     checkpoint_step,
     compile_step_pattern,
+    in_shard_tree,
     owned_tag,
+    shard_owner,
 )
 from s3ckpt.retention._catalog import READ_WORKERS, CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._liveness import DEFAULT_GRACE, dead_saves
@@ -66,7 +79,8 @@ class _Group:
     metadata: ObjectInfo | None = None
     pin: bool = False
     tags: dict[str, float] = field(default_factory=dict)
-    """Newest activity per save tag (objects, heartbeats and uploads directly under it)."""
+    """Newest activity per save tag (objects, heartbeats and uploads directly under it, and
+    its data objects and uploads in the run's shard folder)."""
     untagged: float | None = None
     """Newest activity of everything else (stock DCP names, foreign files, nested keys)."""
     heartbeats: dict[str, list[str]] = field(default_factory=dict)
@@ -87,7 +101,11 @@ class _Group:
 
 def _ckpt_dir(key: str) -> str | None:
     """The checkpoint prefix (ending in ``/``) a key declares: only a name s3ckpt or DCP
-    writes does (a folder's name never does)."""
+    writes does (a folder's name never does); in a shard folder, only a hashed-prefix data
+    name, which declares its checkpoint outside the shard folder."""
+    if in_shard_tree(key):
+        owner = shard_owner(key)
+        return owner.checkpoint if owner is not None else None
     head, sep, base = key.rpartition("/")
     if not sep:
         return None
@@ -180,33 +198,46 @@ def _group(
     runs_with_lease: set[str] = set()
     for obj in objects:
         base = obj.key.rpartition("/")[2]
-        if base == LEASE_NAME:
+        if base == LEASE_NAME and not in_shard_tree(obj.key):
             runs_with_lease.add(obj.key[: -len(base)])
-        g = _owner(groups, obj.key)
+        g, name, tag = _place(groups, obj.key)
         if g is None:
             continue
         g.keys.append(obj.key)
-        if base == PIN_NAME and _is_direct(obj.key, groups):
+        if name == PIN_NAME:
             g.pin = True
             continue
         g.size += obj.size
         g.count += 1
-        direct = _is_direct(obj.key, groups)
-        tag = owned_tag(base) if direct else None
         g.touch(obj.last_modified, tag)
-        if tag is not None and base.startswith(HEARTBEAT_PREFIX):
+        if tag is not None and name is not None and name.startswith(HEARTBEAT_PREFIX):
             g.heartbeats.setdefault(tag, []).append(obj.key)
-        if base == MANIFEST_NAME and direct:
+        if name == MANIFEST_NAME:
             g.marker = obj
-        if base == METADATA_NAME and direct:
+        if name == METADATA_NAME:
             g.metadata = obj
     for up in uploads:
-        g = _owner(groups, up.key)
+        g, _, tag = _place(groups, up.key)
         if g is not None:
             g.uploads.append(up)
-            direct = _is_direct(up.key, groups)
-            g.touch(up.initiated, owned_tag(up.key.rpartition("/")[2]) if direct else None)
+            g.touch(up.initiated, tag)
     return groups, runs_with_lease
+
+
+def _place(groups: Mapping[str, _Group], key: str) -> tuple[_Group | None, str | None, str | None]:
+    """The checkpoint group holding ``key``; the key's name in it when it is one of the
+    checkpoint's own (directly under its prefix, or one of its data objects in the run's
+    shard folder), else None (a nested key); and the save tag that name carries, if any."""
+    if in_shard_tree(key):
+        owner = shard_owner(key)
+        if owner is None:
+            return None, None, None  # in a shard folder, but no checkpoint's: nobody's
+        return groups.get(owner.checkpoint), owner.name, owner.tag
+    g = _owner(groups, key)
+    if g is None or not _is_direct(key, groups):
+        return g, None, None
+    name = key.rpartition("/")[2]
+    return g, name, owned_tag(name)
 
 
 def _read_controls(
@@ -298,7 +329,7 @@ def _info(
         if isinstance(manifest, Manifest):
             committed = frozenset(
                 [d + MANIFEST_NAME, d + manifest.metadata_key]
-                + [d + o.name for o in manifest.objects]
+                + [manifest.object_key(d, o.name) for o in manifest.objects]
             )
             return CheckpointInfo(
                 step=manifest.step if manifest.step is not None else step,

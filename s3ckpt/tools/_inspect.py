@@ -76,6 +76,9 @@ class CheckpointInfo:
     metadata_bytes: int | None
     tensors: tuple[TensorSummary, ...]
     objects: tuple[ObjectSummary, ...]
+    layout: dict[str, Any] | None = None
+    """Where the data objects are, as ``s3ckpt.json`` records it (hashed prefixes:
+    ``{"prefix_strategy": "hashed", "fanout": ..., ...}``); ``None``: under the prefix."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys)."""
@@ -156,4 +159,5 @@ def inspect_checkpoint(
         metadata_bytes=manifest.metadata_size if manifest is not None else None,
         tensors=tensors,
         objects=objects,
+        layout=manifest.layout.to_doc() if manifest is not None and manifest.layout else None,
     )

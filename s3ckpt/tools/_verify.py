@@ -138,7 +138,7 @@ def verify_checkpoint(
             per_object[c.object].append((entry, c))
     expected = {o.name: o.size for o in manifest.objects} if manifest is not None else {}
     names = sorted(set(per_object) | set(expected))
-    infos = _head_all(reader.store, [reader.url.key(n) for n in names], tc.max_concurrency)
+    infos = _head_all(reader.store, [reader.object_key(n) for n in names], tc.max_concurrency)
 
     readable: dict[str, list[_Span]] = {}
     for name, info in zip(names, infos, strict=True):
@@ -315,7 +315,7 @@ def _read_back(
 
     walk: RangeWalk[_Span] = RangeWalk(
         reader.store,
-        reader.url.key,
+        reader.object_key,
         config=tc,
         on_span=on_span,
         on_failure=on_failure,

@@ -36,11 +36,12 @@ def _init(rank: int, world_size: int, port: int) -> None:
     )
 
 
-def save_worker(rank: int, world_size: int, port: int, url: str) -> None:
+def save_worker(rank: int, world_size: int, port: int, url: str, fanout: int = 0) -> None:
+    """A world-size ``world_size`` save to ``url``; ``fanout`` > 0: with hashed prefixes."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from s3ckpt import S3StorageWriter
+    from s3ckpt import HashedPrefixes, S3StorageWriter
 
     _init(rank, world_size, port)
     try:
@@ -52,7 +53,8 @@ def save_worker(rank: int, world_size: int, port: int, url: str) -> None:
             f"rank{rank}.state": rank_tensor(rank),
             "step": 11,
         }
-        dcp.save(sd, storage_writer=S3StorageWriter(url, step=11))
+        layout = HashedPrefixes(fanout) if fanout else None
+        dcp.save(sd, storage_writer=S3StorageWriter(url, step=11, prefix_strategy=layout))
     finally:
         dist.destroy_process_group()
 
