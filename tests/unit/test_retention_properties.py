@@ -171,7 +171,10 @@ def test_planning_is_idempotent(cat: list[CheckpointInfo], policy: Policy, forei
     rest = [c for c in cat if c.name not in gone]
     second = plan(rest, policy, NOW, include_foreign=foreign)
     assert second.delete == ()
-    assert set(second.keep) == set(first.keep)
+    # What the first run kept stays kept. The second may keep *more*: a checkpoint the first
+    # run skipped (e.g. no step) can fall inside a rank-based rule (KeepLast) once the
+    # deleted ones are gone, and be kept by the rest of an AllOf; it was never deleted.
+    assert set(second.keep) >= set(first.keep)
 
 
 @PROPS
