@@ -73,6 +73,8 @@ REGION = "us-east-1"
 N_LARGE = 4
 N_SMALL = 2000
 RESULT_TAG = "BENCH_RESULT "
+GOAL_SPEEDUP = 1.5  # s3ckpt save and load MB/s over the best other DCP backend
+GOAL_CPU = 0.7  # s3ckpt client CPU per GiB over s3torchconnector's
 
 
 # ===========================================================================================
@@ -261,20 +263,29 @@ def _boto3_transfer_config(size: int, *, download: bool) -> Any:
     )
 
 
+def _s3tc_config() -> Any:
+    """s3torchconnector's client at its best settings: the CRT's throughput target (the
+    same 10 Gbit/s s3ckpt derives its connections from, ``S3TC_GBPS`` to change it) and
+    s3ckpt's 16 MiB parts (``S3TC_PART_MIB``)."""
+    from s3torchconnector import S3ClientConfig
+
+    return S3ClientConfig(
+        force_path_style=True,
+        throughput_target_gbps=float(os.environ.get("S3TC_GBPS", "10")),
+        part_size=int(os.environ.get("S3TC_PART_MIB", "16")) * MiB,
+    )
+
+
 def _writer(backend: str, url: str, endpoint: str, threads: int) -> Any:
     if backend == "s3ckpt":
         from s3ckpt import S3Config, S3StorageWriter
 
         return S3StorageWriter(url, s3_config=S3Config(endpoint_url=endpoint))
     if backend == "s3tc":
-        from s3torchconnector import S3ClientConfig
         from s3torchconnector.dcp import S3StorageWriter as S3tcWriter
 
         # The CRT client reads the endpoint from AWS_ENDPOINT_URL (set by the parent).
-        return S3tcWriter(
-            REGION, url, s3client_config=S3ClientConfig(force_path_style=True),
-            thread_count=threads,
-        )
+        return S3tcWriter(REGION, url, s3client_config=_s3tc_config(), thread_count=threads)
     if backend == "fsspec":
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
@@ -288,10 +299,14 @@ def _reader(backend: str, url: str, endpoint: str) -> Any:
 
         return S3StorageReader(url, s3_config=S3Config(endpoint_url=endpoint))
     if backend == "s3tc":
-        from s3torchconnector import S3ClientConfig
         from s3torchconnector.dcp import S3StorageReader as S3tcReader
+        from s3torchconnector.s3reader import S3ReaderConstructor
 
-        return S3tcReader(REGION, url, s3client_config=S3ClientConfig(force_path_style=True))
+        # Its DCP-optimised reader (coalesced ranged reads) is its best for DCP loads.
+        return S3tcReader(
+            REGION, url, s3client_config=_s3tc_config(),
+            reader_constructor=S3ReaderConstructor.dcp_optimized(),
+        )
     if backend == "fsspec":
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -363,6 +378,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             sd = blank_state_dict(size_mib)
             nbytes = tensor_bytes(sd)
     gc.collect()
+    if spec.get("sim"):
+        _sim_call(endpoint, "POST", "/_s3sim/reset")  # count the timed op only, not warm-up
 
     with _RssSampler() as rss:
         cpu0, t0 = _cpu_seconds(), time.perf_counter()
@@ -389,6 +406,18 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
                 out["bytes_read"] = int(reader.bytes_read)
         wall = time.perf_counter() - t0
         cpu = _cpu_seconds() - cpu0
+    if spec.get("sim"):
+        st = _sim_call(endpoint, "GET", "/_s3sim/stats")
+        gib = nbytes / GiB
+        out.update(
+            sim_cpu_s=st["cpu_s_since_reset"],
+            requests=st["requests"],
+            slowdowns=st["slowdowns"],
+            requests_per_gib=st["requests"] / gib,
+            slowdowns_per_gib=st["slowdowns"] / gib,
+            requests_by_op={op: v["count"] for op, v in st["ops"].items()},
+            slowdowns_by_op={op: v["slowdown"] for op, v in st["ops"].items() if v["slowdown"]},
+        )
 
     if op == "load":
         out["checksum"] = checksum_blob(blob) if backend == "boto3" else checksum_state_dict(sd)
@@ -406,6 +435,24 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         hwm_reset=rss.hwm_reset,
     )
     return out
+
+
+def _sim_call(endpoint: str, method: str, path: str) -> Any:
+    """One request to s3sim's control API (``benchmarks/s3sim/README.md``)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(endpoint)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        conn.request(method, path, body=b"" if method == "POST" else None)
+        resp = conn.getresponse()
+        payload = resp.read()
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise RuntimeError(f"s3sim {method} {path}: {resp.status}")
+    return json.loads(payload) if payload else None
 
 
 # ===========================================================================================
@@ -485,6 +532,34 @@ class MotoServer:
         self._log.close()
 
 
+class SimServer(MotoServer):
+    """``benchmarks/s3sim`` in its own process, with S3's shaping (or none): the same face
+    as :class:`MotoServer`, plus the server's request and 503 counts per run."""
+
+    def __init__(self, port: int, log_path: str, shaping: str, rate_scale: float) -> None:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from benchmarks.s3sim import S3Sim, Shaping
+
+        self.port = port
+        self.sim = S3Sim(Shaping.profile(shaping, rate_scale=rate_scale), port=port,
+                         log=log_path)
+        self.sim.start()
+        self.endpoint = self.sim.endpoint
+        assert self.sim.process is not None
+        self.proc = self.sim.process
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        return None  # S3Sim.start waits until the port answers
+
+    def throttle(self, prefix: str, reads: float | None, writes: float | None) -> None:
+        from benchmarks.s3sim import Throttle
+
+        self.sim.configure(throttles=[Throttle(prefix, reads, writes)])
+
+    def stop(self) -> None:
+        self.sim.stop()
+
+
 def _run_worker(spec: dict[str, Any], env: dict[str, str], server: MotoServer,
                 timeout: float) -> dict[str, Any]:
     load1 = os.getloadavg()[0]
@@ -510,6 +585,9 @@ def _run_worker(spec: dict[str, Any], env: dict[str, str], server: MotoServer,
         server_cpu_s_per_gib=srv_cpu / (result["bytes"] / GiB),
         server_rss_mib_after=server.rss_mib(),
     )
+    if "sim_cpu_s" in result:  # the timed op's own server CPU, warm-up left out
+        result["server_cpu_s"] = result["sim_cpu_s"]
+        result["server_cpu_s_per_gib"] = result["sim_cpu_s"] / (result["bytes"] / GiB)
     return result
 
 
@@ -528,6 +606,11 @@ def _delete_prefix(client: Any, bucket: str, prefix: str) -> int:
 
 def _fmt(x: float | None, spec: str = ".0f") -> str:
     return "n/a" if x is None else format(x, spec)
+
+
+def _median_of(runs: list[dict[str, Any]], field: str) -> float | None:
+    values = [r[field] for r in runs if field in r]
+    return statistics.median(values) if values and len(values) == len(runs) else None
 
 
 def summarize(results: list[dict[str, Any]], backends: list[str]) -> dict[str, Any]:
@@ -554,6 +637,9 @@ def summarize(results: list[dict[str, Any]], backends: list[str]) -> dict[str, A
                 ),
                 "peak_over_baseline_mib_max": max(r["peak_over_baseline_mib"] for r in ok),
                 "baseline_mib_median": statistics.median(r["baseline_mib"] for r in ok),
+                "requests_per_gib_median": _median_of(ok, "requests_per_gib"),
+                "slowdowns_per_gib_median": _median_of(ok, "slowdowns_per_gib"),
+                "slowdowns_median": _median_of(ok, "slowdowns"),
                 "bytes_read_median": (
                     statistics.median(r["bytes_read"] for r in ok)
                     if all("bytes_read" in r for r in ok) else None
@@ -580,6 +666,15 @@ def ratios(summary: dict[str, Any]) -> dict[str, Any]:
         cpu_tc = get("s3tc", op, "cpu_s_per_gib_median")
         if cpu_me is not None and cpu_tc:
             out[f"{op}_cpu_per_gib_vs_s3torchconnector"] = cpu_me / cpu_tc
+        slow_me = get("s3ckpt", op, "slowdowns_median")
+        slows = [(get(b, op, "slowdowns_median"), b) for b in others]
+        slows = [(v, b) for v, b in slows if v is not None]
+        if slow_me is not None and slows and any(v for v, _ in slows):
+            fewest, who = min(slows)
+            out[f"{op}_slowdowns_vs_fewest_other"] = {
+                "ratio": slow_me / fewest if fewest else None, "fewest_other": who,
+                "s3ckpt": slow_me, "other": fewest,
+            }
         mem_me = get("s3ckpt", op, "peak_over_baseline_mib_max")
         mems = [(get(b, op, "peak_over_baseline_mib_max"), b) for b in others]
         mems = [(v, b) for v, b in mems if v is not None]
@@ -601,25 +696,34 @@ def render(summary: dict[str, Any], rat: dict[str, Any], backends: list[str],
         f"run(s) per backend and op. MB = 10^6 bytes. Load average (1 min) before runs: "
         f"{meta['loadavg_min']:.1f}-{meta['loadavg_max']:.1f} on {meta['cpus']} CPUs.",
         "",
+        f"Server: {meta.get('server', 'moto')}"
+        + (f", shaping {meta['shaping']}" if meta.get("shaping") else "")
+        + (f", rates x{meta['rate_scale']}" if meta.get("rate_scale", 1.0) != 1.0 else "")
+        + (f", bucket throttled to {meta['throttle']} reads/writes per s"
+           if meta.get("throttle") else "") + ".",
+        "",
         "| backend | op | MB/s median | MB/s min-max | client CPU s/GiB (median) "
-        "| moto CPU s/GiB (median) | peak RSS over baseline MiB (max) | runs ok/failed |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| server CPU s/GiB (median) | peak RSS over baseline MiB (max) | requests/GiB "
+        "| 503s/GiB | runs ok/failed |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for op in ("save", "load"):
         for b in backends:
             s = summary.get(f"{b}.{op}", {})
             if not s.get("runs"):
                 if s.get("failed"):
-                    lines.append(f"| {LABELS[b]} | {op} | FAILED | | | | | 0/{s['failed']} |")
+                    lines.append(f"| {LABELS[b]} | {op} | FAILED | | | | | | | 0/{s['failed']} |")
                 else:  # not asked for (--ops), not a failure
-                    lines.append(f"| {LABELS[b]} | {op} | not run | | | | | 0/0 |")
+                    lines.append(f"| {LABELS[b]} | {op} | not run | | | | | | | 0/0 |")
                 continue
             lines.append(
                 f"| {LABELS[b]} | {op} | {_fmt(s['mb_per_s_median'])} | "
                 f"{_fmt(s['mb_per_s_min'])}-{_fmt(s['mb_per_s_max'])} | "
                 f"{_fmt(s['cpu_s_per_gib_median'], '.2f')} | "
                 f"{_fmt(s['server_cpu_s_per_gib_median'], '.2f')} | "
-                f"{_fmt(s['peak_over_baseline_mib_max'])} | {s['runs']}/{s['failed']} |"
+                f"{_fmt(s['peak_over_baseline_mib_max'])} | "
+                f"{_fmt(s.get('requests_per_gib_median'))} | "
+                f"{_fmt(s.get('slowdowns_per_gib_median'), '.1f')} | {s['runs']}/{s['failed']} |"
             )
     lines += ["", "| goal | target | measured | met |", "|---|---|---:|---|"]
 
@@ -629,16 +733,20 @@ def render(summary: dict[str, Any], rat: dict[str, Any], backends: list[str],
             f"{'n/a' if ok is None else ('yes' if ok else 'NO')} |"
         )
 
-    r = rat.get("save_mb_per_s_vs_best_other")
-    row(f"save MB/s, s3ckpt / best other DCP ({LABELS[r['best_other']] if r else '-'})",
-        ">= 1.0", r and r["ratio"], r and r["ratio"] >= 1.0, ".2f")
-    r = rat.get("load_mb_per_s_vs_best_other")
-    row(f"load MB/s, s3ckpt / best other DCP ({LABELS[r['best_other']] if r else '-'})",
-        ">= 3.0", r and r["ratio"], r and r["ratio"] >= 3.0, ".2f")
+    for op in ("save", "load"):
+        r = rat.get(f"{op}_mb_per_s_vs_best_other")
+        row(f"{op} MB/s, s3ckpt / best other DCP ({LABELS[r['best_other']] if r else '-'})",
+            f">= {GOAL_SPEEDUP}", r and r["ratio"], r and r["ratio"] >= GOAL_SPEEDUP, ".2f")
     for op in ("save", "load"):
         v = rat.get(f"{op}_cpu_per_gib_vs_s3torchconnector")
-        row(f"{op} client CPU/GiB, s3ckpt / s3torchconnector", "<= 0.8", v,
-            None if v is None else v <= 0.8, ".2f")
+        row(f"{op} client CPU/GiB, s3ckpt / s3torchconnector", f"<= {GOAL_CPU}", v,
+            None if v is None else v <= GOAL_CPU, ".2f")
+    for op in ("save", "load"):
+        m = rat.get(f"{op}_slowdowns_vs_fewest_other")
+        if m:
+            row(f"{op} 503s, s3ckpt / fewest other ({LABELS[m['fewest_other']]}: "
+                f"{m['s3ckpt']:.0f} vs {m['other']:.0f})", "<= 0.33", m["ratio"],
+                None if m["ratio"] is None else m["ratio"] <= 1 / 3, ".2f")
     v = rat.get("save_peak_over_baseline_mib")
     row(f"save peak RSS over state dict, s3ckpt (MiB, {meta['size_mib']} MiB state dict)",
         "<= 256", v, None if v is None else v <= 256, ".0f")
@@ -663,7 +771,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="thread_count for s3torchconnector's and torch's FileSystemWriter-based "
                         "writers (their default is 1)")
     p.add_argument("--out", help="write all per-run results and the summary as JSON here")
-    p.add_argument("--port", type=int, default=0, help="moto port (default: a free one)")
+    p.add_argument("--server", choices=("s3sim", "moto"), default="s3sim",
+                   help="s3sim (benchmarks/s3sim, default) or moto (the history's server)")
+    p.add_argument("--shaping", choices=("s3", "none"), default="s3",
+                   help="s3sim's model: s3 (S3's latency, per-connection bandwidth and "
+                        "request rates; default) or none")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="s3sim: scale the per-partition request rates (default 1)")
+    p.add_argument("--throttle", metavar="READS/WRITES",
+                   help="s3sim: hold the benchmark's bucket to these requests/s (a throttled "
+                        "prefix; '-' for unlimited), e.g. 40/25")
+    p.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per worker process")
     p.add_argument("--keep-log", action="store_true", help="keep the moto server log")
     p.add_argument("--no-warmup", action="store_true",
@@ -686,7 +804,14 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the moto server and a running worker are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = tempfile.mkdtemp(prefix="bench_dcp_")
-    server = MotoServer(args.port or _free_port(), os.path.join(tmp, "moto.log"))
+    if args.throttle and args.server != "s3sim":
+        p.error("--throttle needs --server s3sim")
+    log_path = os.path.join(tmp, f"{args.server}.log")
+    server: MotoServer
+    if args.server == "s3sim":
+        server = SimServer(args.port or _free_port(), log_path, args.shaping, args.rate_scale)
+    else:
+        server = MotoServer(args.port or _free_port(), log_path)
     results: list[dict[str, Any]] = []
     started = time.time()
     try:
@@ -698,7 +823,16 @@ def main(argv: list[str] | None = None) -> int:
         client = _boto3_client(server.endpoint)
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         client.create_bucket(Bucket=bucket)
-        print(f"moto at {server.endpoint}, bucket {bucket}, log {tmp}/moto.log", file=sys.stderr)
+        if args.throttle:
+            reads, _, writes = args.throttle.partition("/")
+            assert isinstance(server, SimServer)
+            server.throttle(
+                f"{bucket}/",
+                None if reads == "-" else float(reads),
+                None if writes in ("-", "") else float(writes),
+            )
+        print(f"{args.server} at {server.endpoint}, bucket {bucket}, log {log_path}",
+              file=sys.stderr)
 
         for run in range(1, args.runs + 1):
             for b in backends:
@@ -706,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
                 url = f"s3://{bucket}/{prefix}"
                 spec = {"backend": b, "url": url, "endpoint": server.endpoint,
                         "size_mib": args.size_mib, "threads": args.threads, "seed": run,
-                        "warmup": not args.no_warmup}
+                        "warmup": not args.no_warmup, "sim": args.server == "s3sim"}
                 try:
                     save = _run_worker({**spec, "op": "save"}, env, server, args.timeout)
                     save["run"] = run
@@ -743,6 +877,10 @@ def main(argv: list[str] | None = None) -> int:
         "runs": args.runs,
         "threads": args.threads,
         "warmup": not args.no_warmup,
+        "server": args.server,
+        "shaping": args.shaping if args.server == "s3sim" else None,
+        "rate_scale": args.rate_scale,
+        "throttle": args.throttle,
         "tensor_bytes": ok[0]["bytes"] if ok else args.size_mib * MiB,
         "cpus": os.cpu_count(),
         "loadavg_min": min(loads),
@@ -777,8 +915,9 @@ def _progress(r: dict[str, Any]) -> None:
         f"[{r['backend']:>6} {r['op']:>4} run {r['run']}] {r['mb_per_s']:7.1f} MB/s "
         f"wall {r['wall_s']:6.1f}s cpu {r['cpu_s_per_gib']:5.2f}s/GiB "
         f"peak+{r['peak_over_baseline_mib']:6.0f}MiB "
-        f"moto-cpu {r['server_cpu_s_per_gib']:5.2f}s/GiB "
-        f"load1 {r['loadavg_1m_before']:.1f}"
+        f"srv-cpu {r['server_cpu_s_per_gib']:5.2f}s/GiB "
+        + (f"req {r['requests']} 503 {r['slowdowns']} " if "requests" in r else "")
+        + f"load1 {r['loadavg_1m_before']:.1f}"
         + (f" read {r['bytes_read'] / MiB:.0f}MiB" if "bytes_read" in r else ""),
         file=sys.stderr, flush=True,
     )
