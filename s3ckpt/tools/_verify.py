@@ -9,7 +9,7 @@ What is checked, in order:
    recorded, and is long enough for every byte range ``.metadata`` points into it.
 3. Data (s3ckpt checkpoints): every item is read back with coalesced, parallel ranged
    GETs (whole objects where they fit in ``TransferConfig.read_request_size``) and its
-   CRC32C compared. Memory: ``max_concurrency * read_chunk_size`` (32 MiB by default).
+   CRC32C compared. Memory: ``max_concurrency * read_chunk_size`` (56 MiB by default).
    Checkpoints of other DCP writers carry no checksums; steps 1 and 2 still run, and
    ``read_data=True`` reads every range back too.
 
