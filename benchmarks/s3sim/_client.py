@@ -227,7 +227,8 @@ class S3Sim:
 
         ``shaping`` replaces the whole shaping model; ``knobs`` are single fields of
         :class:`Shaping` or :class:`Options` (``profile="s3"`` starts from a preset).
-        Changing shaping starts a fresh partition layout (one partition per bucket).
+        Any shaping knob (even one that changes nothing, e.g. ``configure(sim.shaping)``)
+        starts a fresh partition layout (one partition per bucket); options alone keep it.
         """
         body: dict[str, Any] = {}
         if shaping is not None:
@@ -238,7 +239,10 @@ class S3Sim:
             body["throttles"] = [
                 t.to_json() if hasattr(t, "to_json") else t for t in body["throttles"] or ()
             ]
-        return dict(self._call("POST", "/_s3sim/config", body))
+        result = dict(self._call("POST", "/_s3sim/config", body))
+        self.shaping = Shaping.from_json(result["shaping"])
+        self.options = Options(**result["options"])
+        return result
 
     def create_bucket(self, name: str) -> None:
         """Create a bucket (a plain unsigned PUT)."""

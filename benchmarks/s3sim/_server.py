@@ -184,8 +184,8 @@ class Server:
         return {"shaping": self.shaping.to_json(), "options": self.options.to_json()}
 
     def configure(self, knobs: dict[str, Any]) -> None:
-        """Apply knobs (shaping fields, option fields, ``profile``); a shaping change starts
-        a fresh partition layout."""
+        """Apply knobs (shaping fields, option fields, ``profile``). Any shaping knob, even
+        one that changes nothing, starts a fresh partition layout (one per bucket)."""
         names = Options.names()
         opts = {k: v for k, v in knobs.items() if k in names}
         shaping = {k: v for k, v in knobs.items() if k not in names}
@@ -193,7 +193,7 @@ class Server:
         options = dataclasses.replace(self.options, **opts)
         new = Shaping.from_json(shaping, base=self.shaping) if shaping else self.shaping
         self.options = self.store.options = options
-        if new != self.shaping:
+        if shaping:
             self.shaping = new
             self.partitions = PartitionMap(new, self.loop.time())
 

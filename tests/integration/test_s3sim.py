@@ -29,7 +29,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from benchmarks.s3sim import Options, S3Sim, Throttle
+from benchmarks.s3sim import Options, S3Sim, Shaping, Throttle
 from benchmarks.s3sim._store import Store, successor
 
 pytestmark = pytest.mark.integration
@@ -694,6 +694,7 @@ def test_start_stop_and_stats_schema() -> None:
         cfg = sim.configure(profile="s3", rate_scale=0.01, min_part_size=1)
         assert cfg["shaping"]["read_rate"] == 5500 and cfg["shaping"]["rate_scale"] == 0.01
         assert cfg["options"]["min_part_size"] == 1
+        assert sim.shaping == Shaping.s3(rate_scale=0.01) and sim.options.min_part_size == 1
         sim.clear()
         assert sim.stats()["store"]["buckets"] == 0
     assert proc.poll() is not None  # terminated
