@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+from s3ckpt.store._cache import ProcessCache
 
 __all__ = [
     "MIN_RATE",
@@ -325,8 +325,7 @@ MAX_SHARED_LIMITERS = 64
 """Limiters :func:`shared_limiter` keeps (least recently used out); a store keeps the one
 it was given."""
 
-_limiters: OrderedDict[tuple[str | None, str], AdaptiveLimiter] = OrderedDict()
-_limiters_lock = threading.Lock()
+_limiters: ProcessCache[tuple[str | None, str], AdaptiveLimiter] = ProcessCache(MAX_SHARED_LIMITERS)
 
 
 def _name(endpoint: str | None, bucket: str) -> str:
@@ -341,25 +340,14 @@ def _name(endpoint: str | None, bucket: str) -> str:
 def shared_limiter(endpoint: str | None, bucket: str, concurrency: int) -> AdaptiveLimiter:
     """The process's limiter for ``bucket`` at ``endpoint`` (``None``: AWS), its ceiling
     raised to ``concurrency`` if that is more. Thread-safe."""
-    key = (endpoint, bucket)
-    with _limiters_lock:
-        limiter = _limiters.get(key)
-        if limiter is None:
-            limiter = _limiters[key] = AdaptiveLimiter(concurrency, name=_name(endpoint, bucket))
-            while len(_limiters) > MAX_SHARED_LIMITERS:
-                _limiters.popitem(last=False)
-        else:
-            _limiters.move_to_end(key)
+    limiter = _limiters.get(
+        (endpoint, bucket), lambda: AdaptiveLimiter(concurrency, name=_name(endpoint, bucket))
+    )
     limiter.widen(concurrency)
     return limiter
 
 
 def forget_limiters() -> None:
     """Drop every shared limiter: the next :func:`shared_limiter` starts afresh (a forked
-    child; tests)."""
-    global _limiters_lock
-    _limiters_lock = threading.Lock()  # a parent thread may have held it at fork
+    child does so by itself; tests)."""
     _limiters.clear()
-
-
-os.register_at_fork(after_in_child=forget_limiters)

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -50,6 +48,7 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError, ObjectNotFoundError, StoreError
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._body import BufferBody
+from s3ckpt.store._cache import ProcessCache
 from s3ckpt.store._range import S3RangeReader
 from s3ckpt.store._request import call, checksum_args, sse_args
 from s3ckpt.store.base import (
@@ -119,19 +118,7 @@ MAX_SHARED_CLIENTS = 16
 it was given, so an evicted client lives on in the stores that use it."""
 
 _ClientKey = tuple[Any, ...]
-_clients: OrderedDict[_ClientKey, tuple[Any, int | None]] = OrderedDict()
-_clients_lock = threading.Lock()
-
-
-def _forget_clients_after_fork() -> None:
-    """In a forked child: the parent's clients (and their sockets) are not ours, and the
-    cache lock may have been held by a parent thread that does not exist here."""
-    global _clients_lock
-    _clients_lock = threading.Lock()
-    _clients.clear()
-
-
-os.register_at_fork(after_in_child=_forget_clients_after_fork)
+_clients: ProcessCache[_ClientKey, tuple[Any, int | None]] = ProcessCache(MAX_SHARED_CLIENTS)
 
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:
@@ -180,15 +167,7 @@ def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> tuple
             cached then).
     """
     key = _client_key(s3_config, transfer_config)
-    with _clients_lock:
-        found = _clients.get(key)
-        if found is None:
-            found = _clients[key] = _new_client(s3_config, transfer_config)
-            while len(_clients) > MAX_SHARED_CLIENTS:
-                _clients.popitem(last=False)
-        else:
-            _clients.move_to_end(key)
-        return found
+    return _clients.get(key, lambda: _new_client(s3_config, transfer_config))
 
 
 def _new_client(cfg: S3Config, tc: TransferConfig) -> tuple[Any, int | None]:
