@@ -24,9 +24,9 @@ from s3ckpt.errors import (
     StoreError,
     TransientStoreError,
 )
-from s3ckpt.store.retry import TRANSIENT_CODES
+from s3ckpt.store.retry import THROTTLE_CODES, TRANSIENT_CODES
 
-__all__ = ["is_transient", "map_error", "timeout_kind"]
+__all__ = ["is_throttle", "is_transient", "map_error", "timeout_kind"]
 
 # What to check when a transient code persisted through every retry; the codes are
 # retry.TRANSIENT_CODES (a code without a hint here fails at import).
@@ -143,6 +143,17 @@ def is_transient(exc: BaseException) -> bool:
         code, status = _error_code(exc)
         return code in TRANSIENT_CODES or status in _SERVER_ERRORS
     return _lookup(_RETRY_BY_TYPE, exc) is True
+
+
+def is_throttle(exc: BaseException) -> bool:
+    """Whether ``exc`` is the store asking for fewer requests: an error code in
+    :data:`~s3ckpt.store.retry.THROTTLE_CODES` or an HTTP 503. Not 500s, timeouts or
+    resets: those are retried (:func:`is_transient`), but say nothing about the request
+    rate."""
+    if not isinstance(exc, bce.ClientError):
+        return False
+    code, status = _error_code(exc)
+    return code in THROTTLE_CODES or status == 503
 
 
 def timeout_kind(exc: BaseException | None) -> str | None:

@@ -10,17 +10,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import botocore.exceptions as bce
 from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.store._adaptive import AdaptiveLimiter
-from s3ckpt.store._errors import _error_code, is_transient, map_error, timeout_kind
+from s3ckpt.store._errors import is_throttle, is_transient, map_error, timeout_kind
 from s3ckpt.store.base import Buffer
-from s3ckpt.store.retry import THROTTLE_CODES, retrying
+from s3ckpt.store.retry import retrying
 
-__all__ = ["call", "checksum_args", "is_throttle", "sse_args", "store_retrying"]
+__all__ = ["call", "checksum_args", "sse_args", "store_retrying"]
 
 log = logging.getLogger(__name__)
 
@@ -63,16 +62,6 @@ def store_retrying(
         timeout_kind=timeout_kind,
         **kwargs,
     )
-
-
-def is_throttle(exc: BaseException) -> bool:
-    """Whether ``exc`` is the store asking for fewer requests: an error code in
-    :data:`~s3ckpt.store.retry.THROTTLE_CODES` or an HTTP 503. Not 500s, timeouts or
-    resets: those are retried, but say nothing about the request rate."""
-    if not isinstance(exc, bce.ClientError):
-        return False
-    code, status = _error_code(exc)
-    return code in THROTTLE_CODES or status == 503
 
 
 def call(

@@ -36,7 +36,8 @@ from s3ckpt.store._adaptive import (
     forget_limiters,
     shared_limiter,
 )
-from s3ckpt.store._request import call, is_throttle
+from s3ckpt.store._errors import is_throttle
+from s3ckpt.store._request import call
 from s3ckpt.store.retry import THROTTLE_CODES, TRANSIENT_CODES, retrying
 from s3ckpt.store.s3 import S3Store
 
