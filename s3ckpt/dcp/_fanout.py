@@ -462,8 +462,7 @@ class FanOutRead:
         self.error: BaseException | None = None
         self.bytes_received = 0
         self._bytes_read = 0
-        walk = reader._walk(planner, self.lock)
-        self._store, self._key_of = walk.store, walk.key_of
+        self._store, self._key_of = reader.store, reader.object_key
         tc = reader.transfer_config
         self._piece_config = dataclasses.replace(
             tc, max_concurrency=min(_PIECE_THREADS, tc.max_concurrency)
