@@ -328,7 +328,7 @@ class S3Checkpointing:
         if output_dir is None or not _is_url(output_dir):
             return None
         url = parse_url(str(output_dir))
-        return _Target(url, _parent(url))
+        return _Target(url, url.parent)
 
     def _load_target(self, input_dir: str | None) -> _Target | None:
         acc = self.accelerator
@@ -336,7 +336,7 @@ class S3Checkpointing:
             if not _is_url(input_dir):
                 return None
             url = parse_url(str(input_dir))
-            return _Target(url, _parent(url))
+            return _Target(url, url.parent)
         if not acc.project_configuration.automatic_checkpoint_naming or not _is_url(
             acc.project_dir
         ):
@@ -405,7 +405,7 @@ class S3Checkpointing:
     def _step(self, url: StoreURL) -> int:
         if self._step_fn is not None:
             return int(self._step_fn())
-        found = checkpoint_step(_basename(url))
+        found = checkpoint_step(url.name)
         return found if found is not None else int(self.accelerator.save_iteration)
 
     # -- load -----------------------------------------------------------------------------------
@@ -547,15 +547,6 @@ def _is_url(location: object) -> bool:
 
 def _name(kind: str, index: int) -> str:
     return kind if index == 0 else f"{kind}_{index}"
-
-
-def _basename(url: StoreURL) -> str:
-    return url.prefix.rstrip("/").rpartition("/")[2]
-
-
-def _parent(url: StoreURL) -> StoreURL:
-    head = url.prefix.rstrip("/").rpartition("/")[0]
-    return StoreURL(url.scheme, url.bucket, f"{head}/" if head else "")
 
 
 def _version() -> str:

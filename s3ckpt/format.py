@@ -314,14 +314,20 @@ class HashedPrefixes:
 
 
 def _split_checkpoint(prefix: str) -> tuple[str, str]:
-    """``runs/a/step_1/`` -> (``runs/a/``, ``step_1``); ``step_1/`` -> (``""``, ``step_1``)."""
-    head, _, ckpt = prefix.rstrip("/").rpartition("/")
+    """``runs/a/step_1/`` -> (``runs/a/``, ``step_1``); ``step_1/`` -> (``""``, ``step_1``).
+
+    One trailing ``/`` is dropped, as :func:`s3ckpt.uri.split_prefix` does (``uri`` is this
+    module's sibling layer, so the two lines are repeated here): ``run/step_1//`` names no
+    checkpoint folder, and :func:`shard_owner` reads keys back the same way."""
+    head, sep, ckpt = (prefix[:-1] if prefix.endswith("/") else prefix).rpartition("/")
+    run = head + sep
     if not ckpt:
         raise ConfigError(
             "hashed prefixes need a checkpoint prefix under a run (the shard folder is placed "
-            "in the run); the bucket's root is no checkpoint prefix"
+            f"in the run); '{prefix}' names no checkpoint folder (the bucket's root, or a "
+            "prefix ending in an empty segment)"
         )
-    return (head + "/" if head else ""), ckpt
+    return run, ckpt
 
 
 def object_key(prefix: str, name: str, layout: HashedPrefixes | None) -> str:

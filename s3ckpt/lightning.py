@@ -371,7 +371,7 @@ class S3CheckpointIO(CheckpointIO):
     ) -> None:
         if self.policy is None:
             return
-        run = parse_url(str(url).rstrip("/").rpartition("/")[0] + "/")
+        run = url.parent
         with self._lock:
             runner = self._runners.get(str(run))
             if runner is None:

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from s3ckpt.errors import InvalidURLError
 
-__all__ = ["StoreURL", "as_url", "parse_location", "parse_url"]
+__all__ = ["StoreURL", "as_url", "parse_location", "parse_url", "split_prefix"]
 
 # S3 bucket naming rules (general purpose buckets): 3-63 chars, lowercase letters, digits,
 # dots and hyphens, starting and ending with a letter or digit.
@@ -39,8 +39,27 @@ class StoreURL:
         """The URL of a sub-prefix ``name`` under this one."""
         return StoreURL(self.scheme, self.bucket, _norm_prefix(self.prefix + name))
 
+    @property
+    def name(self) -> str:
+        """The last segment of the prefix (``""`` at the bucket's root): a checkpoint's name
+        in its run. ``url.parent.child(url.name) == url``."""
+        return split_prefix(self.prefix)[1]
+
+    @property
+    def parent(self) -> StoreURL:
+        """The URL of the prefix one level up (the root stays the root): a checkpoint's run."""
+        return StoreURL(self.scheme, self.bucket, split_prefix(self.prefix)[0])
+
     def __str__(self) -> str:
         return f"{self.scheme}://{self.bucket}/{self.prefix}"
+
+
+def split_prefix(prefix: str) -> tuple[str, str]:
+    """A key prefix's parent prefix and last segment, one trailing ``/`` dropped:
+    ``a/b/c/`` -> (``a/b/``, ``c``); ``c/`` -> (``""``, ``c``); ``""`` -> (``""``, ``""``)."""
+    body = prefix[:-1] if prefix.endswith("/") else prefix
+    head, sep, name = body.rpartition("/")
+    return head + sep, name
 
 
 def _norm_prefix(prefix: str) -> str:

@@ -53,7 +53,7 @@ from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
 from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace
 from s3ckpt.retention._plan import newest
 from s3ckpt.retention._results import DeleteResult
-from s3ckpt.retention._scan import _parent, scan
+from s3ckpt.retention._scan import scan
 from s3ckpt.store.base import MAX_DELETE_BATCH, ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -199,8 +199,7 @@ def _split(checkpoint: StoreURL) -> tuple[str, StoreURL]:
             f"{checkpoint} is the root of the bucket, not a checkpoint: name one checkpoint "
             "(s3ckpt ls URL lists them)"
         )
-    name = checkpoint.prefix[:-1].rpartition("/")[2]
-    return name, StoreURL(checkpoint.scheme, checkpoint.bucket, _parent(checkpoint.prefix))
+    return checkpoint.name, checkpoint.parent
 
 
 def _run_catalog(

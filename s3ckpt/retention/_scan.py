@@ -62,7 +62,7 @@ from s3ckpt.format import (
 from s3ckpt.retention._catalog import READ_WORKERS, CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._liveness import DEFAULT_GRACE, dead_saves
 from s3ckpt.store.base import ObjectInfo, ObjectStore, UploadInfo
-from s3ckpt.uri import StoreURL
+from s3ckpt.uri import StoreURL, split_prefix
 
 __all__ = ["list_checkpoints", "list_runs", "read_manifest", "scan"]
 
@@ -118,11 +118,6 @@ def _ckpt_dir(key: str) -> str | None:
     return None
 
 
-def _parent(prefix: str) -> str:
-    """``a/b/c/`` -> ``a/b/``; ``c/`` -> ``""``."""
-    return prefix[:-1].rpartition("/")[0] + "/" if "/" in prefix[:-1] else ""
-
-
 def scan(
     store: ObjectStore,
     root: StoreURL,
@@ -166,7 +161,7 @@ def scan(
 
     by_run: dict[str, list[CheckpointInfo]] = {}
     for d, g in groups.items():
-        run = _parent(d)
+        run = split_prefix(d)[0]
         info = _info(root, run, d, g, manifests.get(d), reasons.get(d), cutoff, pattern)
         by_run.setdefault(run, []).append(info)
     for run_prefix in runs_with_lease:

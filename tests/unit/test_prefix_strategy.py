@@ -513,3 +513,12 @@ def test_name_to_key_to_owner_round_trips(
         assert shard_owner(f"{folder}/{other}") is None and _ckpt_dir(f"{folder}/{other}") is None
     assert shard_owner(f"{folder}/x/{name}") is None and _ckpt_dir(f"{folder}/x/{name}") is None
     assert shard_owner(f"{folder.rpartition('/')[0]}/{name}") is None
+
+
+def test_a_prefix_ending_in_an_empty_segment_names_no_checkpoint_folder() -> None:
+    # "run/step_1//" would put shards where shard_owner maps them to "run/step_1/", not to
+    # the checkpoint saved: refused like the bucket's root.
+    layout = HashedPrefixes(16)
+    with pytest.raises(ConfigError, match="names no checkpoint folder"):
+        layout.key("run/step_1//", shard_name(0, 0, "0123abcd"))
+    assert shard_owner(layout.key("run/step_1/", shard_name(0, 0, "0123abcd"))) is not None
