@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
+from s3ckpt import HashedPrefixes, S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
 from tests._helpers import SMALL, list_keys, open_uploads
@@ -66,8 +66,8 @@ def _load_equal(url: str, sd: dict, endpoint: str) -> None:
 def _committed_keys(s3_client, bucket: str, prefix: str) -> set[str]:  # type: ignore[no-untyped-def]
     raw = s3_client.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read()
     m = Manifest.from_json(raw)
-    names = {o.name for o in m.objects} | {m.metadata_key, METADATA_NAME, MANIFEST_NAME}
-    return {prefix + n for n in names}
+    names = {m.metadata_key, METADATA_NAME, MANIFEST_NAME}
+    return {prefix + n for n in names} | {m.object_key(prefix, o.name) for o in m.objects}
 
 
 # (operation, key glob, conditional): every request type a save makes. An overwrite adds
@@ -115,4 +115,44 @@ def test_lost_reply_on_each_request_type_still_commits_cleanly(
     raw = s3_client.get_object(Bucket=bucket, Key="run/step_1/" + MANIFEST_NAME)["Body"].read()
     assert Manifest.from_json(raw).save_id == writer.save_id
     assert set(list_keys(s3_client, bucket)) == _committed_keys(s3_client, bucket, "run/step_1/")
+    assert open_uploads(s3_client, bucket) == []
+
+
+# A hashed-prefix save (data objects in the run's shard folder; the commit's existence check
+# lists the shard folders it used): the same guarantees, on the requests the layout moves.
+HASHED_CASES = [
+    ("CreateMultipartUpload", "*.shard", None, False),
+    ("UploadPart", "*.shard", None, False),
+    ("CompleteMultipartUpload", "*.shard", None, False),
+    ("ListObjectsV2", "*", None, False),  # a shard folder's listing before the marker
+    ("PutObject", "*/s3ckpt.json", True, True),  # the commit point of an overwrite
+    ("DeleteObjects", "*", None, True),  # the replaced save's shards
+]
+
+
+@pytest.mark.parametrize(("op", "glob", "conditional", "overwrite"), HASHED_CASES)
+def test_lost_reply_in_a_hashed_prefix_save_still_commits_cleanly(
+    proxy: FaultProxy,
+    moto_endpoint: str,
+    bucket: str,
+    s3_client,  # type: ignore[no-untyped-def]
+    op: str,
+    glob: str,
+    conditional: bool | None,
+    overwrite: bool,
+) -> None:
+    url = f"s3://{bucket}/run/step_1"
+    layout = HashedPrefixes(4)
+    if overwrite:
+        _save(url, _state(1), proxy, prefix_strategy=layout)
+    armed = proxy.arm(op, "lost_reply", key_glob=glob, conditional=conditional)
+    sd = _state(2)
+    writer = _save(url, sd, proxy, overwrite=overwrite, prefix_strategy=layout)
+    assert armed.hits == 1, f"no {op} {glob} request was made"
+    _load_equal(url, sd, moto_endpoint)
+    raw = s3_client.get_object(Bucket=bucket, Key="run/step_1/" + MANIFEST_NAME)["Body"].read()
+    assert Manifest.from_json(raw).save_id == writer.save_id
+    keys = set(list_keys(s3_client, bucket))
+    assert keys == _committed_keys(s3_client, bucket, "run/step_1/")
+    assert any(k.startswith("run/s3ckpt-shards/") for k in keys)
     assert open_uploads(s3_client, bucket) == []
