@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -32,17 +31,11 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.bench_dcp import _child_env, _sim_call  # noqa: E402
+from benchmarks.bench_dcp import _child_env, _free_port, _sim_call  # noqa: E402
 from benchmarks.scale_model import Scenario  # noqa: E402
 
 MiB = 1024 * 1024
 BUCKET = "scale-bench"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _phase_stats(endpoint: str) -> dict[str, Any]:
