@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= 2
 # slowest module first and --no-loadscope-reorder keeps that order.
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: install demo test test-terraform check-terraform check-wheel check-deploy docs lint typecheck unit integration bench clean
+.PHONY: install browser demo test test-terraform check-terraform check-wheel check-deploy docs lint typecheck unit integration bench clean
 
 # torch is pinned to 2.13.0 (the test extra and constraints.txt). From PyPI alone that is, on
 # Linux x86_64, the CUDA build (several GB with its nvidia-* wheels). For the CPU build, name
@@ -65,6 +65,15 @@ bg_start() {
       echo $$? >"$$tmp/bg$$i.rc" ) &
     bg_names+=("$$1") bg_pids+=($$!) bg_shown+=("")
 }
+bg_wait() {  # wait for the background phase named $$1 to finish
+    local i
+    for i in "$${!bg_names[@]}"; do
+        [[ "$${bg_names[$$i]}" == "$$1" ]] || continue
+        while [[ ! -f "$$tmp/bg$$i.rc" ]] && kill -0 "$${bg_pids[$$i]}" 2>/dev/null; do sleep 1; done
+        [[ -f "$$tmp/bg$$i.rc" ]] || echo 1 >"$$tmp/bg$$i.rc"
+    done
+    bg_status
+}
 bg_status() {  # show the background phases that finished; fail if one of them failed
     local i rc=0
     for i in "$${!bg_names[@]}"; do
@@ -78,9 +87,11 @@ bg_status() {  # show the background phases that finished; fail if one of them f
     return $$rc
 }
 bg_start check-terraform          # needs no project venv
+bg_start browser                  # Debian's Chromium for the report's browser tests
 rc=0
 for step in install lint typecheck check-wheel pytest; do
     if [[ "$$step" == pytest ]]; then
+        bg_wait browser || { rc=1; break; }
         phase pytest $(PY) -m pytest -q -m "not packaging" $(PYTEST_XDIST) --durations=25 || rc=1
     else
         phase "$$step" $(MAKE) --no-print-directory "$$step" || rc=1
@@ -109,6 +120,11 @@ export TEST_SCRIPT
 ## --durations: CI machines run this suite 10-25x slower than a quiet host; the log says where.
 test:
 	@bash -c "$$TEST_SCRIPT"
+
+## Debian's Chromium (/usr/bin/chromium), which tests/integration/test_report_s3.py drives
+## headless through Playwright: installed with apt-get when missing (as root; else it says how).
+browser:
+	bash scripts/install-browser.sh
 
 ## terraform/: fmt -check, validate, terraform test (mock provider) and checkov (in .venv-checkov,
 ## from requirements/checkov.txt). Prints SKIP and succeeds where there is no terraform binary.

@@ -12,7 +12,7 @@ allocate their destination tensors, wait at a barrier, load, wait at a barrier, 
 every tensor's CRC32C against the saver's. Reported per mode:
 
 * GETs: GetObject requests for data objects (and for everything: marker, ``.metadata``),
-  counted by a FaultProxy (tests/faultproxy.py, no faults) between the ranks and the
+  counted by a FaultProxy (s3ckpt.testing, no faults) between the ranks and the
   endpoint; ``--no-proxy`` skips it (no GET counts, no proxy overhead in the timings);
 * bytes from S3: the sum over ranks of ``reader.bytes_read`` (what the ranks asked the
   store for); received: the sum of ``reader.bytes_received`` (what came over the group);
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         del sd
         target = endpoint
         if not args.no_proxy:
-            from tests.faultproxy import FaultProxy
+            from s3ckpt.testing import FaultProxy
 
             proxy = FaultProxy(endpoint, fault_rate=0.0, hook=counter.hook)
             proxy.start()

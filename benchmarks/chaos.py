@@ -1,6 +1,6 @@
 """Chaos harness: attack s3ckpt the way production fails, and count what happens.
 
-Runs a moto S3 server in its own process, puts tests/faultproxy.py's FaultProxy (in this
+Runs a moto S3 server in its own process, puts s3ckpt.testing's FaultProxy (in this
 process) in front of it, and runs every saver/loader under attack in a child process
 (benchmarks/_chaos_worker.py) so a SIGKILL is real. After every trial the bucket is
 inspected directly (no proxy) and the invariants are checked:
@@ -445,7 +445,8 @@ class Harness:
     def __init__(self, seed: int, scale: float, quick: bool) -> None:
         import _chaos_state as state
         import torch
-        from faultproxy import OPERATIONS, FaultProxy  # noqa: F401  (fails early if missing)
+
+        from s3ckpt.testing import OPERATIONS, FaultProxy  # noqa: F401  (fails early if missing)
 
         torch.set_num_threads(1)
         self.state = state
@@ -773,7 +774,7 @@ class Harness:
     # -- class 1 -----------------------------------------------------------------------------
     def record(self, kind: str) -> None:
         """One unfaulted save through a recording proxy: the request sequence to attack."""
-        from faultproxy import FaultProxy
+        from s3ckpt.testing import FaultProxy
 
         b, _run, _planted = self.arena(kind)
         seq: list[tuple[str, str]] = []
@@ -810,7 +811,7 @@ class Harness:
         return pts
 
     def kill_trial(self, kind: str, point: dict[str, Any], name: str) -> Trial:
-        from faultproxy import FaultProxy
+        from s3ckpt.testing import FaultProxy
 
         t = Trial(1, name, {"saver": kind, **point})
         t0 = time.monotonic()
@@ -969,7 +970,7 @@ class Harness:
         fresh_save: bool = False,
     ) -> None:
         """A save then a load through a faulting proxy, gc through it, then the invariants."""
-        from faultproxy import FaultProxy
+        from s3ckpt.testing import FaultProxy
 
 
         b, run, planted = self.arena(kind)
@@ -1033,7 +1034,7 @@ class Harness:
         t.duration = time.monotonic() - t0
 
     def class2(self) -> None:
-        from faultproxy import OPERATIONS
+        from s3ckpt.testing import OPERATIONS
 
         ops = [o for o in OPERATIONS if o != "Other"]
         seqs = {k: Counter(op for op, _ in self.recordings.get(k, [])) for k in ("ckpt", "writer")}
@@ -1145,7 +1146,7 @@ class Harness:
 
     def black_hole(self) -> None:
         """Default TransferConfig against an endpoint that never answers."""
-        from faultproxy import FaultProxy
+        from s3ckpt.testing import FaultProxy
 
         t = Trial(
             3,
@@ -1190,9 +1191,8 @@ class Harness:
     def slow_save_trial(
         self, j: int, n: int, hold: float, grace_s: float, single: bool = False
     ) -> None:
-        from faultproxy import FaultProxy
-
         from s3ckpt.retention import KeepLast, gc, prune
+        from s3ckpt.testing import FaultProxy
 
         t = Trial(
             4,
@@ -1667,7 +1667,7 @@ class Harness:
 
     # -- class 7 -----------------------------------------------------------------------------
     def class7(self) -> None:
-        from faultproxy import FaultProxy
+        from s3ckpt.testing import FaultProxy
 
         j = 0
         for kind in ("ckpt",) if self.quick else ("ckpt", "writer"):

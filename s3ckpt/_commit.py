@@ -36,6 +36,7 @@ from s3ckpt.format import (
     Manifest,
     heartbeat_name,
 )
+from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -165,7 +166,7 @@ class Heartbeat:
         """Start beating in the background."""
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self._run, name=f"s3ckpt-heartbeat-{self._rank}", daemon=True
+                target=in_context(self._run), name=f"s3ckpt-heartbeat-{self._rank}", daemon=True
             )
             self._thread.start()
         return self

@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "s3ckpt._cli.demo",
     "s3ckpt._cli.retention",
     "s3ckpt._cli.tools",
+    "s3ckpt._cli.report",
 )
 
 

@@ -80,38 +80,21 @@ def _require_torch() -> None:
 
 
 @contextmanager
-def _embedded_s3() -> Iterator[str]:
+def _embedded_s3(bucket: str = DEMO_BUCKET) -> Iterator[str]:
+    """s3ckpt.testing's embedded server (moto) with ``bucket`` on it, and the environment
+    pointed at it meanwhile; yields its endpoint."""
     try:
-        from moto.server import ThreadedMotoServer
+        import moto.server  # noqa: F401  (the server's dependency, checked for our message)
     except ImportError:
         _fail(
             f"the embedded S3 server needs moto, which is not installed: {_INSTALL} "
             "(or set S3CKPT_DEMO_URL=s3://bucket/prefix to use a real bucket)",
             _EXIT_USAGE,
         )
-    import logging
+    from s3ckpt.testing import local_s3 as embedded
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    saved = {
-        k: os.environ.get(k)
-        for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-    }
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "demo")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "demo")
-    try:
-        yield endpoint
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with embedded(bucket) as s3:
+        yield s3.endpoint_url
 
 
 def _model(width: int, depth: int):  # type: ignore[no-untyped-def]
@@ -490,8 +473,7 @@ def local_s3(bucket: str = DEMO_BUCKET) -> Iterator[str]:
         _prepare(f"s3://{bucket}/", create_bucket=True)
         yield f"s3://{bucket}"
         return
-    with _embedded_s3():
-        _create_bucket(bucket)
+    with _embedded_s3(bucket):
         yield f"s3://{bucket}"
 
 

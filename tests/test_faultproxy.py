@@ -1,4 +1,4 @@
-"""Tests for the fault-injecting reverse proxy in ``tests/faultproxy.py``.
+"""Tests for the fault-injecting reverse proxy, :class:`s3ckpt.testing.FaultProxy`.
 
 Two upstreams are used: a real moto S3 server (``ThreadedMotoServer``)
 driven through boto3, and a tiny stdlib HTTP/1.1 echo server for the
@@ -30,8 +30,7 @@ import urllib3.exceptions
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from tests._http import serve
-from tests.faultproxy import (
+from s3ckpt.testing._faultproxy import (
     _IO_TIMEOUT,
     ALL_FAULT_KINDS,
     FAULT_KINDS,
@@ -39,6 +38,7 @@ from tests.faultproxy import (
     FaultProxy,
     classify,
 )
+from tests._http import serve
 
 pytestmark = pytest.mark.integration
 

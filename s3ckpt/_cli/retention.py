@@ -5,6 +5,11 @@ unless ``--dry-run`` is given, and refuses what could lose a checkpoint. Exit co
 of :mod:`s3ckpt._cli`: 0 done, 1 some deletes failed, 2 bad input (or a refused ``rm``), 3
 store error, 4 a run's lease is held by another pruner (the other runs were still pruned).
 
+``prune`` and ``gc`` take ``--metrics-file PATH``: the invocation's metrics for node_exporter's
+textfile collector (:func:`s3ckpt.metrics.write_textfile`), written atomically once the store
+is open, even when the run fails (``s3ckpt_prune_success 0``); a usage error before any
+request writes nothing.
+
 PATH and CKPT are ``s3://`` URLs, other fsspec URLs or local paths. On a terminal, ``ls``,
 ``prune`` and ``gc`` count the objects they list, read and delete on stderr as they go
 (:class:`_Counted` wraps the store); ``--json`` and ``--no-progress`` turn that off.
@@ -16,9 +21,10 @@ import argparse
 import math
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from s3ckpt._cli import (
     EXIT_BUSY,
@@ -41,6 +47,7 @@ from s3ckpt._time import aware_now, parse_iso
 from s3ckpt._units import format_bytes
 from s3ckpt.errors import ConfigError, LeaseHeldError, S3CkptError
 from s3ckpt.format import compile_step_pattern
+from s3ckpt.metrics import OperationMetrics, RunMetrics, capture, totals, write_textfile
 from s3ckpt.retention import (
     DEFAULT_GC_AGE,
     DEFAULT_GRACE,
@@ -94,6 +101,17 @@ def _add_step_pattern(p: argparse.ArgumentParser, note: str = "") -> None:
         default=None,
         metavar="REGEX",
         help=STEP_PATTERN_HELP + note,
+    )
+
+
+def _add_metrics_file(p: argparse.ArgumentParser, command: str) -> None:
+    p.add_argument(
+        "--metrics-file",
+        default=None,
+        metavar="PATH",
+        help=f"write this {command}'s metrics in the Prometheus text format to PATH, atomically "
+        "(for node_exporter's textfile collector, e.g. "
+        f"/var/lib/node_exporter/textfile/s3ckpt-{command}.prom), also when it fails",
     )
 
 
@@ -199,6 +217,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         help="plan as of this ISO time (what-if dry runs; default: now)",
     )
     _add_step_pattern(p, " (default: the policy file's step_pattern)")
+    _add_metrics_file(p, "prune")
     p.set_defaults(func=_prune)
 
     p = sub.add_parser(
@@ -241,6 +260,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--apply", action="store_true", help="abort and delete (default: dry run)")
     add_output_options(p)
     p.add_argument("--lease-ttl", type=_duration, default=DEFAULT_LEASE_TTL, help=argparse.SUPPRESS)
+    _add_metrics_file(p, "gc")
     p.set_defaults(func=_gc)
 
     p = sub.add_parser(
@@ -518,13 +538,83 @@ def _print_prune(result: PruneResult) -> None:
     _print_failures(result.failures)
 
 
+class _MetricsFile:
+    """``--metrics-file``: what one ``prune`` or ``gc`` invocation did, gathered as it goes
+    and written once at the end (success or not)."""
+
+    def __init__(self, path: str, command: Literal["prune", "gc"], dry_run: bool) -> None:
+        self.path = path
+        self.command: Literal["prune", "gc"] = command
+        self.dry_run = dry_run
+        self.runs: list[RunMetrics] = []
+        self.success = False
+        self._before = totals()
+        self._t0 = time.monotonic()
+
+    def write(self) -> None:
+        after = totals()
+        write_textfile(
+            self.path,
+            self.command,
+            self.runs,
+            success=self.success,
+            finished_at=time.time(),
+            duration_s=time.monotonic() - self._t0,
+            requests=after.requests - self._before.requests,
+            retries=after.retries - self._before.retries,
+            throttled=after.throttled - self._before.throttled,
+            dry_run=self.dry_run,
+        )
+
+
+def _run_metrics(result: PruneResult, event: OperationMetrics | None) -> RunMetrics:
+    """A pruned run's values for the metrics file: its checkpoints as the prune left them."""
+    gone = set(result.deleted)
+    counts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    committed: list[tuple[datetime, CheckpointInfo]] = []
+    for d in result.plan.decisions:
+        c = d.checkpoint
+        if c.name in gone:
+            continue
+        counts[c.state.value] = counts.get(c.state.value, 0) + 1
+        sizes[c.state.value] = sizes.get(c.state.value, 0) + c.size
+        if c.state.value == "committed" and c.committed_at is not None:
+            committed.append((c.committed_at, c))
+    newest = max(committed, key=lambda t: t[0])[1] if committed else None
+    return RunMetrics(
+        run=str(result.run),
+        checkpoints=counts,
+        bytes=sizes,
+        latest_committed_at=None if newest is None else _epoch(newest.committed_at),
+        latest_committed_step=None if newest is None else newest.step,
+        deleted=len(result.deleted),
+        bytes_freed=event.bytes_freed if event is not None else 0,
+        failures=len(result.failures),
+    )
+
+
+def _epoch(t: datetime | None) -> float | None:
+    return None if t is None else t.timestamp()
+
+
 def _prune(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)  # bad file -> PolicyError -> exit 2, before any request
     store, root, counter = _open_counted(args, args.path, "prune")
+    report = (
+        _MetricsFile(args.metrics_file, "prune", dry_run=not args.apply)
+        if args.metrics_file
+        else None
+    )
     try:
-        return _prune_runs(args, policy, store, root, counter)
+        code = _prune_runs(args, policy, store, root, counter, report)
+        if report is not None:
+            report.success = code == EXIT_OK
+        return code
     finally:
         counter.close()
+        if report is not None:
+            report.write()
 
 
 def _prune_runs(
@@ -533,6 +623,7 @@ def _prune_runs(
     store: ObjectStore,
     root: StoreURL,
     counter: ProgressCounter,
+    report: _MetricsFile | None = None,
 ) -> int:
     now = aware_now(args.now)
     runs = list_runs(store, root, grace=args.grace, now=now)
@@ -542,27 +633,33 @@ def _prune_runs(
         print(f"no runs under {root}")
     for i, run in enumerate(runs):
         try:
-            result = prune(
-                store,
-                run,
-                policy,
-                apply=args.apply,
-                now=now,
-                max_delete=args.max_delete,
-                grace=args.grace,
-                lease_ttl=args.lease_ttl,
-                include_foreign=args.include_foreign,
-                step_pattern=args.step_pattern,
-            )
+            with capture() as events:
+                result = prune(
+                    store,
+                    run,
+                    policy,
+                    apply=args.apply,
+                    now=now,
+                    max_delete=args.max_delete,
+                    grace=args.grace,
+                    lease_ttl=args.lease_ttl,
+                    include_foreign=args.include_foreign,
+                    step_pattern=args.step_pattern,
+                )
         except LeaseHeldError as exc:
             if code == EXIT_OK:
                 code = EXIT_BUSY
+            if report is not None:
+                report.runs.append(RunMetrics(run=str(run), lease_busy=1))
             docs.append({"run": str(run), "busy": str(exc)})
             if not args.json:
                 counter.clear()
                 print(f"{run}  skipped: {exc}", file=sys.stderr)
             continue
         counter.add(f"of {len(runs)} runs done")
+        if report is not None:
+            mine = [e for e in events if e.kind == "prune" and e.url == str(run)]
+            report.runs.append(_run_metrics(result, mine[-1] if mine else None))
         if not result.ok:
             code = EXIT_PARTIAL
         docs.append(result.to_dict())
@@ -660,18 +757,37 @@ def _print_gc(r: GcResult) -> None:
 
 def _gc(args: argparse.Namespace) -> int:
     store, root, counter = _open_counted(args, args.path, "gc")
+    report = _MetricsFile(args.metrics_file, "gc", not args.apply) if args.metrics_file else None
     try:
-        result = gc(
-            store,
-            root,
-            older_than=args.older_than,
-            grace=args.grace,
-            apply=args.apply,
-            lease_ttl=args.lease_ttl,
-        )
+        with capture() as events:
+            result = gc(
+                store,
+                root,
+                older_than=args.older_than,
+                grace=args.grace,
+                apply=args.apply,
+                lease_ttl=args.lease_ttl,
+            )
+    except BaseException:
+        if report is not None:
+            report.write()  # failed: success 0, no per-prefix values
+        raise
     finally:
         counter.close()
     code = EXIT_PARTIAL if result.failures else EXIT_BUSY if result.busy_runs else EXIT_OK
+    if report is not None:
+        mine = [e for e in events if e.kind == "gc" and e.url == str(root)]
+        report.runs.append(
+            RunMetrics(
+                run=str(root),
+                deleted=len(result.removed) + len(result.resumed),
+                bytes_freed=mine[-1].bytes_freed if mine else 0,
+                lease_busy=len(result.busy_runs),
+                failures=len(result.failures),
+            )
+        )
+        report.success = code == EXIT_OK
+        report.write()
     if args.json:
         _dump({**result.to_dict(), "exit_code": code})
     else:

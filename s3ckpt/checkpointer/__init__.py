@@ -48,6 +48,13 @@ Requests: the Checkpointer, the writers and readers it makes and any other
 client. A save reads ``s3ckpt.json`` once to fail fast (construction of its writer) and
 once in its commit; a load reads the ``latest`` pointer once (a GET), checks the marker it
 names (a HEAD) and reads ``s3ckpt.json`` and ``.metadata`` once each.
+
+Metrics (:mod:`s3ckpt.metrics`): every save, async save and load publishes one event on
+every rank when it ends: a save when it commits or fails (with ``blocked_s``, the time the
+training loop was held), a load when the state is restored or the load failed. Each counts
+the requests made for it on any thread (writer, reader, upload pool, the ``latest``
+pointer), and the bytes this rank wrote or read. Retention after a commit publishes its
+own ``"prune"`` event.
 """
 
 from __future__ import annotations
@@ -85,6 +92,7 @@ from s3ckpt.errors import (
     PreconditionFailedError,
     S3CkptError,
     TransientStoreError,
+    find_s3ckpt_error,
 )
 from s3ckpt.format import (
     LATEST_NAME,
@@ -95,6 +103,7 @@ from s3ckpt.format import (
     check_prefix_strategy,
     checkpoint_name,
 )
+from s3ckpt.metrics import instrument
 from s3ckpt.retention import DEFAULT_GRACE
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
@@ -222,11 +231,18 @@ class Checkpointer:
         """Save synchronously; returns a done :class:`SaveHandle` (raises on failure)."""
         self._check_open()
         t0 = time.perf_counter()  # waiting for the previous save blocks training too
+        recorder = self._recorder("save", step)
         self._saves.settle(self.on_busy)
         handle = SaveHandle(step=step, url=str(self._step_url(step)))
-        sd = collect_state_dict(model, optimizer, train_state)
-        writer = self._writer(step, metrics)
-        self._saves.save(handle, sd, writer, self._pg, t0, after_commit=self._latest.write)
+        try:
+            with instrument.bound(recorder):
+                sd = collect_state_dict(model, optimizer, train_state)
+                writer = self._writer(step, metrics)
+                self._saves.save(handle, sd, writer, self._pg, t0, after_commit=self._latest.write)
+        except BaseException as exc:
+            recorder.finish(exc, blocked_s=time.perf_counter() - t0)
+            raise
+        recorder.finish(blocked_s=handle.blocked_seconds)
         self._schedule_retention(step)
         return handle
 
@@ -245,12 +261,18 @@ class Checkpointer:
         """
         self._check_open()
         t0 = time.perf_counter()  # waiting for the previous save blocks training too
+        recorder = self._recorder("save", step)
         self._saves.settle(self.on_busy)
         handle = SaveHandle(step=step, url=str(self._step_url(step)))
-        sd = collect_state_dict(model, optimizer, train_state)
-        # Constructing the writer checks the location now (CheckpointExistsError, a missing
-        # bucket, bad credentials) so those raise here, not later on the handle.
-        writer = self._writer(step, metrics)
+        try:
+            with instrument.bound(recorder):
+                sd = collect_state_dict(model, optimizer, train_state)
+                # Constructing the writer checks the location now (CheckpointExistsError, a
+                # missing bucket, bad credentials) so those raise here, not on the handle.
+                writer = self._writer(step, metrics)
+        except BaseException as exc:
+            recorder.finish(exc, blocked_s=time.perf_counter() - t0)
+            raise
         self._saves.start(
             handle,
             sd,
@@ -259,6 +281,7 @@ class Checkpointer:
             t0,
             after_commit=self._latest.write,
             on_committed=functools.partial(self._schedule_retention, step),
+            recorder=recorder,
         )
         return handle
 
@@ -304,11 +327,45 @@ class Checkpointer:
                 digs it out).
         """
         self._check_open()
+        recorder = self._recorder("load", step if isinstance(step, int) else None)
         self._saves.settle(self.on_busy)
+        try:
+            with instrument.bound(recorder):
+                resolved = self._load(
+                    recorder,
+                    model,
+                    optimizer,
+                    train_state,
+                    step,
+                    verify_complete=verify_complete,
+                    safe_globals=safe_globals,
+                    allow_unsafe_pickle=allow_unsafe_pickle,
+                    fan_out=fan_out,
+                )
+        except BaseException as exc:
+            recorder.finish(find_s3ckpt_error(exc) or exc)
+            raise
+        recorder.finish(step=resolved)
+        return resolved
+
+    def _load(
+        self,
+        recorder: instrument.Recorder,
+        model: torch.nn.Module | list[torch.nn.Module],
+        optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None,
+        train_state: Any | None,
+        step: int | Literal["latest"],
+        *,
+        verify_complete: bool,
+        safe_globals: Sequence[SafeGlobal],
+        allow_unsafe_pickle: bool,
+        fan_out: bool,
+    ) -> int | None:
         resolved = self._latest.resolve(step, self.retention_grace)
         if resolved is None:
             return None
         url = self._step_url(resolved)
+        recorder.url, recorder.step = str(url), resolved
         sd = collect_state_dict(model, optimizer, train_state)
         reader = S3StorageReader(
             url,
@@ -419,6 +476,11 @@ class Checkpointer:
 
     def _step_url(self, step: int) -> StoreURL:
         return self.url.child(checkpoint_name(step))
+
+    def _recorder(self, kind: Literal["save", "load"], step: int | None) -> instrument.Recorder:
+        """A save's or load's metrics (published by the caller, or the upload thread)."""
+        url = self._step_url(step) if step is not None else self.url
+        return instrument.Recorder(kind, str(url), step=step, rank=self._ranks.rank)
 
     def _writer(self, step: int, metrics: Mapping[str, float] | None) -> S3StorageWriter:
         return S3StorageWriter(

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from s3ckpt.dcp.writer import S3StorageWriter
 from s3ckpt.errors import CheckpointError, SaveInProgressError, find_s3ckpt_error
+from s3ckpt.metrics import instrument
 
 __all__ = ["SaveHandle", "SaveQueue", "save_error"]
 
@@ -178,11 +179,14 @@ class SaveQueue:
         t0: float,
         after_commit: Callable[[int], None],
         on_committed: Callable[[], None],
+        recorder: instrument.Recorder | None = None,
     ) -> None:
         """Start staging ``sd`` and queue its upload; return at once.
 
         ``after_commit(step)`` runs on the upload thread once the checkpoint is committed,
         before ``handle.committed`` resolves; ``on_committed()`` runs after it resolves.
+        The upload runs with ``recorder`` current, and publishes its event (with the time
+        training was blocked) before ``handle.committed`` resolves.
         """
         staging = self._stager.stage(sd)
         assert isinstance(staging, Future)
@@ -204,7 +208,15 @@ class SaveQueue:
         with self._lock:
             self._inflight = handle
         self._uploads.submit(
-            self._upload, handle, staging, writer, process_group, t0, after_commit, on_committed
+            self._upload,
+            handle,
+            staging,
+            writer,
+            process_group,
+            t0,
+            after_commit,
+            on_committed,
+            recorder,
         )
         handle.call_seconds = time.perf_counter() - t0
 
@@ -222,15 +234,20 @@ class SaveQueue:
         t0: float,
         after_commit: Callable[[int], None],
         on_committed: Callable[[], None],
+        recorder: instrument.Recorder | None,
     ) -> None:
         try:
             staged_sd = staging.result()
             try:
-                dcp.save(staged_sd, storage_writer=writer, process_group=process_group)
+                with instrument.bound(recorder):
+                    dcp.save(staged_sd, storage_writer=writer, process_group=process_group)
             except BaseException as exc:
                 raise save_error(exc, handle.step, handle.url) from exc
-            after_commit(handle.step)
+            with instrument.bound(recorder):
+                after_commit(handle.step)
         except BaseException as exc:
+            if recorder is not None:
+                recorder.finish(exc, blocked_s=_blocked(handle))
             with self._lock:
                 self._failed = (handle.step, exc)
             if not handle.staged.done():
@@ -248,8 +265,17 @@ class SaveQueue:
             handle.commit_seconds,
             handle.blocked_seconds or 0.0,
         )
+        if recorder is not None:
+            recorder.finish(blocked_s=_blocked(handle))
         handle.committed.set_result(None)
         on_committed()
+
+
+def _blocked(handle: SaveHandle) -> float | None:
+    """``handle.blocked_seconds``, once the staging callback that sets it has run (it may
+    still be running when the upload thread gets the staged state)."""
+    wait([handle.staged], timeout=5.0)
+    return handle.blocked_seconds
 
 
 def _wait_for(committed: Future[None]) -> None:

@@ -69,6 +69,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from s3ckpt import _crc
 from s3ckpt.config import MiB
 from s3ckpt.errors import CheckpointError, ConfigError, S3CkptError
+from s3ckpt.metrics.instrument import in_context
 from s3ckpt.transfer import RangeWalk, SpanReader
 from s3ckpt.transfer import Span as WalkSpan
 
@@ -337,7 +338,7 @@ class _Exchange:
     def _want(self, piece: int) -> None:
         """Start reading ``piece`` (owned by this rank) in the prefetch thread."""
         if piece < self.table.pieces:
-            self._own[piece] = self._prefetch.submit(self._read_piece, piece)
+            self._own[piece] = self._prefetch.submit(in_context(self._read_piece), piece)
 
     def close(self) -> None:
         for fut in self._own.values():
@@ -552,7 +553,7 @@ class FanOutRead:
                             rest.setdefault(name, {})[(offset, length)] = span
                 if rest:
                     direct = threading.Thread(
-                        target=self._direct, args=(rest,), name="s3ckpt-fanout-direct"
+                        target=in_context(self._direct), args=(rest,), name="s3ckpt-fanout-direct"
                     )
                     direct.start()
             except Exception as exc:
@@ -573,7 +574,7 @@ class FanOutRead:
                 direct.join()
             stream.close()
             self.bytes_received = stream.bytes_received
-            reader.bytes_read += self._bytes_read
+            reader._count(self._bytes_read)
             reader.bytes_received += stream.bytes_received
         if not aborted:
             aborted = stream.final_check()

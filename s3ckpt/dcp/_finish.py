@@ -47,8 +47,9 @@ from s3ckpt.format import (
     object_key,
     save_tag,
 )
+from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store import ObjectStore
-from s3ckpt.store.base import DeleteFailure, DeleteFailures
+from s3ckpt.store.base import DeleteFailure, DeleteFailures, ObjectInfo
 from s3ckpt.transfer import format_leftovers
 from s3ckpt.uri import StoreURL
 
@@ -203,6 +204,10 @@ class SaveCommit:
                 rank=self.rank,
             )
 
+    def _listing(self, folder: str) -> list[ObjectInfo]:
+        """One folder's listing (a task of the listing pool)."""
+        return list(self.store.list(folder))
+
     def _hashed_sizes(
         self, layout: HashedPrefixes, manifest: Manifest, meta_key: str
     ) -> dict[str, int]:
@@ -218,8 +223,8 @@ class SaveCommit:
         folders = sorted({layout.folder(prefix, o.name) for o in manifest.objects})
         sizes: dict[str, int] = {}
         with ThreadPoolExecutor(max(1, min(_LIST_WORKERS, len(folders)))) as pool:
-            meta = pool.submit(self.store.head, meta_key)
-            for listing in pool.map(lambda f: list(self.store.list(f)), folders):
+            meta = pool.submit(in_context(self.store.head), meta_key)
+            for listing in pool.map(in_context(self._listing), folders):
                 sizes.update((o.key, o.size) for o in listing)
             info = meta.result()
         if info is not None:

@@ -21,6 +21,13 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
 5. ``finish`` (coordinator): the commit (:class:`~s3ckpt.dcp._finish.SaveCommit`); see
    :meth:`S3StorageWriter.finish` and "The commit protocol" in docs/dcp.md.
 
+Metrics (:mod:`s3ckpt.metrics`): a save made inside a Checkpointer's save counts for the
+Checkpointer's event. Otherwise the writer publishes a ``"save"`` event of its own: on the
+coordinator when ``finish`` ends (committed or failed), on other ranks when ``write_data``
+ends (their part is uploaded; DCP does not tell them about the commit), and on a failure at
+construction. The requests of every step count, on torch's threads too: the writer binds
+its recorder in each method.
+
 Every name a save writes carries its tag (``s3ckpt.format``): data objects
 ``__{rank}_{i}.{tag}.distcp`` (with ``prefix_strategy=HashedPrefixes(...)``,
 ``__{rank}_{i}.{tag}.shard`` in the run's shard folder ``{run}/s3ckpt-shards/{h}/{ckpt}/``),
@@ -74,6 +81,7 @@ from s3ckpt.format import (
     save_tag,
     shard_name,
 )
+from s3ckpt.metrics import instrument
 from s3ckpt.store import ObjectStore
 from s3ckpt.transfer import Uploader, format_leftovers, pack
 from s3ckpt.uri import StoreURL
@@ -195,6 +203,10 @@ class S3StorageWriter(StorageWriter):
         self.rank = 0
         self.is_coordinator = True
         self.last_manifest: Manifest | None = None
+        self.bytes_written = 0
+        """Bytes of data objects this rank uploaded in the last save."""
+        self._metrics: instrument.Recorder | None = None
+        self._owns_metrics = False
         # The marker was read for the next save already (at construction or a reset to a
         # new location), so planning it need not read it again.
         self._marker_checked = False
@@ -212,9 +224,40 @@ class S3StorageWriter(StorageWriter):
         self.checkpoint_id = str(self.url)
         self.save_id = uuid.uuid4().hex
         self._marker_checked = False
+        self._begin_metrics()
         if not self.overwrite:
-            self._refuse_if_committed()
+            try:
+                with instrument.bound(self._metrics):
+                    self._refuse_if_committed()
+            except BaseException as exc:
+                self._end_metrics(exc)
+                raise
             self._marker_checked = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its metrics recorder (a lock, and this process's subscribers):
+        in the process that unpickles it (DCP's process executor) it starts its own."""
+        state = self.__dict__.copy()
+        state["_metrics"], state["_owns_metrics"] = None, False
+        return state
+
+    def _begin_metrics(self) -> None:
+        """Join the Checkpointer's save in this context, or keep (or start) our own."""
+        outer = instrument.current()
+        if outer is not None and outer.kind == "save":
+            self._metrics, self._owns_metrics = outer, False
+        elif not self._owns_metrics or self._metrics is None or self._metrics.finished:
+            self._metrics = instrument.Recorder(
+                "save", str(self.url), step=self.step, rank=self.rank
+            )
+            self._owns_metrics = True
+        else:
+            self._metrics.url = str(self.url)
+
+    def _end_metrics(self, error: BaseException | None = None) -> None:
+        """Publish our own save's event (not the Checkpointer's: it publishes its own)."""
+        if self._owns_metrics and self._metrics is not None:
+            self._metrics.finish(error, rank=self.rank)
 
     def _refuse_if_committed(self) -> None:
         if _exists(self.store, self.url.key(MANIFEST_NAME)):
@@ -237,6 +280,7 @@ class S3StorageWriter(StorageWriter):
             self._point(checkpoint_id)
         else:
             self.save_id = uuid.uuid4().hex
+            self._begin_metrics()
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str] | StoreURL) -> bool:
@@ -266,11 +310,16 @@ class S3StorageWriter(StorageWriter):
         """Check the prefix is free (or overwrite is on; not again when construction or
         a reset just did), beat once (the save is alive before its first byte), and give
         every rank its tag."""
-        if not self.overwrite and not self._marker_checked:
-            self._refuse_if_committed()
-        self._marker_checked = False  # used by this save: the next one checks again
-        tag = save_tag(self.save_id)
-        self._beat()
+        try:
+            with instrument.bound(self._metrics):
+                if not self.overwrite and not self._marker_checked:
+                    self._refuse_if_committed()
+                self._marker_checked = False  # used by this save: the next one checks again
+                tag = save_tag(self.save_id)
+                self._beat()
+        except BaseException as exc:
+            self._end_metrics(exc)
+            raise
         return [
             dataclasses.replace(
                 plan, storage_data=_RankPlan(rank=i, tag=tag, layout=self.prefix_strategy)
@@ -281,6 +330,17 @@ class S3StorageWriter(StorageWriter):
     # -- data -------------------------------------------------------------------------------
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Stream this rank's items as a few multipart objects; see the module docs."""
+        try:
+            with instrument.bound(self._metrics):
+                fut = self._write_data(plan, planner)
+        except BaseException as exc:
+            self._end_metrics(exc)
+            raise
+        if not self.is_coordinator:
+            self._end_metrics()  # this rank's part is done; finish runs on the coordinator
+        return fut
+
+    def _write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         rank_plan: _RankPlan = plan.storage_data
         tc = self.transfer_config
         sizes = [self._estimate(item) for item in plan.items]
@@ -328,6 +388,9 @@ class S3StorageWriter(StorageWriter):
             raise
         finally:
             heartbeat.stop()
+            self.bytes_written = uploader.bytes_uploaded
+            if self._metrics is not None:
+                self._metrics.add_bytes(uploader.bytes_uploaded)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -405,10 +468,15 @@ class S3StorageWriter(StorageWriter):
             layout=self.prefix_strategy,
         )
         try:
-            commit.run(metadata, results, self.storage_meta())
+            with instrument.bound(self._metrics):
+                commit.run(metadata, results, self.storage_meta())
+        except BaseException as exc:
+            self._end_metrics(exc)
+            raise
         finally:
             if commit.manifest is not None:
                 self.last_manifest = commit.manifest
+        self._end_metrics()
 
     def _beat(self) -> None:
         Heartbeat(self.store, self.url, save_tag(self.save_id), self.rank, self.step).beat()

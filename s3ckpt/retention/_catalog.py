@@ -36,10 +36,20 @@ from s3ckpt._time import iso_z
 from s3ckpt.store.base import UploadInfo
 from s3ckpt.uri import StoreURL
 
-__all__ = ["READ_WORKERS", "CheckpointInfo", "CheckpointState", "RunCatalog"]
+__all__ = [
+    "DEFAULT_STORAGE_CLASS",
+    "READ_WORKERS",
+    "CheckpointInfo",
+    "CheckpointState",
+    "RunCatalog",
+]
 
 READ_WORKERS = 16
 """GETs of commit markers, pins and heartbeats sent in parallel while cataloguing."""
+
+DEFAULT_STORAGE_CLASS = "STANDARD"
+"""The class an object counts in when its listing names none (S3 omits it for some
+objects; file and memory stores have no classes)."""
 
 
 class CheckpointState(str, enum.Enum):
@@ -88,6 +98,9 @@ class CheckpointInfo:
         committed_keys: Keys the marker commits (the marker, its metadata, its objects).
         metadata_stale: Committed with a per-save metadata, and the plain ``.metadata`` (the
             copy for stock DCP readers) is missing, of the wrong size or older than the marker.
+        bytes_by_class: ``size`` split by S3 storage class (``{"STANDARD": ..., "GLACIER":
+            ...}``; an object whose listing names no class counts as ``STANDARD``). Its
+            values add up to ``size``; empty for records built without a listing.
     """
 
     url: StoreURL
@@ -107,6 +120,7 @@ class CheckpointInfo:
     uploads: tuple[UploadInfo, ...] = field(default=(), repr=False, compare=False)
     committed_keys: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     metadata_stale: bool = False
+    bytes_by_class: Mapping[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def is_committed(self) -> bool:
@@ -149,6 +163,7 @@ class CheckpointInfo:
             "live_saves": self.live_saves,
             "overwrite_in_progress": self.overwrite_in_progress,
             "open_uploads": len(self.uploads),
+            "bytes_by_class": dict(self.bytes_by_class),
         }
 
 

@@ -17,6 +17,7 @@ from s3ckpt._commit import restore_stock_metadata
 from s3ckpt._time import aware_now
 from s3ckpt.errors import LeaseHeldError, S3CkptError
 from s3ckpt.format import METADATA_NAME
+from s3ckpt.metrics import instrument
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._delete import _Deleter, leftover_keys, leftover_uploads
 from s3ckpt.retention._intent import finish_previous, pending_intent
@@ -127,12 +128,47 @@ def gc(
         grace: A save is live while any object, heartbeat or upload of its tag is younger
             than this; raised to ``MIN_GRACE_SECONDS`` (60 s) when shorter, with a note.
 
+    Publishes one ``"gc"`` event (:mod:`s3ckpt.metrics`): saves removed, bytes freed,
+    lease waits and busy runs, requests.
+
     Request cost: one scan of ``root`` (see :func:`~s3ckpt.retention.scan`) and one GET per
     run holding a lease; with ``apply``, per run with work a lease, a re-listing,
     ``ceil(keys / batch_size)`` DeleteObjects requests, one AbortMultipartUpload per upload
     and a GET + PUT (plus the marker's GET) per restored ``.metadata``.
     """
     check_batch_size(batch_size)
+    with instrument.operation("gc", str(root)) as recorder:
+        result = _gc(
+            recorder,
+            store,
+            root,
+            older_than=older_than,
+            grace=grace,
+            apply=apply,
+            now=now,
+            lease_ttl=lease_ttl,
+            batch_size=batch_size,
+            retries=retries,
+            sleep=sleep,
+        )
+    return result
+
+
+def _gc(
+    recorder: instrument.Recorder,
+    store: ObjectStore,
+    root: StoreURL,
+    *,
+    older_than: timedelta,
+    grace: timedelta,
+    apply: bool,
+    now: datetime | None,
+    lease_ttl: timedelta,
+    batch_size: int,
+    retries: int,
+    sleep: Callable[[float], None],
+) -> GcResult:
+    """:func:`gc`'s work; finishes ``recorder`` with what was removed."""
     now = aware_now(now)
     grace, notes = effective_grace(grace)
     cutoff = (now - older_than).timestamp()
@@ -141,6 +177,7 @@ def gc(
     intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in catalogs}
     pending = tuple(str(cat.run.child(n)) for cat in catalogs for n in intents[cat.run.prefix])
     if not apply:
+        recorder.finish(dry_run=True)
         return GcResult(
             root=root,
             applied=False,
@@ -159,16 +196,20 @@ def gc(
     restored: list[str] = []
     resumed: list[str] = []
     leftovers_deleted = 0
+    lease_wait = 0.0
     for cat in catalogs:
         mine = _survey(cat.checkpoints, cutoff)
         if mine.empty and not intents[cat.run.prefix]:
             continue
+        waited = time.monotonic()
         try:
             lease = Lease(store, cat.run, ttl=lease_ttl, operation="gc").acquire()
         except LeaseHeldError:
+            lease_wait += time.monotonic() - waited
             busy.append(str(cat.run))
             skipped.extend(str(c.url) for c in mine.abandoned)
             continue
+        lease_wait += time.monotonic() - waited
         deleter.lease = lease
         intent: list[str] = list(lease.previous.deleting) if lease.previous else []
         try:
@@ -202,6 +243,15 @@ def gc(
             lease.release(intent)  # keep the intent log: the next pruner finishes it
             raise
         lease.release(intent)
+    gone = set(removed)
+    recorder.finish(
+        "DeleteFailures" if deleter.failures else None,
+        ok=not deleter.failures and not busy,
+        deleted=len(removed) + len(resumed),
+        bytes_freed=sum(c.size for c in found.abandoned if str(c.url) in gone),
+        lease_wait_s=lease_wait,
+        lease_busy=len(busy),
+    )
     return GcResult(
         root=root,
         applied=True,

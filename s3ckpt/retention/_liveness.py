@@ -18,6 +18,7 @@ from typing import TypeVar
 from s3ckpt._commit import writer_gone
 from s3ckpt.errors import StoreError
 from s3ckpt.format import MIN_GRACE_SECONDS
+from s3ckpt.metrics.instrument import in_context
 from s3ckpt.retention._catalog import READ_WORKERS
 from s3ckpt.retention._duration import format_duration
 from s3ckpt.store.base import ObjectStore
@@ -68,14 +69,14 @@ def dead_saves(store: ObjectStore, heartbeats: Mapping[K, Sequence[str]]) -> set
     if not todo:
         return set()
 
-    def gone(key: str) -> bool:
+    def gone(item: tuple[str, str]) -> bool:
         try:
-            return writer_gone(store.get(key))
+            return writer_gone(store.get(item[1]))
         except StoreError:
             return False  # vanished (its save committed) or unreadable: proves nothing
 
     with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-        verdicts = pool.map(lambda t: gone(t[1]), todo)
+        verdicts = pool.map(in_context(gone), todo)
         return {save for (save, _), dead in zip(todo, verdicts, strict=True) if dead}
 
 

@@ -26,6 +26,9 @@ Before step 1 the names of the checkpoints to delete are written into the run's 
 lease that expires (or is stale at once on the same host); whoever takes it over next —
 ``prune`` or ``gc`` — finishes the recorded deletions first. So re-running converges to
 the plan, and a kept checkpoint is never touched: its keys are never in any delete request.
+
+Every call publishes one ``"prune"`` event (:mod:`s3ckpt.metrics`): checkpoints deleted,
+bytes freed, the time taken to get the lease, whether it was busy, and the requests made.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from s3ckpt._time import aware_now
-from s3ckpt.errors import ConfigError
+from s3ckpt.errors import ConfigError, LeaseHeldError
 from s3ckpt.format import compile_step_pattern
+from s3ckpt.metrics import instrument
 from s3ckpt.retention._delete import ProgressCallback, _Deleter
 from s3ckpt.retention._intent import finish_previous
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
@@ -126,14 +130,68 @@ def prune(
             on_progress(event, details)
 
     if not apply:
-        catalog = list_checkpoints(store, run, grace=grace, now=now, step_pattern=pattern)
-        p = plan(
-            catalog, policy, now, max_delete=max_delete, include_foreign=include_foreign, run=run
-        )
-        emit("plan", delete=len(p.delete))
+        with instrument.operation("prune", str(run)) as recorder:
+            catalog = list_checkpoints(store, run, grace=grace, now=now, step_pattern=pattern)
+            p = plan(
+                catalog,
+                policy,
+                now,
+                max_delete=max_delete,
+                include_foreign=include_foreign,
+                run=run,
+            )
+            emit("plan", delete=len(p.delete))
+            recorder.finish(dry_run=True)
         return PruneResult(run=run, plan=p, applied=False, notes=notes)
 
-    lease = Lease(store, run, ttl=lease_ttl).acquire()
+    with instrument.operation("prune", str(run)) as recorder:
+        return _apply(
+            recorder,
+            emit,
+            store,
+            run,
+            policy,
+            now=now,
+            max_delete=max_delete,
+            grace=grace,
+            lease_ttl=lease_ttl,
+            include_foreign=include_foreign,
+            batch_size=batch_size,
+            retries=retries,
+            sleep=sleep,
+            on_progress=on_progress,
+            pattern=pattern,
+            notes=notes,
+        )
+
+
+def _apply(
+    recorder: instrument.Recorder,
+    emit: Callable[..., None],
+    store: ObjectStore,
+    run: StoreURL,
+    policy: Policy,
+    *,
+    now: datetime,
+    max_delete: int | None,
+    grace: timedelta,
+    lease_ttl: timedelta,
+    include_foreign: bool,
+    batch_size: int,
+    retries: int,
+    sleep: Callable[[float], None],
+    on_progress: ProgressCallback | None,
+    pattern: str | None,
+    notes: tuple[str, ...],
+) -> PruneResult:
+    """:func:`prune` with ``apply``, under the run's lease; finishes ``recorder``."""
+    waited = time.monotonic()
+    try:
+        lease = Lease(store, run, ttl=lease_ttl).acquire()
+    except LeaseHeldError as exc:
+        recorder.finish(exc, lease_busy=1, lease_wait_s=time.monotonic() - waited)
+        raise
+    lease_wait = time.monotonic() - waited
     emit("lease", owner=lease.owner, resumed=bool(lease.previous))
     # Until our own intent is recorded, an exception keeps the dead holder's log.
     intent: list[str] = list(lease.previous.deleting) if lease.previous else []
@@ -153,6 +211,13 @@ def prune(
         unfinished = [n for n in intent if n not in set(deleted)]
         lease.release(unfinished)
         emit("done", deleted=len(deleted), failures=len(deleter.failures))
+        gone = set(deleted)
+        recorder.finish(
+            "DeleteFailures" if deleter.failures else None,
+            deleted=len(deleted),
+            bytes_freed=sum(c.size for c in targets if c.name in gone),
+            lease_wait_s=lease_wait,
+        )
         return PruneResult(
             run=run,
             plan=p,
@@ -167,6 +232,9 @@ def prune(
             resumed_objects=sum(c.num_objects for c in resume),
             notes=notes,
         )
-    except BaseException:
-        lease.release(intent)  # keep the intent log: the next pruner finishes it
+    except BaseException as exc:
+        try:
+            lease.release(intent)  # keep the intent log: the next pruner finishes it
+        finally:
+            recorder.finish(exc, lease_wait_s=lease_wait)
         raise

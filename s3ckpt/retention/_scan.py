@@ -59,7 +59,14 @@ from s3ckpt.format import (
     owned_tag,
     shard_owner,
 )
-from s3ckpt.retention._catalog import READ_WORKERS, CheckpointInfo, CheckpointState, RunCatalog
+from s3ckpt.metrics.instrument import in_context
+from s3ckpt.retention._catalog import (
+    DEFAULT_STORAGE_CLASS,
+    READ_WORKERS,
+    CheckpointInfo,
+    CheckpointState,
+    RunCatalog,
+)
 from s3ckpt.retention._liveness import DEFAULT_GRACE, dead_saves
 from s3ckpt.store.base import ObjectInfo, ObjectStore, UploadInfo
 from s3ckpt.uri import StoreURL, split_prefix
@@ -73,6 +80,8 @@ class _Group:
 
     keys: list[str] = field(default_factory=list)
     size: int = 0
+    by_class: dict[str, int] = field(default_factory=dict)
+    """``size`` per storage class (an object the listing gives no class bills as STANDARD)."""
     count: int = 0
     newest: float | None = None
     marker: ObjectInfo | None = None
@@ -203,6 +212,8 @@ def _group(
             g.pin = True
             continue
         g.size += obj.size
+        sc = obj.storage_class or DEFAULT_STORAGE_CLASS
+        g.by_class[sc] = g.by_class.get(sc, 0) + obj.size
         g.count += 1
         g.touch(obj.last_modified, tag)
         if tag is not None and name is not None and name.startswith(HEARTBEAT_PREFIX):
@@ -244,12 +255,13 @@ def _read_controls(
     manifests: dict[str, Manifest | str] = {}
     reasons: dict[str, str] = {}
     if markers or pins:
+        # in_context: the reads count for the caller's operation (a prune's event).
+        read_marker = in_context(lambda d: read_manifest(store, d))
+        read_pin = in_context(lambda d: _read_pin(store, d))
         with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-            for d, m in zip(
-                markers, pool.map(lambda d: read_manifest(store, d), markers), strict=True
-            ):
+            for d, m in zip(markers, pool.map(read_marker, markers), strict=True):
                 manifests[d] = m
-            for d, r in zip(pins, pool.map(lambda d: _read_pin(store, d), pins), strict=True):
+            for d, r in zip(pins, pool.map(read_pin, pins), strict=True):
                 if r is not None:
                     reasons[d] = r
     return manifests, reasons
@@ -313,6 +325,7 @@ def _info(
         url=url,
         name=name,
         size=g.size,
+        bytes_by_class=g.by_class,
         num_objects=g.count,
         pinned=pin,
         last_activity=utc(g.newest),

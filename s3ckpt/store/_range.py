@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tenacity import RetryCallState
 
 from s3ckpt.errors import StoreError
+from s3ckpt.metrics.instrument import record_retry
 from s3ckpt.store._body import SocketBody, socket_body
 from s3ckpt.store._errors import map_error
 from s3ckpt.store._request import store_retrying
@@ -148,6 +149,7 @@ class S3RangeReader:
             ) from exc
 
     def _log_resume(self, state: RetryCallState) -> None:
+        record_retry("get")  # the GET that resumes is counted as a request by call()
         exc = state.outcome.exception() if state.outcome is not None else None
         log.debug(
             "resuming GET s3://%s/%s at %d after %r",

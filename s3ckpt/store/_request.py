@@ -14,6 +14,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.metrics.instrument import record_request
 from s3ckpt.store._adaptive import AdaptiveLimiter
 from s3ckpt.store._errors import is_throttle, is_transient, map_error, timeout_kind
 from s3ckpt.store.base import Buffer
@@ -82,15 +83,23 @@ def call(
     waits for its slot (and for pacing, slept with ``sleep``) does not count towards
     ``config.request_deadline``.
 
+    Every request is counted once, when it ends, by
+    :func:`~s3ckpt.metrics.instrument.record_request` (its attempts, how many were
+    throttled, and whether it succeeded), for the operation running in this context.
+
     Raises:
         StoreError: The last failure, mapped by :func:`~s3ckpt.store._errors.map_error`.
     """
     attempts = 0
     started = time.monotonic()
     queued = [0.0]  # seconds the attempts waited for the limiter, read by the deadline
+    throttled = [0]  # attempts answered with a throttling code (metrics)
+    ok = False
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
+        if exc is not None and is_throttle(exc):
+            throttled[0] += 1
         log.debug(
             "retrying %s s3://%s/%s after %s (attempt %d)",
             operation,
@@ -107,7 +116,9 @@ def call(
             attempts = attempt.retry_state.attempt_number
             with attempt:
                 if limiter is None:
-                    return fn(), attempts
+                    result = fn()
+                    ok = True
+                    return result, attempts
                 slot = limiter.acquire(sleep)
                 queued[0] += slot.queued
                 try:
@@ -119,8 +130,11 @@ def call(
                         limiter.failed(slot)
                     raise
                 limiter.succeeded(slot)
+                ok = True
                 return result, attempts
     except Exception as exc:  # mapped at this one edge
+        if is_throttle(exc):  # the last attempt (before_sleep saw the others)
+            throttled[0] += 1
         raise map_error(
             exc,
             operation=operation,
@@ -131,4 +145,6 @@ def call(
             elapsed=time.monotonic() - started,
             transfer_config=config,
         ) from exc
+    finally:
+        record_request(operation, max(attempts, 1), throttled[0], ok)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -48,6 +48,10 @@ class ObjectInfo:
     etag: str | None = None
     last_modified: float | None = None
     """Seconds since the epoch (UTC)."""
+    storage_class: str | None = None
+    """The S3 storage class a listing reports (``STANDARD``, ``STANDARD_IA``, ``GLACIER``,
+    ...), or None where the store does not say (S3 leaves it out for some objects; other
+    stores have none). None bills as ``STANDARD``."""
 
 
 @dataclass(frozen=True)

@@ -541,6 +541,7 @@ class S3Store:
                     size=int(obj.get("Size", 0)),
                     etag=obj.get("ETag"),
                     last_modified=lm.timestamp() if lm is not None else None,
+                    storage_class=obj.get("StorageClass"),
                 )
 
     def list_prefixes(

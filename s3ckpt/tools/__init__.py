@@ -17,36 +17,111 @@ Each ``s3ckpt`` command has a function here returning a typed, frozen result (wi
 
     load_verified(state_dict, "s3://b/run/step_100")               # NaN-fill, load, check
 
-Everything here needs torch; the retention layer never imports it.
+    html = build_report(store, root, policy=load_policy("pretraining"))  # no torch
+
+Everything here but the report needs torch (the retention layer never imports it). Those
+names are imported on first use, so ``s3ckpt report`` and :func:`build_report` work in an
+image without torch; any other name raises ``ImportError`` there (naming torch).
 """
 
-from s3ckpt.dcp.restore import check_restored, fill_nan, find_unrestored, load_verified
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from s3ckpt.errors import IncompleteRestoreError
-from s3ckpt.tools._common import NameFilter, parse_dtype, parse_size
-from s3ckpt.tools._convert import Converter, load_converter
-from s3ckpt.tools._diff import DiffResult, TensorDiff, compare_tensors, diff_checkpoints
-from s3ckpt.tools._export import (
-    INDEX_NAME,
-    ExportedFile,
-    ExportResult,
-    SkippedItem,
-    export_checkpoint,
+from s3ckpt.tools._report import (
+    DEFAULT_PRICES,
+    GIB,
+    CheckpointRow,
+    PriceTable,
+    Report,
+    RunReport,
+    build_report,
+    collect_report,
+    parse_price,
+    render_html,
 )
-from s3ckpt.tools._flatten import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
-from s3ckpt.tools._import import ImportResult, import_safetensors
-from s3ckpt.tools._inspect import (
-    CheckpointInfo,
-    ObjectSummary,
-    TensorSummary,
-    inspect_checkpoint,
-)
-from s3ckpt.tools._structure import Problem
-from s3ckpt.tools._verify import VerifyResult, verify_checkpoint
+
+if TYPE_CHECKING:
+    from s3ckpt.dcp.restore import check_restored, fill_nan, find_unrestored, load_verified
+    from s3ckpt.tools._common import NameFilter, parse_dtype, parse_size
+    from s3ckpt.tools._convert import Converter, load_converter
+    from s3ckpt.tools._diff import DiffResult, TensorDiff, compare_tensors, diff_checkpoints
+    from s3ckpt.tools._export import (
+        INDEX_NAME,
+        ExportedFile,
+        ExportResult,
+        SkippedItem,
+        export_checkpoint,
+    )
+    from s3ckpt.tools._flatten import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
+    from s3ckpt.tools._import import ImportResult, import_safetensors
+    from s3ckpt.tools._inspect import (
+        CheckpointInfo,
+        ObjectSummary,
+        TensorSummary,
+        inspect_checkpoint,
+    )
+    from s3ckpt.tools._structure import Problem
+    from s3ckpt.tools._verify import VerifyResult, verify_checkpoint
+
+# Name -> the module defining it: imported on first access (they need torch).
+_LAZY: dict[str, str] = {
+    "check_restored": "s3ckpt.dcp.restore",
+    "fill_nan": "s3ckpt.dcp.restore",
+    "find_unrestored": "s3ckpt.dcp.restore",
+    "load_verified": "s3ckpt.dcp.restore",
+    "NameFilter": "s3ckpt.tools._common",
+    "parse_dtype": "s3ckpt.tools._common",
+    "parse_size": "s3ckpt.tools._common",
+    "Converter": "s3ckpt.tools._convert",
+    "load_converter": "s3ckpt.tools._convert",
+    "DiffResult": "s3ckpt.tools._diff",
+    "TensorDiff": "s3ckpt.tools._diff",
+    "compare_tensors": "s3ckpt.tools._diff",
+    "diff_checkpoints": "s3ckpt.tools._diff",
+    "INDEX_NAME": "s3ckpt.tools._export",
+    "ExportedFile": "s3ckpt.tools._export",
+    "ExportResult": "s3ckpt.tools._export",
+    "SkippedItem": "s3ckpt.tools._export",
+    "export_checkpoint": "s3ckpt.tools._export",
+    "SCHEMA_KEY": "s3ckpt.tools._flatten",
+    "flatten_state_dict": "s3ckpt.tools._flatten",
+    "unflatten_state_dict": "s3ckpt.tools._flatten",
+    "ImportResult": "s3ckpt.tools._import",
+    "import_safetensors": "s3ckpt.tools._import",
+    "CheckpointInfo": "s3ckpt.tools._inspect",
+    "ObjectSummary": "s3ckpt.tools._inspect",
+    "TensorSummary": "s3ckpt.tools._inspect",
+    "inspect_checkpoint": "s3ckpt.tools._inspect",
+    "Problem": "s3ckpt.tools._structure",
+    "VerifyResult": "s3ckpt.tools._verify",
+    "verify_checkpoint": "s3ckpt.tools._verify",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a torch-needing name on first access (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
+    "DEFAULT_PRICES",
+    "GIB",
     "INDEX_NAME",
     "SCHEMA_KEY",
     "CheckpointInfo",
+    "CheckpointRow",
     "Converter",
     "DiffResult",
     "ExportResult",
@@ -55,12 +130,17 @@ __all__ = [
     "IncompleteRestoreError",
     "NameFilter",
     "ObjectSummary",
+    "PriceTable",
     "Problem",
+    "Report",
+    "RunReport",
     "SkippedItem",
     "TensorDiff",
     "TensorSummary",
     "VerifyResult",
+    "build_report",
     "check_restored",
+    "collect_report",
     "compare_tensors",
     "diff_checkpoints",
     "export_checkpoint",
@@ -72,7 +152,9 @@ __all__ = [
     "load_converter",
     "load_verified",
     "parse_dtype",
+    "parse_price",
     "parse_size",
+    "render_html",
     "unflatten_state_dict",
     "verify_checkpoint",
 ]

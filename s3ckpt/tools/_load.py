@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from s3ckpt.dcp import quiet_dcp
 from s3ckpt.dcp.reader import S3StorageReader
+from s3ckpt.metrics.instrument import in_context
 from s3ckpt.tools._common import Entry
 
 __all__ = ["iter_loaded", "load_entries"]
@@ -79,13 +80,12 @@ def iter_loaded(
                 yield e, values.pop(e.name)
         return
     with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-prefetch") as pool:
-        nxt: Future[dict[str, Any]] | None = pool.submit(load_entries, reader, batches[0])
+        load = in_context(load_entries)  # requests count for the caller's operation
+        nxt: Future[dict[str, Any]] | None = pool.submit(load, reader, batches[0])
         for i, batch in enumerate(batches):
             assert nxt is not None
             values = nxt.result()
-            nxt = (
-                pool.submit(load_entries, reader, batches[i + 1]) if i + 1 < len(batches) else None
-            )
+            nxt = pool.submit(load, reader, batches[i + 1]) if i + 1 < len(batches) else None
             for e in batch:
                 yield e, values.pop(e.name)
             del values

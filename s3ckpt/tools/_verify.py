@@ -38,6 +38,7 @@ from s3ckpt.format import (
     MANIFEST_NAME,
     tensor_framing_error,
 )
+from s3ckpt.metrics.instrument import in_context, record_checksum_failure
 from s3ckpt.store import ObjectInfo, ObjectStore
 from s3ckpt.tools._common import Chunk, Entry, index_checkpoint, open_reader
 from s3ckpt.tools._structure import Problem, stock_metadata_problems, structure_problems, where
@@ -252,7 +253,7 @@ def _head_all(store: ObjectStore, keys: list[str], concurrency: int) -> list[Obj
     if len(keys) <= 1:
         return [store.head(k) for k in keys]
     with ThreadPoolExecutor(min(concurrency, len(keys))) as pool:
-        return list(pool.map(store.head, keys))
+        return list(pool.map(in_context(store.head), keys))
 
 
 def _read_back(
@@ -352,6 +353,7 @@ def _check_item(
         )
     rec = chunk.record
     if has_crc and rec is not None and crc != rec.crc32c:
+        record_checksum_failure()
         problems.append(
             Problem(
                 "checksum",

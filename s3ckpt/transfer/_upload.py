@@ -24,6 +24,7 @@ from typing import Any
 
 from s3ckpt import _crc
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
+from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store.base import CompletedPart, ObjectStore
 from s3ckpt.transfer._pool import PartPool
 
@@ -153,7 +154,8 @@ class Uploader:
                 self._fail(exc)
                 raise
 
-        fut = (self._completer if completer else self._pool).submit(run)
+        # in_context: the part's request counts for the save that queued it (metrics).
+        fut = (self._completer if completer else self._pool).submit(in_context(run))
         with self._lock:
             self._futures.append(fut)
         return fut

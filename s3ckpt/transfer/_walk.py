@@ -36,6 +36,7 @@ from typing import Generic, Literal, TypeVar, cast
 from s3ckpt import _crc
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import CorruptCheckpointError, S3CkptError
+from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store.base import ObjectStore, RangeReader
 from s3ckpt.transfer._plan import Request, coalesce
 
@@ -242,7 +243,8 @@ class RangeWalk(Generic[T]):
             return
         workers = min(self.config.concurrency, len(jobs))
         with ThreadPoolExecutor(workers, thread_name_prefix=self.thread_name_prefix) as pool:
-            futures = [pool.submit(self.fetch, n, r, job=i) for i, (n, r) in enumerate(jobs)]
+            fetch = in_context(self.fetch)  # requests count for the caller's load (metrics)
+            futures = [pool.submit(fetch, n, r, job=i) for i, (n, r) in enumerate(jobs)]
             _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
             for fut in not_done:
                 fut.cancel()

@@ -18,8 +18,8 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt import HashedPrefixes, S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from s3ckpt.testing import FaultProxy
 from tests._helpers import SMALL, list_keys, open_uploads
-from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """Fan-out load (``S3StorageReader(fan_out=True)``): ranks that load the same stored items
 read each byte range once per group and share it over gloo.
 
-GET requests are counted on the wire by a :class:`~tests.faultproxy.FaultProxy` (no faults)
+GET requests are counted on the wire by a :class:`~s3ckpt.testing.FaultProxy` (no faults)
 in front of moto; every rank checks the values it loaded and writes its counters (or the
 error it raised) to a file the test reads.
 """
@@ -23,9 +23,9 @@ import torch.distributed.checkpoint as dcp
 
 from s3ckpt import S3StorageReader, S3StorageWriter, TransferConfig
 from s3ckpt.config import KiB
+from s3ckpt.testing import FaultProxy
 from tests._http import free_port
 from tests._spawn import run_ranks
-from tests.faultproxy import FaultProxy
 from tests.integration import _fanout_workers as fw
 from tests.integration import _workers
 

@@ -1,6 +1,6 @@
 """What a save and a load cost in requests and clients, counted on the wire.
 
-Every request goes through a :class:`~tests.faultproxy.FaultProxy` (no faults) in front of
+Every request goes through a :class:`~s3ckpt.testing.FaultProxy` (no faults) in front of
 the moto server, whose hook sees each request's S3 operation and key; clients are counted
 by a spy around botocore's ``Session.create_client`` that calls the real one. Each test
 points at its own proxy port, so no client cached by an earlier test matches its settings.
@@ -19,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from s3ckpt import Checkpointer, S3Config, S3StorageReader, S3StorageWriter
-from tests.faultproxy import FaultProxy
+from s3ckpt.testing import FaultProxy
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "s3ckpt"
 # package (``s3ckpt.dcp.*`` inside ``s3ckpt/dcp/``); nothing of its own layer elsewhere and
 # nothing above it.
 LAYERS: list[set[str]] = [
-    {"errors", "_version", "_time", "_units", "_crc", "_gc"},  # leaves
+    {"errors", "_version", "_time", "_units", "_crc", "_gc", "metrics"},  # leaves
     {"config", "uri", "format"},  # configuration, URLs, the names and manifest on the bucket
     {"store"},  # ObjectStore: S3Store, FsspecStore, MemoryStore, retry policy
     {"transfer", "_commit"},  # part pool, uploads, ranged-read walk; commit-protocol checks
     {"dcp", "retention"},  # torch's StorageWriter/Reader; catalog -> policy -> plan -> apply
     {"checkpointer", "tools"},  # siblings: the training loop's API and the people's tools
-    {"lightning", "accelerate", "torchtitan"},  # framework glue over the Checkpointer and dcp/
+    {"lightning", "accelerate", "torchtitan", "testing"},  # framework glue; the testing kit
     {"demo"},  # the main job: a small training run on the Checkpointer
     {"_cli"},  # the command line (``cli.py`` is its entry point)
 ]

@@ -1,10 +1,11 @@
-"""Fault-injecting HTTP/1.1 reverse proxy for S3 integration tests.
+"""Fault-injecting HTTP/1.1 reverse proxy for S3 tests (public as :mod:`s3ckpt.testing`).
 
 The proxy listens on loopback and relays every request to an *upstream*
-S3-compatible server (in the test-suite a ``moto`` ``ThreadedMotoServer``).
-A configurable fraction of requests is answered with an injected fault
-instead, so that the retry behaviour of botocore and of s3ckpt's own retry
-layer can be exercised against realistic failures:
+S3-compatible server (in s3ckpt's own tests and in :func:`s3ckpt.testing.local_s3`
+a ``moto`` ``ThreadedMotoServer``). A configurable fraction of requests is answered
+with an injected fault instead, so that the retry behaviour of botocore, of s3ckpt's
+own retry layer and of a training loop's save and resume can be exercised against
+realistic failures:
 
 ``"slowdown"``
     ``503 SlowDown`` with an S3 XML error body; the request is not forwarded.
@@ -407,7 +408,7 @@ def classify(method: str, target: str, headers: Mapping[str, str]) -> tuple[str,
     Returns ``(operation, key)`` with the key URL-decoded (``""`` for bucket-level
     requests). ``operation`` is one of :data:`OPERATIONS`; anything this proxy has no
     use for telling apart (CreateBucket, HeadBucket, CopyObject, ListParts, tagging ...)
-    is ``"Other"``. Virtual-hosted-style requests are not recognised (the test-suite's
+    is ``"Other"``. Virtual-hosted-style requests are not recognised (loopback
     endpoints are IP addresses, which botocore always addresses path-style).
     """
     method = method.upper()
@@ -735,6 +736,7 @@ class FaultProxy:
 
     @property
     def fault_rate(self) -> float:
+        """The probability of a random fault per request (see :meth:`set_fault_rate`)."""
         with self._lock:
             return self._fault_rate
 

@@ -1,0 +1,267 @@
+"""The events, their subscribers and the process-wide totals.
+
+Dispatch reads an immutable tuple of callbacks (replaced, never changed in place, under a
+lock), so publishing an event takes no lock; the totals take one lock per S3 request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+
+__all__ = [
+    "Kind",
+    "OperationMetrics",
+    "RequestCounts",
+    "Subscription",
+    "Totals",
+    "capture",
+    "subscribe",
+    "totals",
+]
+
+log = logging.getLogger("s3ckpt.metrics")
+
+Kind = Literal["save", "load", "prune", "gc"]
+"""What finished: a save (every rank), a load (every rank), a retention prune of one run,
+or a gc of a prefix."""
+
+
+@dataclass(frozen=True)
+class OperationMetrics:
+    """One finished save, load, prune or gc: what it cost and what it did.
+
+    Requests are counted per logical S3 request (one ``PutObject``, one ``UploadPart``,
+    however many attempts it took); ``retries`` counts the attempts after the first
+    (``requests + retries`` HTTP requests were sent), a resumed ranged GET included.
+
+    Attributes:
+        kind: ``"save"``, ``"load"``, ``"prune"`` or ``"gc"``.
+        url: The checkpoint (save, load), the run (prune) or the prefix (gc).
+        step: The checkpoint's step, when known (save, load).
+        rank: The rank that reports (saves and loads report on every rank; 0 otherwise).
+        ok: Whether the operation succeeded (a save: committed; a prune: every delete
+            succeeded and the lease was free).
+        error: The failure's exception class name (``"ChecksumMismatchError"``), else
+            ``None``. A prune whose deletes partly failed is ``ok=False`` with ``error``
+            ``"DeleteFailures"``.
+        started_at: Wall-clock start (seconds since the epoch).
+        duration_s: Seconds from start to finish (a save: until committed or failed).
+        bytes: Bytes this rank wrote (save: its data objects) or read (load: the ranged
+            GETs of its items) to or from the store.
+        blocked_s: Saves only: seconds the training loop was held (a synchronous save: all
+            of it; an async save: until staged, any wait for the previous save included).
+        requests: S3 requests made for the operation in this process.
+        retries: Attempts after the first, over those requests.
+        throttled: Attempts answered 503 SlowDown (or another throttling code).
+        checksum_failures: CRC32C mismatches detected (loads).
+        deleted: Checkpoints deleted (prune: planned and resumed; gc: abandoned saves
+            removed and a dead pruner's checkpoints finished).
+        bytes_freed: Bytes under the deleted checkpoints.
+        lease_wait_s: Seconds spent taking the run's lease (prune, gc).
+        lease_busy: Runs skipped because another pruner held their lease (prune: 0 or 1).
+        dry_run: A prune or gc that only planned (deleted nothing).
+    """
+
+    kind: Kind
+    url: str
+    step: int | None = None
+    rank: int = 0
+    ok: bool = True
+    error: str | None = None
+    started_at: float = 0.0
+    duration_s: float = 0.0
+    bytes: int = 0
+    blocked_s: float | None = None
+    requests: int = 0
+    retries: int = 0
+    throttled: int = 0
+    checksum_failures: int = 0
+    deleted: int = 0
+    bytes_freed: int = 0
+    lease_wait_s: float = 0.0
+    lease_busy: int = 0
+    dry_run: bool = False
+
+    @property
+    def bucket(self) -> str:
+        """The bucket (or host) of :attr:`url`; ``""`` for a local path."""
+        rest = self.url.partition("://")[2]
+        return rest.partition("/")[0]
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Requests of one S3 operation (``"put"``, ``"get"``, ``"upload_part"``, ...).
+
+    Attributes:
+        requests: Logical requests made.
+        retries: Attempts after the first.
+        throttled: Attempts answered with a throttling code (503 SlowDown).
+        failed: Requests that failed after their last attempt.
+    """
+
+    requests: int = 0
+    retries: int = 0
+    throttled: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Process-wide counts since the process started (monotonic, for exporters).
+
+    Attributes:
+        operations: Requests by S3 operation name.
+        checksum_failures: CRC32C mismatches detected (loads and ``verify``).
+    """
+
+    operations: Mapping[str, RequestCounts] = field(default_factory=dict)
+    checksum_failures: int = 0
+
+    @property
+    def requests(self) -> int:
+        """All requests."""
+        return sum(c.requests for c in self.operations.values())
+
+    @property
+    def retries(self) -> int:
+        """All retries."""
+        return sum(c.retries for c in self.operations.values())
+
+    @property
+    def throttled(self) -> int:
+        """All throttled attempts."""
+        return sum(c.throttled for c in self.operations.values())
+
+
+# -- totals ------------------------------------------------------------------------------------
+_totals_lock = threading.Lock()
+_by_operation: dict[str, list[int]] = {}  # name -> [requests, retries, throttled, failed]
+_checksum_failures = [0]
+
+
+def add_request(operation: str, attempts: int, throttled: int, ok: bool) -> None:
+    """Count one request in the totals."""
+    with _totals_lock:
+        row = _by_operation.get(operation)
+        if row is None:
+            row = _by_operation[operation] = [0, 0, 0, 0]
+        row[0] += 1
+        row[1] += attempts - 1
+        row[2] += throttled
+        row[3] += not ok
+
+
+def add_retry(operation: str) -> None:
+    """Count one more attempt of a request already counted (a resumed read)."""
+    with _totals_lock:
+        row = _by_operation.get(operation)
+        if row is None:
+            row = _by_operation[operation] = [0, 0, 0, 0]
+        row[1] += 1
+
+
+def add_checksum_failure() -> None:
+    """Count one CRC32C mismatch in the totals."""
+    with _totals_lock:
+        _checksum_failures[0] += 1
+
+
+def totals() -> Totals:
+    """The process's cumulative request, retry, throttle and checksum-failure counts.
+
+    Counted whether or not anybody subscribes; every S3 request of every store in the
+    process is in them, whichever operation (if any) it belonged to.
+    """
+    with _totals_lock:
+        ops = {name: RequestCounts(*row) for name, row in _by_operation.items()}
+        return Totals(operations=ops, checksum_failures=_checksum_failures[0])
+
+
+# -- subscribers -------------------------------------------------------------------------------
+Callback = Callable[[OperationMetrics], object]
+
+_subscribers_lock = threading.Lock()
+_subscribers: tuple[Callback, ...] = ()
+
+
+class Subscription:
+    """A registered callback; :meth:`close` (or leaving its ``with`` block) removes it."""
+
+    def __init__(self, callback: Callback) -> None:
+        self.callback = callback
+        self._closed = False
+
+    def close(self) -> None:
+        """Stop receiving events (idempotent)."""
+        global _subscribers
+        with _subscribers_lock:
+            if self._closed:
+                return
+            self._closed = True
+            subs = list(_subscribers)
+            subs.remove(self.callback)
+            _subscribers = tuple(subs)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def subscribe(callback: Callback) -> Subscription:
+    """Call ``callback(event)`` with an :class:`OperationMetrics` for every operation that
+    finishes in this process, until the returned :class:`Subscription` is closed.
+
+    Callbacks run synchronously on the thread that finishes the operation (a save's
+    upload thread for an async save, a rank's own thread for a load), before the save's
+    handle resolves or the call returns: keep them short (hand the event to a queue for
+    slow work). An exception in a callback is logged and otherwise ignored: it never fails
+    a save, a load or a prune.
+    """
+    global _subscribers
+    sub = Subscription(callback)
+    with _subscribers_lock:
+        _subscribers = (*_subscribers, callback)
+    return sub
+
+
+@contextmanager
+def capture() -> Iterator[list[OperationMetrics]]:
+    """Collect the events of every operation that finishes in the block (any thread).
+
+    ::
+
+        with s3ckpt.metrics.capture() as events:
+            ckpt.save(100, model)
+        assert events[0].kind == "save" and events[0].requests > 0
+    """
+    events: list[OperationMetrics] = []
+    with subscribe(events.append):
+        yield events
+
+
+def publish(event: OperationMetrics) -> None:
+    """Hand ``event`` to every subscriber; a subscriber's exception is logged, never raised."""
+    for callback in _subscribers:
+        try:
+            callback(event)
+        except Exception:
+            log.exception("s3ckpt.metrics: a subscriber failed on a %s event", event.kind)

@@ -1,0 +1,148 @@
+"""s3ckpt's events as OpenTelemetry metrics (the ``otel`` extra: ``opentelemetry-api``)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from s3ckpt.metrics._events import OperationMetrics, Subscription, subscribe
+
+__all__ = ["OpenTelemetryMetrics"]
+
+
+def _otel_metrics() -> Any:
+    try:
+        from opentelemetry import metrics
+    except ImportError as exc:
+        raise ImportError(
+            "s3ckpt.metrics.OpenTelemetryMetrics needs the OpenTelemetry API: "
+            'pip install "s3ckpt[otel]"'
+        ) from exc
+    return metrics
+
+
+def _version() -> str | None:
+    # Not s3ckpt._version: this package sits beside the leaves and imports none of them.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("s3ckpt")
+    except PackageNotFoundError:
+        return None
+
+
+class OpenTelemetryMetrics:
+    """Record every s3ckpt event on OpenTelemetry instruments of the meter ``s3ckpt``.
+
+    ::
+
+        from s3ckpt.metrics import OpenTelemetryMetrics
+
+        otel = OpenTelemetryMetrics().install()   # the global MeterProvider
+        ...
+        otel.close()
+
+    Instruments (attributes ``s3ckpt.kind`` = save / load / prune / gc, ``s3ckpt.bucket``,
+    ``s3ckpt.ok``, and ``error.type`` on failures):
+
+    ========================== ========= =================================================
+    name                       unit      what
+    ========================== ========= =================================================
+    s3ckpt.operations          {op}      operations finished
+    s3ckpt.operation.duration  s         histogram: how long each took
+    s3ckpt.save.blocked        s         histogram: training time held by each save
+    s3ckpt.bytes               By        bytes written (save) or read (load)
+    s3ckpt.requests            {req}     S3 requests
+    s3ckpt.retries             {req}     attempts after the first
+    s3ckpt.throttled           {req}     attempts answered 503 SlowDown
+    s3ckpt.checksum.failures   {item}    CRC32C mismatches
+    s3ckpt.checkpoints.deleted {ckpt}    checkpoints deleted by prune and gc
+    s3ckpt.bytes.freed         By        bytes under them
+    s3ckpt.lease.wait          s         histogram: time taking a run's lease
+    s3ckpt.lease.busy          {run}     runs skipped because their lease was held
+    ========================== ========= =================================================
+
+    Args:
+        meter_provider: The provider to take the meter from (default: the global one,
+            ``opentelemetry.metrics.get_meter_provider()``).
+
+    Raises:
+        ImportError: ``opentelemetry-api`` is not installed (``pip install "s3ckpt[otel]"``).
+    """
+
+    def __init__(self, meter_provider: Any | None = None) -> None:
+        metrics = _otel_metrics()
+        provider = meter_provider or metrics.get_meter_provider()
+        meter = provider.get_meter("s3ckpt", _version())
+        counter, histogram = meter.create_counter, meter.create_histogram
+        self._operations = counter("s3ckpt.operations", "{op}", "s3ckpt operations finished")
+        self._duration = histogram(
+            "s3ckpt.operation.duration", "s", "Duration of s3ckpt saves, loads, prunes and gcs"
+        )
+        self._blocked = histogram("s3ckpt.save.blocked", "s", "Time a save held the training loop")
+        self._bytes = counter("s3ckpt.bytes", "By", "Bytes written by saves or read by loads")
+        self._requests = counter("s3ckpt.requests", "{req}", "S3 requests")
+        self._retries = counter("s3ckpt.retries", "{req}", "S3 attempts after the first")
+        self._throttled = counter("s3ckpt.throttled", "{req}", "S3 attempts answered SlowDown")
+        self._checksum = counter(
+            "s3ckpt.checksum.failures", "{item}", "CRC32C mismatches detected on load"
+        )
+        self._deleted = counter(
+            "s3ckpt.checkpoints.deleted", "{ckpt}", "Checkpoints deleted by prune and gc"
+        )
+        self._freed = counter("s3ckpt.bytes.freed", "By", "Bytes under deleted checkpoints")
+        self._lease_wait = histogram("s3ckpt.lease.wait", "s", "Time taking a run's lease")
+        self._lease_busy = counter(
+            "s3ckpt.lease.busy", "{run}", "Runs skipped because another pruner held the lease"
+        )
+        self._subscription: Subscription | None = None
+
+    def install(self) -> OpenTelemetryMetrics:
+        """Start recording events (idempotent); returns ``self``."""
+        if self._subscription is None or self._subscription.closed:
+            self._subscription = subscribe(self.record)
+        return self
+
+    def close(self) -> None:
+        """Stop recording events."""
+        if self._subscription is not None:
+            self._subscription.close()
+
+    def __enter__(self) -> OpenTelemetryMetrics:
+        return self.install()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def record(self, event: OperationMetrics) -> None:
+        """Add one event to the instruments (what the subscription calls)."""
+        attrs: dict[str, str | bool] = {
+            "s3ckpt.kind": event.kind,
+            "s3ckpt.bucket": event.bucket,
+            "s3ckpt.ok": event.ok,
+        }
+        if event.error is not None:
+            attrs["error.type"] = event.error
+        self._operations.add(1, attrs)
+        self._duration.record(event.duration_s, attrs)
+        if event.blocked_s is not None:
+            self._blocked.record(event.blocked_s, attrs)
+        for instrument, value in (
+            (self._bytes, event.bytes),
+            (self._requests, event.requests),
+            (self._retries, event.retries),
+            (self._throttled, event.throttled),
+            (self._checksum, event.checksum_failures),
+            (self._deleted, event.deleted),
+            (self._freed, event.bytes_freed),
+            (self._lease_busy, event.lease_busy),
+        ):
+            if value:
+                instrument.add(value, attrs)
+        if event.kind in ("prune", "gc") and not event.dry_run:
+            self._lease_wait.record(event.lease_wait_s, attrs)

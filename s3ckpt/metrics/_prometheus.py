@@ -1,0 +1,260 @@
+"""The retention cron's metrics as a Prometheus text file for node_exporter's textfile
+collector (``s3ckpt prune --metrics-file``, ``s3ckpt gc --metrics-file``).
+
+Every value is a gauge: it describes the last invocation, which node_exporter re-reads
+on every scrape. The file is written atomically (``prometheus_client.write_to_textfile``
+writes a temporary file beside it and renames it), so a scrape never reads half a file.
+The rendering takes plain data; the CLI gathers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
+__all__ = ["RunMetrics", "render_textfile", "write_textfile"]
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    """One run (prune) or prefix (gc) of an invocation, for the text file.
+
+    Attributes:
+        run: The run's (or gc's prefix's) URL, the ``run`` label.
+        checkpoints: Checkpoints by state (``committed``, ``in_progress``, ...) after the
+            invocation; empty when the run was not catalogued (its lease was busy).
+        bytes: Bytes under the run's checkpoints, by state, after the invocation.
+        latest_committed_at: Commit time (seconds since the epoch) of the newest committed
+            checkpoint, ``None`` when there is none.
+        latest_committed_step: Its step, when known.
+        deleted: Checkpoints deleted.
+        bytes_freed: Bytes under them.
+        lease_busy: Runs skipped because another pruner held their lease (prune: 0 or 1).
+        failures: Keys or uploads that could not be deleted.
+    """
+
+    run: str
+    checkpoints: Mapping[str, int] = field(default_factory=dict)
+    bytes: Mapping[str, int] = field(default_factory=dict)
+    latest_committed_at: float | None = None
+    latest_committed_step: int | None = None
+    deleted: int = 0
+    bytes_freed: int = 0
+    lease_busy: int = 0
+    failures: int = 0
+
+
+class _Collector:
+    def __init__(
+        self,
+        command: Literal["prune", "gc"],
+        runs: Sequence[RunMetrics],
+        success: bool,
+        finished_at: float,
+        duration_s: float,
+        requests: int,
+        retries: int,
+        throttled: int,
+        dry_run: bool,
+    ) -> None:
+        self.command = command
+        self.runs = runs
+        self.success = success
+        self.finished_at = finished_at
+        self.duration_s = duration_s
+        self.requests = requests
+        self.retries = retries
+        self.throttled = throttled
+        self.dry_run = dry_run
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        c = self.command
+
+        def gauge(name: str, doc: str, value: float, unit: str = "") -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, value=value, unit=unit)
+
+        yield gauge(
+            f"s3ckpt_{c}_last_run_timestamp",
+            f"When the last s3ckpt {c} finished (seconds since the epoch).",
+            self.finished_at,
+            "seconds",
+        )
+        yield gauge(
+            f"s3ckpt_{c}_success",
+            f"1 if the last s3ckpt {c} succeeded for every run, else 0.",
+            1.0 if self.success else 0.0,
+        )
+        yield gauge(
+            f"s3ckpt_{c}_duration",
+            f"How long the last s3ckpt {c} took.",
+            self.duration_s,
+            "seconds",
+        )
+        yield gauge(
+            f"s3ckpt_{c}_dry_run", f"1 if the last s3ckpt {c} was a dry run.", float(self.dry_run)
+        )
+        yield gauge(
+            f"s3ckpt_{c}_requests",
+            f"S3 requests the last s3ckpt {c} made (listings included; retries not).",
+            self.requests,
+        )
+        yield gauge(
+            f"s3ckpt_{c}_retries",
+            f"Attempts after the first over the last s3ckpt {c}'s requests.",
+            self.retries,
+        )
+        yield gauge(
+            f"s3ckpt_{c}_throttled",
+            f"Attempts of the last s3ckpt {c} answered 503 SlowDown.",
+            self.throttled,
+        )
+        per_run: list[tuple[str, str, str]] = [
+            (f"s3ckpt_{c}_deleted_checkpoints", "Checkpoints deleted, by run.", "deleted"),
+            (f"s3ckpt_{c}_freed_bytes", "Bytes under the checkpoints deleted, by run.", "freed"),
+            (f"s3ckpt_{c}_lease_busy", "Runs skipped because their lease was held.", "busy"),
+            (f"s3ckpt_{c}_failures", "Keys or uploads that could not be deleted.", "failures"),
+        ]
+        for name, doc, what in per_run:
+            g = GaugeMetricFamily(name, doc, labels=["run"])
+            for r in self.runs:
+                value = {
+                    "deleted": r.deleted,
+                    "freed": r.bytes_freed,
+                    "busy": int(r.lease_busy),
+                    "failures": r.failures,
+                }[what]
+                g.add_metric([r.run], float(value))
+            yield g
+        counts = GaugeMetricFamily(
+            "s3ckpt_checkpoints", "Checkpoints of the run, by state.", labels=["run", "state"]
+        )
+        sizes = GaugeMetricFamily(
+            "s3ckpt_checkpoint_bytes",
+            "Bytes under the run's checkpoints, by state.",
+            labels=["run", "state"],
+        )
+        latest = GaugeMetricFamily(
+            "s3ckpt_latest_committed_timestamp_seconds",
+            "Commit time of the run's newest committed checkpoint (seconds since the epoch).",
+            labels=["run"],
+        )
+        step = GaugeMetricFamily(
+            "s3ckpt_latest_committed_step",
+            "Step of the run's newest committed checkpoint.",
+            labels=["run"],
+        )
+        for r in self.runs:
+            for state, n in sorted(r.checkpoints.items()):
+                counts.add_metric([r.run, state], float(n))
+            for state, n in sorted(r.bytes.items()):
+                sizes.add_metric([r.run, state], float(n))
+            if r.latest_committed_at is not None:
+                latest.add_metric([r.run], r.latest_committed_at)
+            if r.latest_committed_step is not None:
+                step.add_metric([r.run], float(r.latest_committed_step))
+        yield from (f for f in (counts, sizes, latest, step) if f.samples)
+
+
+def _registry(
+    command: Literal["prune", "gc"],
+    runs: Sequence[RunMetrics],
+    *,
+    success: bool,
+    finished_at: float,
+    duration_s: float,
+    requests: int = 0,
+    retries: int = 0,
+    throttled: int = 0,
+    dry_run: bool = False,
+) -> CollectorRegistry:
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError as exc:  # a core dependency; only a broken install lacks it
+        raise ImportError(
+            "--metrics-file needs prometheus-client (pip install prometheus-client)"
+        ) from exc
+    registry = CollectorRegistry(auto_describe=False)
+    collector = _Collector(
+        command, runs, success, finished_at, duration_s, requests, retries, throttled, dry_run
+    )
+    registry.register(collector)  # a Collector by its collect()
+    return registry
+
+
+def render_textfile(
+    command: Literal["prune", "gc"],
+    runs: Sequence[RunMetrics],
+    *,
+    success: bool,
+    finished_at: float,
+    duration_s: float,
+    requests: int = 0,
+    retries: int = 0,
+    throttled: int = 0,
+    dry_run: bool = False,
+) -> str:
+    """The Prometheus text exposition of one ``prune`` or ``gc`` invocation.
+
+    Args:
+        command: ``"prune"`` or ``"gc"`` (the metric names' prefix: ``s3ckpt_prune_...``).
+        runs: Per-run values (the ``run`` label).
+        success: Every run succeeded (no failed delete, no busy lease, no error).
+        finished_at: When it finished (seconds since the epoch).
+        duration_s: How long it took.
+        requests: S3 requests made by the whole invocation.
+        retries: Attempts after the first.
+        throttled: Attempts answered 503 SlowDown.
+        dry_run: The invocation only planned.
+    """
+    from prometheus_client import generate_latest
+
+    registry = _registry(
+        command,
+        runs,
+        success=success,
+        finished_at=finished_at,
+        duration_s=duration_s,
+        requests=requests,
+        retries=retries,
+        throttled=throttled,
+        dry_run=dry_run,
+    )
+    return generate_latest(registry).decode("utf-8")
+
+
+def write_textfile(
+    path: str,
+    command: Literal["prune", "gc"],
+    runs: Sequence[RunMetrics],
+    *,
+    success: bool,
+    finished_at: float,
+    duration_s: float,
+    requests: int = 0,
+    retries: int = 0,
+    throttled: int = 0,
+    dry_run: bool = False,
+) -> None:
+    """Write :func:`render_textfile`'s text to ``path`` atomically (a temporary file in the
+    same folder, renamed over ``path``), for node_exporter's textfile collector."""
+    from prometheus_client import write_to_textfile
+
+    registry = _registry(
+        command,
+        runs,
+        success=success,
+        finished_at=finished_at,
+        duration_s=duration_s,
+        requests=requests,
+        retries=retries,
+        throttled=throttled,
+        dry_run=dry_run,
+    )
+    write_to_textfile(path, registry)

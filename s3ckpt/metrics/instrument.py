@@ -1,0 +1,222 @@
+"""The hooks s3ckpt's own modules (and integrations) report through.
+
+A :class:`Recorder` collects what one operation costs: the S3 requests made in its
+context, the bytes it moved, the checksum failures it met. The recorder in effect is a
+:mod:`contextvars` variable, so attribution follows the code, not the thread:
+
+* :func:`operation` makes a recorder current for a block and publishes its event when
+  the block ends (the retention engine's ``prune`` and ``gc``);
+* :func:`bound` makes a recorder someone holds current (a DCP writer binds the one it
+  captured at construction inside torch's threads);
+* :func:`in_context` carries the caller's context into a worker thread (every pool and
+  thread s3ckpt starts goes through it), so a part uploaded on the upload pool counts for
+  the save that queued it.
+
+A request counts for the innermost recorder of its context only. Two operations that
+overlap on different threads (an async save uploading while the next step's load runs,
+retention running in the background after a commit) each count their own requests: each
+has its own context. Requests made outside any operation (``s3ckpt ls``, ``verify``) count
+in :func:`~s3ckpt.metrics.totals` only.
+
+Cost: with no recorder current, a request costs one context-variable read and one lock
+for the totals; with one, one more lock. Nothing is done per byte.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
+
+from s3ckpt.metrics._events import (
+    Kind,
+    OperationMetrics,
+    add_checksum_failure,
+    add_request,
+    add_retry,
+    publish,
+)
+
+__all__ = [
+    "Recorder",
+    "bound",
+    "current",
+    "in_context",
+    "operation",
+    "record_checksum_failure",
+    "record_request",
+    "record_retry",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
+    "s3ckpt_metrics_recorder", default=None
+)
+
+
+class Recorder:
+    """What one operation costs, counted from any thread; :meth:`finish` publishes it.
+
+    Args:
+        kind: The operation (:data:`~s3ckpt.metrics.Kind`).
+        url: The checkpoint, run or prefix it acts on.
+        step: The checkpoint's step, when known.
+        rank: The reporting rank.
+    """
+
+    def __init__(self, kind: Kind, url: str, *, step: int | None = None, rank: int = 0) -> None:
+        self.kind: Kind = kind
+        self.url = url
+        self.step = step
+        self.rank = rank
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.retries = 0
+        self.throttled = 0
+        self.checksum_failures = 0
+        self.bytes = 0
+        self.finished = False
+
+    def add_request(self, attempts: int, throttled: int) -> None:
+        """Count one request that took ``attempts`` attempts, ``throttled`` of them throttled."""
+        with self._lock:
+            self.requests += 1
+            self.retries += attempts - 1
+            self.throttled += throttled
+
+    def add_retry(self) -> None:
+        """Count one more attempt of a request already counted."""
+        with self._lock:
+            self.retries += 1
+
+    def add_checksum_failure(self) -> None:
+        """Count one CRC32C mismatch."""
+        with self._lock:
+            self.checksum_failures += 1
+
+    def add_bytes(self, n: int) -> None:
+        """Count ``n`` bytes written or read."""
+        with self._lock:
+            self.bytes += n
+
+    def finish(
+        self, error: BaseException | str | None = None, **fields: Any
+    ) -> OperationMetrics | None:
+        """Publish the operation's event (once; later calls return ``None``).
+
+        Args:
+            error: The exception it failed with (or its name), ``None`` when it succeeded.
+            fields: Other :class:`~s3ckpt.metrics.OperationMetrics` fields (``blocked_s``,
+                ``deleted``, ``bytes_freed``, ``lease_wait_s``, ``lease_busy``,
+                ``dry_run``, ``ok``; ``step`` and ``rank`` override the recorder's).
+        """
+        with self._lock:
+            if self.finished:
+                return None
+            self.finished = True
+            counted = {
+                "requests": self.requests,
+                "retries": self.retries,
+                "throttled": self.throttled,
+                "checksum_failures": self.checksum_failures,
+                "bytes": self.bytes,
+            }
+        name = error if isinstance(error, str) or error is None else type(error).__name__
+        fields.setdefault("step", self.step)
+        fields.setdefault("rank", self.rank)
+        fields.setdefault("ok", name is None)
+        event = OperationMetrics(
+            kind=self.kind,
+            url=self.url,
+            error=name,
+            started_at=self.started_at,
+            duration_s=time.monotonic() - self._t0,
+            **{**counted, **fields},
+        )
+        publish(event)
+        return event
+
+
+def current() -> Recorder | None:
+    """The recorder of the operation running in this context, if any."""
+    return _current.get()
+
+
+@contextmanager
+def bound(recorder: Recorder | None) -> Iterator[None]:
+    """Make ``recorder`` current for the block (``None``: leave the context as it is)."""
+    if recorder is None or _current.get() is recorder:
+        yield
+        return
+    token = _current.set(recorder)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def operation(
+    kind: Kind, url: str, *, step: int | None = None, rank: int = 0
+) -> Iterator[Recorder]:
+    """Run the block as one operation: a new :class:`Recorder` is current inside it, and
+    its event is published when the block ends (``ok=False`` with the exception's name if
+    it raised, unless the block called :meth:`Recorder.finish` itself)."""
+    recorder = Recorder(kind, url, step=step, rank=rank)
+    token = _current.set(recorder)
+    try:
+        yield recorder
+    except BaseException as exc:
+        _current.reset(token)
+        recorder.finish(exc)
+        raise
+    _current.reset(token)
+    recorder.finish()
+
+
+def in_context(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn``, to run on another thread in (a copy of) the caller's context, so that its
+    requests count for the caller's operation. Each call runs in its own copy, so the
+    result may be handed to a pool's ``map`` or called from several threads at once.
+    Returns ``fn`` itself when no recorder is current (nothing to carry)."""
+    if _current.get() is None:
+        return fn
+    ctx = contextvars.copy_context()
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return ctx.copy().run(fn, *args, **kwargs)
+
+    return run
+
+
+def record_request(operation: str, attempts: int, throttled: int, ok: bool) -> None:
+    """Count one S3 request (``store/_request.call`` calls it for every request)."""
+    add_request(operation, attempts, throttled, ok)
+    recorder = _current.get()
+    if recorder is not None:
+        recorder.add_request(attempts, throttled)
+
+
+def record_retry(operation: str) -> None:
+    """Count one more attempt of a request already counted (a ranged GET resumed after
+    its body broke off)."""
+    add_retry(operation)
+    recorder = _current.get()
+    if recorder is not None:
+        recorder.add_retry()
+
+
+def record_checksum_failure(recorder: Recorder | None = None) -> None:
+    """Count a CRC32C mismatch: in the totals, and for ``recorder`` (default: the current
+    one). Every place s3ckpt compares a CRC32C with the recorded one calls this."""
+    add_checksum_failure()
+    recorder = recorder or _current.get()
+    if recorder is not None:
+        recorder.add_checksum_failure()

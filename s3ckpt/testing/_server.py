@@ -1,0 +1,243 @@
+"""The embedded S3 server: moto's ``ThreadedMotoServer`` on 127.0.0.1, a fresh bucket on it,
+and the ``AWS_*`` environment that points boto3, s3ckpt and child processes at it.
+
+moto is imported only when a server starts (``pip install "s3ckpt[testing]"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from s3ckpt.testing._faultproxy import FAULT_KINDS, FaultProxy, Hook
+
+__all__ = ["INSTALL", "LocalS3", "local_s3", "patched_env", "server_env"]
+
+INSTALL = 'pip install "s3ckpt[testing]"'
+"""The install line that brings the embedded server's dependency (moto's server)."""
+
+_DUMMY_KEY = "testing"
+
+# Removed while the server is in use: each could send a request elsewhere (another
+# endpoint, a profile's endpoint or role) or attach a real session token to the dummy keys.
+_CLEARED = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+)
+
+
+@contextmanager
+def patched_env(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (a string) or remove (``None``) each variable of ``values`` in ``os.environ``,
+    and on exit put back exactly what each one was before (set, or absent). Other
+    variables are left as the block left them."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
+def server_env(endpoint_url: str, region: str) -> dict[str, str | None]:
+    """What :func:`local_s3` sets (a string) and removes (``None``) in ``os.environ``."""
+    env: dict[str, str | None] = {
+        "AWS_ENDPOINT_URL": endpoint_url,
+        "AWS_ACCESS_KEY_ID": _DUMMY_KEY,
+        "AWS_SECRET_ACCESS_KEY": _DUMMY_KEY,
+        "AWS_REGION": region,
+        "AWS_DEFAULT_REGION": region,
+        # Never read the developer's ~/.aws files: no profile, no stored credentials.
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    }
+    env.update(dict.fromkeys(_CLEARED))
+    return env
+
+
+class _Server:
+    """One running ``ThreadedMotoServer`` (shared by every :class:`LocalS3` made from it)."""
+
+    def __init__(self) -> None:
+        try:
+            from moto.server import ThreadedMotoServer
+        except ImportError as exc:
+            raise ImportError(
+                f"s3ckpt.testing's embedded S3 server needs moto's server, which is not "
+                f"installed: {INSTALL}"
+            ) from exc
+        # One INFO line per request otherwise, in every captured log.
+        werkzeug = logging.getLogger("werkzeug")
+        if werkzeug.level == logging.NOTSET:
+            werkzeug.setLevel(logging.ERROR)
+        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self._moto.start()
+        host, port = self._moto.get_host_and_port()
+        self.endpoint_url = f"http://{host}:{port}"
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._moto.stop()
+
+
+class LocalS3:
+    """A bucket on an embedded S3 server (moto) on 127.0.0.1: what :func:`local_s3` yields
+    and the fixtures ``s3ckpt_server`` and ``s3ckpt_s3`` give.
+
+    Any S3 client reaches it through the environment (``AWS_ENDPOINT_URL`` and dummy
+    credentials, see :attr:`env`) while the context or fixture is active: a
+    :class:`~s3ckpt.Checkpointer`, ``s3ckpt`` commands, ``boto3.client("s3")`` and child
+    processes started meanwhile.
+
+    Attributes:
+        endpoint_url: The server's ``http://127.0.0.1:PORT``.
+        bucket: The bucket's name.
+        region: The region of the bucket and of :attr:`env`.
+    """
+
+    def __init__(self, server: _Server, bucket: str, region: str) -> None:
+        self._server = server
+        self.endpoint_url = server.endpoint_url
+        self.bucket = bucket
+        self.region = region
+
+    def __repr__(self) -> str:
+        return f"LocalS3(endpoint_url={self.endpoint_url!r}, bucket={self.bucket!r})"
+
+    @property
+    def url(self) -> str:
+        """``s3://{bucket}``."""
+        return f"s3://{self.bucket}"
+
+    def url_for(self, *parts: str) -> str:
+        """``s3://{bucket}/{part}/{part}...``: a run or checkpoint prefix in the bucket.
+
+        ``url_for("runs", "llama")`` is ``"s3://BUCKET/runs/llama"``; with no parts, :attr:`url`.
+        """
+        path = "/".join(p.strip("/") for p in parts if p.strip("/"))
+        return f"{self.url}/{path}" if path else self.url
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables set in ``os.environ`` while this server is in use: the endpoint,
+        dummy credentials, the region, and ``AWS_CONFIG_FILE`` / ``AWS_SHARED_CREDENTIALS_FILE``
+        pointed at ``os.devnull``. (``AWS_PROFILE``, ``AWS_DEFAULT_PROFILE``,
+        ``AWS_SESSION_TOKEN``, ``AWS_SECURITY_TOKEN``, ``AWS_ENDPOINT_URL_S3`` and
+        ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` are removed meanwhile.) Add it to the
+        environment of a process you start with an environment of your own."""
+        return {
+            k: v for k, v in server_env(self.endpoint_url, self.region).items() if v is not None
+        }
+
+    def client(self) -> Any:
+        """A new boto3 S3 client on the server itself (never through a fault proxy), for
+        arranging and inspecting a test's objects."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=_DUMMY_KEY,
+            aws_secret_access_key=_DUMMY_KEY,
+        )
+
+    def new_bucket(self, name: str | None = None) -> LocalS3:
+        """Create another bucket on the same server (a random name when ``name`` is None)
+        and return it. It lives as long as the server."""
+        return _new_bucket(self._server, name, self.region)
+
+    @contextmanager
+    def fault_proxy(
+        self,
+        *,
+        fault_rate: float = 0.0,
+        faults: Sequence[str] = FAULT_KINDS,
+        seed: int = 0,
+        max_faults: int | None = None,
+        ops: Sequence[str] | None = None,
+        hook: Hook | None = None,
+    ) -> Iterator[FaultProxy]:
+        """A :class:`~s3ckpt.testing.FaultProxy` in front of the server, with
+        ``AWS_ENDPOINT_URL`` pointed at it for the block (restored after).
+
+        The arguments are :class:`~s3ckpt.testing.FaultProxy`'s, except that ``fault_rate``
+        defaults to 0: nothing fails until you :meth:`~s3ckpt.testing.FaultProxy.arm` a
+        fault or raise the rate.
+
+        Open the stores and Checkpointers that should go through the proxy inside the block:
+        a store keeps the client it made first, on the endpoint then in force. :meth:`client`
+        still talks to the server directly.
+        """
+        with (
+            FaultProxy(
+                self.endpoint_url,
+                fault_rate=fault_rate,
+                faults=faults,
+                seed=seed,
+                max_faults=max_faults,
+                ops=ops,
+                hook=hook,
+            ) as proxy,
+            patched_env({"AWS_ENDPOINT_URL": proxy.endpoint_url}),
+        ):
+            yield proxy
+
+
+def _new_bucket(server: _Server, name: str | None, region: str) -> LocalS3:
+    bucket = name or f"s3ckpt-test-{uuid.uuid4().hex[:12]}"
+    kwargs: dict[str, Any] = {"Bucket": bucket}
+    if region != "us-east-1":
+        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+    s3 = LocalS3(server, bucket, region)
+    s3.client().create_bucket(**kwargs)
+    return s3
+
+
+@contextmanager
+def local_s3(bucket: str | None = None, *, region: str = "us-east-1") -> Iterator[LocalS3]:
+    """Start an embedded S3 server (moto) on 127.0.0.1 with a fresh bucket, point the
+    environment at it for the block, and stop it on exit.
+
+    Meanwhile ``os.environ`` holds ``AWS_ENDPOINT_URL``, dummy credentials and the region
+    (:attr:`LocalS3.env`), and none of ``AWS_PROFILE``, ``AWS_SESSION_TOKEN`` or
+    ``AWS_ENDPOINT_URL_S3``; ``AWS_CONFIG_FILE`` and ``AWS_SHARED_CREDENTIALS_FILE`` point at
+    ``os.devnull``, so a developer's real credentials are never read or sent. Child processes
+    started in the block (``subprocess``, ``torch.multiprocessing`` spawn) inherit it. On exit
+    every variable is put back exactly as it was.
+
+    Args:
+        bucket: The bucket's name; a random ``s3ckpt-test-...`` when None.
+        region: The region of the bucket and of ``AWS_REGION`` / ``AWS_DEFAULT_REGION``.
+
+    Raises:
+        ImportError: moto's server is not installed (``pip install "s3ckpt[testing]"``).
+    """
+    server = _Server()
+    try:
+        with patched_env(server_env(server.endpoint_url, region)):
+            yield _new_bucket(server, bucket, region)
+    finally:
+        server.stop()
