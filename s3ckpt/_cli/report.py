@@ -27,7 +27,14 @@ from s3ckpt._cli.retention import (
 from s3ckpt._units import format_bytes
 from s3ckpt.errors import ConfigError
 from s3ckpt.retention import DEFAULT_GRACE, MIN_GRACE, format_duration, load_policy
-from s3ckpt.tools import PriceTable, Report, collect_report, parse_price, render_html
+from s3ckpt.tools import (
+    PriceTable,
+    Report,
+    collect_report,
+    format_usd,
+    parse_price,
+    render_html,
+)
 
 __all__ = ["register"]
 
@@ -156,14 +163,14 @@ def _summary_line(report: Report, where: str) -> str:
     cost = float(doc["cost_month"])  # type: ignore[arg-type]
     line = (
         f"wrote {where}: {runs} run{'s' if runs != 1 else ''}, {n} checkpoint"
-        f"{'s' if n != 1 else ''}, {format_bytes(size)}, ${cost:,.2f}/month"
+        f"{'s' if n != 1 else ''}, {format_bytes(size)}, {format_usd(cost)}/month"
     )
     if report.policy is not None:
         freed = int(doc["bytes_freed"])  # type: ignore[call-overload]
         after = float(doc["cost_month_after"])  # type: ignore[arg-type]
         line += (
             f"; the plan deletes {doc['delete']} ({format_bytes(freed)} freed), "
-            f"${after:,.2f}/month after"
+            f"{format_usd(after)}/month after"
         )
     return line
 

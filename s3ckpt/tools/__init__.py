@@ -39,6 +39,7 @@ from s3ckpt.tools._report import (
     RunReport,
     build_report,
     collect_report,
+    format_usd,
     parse_price,
     render_html,
 )
@@ -147,6 +148,7 @@ __all__ = [
     "fill_nan",
     "find_unrestored",
     "flatten_state_dict",
+    "format_usd",
     "import_safetensors",
     "inspect_checkpoint",
     "load_converter",

@@ -62,6 +62,7 @@ __all__ = [
     "RunReport",
     "build_report",
     "collect_report",
+    "format_usd",
     "parse_price",
     "render_html",
 ]
@@ -634,7 +635,9 @@ def _num(v: float) -> str:
     return repr(float(v))
 
 
-def _usd(v: float) -> str:
+def format_usd(v: float) -> str:
+    """``v`` US dollars as the report shows them: ``$1,234.56``, and ``<$0.01`` for a
+    positive amount that rounds to zero cents (never a misleading ``$0.00``)."""
     if 0 < abs(v) < 0.005:
         return "<$0.01"
     return f"${v:,.2f}"
@@ -740,7 +743,7 @@ def _title(r: CheckpointRow, metric: str | None) -> str:
         state += f" · pinned: {c.pinned}"
     lines.append(state)
     lines.append(
-        f"{format_bytes(c.size)} ({c.size} B) · {c.num_objects} objects · {_usd(r.cost)}/mo"
+        f"{format_bytes(c.size)} ({c.size} B) · {c.num_objects} objects · {format_usd(r.cost)}/mo"
     )
     if metric is not None and metric in c.metrics:
         lines.append(f"{metric} = {_metric_text(c.metrics[metric])}")
@@ -893,7 +896,7 @@ def _summary(doc: Mapping[str, object], has_plan: bool, scope: str) -> str:
     out.append(_dd("total_size", size, format_bytes(size), "total size"))
     out.append(_dd("num_objects", doc["num_objects"], str(doc["num_objects"]), "objects"))
     cost = float(doc["cost_month"])  # type: ignore[arg-type]
-    out.append(_dd("cost_month", _num(cost), f"{_usd(cost)}/mo", "storage now"))
+    out.append(_dd("cost_month", _num(cost), f"{format_usd(cost)}/mo", "storage now"))
     if has_plan:
         for action in ("keep", "delete", "skip"):
             n = doc.get(action, 0)
@@ -910,8 +913,10 @@ def _summary(doc: Mapping[str, object], has_plan: bool, scope: str) -> str:
         )
         after = float(doc["cost_month_after"])  # type: ignore[arg-type]
         saved = float(doc["cost_saved"])  # type: ignore[arg-type]
-        out.append(_dd("cost_month_after", _num(after), f"{_usd(after)}/mo", "after the plan"))
-        out.append(_dd("cost_saved", _num(saved), f"{_usd(saved)}/mo", "saved"))
+        out.append(
+            _dd("cost_month_after", _num(after), f"{format_usd(after)}/mo", "after the plan")
+        )
+        out.append(_dd("cost_saved", _num(saved), f"{format_usd(saved)}/mo", "saved"))
     out.append("</dl>")
     return "".join(out)
 
@@ -975,7 +980,7 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
         f'<td class="n">{_e(format_bytes(c.size))}{classes}</td>'
         f'<td class="n">{c.num_objects}</td>'
         f'<td class="metrics">{metrics or "-"}</td>'
-        f'<td class="n">{_e(_usd(r.cost))}</td>'
+        f'<td class="n">{_e(format_usd(r.cost))}</td>'
         f'<td class="pin">{_e(c.pinned or "")}</td>'
         f"<td>{action}</td>"
         f'<td><ul class="reasons">{reasons}</ul></td>'

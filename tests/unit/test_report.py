@@ -256,8 +256,8 @@ def test_cli_writes_the_page_and_prints_one_line(
     printed = capsys.readouterr()
     assert code == 0, printed.err
     assert re.fullmatch(
-        rf"wrote {re.escape(str(out))}: 1 run, 4 checkpoints, [\d.]+ KiB, \$0\.00/month; the plan "
-        r"deletes 1 \(\d+ B freed\), \$0\.00/month after\n",
+        rf"wrote {re.escape(str(out))}: 1 run, 4 checkpoints, [\d.]+ KiB, <\$0\.01/month; the plan "
+        r"deletes 1 \(\d+ B freed\), <\$0\.01/month after\n",
         printed.out,
     ), printed.out
     page = out.read_text()
