@@ -977,7 +977,8 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
         f'<td class="n">{step or "-"}</td>'
         f'<td><span class="badge s-{c.state.value}">{c.state.value}</span></td>'
         f'<td class="t">{_e(_when(c.committed_at)) or "-"}</td>'
-        f'<td class="n">{_e(format_bytes(c.size))}{classes}</td>'
+        f'<td class="n">{_e(format_bytes(c.size))}<small class="b">{c.size} B</small>'
+        f"{classes}</td>"
         f'<td class="n">{c.num_objects}</td>'
         f'<td class="metrics">{metrics or "-"}</td>'
         f'<td class="n">{_e(format_usd(r.cost))}</td>'
@@ -1098,7 +1099,7 @@ circle.a-skip{fill-opacity:.35}
 table.checkpoints{border-collapse:collapse;width:100%;display:block;min-width:1180px}
 table.checkpoints thead,table.checkpoints tbody{display:block}
 table.checkpoints tr{display:grid;grid-template-columns:3.2em minmax(9em,1.4fr) 5.5em 7.2em
-10.5em 6.6em 4.6em minmax(8em,1.1fr) 5.6em minmax(4em,.7fr) 4.6em minmax(12em,2fr);
+10.5em 8.6em 4.6em minmax(8em,1.1fr) 5.6em minmax(4em,.7fr) 4.6em minmax(12em,2fr);
 border-bottom:1px solid var(--line)}
 table.checkpoints tbody tr{content-visibility:auto;contain-intrinsic-size:auto 30px}
 table.checkpoints thead{position:sticky;top:0;z-index:1;background:var(--card)}
@@ -1110,7 +1111,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}td.t{font-variant-numeri
 td.name{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12.5px}
 td.metrics span{display:inline-block;margin-right:6px;white-space:nowrap;
 font-variant-numeric:tabular-nums}td.t{font-size:12.5px}
-small.cls{display:block;color:var(--muted);font-size:11px}
+small.cls,small.b{display:block;color:var(--muted);font-size:11px}small.b{white-space:nowrap}
 tr.checkpoint:hover{background:var(--card)}tr.checkpoint.hl{background:var(--hl)}
 .badge,.act{display:inline-block;padding:0 6px;border-radius:9px;font-size:12px;
 border:1px solid currentColor}
