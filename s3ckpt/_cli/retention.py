@@ -591,6 +591,7 @@ def _run_metrics(result: PruneResult, event: OperationMetrics | None) -> RunMetr
         deleted=len(result.deleted),
         bytes_freed=event.bytes_freed if event is not None else 0,
         failures=len(result.failures),
+        lease_wait_s=event.lease_wait_s if event is not None else 0.0,
     )
 
 
@@ -784,6 +785,7 @@ def _gc(args: argparse.Namespace) -> int:
                 bytes_freed=mine[-1].bytes_freed if mine else 0,
                 lease_busy=len(result.busy_runs),
                 failures=len(result.failures),
+                lease_wait_s=mine[-1].lease_wait_s if mine else 0.0,
             )
         )
         report.success = code == EXIT_OK

@@ -36,6 +36,8 @@ class RunMetrics:
         bytes_freed: Bytes under them.
         lease_busy: Runs skipped because another pruner held their lease (prune: 0 or 1).
         failures: Keys or uploads that could not be deleted.
+        lease_wait_s: Seconds spent taking the run's lease (0 for a dry run, which takes
+            none).
     """
 
     run: str
@@ -47,6 +49,7 @@ class RunMetrics:
     bytes_freed: int = 0
     lease_busy: int = 0
     failures: int = 0
+    lease_wait_s: float = 0.0
 
 
 class _Collector:
@@ -120,6 +123,7 @@ class _Collector:
             (f"s3ckpt_{c}_freed_bytes", "Bytes under the checkpoints deleted, by run.", "freed"),
             (f"s3ckpt_{c}_lease_busy", "Runs skipped because their lease was held.", "busy"),
             (f"s3ckpt_{c}_failures", "Keys or uploads that could not be deleted.", "failures"),
+            (f"s3ckpt_{c}_lease_wait_seconds", "Seconds spent taking the run's lease.", "wait"),
         ]
         for name, doc, what in per_run:
             g = GaugeMetricFamily(name, doc, labels=["run"])
@@ -129,6 +133,7 @@ class _Collector:
                     "freed": r.bytes_freed,
                     "busy": int(r.lease_busy),
                     "failures": r.failures,
+                    "wait": r.lease_wait_s,
                 }[what]
                 g.add_metric([r.run], float(value))
             yield g

@@ -215,6 +215,8 @@ def test_prune_metrics_file_parses_and_agrees_with_the_json(
     assert samples[("s3ckpt_prune_deleted_checkpoints", lab)] == len(r["deleted"]) == 2
     assert samples[("s3ckpt_prune_freed_bytes", lab)] == r["bytes_freed"] > 0
     assert samples[("s3ckpt_prune_lease_busy", lab)] == 0
+    # --apply takes the run's lease: over HTTP that is a few requests, never free.
+    assert 0 < samples[("s3ckpt_prune_lease_wait_seconds", lab)] < 60
     assert samples[("s3ckpt_checkpoints", (*lab, ("state", "committed")))] == 3
     kept = [d for d in r["decisions"] if d["action"] == "keep"]
     assert samples[("s3ckpt_checkpoint_bytes", (*lab, ("state", "committed")))] == sum(
