@@ -30,6 +30,7 @@ from s3ckpt._cli import (
     EXIT_BUSY,
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_USAGE,
     CommandError,
     error,
     exit_code_for,
@@ -47,7 +48,7 @@ from s3ckpt._time import aware_now, parse_iso
 from s3ckpt._units import format_bytes
 from s3ckpt.errors import ConfigError, LeaseHeldError, S3CkptError
 from s3ckpt.format import compile_step_pattern
-from s3ckpt.metrics import OperationMetrics, RunMetrics, capture, totals, write_textfile
+from s3ckpt.metrics import OperationMetrics, RunMetrics, Totals, capture, totals, write_textfile
 from s3ckpt.retention import (
     DEFAULT_GC_AGE,
     DEFAULT_GRACE,
@@ -104,10 +105,24 @@ def _add_step_pattern(p: argparse.ArgumentParser, note: str = "") -> None:
     )
 
 
+def _metrics_path(text: str) -> str:
+    """``--metrics-file``: refused before any request when its directory cannot take it
+    (the file is written as a temporary file there, then renamed over PATH)."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if not text or text.endswith(os.sep) or os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory: name the file to write")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"directory {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {folder} is not writable by this user")
+    return text
+
+
 def _add_metrics_file(p: argparse.ArgumentParser, command: str) -> None:
     p.add_argument(
         "--metrics-file",
         default=None,
+        type=_metrics_path,
         metavar="PATH",
         help=f"write this {command}'s metrics in the Prometheus text format to PATH, atomically "
         "(for node_exporter's textfile collector, e.g. "
@@ -551,8 +566,22 @@ class _MetricsFile:
         self._before = totals()
         self._t0 = time.monotonic()
 
-    def write(self) -> None:
+    def write(self) -> bool:
+        """Write the file; on failure say why on stderr and return False (what the command
+        did stands: its own output and exit code still tell it)."""
         after = totals()
+        try:
+            self._write(after)
+        except OSError as exc:
+            print(
+                f"s3ckpt {self.command}: cannot write the metrics file {self.path}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return False
+        return True
+
+    def _write(self, after: Totals) -> None:
         write_textfile(
             self.path,
             self.command,
@@ -609,13 +638,19 @@ def _prune(args: argparse.Namespace) -> int:
     )
     try:
         code = _prune_runs(args, policy, store, root, counter, report)
+    except BaseException:
         if report is not None:
-            report.success = code == EXIT_OK
-        return code
+            report.write()  # failed: success 0
+        raise
     finally:
         counter.close()
-        if report is not None:
-            report.write()
+    if report is not None:
+        report.success = code == EXIT_OK
+        if not report.write() and code == EXIT_OK:
+            # Pruned, but the monitoring it was asked for is missing (--json printed the
+            # runs' code already; stderr says why this one differs).
+            code = EXIT_USAGE
+    return code
 
 
 def _prune_runs(
@@ -789,7 +824,8 @@ def _gc(args: argparse.Namespace) -> int:
             )
         )
         report.success = code == EXIT_OK
-        report.write()
+        if not report.write() and code == EXIT_OK:
+            code = EXIT_USAGE  # collected, but the monitoring it was asked for is missing
     if args.json:
         _dump({**result.to_dict(), "exit_code": code})
     else:

@@ -237,3 +237,45 @@ def test_a_failed_prune_still_writes_the_file_a_usage_error_does_not(
     samples = _samples(path.read_text())
     assert samples[("s3ckpt_prune_success", ())] == 0
     capsys.readouterr()
+
+
+def test_a_metrics_file_that_cannot_be_written_is_a_clear_error_never_a_traceback(
+    bucket: str, moto_endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = S3Store(bucket, S3Config(endpoint_url=moto_endpoint))
+    run = StoreURL("s3", bucket, "runs/a/")
+    for step in (1, 2, 3, 4):
+        write_checkpoint(store, run, step, created=time.time() - 86400 + step)
+    prune = ["prune", f"s3://{bucket}/runs/", "--policy", "keep-last-3", "--apply"]
+    # A directory that does not exist, or a directory given as the file: refused by the
+    # parser, before any request (nothing deleted).
+    for where in (tmp_path / "missing" / "m.prom", tmp_path):
+        assert main([*prune, "--metrics-file", str(where)]) == 2
+        err = capsys.readouterr().err
+        assert "--metrics-file" in err and ("does not exist" in err or "is a directory" in err)
+    assert [c.step for c in _committed(store, run)] == [1, 2, 3, 4]
+    # The directory goes away while the prune runs: the prune stands, the error is one
+    # line on stderr, and the exit code says the metrics are missing.
+    folder = tmp_path / "textfile"
+    folder.mkdir()
+    path = folder / "s3ckpt-prune.prom"
+    real = S3Store.delete
+
+    def delete_then_lose_the_folder(self: S3Store, keys: Any) -> Any:
+        if folder.exists():
+            folder.rmdir()
+        return real(self, keys)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(S3Store, "delete", delete_then_lose_the_folder)
+        code = main([*prune, "--metrics-file", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"cannot write the metrics file {path}" in err and "Traceback" not in err
+    assert [c.step for c in _committed(store, run)] == [2, 3, 4]
+
+
+def _committed(store: S3Store, run: StoreURL) -> list[Any]:
+    from s3ckpt.retention import list_checkpoints
+
+    return [c for c in list_checkpoints(store, run) if c.is_committed]
