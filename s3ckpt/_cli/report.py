@@ -136,6 +136,16 @@ def _prices(args: argparse.Namespace) -> PriceTable:
     return table
 
 
+def _check_target(path: str) -> None:
+    """Refuse an output path that cannot be written, before any request."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise CommandError(f"{path}: is a directory: name the HTML file to write")
+    if not folder.is_dir():
+        raise CommandError(f"{path}: cannot write the report: directory {folder} does not exist")
+
+
 def _write(path: str, page: str) -> None:
     """Write ``page`` to ``path`` atomically (a reader never sees half a page)."""
     target = Path(path)
@@ -181,6 +191,8 @@ def _report(args: argparse.Namespace) -> int:
         raise CommandError("--json prints on stdout: write the page to a file (--html FILE)")
     policy = load_policy(args.policy) if args.policy else None  # bad file: exit 2, no request
     prices = _prices(args)
+    if not to_stdout:
+        _check_target(args.html)  # before the scan, which may take minutes on a big bucket
     store, root, counter = _open_counted(args, args.path, "report")
     try:
         report = collect_report(

@@ -285,6 +285,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(
         (["--html", out, "--policy", "no-such-policy"], "no-such-policy"),
         (["--html", out, "--prices", str(tmp_path / "nope.toml")], "cannot read"),
         (["--html", str(tmp_path / "no" / "dir" / "r.html")], "cannot write the report"),
+        (["--html", str(tmp_path)], "is a directory"),
         (["--html", out, "--price", "GLACIER=0", "--prices", str(tmp_path / "x")], "cannot read"),
     ]
     for argv, words in cases:
