@@ -218,8 +218,7 @@ class S3StorageReader(StorageReader):
         self.rank = 0
         self.bytes_read = 0
         self.bytes_received = 0
-        self._metrics: instrument.Recorder | None = None
-        self._owns_metrics = False
+        self._report = instrument.Participant("load")
         self._point(path)
 
     # -- location & metadata ------------------------------------------------------------------
@@ -233,12 +232,8 @@ class S3StorageReader(StorageReader):
         self.checkpoint_id = str(self.url)
         self.load_id = uuid.uuid4().hex
         self._begin_metrics()
-        try:
-            with instrument.bound(self._metrics):
-                self.manifest, self.metadata = self._load()
-        except BaseException as exc:
-            self._end_metrics(exc)
-            raise
+        with self._report.active(self._end_metrics):
+            self.manifest, self.metadata = self._load()
         # A data object's key by its .metadata name (the marker's layout may place it).
         names = (i.relative_path for i in self.metadata.storage_data.values())
         self.object_key = object_keys(self.store, self.url, self.manifest, names)
@@ -266,30 +261,12 @@ class S3StorageReader(StorageReader):
             )
         return manifest, metadata
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled without its metrics recorder (a lock, and this process's subscribers):
-        in the process that unpickles it (DCP's process executor) it starts its own."""
-        state = self.__dict__.copy()
-        state["_metrics"], state["_owns_metrics"] = None, False
-        return state
-
     def _begin_metrics(self) -> None:
-        """Join the Checkpointer's load in this context, or keep (or start) our own."""
-        outer = instrument.current()
-        if outer is not None and outer.kind == "load":
-            self._metrics, self._owns_metrics = outer, False
-        elif not self._owns_metrics or self._metrics is None or self._metrics.finished:
-            self._metrics = instrument.Recorder("load", str(self.url), rank=self.rank)
-            self._owns_metrics = True
-        else:
-            self._metrics.url = str(self.url)
+        self._report.begin(str(self.url), rank=self.rank)
 
     def _end_metrics(self, error: BaseException | None = None) -> None:
-        """Publish our own load's event (not the Checkpointer's: it publishes its own)."""
-        if self._owns_metrics and self._metrics is not None:
-            manifest: Manifest | None = getattr(self, "manifest", None)
-            step = manifest.step if manifest is not None else None
-            self._metrics.finish(error, rank=self.rank, step=step)
+        manifest: Manifest | None = getattr(self, "manifest", None)
+        self._report.end(error, rank=self.rank, step=manifest.step if manifest else None)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | StoreURL | None = None) -> None:
         """Start a new load, optionally of another checkpoint.
@@ -351,15 +328,11 @@ class S3StorageReader(StorageReader):
 
         Without a Checkpointer around it, publishes this rank's ``"load"`` event
         (:mod:`s3ckpt.metrics`) when it ends."""
-        try:
-            with instrument.bound(self._metrics):
-                if isinstance(plan.storage_data, FanOutPlan):
-                    FanOutRead(self, plan.storage_data, planner).run(plan)
-                else:
-                    self._read_direct(self._group(plan), planner, threading.Lock())
-        except BaseException as exc:
-            self._end_metrics(exc)
-            raise
+        with self._report.active(self._end_metrics):
+            if isinstance(plan.storage_data, FanOutPlan):
+                FanOutRead(self, plan.storage_data, planner).run(plan)
+            else:
+                self._read_direct(self._group(plan), planner, threading.Lock())
         self._end_metrics()
         result: Future[None] = Future()
         result.set_result(None)
@@ -429,8 +402,7 @@ class S3StorageReader(StorageReader):
 
     def _count(self, nbytes: int) -> None:
         self.bytes_read += nbytes
-        if self._metrics is not None:
-            self._metrics.add_bytes(nbytes)
+        self._report.add_bytes(nbytes)
 
     def _walk(self, planner: LoadPlanner, lock: threading.Lock) -> RangeWalk[_Span]:
         """The ranged-read walk that streams each span through :meth:`_read_span`; the
@@ -547,7 +519,7 @@ class S3StorageReader(StorageReader):
 
     def _check(self, crc: int, record: ItemRecord, key: str, fqn: str) -> None:
         if self.verify_checksums and crc != record.crc32c:
-            instrument.record_checksum_failure(self._metrics)
+            instrument.record_checksum_failure(self._report.recorder)
             raise ChecksumMismatchError(
                 f"checksum mismatch in {fqn!r}: crc32c {crc:08x}, recorded {record.crc32c:08x} "
                 f"(bytes {record.start}-{record.start + record.length - 1}); the object was "

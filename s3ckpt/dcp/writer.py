@@ -205,8 +205,7 @@ class S3StorageWriter(StorageWriter):
         self.last_manifest: Manifest | None = None
         self.bytes_written = 0
         """Bytes of data objects this rank uploaded in the last save."""
-        self._metrics: instrument.Recorder | None = None
-        self._owns_metrics = False
+        self._report = instrument.Participant("save")
         # The marker was read for the next save already (at construction or a reset to a
         # new location), so planning it need not read it again.
         self._marker_checked = False
@@ -226,38 +225,15 @@ class S3StorageWriter(StorageWriter):
         self._marker_checked = False
         self._begin_metrics()
         if not self.overwrite:
-            try:
-                with instrument.bound(self._metrics):
-                    self._refuse_if_committed()
-            except BaseException as exc:
-                self._end_metrics(exc)
-                raise
+            with self._report.active(self._end_metrics):
+                self._refuse_if_committed()
             self._marker_checked = True
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickled without its metrics recorder (a lock, and this process's subscribers):
-        in the process that unpickles it (DCP's process executor) it starts its own."""
-        state = self.__dict__.copy()
-        state["_metrics"], state["_owns_metrics"] = None, False
-        return state
-
     def _begin_metrics(self) -> None:
-        """Join the Checkpointer's save in this context, or keep (or start) our own."""
-        outer = instrument.current()
-        if outer is not None and outer.kind == "save":
-            self._metrics, self._owns_metrics = outer, False
-        elif not self._owns_metrics or self._metrics is None or self._metrics.finished:
-            self._metrics = instrument.Recorder(
-                "save", str(self.url), step=self.step, rank=self.rank
-            )
-            self._owns_metrics = True
-        else:
-            self._metrics.url = str(self.url)
+        self._report.begin(str(self.url), step=self.step, rank=self.rank)
 
     def _end_metrics(self, error: BaseException | None = None) -> None:
-        """Publish our own save's event (not the Checkpointer's: it publishes its own)."""
-        if self._owns_metrics and self._metrics is not None:
-            self._metrics.finish(error, rank=self.rank)
+        self._report.end(error, rank=self.rank)
 
     def _refuse_if_committed(self) -> None:
         if _exists(self.store, self.url.key(MANIFEST_NAME)):
@@ -310,16 +286,12 @@ class S3StorageWriter(StorageWriter):
         """Check the prefix is free (or overwrite is on; not again when construction or
         a reset just did), beat once (the save is alive before its first byte), and give
         every rank its tag."""
-        try:
-            with instrument.bound(self._metrics):
-                if not self.overwrite and not self._marker_checked:
-                    self._refuse_if_committed()
-                self._marker_checked = False  # used by this save: the next one checks again
-                tag = save_tag(self.save_id)
-                self._beat()
-        except BaseException as exc:
-            self._end_metrics(exc)
-            raise
+        with self._report.active(self._end_metrics):
+            if not self.overwrite and not self._marker_checked:
+                self._refuse_if_committed()
+            self._marker_checked = False  # used by this save: the next one checks again
+            tag = save_tag(self.save_id)
+            self._beat()
         return [
             dataclasses.replace(
                 plan, storage_data=_RankPlan(rank=i, tag=tag, layout=self.prefix_strategy)
@@ -330,12 +302,8 @@ class S3StorageWriter(StorageWriter):
     # -- data -------------------------------------------------------------------------------
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Stream this rank's items as a few multipart objects; see the module docs."""
-        try:
-            with instrument.bound(self._metrics):
-                fut = self._write_data(plan, planner)
-        except BaseException as exc:
-            self._end_metrics(exc)
-            raise
+        with self._report.active(self._end_metrics):
+            fut = self._write_data(plan, planner)
         if not self.is_coordinator:
             self._end_metrics()  # this rank's part is done; finish runs on the coordinator
         return fut
@@ -389,8 +357,7 @@ class S3StorageWriter(StorageWriter):
         finally:
             heartbeat.stop()
             self.bytes_written = uploader.bytes_uploaded
-            if self._metrics is not None:
-                self._metrics.add_bytes(uploader.bytes_uploaded)
+            self._report.add_bytes(uploader.bytes_uploaded)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -468,11 +435,8 @@ class S3StorageWriter(StorageWriter):
             layout=self.prefix_strategy,
         )
         try:
-            with instrument.bound(self._metrics):
+            with self._report.active(self._end_metrics):
                 commit.run(metadata, results, self.storage_meta())
-        except BaseException as exc:
-            self._end_metrics(exc)
-            raise
         finally:
             if commit.manifest is not None:
                 self.last_manifest = commit.manifest

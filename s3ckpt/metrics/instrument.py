@@ -41,6 +41,7 @@ from s3ckpt.metrics._events import (
 )
 
 __all__ = [
+    "Participant",
     "Recorder",
     "bound",
     "current",
@@ -142,6 +143,58 @@ class Recorder:
         )
         publish(event)
         return event
+
+
+class Participant:
+    """What a component taking part in saves or loads reports to (a DCP writer's saves, a
+    reader's loads): the operation of its kind current where each one begins (a
+    Checkpointer's save or load, whose owner publishes the event), else one of its own,
+    which :meth:`end` publishes (plain ``dcp.save`` / ``dcp.load``).
+
+    Pickles without its recorder (a lock, and this process's subscribers): in the process
+    that unpickles it (DCP's process executor) the next :meth:`begin` starts its own.
+    """
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind: Kind = kind
+        self.recorder: Recorder | None = None
+        self.owned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"kind": self.kind, "recorder": None, "owned": False}
+
+    def begin(self, url: str, *, step: int | None = None, rank: int = 0) -> None:
+        """A save or load of ``url`` begins: join the current operation of this kind; else
+        keep our own while it is unfinished (now of ``url``); else start a new one."""
+        outer = _current.get()
+        if outer is not None and outer.kind == self.kind:
+            self.recorder, self.owned = outer, False
+        elif not self.owned or self.recorder is None or self.recorder.finished:
+            self.recorder, self.owned = Recorder(self.kind, url, step=step, rank=rank), True
+        else:
+            self.recorder.url = url
+
+    @contextmanager
+    def active(self, on_error: Callable[[BaseException], None]) -> Iterator[None]:
+        """The recorder current for the block; if the block raises, ``on_error(exc)`` (which
+        ends the operation, :meth:`end`) runs before the exception propagates."""
+        try:
+            with bound(self.recorder):
+                yield
+        except BaseException as exc:
+            on_error(exc)
+            raise
+
+    def add_bytes(self, n: int) -> None:
+        """Count ``n`` bytes written or read."""
+        if self.recorder is not None:
+            self.recorder.add_bytes(n)
+
+    def end(self, error: BaseException | None = None, **fields: Any) -> None:
+        """Publish our own operation's event (:meth:`Recorder.finish`); a joined one is
+        its owner's to publish."""
+        if self.owned and self.recorder is not None:
+            self.recorder.finish(error, **fields)
 
 
 def current() -> Recorder | None:
