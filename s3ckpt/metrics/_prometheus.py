@@ -52,28 +52,19 @@ class RunMetrics:
     lease_wait_s: float = 0.0
 
 
+@dataclass(frozen=True, eq=False)  # hashed by identity: the registry keys on it
 class _Collector:
-    def __init__(
-        self,
-        command: Literal["prune", "gc"],
-        runs: Sequence[RunMetrics],
-        success: bool,
-        finished_at: float,
-        duration_s: float,
-        requests: int,
-        retries: int,
-        throttled: int,
-        dry_run: bool,
-    ) -> None:
-        self.command = command
-        self.runs = runs
-        self.success = success
-        self.finished_at = finished_at
-        self.duration_s = duration_s
-        self.requests = requests
-        self.retries = retries
-        self.throttled = throttled
-        self.dry_run = dry_run
+    """One invocation's values; a prometheus-client collector (by its ``collect()``)."""
+
+    command: Literal["prune", "gc"]
+    runs: Sequence[RunMetrics]
+    success: bool
+    finished_at: float
+    duration_s: float
+    requests: int = 0
+    retries: int = 0
+    throttled: int = 0
+    dry_run: bool = False
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
@@ -167,18 +158,7 @@ class _Collector:
         yield from (f for f in (counts, sizes, latest, step) if f.samples)
 
 
-def _registry(
-    command: Literal["prune", "gc"],
-    runs: Sequence[RunMetrics],
-    *,
-    success: bool,
-    finished_at: float,
-    duration_s: float,
-    requests: int = 0,
-    retries: int = 0,
-    throttled: int = 0,
-    dry_run: bool = False,
-) -> CollectorRegistry:
+def _registry(collector: _Collector) -> CollectorRegistry:
     try:
         from prometheus_client import CollectorRegistry
     except ImportError as exc:  # a core dependency; only a broken install lacks it
@@ -186,9 +166,6 @@ def _registry(
             "--metrics-file needs prometheus-client (pip install prometheus-client)"
         ) from exc
     registry = CollectorRegistry(auto_describe=False)
-    collector = _Collector(
-        command, runs, success, finished_at, duration_s, requests, retries, throttled, dry_run
-    )
     registry.register(collector)  # a Collector by its collect()
     return registry
 
@@ -221,15 +198,9 @@ def render_textfile(
     from prometheus_client import generate_latest
 
     registry = _registry(
-        command,
-        runs,
-        success=success,
-        finished_at=finished_at,
-        duration_s=duration_s,
-        requests=requests,
-        retries=retries,
-        throttled=throttled,
-        dry_run=dry_run,
+        _Collector(
+            command, runs, success, finished_at, duration_s, requests, retries, throttled, dry_run
+        )
     )
     return generate_latest(registry).decode("utf-8")
 
@@ -252,14 +223,8 @@ def write_textfile(
     from prometheus_client import write_to_textfile
 
     registry = _registry(
-        command,
-        runs,
-        success=success,
-        finished_at=finished_at,
-        duration_s=duration_s,
-        requests=requests,
-        retries=retries,
-        throttled=throttled,
-        dry_run=dry_run,
+        _Collector(
+            command, runs, success, finished_at, duration_s, requests, retries, throttled, dry_run
+        )
     )
     write_to_textfile(path, registry)
