@@ -35,22 +35,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._chromium import launch  # noqa: E402
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, PIN_NAME, Manifest, ObjectRecord  # noqa: E402
 from s3ckpt.retention import load_policy  # noqa: E402
 from s3ckpt.store import MemoryStore  # noqa: E402
 from s3ckpt.tools import collect_report, render_html  # noqa: E402
 from s3ckpt.uri import StoreURL  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 T0 = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
 NEXT_FRAME = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
 
@@ -128,7 +119,7 @@ def main() -> None:
         from playwright.sync_api import sync_playwright
 
         pw = sync_playwright().start()
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(pw)
     rows = [["checkpoints", "collect", "render", "size", "gzip", "load", "toggle", "sort"]]
     try:
         with tempfile.TemporaryDirectory() as tmp:

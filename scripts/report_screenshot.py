@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._chromium import launch  # noqa: E402
 from s3ckpt._commit import pid_namespace  # noqa: E402
 from s3ckpt.config import S3Config  # noqa: E402
 from s3ckpt.format import (  # noqa: E402
@@ -49,16 +50,6 @@ from s3ckpt.store.s3 import S3Store  # noqa: E402
 from s3ckpt.tools import build_report  # noqa: E402
 from s3ckpt.uri import StoreURL  # noqa: E402
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 HOUR = 3600.0
 
 
@@ -171,7 +162,7 @@ def main() -> None:
     html_path = Path(args.html) if args.html else Path(args.out).with_suffix(".html")
     html_path.write_text(page, encoding="utf-8")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        browser = launch(p)
         ctx = browser.new_context(
             viewport={"width": 1360, "height": 1180},
             device_scale_factor=1,

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks._chromium import CHROMIUM, launch
 from s3ckpt.cli import main
 from s3ckpt.config import S3Config
 from s3ckpt.format import METADATA_NAME, data_name, heartbeat_name
@@ -45,16 +46,6 @@ from tests.integration._retention_util import new_tag, write_checkpoint
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 DAY = 86400.0
 POLICY = """
 description = "last 3 + best 2 by val_loss"
@@ -78,7 +69,7 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        b = launch(p)
         try:
             yield b
         finally:
