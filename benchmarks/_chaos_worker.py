@@ -4,6 +4,9 @@ The harness starts it with multiprocessing's forkserver (this module preloaded, 
 is imported once, not per trial). Protocol over a Pipe: the child sends ``{"ready": pid}``,
 receives one command, sends ``{"armed": True}``, waits for a ``go`` message when the
 command has ``"barrier": True``, runs it, sends ``{"result": ...}`` and exits.
+A command may carry ``env`` (set before it runs: ``CHAOS_CLOCK_SKEW_S`` skews this process's
+clock, see _chaos_skew.py) and ``s3`` (extra S3Config fields); ``{"kind": "cli", "argv":
+[...]}`` runs the s3ckpt CLI and returns its exit code and output.
 Results never raise: every failure is reported with its type,
 whether it is (or wraps) an s3ckpt error, and how long it took to surface.
 """
@@ -24,6 +27,7 @@ import torch
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
+import _chaos_skew  # noqa: E402
 import _chaos_state as state  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 
@@ -60,10 +64,54 @@ def describe_error(exc: BaseException, t0: float) -> dict[str, Any]:
     }
 
 
+def s3_config(endpoint: str, extra: dict[str, Any]) -> tuple[S3Config, list[str]]:
+    """S3Config(endpoint_url=..., **extra), dropping fields this s3ckpt does not know."""
+    extra = dict(extra)
+    dropped: list[str] = []
+    while True:
+        try:
+            return S3Config(endpoint_url=endpoint, **extra), dropped
+        except TypeError as exc:
+            bad = [k for k in extra if f"'{k}'" in str(exc)]
+            if not bad:
+                raise
+            for k in bad:
+                dropped.append(k)
+                extra.pop(k)
+
+
+def run_cli(argv: list[str]) -> dict[str, Any]:
+    """``s3ckpt ARGV`` (the CLI's own main) in this process, output captured."""
+    import contextlib
+    import io
+
+    from s3ckpt.cli import main
+
+    buf = io.StringIO()
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:
+            rc = int(exc.code) if isinstance(exc.code, int) else 2
+        except BaseException as exc:
+            print(f"CLI crashed: {type(exc).__name__}: {exc}")
+            print(traceback.format_exc()[-1500:])
+            rc = 99
+    return {
+        "ok": rc == 0,
+        "rc": rc,
+        "output": buf.getvalue()[-4000:],
+        "elapsed_s": round(time.monotonic() - t0, 3),
+    }
+
+
 def run(cmd: dict[str, Any]) -> dict[str, Any]:
-    s3 = S3Config(endpoint_url=cmd["endpoint"])
+    if cmd["kind"] == "cli":
+        return run_cli(cmd["argv"])
+    s3, dropped_s3 = s3_config(cmd["endpoint"], cmd.get("s3", {}))
     tc, dropped = transfer_config(cmd.get("tc", {}))
-    out: dict[str, Any] = {"ok": True, "dropped_tc": dropped}
+    out: dict[str, Any] = {"ok": True, "dropped_tc": dropped, "dropped_s3": dropped_s3}
     t0 = time.monotonic()
     seed, step, variant = cmd["seed"], cmd["step"], cmd.get("variant", 0)
     kind = cmd["kind"]
@@ -125,6 +173,9 @@ def child(conn: Any) -> None:
     try:
         conn.send({"ready": os.getpid()})
         cmd = conn.recv()
+        # A harness-only variable (never read by s3ckpt): this process's clock is skewed.
+        os.environ.update(cmd.get("env", {}))
+        _chaos_skew.install_from_env()
         conn.send({"armed": True})
         if cmd.get("barrier"):
             conn.recv()

@@ -84,6 +84,8 @@ os.environ.update(
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
+from _chaos_trust import TRUST_CLASSES, TRUST_VIOLATIONS, TrustClasses  # noqa: E402
+
 CLASSES = {
     1: "kill -9 at commit-protocol steps",
     2: "lost replies and random fault mixes",
@@ -92,6 +94,7 @@ CLASSES = {
     5: "concurrent savers of one step",
     6: "at-rest corruption",
     7: "uncommitted and stock-DCP prefixes",
+    **TRUST_CLASSES,
 }
 VIOLATION_KINDS = (
     "lost",
@@ -102,6 +105,7 @@ VIOLATION_KINDS = (
     "unclear_error",
     "slow_error",
     "undetected_corruption",
+    *TRUST_VIOLATIONS,
 )
 ERROR_LIMIT_S = 60.0
 WORKER_TIMEOUT_S = 90.0
@@ -441,8 +445,10 @@ class Pool:
 
 
 # --------------------------------------------------------------------------- the harness
-class Harness:
-    def __init__(self, seed: int, scale: float, quick: bool) -> None:
+class Harness(TrustClasses):
+    def __init__(
+        self, seed: int, scale: float, quick: bool, class_scale: dict[int, float] | None = None
+    ) -> None:
         import _chaos_state as state
         import torch
 
@@ -452,6 +458,7 @@ class Harness:
         self.state = state
         self.seed = seed
         self.scale = scale
+        self.class_scale = class_scale or {}
         self.quick = quick
         self.rng = random.Random(seed)
         self.results = Results()
@@ -472,6 +479,10 @@ class Harness:
             self.moto.stop()
 
     deadline: float | None = None
+
+    def sc(self, cls: int) -> float:
+        """The trial scale of class ``cls`` (--class-scale, else --trials-scale)."""
+        return self.class_scale.get(cls, self.scale)
 
     def over_budget(self, where: str) -> bool:
         """Past --budget-minutes: stop adding trials (said in the report)."""
@@ -630,7 +641,7 @@ class Harness:
                     f"s3://{bucket}/{run}", c.step
                 )
             else:
-                want = {self.expect_flat(W_STEP, v): v for v in range(0, 6)}
+                want = {self.expect_flat(c.step or W_STEP, v): v for v in range(0, 6)}
                 loader = lambda c=c: self.load_flat_digest(str(c.url))  # noqa: E731
             try:
                 got = loader()
@@ -885,7 +896,7 @@ class Harness:
         return t
 
     def class1(self) -> None:
-        n_total = max(4, round(200 * self.scale))
+        n_total = max(4, round(200 * self.sc(1)))
         kinds = ["ckpt", "writer"]
         plan: list[tuple[str, dict[str, Any]]] = []
         det = [] if self.quick else [(k, p) for k in kinds for p in self.kill_points(k)]
@@ -971,7 +982,6 @@ class Harness:
     ) -> None:
         """A save then a load through a faulting proxy, gc through it, then the invariants."""
         from s3ckpt.testing import FaultProxy
-
 
         b, run, planted = self.arena(kind)
         # A stale upload and an abandoned prefix for gc to clean up through the proxy.
@@ -1085,7 +1095,7 @@ class Harness:
         if self.quick:
             keep = {"PutObject(conditional=True)#1", "CompleteMultipartUpload#1"}
             plan = [p for p in plan if p[1] in keep]
-        n_random = max(2, round(100 * self.scale)) if not self.quick else 0
+        n_random = max(2, round(100 * self.sc(2))) if not self.quick else 0
         for j, (kind, label, arms) in enumerate(plan):
             if self.over_budget(f"class 2 after {j} of {len(plan)} armed runs"):
                 return
@@ -1180,10 +1190,10 @@ class Harness:
     def class4(self) -> None:
         from s3ckpt import format as fmt
 
-        n = 1 if self.quick else max(2, round(4 * self.scale))
+        n = 1 if self.quick else max(2, round(4 * self.sc(4)))
         for j in range(n):
             self.slow_save_trial(j, n, hold=1.5 + j * 0.5, grace_s=1.0)
-        if not self.quick and self.scale >= 0.5:
+        if not self.quick and self.sc(4) >= 0.5:
             # The shortest grace gc accepts, held past on one object (real time).
             min_grace = float(getattr(fmt, "MIN_GRACE_SECONDS", 60.0))
             self.slow_save_trial(n, n + 1, hold=min_grace + 5, grace_s=min_grace, single=True)
@@ -1275,7 +1285,7 @@ class Harness:
         plan = (
             [(2, False), (3, True)]
             if self.quick
-            else [(n, ow) for ow in (False, True) for n in (2, 3, 4)] * max(1, round(self.scale))
+            else [(n, ow) for ow in (False, True) for n in (2, 3, 4)] * max(1, round(self.sc(5)))
         )
         if self.quick:
             plan = plan[:1]
@@ -1415,7 +1425,7 @@ class Harness:
         self._committed_meta = m.metadata_key
         data = [o.name for o in m.objects]
         muts: list[tuple[str, str, Callable[[dict[str, bytes]], None]]] = []
-        n_flips = 2 if self.quick else max(3, round(8 * self.scale))
+        n_flips = 2 if self.quick else max(3, round(8 * self.sc(6)))
 
         def flip(name: str, off: int) -> Callable[[dict[str, bytes]], None]:
             def f(objs: dict[str, bytes]) -> None:
@@ -1817,7 +1827,6 @@ class Harness:
                     f"stock DCP checkpoint ({how}) does not load: {type(exc).__name__}: {exc}",
                 )
             if how == "fsspec-s3":
-
                 store, run_url = self.store(f"s3://{b}/stock")
                 gc_after_grace(store, run_url)
                 gone = sorted(set(before) - set(self.s3.keys(b)))
@@ -1902,6 +1911,24 @@ def render(results: Results, meta: dict[str, Any]) -> str:
         f"{tot['unclear_error']} | {tot['slow_error']} | {tot['undetected_corruption']} | |"
     )
     lines.append("")
+    trust = [c for c in summ if c in TRUST_CLASSES]
+    if trust:
+        lines += [
+            "Invariants of classes 8-12 (counted in the table above too where they apply):",
+            "",
+            "| # | class | trials | s/trial | live save touched | newer step deleted "
+            "| two winners | lease stolen |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for cls in trust:
+            s, v = summ[cls], summ[cls]["violations"]
+            per = s["seconds"] / s["trials"] if s["trials"] else 0.0
+            lines.append(
+                f"| {cls} | {CLASSES[cls]} | {s['trials']} | {per:.1f} | "
+                f"{v['live_save_touched']} | {v['newer_step_deleted']} | {v['two_winners']} | "
+                f"{v['lease_stolen']} |"
+            )
+        lines.append("")
     bad = [t for t in results.trials if t.violations]
     if bad:
         lines.append(
@@ -1941,9 +1968,15 @@ def write_report(path: Path, block: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--classes", default="all", help="'all' or a comma list of 1..7")
+    ap.add_argument("--classes", default="all", help="'all' or a comma list of 1..12")
     ap.add_argument("--trials-scale", type=float, default=1.0)
-    ap.add_argument("--quick", action="store_true", help="the small fixed slice (< 90 s)")
+    ap.add_argument(
+        "--class-scale",
+        default="",
+        metavar="CLS=F,...",
+        help="per-class trial scale overriding --trials-scale, e.g. 1=0.5,6=3",
+    )
+    ap.add_argument("--quick", action="store_true", help="the small fixed slice (~2 min)")
     ap.add_argument("--out", default=None, help="results JSON")
     ap.add_argument("--report", default=None, help="markdown file whose generated block to rewrite")
     ap.add_argument(
@@ -1962,7 +1995,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     # Cheap classes first, so a --budget-minutes cut falls on the long classes 1 and 2.
     classes = (
-        [7, 6, 5, 3, 4, 1, 2]
+        [7, 6, 5, 3, 4, 9, 10, 11, 12, 8, 1, 2]
         if args.classes == "all"
         else [int(c) for c in args.classes.split(",")]
     )
@@ -1973,7 +2006,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _term)
-    h = Harness(args.seed, scale, args.quick)
+    class_scale = {
+        int(k): float(v)
+        for k, v in (kv.split("=", 1) for kv in args.class_scale.split(",") if kv.strip())
+    }
+    h = Harness(args.seed, scale, args.quick, class_scale)
     if args.budget_minutes:
         h.deadline = t_start + args.budget_minutes * 60
     earlier: dict[str, Any] = {}
@@ -2027,6 +2064,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "seed": args.seed,
         "scale": scale,
+        "class_scale": class_scale,
         "quick": args.quick,
     }
     doc = {

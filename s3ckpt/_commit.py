@@ -7,9 +7,12 @@ here is what more than one party needs:
   ``s3ckpt.alive.{tag}.{rank}`` every :data:`~s3ckpt.format.HEARTBEAT_INTERVAL` seconds
   while it uploads, so prune and gc, which measure grace from the newest activity of a
   save's tag, never take a running save for a dead one.
-* :func:`writer_gone` — a heartbeat whose writing process ran on this host and is gone
-  proves its save dead at once (restic's rule for stale locks), so gc need not wait out the
-  grace period after a killed save on the same machine.
+* :func:`writer_gone` — a heartbeat whose writing process ran on this boot of this host
+  and is gone proves its save dead at once (restic's rule for stale locks), so gc need not
+  wait out the grace period after a killed save on the same machine. "This host" is proven
+  by the kernel's boot id, not the hostname (fleets reuse hostnames, and the initial PID
+  namespace id is the same constant on every Linux host), and "gone" by the pid's absence
+  or by another process holding it now (its start time differs): see :func:`process_gone`.
 * :func:`read_marker` — the commit marker and its ETag, read back (how an unknown outcome
   is decided).
 * :func:`restore_stock_metadata` — the roll-forward of a commit that was interrupted
@@ -26,6 +29,7 @@ import random
 import socket
 import threading
 import time
+from dataclasses import asdict, dataclass
 
 from s3ckpt import _crc
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, S3CkptError
@@ -46,9 +50,13 @@ _JITTER = random.Random()
 
 __all__ = [
     "Heartbeat",
+    "Identity",
+    "boot_id",
     "check_metadata",
+    "identity",
     "metadata_matches",
     "process_gone",
+    "process_start",
     "read_marker",
     "restore_stock_metadata",
     "writer_gone",
@@ -65,6 +73,37 @@ def pid_namespace() -> str:
         return ""
 
 
+_BOOT_ID: str | None = None  # read once: a process never changes boots
+
+
+def boot_id() -> str:
+    """This boot of this host: ``/proc/sys/kernel/random/boot_id`` (``""`` where there is
+    none). Unlike a hostname it is never shared by two machines, and it changes on reboot,
+    when every pid of the previous boot is gone."""
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                _BOOT_ID = f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            _BOOT_ID = ""
+    return _BOOT_ID
+
+
+def process_start(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (field 22 of
+    ``/proc/<pid>/stat``); None when it does not exist or /proc does not say. Together with
+    the boot id it names one process: a pid reused later starts later."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+        # Field 2 (the command) is in parentheses and may hold spaces or ")": split after
+        # the last ")". Field 3 is then the first, so field 22 is the 20th.
+        return int(raw.rpartition(b")")[2].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists in this PID namespace (True when unsure)."""
     try:
@@ -76,30 +115,59 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def process_gone(host: str, pidns: str, pid: int) -> bool:
-    """Whether process ``pid`` of ``host`` / ``pidns`` provably no longer exists: only
-    decidable on that same host and PID namespace (a reused pid reads as alive: the safe
-    side)."""
-    return (
-        bool(pidns)
-        and pid > 0
-        and host == socket.gethostname()
-        and pidns == pid_namespace()
-        and pid != os.getpid()
-        and not pid_alive(pid)
-    )
+def process_gone(host: str, pidns: str, pid: int, boot: str = "", start: int | None = None) -> bool:
+    """Whether the process ``pid`` (of ``host``, boot ``boot``, PID namespace ``pidns``,
+    started at ``start`` clock ticks after boot) provably no longer exists.
+
+    Only decidable on the same boot of the same machine (boot id, hostname and PID
+    namespace all ours): there, a pid that does not exist is gone, and so is one that
+    exists with another start time (the pid was reused; that process is not the writer).
+    Anything missing (a record without a boot id or a pid namespace, no /proc) proves
+    nothing: the caller's grace period decides.
+    """
+    mine = boot_id()
+    if not (boot and mine and boot == mine and pidns and pid > 0):
+        return False
+    if host != socket.gethostname() or pidns != pid_namespace():
+        return False
+    if not pid_alive(pid):
+        return True
+    if start is None:
+        return False  # alive, and nothing says it is another process: the safe side
+    now = process_start(pid)
+    return now is not None and now != start
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A process as heartbeats and leases record it (see :func:`process_gone`)."""
+
+    host: str
+    boot: str
+    pidns: str
+    pid: int
+    start: int | None
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON fields: ``host``, ``boot``, ``pidns``, ``pid``, ``start``."""
+        return asdict(self)
+
+
+def identity() -> Identity:
+    """This process's :class:`Identity`."""
+    pid = os.getpid()
+    return Identity(socket.gethostname(), boot_id(), pid_namespace(), pid, process_start(pid))
 
 
 def heartbeat_body(tag: str, rank: int, step: int | None) -> bytes:
-    """What a heartbeat object holds: liveness is its LastModified; host, PID namespace and
-    pid let :func:`writer_gone` prove a killed writer dead at once on the same host."""
+    """What a heartbeat object holds: liveness is its LastModified; host, boot id, PID
+    namespace, pid and start time let :func:`writer_gone` prove a killed writer dead at
+    once on the same boot of the same host."""
     doc = {
         "tag": tag,
         "rank": rank,
         "step": step,
-        "host": socket.gethostname(),
-        "pidns": pid_namespace(),
-        "pid": os.getpid(),
+        **identity().to_dict(),
         "interval": HEARTBEAT_INTERVAL,
         "time": time.time(),
     }
@@ -115,8 +183,15 @@ def writer_gone(raw: bytes) -> bool:
     """
     try:
         doc = json.loads(raw.decode("utf-8"))
-        return process_gone(str(doc["host"]), str(doc["pidns"]), int(doc["pid"]))
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        start = doc.get("start")
+        return process_gone(
+            str(doc["host"]),
+            str(doc["pidns"]),
+            int(doc["pid"]),
+            str(doc.get("boot") or ""),  # older writers recorded none: nothing provable
+            None if start is None else int(start),
+        )
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 

@@ -36,6 +36,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "s3ckpt._cli.retention",
     "s3ckpt._cli.tools",
     "s3ckpt._cli.report",
+    "s3ckpt._cli.doctor",
 )
 
 

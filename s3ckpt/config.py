@@ -159,6 +159,23 @@ class S3Config:
     verify_tls: bool = True
     """Verify the endpoint's TLS certificate."""
 
+    verify_after_write: bool | None = None
+    """Before a save's commit marker, the coordinator reads every data object (and the
+    ``.metadata``) back and checks each item's CRC32C recorded in the manifest; a mismatch
+    fails the save (:class:`~s3ckpt.errors.ChecksumMismatchError`) and the previous
+    checkpoint stays. ``None`` (auto): on where the store is not known to verify the
+    checksums s3ckpt sends (the capability probe, or ``checksum_algorithm="NONE"``), off on
+    stores that do (AWS S3). Costs one more read of every byte saved, through the
+    coordinator (see docs/dcp.md, "Checksums on the wire")."""
+
+    single_writer: bool = False
+    """Opt in to running on a store that does not enforce conditional writes
+    (``If-None-Match: *`` / ``If-Match``; s3ckpt probes once per endpoint and bucket). Off,
+    saves, overwrites and retention leases refuse with
+    :class:`~s3ckpt.errors.ConditionalWritesError` on such a store; on, they warn once per
+    process and go on, and *you* guarantee that only one process at a time saves to or
+    prunes a prefix (two concurrent writers could then both report success)."""
+
     def __post_init__(self) -> None:
         if self.addressing_style not in ("auto", "path", "virtual"):
             raise ConfigError(
@@ -169,6 +186,11 @@ class S3Config:
             raise ConfigError(
                 f"S3Config.checksum_algorithm={self.checksum_algorithm!r}; "
                 "allowed: 'CRC32C', 'NONE'"
+            )
+        if self.verify_after_write not in (None, True, False):
+            raise ConfigError(
+                f"S3Config.verify_after_write={self.verify_after_write!r}; "
+                "allowed: None (auto), True, False"
             )
         if self.sse_customer_key is not None and len(self.sse_customer_key) != 32:
             raise ConfigError("S3Config.sse_customer_key must be exactly 32 bytes (AES-256)")

@@ -12,6 +12,7 @@
     │   ├── AccessDeniedError        credentials missing, wrong or not allowed
     │   ├── PreconditionFailedError  a conditional write lost (If-None-Match / If-Match)
     │   ├── EndpointError            the endpoint cannot be reached (DNS, refused, TLS)
+    │   ├── UnsupportedOperationError  the store does not implement a request (501)
     │   └── TransientStoreError      throttling / 5xx / timeouts that outlasted the retries
     ├── CheckpointError              the checkpoint itself is the problem
     │   ├── CheckpointExistsError    a committed checkpoint is already at the prefix
@@ -23,8 +24,11 @@
     │   ├── UnsafeCheckpointError    a pickle asked for something outside the allow-list
     │   ├── SaveInProgressError      the previous async save is still uploading
     │   └── DeleteRefusedError       deleting this checkpoint could lose one (pinned, newest...)
-    └── LeaseHeldError               another pruner holds the lease on a run
-        └── LeaseLostError           our lease expired and another pruner took it over
+    ├── ConditionalWritesError       the store ignores If-None-Match / If-Match
+    ├── LeaseHeldError               another pruner holds the lease on a run
+    │   └── LeaseLostError           our lease expired and another pruner took it over
+    └── ClockSkewError               this host's clock and the store's differ by more than
+                                     the grace period: gc, prune and rm refuse to act
 
 Lower-layer exceptions (botocore, fsspec, OSError) are mapped to these at exactly one
 edge each (``s3ckpt.store._errors`` and ``s3ckpt.store.fsspec_store``).
@@ -44,6 +48,8 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "ChecksumMismatchError",
+    "ClockSkewError",
+    "ConditionalWritesError",
     "ConfigError",
     "CorruptCheckpointError",
     "DeleteRefusedError",
@@ -62,6 +68,7 @@ __all__ = [
     "TransientStoreError",
     "UncommittedCheckpointError",
     "UnsafeCheckpointError",
+    "UnsupportedOperationError",
     "find_s3ckpt_error",
 ]
 
@@ -191,6 +198,11 @@ class TransientStoreError(StoreError):
     """Throttling, server errors or timeouts persisted through every retry."""
 
 
+class UnsupportedOperationError(StoreError):
+    """The store does not implement this request (HTTP 501 ``NotImplemented``), as some
+    S3-compatible stores answer ``ListMultipartUploads`` or a conditional ``DeleteObject``."""
+
+
 class CheckpointError(S3CkptError):
     """The checkpoint at a prefix cannot be written or read as asked."""
 
@@ -290,6 +302,29 @@ class DeleteRefusedError(CheckpointError):
         self.reason = reason
 
 
+class ConditionalWritesError(S3CkptError):
+    """The store does not enforce conditional writes (``If-None-Match: *`` / ``If-Match``),
+    which commits, overwrites and the retention lease rely on.
+
+    Attributes:
+        endpoint: The endpoint probed (``None``: AWS).
+        what: What was refused (``a save``, ``the lease`` ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        endpoint: str | None = None,
+        what: str | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key)
+        self.endpoint = endpoint
+        self.what = what
+
+
 class LeaseHeldError(S3CkptError):
     """Another pruner holds the lease on a run (``{run}/s3ckpt.lease``); try again later.
 
@@ -315,6 +350,38 @@ class LeaseHeldError(S3CkptError):
 class LeaseLostError(LeaseHeldError):
     """The lease expired while we worked and another pruner took it over: we stopped
     before the next delete."""
+
+
+class ClockSkewError(S3CkptError):
+    """This host's clock and the store's differ by more than the grace period in use.
+
+    Every age s3ckpt judges (grace, lease expiry, ``within``) is measured in the store's
+    time, but a skew that large means the host is misconfigured (fix NTP): gc, prune and
+    rm refuse to delete anything rather than act on it.
+
+    Attributes:
+        local: This host's clock (seconds since the epoch) when the store was asked.
+        store: The store's clock at that moment (seconds since the epoch).
+        skew: ``local - store`` in seconds.
+        limit: The largest skew accepted (the grace period in use), in seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        local: float | None = None,
+        store: float | None = None,
+        skew: float | None = None,
+        limit: float | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key)
+        self.local = local
+        self.store = store
+        self.skew = skew
+        self.limit = limit
 
 
 def find_s3ckpt_error(exc: BaseException) -> S3CkptError | None:

@@ -64,6 +64,13 @@ from typing import Any
 
 from s3ckpt import _crc
 from s3ckpt._gc import gc_paused
+from s3ckpt._step_names import (
+    MAX_STEP_DIGITS,
+    STEP_NAME,
+    StepMatcher,
+    checkpoint_step,
+    compile_step_pattern,
+)
 from s3ckpt.errors import ConfigError, CorruptCheckpointError
 
 __all__ = [
@@ -71,13 +78,16 @@ __all__ = [
     "LATEST_NAME",
     "LEASE_NAME",
     "PIN_NAME",
+    "MAX_STEP_DIGITS",
     "STEP_NAME",
+    "StepMatcher",
     "checkpoint_name",
     "checkpoint_step",
     "compile_step_pattern",
     "check_metrics",
     "tensor_framing_error",
     "MIN_GRACE_SECONDS",
+    "MAX_MANIFEST_BYTES",
     "data_name",
     "heartbeat_name",
     "metadata_name",
@@ -129,23 +139,17 @@ PIN_NAME = "s3ckpt.pin.json"
 SHARDS_DIR = "s3ckpt-shards"
 """Reserved folder of a run: the data objects of its hashed-prefix saves
 (:class:`HashedPrefixes`). Never a run or a checkpoint, never inside a checkpoint's URL."""
-STEP_NAME = re.compile(r"step_([0-9]+)")
-"""A checkpoint sub-prefix named by its step, as the Checkpointer names it
-(:func:`checkpoint_name`); :func:`checkpoint_step` reads this form and the frameworks'."""
 
-MAX_STEP_DIGITS = 18
-"""The most digits a step read from a name may have (a longer run of digits is no step)."""
-_DIGITS = f"([0-9]{{1,{MAX_STEP_DIGITS}}})"
-# A step word must not be glued to a letter or digit before it (``restep_4``, ``xstep_4``), and
-# its number must end the name or be followed by ``-`` or ``_`` (``step_4a``, ``step=4.5`` are
-# no steps).
-_STEP_FORMS = (
-    re.compile(r"(?<![A-Za-z0-9])step[_=-]" + _DIGITS + r"(?=$|[-_])"),
-    re.compile(r"(?<![A-Za-z0-9])global_step" + _DIGITS + r"(?=$|[-_])"),
-)
-_HF_NAME = re.compile(r"checkpoint-" + _DIGITS)
-_ONLY_DIGITS = re.compile(_DIGITS)
-_STEP_EXTENSIONS = (".ckpt", ".pt", ".pth")
+MAX_MANIFEST_BYTES = 512 * 1024 * 1024
+"""The largest commit marker s3ckpt reads (512 MiB, some five million item rows: a save of
+thousands of ranks with FSDP-sharded optimizer state stays well under it). A larger one is
+not read at all (the catalog lists it as damaged), so a hostile object cannot exhaust the
+memory of a scan."""
+MAX_CREATED = 32503680000.0
+"""3000-01-01T00:00:00Z: a marker's ``created`` must lie from the epoch to this."""
+MAX_INT = 2**63 - 1
+"""The largest size, offset, rank, step or version a marker may record (S3's own limits are
+far below; a larger number is a hostile or corrupt marker, not a checkpoint)."""
 
 HEARTBEAT_INTERVAL = 15.0
 """Seconds between a writing rank's heartbeats (``s3ckpt.alive.{tag}.{rank}``)."""
@@ -405,85 +409,12 @@ def check_checkpoint_prefix(prefix: str, layout: HashedPrefixes | None) -> None:
 def checkpoint_name(step: int) -> str:
     """The sub-prefix of a run that holds ``step``'s checkpoint: ``step_000001000``.
 
-    Nine digits sort correctly up to a billion steps; larger steps still parse.
+    Nine digits sort correctly up to a billion steps; larger steps still parse, up to
+    :data:`MAX_STEP_DIGITS` digits (a longer name would not read back as a step).
     """
-    if step < 0:
-        raise ConfigError(f"step must be >= 0, got {step}")
+    if step < 0 or step >= 10**MAX_STEP_DIGITS:
+        raise ConfigError(f"step must be from 0 to 10**{MAX_STEP_DIGITS} - 1, got {step}")
     return f"step_{step:09d}"
-
-
-def compile_step_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
-    """``pattern`` compiled and checked for :func:`checkpoint_step`: a regular expression
-    with exactly one capture group, around the step's digits (``r"ckpt_e\\d+_s(\\d+)"``;
-    other groups must not capture: ``(?:...)``).
-
-    Raises:
-        ConfigError: Not a string, not a valid regular expression, or not exactly one
-            capture group; the message says which.
-    """
-    if isinstance(pattern, re.Pattern):
-        compiled = pattern
-    elif isinstance(pattern, str):
-        try:
-            compiled = re.compile(pattern)
-        except re.error as exc:
-            raise ConfigError(
-                f"step pattern '{pattern}' is not a valid regular expression: {exc}"
-            ) from None
-    else:
-        raise ConfigError(
-            f"a step pattern must be a regular expression (string), got {type(pattern).__name__}"
-        )
-    if compiled.groups != 1:
-        raise ConfigError(
-            f"step pattern '{compiled.pattern}' has {compiled.groups} capture groups; it needs "
-            r"exactly one, around the step's digits (e.g. 'ckpt_e\d+_s(\d+)'; write other "
-            "groups as (?:...))"
-        )
-    return compiled
-
-
-def checkpoint_step(name: str, pattern: str | re.Pattern[str] | None = None) -> int | None:
-    """The step a checkpoint sub-prefix's name (without the slash) gives, else None.
-
-    With ``pattern`` (see :func:`compile_step_pattern`) the whole name must match it
-    (``re.fullmatch``) and its capture group must be 1 to 18 ASCII digits; nothing else is
-    tried. Without one, the forms training frameworks use are read, by these rules:
-
-    1. One trailing ``.ckpt``, ``.pt`` or ``.pth`` is ignored (``step=4.ckpt``).
-    2. A *step word* is ``step`` followed by ``_``, ``=`` or ``-`` (``step_000000100`` of the
-       Checkpointer, ``step_4``, ``step-4`` of torchtitan, ``step=4`` of Lightning), or
-       ``global_step`` followed directly by the digits (DeepSpeed's ``global_step4``). The
-       word must not be glued to a letter or digit before it (``restep_4`` is no step;
-       ``epoch=0-step=4`` and ``global_step=4`` are), and its 1 to 18 digits must end the
-       name or be followed by ``-`` or ``_`` (``epoch=1-step=200-v1`` is 200; ``step_4a``,
-       ``step=4.5`` and ``steps_4`` are no steps). Case matters: ``Step_4`` is no step.
-    3. Every step word of the name counts: when they name **different** numbers
-       (``step_4-step_8``, ``epoch=0-step=4-warmup_step=10``) the name is ambiguous and
-       gives None rather than a guess; the same number twice is that number.
-    4. Failing those, the whole name ``checkpoint-<digits>`` (Hugging Face Trainer) gives
-       its number.
-
-    So ``last.ckpt``, ``epoch=3.ckpt``, ``best`` and accelerate's ``checkpoint_4`` (a count
-    of saves, not a step) give None; a run named otherwise can pass a pattern (the policy
-    file's ``step_pattern``, ``s3ckpt ls --step-pattern``). The catalog prefers the step
-    recorded in a checkpoint's commit marker to either.
-    """
-    if pattern is not None:
-        m = compile_step_pattern(pattern).fullmatch(name)
-        digits = m.group(1) if m else None
-        if digits is None or not _ONLY_DIGITS.fullmatch(digits):
-            return None
-        return int(digits)
-    for ext in _STEP_EXTENSIONS:
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-            break
-    found = {int(m.group(1)) for form in _STEP_FORMS for m in form.finditer(name)}
-    if found:
-        return found.pop() if len(found) == 1 else None
-    m = _HF_NAME.fullmatch(name)
-    return int(m.group(1)) if m else None
 
 
 def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
@@ -713,12 +644,18 @@ class Manifest:
         (items inside their objects, names inside the prefix).
         """
         with gc_paused():  # a list and a record per item, no cycles (see s3ckpt._gc)
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise CorruptCheckpointError(
+                    f"{where} is {len(raw)} bytes, more than the {MAX_MANIFEST_BYTES} a commit "
+                    "marker may have; it was not written by s3ckpt",
+                    key=where,
+                )
             try:
                 doc = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            except (ValueError, RecursionError) as exc:  # bad UTF-8 and JSON are ValueErrors
                 raise CorruptCheckpointError(
-                    f"{where} is not valid JSON ({exc})", key=where
-                ) from exc
+                    f"{where} is not valid JSON ({_short(exc)})", key=where
+                ) from None
             try:
                 return cls._from_doc(doc)
             except _NewerFormat as exc:
@@ -733,18 +670,18 @@ class Manifest:
                     "load an earlier checkpoint)",
                     key=where,
                 ) from None
-            except (KeyError, TypeError, ValueError, IndexError) as exc:
+            except _MALFORMED as exc:
                 raise CorruptCheckpointError(
-                    f"{where} is malformed ({type(exc).__name__}: {exc}); it was not written "
-                    "by a compatible s3ckpt, or it was modified",
+                    f"{where} is malformed ({type(exc).__name__}: {_short(exc)}); it was not "
+                    "written by a compatible s3ckpt, or it was modified",
                     key=where,
-                ) from exc
+                ) from None
 
     @classmethod
     def _from_doc(cls, doc: Any) -> Manifest:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ValueError("missing 'format': 's3ckpt'")
-        version = int(doc["format_version"])
+        version = _nonneg(doc["format_version"])
         if version > MAX_FORMAT_VERSION:
             raise _NewerFormat(
                 f"format_version {version} is newer than this s3ckpt understands "
@@ -791,7 +728,7 @@ class Manifest:
         step = doc.get("step")
         return cls(
             save_id=_str(doc["save_id"]),
-            created=float(doc["created"]),
+            created=_created(doc["created"]),
             world_size=_nonneg(doc["world_size"]),
             metadata_key=meta_key,
             metadata_crc32c=int(meta["crc32c"], 16),
@@ -811,6 +748,20 @@ class Manifest:
         """Items by (fqn, offset)."""
         with gc_paused():
             return {i.key: i for i in self.items}
+
+
+# Whatever a hostile document can make the parser raise: wrong types (TypeError,
+# AttributeError), missing keys, bad values, too large a number for a float (OverflowError)
+# or too deep a nesting (RecursionError). Each is a damaged marker, never a crash.
+_MALFORMED = (
+    KeyError,
+    TypeError,
+    ValueError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    RecursionError,
+)
 
 
 class _DigestMismatch(ValueError):
@@ -836,9 +787,27 @@ def _str(value: Any) -> str:
 
 
 def _nonneg(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
+        raise ValueError(f"expected an integer from 0 to 2**63-1, got {_short(value)}")
     return value
+
+
+def _created(value: Any) -> float:
+    """A commit time: a number of seconds since the epoch that a datetime can hold."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"created must be a number, got {type(value).__name__}")
+    if not 0 <= value < MAX_CREATED:  # NaN fails this too
+        raise ValueError(
+            f"created {_short(value)} is not a time from 1970 to 3000 (seconds since the epoch)"
+        )
+    return float(value)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` (for an exception, its message) cut to ``limit`` characters: a hostile
+    marker must not make an error line megabytes long."""
+    text = str(value) if isinstance(value, BaseException) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _item(row: Sequence[Any]) -> ItemRecord:

@@ -10,11 +10,38 @@ from urllib.parse import urlsplit
 
 from s3ckpt.errors import InvalidURLError
 
-__all__ = ["StoreURL", "as_url", "parse_location", "parse_url", "split_prefix"]
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_PREFIX_BYTES",
+    "RESERVED_KEY_BYTES",
+    "StoreURL",
+    "as_url",
+    "check_url_text",
+    "parse_location",
+    "parse_url",
+    "split_prefix",
+]
 
 # S3 bucket naming rules (general purpose buckets): 3-63 chars, lowercase letters, digits,
 # dots and hyphens, starting and ending with a letter or digit.
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+MAX_KEY_BYTES = 1024
+"""S3's limit on a key: 1,024 bytes of UTF-8 (GCS and Azure have the same order)."""
+RESERVED_KEY_BYTES = 96
+"""What s3ckpt may append to the prefix of a URL it is given: a checkpoint's folder under a
+run (``step_{step:09d}/``, up to 24 bytes), and under a checkpoint the longest name it
+writes: ``__{rank}_{i}.{tag}.distcp``, ``s3ckpt.alive.{tag}.{rank}``, ``.metadata.{tag}``, or
+for hashed prefixes ``s3ckpt-shards/{h}/`` plus ``__{rank}_{i}.{tag}.shard`` (some 50 bytes
+for ten-digit ranks). Refusing a longer prefix up front means a save never fails half way
+on S3's ``KeyTooLongError``."""
+MAX_PREFIX_BYTES = MAX_KEY_BYTES - RESERVED_KEY_BYTES
+"""The longest key prefix (UTF-8 bytes) a URL may name: 928."""
+
+# C0 controls, DEL and C1 controls. urlsplit silently drops \t, \n and \r (``run/a\nb``
+# would save under ``run/ab``), and a key holding any of them cannot be deleted through
+# DeleteObjects' XML body, so none is accepted anywhere in a URL.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -67,14 +94,44 @@ def _norm_prefix(prefix: str) -> str:
     return prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
+def check_url_text(url: str) -> None:
+    """Refuse a URL or path holding a control character (C0 ``\\x00``-``\\x1f``, DEL, C1
+    ``\\x80``-``\\x9f``) or text that is not valid Unicode (a lone surrogate).
+
+    Raises:
+        InvalidURLError: naming the character (its escape and code point) and its position.
+    """
+    m = _CONTROL.search(url)
+    if m is not None:
+        ch = m.group()
+        raise InvalidURLError(
+            f"checkpoint URL {url!r} has the control character {ch!r} (U+{ord(ch):04X}) at "
+            f"position {m.start()}: control characters are refused in URLs and keys (URL "
+            "parsing would drop some silently, and S3 cannot delete keys holding others)"
+        )
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidURLError(
+            f"checkpoint URL {url!r} is not valid Unicode: {url[exc.start]!r} at position "
+            f"{exc.start} ({exc.reason})"
+        ) from None
+
+
 def parse_url(url: str) -> StoreURL:
     """Parse ``s3://bucket/prefix`` (or ``gs://``, ``memory://`` ...) into a :class:`StoreURL`.
 
+    Control characters are refused (:func:`check_url_text`), and so is a key prefix longer
+    than :data:`MAX_PREFIX_BYTES` (928 bytes of UTF-8: S3's 1,024 less what s3ckpt appends,
+    :data:`RESERVED_KEY_BYTES`) on any store but local files.
+
     Raises:
-        InvalidURLError: naming the URL and what a valid one looks like.
+        InvalidURLError: naming the URL, what is wrong and where, and what a valid one
+            looks like.
     """
     if not isinstance(url, str):
         url = str(url)
+    check_url_text(url)  # before urlsplit, which drops \t, \n and \r without a word
     text = url.strip()
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
@@ -114,6 +171,14 @@ def parse_url(url: str) -> StoreURL:
     prefix = _norm_prefix(parts.path)
     if "//" in prefix:
         raise InvalidURLError(f"checkpoint URL {url!r} has an empty path segment ('//')")
+    size = len(prefix.encode("utf-8"))
+    if size > MAX_PREFIX_BYTES:
+        raise InvalidURLError(
+            f"checkpoint URL {url[:60]!r}... names a key prefix of {size} bytes (UTF-8); S3 "
+            f"keys hold at most {MAX_KEY_BYTES} bytes and s3ckpt appends up to "
+            f"{RESERVED_KEY_BYTES} to a prefix (checkpoint folders and object names), so a "
+            f"prefix may have at most {MAX_PREFIX_BYTES}: shorten it by {size - MAX_PREFIX_BYTES}"
+        )
     return StoreURL(scheme, bucket, prefix)
 
 
@@ -125,8 +190,13 @@ def _fsspec_knows(scheme: str) -> bool:
 
 
 def as_url(location: str | os.PathLike[str]) -> str:
-    """``location`` as a URL: URLs pass through, local paths become ``file://`` URLs."""
+    """``location`` as a URL: URLs pass through, local paths become ``file://`` URLs.
+
+    Raises:
+        InvalidURLError: ``location`` holds a control character (:func:`check_url_text`).
+    """
     text = os.fspath(location)
+    check_url_text(text)  # before the path is resolved (a NUL would be a ValueError there)
     if "://" in text:
         return text
     return "file://" + str(Path(text).expanduser().resolve())

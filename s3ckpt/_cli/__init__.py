@@ -9,16 +9,23 @@ takes (``--endpoint-url``, ``--region``, ``--profile``, ``--addressing-style``,
 Exit codes (stable; cron jobs and scripts act on them):
 
 ====  ==========================================================================
-0     done (a dry run that planned, a verify that found nothing wrong, ...)
+0     done (a dry run that planned, a verify that found nothing wrong, a ``doctor`` whose
+      checks all passed, warnings allowed, ...)
 1     done in part: some deletes failed, a verify found bad data, a diff found differences
-      when ``--exit-code`` was asked for, a checkpoint is unreadable; the message names
-      each failure
+      when ``--exit-code`` was asked for, a checkpoint is unreadable (``ls``, ``prune``,
+      ``gc`` and ``report`` list a damaged one as its own row, warn on stderr and process
+      the rest); the message names each failure; ``doctor``: a check failed, the store
+      will not keep checkpoints safe as configured (the ✘ rows say why)
 2     bad input: a malformed or unsupported URL, policy file or argument, no checkpoint
       at the location, an unknown AWS profile, a command that needs PyTorch where it is
       not installed, ``rm`` of a checkpoint it refuses to delete (pinned, the newest, in
       progress, foreign); nothing was changed
-3     the store refused or could not be reached (credentials, bucket, endpoint)
+3     the store refused or could not be reached (credentials, bucket, endpoint;
+      ``doctor`` before its first row)
 4     busy: another pruner holds the lease on a run; try again later
+5     clock skew: this host's clock and the store's differ by more than the grace period,
+      so ``gc``, ``prune --apply`` and ``rm`` refused to delete anything; fix the host's
+      clock (NTP) and run again (``ls``, ``report`` and dry runs only warn)
 130   interrupted (Ctrl-C)
 141   stdout was closed early (``s3ckpt ls ... | head``): the command stops quietly, as
       a program killed by SIGPIPE does
@@ -37,6 +44,7 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     AccessDeniedError,
     CheckpointNotFoundError,
+    ClockSkewError,
     ConfigError,
     DeleteRefusedError,
     EndpointError,
@@ -50,11 +58,13 @@ EXIT_PARTIAL = 1
 EXIT_USAGE = 2
 EXIT_STORE = 3
 EXIT_BUSY = 4
+EXIT_CLOCK = 5
 EXIT_INTERRUPTED = 130
 EXIT_PIPE = 141
 
 __all__ = [
     "EXIT_BUSY",
+    "EXIT_CLOCK",
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_PARTIAL",
@@ -133,6 +143,12 @@ def common_parser() -> argparse.ArgumentParser:
         "--no-verify-tls", action="store_true", help="do not verify the endpoint's TLS certificate"
     )
     g.add_argument(
+        "--single-writer",
+        action="store_true",
+        help="go on (with a warning) on a store that ignores conditional writes "
+        "(If-None-Match / If-Match); you guarantee one writer or pruner at a time",
+    )
+    g.add_argument(
         "--max-attempts",
         type=_positive_int,
         default=None,
@@ -165,6 +181,8 @@ def s3_config_from_args(args: argparse.Namespace) -> S3Config:
         kwargs["addressing_style"] = args.addressing_style
     if getattr(args, "no_verify_tls", False):
         kwargs["verify_tls"] = False
+    if getattr(args, "single_writer", False):
+        kwargs["single_writer"] = True
     return S3Config(**kwargs)
 
 
@@ -185,6 +203,8 @@ def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig | None
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an error that ended a command."""
+    if isinstance(exc, ClockSkewError):
+        return EXIT_CLOCK
     if isinstance(exc, (ConfigError, CheckpointNotFoundError, DeleteRefusedError)):
         return EXIT_USAGE
     if isinstance(exc, (AccessDeniedError, NoSuchBucketError, EndpointError, StoreError)):

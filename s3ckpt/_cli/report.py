@@ -2,8 +2,9 @@
 
 A dry run: it lists (like ``ls``) and, with ``--policy``, plans (like ``prune`` without
 ``--apply``); it takes no lease and deletes nothing. Needs no torch. Exit codes are those of
-:mod:`s3ckpt._cli`: 0 written, 2 bad input (policy, prices, a storage class without a price,
-an output file that cannot be written), 3 store error.
+:mod:`s3ckpt._cli`: 0 written, 1 written with damaged checkpoints (a marker that cannot be
+read: its own row, a warning on stderr), 2 bad input (policy, prices, a storage class without
+a price, an output file that cannot be written), 3 store error.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from s3ckpt._cli import EXIT_OK, CommandError
+from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, CommandError
+from s3ckpt._cli._damaged import warn_damaged
 from s3ckpt._cli._output import add_output_options, print_json
 from s3ckpt._cli.retention import (
     STEP_PATTERN_HELP,
@@ -214,10 +216,17 @@ def _report(args: argparse.Namespace) -> int:
         sys.stdout.write(page)
         sys.stdout.flush()
         print(_summary_line(report, "the page to stdout"), file=sys.stderr)
-        return EXIT_OK
+        return _damaged_code(report)
     _write(args.html, page)
     if args.json:
         print_json({"html": str(args.html), **report.to_dict()}, allow_nan=False)
     else:
         print(_summary_line(report, args.html))
-    return EXIT_OK
+    sys.stdout.flush()
+    return _damaged_code(report)
+
+
+def _damaged_code(report: Report) -> int:
+    """A warning on stderr per damaged checkpoint (on the page as its own row): exit 1."""
+    damaged = warn_damaged("report", (row.info for run in report.runs for row in run.rows))
+    return EXIT_PARTIAL if damaged else EXIT_OK

@@ -2,8 +2,10 @@
 
 ``prune`` and ``gc`` are dry runs unless ``--apply`` is given; ``rm`` deletes (like ``rm``)
 unless ``--dry-run`` is given, and refuses what could lose a checkpoint. Exit codes are those
-of :mod:`s3ckpt._cli`: 0 done, 1 some deletes failed, 2 bad input (or a refused ``rm``), 3
-store error, 4 a run's lease is held by another pruner (the other runs were still pruned).
+of :mod:`s3ckpt._cli`: 0 done, 1 some deletes failed or a checkpoint is damaged (its marker
+cannot be read: its own row, a warning on stderr, never deleted by prune or gc), 2 bad input
+(or a refused ``rm``), 3 store error, 4 a run's lease is held by another pruner (the other
+runs were still pruned).
 
 ``prune`` and ``gc`` take ``--metrics-file PATH``: the invocation's metrics for node_exporter's
 textfile collector (:func:`s3ckpt.metrics.write_textfile`), written atomically once the store
@@ -37,6 +39,7 @@ from s3ckpt._cli import (
     s3_config_from_args,
     transfer_config_from_args,
 )
+from s3ckpt._cli._damaged import state_label, warn_damaged
 from s3ckpt._cli._output import (
     ProgressCounter,
     add_output_options,
@@ -59,6 +62,7 @@ from s3ckpt.retention import (
     GcResult,
     Policy,
     PruneResult,
+    RunCatalog,
     delete_checkpoint,
     format_duration,
     gc,
@@ -70,7 +74,7 @@ from s3ckpt.retention import (
     scan,
     unpin,
 )
-from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store import ObjectStore, check_skew, open_store, skew_note, store_time
 from s3ckpt.store.base import (
     Buffer,
     CompletedPart,
@@ -166,11 +170,14 @@ STEP_PATTERN_HELP = (
 
 def _time(text: str) -> datetime:
     try:
-        return parse_iso(text)
+        value = parse_iso(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected an ISO time such as 2025-03-01T12:00:00Z, got {text!r}"
         ) from None
+    if not 1970 <= value.year < 3000:  # ``now - grace`` must stay inside datetime's range
+        raise argparse.ArgumentTypeError(f"expected a time from 1970 to 2999, got {text!r}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -384,7 +391,9 @@ class _Counted:
         self._counter.add("uploads aborted")
 
     def open_range(self, key: str, start: int = 0, length: int | None = None) -> RangeReader:
-        return self._store.open_range(key, start, length)
+        reader = self._store.open_range(key, start, length)
+        self._counter.add("read")  # the scan reads commit markers as one bounded range
+        return reader
 
     def get(self, key: str) -> bytes:
         data = self._store.get(key)
@@ -408,6 +417,26 @@ class _Counted:
         failures = self._store.delete(keys)
         self._counter.add("deleted", len(keys) - len(failures))
         return failures
+
+    def delete_if_match(self, key: str, etag: str) -> None:
+        self._store.delete_if_match(key, etag)
+        self._counter.add("deleted")
+
+    @property
+    def endpoint_url(self) -> str | None:  # the capability probe's cache key
+        return getattr(self._store, "endpoint_url", None)
+
+    @property
+    def s3_config(self) -> Any:  # S3Config.single_writer, for the capability probe
+        return getattr(self._store, "s3_config", None)
+
+    @property
+    def dated_list(self) -> Any:  # the store's time (s3ckpt.store._clock.store_time)
+        return getattr(self._store, "dated_list", None)
+
+    @property
+    def now(self) -> Any:  # a MemoryStore's clock, for the same
+        return getattr(self._store, "now", None)
 
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         for upload in self._store.list_multipart_uploads(prefix):
@@ -439,7 +468,7 @@ def _metrics(m: Mapping[str, float]) -> str:
 def _columns(c: CheckpointInfo) -> list[str]:
     """NAME, STEP, STATE, COMMITTED and SIZE: the columns ls and prune share."""
     step = "-" if c.step is None else str(c.step)
-    return [c.name, step, c.state.value, _when(c.committed_at), format_bytes(c.size)]
+    return [c.name, step, state_label(c), _when(c.committed_at), format_bytes(c.size)]
 
 
 def _dump(doc: Any) -> None:
@@ -458,11 +487,27 @@ def _print_failures(failures: Iterable[DeleteFailure]) -> None:
         print(f"  FAILED {f.key}: {f.code}: {f.message}")
 
 
+def _store_now(
+    store: ObjectStore, root: StoreURL, grace: timedelta, refuse: bool | None
+) -> datetime:
+    """The store's time now. This host's clock further from it than the grace period in use
+    is a ClockSkewError when ``refuse`` (applying: exit 5), else a warning on stderr."""
+    t = store_time(store, root.prefix)
+    limit = max(grace, MIN_GRACE)  # the floor prune and gc raise it to
+    if refuse:
+        check_skew(t, limit, action=f"prune {root}")
+    note = skew_note(t, limit)
+    if note is not None:
+        print(f"s3ckpt: warning: {note}; fix this host's clock (NTP)", file=sys.stderr)
+    return t.store
+
+
 # -- ls ----------------------------------------------------------------------------------------
 def _ls(args: argparse.Namespace) -> int:
     store, root, counter = _open_counted(args, args.path, "ls")
     try:
-        catalogs = scan(store, root, grace=args.grace, step_pattern=args.step_pattern)
+        now = _store_now(store, root, args.grace, None)
+        catalogs = scan(store, root, grace=args.grace, now=now, step_pattern=args.step_pattern)
     finally:
         counter.close()
     if args.json:
@@ -475,7 +520,7 @@ def _ls(args: argparse.Namespace) -> int:
                 ],
             }
         )
-        return EXIT_OK
+        return _damaged_code("ls", catalogs)
     if not catalogs:
         print(f"no checkpoints under {root}")
         return EXIT_OK
@@ -496,11 +541,20 @@ def _ls(args: argparse.Namespace) -> int:
             saves = _saves(c)
             if saves:
                 print(f"  {c.name}: {saves}")
-    return EXIT_OK
+    sys.stdout.flush()  # the table before the warnings on stderr
+    return _damaged_code("ls", catalogs)
+
+
+def _damaged_code(command: str, catalogs: Iterable[RunCatalog]) -> int:
+    """Warn about each damaged checkpoint on stderr: exit 1 (done in part) when any is."""
+    damaged = warn_damaged(command, (c for cat in catalogs for c in cat.checkpoints))
+    return EXIT_PARTIAL if damaged else EXIT_OK
 
 
 def _saves(c: CheckpointInfo) -> str:
     """``ls``'s line about saves in progress in one checkpoint prefix, or ""."""
+    if c.damaged:
+        return ""  # its committed save is unknown: its warning on stderr says the rest
     if not c.live_saves and not (c.uploads and not c.is_committed):
         return ""
     n = c.live_saves
@@ -661,7 +715,7 @@ def _prune_runs(
     counter: ProgressCounter,
     report: _MetricsFile | None = None,
 ) -> int:
-    now = aware_now(args.now)
+    now = aware_now(args.now) if args.now else _store_now(store, root, args.grace, args.apply)
     runs = list_runs(store, root, grace=args.grace, now=now)
     code = EXIT_OK
     docs: list[dict[str, Any]] = []
@@ -698,6 +752,8 @@ def _prune_runs(
             report.runs.append(_run_metrics(result, mine[-1] if mine else None))
         if not result.ok:
             code = EXIT_PARTIAL
+        if warn_damaged("prune", (d.checkpoint for d in result.plan.decisions)):
+            code = EXIT_PARTIAL  # listed and skipped, the rest pruned: done in part
         docs.append(result.to_dict())
         if not args.json:
             counter.clear()
@@ -811,6 +867,8 @@ def _gc(args: argparse.Namespace) -> int:
     finally:
         counter.close()
     code = EXIT_PARTIAL if result.failures else EXIT_BUSY if result.busy_runs else EXIT_OK
+    if warn_damaged("gc", result.damaged):
+        code = EXIT_PARTIAL  # nothing of theirs deleted, the rest collected: done in part
     if report is not None:
         mine = [e for e in events if e.kind == "gc" and e.url == str(root)]
         report.runs.append(

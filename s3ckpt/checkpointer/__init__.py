@@ -59,7 +59,6 @@ own ``"prune"`` event.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
@@ -72,6 +71,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from s3ckpt.checkpointer._async import SaveHandle, SaveQueue
+from s3ckpt.checkpointer._attach import attach_to_marker
 from s3ckpt.checkpointer._latest import LatestPointer
 from s3ckpt.checkpointer._ranks import RankGroup
 from s3ckpt.checkpointer._retention import (
@@ -87,18 +87,13 @@ from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.dcp.restore import load_verified
 from s3ckpt.dcp.writer import S3StorageWriter
 from s3ckpt.errors import (
-    CheckpointNotFoundError,
     ConfigError,
-    PreconditionFailedError,
-    S3CkptError,
-    TransientStoreError,
     find_s3ckpt_error,
 )
 from s3ckpt.format import (
     LATEST_NAME,
     MANIFEST_NAME,
     HashedPrefixes,
-    Manifest,
     check_metrics,
     check_prefix_strategy,
     checkpoint_name,
@@ -420,29 +415,13 @@ class Checkpointer:
             self._saves.settle(self.on_busy)
         if not self.is_coordinator:
             return
-        key = self._step_url(step).key(MANIFEST_NAME)
-        info = self.store.head(key)
-        if info is None:
-            raise CheckpointNotFoundError(
-                f"no committed checkpoint for step {step} at {self.url}: cannot attach "
-                "metrics; save it first",
-                bucket=self.store.bucket,
-                key=key,
-            )
-        manifest = Manifest.from_json(self.store.get(key))
-        merged = {**dict(manifest.metrics), **new_metrics}
-        body = dataclasses.replace(manifest, metrics=merged).to_json()
-        try:
-            self.store.put(key, body, if_match=info.etag)
-        except (PreconditionFailedError, TransientStoreError):
-            # The reply may have been lost after S3 applied the PUT (a retry then sees a
-            # 412 from our own write): the marker holding exactly our body means it did.
-            try:
-                if self.store.get(key) == body:
-                    return
-            except S3CkptError:
-                pass
-            raise
+        attach_to_marker(
+            self.store,
+            self._step_url(step).key(MANIFEST_NAME),
+            new_metrics,
+            what=f"step {step} at {self.url}",
+            single_writer=self.s3_config.single_writer or None,
+        )
 
     def wait(self) -> None:
         """Block until the save in flight (if any) commits, and retention after it has run.

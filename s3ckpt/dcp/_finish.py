@@ -22,8 +22,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from s3ckpt import _crc
 from s3ckpt._commit import Heartbeat, read_marker, restore_stock_metadata
 from s3ckpt._gc import gc_paused
+from s3ckpt._tombstone import being_deleted, is_tombstone
 from s3ckpt._version import __version__
 from s3ckpt.dcp._torch import StorageInfo
+from s3ckpt.dcp._verify import verify_marker, verify_objects, verify_wanted
 from s3ckpt.errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -101,8 +103,10 @@ class SaveCommit:
         metrics: dict[str, float],
         user: dict[str, Any],
         layout: HashedPrefixes | None = None,
+        verify_after_write: bool | None = None,
     ) -> None:
         self.store = store
+        self.verify_after_write = verify_after_write
         self.layout = layout
         self.url = url
         self.save_id = save_id
@@ -151,6 +155,9 @@ class SaveCommit:
             self._beat()
             self.store.put(self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c)
             self._check_objects(manifest)
+            verify = verify_wanted(self.store, self.verify_after_write, heartbeats[self.rank])
+            if verify:
+                verify_objects(self.store, self.url, manifest)
             previous = self._previous_marker()
             manifest_bytes = manifest.to_json()
             retracted = self._retract_stock_metadata(previous)
@@ -164,6 +171,8 @@ class SaveCommit:
                 self._republish_stock_metadata()
             raise
         self.manifest = manifest
+        if verify:
+            verify_marker(self.store, self.url, manifest_bytes)
         self._after_commit(manifest, meta_bytes, heartbeats, previous)
 
     def _beat(self) -> None:
@@ -241,6 +250,7 @@ class SaveCommit:
         try:
             found: tuple[Manifest | None, str | None] | None = read_marker(self.store, self.url)
         except CorruptCheckpointError as exc:
+            self._refuse_tombstone(exc)
             if not self.overwrite:
                 raise
             info = self.store.head(self.url.key(MANIFEST_NAME))
@@ -251,6 +261,19 @@ class SaveCommit:
         if found is not None and not self.overwrite:
             raise self._exists_error("another save committed it first")
         return found
+
+    def _refuse_tombstone(self, cause: BaseException) -> None:
+        """Never compare-and-swap over a tombstone (:mod:`s3ckpt._tombstone`): a deleter
+        owns the marker until it is gone."""
+        key = self.url.key(MANIFEST_NAME)
+        try:
+            raw: bytes | None = self.store.get(key)
+        except ObjectNotFoundError:
+            raw = None
+        if is_tombstone(raw):
+            raise being_deleted(
+                self.url, bucket=self.store.bucket, key=key, rank=self.rank
+            ) from cause
 
     def _retract_stock_metadata(self, previous: tuple[Manifest | None, str | None] | None) -> bool:
         """Before an overwrite's marker: empty the plain ``.metadata`` copy of the save
@@ -321,6 +344,21 @@ class SaveCommit:
             # found it); a transient failure may have been applied. Read back to decide.
             try:
                 found = read_marker(self.store, self.url)
+            except CorruptCheckpointError as exc:
+                try:
+                    self._refuse_tombstone(exc)  # a deleter swapped the marker first: lost
+                except CheckpointError:
+                    self._discard(own)
+                    raise
+                raise CheckpointError(
+                    f"the commit of {self.url} has an unknown outcome: the marker PUT failed "
+                    f"({failure}) and the marker read back is unreadable ({exc}). This "
+                    "save's objects were kept; `s3ckpt ls` shows whether it committed, and "
+                    "`s3ckpt gc` removes them if it did not",
+                    bucket=self.store.bucket,
+                    key=marker,
+                    rank=self.rank,
+                ) from failure
             except S3CkptError as exc:
                 raise CheckpointError(
                     f"the commit of {self.url} has an unknown outcome: the marker PUT failed "

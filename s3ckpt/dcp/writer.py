@@ -58,7 +58,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from s3ckpt._commit import Heartbeat
+from s3ckpt._commit import Heartbeat, heartbeat_body
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
 from s3ckpt.dcp._locate import open_location, parse_location
@@ -77,12 +77,13 @@ from s3ckpt.format import (
     check_metrics,
     check_prefix_strategy,
     data_name,
+    heartbeat_name,
     object_key,
     save_tag,
     shard_name,
 )
 from s3ckpt.metrics import instrument
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import ObjectStore, require_conditional_writes
 from s3ckpt.transfer import Uploader, format_leftovers, pack
 from s3ckpt.uri import StoreURL
 
@@ -291,6 +292,7 @@ class S3StorageWriter(StorageWriter):
                 self._refuse_if_committed()
             self._marker_checked = False  # used by this save: the next one checks again
             tag = save_tag(self.save_id)
+            self._require_conditional_writes(tag)
             self._beat()
         return [
             dataclasses.replace(
@@ -433,6 +435,7 @@ class S3StorageWriter(StorageWriter):
             metrics=self.metrics,
             user=self.user_metadata,
             layout=self.prefix_strategy,
+            verify_after_write=self.s3_config.verify_after_write,
         )
         try:
             with self._report.active(self._end_metrics):
@@ -441,6 +444,18 @@ class S3StorageWriter(StorageWriter):
             if commit.manifest is not None:
                 self.last_manifest = commit.manifest
         self._end_metrics()
+
+    def _require_conditional_writes(self, tag: str) -> None:
+        """Refuse, before any data is written, on a store that ignores If-None-Match /
+        If-Match (probed once per endpoint and bucket with the coordinator's heartbeat;
+        see :mod:`s3ckpt.store._capabilities`); single-writer mode warns instead."""
+        require_conditional_writes(
+            self.store,
+            self.url.key(heartbeat_name(tag, self.rank)),
+            what=f"a save to {self.url}",
+            body=heartbeat_body(tag, self.rank, self.step),
+            single_writer=self.s3_config.single_writer or None,
+        )
 
     def _beat(self) -> None:
         Heartbeat(self.store, self.url, save_tag(self.save_id), self.rank, self.step).beat()

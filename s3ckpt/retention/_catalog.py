@@ -20,8 +20,19 @@ States:
 * ``ABANDONED`` — no marker, no ``.metadata``, nothing live: a save that died. Only ``gc``
   removes these, and only the names s3ckpt wrote.
 
-Order is by step, then commit time, then name; never by object mtime (a copied or restored
-bucket rewrites every mtime).
+Order is by step, then commit time, then name; never by the mtime of any other object (a
+copied or restored bucket rewrites every mtime).
+
+Times are the store's. ``committed_at`` is when the store took the commit, not what the
+writer's clock said: a job on a node whose clock is two days fast must not make ``within``,
+the calendar rules or "most recently committed" keep its older steps and delete newer ones.
+It is the LastModified of the committed per-save metadata ``.metadata.{tag}``, which the
+coordinator writes just before the marker and nothing rewrites afterwards (the marker itself
+is rewritten in place by ``Checkpointer.attach_metrics``, which would move a checkpoint
+"later" each time metrics are attached). Format-1 commits (no per-save metadata), or a
+listing without that object, fall back to the marker's LastModified; a store that reports no
+LastModified at all, to the writer's ``created``. The writer's ``created`` stays available
+for display.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from s3ckpt._time import iso_z
+from s3ckpt._time import iso_z, utc
 from s3ckpt.store.base import UploadInfo
 from s3ckpt.uri import StoreURL
 
@@ -79,8 +90,10 @@ class CheckpointInfo:
             ``epoch=<e>-step=<n>.ckpt``, ``global_step<n>``, ``checkpoint-<n>``, or the
             catalog's ``step_pattern``); None when neither gives one.
         state: See :class:`CheckpointState`.
-        committed_at: The marker's ``created`` time (UTC); for ``FOREIGN`` checkpoints the
-            ``.metadata`` object's mtime (the only commit time stock DCP leaves); else None.
+        committed_at: When the store took the commit (UTC, the store's clock; see the
+            module docstring); for ``FOREIGN`` checkpoints the ``.metadata`` object's mtime
+            (the only commit time stock DCP leaves); else None. What retention orders and
+            ages by.
         size: Bytes under the prefix (control objects excluded), and of the checkpoint's data
             objects in the run's shard folder (hashed prefixes, :mod:`s3ckpt.retention._scan`).
         num_objects: Objects under the prefix (control objects excluded), shards included.
@@ -88,7 +101,8 @@ class CheckpointInfo:
         pinned: The pin's reason, or None if not pinned.
         last_activity: Newest object mtime or open-upload start under the prefix (UTC);
             used only to tell IN_PROGRESS from ABANDONED, never to order.
-        error: Why the marker could not be read, when it could not (still COMMITTED).
+        error: Why the marker could not be read, when it could not: the checkpoint stays
+            ``COMMITTED`` and is *damaged* (:attr:`damaged`).
         keys: Every key under the prefix (control objects and foreign files included) and the
             checkpoint's data objects in the run's shard folder. Retention deletes only the
             ones s3ckpt (or, with ``include_foreign``, DCP) wrote.
@@ -101,6 +115,11 @@ class CheckpointInfo:
         bytes_by_class: ``size`` split by S3 storage class (``{"STANDARD": ..., "GLACIER":
             ...}``; an object whose listing names no class counts as ``STANDARD``). Its
             values add up to ``size``; empty for records built without a listing.
+        created: The marker's ``created``: the writer's wall clock when it committed (UTC).
+            For display only; None without a readable marker.
+        marker_etag: The commit marker's ETag in the listing: rm and prune delete the
+            marker only while it still has this ETag (an overwrite that committed since
+            is left alone).
     """
 
     url: StoreURL
@@ -121,11 +140,25 @@ class CheckpointInfo:
     committed_keys: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     metadata_stale: bool = False
     bytes_by_class: Mapping[str, int] = field(default_factory=dict, compare=False)
+    created: datetime | None = None
+    marker_etag: str | None = field(default=None, compare=False)
 
     @property
     def is_committed(self) -> bool:
         """Whether the commit marker is present."""
         return self.state is CheckpointState.COMMITTED
+
+    @property
+    def damaged(self) -> bool:
+        """Committed, but its commit marker cannot be read (``error`` says why: not JSON, a
+        field out of range, too large, changed after it was written...).
+
+        A damaged checkpoint is listed as its own row and never deleted by a plan: no
+        policy sees it, so it never counts as the newest committed checkpoint either (the
+        newest readable one is kept). ``gc`` deletes nothing in its prefix but dead saves'
+        uploads; ``rm`` deletes it when asked by name.
+        """
+        return self.is_committed and self.error is not None
 
     @property
     def live_saves(self) -> int:
@@ -153,12 +186,14 @@ class CheckpointInfo:
             "step": self.step,
             "state": self.state.value,
             "committed_at": iso_z(self.committed_at),
+            "created": iso_z(self.created),
             "size": self.size,
             "num_objects": self.num_objects,
             "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
             "pinned": self.pinned,
             "last_activity": iso_z(self.last_activity),
             "error": self.error,
+            "damaged": self.damaged,
             "tag": self.tag,
             "live_saves": self.live_saves,
             "overwrite_in_progress": self.overwrite_in_progress,
@@ -169,15 +204,38 @@ class CheckpointInfo:
 
 @dataclass(frozen=True)
 class RunCatalog:
-    """The checkpoints of one run, oldest first."""
+    """The checkpoints of one run, oldest first.
+
+    Attributes:
+        lease_modified: The LastModified of the run's lease object (store time, seconds
+            since the epoch) when it has one and the listing gave it: its expiry is judged
+            from it (:meth:`~s3ckpt.retention.LeaseRecord.expiry`).
+    """
 
     run: StoreURL
     checkpoints: tuple[CheckpointInfo, ...]
     has_lease: bool = False
+    lease_modified: float | None = None
 
     def by_name(self) -> dict[str, CheckpointInfo]:
         """Checkpoints by name."""
         return {c.name: c for c in self.checkpoints}
+
+
+def commit_time(saved: float | None, marker: float | None, created: float) -> datetime | None:
+    """When the store took a commit (see the module docstring): the LastModified of the
+    committed per-save metadata (``saved``: written just before the marker, never rewritten),
+    else the marker's (rewritten in place by attach_metrics), else the writer's ``created``."""
+    when = saved if saved is not None else marker
+    return writer_time(created) if when is None else utc(when)
+
+
+def writer_time(ts: float) -> datetime | None:
+    """A writer's timestamp as a UTC datetime; None when out of datetime's range."""
+    try:
+        return utc(ts)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _json_float(value: float) -> float | str:

@@ -9,18 +9,26 @@ ones and renews the lease before every request.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tenacity import retry_if_result
 
+from s3ckpt._tombstone import tombstone_body
 from s3ckpt.config import TransferConfig
-from s3ckpt.errors import StoreError
+from s3ckpt.errors import (
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+    TransientStoreError,
+    UnsupportedOperationError,
+)
 from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag, shard_owner
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._lease import Lease
-from s3ckpt.store import TRANSIENT_CODES, retrying
+from s3ckpt.store import TRANSIENT_CODES, cached_capabilities, probe_capabilities, retrying
 from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
 
 __all__ = [
@@ -166,6 +174,9 @@ class _Deleter:
     deleted_keys: int = 0
     aborted: int = 0
     failures: list[DeleteFailure] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    """Checkpoints skipped because their marker changed after the scan."""
+    _conditional: bool | None = field(default=None, repr=False)
 
     def delete(self, keys: Sequence[str], phase: str) -> set[str]:
         """Delete ``keys``; return the keys that failed for good.
@@ -220,6 +231,71 @@ class _Deleter:
                 self.on_progress("delete", {"phase": phase, "keys": len(chunk)})
         return retry
 
+    def _delete_marker(self, key: str, etag: str) -> bool:
+        """Delete the marker ``key`` if its ETag is still ``etag``: True when it is gone,
+        False when it changed (an overwrite committed after the scan).
+
+        ``DeleteObject If-Match`` where the store enforces it; elsewhere a tombstone is
+        swapped in first (``PUT If-Match``, :mod:`s3ckpt._tombstone`), which no overwrite
+        replaces, and then deleted. A 404 or 412 (a retry of our own applied request
+        among them) is decided by reading the marker back.
+        """
+        if self.lease is not None:
+            self.lease.renew_if_due()
+        self.requests += 1
+        if self.on_progress is not None:
+            self.on_progress("delete", {"phase": "marker", "keys": 1})
+        if self._conditional_delete():
+            try:
+                self.store.delete_if_match(key, etag)
+                self.deleted_keys += 1
+                return True
+            except UnsupportedOperationError:
+                self._conditional = False  # fall back to the tombstone from here on
+            except (PreconditionFailedError, ObjectNotFoundError):
+                return self._gone(key)
+        body = tombstone_body(self.lease.owner if self.lease is not None else uuid.uuid4().hex)
+        try:
+            self.store.put(key, body, if_match=etag)
+        except ObjectNotFoundError:
+            return self._gone(key)
+        except (PreconditionFailedError, TransientStoreError) as exc:
+            try:
+                ours = self.store.get(key) == body  # our swap, its reply lost?
+            except ObjectNotFoundError:
+                return True
+            if not ours:
+                if isinstance(exc, TransientStoreError):
+                    raise  # not applied (yet): a failure, not a change
+                return False
+        self.requests += 1
+        errs = self.store.delete([key])
+        if errs:
+            raise StoreError(errs[0].message, key=key, code=errs[0].code, operation="delete")
+        self.deleted_keys += 1
+        return True
+
+    def changed_notes(self) -> tuple[str, ...]:
+        """One note per checkpoint skipped because it changed after the scan."""
+        return tuple(
+            f"{name} changed after it was planned (an overwrite committed a new marker): "
+            "skipped, nothing of it deleted"
+            for name in self.changed
+        )
+
+    def _gone(self, key: str) -> bool:
+        """After a 404/412 of a conditional request: gone (True) or changed (False)."""
+        return self.store.head(key) is None
+
+    def _conditional_delete(self) -> bool:
+        """Whether the store enforces ``DeleteObject If-Match`` (probed with the lease)."""
+        if self._conditional is None:
+            caps = cached_capabilities(self.store)
+            if (caps is None or not caps.delete_probed) and self.lease is not None:
+                caps = probe_capabilities(self.store, self.lease.key, probe_delete=True)
+            self._conditional = bool(caps is not None and caps.conditional_delete)
+        return self._conditional
+
     def abort(self, uploads: Sequence[UploadInfo]) -> set[str]:
         """Abort ``uploads``; return the upload ids that could not be aborted."""
         bad: set[str] = set()
@@ -235,16 +311,29 @@ class _Deleter:
         return bad
 
     def delete_checkpoints(self, targets: Sequence[CheckpointInfo]) -> tuple[str, ...]:
-        """Marker first, then the plain and committed ``.metadata``, then the rest and the
-        uploads; return the names fully deleted (every key s3ckpt may delete is gone)."""
+        """Marker first (only while it is the one planned: :meth:`_delete_marker`), then
+        the plain and committed ``.metadata``, then the rest and the uploads; return the
+        names fully deleted (every key s3ckpt may delete is gone). A checkpoint whose
+        marker changed since the scan goes to :attr:`changed`, and nothing of it is deleted."""
         keys = {c.name: checkpoint_keys(c) for c in targets}
         markers = {c.name: c.url.key(MANIFEST_NAME) for c in targets}
-        present = [markers[c.name] for c in targets if markers[c.name] in keys[c.name]]
-        bad = self.delete(present, "marker")
-        alive = [c for c in targets if markers[c.name] not in bad]
+        present = [c for c in targets if markers[c.name] in keys[c.name]]
+        unknown = [markers[c.name] for c in present if c.marker_etag is None]
+        bad = self.delete(unknown, "marker")  # a store that lists no ETags: as before
+        for c in present:
+            if c.marker_etag is None:
+                continue
+            try:
+                if not self._delete_marker(markers[c.name], c.marker_etag):
+                    self.changed.append(c.name)
+            except StoreError as exc:
+                bad.add(markers[c.name])
+                code = exc.code or type(exc).__name__
+                self.failures.append(DeleteFailure(markers[c.name], code, str(exc)))
+        alive = [c for c in targets if markers[c.name] not in bad and c.name not in self.changed]
         metas = [k for c in alive for k in keys[c.name] if _is_first_metadata(c, k)]
         bad |= self.delete(metas, "metadata")
-        first = set(present) | set(metas)
+        first = {markers[c.name] for c in present} | set(metas)
         data = [k for c in alive for k in keys[c.name] if k not in first]
         bad |= self.delete(data, "data")
         ups = {c.name: checkpoint_uploads(c) for c in alive}

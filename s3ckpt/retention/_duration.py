@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 
-__all__ = ["format_duration", "parse_duration"]
+__all__ = ["MAX_DURATION", "format_duration", "parse_duration"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _WHOLE = re.compile(r"^(?:\d+(?:\.\d+)?[smhdw])+$")
 
 DURATION_HELP = "a number and a unit s, m, h, d or w, e.g. '90s', '36h', '7d' or '1d12h'"
+
+MAX_DURATION = timedelta(days=36500)
+"""The longest duration s3ckpt takes (100 years, ``36500d``): a grace period, ``within`` or
+lease longer than that is a typo, and one beyond :class:`~datetime.datetime`'s range would
+overflow the arithmetic on times (``now - grace``) instead of being refused."""
 
 
 def parse_duration(text: str) -> timedelta:
@@ -26,6 +32,12 @@ def parse_duration(text: str) -> timedelta:
     if not _WHOLE.match(compact):
         raise ValueError(f"bad duration {text!r}: use {DURATION_HELP}")
     seconds = sum(float(n) * _UNITS[u] for n, u in _PART.findall(compact))
+    if not math.isfinite(seconds) or seconds > MAX_DURATION.total_seconds():
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(
+            f"duration {shown!r} is longer than {MAX_DURATION.days}d (100 years), the "
+            "longest s3ckpt takes"
+        )
     return timedelta(seconds=seconds)
 
 

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from s3ckpt._commit import restore_stock_metadata
-from s3ckpt._time import aware_now
 from s3ckpt.errors import LeaseHeldError, S3CkptError
 from s3ckpt.format import METADATA_NAME
 from s3ckpt.metrics import instrument
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._delete import _Deleter, leftover_keys, leftover_uploads
-from s3ckpt.retention._intent import finish_previous, pending_intent
+from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
-from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace
+from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
 from s3ckpt.retention._prune import check_batch_size
 from s3ckpt.retention._results import GcResult
 from s3ckpt.retention._scan import list_checkpoints, read_manifest, scan
+from s3ckpt.store import lists_uploads
 from s3ckpt.store.base import MAX_DELETE_BATCH, DeleteFailure, ObjectStore, UploadInfo
 from s3ckpt.uri import StoreURL
 
@@ -169,11 +169,18 @@ def _gc(
     sleep: Callable[[float], None],
 ) -> GcResult:
     """:func:`gc`'s work; finishes ``recorder`` with what was removed."""
-    now = aware_now(now)
     grace, notes = effective_grace(grace)
+    now, skew = judge_time(store, root, now, grace, refuse="gc" if apply else None)
+    notes += skew
     cutoff = (now - older_than).timestamp()
     catalogs = scan(store, root, grace=grace, now=now)
+    if not lists_uploads(store):
+        notes += (
+            "the store does not implement ListMultipartUploads: gc cannot see open "
+            "multipart uploads and aborted none (let a lifecycle rule abort incomplete ones)",
+        )
     found = _survey((c for cat in catalogs for c in cat.checkpoints), cutoff)
+    damaged = tuple(c for cat in catalogs for c in cat.checkpoints if c.damaged)
     intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in catalogs}
     pending = tuple(str(cat.run.child(n)) for cat in catalogs for n in intents[cat.run.prefix])
     if not apply:
@@ -187,6 +194,7 @@ def _gc(
             stale_metadata=tuple(str(c.url) for c in found.stale),
             resumed=pending,
             notes=notes,
+            damaged=damaged,
         )
 
     deleter = _Deleter(store, None, batch_size, retries, sleep, None)
@@ -218,7 +226,7 @@ def _gc(
             done: tuple[str, ...] = ()
             intent = [*carry, *(c.name for c in resume)]
             if resume:
-                lease.record_intent(intent)
+                lease.record_intent(intent, planned_markers(resume))
                 done = deleter.delete_checkpoints(resume)
                 resumed.extend(str(c.url) for c in resume if c.name in done)
             work = _survey((c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff)
@@ -238,7 +246,7 @@ def _gc(
                     restored.append(str(c.url))
                 else:
                     deleter.failures.append(failure)
-            intent = [n for n in intent if n not in set(done)]
+            intent = [n for n in intent if n not in {*done, *deleter.changed}]
         except BaseException:
             lease.release(intent)  # keep the intent log: the next pruner finishes it
             raise
@@ -269,5 +277,6 @@ def _gc(
         restored=tuple(restored),
         resumed=tuple(resumed),
         keys_deleted=deleter.deleted_keys,
-        notes=notes,
+        notes=notes + deleter.changed_notes(),
+        damaged=damaged,
     )

@@ -4,9 +4,11 @@ Why a lease object and not a lock service: the only thing every pruner shares is
 bucket, and S3's conditional writes make a compare-and-swap out of one object:
 
 * **acquire** — ``PUT`` with ``If-None-Match: *``. If the object exists, read it (HEAD for
-  the ETag, then GET); if it is *released*, *expired*, or *stale* (held by a process of
-  this same host and PID namespace that no longer exists — restic's rule for stale
-  locks), replace it with ``PUT If-Match: <that ETag>``. Exactly one of any number of
+  the ETag and LastModified, then GET); if it is *released*, *expired*, or *stale* (held by
+  a process of this same boot of this host that no longer exists, or whose pid another
+  process now holds — restic's rule for stale locks, with the boot id and the process's
+  start time as proof, never the hostname alone), replace it with
+  ``PUT If-Match: <that ETag>``. Exactly one of any number of
   racing pruners wins each step; the others get :class:`~s3ckpt.errors.LeaseHeldError`.
 * **renew** — ``PUT If-Match: <our ETag>`` with a later expiry, before each delete request
   once half the TTL has passed. A 412 means another pruner took the lease after ours
@@ -15,12 +17,20 @@ bucket, and S3's conditional writes make a compare-and-swap out of one object:
   stays (an unconditional DELETE could remove a lease another pruner has just taken).
 
 The body is also the pruner's *intent log*: before the first delete it records the names
-of the checkpoints the plan deletes (``deleting``). A pruner that takes over a lease whose
-holder died reads that list and finishes those deletions first, so a crash at any point
-converges to the plan even though the dead pruner had already removed some commit markers.
+of the checkpoints the plan deletes (``deleting``) and the ETag of each commit marker it
+planned to delete (``planned``). A pruner that takes over a lease whose holder died reads
+that log and finishes those deletions first, so a crash at any point converges to the plan
+even though the dead pruner had already removed some commit markers. It finishes a marker
+only while it still has the planned ETag (:func:`~s3ckpt.retention._intent.finish_previous`):
+an overwrite that committed after the dead pruner planned is left to the normal plan, as is
+every present marker of a record from an older version (which recorded no ETags).
 
-Expiry compares this machine's clock with the holder's: keep the TTL far above any clock
-skew (NTP keeps it under a second; the default TTL is 5 minutes).
+Expiry never compares two hosts' clocks: a lease is expired when its object's LastModified
+(the store's time of the holder's last write, refreshed by every renewal) plus the TTL the
+holder recorded is at or before the store's time now (:func:`~s3ckpt.store._clock.store_time`,
+the ``Date`` of one response). The body's ``acquired`` / ``expires`` are the holder's wall
+clock, kept for display and for older readers. The holder times its renewals by its own
+monotonic clock from just before each write, which can only renew early.
 
 Lost replies: S3 may apply a conditional PUT whose reply never arrives (a reset or timeout).
 The store then retries it and gets 412 from *our own* write, or gives up with a transient
@@ -39,11 +49,11 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from s3ckpt._commit import pid_namespace, process_gone
+from s3ckpt._commit import identity, process_gone
 from s3ckpt._time import iso_z_seconds
 from s3ckpt.errors import (
     LeaseHeldError,
@@ -53,6 +63,7 @@ from s3ckpt.errors import (
     TransientStoreError,
 )
 from s3ckpt.format import LEASE_NAME
+from s3ckpt.store import require_conditional_writes, store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -64,7 +75,15 @@ LEASE_FORMAT = "s3ckpt.lease"
 
 @dataclass(frozen=True)
 class LeaseRecord:
-    """The lease object's body."""
+    """The lease object's body.
+
+    ``acquired`` and ``expires`` are the holder's wall clock (display; readers of older
+    versions compare ``expires``); expiry is judged by :meth:`expiry` in the store's time.
+    ``boot`` and ``start`` (boot id, process start in clock ticks) prove the holder's
+    process gone (:func:`s3ckpt._commit.process_gone`); records of older versions have
+    neither, and ``ttl`` None. ``planned`` maps names in ``deleting`` to the ETag of the
+    commit marker planned for deletion (absent: no marker was planned, or an older record).
+    """
 
     owner: str
     host: str
@@ -75,6 +94,10 @@ class LeaseRecord:
     released: bool = False
     deleting: tuple[str, ...] = ()
     operation: str = "prune"
+    boot: str = ""
+    start: int | None = None
+    ttl: float | None = None
+    planned: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> bytes:
         doc = {
@@ -84,11 +107,15 @@ class LeaseRecord:
             "host": self.host,
             "pid": self.pid,
             "pidns": self.pidns,
+            "boot": self.boot,
+            "start": self.start,
+            "ttl": self.ttl,
             "operation": self.operation,
             "acquired": self.acquired,
             "expires": self.expires,
             "released": self.released,
             "deleting": list(self.deleting),
+            "planned": dict(self.planned),
         }
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
@@ -109,21 +136,47 @@ class LeaseRecord:
                 released=bool(doc.get("released", False)),
                 deleting=tuple(str(x) for x in doc.get("deleting") or ()),
                 operation=str(doc.get("operation", "prune")),
+                boot=str(doc.get("boot") or ""),
+                start=None if doc.get("start") is None else int(doc["start"]),
+                ttl=None if doc.get("ttl") is None else float(doc["ttl"]),
+                planned={str(k): str(v) for k, v in (doc.get("planned") or {}).items()},
             )
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
 
-    def stale(self, now: float) -> bool:
-        """Released, expired, or held by a dead process on this host and PID namespace."""
-        if self.released or self.expires <= now:
+    def expiry(self, last_modified: float | None, ttl: timedelta = DEFAULT_LEASE_TTL) -> float:
+        """When the lease expires, in the store's time: the object's ``last_modified`` plus
+        the TTL its holder recorded (``ttl`` for records of older versions, which recorded
+        none). Without a LastModified, the holder's own ``expires``."""
+        if last_modified is None:
+            return self.expires
+        return last_modified + (self.ttl if self.ttl is not None else ttl.total_seconds())
+
+    def stale(
+        self,
+        now: float,
+        *,
+        last_modified: float | None = None,
+        ttl: timedelta = DEFAULT_LEASE_TTL,
+    ) -> bool:
+        """Released, expired at ``now`` (the store's time; see :meth:`expiry`), or held by a
+        process provably gone (:func:`s3ckpt._commit.process_gone`)."""
+        if self.released or self.expiry(last_modified, ttl) <= now:
             return True
-        return process_gone(self.host, self.pidns, self.pid)
+        return process_gone(self.host, self.pidns, self.pid, self.boot, self.start)
 
 
 @dataclass
 class Lease:
     """A lease on one run. Use as a context manager or call :meth:`acquire` /
     :meth:`release`; the pruner calls :meth:`renew_if_due` before every delete request.
+
+    Args:
+        clock: Times renewals (seconds; only differences count). Default: the monotonic
+            clock, which NTP steps do not move.
+        store_clock: The store's time now (seconds since the epoch), to judge whether
+            another holder's lease expired. Default: :func:`~s3ckpt.store._clock.store_time`
+            (one request on S3, and only when the lease is found taken).
 
     Attributes:
         previous: The record this lease replaced (a dead pruner's, with its intent log),
@@ -134,13 +187,16 @@ class Lease:
     run: StoreURL
     ttl: timedelta = DEFAULT_LEASE_TTL
     operation: str = "prune"
-    clock: Callable[[], float] = time.time
+    clock: Callable[[], float] = time.monotonic
+    store_clock: Callable[[], float] | None = None
     owner: str = field(
         default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
     )
     previous: LeaseRecord | None = field(default=None, init=False)
     _etag: str | None = field(default=None, init=False, repr=False)
     _record: LeaseRecord | None = field(default=None, init=False, repr=False)
+    _sent: float = field(default=0.0, init=False, repr=False)
+    """``clock()`` just before the write our current ETag came from (renewal timing)."""
 
     @property
     def key(self) -> str:
@@ -152,20 +208,48 @@ class Lease:
         """Whether we hold it (as far as we know)."""
         return self._etag is not None
 
-    def _new_record(self, deleting: Sequence[str] = (), released: bool = False) -> LeaseRecord:
-        now = self.clock()
+    def _planned(
+        self, deleting: Sequence[str], planned: Mapping[str, str] | None
+    ) -> dict[str, str]:
+        """The planned marker ETags of ``deleting``: ``planned``, else what our record and
+        the previous holder's recorded (a carried or unfinished name keeps its ETag)."""
+        if planned is None:
+            planned = {
+                **(self.previous.planned if self.previous else {}),
+                **(self._record.planned if self._record else {}),
+            }
+        return {n: planned[n] for n in deleting if n in planned}
+
+    def _new_record(
+        self,
+        deleting: Sequence[str] = (),
+        released: bool = False,
+        planned: Mapping[str, str] | None = None,
+    ) -> LeaseRecord:
+        self._sent = self.clock()
+        now = time.time()  # display only: expiry is judged in the store's time
         acquired = self._record.acquired if self._record else now
+        me = identity()
         return LeaseRecord(
             owner=self.owner,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            pidns=pid_namespace(),
+            host=me.host,
+            pid=me.pid,
+            pidns=me.pidns,
             acquired=acquired,
             expires=0.0 if released else now + self.ttl.total_seconds(),
             released=released,
             deleting=tuple(deleting),
             operation=self.operation,
+            boot=me.boot,
+            start=me.start,
+            ttl=self.ttl.total_seconds(),
+            planned=self._planned(deleting, planned),
         )
+
+    def _store_now(self) -> float:
+        if self.store_clock is not None:
+            return self.store_clock()
+        return store_time(self.store, self.run.prefix).store.timestamp()
 
     def _written(self, record: LeaseRecord) -> str | None:
         """The lease's ETag if its body is exactly ``record``, else None.
@@ -191,6 +275,13 @@ class Lease:
         """
         if self.ttl <= timedelta(0):
             raise ValueError("lease ttl must be positive")
+        require_conditional_writes(  # once per process: refuse on a store ignoring them
+            self.store,
+            self.key,
+            what=f"the lease on {self.run}",
+            body=self._new_record(released=True).to_json(),
+            probe_delete=True,
+        )
         for _ in range(3):
             record = self._new_record()
             try:
@@ -217,7 +308,7 @@ class Lease:
                 self._etag, self._record = info.etag, record
                 return self
             current = LeaseRecord.from_json(raw)
-            now = self.clock()
+            now = self._store_now()
             if current is None:
                 # Not a lease we understand: it expires one TTL after it was written.
                 age_ok = info.last_modified is not None and (
@@ -225,8 +316,8 @@ class Lease:
                 )
                 if not age_ok:
                     raise self._held(None, None)
-            elif not current.stale(now):
-                raise self._held(current.owner, current.expires)
+            elif not current.stale(now, last_modified=info.last_modified, ttl=self.ttl):
+                raise self._held(current.owner, current.expiry(info.last_modified, self.ttl))
             try:
                 self._etag = self.store.put(self.key, record.to_json(), if_match=info.etag)
             except ObjectNotFoundError:
@@ -281,16 +372,29 @@ class Lease:
             ) from None
         self._record = record
 
-    def record_intent(self, deleting: Sequence[str]) -> None:
-        """Write the names about to be deleted into the lease (the intent log); renews."""
-        self._swap(self._new_record(deleting))
+    def record_intent(
+        self, deleting: Sequence[str], planned: Mapping[str, str] | None = None
+    ) -> None:
+        """Write the names about to be deleted into the lease (the intent log); renews.
+
+        Args:
+            deleting: The checkpoints' names.
+            planned: The ETag of each commit marker planned for deletion, by name (a
+                finishing pruner deletes a marker only while it still has it). Names
+                without one keep what the log already recorded for them.
+        """
+        if planned is not None:
+            planned = {**self._planned(deleting, None), **planned}
+        self._swap(self._new_record(deleting, planned=planned))
 
     def renew_if_due(self) -> None:
         """Renew when less than half the TTL is left; raise LeaseLostError if taken."""
         rec = self._record
         if rec is None:
             raise LeaseLostError(f"not holding the lease on {self.run}", key=self.key)
-        if rec.expires - self.clock() < self.ttl.total_seconds() / 2:
+        # Measured from before our last write was sent: its LastModified (from which the
+        # store's time judges expiry) is later, so this can only renew early.
+        if self.clock() - self._sent >= self.ttl.total_seconds() / 2:
             self._swap(self._new_record(rec.deleting))
 
     def release(self, deleting: Sequence[str] = ()) -> None:

@@ -3,16 +3,22 @@
 A save (a tag) is live while any of its objects, heartbeats or open uploads is younger than
 the grace period (:data:`DEFAULT_GRACE`). prune and gc never accept a grace period below
 :data:`MIN_GRACE` (four missed heartbeats), so no setting can take a running save for a dead
-one. A heartbeat also names the host, PID namespace and pid of its writer: on that same host
-a pid that no longer exists proves the save dead before the grace period runs out
-(:func:`dead_saves`).
+one. A heartbeat also names the host, boot, PID namespace, pid and process start time of its
+writer: on that same boot of that same host a pid that no longer exists (or now belongs to
+another process) proves the save dead before the grace period runs out (:func:`dead_saves`).
+
+Every age is measured in the store's time (:func:`judge_time`): LastModified against the
+store's ``Date``, never against this host's clock, so a gc host whose clock is hours off
+neither deletes a live save nor keeps a dead one for ever. A host whose clock is further
+from the store's than the grace period is refused (:class:`~s3ckpt.errors.ClockSkewError`)
+before it deletes anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TypeVar
 
 from s3ckpt._commit import writer_gone
@@ -21,9 +27,11 @@ from s3ckpt.format import MIN_GRACE_SECONDS
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.retention._catalog import READ_WORKERS
 from s3ckpt.retention._duration import format_duration
+from s3ckpt.store import check_skew, skew_note, store_time
 from s3ckpt.store.base import ObjectStore
+from s3ckpt.uri import StoreURL
 
-__all__ = ["DEFAULT_GRACE", "MIN_GRACE", "dead_saves", "effective_grace"]
+__all__ = ["DEFAULT_GRACE", "MIN_GRACE", "dead_saves", "effective_grace", "judge_time"]
 
 DEFAULT_GRACE = timedelta(hours=2)
 """How long a save (a tag) counts as in progress after its last activity."""
@@ -45,6 +53,38 @@ def effective_grace(grace: timedelta) -> tuple[timedelta, tuple[str, ...]]:
         f"grace {_fmt(grace)} is below the floor of {_fmt(MIN_GRACE)} (four missed "
         f"heartbeats); used {_fmt(MIN_GRACE)}, so no setting can delete a running save",
     )
+
+
+def judge_time(
+    store: ObjectStore,
+    url: StoreURL,
+    now: datetime | None,
+    grace: timedelta,
+    *,
+    refuse: str | None,
+) -> tuple[datetime, tuple[str, ...]]:
+    """The "now" ages are judged against, and notes for the result.
+
+    An explicit ``now`` (timezone-aware) is used as given: the caller chose the time, and
+    nothing is asked of the store. Otherwise it is the store's time
+    (:func:`~s3ckpt.store._clock.store_time`, one request), and this host's clock is
+    compared with it: further apart than ``grace`` (the grace period in use, after its
+    floor) raises :class:`~s3ckpt.errors.ClockSkewError` when ``refuse`` names the action
+    about to delete (gc, prune or rm applying), and is a note otherwise (dry runs).
+
+    Raises:
+        ClockSkewError: see above.
+        ValueError: ``now`` has no timezone.
+    """
+    if now is not None:
+        if now.tzinfo is None:
+            raise ValueError("now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+        return now, ()
+    t = store_time(store, url.prefix)
+    if refuse is not None:
+        check_skew(t, grace, action=refuse)
+    note = skew_note(t, grace)
+    return t.store, (() if note is None else (note + "; fix this host's clock (NTP)",))
 
 
 def _fmt(d: timedelta) -> str:

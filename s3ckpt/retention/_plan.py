@@ -13,7 +13,10 @@ Pure: no store, no clock. The invariants are enforced here, on top of any policy
 6. a committed checkpoint that is being overwritten (a live save writes into its prefix,
    :attr:`~s3ckpt.retention.CheckpointInfo.overwrite_in_progress`) is not deleted now: the
    overwrite commits with a compare-and-swap on the marker it replaces, which a deletion
-   would make fail. It is deferred (``skip``) to a run after the overwrite.
+   would make fail. It is deferred (``skip``) to a run after the overwrite;
+7. a damaged checkpoint (committed, its marker unreadable:
+   :attr:`~s3ckpt.retention.CheckpointInfo.damaged`) is skipped, never deleted, and no
+   policy sees it: it cannot be kept as "the newest" in place of the newest readable one.
 """
 
 from __future__ import annotations
@@ -188,7 +191,7 @@ def _plan(
     eligible_states: tuple[CheckpointState, ...] = (CheckpointState.COMMITTED,)
     if include_foreign:
         eligible_states += (CheckpointState.FOREIGN,)
-    eligible = [c for c in ordered if c.state in eligible_states]
+    eligible = [c for c in ordered if c.state in eligible_states and not c.damaged]
     kept: dict[str, list[str]] = {
         name: list(reasons) for name, reasons in policy.select(eligible, now).items()
     }
@@ -205,7 +208,7 @@ def _plan(
     cap = wanted if max_delete is None else min(max_delete, wanted)
     deferred_reason = (f"deferred: max_delete={max_delete} reached",)
     for c in ordered:
-        if c.state not in eligible_states:
+        if c.state not in eligible_states or c.damaged:
             decisions.append(Decision(c, "skip", (_skip_reason(c),)))
         elif c.name in kept:
             decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
@@ -234,6 +237,7 @@ def newest(eligible: Sequence[CheckpointInfo]) -> dict[str, str]:
     ones, and foreign ones when they are included); the foreign ones count only when none is
     committed. ``delete_checkpoint`` refuses the same ones.
     """
+    eligible = [c for c in eligible if not c.damaged]  # an unreadable marker is no newest
     committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or list(eligible)
     if not committed:
         return {}
@@ -252,6 +256,8 @@ def newest(eligible: Sequence[CheckpointInfo]) -> dict[str, str]:
 
 
 def _skip_reason(c: CheckpointInfo) -> str:
+    if c.damaged:
+        return f"damaged, never deleted by a plan (s3ckpt rm deletes it): {c.error}"
     if c.pinned:
         return f"{c.state.value.replace('_', ' ')}; pinned: {c.pinned}"
     if c.state is CheckpointState.IN_PROGRESS:

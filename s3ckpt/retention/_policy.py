@@ -36,7 +36,7 @@ from typing import Literal
 from s3ckpt.errors import ConfigError, PolicyError
 from s3ckpt.format import compile_step_pattern
 from s3ckpt.retention._catalog import CheckpointInfo
-from s3ckpt.retention._duration import format_duration
+from s3ckpt.retention._duration import MAX_DURATION, format_duration
 
 __all__ = [
     "AllOf",
@@ -316,6 +316,8 @@ class KeepWithin(Policy):
     def __post_init__(self) -> None:
         if not isinstance(self.duration, timedelta) or self.duration <= timedelta(0):
             raise PolicyError(f"KeepWithin.duration must be positive, got {self.duration!r}")
+        if self.duration > MAX_DURATION:  # ``newest - duration`` would overflow datetime
+            raise PolicyError(f"KeepWithin.duration must be at most {MAX_DURATION.days} days")
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
         times = [c.committed_at for c in checkpoints if c.committed_at is not None]

@@ -38,14 +38,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from s3ckpt._time import aware_now
 from s3ckpt.errors import ConfigError, LeaseHeldError
 from s3ckpt.format import compile_step_pattern
 from s3ckpt.metrics import instrument
 from s3ckpt.retention._delete import ProgressCallback, _Deleter
-from s3ckpt.retention._intent import finish_previous
+from s3ckpt.retention._intent import finish_previous, planned_markers
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
-from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace
+from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
 from s3ckpt.retention._plan import check_policy, plan
 from s3ckpt.retention._policy import Policy
 from s3ckpt.retention._results import PruneResult
@@ -89,7 +88,9 @@ def prune(
         run: The run prefix.
         policy: The rules; an empty one is refused before any request.
         apply: Delete (default: dry run, which takes no lease and changes nothing).
-        now: The time policies and the grace period judge against (default: the clock).
+        now: The time policies and the grace period judge against (default: the store's
+            time, and with ``apply`` a refusal when this host's clock is further from it
+            than the grace period).
         max_delete: Delete at most this many checkpoints in this run.
         grace: A save (a tag) is in progress while any of its objects, heartbeats or open
             uploads is younger than this. Raised to ``MIN_GRACE_SECONDS`` (60 s) when
@@ -111,6 +112,8 @@ def prune(
         LeaseLostError: Our lease was taken over mid-way; we stopped before the next delete.
         PolicyError: The policy is empty or a value is out of range.
         ConfigError: ``step_pattern`` is not a regular expression with one capture group.
+        ClockSkewError: With ``apply`` and no ``now``: this host's clock is further from
+            the store's than the grace period; nothing deleted.
 
     Request cost: the listing of :func:`list_checkpoints`; with ``apply``, 1-3 lease
     requests plus one per renewal, then ``ceil(keys / batch_size)`` DeleteObjects requests
@@ -122,8 +125,9 @@ def prune(
     pattern = step_pattern if step_pattern is not None else policy.step_pattern
     if pattern is not None:
         compile_step_pattern(pattern)  # a bad one is refused before any request
-    now = aware_now(now)
     grace, notes = effective_grace(grace)
+    now, skew = judge_time(store, run, now, grace, refuse=f"prune {run}" if apply else None)
+    notes += skew
 
     def emit(event: str, **details: Any) -> None:
         if on_progress is not None:
@@ -205,10 +209,10 @@ def _apply(
         deleted: tuple[str, ...] = ()
         intent = [*carry, *(c.name for c in targets)]
         if targets:
-            lease.record_intent(intent)
+            lease.record_intent(intent, planned_markers(targets))
             emit("intent", names=intent)
             deleted = deleter.delete_checkpoints(targets)
-        unfinished = [n for n in intent if n not in set(deleted)]
+        unfinished = [n for n in intent if n not in {*deleted, *deleter.changed}]
         lease.release(unfinished)
         emit("done", deleted=len(deleted), failures=len(deleter.failures))
         gone = set(deleted)
@@ -230,7 +234,7 @@ def _apply(
             aborted=deleter.aborted,
             resumed_bytes=sum(c.size for c in resume),
             resumed_objects=sum(c.num_objects for c in resume),
-            notes=notes,
+            notes=notes + deleter.changed_notes(),
         )
     except BaseException as exc:
         try:

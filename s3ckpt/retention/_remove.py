@@ -42,15 +42,14 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from s3ckpt._time import aware_now
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, DeleteRefusedError
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, compile_step_pattern
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._delete import ProgressCallback, _Deleter, checkpoint_keys
 from s3ckpt.retention._duration import format_duration
-from s3ckpt.retention._intent import finish_previous, pending_intent
+from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
-from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace
+from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
 from s3ckpt.retention._plan import newest
 from s3ckpt.retention._results import DeleteResult
 from s3ckpt.retention._scan import scan
@@ -94,7 +93,9 @@ def delete_checkpoint(
         lease_ttl: How long the run's lease lasts without renewal.
         retries: Rounds of retries for throttled / 5xx per-key errors.
         sleep: Back-off sleep (tests pass a no-op).
-        now: The time the grace period is judged against (default: the clock).
+        now: The time the grace period is judged against (default: the store's time, and
+            without ``dry_run`` a refusal when this host's clock is further from it than
+            the grace period).
         step_pattern: How the run's names give their steps (see
             :func:`s3ckpt.format.checkpoint_step`), for telling which checkpoint is newest.
         on_progress: See :data:`~s3ckpt.retention.ProgressCallback` (``lease``, ``intent``,
@@ -113,17 +114,21 @@ def delete_checkpoint(
             is not a regular expression with one capture group.
         LeaseHeldError: Another pruner holds the run's lease (nothing was changed).
         LeaseLostError: The lease was taken over mid-way; stopped before the next delete.
+        ClockSkewError: This host's clock is further from the store's than the grace
+            period (not with ``dry_run`` or an explicit ``now``); nothing deleted.
 
     Request cost: the catalog of the run (:func:`~s3ckpt.retention.list_checkpoints`: LISTs
     of the run, one GET per committed checkpoint's marker); without ``dry_run`` a second
     catalog under the lease, 3-4 lease PUTs (plus HEAD + GET to take over a released one),
     and one DeleteObjects request per phase (marker, metadata, the rest).
     """
-    now = aware_now(now)
     grace, notes = effective_grace(grace)
     if step_pattern is not None:
         compile_step_pattern(step_pattern)
     name, run = _split(checkpoint)
+    refuse = None if dry_run else f"delete {checkpoint}"
+    now, skew = judge_time(store, run, now, grace, refuse=refuse)
+    notes += skew
 
     def emit(event: str, **details: Any) -> None:
         if on_progress is not None:
@@ -159,18 +164,19 @@ def delete_checkpoint(
                 "try again once that save commits or dies",
             )
         found = [c for c in resume if c.name == name]
-        if found:  # already being deleted (its marker is gone): finish it
+        if found:  # already being deleted (by a pruner that died): finish it
             target, targets = found[0], list(resume)
         else:
             target = _find(rest, checkpoint, run, name)
             _check(target, rest, allow_newest, include_foreign, grace)
             targets = [*resume, target]
         intent = [*carry, *(c.name for c in targets)]
-        lease.record_intent(intent)
+        lease.record_intent(intent, planned_markers(targets))
         emit("intent", names=intent)
         deleter = _Deleter(store, lease, MAX_DELETE_BATCH, retries, sleep, on_progress)
         done = deleter.delete_checkpoints(targets)
-        lease.release([n for n in intent if n not in set(done)])
+        lease.release([n for n in intent if n not in {*done, *deleter.changed}])
+        notes += deleter.changed_notes()
         emit("done", deleted=len(done), failures=len(deleter.failures))
     except BaseException:
         lease.release(intent)  # keep the intent log: the next pruner finishes it

@@ -101,6 +101,9 @@ class GcResult:
         resumed: Checkpoints a dead pruner was deleting (its lease's intent log), finished.
         keys_deleted: Keys removed in all.
         notes: Adjustments made to the arguments (a grace period raised to its floor).
+        damaged: Committed checkpoints whose marker cannot be read
+            (:attr:`CheckpointInfo.damaged`): gc deletes nothing of theirs but dead saves'
+            uploads, and reports them.
     """
 
     root: StoreURL
@@ -120,6 +123,7 @@ class GcResult:
     resumed: tuple[str, ...] = ()
     keys_deleted: int = 0
     notes: tuple[str, ...] = ()
+    damaged: tuple[CheckpointInfo, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -153,6 +157,7 @@ class GcResult:
             "resumed": list(self.resumed),
             "keys_deleted": self.keys_deleted,
             "notes": list(self.notes),
+            "damaged": [{"url": str(c.url), "error": c.error} for c in self.damaged],
         }
 
 

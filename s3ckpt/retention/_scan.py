@@ -44,15 +44,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from s3ckpt._time import aware_now, utc
+from s3ckpt._time import utc
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
 from s3ckpt.format import (
     HEARTBEAT_PREFIX,
     LEASE_NAME,
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     METADATA_NAME,
     PIN_NAME,
     Manifest,
+    StepMatcher,
     checkpoint_step,
     compile_step_pattern,
     in_shard_tree,
@@ -66,8 +68,11 @@ from s3ckpt.retention._catalog import (
     CheckpointInfo,
     CheckpointState,
     RunCatalog,
+    commit_time,
+    writer_time,
 )
-from s3ckpt.retention._liveness import DEFAULT_GRACE, dead_saves
+from s3ckpt.retention._liveness import DEFAULT_GRACE, dead_saves, judge_time
+from s3ckpt.store import list_open_uploads
 from s3ckpt.store.base import ObjectInfo, ObjectStore, UploadInfo
 from s3ckpt.uri import StoreURL, split_prefix
 
@@ -86,6 +91,8 @@ class _Group:
     newest: float | None = None
     marker: ObjectInfo | None = None
     metadata: ObjectInfo | None = None
+    saved_metadata: dict[str, float] = field(default_factory=dict)
+    """LastModified of each per-save ``.metadata.{tag}`` (the commit time, store's clock)."""
     pin: bool = False
     tags: dict[str, float] = field(default_factory=dict)
     """Newest activity per save tag (objects, heartbeats and uploads directly under it, and
@@ -134,7 +141,7 @@ def scan(
     grace: timedelta = DEFAULT_GRACE,
     now: datetime | None = None,
     include_uploads: bool = True,
-    step_pattern: str | re.Pattern[str] | None = None,
+    step_pattern: str | re.Pattern[str] | StepMatcher | None = None,
 ) -> list[RunCatalog]:
     """Every run under ``root`` (``root`` itself included when it is a run), with its
     checkpoints, from one paged listing.
@@ -147,14 +154,20 @@ def scan(
     over any name. A bad pattern raises :class:`~s3ckpt.errors.ConfigError` before any
     request.
 
+    ``now`` (default: the store's time, :func:`~s3ckpt.store._clock.store_time`) is what
+    the grace period is judged against; a given one must be timezone-aware.
+
     Request cost: ``ceil(objects / 1000)`` LIST requests for everything under ``root``,
     ``ceil(open uploads / 1000)`` LIST-uploads requests (``include_uploads``), and one GET
-    per commit marker and per pin (16 in parallel). Nothing is HEADed.
+    per commit marker and per pin (16 in parallel); without ``now``, one LIST of one key
+    on S3 for the store's time. Nothing is HEADed.
     """
-    now = aware_now(now, "now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    now, _ = judge_time(store, root, now, grace, refuse=None)
     pattern = None if step_pattern is None else compile_step_pattern(step_pattern)
     objects = list(store.list(root.prefix))
-    uploads = list(store.list_multipart_uploads(root.prefix)) if include_uploads else []
+    # None: the store has no ListMultipartUploads (one warning); heartbeats and mtimes
+    # still tell liveness.
+    uploads = (list_open_uploads(store, root.prefix) or []) if include_uploads else []
     groups, runs_with_lease = _group(root, objects, uploads)
 
     cutoff = (now - grace).timestamp()
@@ -184,6 +197,7 @@ def scan(
                 StoreURL(root.scheme, root.bucket, run_prefix),
                 tuple(ckpts),
                 has_lease=run_prefix in runs_with_lease,
+                lease_modified=runs_with_lease.get(run_prefix),
             )
         )
     return out
@@ -191,19 +205,19 @@ def scan(
 
 def _group(
     root: StoreURL, objects: Sequence[ObjectInfo], uploads: Sequence[UploadInfo]
-) -> tuple[dict[str, _Group], set[str]]:
+) -> tuple[dict[str, _Group], dict[str, float | None]]:
     """The checkpoint prefixes under ``root`` with what each holds, and the runs holding a
-    lease (their prefixes)."""
+    lease (their prefixes, with the lease's LastModified)."""
     groups: dict[str, _Group] = {}
     for key in [o.key for o in objects] + [u.key for u in uploads]:
         d = _ckpt_dir(key)
         if d is not None and d.startswith(root.prefix):
             groups.setdefault(d, _Group())
-    runs_with_lease: set[str] = set()
+    runs_with_lease: dict[str, float | None] = {}
     for obj in objects:
         base = obj.key.rpartition("/")[2]
         if base == LEASE_NAME and not in_shard_tree(obj.key):
-            runs_with_lease.add(obj.key[: -len(base)])
+            runs_with_lease[obj.key[: -len(base)]] = obj.last_modified
         g, name, tag = _place(groups, obj.key)
         if g is None:
             continue
@@ -222,6 +236,13 @@ def _group(
             g.marker = obj
         if name == METADATA_NAME:
             g.metadata = obj
+        elif (
+            tag is not None
+            and name is not None
+            and name.startswith(METADATA_NAME + ".")
+            and obj.last_modified is not None
+        ):
+            g.saved_metadata[name] = obj.last_modified
     for up in uploads:
         g, _, tag = _place(groups, up.key)
         if g is not None:
@@ -256,7 +277,8 @@ def _read_controls(
     reasons: dict[str, str] = {}
     if markers or pins:
         # in_context: the reads count for the caller's operation (a prune's event).
-        read_marker = in_context(lambda d: read_manifest(store, d))
+        sizes = {d: g.marker.size for d, g in groups.items() if g.marker}
+        read_marker = in_context(lambda d: read_manifest(store, d, size=sizes[d]))
         read_pin = in_context(lambda d: _read_pin(store, d))
         with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
             for d, m in zip(markers, pool.map(read_marker, markers), strict=True):
@@ -282,15 +304,47 @@ def _is_direct(key: str, groups: Mapping[str, _Group]) -> bool:
     return key.rpartition("/")[0] + "/" in groups
 
 
-def read_manifest(store: ObjectStore, prefix: str) -> Manifest | str:
-    """The commit marker under ``prefix``, or why it cannot be read."""
+def read_manifest(store: ObjectStore, prefix: str, *, size: int | None = None) -> Manifest | str:
+    """The commit marker under ``prefix``, or why it cannot be read (a damaged marker:
+    anything :meth:`Manifest.from_json` refuses, or more than
+    :data:`~s3ckpt.format.MAX_MANIFEST_BYTES`).
+
+    ``size`` is the marker's size from a listing: a marker larger than the limit is not
+    read at all, and no more than ``size`` bytes are read of one (one ranged GET), however
+    large the object has become since. Without it the whole object is read (one GET).
+    """
     key = prefix + MANIFEST_NAME
+    if size is not None and size > MAX_MANIFEST_BYTES:
+        return (
+            f"{key} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a commit marker may "
+            "have; not read"
+        )
     try:
-        return Manifest.from_json(store.get(key), where=key)
+        raw = store.get(key) if size is None else _read_head(store, key, size)
+        return Manifest.from_json(raw, where=key)
     except CorruptCheckpointError as exc:
         return exc.message
     except ObjectNotFoundError:
         return "commit marker vanished while listing"
+
+
+def _read_head(store: ObjectStore, key: str, size: int) -> bytes:
+    """The first ``size`` bytes of ``key`` (fewer if it is shorter)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    reader = store.open_range(key, 0, size)
+    try:
+        while got < size:
+            n = reader.readinto(view[got:])
+            if n <= 0:
+                break
+            got += n
+    finally:
+        reader.close()
+        view.release()
+    del buf[got:]
+    return bytes(buf)
 
 
 def _read_pin(store: ObjectStore, prefix: str) -> str | None:
@@ -315,7 +369,7 @@ def _info(
     manifest: Manifest | str | None,
     pin: str | None,
     cutoff: float,
-    pattern: re.Pattern[str] | None,
+    pattern: StepMatcher | None,
 ) -> CheckpointInfo:
     name = d[len(run) : -1]
     step = checkpoint_step(name, pattern)
@@ -332,6 +386,7 @@ def _info(
         keys=tuple(g.keys),
         live_tags=live,
         uploads=tuple(g.uploads),
+        marker_etag=g.marker.etag if g.marker is not None else None,
     )
     if g.marker is not None:
         if isinstance(manifest, Manifest):
@@ -342,7 +397,12 @@ def _info(
             return CheckpointInfo(
                 step=manifest.step if manifest.step is not None else step,
                 state=CheckpointState.COMMITTED,
-                committed_at=utc(manifest.created),
+                committed_at=commit_time(
+                    g.saved_metadata.get(manifest.metadata_key),
+                    g.marker.last_modified,
+                    manifest.created,
+                ),
+                created=writer_time(manifest.created),
                 metrics=dict(manifest.metrics),
                 tag=manifest.tag,
                 committed_keys=committed,
@@ -398,7 +458,7 @@ def list_checkpoints(
     *,
     grace: timedelta = DEFAULT_GRACE,
     now: datetime | None = None,
-    step_pattern: str | re.Pattern[str] | None = None,
+    step_pattern: str | re.Pattern[str] | StepMatcher | None = None,
 ) -> list[CheckpointInfo]:
     """The checkpoints directly under ``run``, oldest first (by step, then commit time).
 
@@ -407,7 +467,7 @@ def list_checkpoints(
         run: The run prefix.
         grace: How long after its last activity (an object, a heartbeat, an upload's start)
             a save is still in progress.
-        now: The time to judge ``grace`` against (default: the wall clock).
+        now: The time to judge ``grace`` against (default: the store's time).
         step_pattern: A regular expression with one capture group that reads a step from a
             checkpoint's name, for names the built-in forms do not read (see
             :func:`s3ckpt.format.checkpoint_step`); the marker's step still wins.

@@ -13,6 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.store._capabilities import (
+    Capabilities,
+    cached_capabilities,
+    list_open_uploads,
+    lists_uploads,
+    probe_capabilities,
+    require_conditional_writes,
+)
+from s3ckpt.store._clock import StoreTime, check_skew, skew_note, store_time
 from s3ckpt.store.base import (
     CompletedPart,
     DeleteFailure,
@@ -30,6 +39,7 @@ if TYPE_CHECKING:
     from s3ckpt.store.s3 import S3Store
 
 __all__ = [
+    "Capabilities",
     "CompletedPart",
     "DeleteFailure",
     "FsspecStore",
@@ -40,8 +50,17 @@ __all__ = [
     "S3Store",
     "TRANSIENT_CODES",
     "UploadInfo",
+    "cached_capabilities",
+    "list_open_uploads",
+    "lists_uploads",
+    "require_conditional_writes",
+    "StoreTime",
+    "check_skew",
     "open_store",
+    "probe_capabilities",
     "retrying",
+    "skew_note",
+    "store_time",
 ]
 
 

@@ -13,6 +13,7 @@ import http.client
 
 import botocore.exceptions as bce
 import urllib3.exceptions as u3e
+from botocore.parsers import ResponseParserError
 
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import (
@@ -23,7 +24,9 @@ from s3ckpt.errors import (
     PreconditionFailedError,
     StoreError,
     TransientStoreError,
+    UnsupportedOperationError,
 )
+from s3ckpt.store._reply import IncompleteReplyError, WireChecksumError
 from s3ckpt.store.retry import THROTTLE_CODES, TRANSIENT_CODES
 
 __all__ = ["is_throttle", "is_transient", "map_error", "timeout_kind"]
@@ -42,6 +45,10 @@ _TRANSIENT_HINTS: dict[str, str] = {
     "502": "bad gateway: retry later",
     "504": "gateway timeout: retry later",
     "RequestTimeout": "the store timed out reading the request",
+    "BadDigest": "the body kept arriving with another checksum than the one sent: check "
+    "the network path (a proxy rewriting bodies, faulty hardware)",
+    "XAmzContentSHA256Mismatch": "the body kept arriving with another SHA-256 than the one "
+    "signed: check the network path (a proxy rewriting bodies, faulty hardware)",
 }
 
 # error code -> (s3ckpt error class, what to check). HTTP status is the fallback key.
@@ -82,6 +89,11 @@ _ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
         "a concurrent conditional write to the same key won",
     ),
     **{code: (TransientStoreError, _TRANSIENT_HINTS[code]) for code in sorted(TRANSIENT_CODES)},
+    "NotImplemented": (
+        UnsupportedOperationError,
+        "this store does not implement the request (S3-compatible stores differ)",
+    ),
+    "501": (UnsupportedOperationError, "this store does not implement the request"),
     "RequestTimeTooSkewed": (
         AccessDeniedError,
         "this machine's clock is off by more than 15 minutes: fix NTP",
@@ -91,8 +103,12 @@ _ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
 # Exception type -> worth retrying. A refused connection or an unknown hostname
 # (EndpointConnectionError) is not: retrying a typo only delays the error. The urllib3,
 # http.client and socket rows are resets that escape botocore's wrapping while a body
-# streams.
+# streams. A reply cut short or garbled (store/_reply.py, a body botocore cannot parse) is a
+# transport error like a reset.
 _RETRY_BY_TYPE: tuple[tuple[type[BaseException], bool], ...] = (
+    (IncompleteReplyError, True),
+    (WireChecksumError, True),
+    (ResponseParserError, True),
     (bce.ConnectTimeoutError, True),
     (bce.EndpointConnectionError, False),
     (bce.ConnectionClosedError, True),

@@ -196,6 +196,18 @@ class ObjectStore(Protocol):
         """
         ...
 
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """Delete ``key`` only if its current ETag is ``etag`` (S3 ``DeleteObject`` with
+        ``If-Match``): how rm and prune remove a commit marker an overwrite may be replacing.
+
+        Raises:
+            PreconditionFailedError: The object has another ETag (it changed).
+            ObjectNotFoundError: The object does not exist (deleted already).
+            UnsupportedOperationError: The store has no conditional deletes (the caller
+                falls back; see :mod:`s3ckpt.store._capabilities`).
+        """
+        ...
+
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """Open multipart uploads under ``prefix``."""
         ...

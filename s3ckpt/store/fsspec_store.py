@@ -306,6 +306,22 @@ class FsspecStore:
                 failures.append(DeleteFailure(key, type(exc).__name__, str(exc)))
         return failures
 
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """See :meth:`ObjectStore.delete_if_match`. Compares the quoted MD5 of the content
+        (as :meth:`put` does): a check-then-delete, not atomic."""
+        try:
+            if not self.fs.exists(self._path(key)):
+                raise ObjectNotFoundError(
+                    "delete: not found", bucket=self._bucket, key=key, operation="delete"
+                )
+            if _md5_etag(self.fs.cat_file(self._path(key))) != etag:
+                raise PreconditionFailedError(
+                    "object changed", bucket=self._bucket, key=key, operation="delete"
+                )
+            self.fs.rm_file(self._path(key))
+        except Exception as exc:
+            raise _map(exc, "delete", self._bucket, key) from exc
+
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """Uploads open in this process (fsspec has no server-side multipart state)."""
         with self._lock:

@@ -11,7 +11,12 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from s3ckpt.errors import ObjectNotFoundError, PreconditionFailedError, StoreError
+from s3ckpt.errors import (
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    StoreError,
+    UnsupportedOperationError,
+)
 from s3ckpt.store.base import (
     MAX_DELETE_BATCH,
     Buffer,
@@ -50,13 +55,33 @@ class MemoryStore:
     Follows S3 semantics where s3ckpt relies on them: conditional puts, multipart uploads
     invisible until completed, ranged reads clipped at the object's end, deleting a
     missing key succeeds. ``inject`` arms faults; ``calls`` counts requests per operation.
+
+    Args:
+        bucket: The bucket name (informational).
+        clock: Where object times come from.
+        ignore_conditions: Accept ``If-None-Match`` / ``If-Match`` and ignore them, like
+            s3rver: simulates a store without conditional writes.
+        conditional_deletes: Support :meth:`delete_if_match` (else it answers 501
+            ``NotImplemented``, as a store without conditional deletes).
+        list_uploads: Support :meth:`list_multipart_uploads` (else 501 ``NotImplemented``).
     """
 
     url_scheme = "memory"
 
-    def __init__(self, bucket: str = "memory", *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        bucket: str = "memory",
+        *,
+        clock: Callable[[], float] = time.time,
+        ignore_conditions: bool = False,
+        conditional_deletes: bool = True,
+        list_uploads: bool = True,
+    ) -> None:
         self._bucket = bucket
         self._clock = clock
+        self._ignore_conditions = ignore_conditions
+        self._conditional_deletes = conditional_deletes
+        self._list_uploads = list_uploads
         self._lock = threading.Lock()
         self.objects: dict[str, _Obj] = {}
         self.uploads: dict[str, tuple[str, dict[int, bytes], float]] = {}
@@ -67,6 +92,10 @@ class MemoryStore:
     def bucket(self) -> str:
         """The bucket name (informational)."""
         return self._bucket
+
+    def now(self) -> float:
+        """The store's clock (the one its objects' times come from), seconds since the epoch."""
+        return self._clock()
 
     def inject(
         self,
@@ -103,6 +132,8 @@ class MemoryStore:
         self, key: str, data: bytes, if_none_match: bool, if_match: str | None = None
     ) -> str:
         with self._lock:
+            if self._ignore_conditions:  # a store that accepts the headers and ignores them
+                if_none_match, if_match = False, None
             if if_none_match and key in self.objects:
                 raise PreconditionFailedError(
                     "object already exists", bucket=self._bucket, key=key, code="PreconditionFailed"
@@ -254,9 +285,42 @@ class MemoryStore:
                     self.objects.pop(k, None)
         return failures
 
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """See :meth:`ObjectStore.delete_if_match`; without ``conditional_deletes`` the
+        store answers like one without them (``UnsupportedOperationError``), and with
+        ``ignore_conditions`` it deletes whatever the ETag."""
+        self._enter("delete_if_match", key)
+        if not self._conditional_deletes:
+            raise UnsupportedOperationError(
+                "delete_if_match failed with NotImplemented (HTTP 501)",
+                bucket=self._bucket,
+                key=key,
+                operation="delete",
+                code="NotImplemented",
+            )
+        with self._lock:
+            current = self.objects.get(key)
+            if current is None:
+                raise ObjectNotFoundError(
+                    "object not found", bucket=self._bucket, key=key, code="NoSuchKey"
+                )
+            if current.etag != etag and not self._ignore_conditions:
+                raise PreconditionFailedError(
+                    "object changed", bucket=self._bucket, key=key, code="PreconditionFailed"
+                )
+            del self.objects[key]
+
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """See :meth:`ObjectStore.list_multipart_uploads`."""
         self._enter("list_multipart_uploads", prefix)
+        if not self._list_uploads:
+            raise UnsupportedOperationError(
+                "list_multipart_uploads failed with NotImplemented (HTTP 501)",
+                bucket=self._bucket,
+                key=prefix,
+                operation="list_multipart_uploads",
+                code="NotImplemented",
+            )
         with self._lock:
             ups = [(uid, k, t) for uid, (k, _, t) in self.uploads.items() if k.startswith(prefix)]
         for uid, k, t in sorted(ups, key=lambda u: (u[1], u[0])):

@@ -42,6 +42,8 @@ TRANSIENT_CODES: frozenset[str] = frozenset(
         "ServiceUnavailable",
         "InternalError",
         "RequestTimeout",
+        "BadDigest",
+        "XAmzContentSHA256Mismatch",
         "500",
         "502",
         "503",
@@ -49,9 +51,10 @@ TRANSIENT_CODES: frozenset[str] = frozenset(
     }
 )
 """S3 error codes (HTTP statuses where the store gave no code) worth retrying: throttling,
-server errors and a request the store timed out reading. The store's error table maps
-exactly these to :class:`~s3ckpt.errors.TransientStoreError`; retention retries per-key
-``DeleteObjects`` failures with these codes."""
+server errors, a request the store timed out reading, and a body that reached the store
+with another checksum than the one sent (``BadDigest``: corrupted in transit). The store's
+error table maps exactly these to :class:`~s3ckpt.errors.TransientStoreError`; retention
+retries per-key ``DeleteObjects`` failures with these codes."""
 
 THROTTLE_CODES: frozenset[str] = frozenset(
     {

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -46,6 +47,7 @@ from botocore.exceptions import ProfileNotFound
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError, ObjectNotFoundError, StoreError
+from s3ckpt.store import _reply
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._body import BufferBody
 from s3ckpt.store._cache import ProcessCache
@@ -351,8 +353,15 @@ class S3Store:
             args["IfNoneMatch"] = "*"
         if if_match is not None:
             args["IfMatch"] = if_match
-        resp = self._call("put", key, lambda: self.client.put_object(Body=BufferBody(data), **args))
-        return str(resp.get("ETag", ""))
+        sent = args.get("ChecksumCRC32C")
+
+        def send() -> str:
+            resp = self.client.put_object(Body=BufferBody(data), **args)
+            return _reply.check_written(
+                resp, operation="put", bucket=self._bucket, key=key, sent_crc32c=sent
+            )
+
+        return self._call("put", key, send)
 
     def create_multipart(self, key: str) -> str:
         """See :meth:`ObjectStore.create_multipart`."""
@@ -363,10 +372,13 @@ class S3Store:
         }
         if self.s3_config.checksum_algorithm == "CRC32C":
             args["ChecksumAlgorithm"] = "CRC32C"
-        resp, attempts = self._call_counted(
-            "create_multipart", key, lambda: self.client.create_multipart_upload(**args)
+        upload_id, attempts = self._call_counted(
+            "create_multipart",
+            key,
+            lambda: _reply.check_create(
+                self.client.create_multipart_upload(**args), bucket=self._bucket, key=key
+            ),
         )
-        upload_id = str(resp["UploadId"])
         if attempts > 1:
             self._abort_orphan_uploads(key, upload_id)
         return upload_id
@@ -416,15 +428,21 @@ class S3Store:
             **sse_args(self.s3_config, upload=False),
             **checksum,
         }
-        resp = self._call(
-            "upload_part", key, lambda: self.client.upload_part(Body=BufferBody(data), **args)
-        )
-        return CompletedPart(
-            part_number=part_number,
-            etag=str(resp["ETag"]),
-            checksum_crc32c=resp.get("ChecksumCRC32C") or checksum.get("ChecksumCRC32C"),
-            size=len(data),
-        )
+        sent = checksum.get("ChecksumCRC32C")
+
+        def send() -> CompletedPart:
+            resp = self.client.upload_part(Body=BufferBody(data), **args)
+            etag = _reply.check_written(
+                resp, operation="upload_part", bucket=self._bucket, key=key, sent_crc32c=sent
+            )
+            return CompletedPart(
+                part_number=part_number,
+                etag=etag,
+                checksum_crc32c=resp.get("ChecksumCRC32C") or sent,
+                size=len(data),
+            )
+
+        return self._call("upload_part", key, send)
 
     def complete_multipart(
         self,
@@ -451,10 +469,26 @@ class S3Store:
             args.update(sse_args(self.s3_config, upload=False))
         if if_none_match:
             args["IfNoneMatch"] = "*"
-        resp = self._call(
-            "complete_multipart", key, lambda: self.client.complete_multipart_upload(**args)
+        checksums = [e["ChecksumCRC32C"] for e in body if "ChecksumCRC32C" in e]
+        sent = checksums if len(checksums) == len(body) else None
+        return self._call(
+            "complete_multipart",
+            key,
+            lambda: _reply.check_complete(
+                self.client.complete_multipart_upload(**args),
+                bucket=self._bucket,
+                key=key,
+                part_checksums=sent,
+            ),
         )
-        return str(resp.get("ETag", ""))
+
+    def checksum_verified(self, key: str) -> bool:
+        """Whether the store refuses an upload whose CRC32C does not match its body: one
+        PUT of ``key`` (the caller's own object, re-sent as it is) with a wrong checksum,
+        once per (endpoint, bucket) and process (:mod:`s3ckpt.store._wire`)."""
+        from s3ckpt.store._wire import checksum_verified
+
+        return checksum_verified(self, key)
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """See :meth:`ObjectStore.abort_multipart`."""
@@ -481,14 +515,22 @@ class S3Store:
             "Range": rng,
             **sse_args(self.s3_config, upload=False),
         }
-        return self._call("get", key, lambda: self.client.get_object(**args))
+
+        def fetch() -> Any:
+            resp = self.client.get_object(**args)
+            _reply.check_body(resp, bucket=self._bucket, key=key)
+            return resp
+
+        return self._call("get", key, fetch)
 
     def get(self, key: str) -> bytes:
         """See :meth:`ObjectStore.get`."""
         args = {"Bucket": self._bucket, "Key": key, **sse_args(self.s3_config, upload=False)}
 
         def fetch() -> bytes:
-            return bytes(self.client.get_object(**args)["Body"].read())
+            resp = self.client.get_object(**args)
+            _reply.check_body(resp, bucket=self._bucket, key=key)
+            return bytes(resp["Body"].read())
 
         return self._call("get", key, fetch)
 
@@ -496,16 +538,20 @@ class S3Store:
         """See :meth:`ObjectStore.head`."""
         args = {"Bucket": self._bucket, "Key": key, **sse_args(self.s3_config, upload=False)}
         try:
-            resp = self._call("head", key, lambda: self.client.head_object(**args))
+            resp = self._call("head", key, partial(self._head_checked, args))
         except ObjectNotFoundError:
             return None
-        lm = resp.get("LastModified")
         return ObjectInfo(
             key=key,
-            size=int(resp.get("ContentLength", 0)),
-            etag=resp.get("ETag"),
-            last_modified=lm.timestamp() if lm is not None else None,
+            size=int(resp["ContentLength"]),
+            etag=resp["ETag"],
+            last_modified=resp["LastModified"].timestamp(),
         )
+
+    def _head_checked(self, args: dict[str, Any]) -> Any:
+        resp = self.client.head_object(**args)
+        _reply.check_head(resp, bucket=self._bucket, key=args["Key"])
+        return resp
 
     def _paginate(self, operation: str, prefix: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
         token_args: dict[str, Any] = {}
@@ -518,7 +564,7 @@ class S3Store:
                 **kwargs,
                 **token_args,
             }
-            call: Callable[[], Any] = partial(getattr(self.client, operation), **args)
+            call: Callable[[], Any] = partial(self._page_checked, operation, args)
             resp = self._call(operation, prefix, call)
             yield resp
             if not resp.get("IsTruncated"):
@@ -530,6 +576,31 @@ class S3Store:
                     "KeyMarker": resp.get("NextKeyMarker", ""),
                     "UploadIdMarker": resp.get("NextUploadIdMarker", ""),
                 }
+
+    def dated_list(self, prefix: str) -> tuple[str | None, float, float]:
+        """The ``Date`` header of one ListObjectsV2 of ``prefix`` (one key at most), and this
+        host's clock just before and after the attempt that answered: the store's time, for
+        :func:`s3ckpt.store._clock.store_time`. ListBucket on the prefix is what every role
+        that lists checkpoints already has (HeadBucket needs it on the whole bucket)."""
+        sent = [0.0, 0.0]
+
+        def fn() -> Any:
+            sent[0] = time.time()
+            resp = self.client.list_objects_v2(Bucket=self._bucket, Prefix=prefix, MaxKeys=1)
+            sent[1] = time.time()
+            return resp
+
+        resp = self._call("list_objects_v2", prefix, fn)
+        headers = (resp.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+        return headers.get("date"), sent[0], sent[1]
+
+    def _page_checked(self, operation: str, args: dict[str, Any]) -> Any:
+        resp = getattr(self.client, operation)(**args)
+        check = (
+            _reply.check_list_page if operation == "list_objects_v2" else _reply.check_uploads_page
+        )
+        check(resp, bucket=self._bucket, prefix=args["Prefix"])
+        return resp
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """See :meth:`ObjectStore.list`."""
@@ -565,10 +636,9 @@ class S3Store:
         keys = list(keys)
         for i in range(0, len(keys), self.delete_batch_size):
             batch = keys[i : i + self.delete_batch_size]
-            req = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
-            call: Callable[[], Any] = partial(
-                self.client.delete_objects, Bucket=self._bucket, Delete=req
-            )
+            # Not quiet: a reply cut short must not read as "all deleted" (_reply).
+            req = {"Objects": [{"Key": k} for k in batch], "Quiet": False}
+            call: Callable[[], Any] = partial(self._delete_checked, req, batch)
             resp = self._call("delete", batch[0], call)
             for err in resp.get("Errors", []) or []:
                 failures.append(
@@ -579,6 +649,18 @@ class S3Store:
                     )
                 )
         return failures
+
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """See :meth:`ObjectStore.delete_if_match`."""
+        call: Callable[[], Any] = partial(
+            self.client.delete_object, Bucket=self._bucket, Key=key, IfMatch=etag
+        )
+        self._call("delete", key, call)
+
+    def _delete_checked(self, req: dict[str, Any], batch: Sequence[str]) -> Any:
+        resp = self.client.delete_objects(Bucket=self._bucket, Delete=req)
+        _reply.check_deleted(resp, bucket=self._bucket, keys=batch)
+        return resp
 
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """See :meth:`ObjectStore.list_multipart_uploads`."""

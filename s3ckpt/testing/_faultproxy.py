@@ -36,6 +36,28 @@ Kinds outside the default :data:`FAULT_KINDS` (all are in
 ``"stall_after"``
     like ``"stall"``, but the request is forwarded and applied upstream
     first (its response is read and dropped).
+``"cut_head"``
+    the request is forwarded and applied upstream and the complete response
+    is read from upstream; the client then gets the status line and only the
+    reply's generic headers (``Date``, ``Server``, request ids,
+    ``Content-Type``), never the end of the header block, and the connection
+    closes (FIN): a reply cut inside its headers, without the ``ETag``,
+    ``Content-Length``, checksums or body that carry the result.
+``"flip_byte"``
+    the request is forwarded with one byte of its body flipped (the middle
+    byte, XOR 0xFF) and the reply is relayed unchanged: corruption in
+    transit that only a store verifying checksums notices. Only applies to
+    requests with a ``Content-Length`` body; others are forwarded intact and
+    the fault is not counted.
+``"strip_conditions"``
+    the request is forwarded without its ``If-None-Match`` / ``If-Match``
+    headers and the reply relayed unchanged: the upstream then behaves as a
+    store that ignores conditional writes (s3rver, old MinIO). Only counted
+    on requests that carry one; an upstream checking SigV4 signatures (not
+    moto) refuses the altered request.
+``"not_implemented"``
+    ``501 NotImplemented`` with an S3 XML error body; not forwarded (arm it
+    on ``ListMultipartUploads`` for a store without it, as s3rver).
 
 Deterministic targeting and crash points::
 
@@ -115,7 +137,16 @@ log = logging.getLogger(__name__)
 FAULT_KINDS: tuple[str, ...] = ("slowdown", "internal", "reset", "reset_mid_body")
 """The kinds a proxy draws from by default (unchanged, so seeded sequences stay put)."""
 
-ALL_FAULT_KINDS: tuple[str, ...] = (*FAULT_KINDS, "lost_reply", "stall", "stall_after")
+ALL_FAULT_KINDS: tuple[str, ...] = (
+    *FAULT_KINDS,
+    "lost_reply",
+    "stall",
+    "stall_after",
+    "cut_head",
+    "flip_byte",
+    "strip_conditions",
+    "not_implemented",
+)
 """Every fault kind the proxy can inject."""
 
 OPERATIONS: tuple[str, ...] = (
@@ -138,9 +169,13 @@ Hook = Callable[[str, str, str], None]
 """``hook(op, key, phase)``: see :class:`FaultProxy`."""
 
 # Faults answered without forwarding the request upstream.
-_LOCAL_FAULTS = frozenset({"slowdown", "internal", "reset", "stall"})
+_LOCAL_FAULTS = frozenset({"slowdown", "internal", "reset", "stall", "not_implemented"})
 # Faults applied once the upstream response head is in.
-_REPLY_FAULTS = frozenset({"lost_reply", "stall_after"})
+_REPLY_FAULTS = frozenset({"lost_reply", "stall_after", "cut_head"})
+# Headers a "cut_head" reply still carries: none of them says what the request did.
+_GENERIC_HEADERS = frozenset(
+    {b"date", b"server", b"x-amz-request-id", b"x-amz-id-2", b"x-amzn-requestid", b"content-type"}
+)
 _HOLD_POLL = 0.1  # how often a stalled connection checks for stop()
 
 _CHUNK = 1024 * 1024
@@ -157,7 +192,14 @@ _ERRORS: dict[str, tuple[int, str, str, str]] = {
         "InternalError",
         "We encountered an internal error. Please try again.",
     ),
+    "not_implemented": (
+        501,
+        "Not Implemented",
+        "NotImplemented",
+        "A header you provided implies functionality that is not implemented.",
+    ),
 }
+_CONDITIONAL_HEADERS = frozenset({b"if-none-match", b"if-match"})
 
 Write = Callable[[bytes], None]
 
@@ -1010,13 +1052,24 @@ class _Connection:
             )
             return keep_alive
 
-        if self.proxy._hook is not None:
+        if kind == "strip_conditions":
+            kept = [(k, v) for k, v in head.headers if k.lower() not in _CONDITIONAL_HEADERS]
+            self._settle(applied=len(kept) < len(head.headers))
+            head = _Head(head.start, kept)
+
+        if self.proxy._hook is not None or kind == "flip_byte":
             # Buffer the body so "before" means the whole request has left the client.
             body = bytearray()
             self._read_body(chunked, length, body.extend)
             self.proxy._call_hook(self.op, self.key, "before")
-            if _peer_closed(self.client):
+            if self.proxy._hook is not None and _peer_closed(self.client):
                 raise _Closed()  # the client died before its request was sent on: drop it
+            if kind == "flip_byte":
+                if chunked or not body:  # chunk framing is left alone: deliver intact
+                    self._settle(applied=False)
+                else:
+                    body[len(body) // 2] ^= 0xFF
+                    self._settle(applied=True)
             upstream, urfile = self._ensure_upstream()
             upstream.sendall(head.serialize(drop=frozenset({b"expect"})) + body)
             del body
@@ -1072,6 +1125,11 @@ class _Connection:
             self._settle(applied=True)
             if kind == "lost_reply":
                 raise _Closed(abort=True)  # RST, not one response byte
+            if kind == "cut_head":
+                generic = [(k, v) for k, v in resp.headers if k.lower() in _GENERIC_HEADERS]
+                self.cwrite(b"".join(line + b"\r\n" for line in _cut_lines(resp.start, generic)))
+                _wait_sent(self.client, _DRAIN_TIMEOUT, self.proxy._stopping)
+                raise _Closed()  # FIN inside the header block
             self._hold()  # stall_after
             raise _Closed()
 
@@ -1149,6 +1207,11 @@ class _Connection:
             headers.append((b"Connection", b"close"))
         head = _Head(f"HTTP/1.1 {status} {reason}".encode(), headers)
         self.cwrite(head.serialize() + (b"" if head_only else body))
+
+
+def _cut_lines(start: bytes, headers: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
+    """The lines of a reply head cut after ``headers``: no blank line ends it."""
+    return [start, *(k + b": " + v for k, v in headers)]
 
 
 def _error_xml(code: str, message: str, head: _Head) -> bytes:

@@ -18,10 +18,12 @@ Each ``s3ckpt`` command has a function here returning a typed, frozen result (wi
     load_verified(state_dict, "s3://b/run/step_100")               # NaN-fill, load, check
 
     html = build_report(store, root, policy=load_policy("pretraining"))  # no torch
+    doctor = run_doctor(store, parse_url("s3://bucket/runs/"))       # no torch needed
 
-Everything here but the report needs torch (the retention layer never imports it). Those
-names are imported on first use, so ``s3ckpt report`` and :func:`build_report` work in an
-image without torch; any other name raises ``ImportError`` there (naming torch).
+Everything here but the report and the doctor needs torch (the retention layer never
+imports it). Those names are imported on first use, so ``s3ckpt report``, ``s3ckpt doctor``
+and :func:`build_report` work in an image without torch; any other name raises
+``ImportError`` there (naming torch).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.errors import IncompleteRestoreError
+from s3ckpt.tools._doctor import Check, CheckStatus, DoctorReport, run_doctor
 from s3ckpt.tools._report import (
     DEFAULT_PRICES,
     GIB,
@@ -122,9 +125,12 @@ __all__ = [
     "INDEX_NAME",
     "SCHEMA_KEY",
     "CheckpointInfo",
+    "Check",
+    "CheckStatus",
     "CheckpointRow",
     "Converter",
     "DiffResult",
+    "DoctorReport",
     "ExportResult",
     "ExportedFile",
     "ImportResult",
@@ -157,6 +163,7 @@ __all__ = [
     "parse_price",
     "parse_size",
     "render_html",
+    "run_doctor",
     "unflatten_state_dict",
     "verify_checkpoint",
 ]

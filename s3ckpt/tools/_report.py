@@ -49,6 +49,7 @@ from s3ckpt.retention import (
     plan,
     scan,
 )
+from s3ckpt.store import skew_note, store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL, parse_location
 
@@ -499,7 +500,8 @@ def collect_report(
         store: The store holding ``root``.
         root: A run, or a prefix holding runs.
         policy: Overlay this policy's plan (keep / delete / skip with reasons).
-        now: The time the grace period and the policy judge against (default: the clock).
+        now: The time the grace period and the policy judge against (default: the store's
+            time; this host's clock further from it than the grace period is a note).
         grace: How long after its last activity a save is in progress. With a policy it
             is raised to :data:`~s3ckpt.retention.MIN_GRACE` when shorter, as prune does.
         prices: Storage prices (default: :data:`DEFAULT_PRICES`).
@@ -513,12 +515,20 @@ def collect_report(
         ConfigError: A bad ``step_pattern``, or a storage class the price table lacks.
 
     Request cost: that of :func:`~s3ckpt.retention.scan` over ``root`` (one LIST per 1000
-    objects, one GET per commit marker and pin).
+    objects, one GET per commit marker and pin), and without ``now`` one LIST of one key
+    for the store's time.
     """
     url = root if isinstance(root, StoreURL) else parse_location(root)
+    notes: list[str] = []
+    if now is None:
+        # The store's time, as prune judges by; a host clock far off it is only a note.
+        t = store_time(store, url.prefix)
+        now = t.store
+        skew = skew_note(t, max(grace, MIN_GRACE))
+        if skew is not None:
+            notes.append(f"{skew}; fix this host's clock (NTP)")
     now = aware_now(now, "now must be timezone-aware (e.g. datetime.now(timezone.utc))")
     prices = prices or PriceTable()
-    notes: list[str] = []
     if policy is not None:
         check_policy(policy)
         if step_pattern is None:
@@ -739,6 +749,8 @@ def _title(r: CheckpointRow, metric: str | None) -> str:
     c = r.info
     lines = [f"{c.name} · step {'-' if c.step is None else c.step}"]
     state = c.state.value
+    if c.damaged:  # committed, its marker unreadable: never deleted by a plan
+        state += f" · damaged: {c.error}"
     if c.pinned:
         state += f" · pinned: {c.pinned}"
     lines.append(state)
@@ -975,7 +987,9 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
         f"<td>{i + 1}</td>"
         f'<td class="name">{_e(c.name)}</td>'
         f'<td class="n">{step or "-"}</td>'
-        f'<td><span class="badge s-{c.state.value}">{c.state.value}</span></td>'
+        f'<td><span class="badge s-{c.state.value}"'
+        + (f' title="{_e(c.error or "")}">damaged' if c.damaged else f">{c.state.value}")
+        + "</span></td>"
         f'<td class="t">{_e(_when(c.committed_at)) or "-"}</td>'
         f'<td class="n">{_e(format_bytes(c.size))}<small class="b">{c.size} B</small>'
         f"{classes}</td>"

@@ -60,7 +60,9 @@ def wire(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[
 
     monkeypatch.setattr(botocore.session.Session, "create_client", counting)
     with FaultProxy(moto_endpoint, fault_rate=0.0, hook=seen.hook) as proxy:
-        yield seen, S3Config(endpoint_url=proxy.endpoint_url)
+        # The protocol's own requests: verify-after-write (auto on moto) adds a read of
+        # everything saved and of the marker, counted in test_wire_faults.py.
+        yield seen, S3Config(endpoint_url=proxy.endpoint_url, verify_after_write=False)
 
 
 def _state() -> dict[str, Any]:
@@ -133,3 +135,35 @@ def test_one_client_per_process_for_a_checkpointer_and_a_separate_reader(
         "GetObject": 1,
     }
     assert load_requests[("GetObject", "ck/step_000000001/.metadata")] == 1
+
+
+def test_the_capability_probe_costs_five_requests_once_per_endpoint(
+    bucket: str, wire: tuple[Wire, S3Config]
+) -> None:
+    """The first save per (endpoint, bucket) and process probes conditional writes on its
+    coordinator heartbeat (s3ckpt.store._capabilities): HEAD (404), the heartbeat created
+    with If-None-Match, If-None-Match again (412), If-Match with a wrong ETag (412), one
+    ListMultipartUploads. The second save on the same endpoint makes none of them."""
+    from s3ckpt.store._capabilities import clear_capabilities_cache
+
+    seen, cfg = wire
+    clear_capabilities_cache()
+
+    def save(step: int) -> dict[tuple[str, str], int]:
+        seen.reset()
+        url = f"s3://{bucket}/run/step_{step}"
+        dcp.save(_state(), storage_writer=S3StorageWriter(url, s3_config=cfg))
+        return {
+            (op, "heartbeat" if "s3ckpt.alive." in k else k): n
+            for (op, k), n in seen.requests.items()
+            if "s3ckpt.alive." in k or op == "ListMultipartUploads"
+        }
+
+    first, second = save(1), save(2)
+    probe = {
+        ("HeadObject", "heartbeat"): 1,
+        ("PutObject", "heartbeat"): 3,
+        ("ListMultipartUploads", ""): 1,  # the proxy names no key: the prefix is a query
+    }
+    assert Counter(first) - Counter(second) == Counter(probe), (first, second)
+    assert not any(op == "ListMultipartUploads" for op, _ in second)

@@ -4,7 +4,7 @@ torch and run ``s3ckpt ls``, ``prune --policy pretraining`` (a built-in name) an
 against the moto server.
 
 Marked ``packaging`` (``make check-wheel``; ``make test`` runs it as its own phase). Its cost
-is one venv and one ``pip install`` of the wheel and its five small dependencies (about 10 s
+is one venv and one ``pip install`` of the wheel and its six small dependencies (about 10 s
 here, from the pip cache or the registry), plus the builds and commands (a few seconds).
 """
 

@@ -355,7 +355,7 @@ def test_gc_reclaims_a_killed_writers_save_at_once_on_the_same_host() -> None:
     import subprocess
     import sys
 
-    from s3ckpt._commit import pid_namespace
+    from s3ckpt._commit import boot_id, pid_namespace
     from s3ckpt.format import heartbeat_name
     from s3ckpt.retention import gc
     from s3ckpt.uri import parse_url
@@ -370,7 +370,7 @@ def test_gc_reclaims_a_killed_writers_save_at_once_on_the_same_host() -> None:
     store = MemoryStore("bkt")
     for name, (host, pid) in writers.items():
         store.put(f"run/{name}/{data_name(0, 0, 'abcd0123')}", b"x" * 10)
-        body = {"host": host, "pidns": pid_namespace(), "pid": pid, "tag": "abcd0123"}
+        body = {"host": host, "boot": boot_id(), "pidns": pid_namespace(), "pid": pid}
         store.put(f"run/{name}/{heartbeat_name('abcd0123', 0)}", json.dumps(body).encode())
     result = gc(store, parse_url("s3://bkt/run/"), apply=True)
     assert result.ok

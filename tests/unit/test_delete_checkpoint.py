@@ -77,7 +77,15 @@ def test_deletes_the_marker_first_then_what_s3ckpt_wrote_and_keeps_the_rest(
         requests.append([k.rpartition("/")[2] for k in keys])
         return real(keys)
 
+    real_if = store.delete_if_match
+
+    def spy_if(key: str, etag: str) -> None:  # the marker: only while it is the planned one
+        if key.endswith(MANIFEST_NAME):  # (not the lease's capability probe)
+            requests.append([key.rpartition("/")[2]])
+        real_if(key, etag)
+
     store.delete = spy  # type: ignore[method-assign]
+    store.delete_if_match = spy_if  # type: ignore[method-assign]
     r = rm(store, clock, 1)
     assert r.applied and r.deleted and r.ok and r.state is CheckpointState.COMMITTED
     assert r.step == 1 and r.keys_deleted == 5 and r.delete_requests == 3
@@ -180,17 +188,16 @@ def test_a_lost_reply_of_the_marker_delete_converges_on_the_next_call(
     the lease. The next rm of the same URL finishes it instead of refusing a checkpoint
     that now looks foreign."""
     fill(store, clock, [1, 2])
-    real = store.delete
+    real = store.delete_if_match
     lost = [1]
 
-    def lost_reply(keys: Sequence[str]) -> DeleteFailures:
-        failures = real(keys)  # applied by the store...
-        if lost and any(k.endswith(MANIFEST_NAME) for k in keys):
+    def lost_reply(key: str, etag: str) -> None:
+        real(key, etag)  # applied by the store...
+        if lost and key.endswith(MANIFEST_NAME):
             lost.pop()
-            raise TransientStoreError("read timeout", key=keys[0])  # ...and the reply lost
-        return failures
+            raise TransientStoreError("read timeout", key=key)  # ...and the reply lost
 
-    store.delete = lost_reply  # type: ignore[method-assign]
+    store.delete_if_match = lost_reply  # type: ignore[method-assign]
     first = rm(store, clock, 1)
     assert not first.deleted and not first.ok and first.failures[0].key.endswith(MANIFEST_NAME)
     c1 = RUN.child(ckpt_name(1))
@@ -232,6 +239,7 @@ def test_rm_finishes_a_dead_pruners_deletions_too(store: MemoryStore, clock: Clo
     store.delete([RUN.child(ckpt_name(1)).key(MANIFEST_NAME)])  # the dead pruner got this far
     dead = LeaseRecord("dead", "other-host", 1, "x", 0, 0.0, deleting=(ckpt_name(1),))
     store.put(RUN.key(LEASE_NAME), dead.to_json())
+    clock.t += 600  # its lease object is older than the TTL, in the store's time
     r = rm(store, clock, 2)
     assert r.deleted and r.resumed == (ckpt_name(1),)
     assert [c.name for c in list_checkpoints(store, RUN, now=later(clock))] == [ckpt_name(3)]
@@ -242,6 +250,7 @@ def test_framework_names_and_a_step_pattern_tell_the_newest(
 ) -> None:
     # Named by step, saved in another order: the name's step says which is the newest.
     for i, (name, step) in enumerate([("ckpt_s900", 900), ("ckpt_s100", 100), ("x_s500", 500)]):
+        clock.t = T0.timestamp() + i  # committed in this order, in the store's time
         write_checkpoint(store, RUN, step, created=T0.timestamp() + i, name=name, record_step=False)
     with pytest.raises(DeleteRefusedError, match="newest committed"):
         rm(store, clock, "ckpt_s900", step_pattern=r"\w+_s(\d+)")

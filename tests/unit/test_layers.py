@@ -17,9 +17,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "s3ckpt"
 # nothing above it.
 LAYERS: list[set[str]] = [
     {"errors", "_version", "_time", "_units", "_crc", "_gc", "metrics"},  # leaves
+    {"_step_names"},  # steps from checkpoint names (RE2 for users' patterns)
     {"config", "uri", "format"},  # configuration, URLs, the names and manifest on the bucket
     {"store"},  # ObjectStore: S3Store, FsspecStore, MemoryStore, retry policy
-    {"transfer", "_commit"},  # part pool, uploads, ranged-read walk; commit-protocol checks
+    {"transfer", "_commit", "_tombstone"},  # part pool, uploads, read walk; commit protocol
     {"dcp", "retention"},  # torch's StorageWriter/Reader; catalog -> policy -> plan -> apply
     {"checkpointer", "tools"},  # siblings: the training loop's API and the people's tools
     {"lightning", "accelerate", "torchtitan", "testing"},  # framework glue; the testing kit

@@ -8,6 +8,7 @@ the state back and carry on, and two leases must still exclude each other.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -61,7 +62,7 @@ def test_every_lease_step_survives_a_lost_reply(
     armed = proxy.arm("PutObject", "lost_reply", conditional=True)
     lease.renew_if_due()
     assert armed.hits == 1 and lease.held
-    assert _body(s3_client, bucket)["expires"] == now[0] + 60
+    assert _body(s3_client, bucket)["ttl"] == 60
 
     # The ETag we carry on with is the real one: a plain renew needs no read-back.
     now[0] += 45
@@ -79,7 +80,7 @@ def test_takeover_survives_a_lost_reply(proxy: FaultProxy, bucket: str) -> None:
     first = _lease(proxy, bucket, "a").acquire()
     first.record_intent(["step-9"])
     # "a" dies without releasing; its lease expires. "b" takes over with If-Match.
-    later = _lease(proxy, bucket, "b", clock=lambda: 10**10)
+    later = _lease(proxy, bucket, "b", store_clock=lambda: 10**10)
     # skip=1: the If-None-Match put (412) goes through; the If-Match takeover's reply is lost.
     armed = proxy.arm("PutObject", "lost_reply", conditional=True, skip=1)
     later.acquire()
@@ -113,7 +114,8 @@ def test_a_lost_lease_is_still_reported_lost(proxy: FaultProxy, bucket: str) -> 
     now = [1000.0]
     a = _lease(proxy, bucket, "a", ttl=timedelta(seconds=60), clock=lambda: now[0]).acquire()
     now[0] += 120
-    _lease(proxy, bucket, "b", clock=lambda: now[0]).acquire()  # took over the expired one
+    # took over the expired one (120 s later in the store's time)
+    _lease(proxy, bucket, "b", store_clock=lambda: time.time() + 120).acquire()
     armed = proxy.arm("PutObject", "lost_reply", conditional=True)
     with pytest.raises(LeaseLostError):
         a.record_intent(["x"])  # 412 (its reply lost, then again): b's record is there

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from s3ckpt._commit import boot_id
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -154,10 +155,12 @@ def test_apply_deletes_marker_then_metadata_then_data_in_batches(
     store.delete = spy  # type: ignore[method-assign]
     r = prune(store, RUN, KeepLast(3), apply=True, now=now_after(clock), batch_size=4)
     assert r.ok and r.applied and len(r.deleted) == 7
-    # 7 markers -> 2 requests, 7 metadata -> 2, 21 data -> 6
-    assert r.delete_requests == 10 and r.keys_deleted == 35
-    assert order[:2] == ["s3ckpt", "s3ckpt"] and order[2:4] == [".", "."]
-    assert all(o.startswith("__") for o in order[4:])
+    # 7 markers -> 7 conditional requests (DeleteObject If-Match), 7 metadata -> 2,
+    # 21 data -> 6
+    assert r.delete_requests == 15 and r.keys_deleted == 35
+    assert store.calls["delete_if_match"] == 7 + 1  # and the lease's capability probe
+    assert order[:2] == [".", "."]
+    assert all(o.startswith("__") for o in order[2:])
     left = {c.name for c in list_checkpoints(store, RUN, now=now_after(clock))}
     assert left == {ckpt_name(s) for s in (8, 9, 10)}
     assert not any(k.startswith(RUN.child(ckpt_name(1)).prefix) for k in store.objects)
@@ -171,7 +174,7 @@ def test_a_failed_marker_delete_keeps_the_whole_checkpoint(
     store: MemoryStore, clock: Clock
 ) -> None:
     fill(store, clock, [1, 2, 3, 4])
-    store.inject("delete_key", key_glob="*step_000000002/s3ckpt.json", times=100)
+    store.inject("delete_if_match", key_glob="*step_000000002/s3ckpt.json", times=100)
     r = prune(store, RUN, KeepLast(1), apply=True, now=now_after(clock), sleep=lambda s: None)
     assert not r.ok and [f.key.rpartition("/")[2] for f in r.failures] == [MANIFEST_NAME]
     assert set(r.deleted) == {ckpt_name(1), ckpt_name(3)}
@@ -199,7 +202,7 @@ def test_throttled_keys_are_retried_and_other_failures_reported(
     assert len(r.deleted) == 2
     # a whole request failing is reported per key, not raised, and the run goes on
     fill(store, clock, [4, 5])
-    store.inject("delete", times=2)  # the marker request and its one retry
+    store.inject("delete_if_match", key_glob="*/s3ckpt.json", times=2)  # both markers
     r = prune(
         store, RUN, KeepLast(1), apply=True, now=now_after(clock), retries=1, sleep=sleeps.append
     )
@@ -239,19 +242,24 @@ def test_pins_block_deletion_and_unpin_releases(store: MemoryStore, clock: Clock
 
 
 # -- lease -------------------------------------------------------------------------------------
-def test_lease_excludes_a_second_pruner_until_released_or_expired(store: MemoryStore) -> None:
-    t = [1000.0]
+def test_lease_excludes_a_second_pruner_until_released_or_expired(
+    store: MemoryStore, clock: Clock
+) -> None:
+    # Expiry is judged in the store's time (the lease object's LastModified plus the TTL);
+    # the holder times its renewals by its own clock.
+    t = [0.0]
+    start = clock.t
     a = Lease(store, RUN, ttl=timedelta(seconds=60), clock=lambda: t[0], owner="a").acquire()
-    b = Lease(store, RUN, ttl=timedelta(seconds=60), clock=lambda: t[0], owner="b")
+    b = Lease(store, RUN, ttl=timedelta(seconds=60), owner="b")
     with pytest.raises(LeaseHeldError) as info:
         b.acquire()
-    assert info.value.holder == "a" and info.value.expires == 1060.0
-    t[0] = 1040.0
-    a.renew_if_due()  # 20 s left < 30 s: renewed to 1100
-    t[0] = 1070.0
+    assert info.value.holder == "a" and info.value.expires == start + 60
+    clock.t, t[0] = start + 40, 40.0
+    a.renew_if_due()  # 40 s since its write, past half the TTL: renewed (expires at +100)
+    clock.t = start + 70
     with pytest.raises(LeaseHeldError):
         b.acquire()
-    t[0] = 1101.0  # a stalled past its expiry: b takes over
+    clock.t = start + 101  # a stalled past its expiry: b takes over
     b.acquire()
     with pytest.raises(LeaseLostError):
         a.record_intent(["x"])
@@ -275,14 +283,15 @@ def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(store: MemoryStor
         acquired=0,
         expires=1e12,
         deleting=("step_000000001",),
+        boot=boot_id(),  # this boot of this host: the pid's absence proves it gone
     )
     store.put(RUN.key(LEASE_NAME), rec.to_json())
-    if not rec.pidns:
-        pytest.skip("no PID namespace id on this platform")
+    if not rec.pidns or not rec.boot:
+        pytest.skip("no PID namespace or boot id on this platform")
     lease = Lease(store, RUN).acquire()
     assert lease.previous is not None and lease.previous.deleting == ("step_000000001",)
     # a live holder (this very process, under another owner id) is not stale
-    live = LeaseRecord("live", rec.host, os.getppid(), rec.pidns, 0, 1e12)
+    live = LeaseRecord("live", rec.host, os.getppid(), rec.pidns, 0, 1e12, boot=rec.boot)
     store.put(RUN.key(LEASE_NAME), live.to_json())
     with pytest.raises(LeaseHeldError):
         Lease(store, RUN).acquire()
@@ -296,6 +305,7 @@ def test_a_new_pruner_finishes_a_dead_pruners_deletions(store: MemoryStore, cloc
     store.delete([RUN.child(ckpt_name(1)).key(METADATA_NAME)])
     dead = LeaseRecord("dead", "other-host", 1, "x", 0, 0.0, deleting=(ckpt_name(1), ckpt_name(2)))
     store.put(RUN.key(LEASE_NAME), dead.to_json())
+    clock.t += 600  # its lease object is older than the TTL, in the store's time
     r = prune(store, RUN, KeepLast(4), apply=True, now=now_after(clock))
     # 1 and 2 look uncommitted now (abandoned / foreign) but are finished from the intent log
     assert set(r.resumed) == {ckpt_name(1), ckpt_name(2)}
@@ -311,6 +321,7 @@ def test_intent_of_a_checkpoint_that_is_committed_again_is_not_blindly_finished(
     fill(store, clock, [1, 2, 3])
     dead = LeaseRecord("dead", "other-host", 1, "x", 0, 0.0, deleting=(ckpt_name(1),))
     store.put(RUN.key(LEASE_NAME), dead.to_json())
+    clock.t += 600  # its lease object is older than the TTL, in the store's time
     r = prune(store, RUN, KeepBest(3, "loss"), apply=True, now=now_after(clock))
     assert r.resumed == () and r.deleted == ()  # its marker survived: the plan keeps it
 

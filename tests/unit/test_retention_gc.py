@@ -67,8 +67,10 @@ def names(store: MemoryStore, ckpt: StoreURL) -> set[str]:
 def run_cli(store: MemoryStore, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str]:
     import s3ckpt._cli.retention as cli_mod
 
-    # PATH is a memory:// URL: the command parses it, and runs on this test's store.
+    # PATH is a memory:// URL: the command parses it, and runs on this test's store, on a
+    # host whose clock agrees with the store's (the CLI judges by the store's time).
     monkeypatch.setattr(cli_mod, "open_store", lambda url, **kw: (store, url))
+    monkeypatch.setattr("s3ckpt.store._clock.time", types.SimpleNamespace(time=store.now))
     out: list[str] = []
     monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(write=out.append, flush=lambda: 0))
     code = main(list(argv))

@@ -1,0 +1,238 @@
+"""What an S3 reply must carry before :class:`~s3ckpt.store.s3.S3Store` believes it.
+
+A reply can be cut short: a connection that closes inside the header block leaves
+botocore with a status line, a few headers and no body, which it parses into a
+successful, empty response (no ``ETag``, no ``Contents``, an empty ``Body``). Taken at
+its word, that is a part without an ETag (a bare ``KeyError``), an empty listing, a
+zero-length object or a batch delete that "deleted everything". Every field the store
+reads is therefore checked here, inside the attempt: a missing or malformed one raises
+:class:`IncompleteReplyError`, a :class:`~s3ckpt.errors.TransientStoreError` that the
+store's retry policy retries like a reset (:func:`s3ckpt.store._errors.is_transient`).
+The retry then decides by reading state back, exactly as after a lost reply: a
+conditional PUT meets its own 412 and the commit reads the marker back, a repeated
+CompleteMultipartUpload meets ``NoSuchUpload`` and reads the object back, a repeated
+CreateMultipartUpload aborts the orphan it may have left.
+
+A reply that echoes a CRC32C other than the one sent (``x-amz-checksum-crc32c``) means
+the bytes the store got are not the bytes sent: :class:`WireChecksumError`, retried the
+same way. A reply that echoes nothing proves nothing either way (see docs/dcp.md,
+"Checksums on the wire").
+
+This module imports no botocore: it reads the plain dicts botocore returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from s3ckpt import _crc
+from s3ckpt.errors import TransientStoreError
+
+__all__ = [
+    "IncompleteReplyError",
+    "WireChecksumError",
+    "check_body",
+    "check_complete",
+    "check_create",
+    "check_deleted",
+    "check_head",
+    "check_list_page",
+    "check_uploads_page",
+    "check_written",
+    "composite_crc32c",
+]
+
+
+class IncompleteReplyError(TransientStoreError):
+    """A reply lacked a field s3ckpt reads, or carried a malformed one: it was cut short
+    (or garbled) on the way. Retried; if every attempt's reply is cut, the endpoint or a
+    proxy in front of it is truncating replies."""
+
+
+class WireChecksumError(TransientStoreError):
+    """The store echoed a CRC32C other than the one sent: the bytes it received differ
+    from the bytes sent. Retried."""
+
+
+def _incomplete(operation: str, bucket: str, key: str | None, what: str) -> IncompleteReplyError:
+    return IncompleteReplyError(
+        f"{operation}: the reply was cut short or malformed ({what}); retried as a "
+        "transport error. If it persists, something between this host and the store "
+        "(a proxy, a load balancer) is truncating replies",
+        bucket=bucket,
+        key=key,
+        operation=operation,
+        code="IncompleteReply",
+    )
+
+
+class _Where:
+    """The request a check is about, for its error."""
+
+    __slots__ = ("bucket", "key", "operation")
+
+    def __init__(self, operation: str, bucket: str, key: str | None) -> None:
+        self.operation = operation
+        self.bucket = bucket
+        self.key = key
+
+    def fail(self, what: str) -> IncompleteReplyError:
+        return _incomplete(self.operation, self.bucket, self.key, what)
+
+    def text(self, obj: Mapping[str, Any], name: str, where: str = "") -> str:
+        value = obj.get(name)
+        if not isinstance(value, str) or not value:
+            raise self.fail(f"no {name}{where}")
+        return value
+
+    def integer(self, obj: Mapping[str, Any], name: str, where: str = "") -> int:
+        value = obj.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(f"no {name}{where}")
+        return value
+
+    def time(self, obj: Mapping[str, Any], name: str, where: str = "") -> None:
+        if not isinstance(obj.get(name), dt.datetime):
+            raise self.fail(f"no {name}{where}")
+
+    def entries(self, resp: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
+        value = resp.get(name)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(e, Mapping) for e in value):
+            raise self.fail(f"malformed {name}")
+        return value
+
+
+def _b64_crc(value: int) -> str:
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+def composite_crc32c(part_checksums: Sequence[str]) -> str | None:
+    """S3's checksum of a multipart object (``COMPOSITE``): the CRC32C of the parts'
+    binary CRC32Cs, in part order, base64, then ``-{parts}``. ``None`` when a part's
+    checksum is missing or not base64."""
+    raw = bytearray()
+    for text in part_checksums:
+        try:
+            digest = base64.b64decode(text, validate=True)
+        except (ValueError, TypeError):
+            return None
+        if len(digest) != 4:
+            return None
+        raw += digest
+    if not part_checksums:
+        return None
+    return f"{_b64_crc(_crc.crc32c(raw))}-{len(part_checksums)}"
+
+
+def _check_echo(w: _Where, resp: Mapping[str, Any], sent: str | None) -> None:
+    """A CRC32C echoed by the store must be the one sent (nothing echoed: unknown)."""
+    echoed = resp.get("ChecksumCRC32C")
+    if sent is None or echoed is None:
+        return
+    if echoed != sent:
+        raise WireChecksumError(
+            f"{w.operation}: the store computed CRC32C {echoed} over the bytes it received, "
+            f"but {sent} was sent: the body was corrupted in transit; retried",
+            bucket=w.bucket,
+            key=w.key,
+            operation=w.operation,
+            code="ChecksumMismatch",
+        )
+
+
+def check_written(
+    resp: Mapping[str, Any], *, operation: str, bucket: str, key: str, sent_crc32c: str | None
+) -> str:
+    """A PutObject or UploadPart reply: its ETag (and the CRC32C echo, when one came)."""
+    w = _Where(operation, bucket, key)
+    etag = w.text(resp, "ETag")
+    _check_echo(w, resp, sent_crc32c)
+    return etag
+
+
+def check_create(resp: Mapping[str, Any], *, bucket: str, key: str) -> str:
+    """A CreateMultipartUpload reply: its UploadId."""
+    return _Where("create_multipart", bucket, key).text(resp, "UploadId")
+
+
+def check_complete(
+    resp: Mapping[str, Any], *, bucket: str, key: str, part_checksums: Sequence[str] | None
+) -> str:
+    """A CompleteMultipartUpload reply: its ETag; a composite CRC32C echo (``...-N``)
+    must be the one the parts' checksums make."""
+    w = _Where("complete_multipart", bucket, key)
+    etag = w.text(resp, "ETag")
+    echoed = resp.get("ChecksumCRC32C")
+    if part_checksums and isinstance(echoed, str) and "-" in echoed:
+        _check_echo(w, resp, composite_crc32c(part_checksums))
+    return etag
+
+
+def check_head(resp: Mapping[str, Any], *, bucket: str, key: str) -> None:
+    """A HeadObject reply: ContentLength, LastModified and ETag."""
+    w = _Where("head", bucket, key)
+    w.integer(resp, "ContentLength")
+    w.time(resp, "LastModified")
+    w.text(resp, "ETag")
+
+
+def check_body(resp: Mapping[str, Any], *, bucket: str, key: str) -> None:
+    """A GetObject reply: a Body and its ContentLength (botocore's body then fails a
+    read that ends short of it)."""
+    w = _Where("get", bucket, key)
+    if resp.get("Body") is None:
+        raise w.fail("no Body")
+    w.integer(resp, "ContentLength")
+
+
+def check_list_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> None:
+    """A ListObjectsV2 page: IsTruncated (and the token to go on with), each object's
+    Key, Size and LastModified, each common prefix's Prefix, and KeyCount (when sent)
+    equal to what the page holds."""
+    w = _Where("list_objects_v2", bucket, prefix)
+    truncated = resp.get("IsTruncated")
+    if not isinstance(truncated, bool):
+        raise w.fail("no IsTruncated")
+    if truncated:
+        w.text(resp, "NextContinuationToken")
+    contents = w.entries(resp, "Contents")
+    for obj in contents:
+        name = w.text(obj, "Key", " in Contents")
+        w.integer(obj, "Size", f" for {name}")
+        w.time(obj, "LastModified", f" for {name}")
+    prefixes = w.entries(resp, "CommonPrefixes")
+    for cp in prefixes:
+        w.text(cp, "Prefix", " in CommonPrefixes")
+    count = resp.get("KeyCount")
+    if count is not None and count != len(contents) + len(prefixes):
+        raise w.fail(f"KeyCount {count}, but {len(contents) + len(prefixes)} entries")
+
+
+def check_uploads_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> None:
+    """A ListMultipartUploads page: IsTruncated (and the markers to go on with), each
+    upload's Key and UploadId."""
+    w = _Where("list_multipart_uploads", bucket, prefix)
+    truncated = resp.get("IsTruncated")
+    if not isinstance(truncated, bool):
+        raise w.fail("no IsTruncated")
+    if truncated:
+        w.text(resp, "NextKeyMarker")
+    for up in w.entries(resp, "Uploads"):
+        name = w.text(up, "Key", " in Uploads")
+        w.text(up, "UploadId", f" for {name}")
+
+
+def check_deleted(resp: Mapping[str, Any], *, bucket: str, keys: Iterable[str]) -> None:
+    """A DeleteObjects reply (not quiet): every key asked for is in Deleted or Errors."""
+    keys = list(keys)
+    w = _Where("delete", bucket, keys[0] if keys else None)
+    answered = {e.get("Key") for e in w.entries(resp, "Deleted")}
+    answered |= {e.get("Key") for e in w.entries(resp, "Errors")}
+    missing = [k for k in keys if k not in answered]
+    if missing:
+        raise w.fail(f"{len(missing)} of {len(keys)} keys neither Deleted nor in Errors")

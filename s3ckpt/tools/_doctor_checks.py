@@ -1,0 +1,399 @@
+"""The doctor's checks that write: permissions, the round trip, and the cleanup.
+
+Everything here writes only under one scratch prefix (:class:`Scratch`), and
+:func:`clean_up` removes it all, open multipart uploads included. Part of
+:mod:`s3ckpt.tools._doctor`, which says the order and the cost.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from s3ckpt._crc import crc32c
+from s3ckpt.errors import (
+    AccessDeniedError,
+    S3CkptError,
+    StoreError,
+    UnsupportedOperationError,
+    find_s3ckpt_error,
+)
+from s3ckpt.store import ObjectStore
+from s3ckpt.tools._doctor_report import Check, CheckStatus
+from s3ckpt.uri import StoreURL
+
+__all__ = ["Scratch", "clean_up", "interrupted_cleanup", "permission_rows", "round_trip_rows"]
+
+MIN_PART = 5 * 1024 * 1024
+"""S3's smallest part but the last."""
+
+
+@dataclass
+class Scratch:
+    """The scratch prefix the checks write under, and the multipart uploads they opened
+    and have not finished (aborted at cleanup whatever happens)."""
+
+    store: ObjectStore
+    url: StoreURL
+    uploads: list[tuple[str, str]] = field(default_factory=list)
+
+    def key(self, name: str) -> str:
+        """The key of ``name`` under the scratch prefix."""
+        return self.url.key(name)
+
+    def create_multipart(self, key: str) -> str:
+        """Open an upload, registered for cleanup the moment it exists."""
+        upload_id = self.store.create_multipart(key)
+        self.uploads.append((key, upload_id))
+        return upload_id
+
+    def finished(self, key: str, upload_id: str) -> None:
+        """The upload was completed or aborted: nothing left to abort."""
+        self.uploads.remove((key, upload_id))
+
+
+# -- permissions -----------------------------------------------------------------------------
+# check -> (IAM action, who needs it and for what)
+_PERMISSIONS: dict[str, tuple[str, str]] = {
+    "put": ("s3:PutObject", "the trainer cannot save and the pruner cannot take its lease"),
+    "head": ("s3:GetObject", "the trainer cannot check its objects before committing"),
+    "get": ("s3:GetObject", "nobody can load a checkpoint or read its marker"),
+    "list": ("s3:ListBucket", "nobody can find checkpoints (resume, ls, prune, gc)"),
+    "multipart": ("s3:PutObject", "the trainer cannot upload objects above one part"),
+    "list uploads": (
+        "s3:ListBucketMultipartUploads",
+        "gc cannot find abandoned uploads (billed until a lifecycle rule removes them)",
+    ),
+    "abort": (
+        "s3:AbortMultipartUpload",
+        "a failed save leaves its uploads behind (billed) and gc cannot remove them",
+    ),
+    "delete": ("s3:DeleteObject", "prune, gc and rm cannot delete, nor overwrites clean up"),
+}
+
+
+def _denied(name: str, store: ObjectStore, url: StoreURL, exc: BaseException) -> Check:
+    action, effect = _PERMISSIONS[name]
+    where = f"arn:aws:s3:::{url.bucket}" + ("" if action == "s3:ListBucket" else f"/{url.prefix}*")
+    if isinstance(exc, AccessDeniedError):
+        grant = f"grant {action} on {where}"
+        if store.url_scheme != "s3":
+            grant += " (or the store's equivalent)"
+        return Check(
+            f"permission {name}", CheckStatus.FAIL, f"denied ({exc.code})", f"{effect}: {grant}"
+        )
+    if isinstance(exc, UnsupportedOperationError) or (
+        isinstance(exc, StoreError) and exc.code in ("NotImplemented", "501")
+    ):
+        return Check(
+            f"permission {name}",
+            CheckStatus.WARN,
+            "the store does not implement it (HTTP 501)",
+            f"{effect}; s3ckpt degrades where it can (see the capability rows)",
+        )
+    return Check(f"permission {name}", CheckStatus.FAIL, _message(exc), effect)
+
+
+def _message(exc: BaseException) -> str:
+    inner = find_s3ckpt_error(exc)
+    return str(inner) if inner is not None else f"{type(exc).__name__}: {exc}"
+
+
+def _run(
+    name: str, work: Scratch, fn: Callable[[], str | None], *, needs: str | None = None
+) -> Check:
+    """The row of one permission: ``fn`` returns ``None`` when the answer was right, else
+    what was wrong; ``needs`` names a failed earlier check it depends on (then skipped)."""
+    if needs is not None:
+        return Check(f"permission {name}", CheckStatus.SKIP, f"not tried: needs {needs}")
+    try:
+        wrong = fn()
+    except S3CkptError as exc:
+        return _denied(name, work.store, work.url, exc)
+    if wrong is not None:
+        return Check(
+            f"permission {name}",
+            CheckStatus.FAIL,
+            wrong,
+            "the store answered wrongly: s3ckpt cannot rely on it; report it to the "
+            "store's operator",
+        )
+    action = _PERMISSIONS[name][0]
+    detail = f"{action}: allowed" if work.store.url_scheme == "s3" else "allowed"
+    return Check(f"permission {name}", CheckStatus.OK, detail)
+
+
+def permission_rows(work: Scratch, *, list_denied: bool = False) -> list[Check]:
+    """Exercise each action the trainer and pruner roles need, for real, under the scratch
+    prefix: put, head, get, list, multipart (create, upload, complete), list uploads, abort
+    and delete. Cost: about 12 requests, a few KiB.
+
+    Args:
+        list_denied: The preflight LIST was denied (the list row says so without asking
+            again).
+    """
+    store = work.store
+    obj, mp_key, ab_key = (
+        work.key("perm/object"),
+        work.key("perm/multipart"),
+        work.key("perm/abort"),
+    )
+    data = b"s3ckpt doctor: permission check\n" * 32
+    rows: list[Check] = []
+
+    def put() -> str | None:
+        store.put(obj, data)
+        return None
+
+    def head() -> str | None:
+        info = store.head(obj)
+        if info is None:
+            return "HEAD of the object just written found nothing"
+        return None if info.size == len(data) else f"HEAD says {info.size} bytes, wrote {len(data)}"
+
+    def get() -> str | None:
+        return None if store.get(obj) == data else "GET returned other bytes than were written"
+
+    def listed() -> str | None:
+        if list_denied:
+            raise AccessDeniedError(
+                "list denied", bucket=work.url.bucket, key=work.url.prefix, code="AccessDenied"
+            )
+        keys = {o.key for o in store.list(work.url.prefix)}
+        return None if obj in keys else "LIST does not show the object just written"
+
+    def multipart() -> str | None:
+        upload_id = work.create_multipart(mp_key)
+        part = store.upload_part(mp_key, upload_id, 1, data)
+        store.complete_multipart(mp_key, upload_id, [part])
+        work.finished(mp_key, upload_id)
+        return None if store.get(mp_key) == data else "the completed upload reads back wrong"
+
+    def list_uploads() -> str | None:
+        upload_id = work.create_multipart(ab_key)
+        state["abort_upload"] = upload_id
+        found = {u.upload_id for u in store.list_multipart_uploads(work.url.prefix)}
+        return None if upload_id in found else "the upload just opened is not listed"
+
+    def abort() -> str | None:
+        upload_id = state.get("abort_upload") or work.create_multipart(ab_key)
+        store.abort_multipart(ab_key, upload_id)
+        work.finished(ab_key, upload_id)
+        return None
+
+    def delete() -> str | None:
+        failures = store.delete([obj, mp_key])
+        if failures:
+            raise AccessDeniedError(
+                f"{failures[0].code}: {failures[0].message}",
+                bucket=work.url.bucket,
+                key=failures[0].key,
+                code=failures[0].code,
+            )
+        return None if store.head(obj) is None else "the object is still there after DELETE"
+
+    state: dict[str, Any] = {}
+    rows.append(_run("put", work, put))
+    put_ok = rows[-1].status is CheckStatus.OK
+    no_put = None if put_ok else "put"
+    rows.append(_run("head", work, head, needs=no_put))
+    rows.append(_run("get", work, get, needs=no_put))
+    rows.append(_run("list", work, listed, needs=no_put))
+    rows.append(_run("multipart", work, multipart))
+    rows.append(_run("list uploads", work, list_uploads))
+    rows.append(_run("abort", work, abort))
+    rows.append(_run("delete", work, delete, needs=no_put))
+    return rows
+
+
+# -- round trip ------------------------------------------------------------------------------
+def _torch_available() -> bool:
+    return importlib.util.find_spec("torch") is not None
+
+
+def round_trip_rows(work: Scratch, *, use_torch: bool | None = None) -> list[Check]:
+    """A small save and load, checked bit-exact: through ``dcp.save`` / ``dcp.load`` with
+    :class:`~s3ckpt.dcp.S3StorageWriter` / :class:`~s3ckpt.dcp.S3StorageReader` when torch
+    is there (``use_torch``), else a put and a two-part multipart upload read back and
+    compared by CRC32C (about 5.1 MiB), and a row saying torch is missing."""
+    if use_torch is None:
+        use_torch = _torch_available()
+    if use_torch:
+        try:
+            return [_dcp_round_trip(work)]
+        except ImportError as exc:  # torch there but broken (numpy, a bad build)
+            broken = f"torch cannot be imported ({exc})"
+            return [_raw_round_trip(work), Check("torch", CheckStatus.WARN, broken, _NO_TORCH)]
+    why = "not installed" if not _torch_available() else "not asked for"
+    return [
+        _raw_round_trip(work),
+        Check("torch", CheckStatus.SKIP, f"{why}: the dcp.save / dcp.load round trip was skipped"),
+    ]
+
+
+_NO_TORCH = (
+    "this image cannot save or load checkpoints (retention and the catalog commands work): "
+    'pip install "s3ckpt[torch]" where the trainer runs and run doctor there'
+)
+
+
+def _raw_round_trip(work: Scratch) -> Check:
+    store = work.store
+    small, big = work.key("roundtrip/put"), work.key("roundtrip/multipart")
+    one = os.urandom(64 * 1024)
+    parts_data = [os.urandom(MIN_PART), os.urandom(100 * 1024)]
+    try:
+        store.put(small, one, crc32c=crc32c(one))
+        upload_id = work.create_multipart(big)
+        parts = [
+            store.upload_part(big, upload_id, n, d, crc32c=crc32c(d))
+            for n, d in enumerate(parts_data, 1)
+        ]
+        store.complete_multipart(big, upload_id, parts)
+        work.finished(big, upload_id)
+        whole = b"".join(parts_data)
+        wrong = [
+            k for k, want in ((small, one), (big, whole)) if crc32c(store.get(k)) != crc32c(want)
+        ]
+    except S3CkptError as exc:
+        return _round_trip_failed(_message(exc))
+    if wrong:
+        return _round_trip_failed(f"read back with another CRC32C: {', '.join(wrong)}")
+    size = len(one) + sum(len(d) for d in parts_data)
+    return Check(
+        "round trip",
+        CheckStatus.OK,
+        f"put + 2-part multipart ({size / 2**20:.1f} MiB) read back, CRC32C equal",
+    )
+
+
+def _round_trip_failed(detail: str) -> Check:
+    return Check(
+        "round trip",
+        CheckStatus.FAIL,
+        detail,
+        "a checkpoint saved here would not load back as saved: see the detail and the rows above",
+    )
+
+
+def _dcp_round_trip(work: Scratch) -> Check:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from s3ckpt.dcp import S3StorageReader, S3StorageWriter, quiet_dcp
+
+    g = torch.Generator().manual_seed(27)
+    saved: dict[str, Any] = {
+        "weight": torch.randn(64, 64, generator=g),
+        "half": torch.randn(33, 7, generator=g).to(torch.bfloat16),
+        "ints": torch.arange(1000, dtype=torch.int64),
+        "mask": torch.rand(17, generator=g) > 0.5,
+        "extra": {"step": 27, "name": "s3ckpt doctor"},
+    }
+    loaded: dict[str, Any] = {
+        k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"step": 0, "name": ""}
+        for k, v in saved.items()
+    }
+    url = work.url.child("roundtrip")
+    try:
+        with quiet_dcp():
+            dcp.save(saved, storage_writer=S3StorageWriter(url, store=work.store), no_dist=True)
+            dcp.load(loaded, storage_reader=S3StorageReader(url, store=work.store), no_dist=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # torch's CheckpointException is one
+        return _round_trip_failed(f"dcp: {_message(exc)}")
+    differ = [
+        k
+        for k, v in saved.items()
+        if isinstance(v, torch.Tensor)
+        and not torch.equal(
+            v.contiguous().view(torch.uint8), loaded[k].contiguous().view(torch.uint8)
+        )
+    ]
+    if loaded["extra"] != saved["extra"]:
+        differ.append("extra")
+    if differ:
+        return _round_trip_failed(f"dcp.load gave other bytes than dcp.save wrote: {differ}")
+    size = sum(v.numel() * v.element_size() for v in saved.values() if isinstance(v, torch.Tensor))
+    return Check(
+        "round trip",
+        CheckStatus.OK,
+        f"dcp.save + dcp.load of {len(saved)} items ({size / 1024:.0f} KiB), bit-exact",
+    )
+
+
+# -- cleanup ---------------------------------------------------------------------------------
+def clean_up(work: Scratch) -> tuple[Check, tuple[str, ...]]:
+    """Remove everything under the scratch prefix: the uploads the checks opened (and any
+    other open upload listed there), then every object. Never raises a store error: what
+    could not be removed is the row's detail and the tuple returned (keys, and ``upload
+    KEY ID`` for uploads)."""
+    store, prefix = work.store, work.url.prefix
+    problems: list[str] = []
+    for key, upload_id in list(work.uploads):
+        try:
+            store.abort_multipart(key, upload_id)
+            work.finished(key, upload_id)
+        except S3CkptError as exc:
+            problems.append(f"abort {key}: {exc.message}")
+    try:
+        for up in store.list_multipart_uploads(prefix):
+            work.uploads.append((up.key, up.upload_id))
+            store.abort_multipart(up.key, up.upload_id)
+            work.finished(up.key, up.upload_id)
+    except S3CkptError:
+        pass  # no ListMultipartUploads (a row says so); the uploads we opened are aborted
+    removed = 0
+    left: list[str] = []
+    try:
+        keys = [o.key for o in store.list(prefix)]
+        failures = store.delete(keys)
+        removed = len(keys) - len(failures)
+        left = sorted({o.key for o in store.list(prefix)})
+    except S3CkptError as exc:
+        problems.append(exc.message)
+        left = [f"{prefix} (could not list it)"]
+    left += [f"upload {key} {upload_id}" for key, upload_id in work.uploads]
+    if store.url_scheme == "file" and not left:
+        _remove_empty_folders("/" + prefix)
+    where = str(work.url)
+    if not left:
+        return Check("cleanup", CheckStatus.OK, f"removed {removed} objects under {where}"), ()
+    shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+    why = f" ({problems[0]})" if problems else ""
+    return Check("cleanup", CheckStatus.WARN, f"left behind: {shown}{why}", _remove_hint(work)), (
+        tuple(left)
+    )
+
+
+def interrupted_cleanup(work: Scratch) -> Check:
+    """The cleanup row when the cleanup itself was interrupted."""
+    return Check(
+        "cleanup",
+        CheckStatus.WARN,
+        f"interrupted: whatever is left is under {work.url}",
+        _remove_hint(work),
+    )
+
+
+def _remove_hint(work: Scratch) -> str:
+    if work.store.url_scheme == "s3":
+        return (
+            f"remove it when you can: aws s3 rm --recursive {work.url} (open uploads: "
+            "aws s3api abort-multipart-upload, or a lifecycle rule)"
+        )
+    return f"remove everything under {work.url} when you can"
+
+
+def _remove_empty_folders(root: str) -> None:
+    """A local folder's scratch prefix is a folder tree once its files are gone: remove
+    the folders that are empty, deepest first (never a file)."""
+    for folder, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # not empty (someone else's file) or already gone

@@ -1,0 +1,275 @@
+"""The doctor's checks that only read: credentials, endpoint, clock skew and the store's
+capabilities (see :mod:`s3ckpt.tools._doctor` for the order and cost)."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from s3ckpt.errors import AccessDeniedError, S3CkptError, StoreError
+from s3ckpt.retention import MIN_GRACE
+from s3ckpt.store import ObjectStore, probe_capabilities, store_time
+from s3ckpt.tools._doctor_report import Check, CheckStatus
+
+__all__ = ["WARN_SKEW", "capability_rows", "clock_row", "identity_rows", "s3_client"]
+
+WARN_SKEW = timedelta(seconds=5)
+"""A clock skew above this is a warning; above :data:`~s3ckpt.retention.MIN_GRACE` a
+failure. (The ``Date`` header has one-second resolution.)"""
+
+
+def s3_client(store: ObjectStore) -> Any:
+    """The boto3 client of an S3 store, else ``None``."""
+    if store.url_scheme != "s3" or not hasattr(store, "s3_config"):
+        return None
+    return getattr(store, "client", None)
+
+
+# -- credentials and endpoint ----------------------------------------------------------------
+def identity_rows(store: ObjectStore, seen: list[str]) -> list[Check]:
+    client = s3_client(store)
+    if client is None:
+        why = f"not an S3 store ({store.url_scheme}://): no AWS credentials or endpoint involved"
+        return [
+            Check("credentials", CheckStatus.SKIP, why),
+            Check("endpoint", CheckStatus.SKIP, why),
+        ]
+    cfg = store.s3_config  # type: ignore[attr-defined]
+    return [_credentials_row(cfg, client), _endpoint_row(cfg, client, store.bucket, seen)]
+
+
+def _is_aws(endpoint: str | None) -> bool:
+    if endpoint is None:
+        return True
+    host = (urlsplit(endpoint).hostname or "").lower()
+    return host.endswith((".amazonaws.com", ".amazonaws.com.cn"))
+
+
+def _credentials_row(cfg: Any, client: Any) -> Check:
+    """botocore's credential source and the key's last four characters; the caller's ARN
+    from STS on AWS (a custom endpoint has no STS)."""
+    import botocore.session  # only S3 stores get here: boto3 is installed
+
+    session = botocore.session.Session(profile=cfg.profile)
+    try:
+        creds = session.get_credentials()
+    except Exception as exc:  # a credential_process or SSO cache that fails a second time
+        return Check(
+            "credentials",
+            CheckStatus.WARN,
+            f"could not resolve them again: {type(exc).__name__}",
+            "the store accepted this host's requests, but where the credentials come "
+            "from is unknown; check them with `aws sts get-caller-identity`",
+        )
+    if creds is None:  # the preflight LIST passed anonymously: a public or open endpoint
+        return Check(
+            "credentials",
+            CheckStatus.WARN,
+            "no credentials found: requests are unsigned",
+            "the store accepted anonymous requests; anyone who reaches it can read and "
+            "delete checkpoints: require credentials on the endpoint",
+        )
+    method = getattr(creds, "method", None) or "unknown"
+    key = creds.get_frozen_credentials().access_key or ""
+    detail = f"from {method}" + (f" (access key …{key[-4:]})" if len(key) >= 8 else "")
+    endpoint = cfg.resolved_endpoint_url()
+    if not _is_aws(endpoint):
+        return Check("credentials", CheckStatus.OK, f"{detail}; STS not asked (custom endpoint)")
+    try:
+        from botocore.config import Config
+
+        sts = session.create_client(
+            "sts",
+            region_name=client.meta.region_name,
+            config=Config(connect_timeout=5, read_timeout=10, retries={"total_max_attempts": 2}),
+        )
+        arn = str(sts.get_caller_identity().get("Arn", "?"))
+    except Exception as exc:  # any failure is the row's detail, not a crash
+        return Check(
+            "credentials",
+            CheckStatus.WARN,
+            f"{detail}; STS GetCallerIdentity failed: {type(exc).__name__}",
+            "the caller's identity is unknown (STS unreachable or denied); the S3 checks "
+            "below still say what these credentials may do",
+        )
+    return Check("credentials", CheckStatus.OK, f"{detail}; {arn}")
+
+
+def _endpoint_row(cfg: Any, client: Any, bucket: str, seen: list[str]) -> Check:
+    region = client.meta.region_name
+    endpoint = client.meta.endpoint_url
+    style = "unknown"
+    if seen:
+        host = urlsplit(seen[0]).hostname or ""
+        style = "virtual-hosted" if host.startswith(f"{bucket}.") else "path"
+    detail = f"region {region}, {endpoint}, {style}-style addressing"
+    parts = urlsplit(endpoint)
+    if not cfg.verify_tls:
+        return Check(
+            "endpoint",
+            CheckStatus.WARN,
+            detail + ", TLS not verified",
+            "--no-verify-tls: anyone on the network path can impersonate the store; "
+            "install the endpoint's CA certificate (AWS_CA_BUNDLE) instead",
+        )
+    if parts.scheme == "http" and not _is_loopback(parts.hostname or ""):
+        return Check(
+            "endpoint",
+            CheckStatus.WARN,
+            detail + ", plain http",
+            "checkpoints travel unencrypted to a remote host: use an https:// endpoint",
+        )
+    return Check("endpoint", CheckStatus.OK, detail)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# -- clock -----------------------------------------------------------------------------------
+def clock_row(store: ObjectStore, prefix: str) -> Check:
+    try:
+        t = store_time(store, prefix)
+    except S3CkptError as exc:
+        return Check(
+            "clock skew",
+            CheckStatus.WARN,
+            f"could not read the store's time: {exc}",
+            "ages are measured in the store's time; this host's skew is unknown",
+        )
+    if not t.measured:
+        return Check("clock skew", CheckStatus.SKIP, f"not measured: {t.source}")
+    skew = round(t.skew.total_seconds(), 1)
+    if skew == 0:
+        detail = "0.0 s: this host's clock agrees with the store's"
+    else:
+        way = "ahead of" if skew > 0 else "behind"
+        detail = f"{skew:+.1f} s: this host's clock is {abs(skew):.1f} s {way} the store's"
+    if abs(skew) > MIN_GRACE.total_seconds():
+        return Check(
+            "clock skew",
+            CheckStatus.FAIL,
+            detail,
+            f"more than the minimum grace ({MIN_GRACE.total_seconds():g} s): gc, prune and "
+            "rm refuse to act from this host; fix its clock (NTP / chrony)",
+        )
+    if abs(skew) > WARN_SKEW.total_seconds():
+        return Check(
+            "clock skew",
+            CheckStatus.WARN,
+            detail,
+            "ages are measured in the store's time, so checkpoints are safe, but times "
+            "shown from this host are off: check NTP",
+        )
+    return Check("clock skew", CheckStatus.OK, detail)
+
+
+# -- capabilities ----------------------------------------------------------------------------
+def capability_rows(store: ObjectStore, key: str) -> list[Check]:
+    started = time.monotonic()
+    try:
+        caps = probe_capabilities(store, key, body=b"s3ckpt doctor: capability probe\n")
+    except AccessDeniedError as exc:
+        why = f"not probed: {exc.message} (see the permission rows)"
+        return [Check(n, CheckStatus.SKIP, why) for n in _CAPABILITY_NAMES]
+    except StoreError as exc:
+        return [
+            Check(
+                n,
+                CheckStatus.FAIL,
+                f"the probe failed: {exc}",
+                "s3ckpt cannot tell what this store guarantees, so saves refuse: "
+                "see the error, then run doctor again",
+            )
+            for n in _CAPABILITY_NAMES
+        ]
+    took = time.monotonic() - started
+    yes, no = "answered 412, as required", "ignored (the write went through)"
+    rows = [
+        Check(
+            "conditional create",
+            CheckStatus.OK if caps.conditional_create else CheckStatus.FAIL,
+            f"If-None-Match {yes if caps.conditional_create else no}",
+            ""
+            if caps.conditional_create
+            else "two saves of one prefix could both report success and one be lost: saves "
+            "refuse on this store unless S3Config(single_writer=True) / --single-writer "
+            "says only one writer ever saves a run",
+        ),
+        Check(
+            "conditional replace",
+            CheckStatus.OK if caps.conditional_replace else CheckStatus.FAIL,
+            f"If-Match {yes if caps.conditional_replace else no}",
+            ""
+            if caps.conditional_replace
+            else "overwrites and the retention lease cannot exclude each other: two "
+            "pruners or two overwrites could both win; refused unless single-writer mode",
+        ),
+        Check(
+            "conditional delete",
+            CheckStatus.OK if caps.conditional_delete else CheckStatus.WARN,
+            "DeleteObject If-Match " + ("honoured" if caps.conditional_delete else "not supported"),
+            ""
+            if caps.conditional_delete
+            else "rm and prune cannot delete a marker only if it is still the one they "
+            "planned; they coordinate with overwrites through the run's lease instead",
+        ),
+        _checksum_row(store, caps.checksum_echo),
+        _list_uploads_row(caps.list_uploads),
+    ]
+    note = f" (probed in {took:.1f} s)" if took >= 1 else ""
+    first = rows[0]
+    rows[0] = Check(first.name, first.status, first.detail + note, first.meaning)
+    return rows
+
+
+_CAPABILITY_NAMES = (
+    "conditional create",
+    "conditional replace",
+    "conditional delete",
+    "checksum echo",
+    "list uploads",
+)
+
+
+def _checksum_row(store: ObjectStore, echo: bool | None) -> Check:
+    if echo is None:
+        cfg = getattr(store, "s3_config", None)
+        if store.url_scheme != "s3" or cfg is None:
+            why = f"not an S3 store ({store.url_scheme}://): no checksum headers"
+        elif cfg.checksum_algorithm != "CRC32C":
+            why = "uploads carry no checksum (S3Config.checksum_algorithm='NONE')"
+        else:
+            why = "no PUT of the probe succeeded"
+        return Check("checksum echo", CheckStatus.SKIP, f"not probed: {why}")
+    if echo:
+        return Check("checksum echo", CheckStatus.OK, "the store echoes the CRC32C it received")
+    return Check(
+        "checksum echo",
+        CheckStatus.WARN,
+        "the store does not echo x-amz-checksum-crc32c",
+        "a byte flipped in transit would go unnoticed by the store: s3ckpt re-reads each "
+        "committed object's CRC32C before the marker (verify_after_write), one more read per save",
+    )
+
+
+def _list_uploads_row(supported: bool | None) -> Check:
+    if supported is None:
+        return Check("list uploads", CheckStatus.SKIP, "not probed")
+    if supported:
+        return Check("list uploads", CheckStatus.OK, "ListMultipartUploads works")
+    return Check(
+        "list uploads",
+        CheckStatus.WARN,
+        "ListMultipartUploads not implemented",
+        "gc cannot see open uploads: abandoned ones stay billed; add a lifecycle rule "
+        "with AbortIncompleteMultipartUpload (terraform/ sets one)",
+    )
