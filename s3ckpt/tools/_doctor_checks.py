@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from s3ckpt._crc import crc32c
 from s3ckpt.errors import (
     AccessDeniedError,
+    ConditionalWritesError,
     S3CkptError,
     StoreError,
     UnsupportedOperationError,
@@ -299,12 +301,24 @@ def _dcp_round_trip(work: Scratch) -> Check:
     }
     url = work.url.child("roundtrip")
     try:
-        with quiet_dcp():
+        with quiet_dcp(), warnings.catch_warnings():
+            # Single-writer mode warns on every save's first probe; the capability rows
+            # say it once, in the table.
+            warnings.simplefilter("ignore", UserWarning)
             dcp.save(saved, storage_writer=S3StorageWriter(url, store=work.store), no_dist=True)
             dcp.load(loaded, storage_reader=S3StorageReader(url, store=work.store), no_dist=True)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is one
+        if isinstance(find_s3ckpt_error(exc), ConditionalWritesError):
+            return Check(
+                "round trip",
+                CheckStatus.FAIL,
+                "dcp.save refused: the store ignores conditional writes",
+                "every save refuses here, as it must without conditional writes: use a "
+                "store that enforces them, or single-writer mode (S3Config(single_writer="
+                "True)) if only one process at a time ever writes to a prefix",
+            )
         return _round_trip_failed(f"dcp: {_message(exc)}")
     differ = [
         k
@@ -362,7 +376,11 @@ def clean_up(work: Scratch) -> tuple[Check, tuple[str, ...]]:
         _remove_empty_folders("/" + prefix)
     where = str(work.url)
     if not left:
-        return Check("cleanup", CheckStatus.OK, f"removed {removed} objects under {where}"), ()
+        return Check(
+            "cleanup",
+            CheckStatus.OK,
+            f"removed {removed} object{'s' if removed != 1 else ''} under {where}",
+        ), ()
     shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
     why = f" ({problems[0]})" if problems else ""
     return Check("cleanup", CheckStatus.WARN, f"left behind: {shown}{why}", _remove_hint(work)), (

@@ -193,25 +193,34 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
         ]
     took = time.monotonic() - started
     yes, no = "answered 412, as required", "ignored (the write went through)"
+    # With single-writer mode on, the user vouches that one process at a time writes a
+    # prefix: saves go on, so a missing condition is a caveat of that promise, not a failure.
+    single = bool(getattr(getattr(store, "s3_config", None), "single_writer", False))
+    missing = CheckStatus.WARN if single else CheckStatus.FAIL
+    opt_in = (
+        "single-writer mode is on: safe only while one process at a time saves to and "
+        "prunes a prefix"
+        if single
+        else "refused unless S3Config(single_writer=True) / --single-writer says only one "
+        "process at a time writes a prefix"
+    )
     rows = [
         Check(
             "conditional create",
-            CheckStatus.OK if caps.conditional_create else CheckStatus.FAIL,
+            CheckStatus.OK if caps.conditional_create else missing,
             f"If-None-Match {yes if caps.conditional_create else no}",
             ""
             if caps.conditional_create
-            else "two saves of one prefix could both report success and one be lost: saves "
-            "refuse on this store unless S3Config(single_writer=True) / --single-writer "
-            "says only one writer ever saves a run",
+            else f"two saves of one prefix could both report success and one be lost; {opt_in}",
         ),
         Check(
             "conditional replace",
-            CheckStatus.OK if caps.conditional_replace else CheckStatus.FAIL,
+            CheckStatus.OK if caps.conditional_replace else missing,
             f"If-Match {yes if caps.conditional_replace else no}",
             ""
             if caps.conditional_replace
-            else "overwrites and the retention lease cannot exclude each other: two "
-            "pruners or two overwrites could both win; refused unless single-writer mode",
+            else "overwrites and the retention lease cannot exclude each other (two "
+            f"pruners or two overwrites could both win); {opt_in}",
         ),
         Check(
             "conditional delete",

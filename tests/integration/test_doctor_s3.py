@@ -95,7 +95,24 @@ def test_a_store_that_drops_conditional_headers_fails_with_exit_1(
     assert "single" in rows["conditional create"]["meaning"]
     # A save through such a store refuses (naming conditional writes): the round trip says so.
     assert rows["round trip"]["status"] == "fail"
-    assert "conditional writes" in rows["round trip"]["detail"]
+    assert rows["round trip"]["detail"] == "dcp.save refused: the store ignores conditional writes"
+    assert list_keys(s3_client, bucket) == [] and open_uploads(s3_client, bucket) == []
+
+
+def test_single_writer_mode_turns_the_missing_conditions_into_warnings(
+    moto_endpoint: str, bucket: str, s3_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FaultProxy(moto_endpoint, faults=["strip_conditions"], fault_rate=1.0) as proxy:
+        code, doc, err = doctor_json(
+            capsys, f"s3://{bucket}/runs/", "--endpoint-url", proxy.endpoint_url, "--single-writer"
+        )
+    rows = {c["name"]: c for c in doc["checks"]}
+    assert code == 0 and doc["verdict"] == "ok", (err, doc["failed"])
+    for name in ("conditional create", "conditional replace"):
+        assert (
+            rows[name]["status"] == "warn" and "single-writer mode is on" in rows[name]["meaning"]
+        )
+    assert rows["round trip"]["status"] == "ok"
     assert list_keys(s3_client, bucket) == [] and open_uploads(s3_client, bucket) == []
 
 
