@@ -2,8 +2,8 @@
 
 10. a store that ignores If-None-Match / If-Match (moto behind a proxy that strips them),
 11. replies cut inside their headers (FaultProxy's ``cut_head``), 12. ``s3ckpt rm`` and
-``s3ckpt prune --apply`` whose first delete is held until an overwrite of the checkpoint
-they planned to delete has committed. A mixin of benchmarks/chaos.py's Harness, through
+``s3ckpt prune --apply`` whose first delete of the checkpoint they planned to delete is held
+until an overwrite of it has committed. A mixin of benchmarks/chaos.py's Harness, through
 benchmarks/_chaos_trust.py's TrustClasses.
 """
 
@@ -161,8 +161,10 @@ class StoreClasses:
             self.delete_race_trial(j, tool, mode)
 
     def delete_race_trial(self, j: int, tool: str, mode: str) -> None:
-        """The deleter's first delete request is held until an overwrite of the checkpoint
-        it planned to delete has committed (or a random moment of the overwrite)."""
+        """The deleter's first request against the checkpoint it planned to delete (made
+        after its listing under the run's lease) is held until an overwrite of that
+        checkpoint has committed (or a random moment of the overwrite)."""
+        from s3ckpt.format import LEASE_NAME, MANIFEST_NAME
         from s3ckpt.testing import FaultProxy
 
         delay = round(self.rng.uniform(0.0, 2.0), 2) if mode == "random" else None
@@ -182,7 +184,15 @@ class StoreClasses:
             at_delete, release = threading.Event(), threading.Event()
 
             def hook(op: str, key: str, phase: str) -> None:
-                deleting = op in ("DeleteObjects", "DeleteObject") and phase == "before"
+                # Hold the first request that changes the checkpoint (its marker's
+                # conditional delete, a batch, or a tombstone PUT), not the capability
+                # probe's DeleteObject If-Match on the lease: that is sent inside
+                # Lease.acquire, before the deleter lists and plans under the lease, and
+                # an overwrite that commits then is simply part of what it plans.
+                deleting = phase == "before" and (
+                    (op in ("DeleteObjects", "DeleteObject") and not key.endswith(LEASE_NAME))
+                    or (op == "PutObject" and key.endswith("/" + MANIFEST_NAME))
+                )
                 if deleting and not at_delete.is_set():
                     at_delete.set()
                     release.wait(45)
@@ -210,8 +220,8 @@ class StoreClasses:
                     threading.Thread(target=over, daemon=True).start()
                     if delay is not None:
                         o_done.wait(delay)
-                    else:
-                        o_done.wait(20)
+                    elif not o_done.wait(40):  # the hook lets go at 45 s anyway
+                        t.notes.append("released before the overwrite finished (a slow machine)")
                 else:
                     t.notes.append("the deleter sent no delete request")
                 release.set()

@@ -664,7 +664,9 @@ def _run_metrics(result: PruneResult, event: OperationMetrics | None) -> RunMetr
         sizes[c.state.value] = sizes.get(c.state.value, 0) + c.size
         if c.state.value == "committed" and c.committed_at is not None:
             committed.append((c.committed_at, c))
-    newest = max(committed, key=lambda t: t[0])[1] if committed else None
+    # Newest by the store's commit time; saves within the same second of the store's clock
+    # are told apart by the catalog's order (step, then name).
+    newest = max(committed, key=lambda t: (t[0], t[1].sort_key()))[1] if committed else None
     return RunMetrics(
         run=str(result.run),
         checkpoints=counts,

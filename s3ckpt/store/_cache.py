@@ -1,5 +1,5 @@
 """One value per process and key, built on first use: the S3 store's shared boto3 clients
-(:func:`s3ckpt.store.s3.shared_client`) and adaptive limiters
+(:func:`s3ckpt.store._client.shared_client`) and adaptive limiters
 (:func:`s3ckpt.store._adaptive.shared_limiter`)."""
 
 from __future__ import annotations

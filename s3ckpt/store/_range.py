@@ -5,22 +5,37 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from tenacity import RetryCallState
 
+from s3ckpt.config import TransferConfig
 from s3ckpt.errors import StoreError
 from s3ckpt.metrics.instrument import record_retry
 from s3ckpt.store._body import SocketBody, socket_body
 from s3ckpt.store._errors import map_error
 from s3ckpt.store._request import store_retrying
 
-if TYPE_CHECKING:
-    from s3ckpt.store.s3 import S3Store
-
 __all__ = ["S3RangeReader"]
 
 log = logging.getLogger(__name__)
+
+
+class _RangedStore(Protocol):
+    """What the stream needs of :class:`~s3ckpt.store.s3.S3Store` (named here, not
+    imported: s3.py imports this module)."""
+
+    transfer_config: TransferConfig
+    _sleep: Callable[[float], None] | None
+
+    @property
+    def bucket(self) -> str: ...
+
+    @property
+    def endpoint_url(self) -> str | None: ...
+
+    def _get_object(self, key: str, first: int, last: int | None) -> Any: ...
 
 
 class S3RangeReader:
@@ -38,7 +53,7 @@ class S3RangeReader:
     it.
     """
 
-    def __init__(self, store: S3Store, key: str, start: int, length: int | None) -> None:
+    def __init__(self, store: _RangedStore, key: str, start: int, length: int | None) -> None:
         self._store = store
         self._key = key
         self._pos = start

@@ -15,20 +15,42 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import botocore.exceptions as bce
 
 from s3ckpt import _crc
+from s3ckpt.config import S3Config
 from s3ckpt.store._body import BufferBody
-from s3ckpt.store._errors import is_transient, map_error
 from s3ckpt.store._request import sse_args
 
-if TYPE_CHECKING:
-    from s3ckpt.store.s3 import S3Store
-
 __all__ = ["checksum_verified", "forget_checksum_probes"]
+
+T = TypeVar("T")
+
+
+class _ProbedStore(Protocol):
+    """What the probe needs of :class:`~s3ckpt.store.s3.S3Store` (named here, not
+    imported: s3.py imports this module)."""
+
+    s3_config: S3Config
+
+    @property
+    def bucket(self) -> str: ...
+
+    @property
+    def endpoint_url(self) -> str | None: ...
+
+    @property
+    def client(self) -> Any: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def put(self, key: str, data: bytes) -> str: ...
+
+    def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T: ...
+
 
 _REFUSALS = frozenset(
     {"BadDigest", "InvalidRequest", "XAmzContentChecksumMismatch", "InvalidDigest"}
@@ -44,7 +66,7 @@ def forget_checksum_probes() -> None:
         _known.clear()
 
 
-def checksum_verified(store: S3Store, key: str) -> bool:
+def checksum_verified(store: _ProbedStore, key: str) -> bool:
     """Whether ``store`` refuses an upload whose CRC32C does not match its body (see the
     module docs); ``key`` must exist and be the caller's own object.
 
@@ -73,27 +95,26 @@ def checksum_verified(store: S3Store, key: str) -> bool:
     return verified
 
 
-def _refused(store: S3Store, key: str, body: bytes, args: dict[str, Any]) -> bool:
-    """Send the wrong-checksum PUT (a reset or 5xx is retried, a refusal never is):
-    whether the store refused it."""
-    attempts = max(1, store.transfer_config.max_attempts)
-    for attempt in range(attempts):
+def _refused(store: _ProbedStore, key: str, body: bytes, args: dict[str, Any]) -> bool:
+    """Send the wrong-checksum PUT: whether the store refused it.
+
+    The PUT is one request of the store's own (``S3Store._call``): counted, paced by
+    the adaptive limiter and retried under the one retry policy on a reset, a throttle or
+    a 5xx. A 400 is an answer, never retried: a refusal for the checksum proves the store
+    verifies; a 400 for any other reason proves nothing, so it counts as "not verified"
+    (the safe side: the save then re-reads what it wrote)."""
+
+    def send() -> bool:
         try:
             store.client.put_object(Body=BufferBody(body), **args)
-            return False
         except bce.ClientError as exc:
             err = exc.response.get("Error", {}) or {}
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            meta = exc.response.get("ResponseMetadata", {}) or {}
             if err.get("Code") in _REFUSALS:
                 return True
-            if status == 400:  # refused for another reason: not proof, verify (safe side)
+            if int(meta.get("HTTPStatusCode", 0) or 0) == 400:
                 return False
-            failure: Exception = exc
-        except Exception as exc:
-            failure = exc
-        if not is_transient(failure) or attempt == attempts - 1:
-            raise map_error(
-                failure, operation="put", bucket=store.bucket, key=key, endpoint=store.endpoint_url
-            ) from failure
-        time.sleep(min(store.transfer_config.retry_max_delay, 0.1 * 2**attempt))
-    raise AssertionError("unreachable")  # pragma: no cover
+            raise
+        return False
+
+    return store._call("put", key, send)

@@ -229,9 +229,11 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
             ""
             if caps.conditional_delete
             else "rm and prune cannot delete a marker only if it is still the one they "
-            "planned; they coordinate with overwrites through the run's lease instead",
+            "planned in one request: they first swap it for a tombstone (PUT If-Match), "
+            "which an overwrite never replaces, then delete it (one more request each)",
         ),
         _checksum_row(store, caps.checksum_echo),
+        _verification_row(store, key),
         _list_uploads_row(caps.list_uploads),
     ]
     note = f" (probed in {took:.1f} s)" if took >= 1 else ""
@@ -245,6 +247,7 @@ _CAPABILITY_NAMES = (
     "conditional replace",
     "conditional delete",
     "checksum echo",
+    "checksum verification",
     "list uploads",
 )
 
@@ -267,6 +270,29 @@ def _checksum_row(store: ObjectStore, echo: bool | None) -> Check:
         "the store does not echo x-amz-checksum-crc32c",
         "a byte flipped in transit would go unnoticed by the store: s3ckpt re-reads each "
         "committed object's CRC32C before the marker (verify_after_write), one more read per save",
+    )
+
+
+def _verification_row(store: ObjectStore, key: str) -> Check:
+    """Whether the store refuses an upload whose CRC32C is wrong: an echo alone proves
+    nothing (moto echoes back whatever it was sent)."""
+    name = "checksum verification"
+    probe = getattr(store, "checksum_verified", None)
+    cfg = getattr(store, "s3_config", None)
+    if probe is None or cfg is None or cfg.checksum_algorithm != "CRC32C":
+        return Check(name, CheckStatus.SKIP, "not probed: no CRC32C on uploads to this store")
+    try:
+        verified = bool(probe(key))
+    except StoreError as exc:
+        return Check(name, CheckStatus.SKIP, f"not probed: {exc}")
+    if verified:
+        return Check(name, CheckStatus.OK, "an upload with a wrong CRC32C is refused")
+    return Check(
+        name,
+        CheckStatus.WARN,
+        "the store accepted an upload whose CRC32C was wrong",
+        "a byte flipped in transit would be stored: saves re-read every object against its "
+        "CRC32C before the marker (verify_after_write, on by default here), one more read per save",
     )
 
 

@@ -26,7 +26,7 @@ import torch.distributed.checkpoint as dcp
 
 from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.cli import main
-from s3ckpt.errors import ConditionalWritesError, find_s3ckpt_error
+from s3ckpt.errors import ConditionalWritesError, DeleteRefusedError, find_s3ckpt_error
 from s3ckpt.format import LATEST_NAME, LEASE_NAME, MANIFEST_NAME
 from s3ckpt.retention import KeepLast, delete_checkpoint, prune
 from s3ckpt.store._capabilities import cached_capabilities, clear_capabilities_cache
@@ -216,6 +216,48 @@ def test_an_overwrite_racing_a_tombstoning_deleter_survives(
 ) -> None:
     _racing_overwrite(proxy, moto_endpoint, bucket, command, conditional_delete=False)
     assert proxy.stats["strip_conditions"] >= 1  # the probe's DeleteObject If-Match
+
+
+@pytest.mark.parametrize("command", ["prune", "rm"])
+@pytest.mark.parametrize("held", ["probe", "marker"])
+def test_an_overwrite_committed_while_a_deleters_request_is_held_survives(
+    moto_endpoint: str, bucket: str, command: str, held: str
+) -> None:
+    """Chaos class 12's interleaving, at the HTTP request: the deleter's request is held at
+    the proxy while an overwrite of step 1 commits. ``marker``: the marker's conditional
+    DeleteObject, sent after the listing under the lease (412: skipped as changed).
+    ``probe``: the capability probe's DeleteObject on the lease, sent inside
+    ``Lease.acquire`` before that listing, so the deleter plans with the overwrite
+    committed: it is the run's most recently committed checkpoint, kept by prune and
+    refused by rm (without ``allow_newest``)."""
+    base = f"s3://{bucket}/run"
+    for step in (1, 2, 3):
+        _save(f"{base}/step_{step:09d}", moto_endpoint, float(step))
+    target = f"{base}/step_{1:09d}"
+    seen: list[str] = []
+
+    def hook(op: str, key: str, phase: str) -> None:
+        at = key.endswith(LEASE_NAME if held == "probe" else MANIFEST_NAME)
+        if op == "DeleteObject" and phase == "before" and at and not seen:
+            seen.append(key)
+            _save(target, moto_endpoint, 99.0, overwrite=True)  # blocks the held request
+
+    with FaultProxy(moto_endpoint, fault_rate=0.0, hook=hook) as proxy:
+        store = S3Store(bucket, s3_config=S3Config(endpoint_url=proxy.endpoint_url))
+        run = StoreURL("s3", bucket, "run/")
+        if command == "prune":
+            r = prune(store, run, KeepLast(2), apply=True)
+            assert ("step_000000001" in r.plan.keep) if held == "probe" else r.deleted == ()
+        elif held == "probe":
+            with pytest.raises(DeleteRefusedError) as ei:
+                delete_checkpoint(store, run.child(f"step_{1:09d}"))
+            assert ei.value.reason == "newest"
+        else:
+            res = delete_checkpoint(store, run.child(f"step_{1:09d}"))
+            assert not res.deleted and any("changed after it was planned" in n for n in res.notes)
+        lease = json.loads(store.get(run.key(LEASE_NAME)))
+    assert seen and lease["released"] and lease["deleting"] == []
+    assert _equal(_load(target, moto_endpoint), _state(99.0))
 
 
 # -- item 11: no ListMultipartUploads ----------------------------------------------------------

@@ -1,0 +1,174 @@
+"""The process's boto3 S3 clients: built here (the only place s3ckpt builds one) and shared
+by every :class:`~s3ckpt.store.s3.S3Store` of a process with equal settings.
+
+One boto3 client per process and configuration: every :class:`~s3ckpt.store.s3.S3Store` in
+a process whose ``S3Config``, client settings of its ``TransferConfig`` (pool size,
+timeouts), ``AWS_*`` environment and AWS config and credentials files are the same shares
+one client (:func:`shared_client`), whatever its bucket. A Checkpointer, the writers and
+readers it makes, and a reader built separately for the same endpoint therefore open one
+connection pool and read the credential chain once. boto3 clients are thread-safe; the
+cache is keyed by process id, so a forked or spawned child builds its own.
+
+The client's region follows the AWS CLI v2: ``S3Config.region``, ``AWS_REGION``,
+``AWS_DEFAULT_REGION``, the profile's ``region``, else ``us-east-1``. An unknown profile is a
+:class:`~s3ckpt.errors.ConfigError` raised before any request.
+
+botocore's own retries are turned off (one attempt): s3ckpt retries every request itself
+(:mod:`s3ckpt.store.retry`), so the two never multiply.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import boto3
+import botocore.session
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import ProfileNotFound
+
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.errors import ConfigError
+from s3ckpt.store._cache import ProcessCache
+
+__all__ = ["MAX_SHARED_CLIENTS", "shared_client"]
+
+
+def _session(cfg: S3Config) -> botocore.session.Session:
+    """A botocore session for ``cfg.profile`` (``None``: ``AWS_PROFILE``, else the default
+    chain).
+
+    Raises:
+        ConfigError: The profile is in neither AWS file: naming it, where it came from and
+            where profiles are read from.
+    """
+    try:
+        session = botocore.session.Session(profile=cfg.profile)
+        session.get_scoped_config()  # raises ProfileNotFound for an unknown profile
+        return session
+    except ProfileNotFound as exc:
+        name = exc.kwargs.get("profile") or cfg.profile
+        source = "--profile / S3Config.profile" if cfg.profile else "AWS_PROFILE"
+        config_file = os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config"
+        creds_file = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+        raise ConfigError(
+            f"AWS profile {name!r} (from {source}) is in neither {config_file} nor "
+            f"{creds_file} (AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE choose other "
+            "files): name a profile listed by `aws configure list-profiles`, or create it "
+            f"with `aws configure --profile {name}`"
+        ) from None
+
+
+def _setting(session: botocore.session.Session, name: str) -> Any:
+    """A botocore setting: its environment variable, else the profile's config file."""
+    try:
+        return session.get_config_variable(name)
+    except ValueError as exc:  # a value botocore cannot convert (max_attempts = many)
+        raise ConfigError(f"{name} in the AWS config file or environment: {exc}") from None
+
+
+def _region(cfg: S3Config, session: botocore.session.Session) -> str:
+    """The region a client for ``cfg`` uses, in the AWS CLI v2's order: ``cfg.region``
+    (``--region``), ``AWS_REGION``, ``AWS_DEFAULT_REGION``, the profile's ``region``, else
+    ``us-east-1``. botocore itself reads ``AWS_DEFAULT_REGION`` and the profile only."""
+    return (
+        cfg.region
+        or os.environ.get("AWS_REGION", "").strip()
+        or _setting(session, "region")
+        or "us-east-1"
+    )
+
+
+MAX_SHARED_CLIENTS = 16
+"""Clients :func:`shared_client` keeps (least recently used out). A store keeps the client
+it was given, so an evicted client lives on in the stores that use it."""
+
+_ClientKey = tuple[Any, ...]
+_clients: ProcessCache[_ClientKey, tuple[Any, int | None]] = ProcessCache(MAX_SHARED_CLIENTS)
+
+
+def _file_stamp(path: str) -> tuple[int, int, int] | None:
+    """``(inode, size, mtime in ns)`` of ``path``, or ``None`` when it cannot be read."""
+    try:
+        st = os.stat(os.path.expanduser(path))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
+    """What a client is built from: the process, ``cfg``, the client settings of ``tc``,
+    every ``AWS_*`` variable (endpoint, region, profile, credentials) and the state of the
+    two AWS files, so a changed environment or profile gets a new client, as it would
+    without the cache. (A client keeps the credentials it resolved; refreshable ones, such
+    as an instance role's, refresh themselves.)"""
+    aws_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    files = tuple(
+        _file_stamp(os.environ.get(var) or default)
+        for var, default in (
+            ("AWS_CONFIG_FILE", "~/.aws/config"),
+            ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+        )
+    )
+    return (
+        os.getpid(),
+        cfg,
+        tc.concurrency,
+        tc.connect_timeout,
+        tc.read_timeout,
+        aws_env,
+        files,
+    )
+
+
+def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> tuple[Any, int | None]:
+    """The process's boto3 S3 client for these settings, and the AWS profile's
+    ``max_attempts`` (``None``: the profile sets none).
+
+    Built on first use and shared from then on (see the module docs for the key).
+    Thread-safe: concurrent first calls build one client.
+
+    Raises:
+        ConfigError: an unknown profile, or a setting botocore cannot read (nothing is
+            cached then).
+    """
+    key = _client_key(s3_config, transfer_config)
+    return _clients.get(key, lambda: _new_client(s3_config, transfer_config))
+
+
+def _new_client(cfg: S3Config, tc: TransferConfig) -> tuple[Any, int | None]:
+    """A new boto3 S3 client for ``cfg`` and ``tc``, and the profile's ``max_attempts``."""
+    session = _session(cfg)
+    profile_attempts = _setting(session, "max_attempts")
+    s3_opts: dict[str, Any] = {}
+    if cfg.addressing_style != "auto":  # "auto" leaves the profile's s3.addressing_style
+        s3_opts["addressing_style"] = cfg.addressing_style
+    if cfg.checksum_algorithm == "CRC32C":
+        # Every body we send carries a CRC32C the store verifies, so signing the
+        # payload's SHA-256 as well only burns client CPU (botocore already skips it on
+        # HTTPS when a checksum is present; this makes http:// endpoints match).
+        s3_opts["payload_signing_enabled"] = False
+    boto_cfg = BotoConfig(
+        # s3ckpt retries every request itself (store/retry.py); a Config value wins over
+        # AWS_MAX_ATTEMPTS and the config file in botocore, so botocore never retries too.
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        # One connection per upload / read thread, and a few for the requests made
+        # beside them (completes, heartbeats, the caller's own).
+        max_pool_connections=tc.concurrency + 4,
+        connect_timeout=tc.connect_timeout,
+        read_timeout=tc.read_timeout,
+        tcp_keepalive=True,
+        s3=s3_opts,
+        # s3ckpt computes and checks CRC32C end to end; botocore's own default checksums
+        # would hash every byte a second time.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+    client = boto3.session.Session(botocore_session=session).client(
+        "s3",
+        endpoint_url=cfg.resolved_endpoint_url(),
+        region_name=_region(cfg, session),
+        config=boto_cfg,
+        verify=cfg.verify_tls,
+    )
+    return client, profile_attempts
