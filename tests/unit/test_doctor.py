@@ -78,7 +78,13 @@ def test_a_store_that_keeps_its_promises_passes_every_check_and_keeps_nothing() 
     assert report.ok and report.verdict == "ok" and report.left_behind == ()
     skipped = {c.name: c.detail for c in report.checks if c.status is not OK}
     # A memory store has no credentials, endpoint or checksum headers; torch not asked.
-    assert set(skipped) == {"credentials", "endpoint", "checksum echo", "checksum verification", "torch"}, skipped
+    assert set(skipped) == {
+        "credentials",
+        "endpoint",
+        "checksum echo",
+        "checksum verification",
+        "torch",
+    }, skipped
     assert all("not" in d for d in skipped.values()), skipped
     assert report.scratch.startswith("s3://bkt/runs/s3ckpt-doctor-")
     assert empty(store)
