@@ -286,8 +286,8 @@ class DeleteRefusedError(CheckpointError):
     checkpoint (stock DCP, or a dead save's leftovers); nothing was deleted.
 
     Attributes:
-        reason: Why, as a word: ``pinned``, ``in_progress``, ``newest``, ``foreign`` or
-            ``abandoned``.
+        reason: Why, as a word: ``pinned``, ``in_progress``, ``newest``, ``changed`` (a
+            save committed it after ``rm`` listed it), ``foreign`` or ``abandoned``.
     """
 
     def __init__(

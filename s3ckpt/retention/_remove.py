@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -142,7 +143,7 @@ def delete_checkpoint(
     # checkpoint whose deletion a pruner (or an earlier rm) began and did not finish has no
     # marker any more; it is in that pruner's intent log, and finished under the lease.
     first = catalog()
-    target = _find(first.checkpoints, checkpoint, run, name)
+    target = seen = _find(first.checkpoints, checkpoint, run, name)
     unfinished = () if target.is_committed else pending_intent(store, first, now)
     if name not in unfinished:
         _check(target, first.checkpoints, allow_newest, include_foreign, grace)
@@ -167,7 +168,7 @@ def delete_checkpoint(
         if found:  # already being deleted (by a pruner that died): finish it
             target, targets = found[0], list(resume)
         else:
-            target = _find(rest, checkpoint, run, name)
+            target = _same_as_seen(_find(rest, checkpoint, run, name), seen, checkpoint)
             _check(target, rest, allow_newest, include_foreign, grace)
             targets = [*resume, target]
         intent = [*carry, *(c.name for c in targets)]
@@ -311,6 +312,22 @@ def _check(
                 f"it is the run's {why} checkpoint, the one a resume loads; pass "
                 "allow_newest=True (s3ckpt rm --allow-newest) to delete it anyway",
             )
+
+
+def _same_as_seen(now: CheckpointInfo, seen: CheckpointInfo, url: StoreURL) -> CheckpointInfo:
+    """The checkpoint to delete: only the version rm first listed. One committed since
+    (an uncommitted prefix whose save committed) is refused; one overwritten since keeps
+    the first marker's ETag, so its conditional delete answers 412 and the overwrite
+    stays (reported as changed)."""
+    if now.marker_etag == seen.marker_etag:
+        return now
+    if seen.marker_etag is None:
+        raise _refused(
+            url,
+            "changed",
+            "a save committed it after rm listed it; run rm again to delete what is there now",
+        )
+    return replace(now, marker_etag=seen.marker_etag)
 
 
 def _refused(url: StoreURL, reason: str, why: str) -> DeleteRefusedError:

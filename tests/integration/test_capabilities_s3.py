@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,6 +241,9 @@ def test_an_overwrite_committed_while_a_deleters_request_is_held_survives(
         at = key.endswith(LEASE_NAME if held == "probe" else MANIFEST_NAME)
         if op == "DeleteObject" and phase == "before" and at and not seen:
             seen.append(key)
+            # The store's clock has whole seconds: commit the overwrite in a later second than
+            # step 3, so it is the run's most recently committed checkpoint by the store's time.
+            time.sleep(1.1)
             _save(target, moto_endpoint, 99.0, overwrite=True)  # blocks the held request
 
     with FaultProxy(moto_endpoint, fault_rate=0.0, hook=hook) as proxy:
@@ -307,3 +311,30 @@ def test_a_store_without_list_multipart_uploads(
     assert "cannot see open" in outs[3], outs[3]  # gc says what it could not do
     named = [w for w in caught if "ListMultipartUploads" in str(w.message)]
     assert len(named) == 1, [str(w.message) for w in caught]
+
+
+def test_rm_deletes_only_the_version_it_first_listed(moto_endpoint: str, bucket: str) -> None:
+    """An overwrite that commits after ``rm`` listed the checkpoint (here: while rm's lease
+    PUT is held, before it lists again under the lease) stays, even with ``allow_newest``:
+    rm deletes the marker only with the ETag of its first listing (412: reported as
+    changed, nothing deleted)."""
+    base = f"s3://{bucket}/run"
+    for step in (1, 2):
+        _save(f"{base}/step_{step:09d}", moto_endpoint, float(step))
+    target = f"{base}/step_{1:09d}"
+    held: list[str] = []
+
+    def hook(op: str, key: str, phase: str) -> None:
+        if op == "PutObject" and key.endswith(LEASE_NAME) and phase == "before" and not held:
+            held.append(key)
+            _save(target, moto_endpoint, 99.0, overwrite=True)  # blocks the lease PUT
+
+    with FaultProxy(moto_endpoint, fault_rate=0.0, hook=hook) as proxy:
+        store = S3Store(bucket, s3_config=S3Config(endpoint_url=proxy.endpoint_url))
+        run = StoreURL("s3", bucket, "run/")
+        res = delete_checkpoint(store, run.child(f"step_{1:09d}"), allow_newest=True)
+        lease = json.loads(store.get(run.key(LEASE_NAME)))
+    assert held and not res.deleted
+    assert any("changed after it was planned" in n for n in res.notes), res.notes
+    assert lease["released"] and lease["deleting"] == []
+    assert _equal(_load(target, moto_endpoint), _state(99.0))
