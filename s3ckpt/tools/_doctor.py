@@ -105,10 +105,10 @@ def run_doctor(
         on_check: Called with each row as it completes (a terminal shows progress).
 
     Raises:
-        NoSuchBucketError, EndpointError, AccessDeniedError, TransientStoreError,
-            StoreError: from the preflight LIST: the bucket does not exist, the endpoint
-            cannot be reached, the credentials are unusable or the bucket is in another
-            region. Nothing was created then.
+        StoreError: From the preflight LIST (``NoSuchBucketError``, ``EndpointError``,
+            ``AccessDeniedError``, ``TransientStoreError``): the bucket does not exist, the
+            endpoint cannot be reached, the credentials are unusable or the bucket is in
+            another region. Nothing was created then.
         KeyboardInterrupt: after the cleanup ran (its row went to ``on_check``).
     """
     rows: list[Check] = []
