@@ -225,8 +225,10 @@ class Checkpointer:
     ) -> SaveHandle:
         """Save synchronously; returns a done :class:`SaveHandle` (raises on failure)."""
         self._check_open()
-        t0 = time.perf_counter()  # waiting for the previous save blocks training too
+        # The operation's clock starts first, so the time it held training (from t0, which
+        # counts waiting for the previous save too) is never longer than the operation.
         recorder = self._recorder("save", step)
+        t0 = time.perf_counter()
         self._saves.settle(self.on_busy)
         handle = SaveHandle(step=step, url=str(self._step_url(step)))
         try:
@@ -255,8 +257,10 @@ class Checkpointer:
         state; ``handle.committed`` resolves when the checkpoint is durable.
         """
         self._check_open()
-        t0 = time.perf_counter()  # waiting for the previous save blocks training too
+        # The operation's clock starts first, so the time it held training (from t0, which
+        # counts waiting for the previous save too) is never longer than the operation.
         recorder = self._recorder("save", step)
+        t0 = time.perf_counter()
         self._saves.settle(self.on_busy)
         handle = SaveHandle(step=step, url=str(self._step_url(step)))
         try:
