@@ -8,24 +8,18 @@ outside what the commit names (docs/dcp.md, "The commit protocol").
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
-import torch
 import torch.distributed.checkpoint as dcp
 
-from s3ckpt import HashedPrefixes, S3Config, S3StorageReader, S3StorageWriter
-from s3ckpt.config import MiB
+from s3ckpt import HashedPrefixes, S3Config, S3StorageWriter
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
 from s3ckpt.testing import FaultProxy
-from tests._helpers import SMALL, list_keys, open_uploads
+from tests._helpers import list_keys, open_uploads
+from tests.integration._faulted_saves import TC, assert_loads, small_state
 
 pytestmark = pytest.mark.integration
-
-TC = dataclasses.replace(
-    SMALL, target_object_size=4 * MiB, retry_initial_delay=0.01, retry_max_delay=0.05
-)
 
 
 @pytest.fixture
@@ -34,33 +28,12 @@ def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
         yield p
 
 
-def _state(seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "big": torch.randn(1536 * 1024, generator=g),  # 6 MiB: two parts
-        "small": torch.randn(100, generator=g),
-        "ints": torch.arange(17),
-    }
-
-
 def _save(url: str, sd: dict, proxy: FaultProxy, **kw: object) -> S3StorageWriter:
     writer = S3StorageWriter(
         url, s3_config=S3Config(endpoint_url=proxy.endpoint_url), transfer_config=TC, **kw
     )
     dcp.save(sd, storage_writer=writer)
     return writer
-
-
-def _load_equal(url: str, sd: dict, endpoint: str) -> None:
-    out = {k: torch.zeros_like(v) for k, v in sd.items()}
-    dcp.load(
-        out,
-        storage_reader=S3StorageReader(
-            url, s3_config=S3Config(endpoint_url=endpoint), transfer_config=TC
-        ),
-    )
-    for k in sd:
-        assert torch.equal(out[k], sd[k]), k
 
 
 def _committed_keys(s3_client, bucket: str, prefix: str) -> set[str]:  # type: ignore[no-untyped-def]
@@ -106,12 +79,12 @@ def test_lost_reply_on_each_request_type_still_commits_cleanly(
 ) -> None:
     url = f"s3://{bucket}/run/step_1"
     if overwrite:
-        _save(url, _state(1), proxy)
+        _save(url, small_state(1), proxy)
     armed = proxy.arm(op, "lost_reply", key_glob=glob, conditional=conditional)
-    sd = _state(2)
+    sd = small_state(2)
     writer = _save(url, sd, proxy, overwrite=overwrite)
     assert armed.hits == 1, f"no {op} {glob} request was made"
-    _load_equal(url, sd, moto_endpoint)
+    assert_loads(url, sd, moto_endpoint)
     raw = s3_client.get_object(Bucket=bucket, Key="run/step_1/" + MANIFEST_NAME)["Body"].read()
     assert Manifest.from_json(raw).save_id == writer.save_id
     assert set(list_keys(s3_client, bucket)) == _committed_keys(s3_client, bucket, "run/step_1/")
@@ -144,12 +117,12 @@ def test_lost_reply_in_a_hashed_prefix_save_still_commits_cleanly(
     url = f"s3://{bucket}/run/step_1"
     layout = HashedPrefixes(4)
     if overwrite:
-        _save(url, _state(1), proxy, prefix_strategy=layout)
+        _save(url, small_state(1), proxy, prefix_strategy=layout)
     armed = proxy.arm(op, "lost_reply", key_glob=glob, conditional=conditional)
-    sd = _state(2)
+    sd = small_state(2)
     writer = _save(url, sd, proxy, overwrite=overwrite, prefix_strategy=layout)
     assert armed.hits == 1, f"no {op} {glob} request was made"
-    _load_equal(url, sd, moto_endpoint)
+    assert_loads(url, sd, moto_endpoint)
     raw = s3_client.get_object(Bucket=bucket, Key="run/step_1/" + MANIFEST_NAME)["Body"].read()
     assert Manifest.from_json(raw).save_id == writer.save_id
     keys = set(list_keys(s3_client, bucket))

@@ -11,26 +11,20 @@ a fault proxy to moto (docs/dcp.md, "Replies cut short" and "Checksums on the wi
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
-import torch
 import torch.distributed.checkpoint as dcp
 
-from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
-from s3ckpt.config import MiB
+from s3ckpt import S3Config, S3StorageWriter
 from s3ckpt.errors import ChecksumMismatchError, CorruptCheckpointError, find_s3ckpt_error
 from s3ckpt.format import MANIFEST_NAME, Manifest
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.testing import FaultProxy
-from tests._helpers import SMALL, list_keys, open_uploads
+from tests._helpers import list_keys, open_uploads
+from tests.integration._faulted_saves import TC, assert_loads, small_state
 
 pytestmark = pytest.mark.integration
-
-TC = dataclasses.replace(
-    SMALL, target_object_size=4 * MiB, retry_initial_delay=0.01, retry_max_delay=0.05
-)
 
 
 @pytest.fixture
@@ -39,27 +33,10 @@ def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
         yield p
 
 
-def _state(seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "big": torch.randn(1536 * 1024, generator=g),  # 6 MiB: two parts
-        "small": torch.randn(100, generator=g),
-        "ints": torch.arange(17),
-    }
-
-
 def _writer(url: str, proxy: FaultProxy, **cfg: object) -> S3StorageWriter:
     return S3StorageWriter(
         url, s3_config=S3Config(endpoint_url=proxy.endpoint_url, **cfg), transfer_config=TC
     )
-
-
-def _load_equal(url: str, sd: dict[str, torch.Tensor], endpoint: str) -> None:
-    out = {k: torch.zeros_like(v) for k, v in sd.items()}
-    reader = S3StorageReader(url, s3_config=S3Config(endpoint_url=endpoint), transfer_config=TC)
-    dcp.load(out, storage_reader=reader)
-    for k in sd:
-        assert torch.equal(out[k], sd[k]), k
 
 
 # Every request type whose reply a save reads a result from.
@@ -88,11 +65,11 @@ def test_reply_cut_inside_its_headers_is_retried_and_commits(
 ) -> None:
     url = f"s3://{bucket}/run/step_1"
     armed = proxy.arm(op, "cut_head", key_glob=glob, conditional=conditional)
-    sd = _state(2)
+    sd = small_state(2)
     writer = _writer(url, proxy)
     dcp.save(sd, storage_writer=writer)
     assert armed.hits == 1, f"no {op} {glob} request was made"
-    _load_equal(url, sd, moto_endpoint)
+    assert_loads(url, sd, moto_endpoint)
     raw = s3_client.get_object(Bucket=bucket, Key="run/step_1/" + MANIFEST_NAME)["Body"].read()
     assert Manifest.from_json(raw).save_id == writer.save_id
     assert open_uploads(s3_client, bucket) == []
@@ -152,10 +129,10 @@ def test_a_byte_flipped_in_transit_is_never_committed(
     skip: int,
 ) -> None:
     url = f"s3://{bucket}/run/step_1"
-    before = _state(1)
+    before = small_state(1)
     dcp.save(before, storage_writer=_writer(url, proxy))  # the checkpoint to keep
     armed = proxy.arm(op, "flip_byte", key_glob=glob, skip=skip)
-    sd = _state(2)
+    sd = small_state(2)
     try:
         # verify_after_write left to auto: on, since moto verifies no checksum
         dcp.save(
@@ -171,9 +148,9 @@ def test_a_byte_flipped_in_transit_is_never_committed(
         err = find_s3ckpt_error(exc)
         assert isinstance(err, ChecksumMismatchError | CorruptCheckpointError), exc
         assert err.key is not None and err.key.startswith("run/step_1/")
-        _load_equal(url, before, moto_endpoint)  # the previous checkpoint is intact
+        assert_loads(url, before, moto_endpoint)  # the previous checkpoint is intact
     else:
-        _load_equal(url, sd, moto_endpoint)  # retried to success: what loads is what was sent
+        assert_loads(url, sd, moto_endpoint)  # retried to success: what loads is what was sent
     assert armed.hits == 1
     assert open_uploads(s3_client, bucket) == []
 
@@ -182,7 +159,7 @@ def test_a_save_without_faults_commits_with_verify_on(
     proxy: FaultProxy, moto_endpoint: str, bucket: str
 ) -> None:
     url = f"s3://{bucket}/run/step_1"
-    sd = _state(3)
+    sd = small_state(3)
     dcp.save(sd, storage_writer=_writer(url, proxy, verify_after_write=True))
-    _load_equal(url, sd, moto_endpoint)
+    assert_loads(url, sd, moto_endpoint)
     assert proxy.stats["op:GetObject"] >= 2  # the data object and .metadata read back
