@@ -187,21 +187,27 @@ def list_open_uploads(store: ObjectStore, prefix: str) -> list[UploadInfo] | Non
     try:
         return list(store.list_multipart_uploads(prefix))
     except UnsupportedOperationError as exc:
-        ident = _identity(store)
-        with _lock:
-            first = ident not in _no_uploads
-            _no_uploads.add(ident)
         note_no_list_uploads(store)
-        if first:
-            msg = (
-                f"s3ckpt: the store at {store_endpoint(store)} does not implement "
-                f"ListMultipartUploads ({exc.code}): open multipart uploads are invisible, so "
-                "saves in progress are told by their heartbeats and object times alone, and "
-                "gc aborts no uploads (set a lifecycle rule that aborts incomplete uploads)"
-            )
-            log.warning("%s", msg)
-            warnings.warn(msg, UserWarning, stacklevel=2)
+        _warn_once(
+            _no_uploads,
+            _identity(store),
+            f"s3ckpt: the store at {store_endpoint(store)} does not implement "
+            f"ListMultipartUploads ({exc.code}): open multipart uploads are invisible, so "
+            "saves in progress are told by their heartbeats and object times alone, and "
+            "gc aborts no uploads (set a lifecycle rule that aborts incomplete uploads)",
+        )
         return None
+
+
+def _warn_once(seen: set[tuple[str, str]], key: tuple[str, str], msg: str) -> None:
+    """Log and ``warnings.warn`` ``msg`` the first time ``key`` enters ``seen`` (once per
+    process and store); record ``key`` either way."""
+    with _lock:
+        first = key not in seen
+        seen.add(key)
+    if first:
+        log.warning("%s", msg)
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
 
 def lists_uploads(store: ObjectStore) -> bool:
@@ -399,18 +405,14 @@ def require_conditional_writes(
     if single_writer is None:
         single_writer = _single_writer(store)
     if single_writer:
-        with _lock:
-            first = (caps.endpoint, caps.bucket) not in _warned
-            _warned.add((caps.endpoint, caps.bucket))
-        if first:
-            msg = (
-                f"s3ckpt: the store at {caps.endpoint} (bucket {caps.bucket}) ignores "
-                f"conditional writes ({ignored}); single-writer mode is on, so commits, "
-                "overwrites and leases are not protected: make sure only one process at a "
-                "time saves to or prunes a prefix"
-            )
-            log.warning("%s", msg)
-            warnings.warn(msg, UserWarning, stacklevel=2)
+        _warn_once(
+            _warned,
+            (caps.endpoint, caps.bucket),
+            f"s3ckpt: the store at {caps.endpoint} (bucket {caps.bucket}) ignores "
+            f"conditional writes ({ignored}); single-writer mode is on, so commits, "
+            "overwrites and leases are not protected: make sure only one process at a "
+            "time saves to or prunes a prefix",
+        )
         return caps
     raise ConditionalWritesError(
         f"refusing {what}: the store at {caps.endpoint} ignores conditional writes "
