@@ -1,0 +1,93 @@
+"""Helpers the Lightning plug-in's modules share."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from fsspec.core import split_protocol
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from s3ckpt.dcp import quiet_dcp
+from s3ckpt.errors import (
+    find_s3ckpt_error,
+)
+
+log = logging.getLogger("s3ckpt.lightning")
+
+# Keys of a sharded checkpoint: the model's and optimizers' DTensor state dicts as DCP
+# saves them, and everything else Lightning saves, flattened, under this key.
+_REST = "lightning"
+
+
+def _is_remote(path: Any) -> bool:
+    protocol, _ = split_protocol(str(path))
+    return protocol not in (None, "file", "local")
+
+
+def _metrics_of(checkpoint: Mapping[str, Any]) -> dict[str, float]:
+    """Each ModelCheckpoint's monitored value at this save, by its metric name."""
+    out: dict[str, float] = {}
+    callbacks = checkpoint.get("callbacks")
+    if not isinstance(callbacks, Mapping):
+        return out
+    for state in callbacks.values():
+        if not isinstance(state, Mapping):
+            continue
+        monitor, score = state.get("monitor"), state.get("current_score")
+        if isinstance(monitor, str) and score is not None:
+            try:
+                value = float(score)
+            except (TypeError, ValueError):
+                continue
+            if value == value and abs(value) != float("inf"):
+                out[monitor] = value
+    return out
+
+
+def _skeleton(metadata: Metadata, prefix: str = "") -> dict[str, Any]:
+    """Destinations for every saved item whose name starts with ``prefix`` (``prefix``
+    stripped): empty tensors of the saved dtype and shape, ``None`` for objects."""
+    out: dict[str, Any] = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if not fqn.startswith(prefix):
+            continue
+        name = fqn[len(prefix) :]
+        if isinstance(md, TensorStorageMetadata):
+            out[name] = torch.empty(md.size, dtype=md.properties.dtype)
+        else:
+            out[name] = None
+    return out
+
+
+@contextmanager
+def _dcp_call() -> Iterator[None]:
+    """DCP's logging quietened, and the s3ckpt error (naming the object and rank) raised
+    instead of DCP's ``CheckpointException`` wrapper around it."""
+    try:
+        with quiet_dcp():
+            yield
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        found = find_s3ckpt_error(exc)
+        if found is None or found is exc:
+            raise
+        raise found from exc
+
+
+def _to_device(obj: Any, map_location: Any) -> Any:
+    if map_location is None or not isinstance(map_location, (str, torch.device)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.to(map_location)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, map_location) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_device(v, map_location) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_device(v, map_location) for v in obj)
+    return obj
