@@ -136,7 +136,8 @@ test-terraform: install check-terraform
 	$(PY) -m pytest -q tests/terraform
 
 ## Build the sdist and, from it, the wheel; check what they hold; install the wheel into a fresh
-## venv without torch and run `s3ckpt ls / prune --policy pretraining / gc` on a moto server.
+## venv without torch and run `s3ckpt ls / prune --policy pretraining / gc` on a moto server;
+## run every code block of README.md and docs/ against the wheel (tests/packaging/test_docs.py).
 check-wheel: install
 	$(PY) -m pytest -q -p no:xdist -m packaging tests/packaging
 

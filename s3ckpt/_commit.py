@@ -13,6 +13,9 @@ here is what more than one party needs:
   by the kernel's boot id, not the hostname (fleets reuse hostnames, and the initial PID
   namespace id is the same constant on every Linux host), and "gone" by the pid's absence
   or by another process holding it now (its start time differs): see :func:`process_gone`.
+* :func:`record_failure` — a save that failed where s3ckpt saw it fail says so
+  (``s3ckpt.failed.{tag}.{rank}``), so ``ls`` shows it failed and gc need not wait out the
+  grace period either; a commit marker always wins over such a record.
 * :func:`read_marker` — the commit marker and its ETag, read back (how an unknown outcome
   is decided).
 * :func:`restore_stock_metadata` — the roll-forward of a commit that was interrupted
@@ -38,9 +41,10 @@ from s3ckpt.format import (
     MANIFEST_NAME,
     METADATA_NAME,
     Manifest,
+    failure_name,
     heartbeat_name,
 )
-from s3ckpt.metrics.instrument import in_context
+from s3ckpt.metrics.instrument import expecting, in_context
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -53,11 +57,14 @@ __all__ = [
     "Identity",
     "boot_id",
     "check_metadata",
+    "describe_failure",
+    "failure_reason",
     "identity",
     "metadata_matches",
     "process_gone",
     "process_start",
     "read_marker",
+    "record_failure",
     "restore_stock_metadata",
     "writer_gone",
 ]
@@ -269,6 +276,79 @@ class Heartbeat:
         self.stop()
 
 
+MAX_FAILURE_TEXT = 500
+"""Characters of the error a failure record keeps (and ``ls`` shows)."""
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line saying why a save failed, for its failure record."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (KeyboardInterrupt)"
+    if isinstance(exc, SystemExit):
+        return f"the process exited (SystemExit {exc.code!r})"
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= MAX_FAILURE_TEXT else text[: MAX_FAILURE_TEXT - 3] + "..."
+
+
+def record_failure(
+    store: ObjectStore,
+    url: StoreURL,
+    tag: str,
+    rank: int,
+    step: int | None,
+    exc: BaseException,
+) -> bool:
+    """Record that the save tagged ``tag`` failed on ``rank``: PUT
+    ``s3ckpt.failed.{tag}.{rank}`` under ``url``, so that ``ls`` shows it as failed and gc
+    may remove what it left once the record is ``FAILURE_SETTLE`` old (a minute), without
+    waiting out the grace period.
+
+    Written where the failed save may have left objects: a delete of its own objects
+    failed, the commit's outcome is unknown (its objects are kept), or other ranks of the
+    save uploaded. A failed save that removed everything it wrote records nothing.
+
+    Best effort: a store error is logged, never raised (the grace period then decides, as
+    for a killed save). What the record may claim, and what it may not:
+
+    * a commit marker wins: a marker PUT whose reply was lost may have been applied, so the
+      catalog takes a prefix whose marker exists for committed whatever records lie there;
+    * it names one save (its tag): another save of the same prefix (an overwrite, a retry)
+      stays live or committed;
+    * its LastModified is when the store saw the failure (the time ``ls`` shows); the body
+      is for people (see :func:`failure_reason`).
+
+    Request cost: one PUT. Returns whether the record was written.
+    """
+    key = url.key(failure_name(tag, rank))
+    doc = {
+        "state": "failed",
+        "tag": tag,
+        "rank": rank,
+        "step": step,
+        "error": describe_failure(exc),
+        **identity().to_dict(),
+        "time": time.time(),
+    }
+    try:
+        store.put(key, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+    except Exception as err:  # best effort: the grace period still ends the save
+        log.warning("s3ckpt: could not record the failed save at %s (%s)", key, err)
+        return False
+    return True
+
+
+def failure_reason(raw: bytes) -> str:
+    """The error a failure record's body names (``"(unreadable failure record)"`` when it
+    names none: a bucket's contents are not trusted)."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+        text = str(doc["error"])
+        rank = int(doc["rank"])
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return "(unreadable failure record)"
+    return f"rank {rank}: {text[:MAX_FAILURE_TEXT]}"
+
+
 def read_marker(store: ObjectStore, url: StoreURL) -> tuple[Manifest, str | None] | None:
     """The committed manifest at ``url`` and the marker's ETag, or None when uncommitted.
 
@@ -281,7 +361,8 @@ def read_marker(store: ObjectStore, url: StoreURL) -> tuple[Manifest, str | None
     if info is None:
         return None
     try:
-        raw = store.get(key)
+        with expecting("not_found"):  # removed since the HEAD: uncommitted now
+            raw = store.get(key)
     except ObjectNotFoundError:
         return None
     return Manifest.from_json(raw, where=key), info.etag

@@ -6,7 +6,8 @@ Commands that need no torch (ls, prune, pin, gc, ...) never import it.
 
 Every error a user can meet ends the command with one line on stderr
 (``s3ckpt: error: ...``) and its exit code, never a traceback; a reader that closes the
-pipe early (``s3ckpt ls ... | head -1``) ends it quietly with exit 141.
+pipe early (``s3ckpt ls ... | head -1``) ends it quietly with exit 141, and Ctrl-C with
+``s3ckpt: error: interrupted`` and exit 130 (``s3ckpt demo`` included).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from s3ckpt._cli import (
     exit_code_for,
 )
 from s3ckpt._version import __version__
-from s3ckpt.errors import S3CkptError
+from s3ckpt.errors import S3CkptError, find_interrupt
 
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
@@ -55,7 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``s3ckpt`` command; returns the exit code."""
+    """Run the ``s3ckpt`` command; returns the exit code.
+
+    Ctrl-C anywhere (parsing, importing torch, a request, a ``dcp.load`` that wrapped it in
+    its ``CheckpointException``) ends it with one line on stderr and exit 130, no traceback.
+    """
+    try:
+        return _main(argv)
+    except BaseException as exc:
+        if not isinstance(find_interrupt(exc), KeyboardInterrupt):
+            raise
+        error("interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         from s3ckpt._cli import demo
@@ -83,9 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     except S3CkptError as exc:
         error(str(exc))
         return exit_code_for(exc)
-    except KeyboardInterrupt:
-        error("interrupted")
-        return EXIT_INTERRUPTED
 
 
 def _silence_stdout() -> None:

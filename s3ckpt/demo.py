@@ -1,11 +1,12 @@
 """``make demo`` / ``s3ckpt demo``: train, checkpoint, get killed, resume.
 
 A small language model trains in a child process with an async checkpoint every few steps
-and retention by ``policies/keep-last-3.toml``; the demo SIGKILLs that process mid-run,
-starts a new one that resumes from the latest committed checkpoint, and prints the
-checkpoints kept (and why), whether the resumed run reproduced the interrupted one exactly,
-how long training was blocked per async save against a synchronous save of the same state,
-and the ``s3ckpt`` commands to try next on the run.
+and retention by the built-in policy ``keep-last-3`` (``policies/keep-last-3.toml``, shipped
+in the package: the same from a pip install as from the source tree); the demo SIGKILLs
+that process mid-run, starts a new one that resumes from the latest committed checkpoint,
+and prints the checkpoints kept (and why), whether the resumed run reproduced the
+interrupted one exactly, how long training was blocked per async save against a
+synchronous save of the same state, and the ``s3ckpt`` commands to try next on the run.
 
 With no endpoint configured (neither ``S3CKPT_DEMO_URL`` nor ``AWS_ENDPOINT_URL``), the
 demo starts an embedded S3 server (moto's ThreadedMotoServer) on 127.0.0.1 with dummy
@@ -17,7 +18,8 @@ after the demo, until Ctrl-C, so that the printed commands can be tried on it.
 
 Needs torch and, for the embedded server, moto: ``pip install "s3ckpt[demo]"``. Exit codes:
 0 done, 1 the resumed run did not reproduce the interrupted one (or a training process
-failed), 2 bad usage or a missing dependency, 3 the store refused or could not be reached.
+failed), 2 bad usage or a missing dependency, 3 the store refused or could not be reached,
+130 interrupted (Ctrl-C: one line on stderr, the training processes stopped too).
 """
 
 from __future__ import annotations
@@ -41,16 +43,24 @@ from typing import IO, TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from s3ckpt.checkpointer import SaveHandle
+    from s3ckpt.retention import CheckpointInfo
+    from s3ckpt.store import ObjectStore
+    from s3ckpt.uri import StoreURL
 
 __all__ = ["local_s3", "main"]
 
 #: The bucket of the embedded server, and of an endpoint given by ``AWS_ENDPOINT_URL`` alone.
 DEMO_BUCKET = "s3ckpt-demo"
 
+#: The demo's retention policy: a built-in policy name (read from the package with
+#: importlib.resources), never a path into a source tree a pip install does not have.
+DEMO_POLICY = "keep-last-3"
+
 # The exit codes of the s3ckpt command (s3ckpt._cli), which this module sits below.
 _EXIT_FAILED = 1
 _EXIT_USAGE = 2
 _EXIT_STORE = 3
+_EXIT_INTERRUPTED = 130
 
 _INSTALL = 'pip install "s3ckpt[demo]"'
 
@@ -133,13 +143,6 @@ class TrainState:
         self.generator.set_state(sd["rng"])
 
 
-def _policy_file() -> str | None:
-    """``policies/keep-last-3.toml`` of the source tree, when the demo runs from one."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidate = os.path.join(os.path.dirname(here), "policies", "keep-last-3.toml")
-    return candidate if os.path.exists(candidate) else None
-
-
 def train(
     url: str, steps: int, every: int, width: int, depth: int, *, stop_at: int | None = None
 ) -> None:
@@ -156,16 +159,13 @@ def train(
     import torch
 
     from s3ckpt.checkpointer import Checkpointer
-    from s3ckpt.retention import KeepLast
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     model = _model(width, depth)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = TrainState()
-    policy_path = _policy_file()
-    policy = policy_path or KeepLast(3)
-    with Checkpointer(url, policy=policy) as ckpt:
+    with Checkpointer(url, policy=DEMO_POLICY) as ckpt:
         t0 = time.perf_counter()
         resumed = ckpt.load(model, opt, state)
         if resumed is None:
@@ -269,13 +269,11 @@ def run(
     Returns:
         The exit code: 0, or 1 when a step trained by both processes had different losses.
     """
-    from s3ckpt._units import format_bytes
-    from s3ckpt.retention import list_checkpoints, load_policy, plan
+    from s3ckpt._units import plural
     from s3ckpt.store import open_store
 
     print(f"run prefix: {url}")
-    policy_path = _policy_file()
-    print(f"retention policy: {policy_path or 'KeepLast(3) (policies/ not found)'}\n")
+    print(f"retention policy: {DEMO_POLICY} (built-in: policies/{DEMO_POLICY}.toml)\n")
     cmd = [
         sys.executable,
         "-m",
@@ -319,32 +317,19 @@ def run(
     print("== training process 2 (resumes from latest) ==")
     second = _Log()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
-    _read_all(child.stdout, second, blocked)
+    try:
+        _read_all(child.stdout, second, blocked)
+    except BaseException:
+        child.kill()  # the parent was interrupted: so is the run
+        child.wait()
+        raise
     if child.wait() != 0:
         _child_failed(2, child.returncode)
 
     # 3. What is on the bucket, what retention kept, and why.
     store, parsed = open_store(url)
-    catalog = list_checkpoints(store, parsed)
-    policy = load_policy(policy_path) if policy_path else None
     print("\n== checkpoints under the run ==")
-    reasons: dict[str, tuple[str, ...]] = {}
-    if policy is not None:
-        reasons = dict(plan(catalog, policy, datetime.now(UTC)).keep)
-    leftovers = False
-    for c in catalog:
-        why = "; ".join(reasons.get(c.name, ())) or "-"
-        if c.state.value != "committed":
-            leftovers = True
-            why = "not a checkpoint (no commit marker): never loaded, never pruned"
-        print(f"  {c.name}  {c.state.value:<11} {format_bytes(c.size):>10}  kept: {why}")
-    if leftovers:
-        print(
-            "  (objects without a commit marker: a save or a prune that the kill interrupted.\n"
-            "   Recent objects look in progress, so nothing touches them yet; once the grace\n"
-            "   period has passed, the next prune finishes an interrupted deletion (it is in\n"
-            "   the lease's intent log) and `s3ckpt gc` removes an abandoned save.)"
-        )
+    catalog = _print_checkpoints(store, parsed)
     sync_s = second.sync_s
     if blocked and sync_s:
         import statistics
@@ -353,7 +338,8 @@ def run(
         median = statistics.median(blocked)
         print(
             f"\ntraining blocked per async save: median {1000 * median:.1f} ms, mean "
-            f"{1000 * mean:.1f} ms over {len(blocked)} saves (the first save of each process "
+            f"{1000 * mean:.1f} ms over {plural(len(blocked), 'save')} (the first save of each "
+            "process "
             f"allocates the staging cache), vs {sync_s:.2f} s for a synchronous save of the same "
             f"state: {100 * median / sync_s:.1f} % (median), {100 * mean / sync_s:.1f} % (mean)"
         )
@@ -379,9 +365,34 @@ def run(
         ckpt_url = f"{run_url}{committed[-1]}/"
         print(f"  s3ckpt inspect {ckpt_url} --summary")
         print(f"  s3ckpt verify {ckpt_url}")
-    # keep-last-3 is a built-in policy name: the same file, from any directory.
-    print(f"  s3ckpt prune {run_url} --policy keep-last-3    # a dry run; --apply deletes")
+    # A built-in policy name: the same file, from any directory.
+    print(f"  s3ckpt prune {run_url} --policy {DEMO_POLICY}    # a dry run; --apply deletes")
     return 0 if exact else _EXIT_FAILED
+
+
+def _print_checkpoints(store: ObjectStore, run: StoreURL) -> list[CheckpointInfo]:
+    """Print the run's checkpoints with the reasons :data:`DEMO_POLICY` keeps each one (a
+    plan of the built-in policy: no torch, no source tree needed); return the catalog."""
+    from s3ckpt._units import format_bytes
+    from s3ckpt.retention import list_checkpoints, load_policy, plan
+
+    catalog = list_checkpoints(store, run)
+    reasons = dict(plan(catalog, load_policy(DEMO_POLICY), datetime.now(UTC)).keep)
+    leftovers = False
+    for c in catalog:
+        why = "; ".join(reasons.get(c.name, ())) or "-"
+        if c.state.value != "committed":
+            leftovers = True
+            why = "not a checkpoint (no commit marker): never loaded, never pruned"
+        print(f"  {c.name}  {c.state.value:<11} {format_bytes(c.size):>10}  kept: {why}")
+    if leftovers:
+        print(
+            "  (objects without a commit marker: a save or a prune that the kill interrupted.\n"
+            "   Recent objects look in progress, so nothing touches them yet; once the grace\n"
+            "   period has passed, the next prune finishes an interrupted deletion (it is in\n"
+            "   the lease's intent log) and `s3ckpt gc` removes an abandoned save.)"
+        )
+    return catalog
 
 
 def _read_all(stream: IO[str] | None, log: _Log, blocked: list[float]) -> None:
@@ -396,6 +407,8 @@ def _resume_proof(first: _Log, second: _Log) -> tuple[bool, str]:
     uninterrupted, process 2 after loading the checkpoint. Each such step depends on the
     model, the optimizer state and the data RNG restored, so equal losses, bit for bit,
     show that all three came back exactly."""
+    from s3ckpt._units import plural
+
     if second.resumed is None:
         return False, "process 2 found no committed checkpoint to resume from."
     both = sorted(set(first.losses) & set(second.losses))
@@ -414,7 +427,8 @@ def _resume_proof(first: _Log, second: _Log) -> tuple[bool, str]:
         )
         return False, (
             f"MISMATCH: process 2 resumed from step {second.resumed} and trained {span} again, "
-            f"but {len(differ)} of those {len(both)} losses differ from process 1's ({shown}): "
+            f"but {len(differ)} of those {plural(len(both), 'loss', 'losses')} differ from "
+            f"process 1's ({shown}): "
             "the checkpoint did not restore the model, the optimizer state or the data RNG "
             "exactly."
         )
@@ -455,6 +469,8 @@ def _child(args: argparse.Namespace) -> None:
 
     try:
         train(args.child, args.steps, args.every, args.width, args.depth, stop_at=args.stop_at)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent says it
+        raise SystemExit(_EXIT_INTERRUPTED) from None
     except S3CkptError as exc:
         _fail(str(exc), _EXIT_USAGE if isinstance(exc, ConfigError) else _EXIT_STORE)
 
@@ -536,8 +552,21 @@ def main(argv: list[str] | None = None) -> None:
 
     Raises:
         SystemExit: with a code other than 0 when the demo failed (see the module's
-            docstring); the reason is printed on stderr in one line.
+            docstring); the reason is printed on stderr in one line. Ctrl-C: 130, with
+            ``s3ckpt demo: interrupted`` (its training processes stop too, silently).
     """
+    try:
+        _main(argv)
+    except KeyboardInterrupt:
+        _fail_interrupted()
+
+
+def _fail_interrupted() -> NoReturn:
+    print("s3ckpt demo: interrupted", file=sys.stderr, flush=True)
+    raise SystemExit(_EXIT_INTERRUPTED) from None
+
+
+def _main(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(
         prog="s3ckpt demo",
         description=__doc__,

@@ -17,10 +17,12 @@
     ├── CheckpointError              the checkpoint itself is the problem
     │   ├── CheckpointExistsError    a committed checkpoint is already at the prefix
     │   ├── CheckpointNotFoundError  no committed checkpoint (and no .metadata) at the prefix
+    │   │                            (also a FileNotFoundError)
     │   │   └── UncommittedCheckpointError  an s3ckpt save without its commit marker
     │   ├── CorruptCheckpointError   truncated object, malformed manifest, inconsistent commit
     │   │   └── ChecksumMismatchError
     │   ├── IncompleteRestoreError   a load left entries of the state dict unrestored
+    │   ├── StateMismatchError       the checkpoint does not fit the model (shapes, keys)
     │   ├── UnsafeCheckpointError    a pickle asked for something outside the allow-list
     │   ├── SaveInProgressError      the previous async save is still uploading
     │   └── DeleteRefusedError       deleting this checkpoint could lose one (pinned, newest...)
@@ -64,11 +66,13 @@ __all__ = [
     "PreconditionFailedError",
     "S3CkptError",
     "SaveInProgressError",
+    "StateMismatchError",
     "StoreError",
     "TransientStoreError",
     "UncommittedCheckpointError",
     "UnsafeCheckpointError",
     "UnsupportedOperationError",
+    "find_interrupt",
     "find_s3ckpt_error",
 ]
 
@@ -211,8 +215,13 @@ class CheckpointExistsError(CheckpointError):
     """A committed checkpoint already exists at the prefix and ``overwrite`` is off."""
 
 
-class CheckpointNotFoundError(CheckpointError):
-    """There is no checkpoint (no commit marker and no ``.metadata``) at the prefix."""
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """There is no checkpoint (no commit marker and no ``.metadata``) at the prefix.
+
+    Also a :class:`FileNotFoundError`, as a missing checkpoint file is to Lightning's
+    ``CheckpointIO`` contract and to code written against local checkpoints (its
+    ``errno``, ``strerror`` and ``filename`` are None; the location is in the message).
+    """
 
 
 class UncommittedCheckpointError(CheckpointNotFoundError):
@@ -269,6 +278,37 @@ class IncompleteRestoreError(CheckpointError):
         super().__init__(message, bucket=bucket, key=key, rank=rank)
         self.items = list(items or [])
         self.reasons = dict(reasons or {})
+
+
+class StateMismatchError(CheckpointError):
+    """The checkpoint does not fit the state dict it is loaded into: a tensor was saved
+    with another shape, the destination has keys the checkpoint lacks (missing), or the
+    checkpoint's model has keys the destination lacks (unexpected). Raised before any byte
+    is read where it can be seen up front, so the model is left as it was.
+
+    Attributes:
+        item: The first key named (a shape mismatch first, then a missing key).
+        shapes: ``{key: (saved shape, expected shape)}`` of every tensor of another shape.
+        missing: Every key of the destination that the checkpoint lacks.
+        unexpected: Every key of the checkpoint's model that the destination lacks.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        bucket: str | None = None,
+        key: str | None = None,
+        rank: int | None = None,
+        shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+        missing: list[str] | None = None,
+        unexpected: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, bucket=bucket, key=key, rank=rank)
+        self.shapes = dict(shapes or {})
+        self.missing = list(missing or [])
+        self.unexpected = list(unexpected or [])
+        self.item = next(iter([*self.shapes, *self.missing, *self.unexpected]), None)
 
 
 class UnsafeCheckpointError(CheckpointError):
@@ -410,4 +450,41 @@ def find_s3ckpt_error(exc: BaseException) -> S3CkptError | None:
         for nxt in (cur.__cause__, cur.__context__):
             if nxt is not None:
                 stack.append(nxt)
+    return None
+
+
+def find_interrupt(exc: BaseException) -> KeyboardInterrupt | SystemExit | None:
+    """Return the ``KeyboardInterrupt`` or ``SystemExit`` that ``exc`` is or wraps, if any.
+
+    ``torch.distributed.checkpoint`` catches every ``BaseException`` a storage layer raises
+    and wraps it in its ``CheckpointException``, so a Ctrl-C during ``dcp.save`` or
+    ``dcp.load`` reaches the caller as that wrapper. The Checkpointer re-raises the
+    interrupt itself; around a plain ``dcp.save`` do the same::
+
+        try:
+            dcp.save(state_dict, storage_writer=S3StorageWriter(url))
+        except BaseException as exc:
+            raise find_interrupt(exc) or exc
+
+    Searches the wrapper's per-rank failures and ``__cause__`` chains, never
+    ``__context__`` (an error raised while handling an interrupt that was then dealt with
+    is not one).
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, (KeyboardInterrupt, SystemExit)):
+            return cur
+        failures = getattr(cur, "failures", None)
+        if isinstance(failures, dict):
+            for _rank, value in sorted(failures.items(), reverse=True):
+                inner = value[0] if isinstance(value, tuple) else value
+                if isinstance(inner, BaseException):
+                    stack.append(inner)
+        if cur.__cause__ is not None:
+            stack.append(cur.__cause__)
     return None

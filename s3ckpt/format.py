@@ -12,6 +12,8 @@ Names on the bucket (what s3ckpt writes, and so what it may ever delete):
 ``__{rank}_{i}.{tag}.distcp``      data objects of the save whose tag is ``{tag}``
 ``.metadata.{tag}``                that save's pickled DCP ``Metadata`` (what the marker commits)
 ``s3ckpt.alive.{tag}.{rank}``      that save's heartbeat (rank ``rank`` is still writing)
+``s3ckpt.failed.{tag}.{rank}``     that save failed on rank ``rank`` (written best effort by
+                                   the rank that saw it fail: the save is dead at once)
 ``s3ckpt.json``                    the commit marker (names the committed save's tag)
 ``.metadata``                      a copy of the committed ``.metadata.{tag}``, written after
                                    the marker, for stock DCP readers
@@ -64,6 +66,7 @@ from typing import Any
 
 from s3ckpt import _crc
 from s3ckpt._gc import gc_paused
+from s3ckpt._scalars import metric_scalar
 from s3ckpt._step_names import (
     MAX_STEP_DIGITS,
     STEP_NAME,
@@ -90,6 +93,8 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "data_name",
     "heartbeat_name",
+    "failure_name",
+    "FAILED_PREFIX",
     "metadata_name",
     "owned_tag",
     "save_tag",
@@ -129,6 +134,8 @@ MAX_FORMAT_VERSION = LAYOUT_FORMAT_VERSION
 MANIFEST_NAME = "s3ckpt.json"
 METADATA_NAME = ".metadata"
 HEARTBEAT_PREFIX = "s3ckpt.alive."
+FAILED_PREFIX = "s3ckpt.failed."
+"""Start of a failure record's name, ``s3ckpt.failed.{tag}.{rank}`` (:func:`failure_name`)."""
 
 LATEST_NAME = "s3ckpt.latest.json"
 """Run-level pointer to the latest checkpoint (written by the Checkpointer)."""
@@ -163,6 +170,7 @@ _OWNED = (
     re.compile(r"__\d+_\d+\." + _TAG + r"\.distcp"),
     re.compile(re.escape(METADATA_NAME) + r"\." + _TAG),
     re.compile(re.escape(HEARTBEAT_PREFIX) + _TAG + r"\.\d+"),
+    re.compile(re.escape(FAILED_PREFIX) + _TAG + r"\.\d+"),
 )
 _SEGMENT = re.compile(r"[^/\\\x00]+")
 SHARD_SUFFIX = ".shard"
@@ -192,6 +200,11 @@ def metadata_name(tag: str) -> str:
 def heartbeat_name(tag: str, rank: int) -> str:
     """Name of rank ``rank``'s heartbeat object for the save tagged ``tag``."""
     return f"{HEARTBEAT_PREFIX}{tag}.{rank}"
+
+
+def failure_name(tag: str, rank: int) -> str:
+    """Name of the record that the save tagged ``tag`` failed on rank ``rank``."""
+    return f"{FAILED_PREFIX}{tag}.{rank}"
 
 
 def owned_tag(name: str) -> str | None:
@@ -421,12 +434,14 @@ def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     """Metrics as the manifest records them: string names, float values.
 
     NaN and +-inf are kept (a diverging run needs exactly that checkpoint, and retention
-    ranks NaN worst); anything that is not a real number is a :class:`ConfigError`.
+    ranks NaN worst); anything that is not a real number is a :class:`ConfigError`. A
+    one-element tensor or numpy value is read with ``.item()`` (:func:`metric_scalar`).
     """
     out: dict[str, float] = {}
     for name, value in (metrics or {}).items():
         if not isinstance(name, str) or not name:
             raise ConfigError(f"metric names must be non-empty strings, got {name!r}")
+        value = metric_scalar(name, value)
         if isinstance(value, bool):
             raise ConfigError(f"metric {name!r} must be a number, got a bool")
         try:

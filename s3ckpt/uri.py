@@ -169,7 +169,8 @@ def parse_url(url: str) -> StoreURL:
             "letters, digits, '.' and '-', starting and ending with a letter or digit"
         )
     prefix = _norm_prefix(parts.path)
-    if "//" in prefix:
+    # "s3://b//run": the key would start with "/", which stripping would silently change.
+    if "//" in prefix or parts.path.startswith("//"):
         raise InvalidURLError(f"checkpoint URL {url!r} has an empty path segment ('//')")
     size = len(prefix.encode("utf-8"))
     if size > MAX_PREFIX_BYTES:

@@ -143,6 +143,15 @@ WHAT_TO_DO: dict[str, str] = {
         "them): load a checkpoint saved from this model, or drop those keys on purpose (a "
         "partial load)."
     ),
+    "StateMismatchError": (
+        "The model (or optimizer, train state) is not the one the checkpoint was saved from: "
+        "the message names each tensor with both shapes (saved, expected) and the first "
+        "missing and unexpected keys, with counts (`shapes`, `missing`, `unexpected` hold "
+        "them all). Build the model with the configuration it was trained with, or load a "
+        "checkpoint of this model (another run or step). To load the keys both have on "
+        "purpose (a new head for fine-tuning), pass `strict=False` to `Checkpointer.load`; "
+        "shapes must match either way. Nothing was read or changed."
+    ),
     "UnsafeCheckpointError": (
         "A pickle inside the checkpoint names a type outside the allow-list. Load it only if "
         "you trust its origin, with `allow_unsafe_pickle=True`."

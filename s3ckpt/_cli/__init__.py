@@ -26,7 +26,8 @@ Exit codes (stable; cron jobs and scripts act on them):
 5     clock skew: this host's clock and the store's differ by more than the grace period,
       so ``gc``, ``prune --apply`` and ``rm`` refused to delete anything; fix the host's
       clock (NTP) and run again (``ls``, ``report`` and dry runs only warn)
-130   interrupted (Ctrl-C)
+130   interrupted (Ctrl-C), after the command's cleanup; one line on stderr, no traceback
+      (``s3ckpt demo`` too)
 141   stdout was closed early (``s3ckpt ls ... | head``): the command stops quietly, as
       a program killed by SIGPIPE does
 ====  ==========================================================================

@@ -14,6 +14,7 @@ import sys
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
 from s3ckpt._cli._output import add_output_options, print_json
 from s3ckpt._cli.retention import _open
+from s3ckpt._units import plural
 from s3ckpt.tools import Check, CheckStatus, DoctorReport, run_doctor
 
 __all__ = ["register"]
@@ -76,7 +77,8 @@ def _verdict(report: DoctorReport) -> str:
         tail = f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""
         return f"verdict: this store will keep checkpoints safe as configured{tail}"
     names = ", ".join(c.name for c in report.failed)
-    return f"verdict: NOT SAFE as configured: {len(report.failed)} check(s) failed: {names}"
+    failed = plural(len(report.failed), "check")
+    return f"verdict: NOT SAFE as configured: {failed} failed: {names}"
 
 
 def _doctor(args: argparse.Namespace) -> int:

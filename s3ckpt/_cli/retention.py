@@ -39,7 +39,7 @@ from s3ckpt._cli import (
     s3_config_from_args,
     transfer_config_from_args,
 )
-from s3ckpt._cli._damaged import state_label, warn_damaged
+from s3ckpt._cli._damaged import printable, state_label, warn_damaged
 from s3ckpt._cli._output import (
     ProgressCounter,
     add_output_options,
@@ -48,7 +48,7 @@ from s3ckpt._cli._output import (
     progress_enabled,
 )
 from s3ckpt._time import aware_now, parse_iso
-from s3ckpt._units import format_bytes
+from s3ckpt._units import format_bytes, plural
 from s3ckpt.errors import ConfigError, LeaseHeldError, S3CkptError
 from s3ckpt.format import compile_step_pattern
 from s3ckpt.metrics import OperationMetrics, RunMetrics, Totals, capture, totals, write_textfile
@@ -468,7 +468,8 @@ def _metrics(m: Mapping[str, float]) -> str:
 def _columns(c: CheckpointInfo) -> list[str]:
     """NAME, STEP, STATE, COMMITTED and SIZE: the columns ls and prune share."""
     step = "-" if c.step is None else str(c.step)
-    return [c.name, step, state_label(c), _when(c.committed_at), format_bytes(c.size)]
+    state = "failed" if c.failed else state_label(c)  # abandoned, by a save that said so
+    return [c.name, step, state, _when(c.committed_at), format_bytes(c.size)]
 
 
 def _dump(doc: Any) -> None:
@@ -530,7 +531,8 @@ def _ls(args: argparse.Namespace) -> int:
         ck = cat.checkpoints
         committed = sum(1 for c in ck if c.is_committed)
         total = sum(c.size for c in ck)
-        print(f"{cat.run}  ({len(ck)} checkpoints, {committed} committed, {format_bytes(total)})")
+        count = plural(len(ck), "checkpoint")
+        print(f"{cat.run}  ({count}, {committed} committed, {format_bytes(total)})")
         if not ck:
             continue
         rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "OBJECTS", "METRICS", "PINNED"]]
@@ -552,11 +554,15 @@ def _damaged_code(command: str, catalogs: Iterable[RunCatalog]) -> int:
 
 
 def _saves(c: CheckpointInfo) -> str:
-    """``ls``'s line about saves in progress in one checkpoint prefix, or ""."""
+    """``ls``'s line about saves in progress or failed in one checkpoint prefix, or ""."""
     if c.damaged:
         return ""  # its committed save is unknown: its warning on stderr says the rest
+    failed = ""
+    if c.failed_at is not None:
+        failed = f"a save failed at {_when(c.failed_at)}: {printable(c.failure or '?')}"
+        failed += " (s3ckpt gc removes what it left)"
     if not c.live_saves and not (c.uploads and not c.is_committed):
-        return ""
+        return failed
     n = c.live_saves
     what = f"{n} save{'s' if n != 1 else ''} in progress" if n else "no live save"
     if c.overwrite_in_progress:
@@ -566,7 +572,7 @@ def _saves(c: CheckpointInfo) -> str:
         extra.append(f"{len(c.uploads)} open upload{'s' if len(c.uploads) != 1 else ''}")
     if not c.num_objects:
         extra.append("no objects yet")
-    return what + (f", {', '.join(extra)}" if extra else "")
+    return what + (f", {', '.join(extra)}" if extra else "") + (f"; {failed}" if failed else "")
 
 
 # -- prune -------------------------------------------------------------------------------------
@@ -578,7 +584,7 @@ def _print_prune(result: PruneResult) -> None:
         for d in p.decisions:
             rows.append([*_columns(d.checkpoint), d.action, "; ".join(d.reasons)])
         print_table(rows, right=(1, 4), indent="  ")
-    freed = f"{format_bytes(p.bytes_freed)}, {p.objects_deleted} objects"
+    freed = f"{format_bytes(p.bytes_freed)}, {plural(p.objects_deleted, 'object')}"
     counts = f"keep {len(p.keep)}, skip {len(p.skipped)}"
     deferred = f", {p.deferred} deferred by --max-delete" if p.deferred else ""
     for note in result.notes:
@@ -592,7 +598,7 @@ def _print_prune(result: PruneResult) -> None:
     if result.resumed:
         freed = (
             f"{format_bytes(p.bytes_freed + result.resumed_bytes)}, "
-            f"{p.objects_deleted + result.resumed_objects} objects"
+            f"{plural(p.objects_deleted + result.resumed_objects, 'object')}"
         )
         resumed = (
             f"; {len(result.resumed)} of them finished for an interrupted prune "
@@ -602,7 +608,7 @@ def _print_prune(result: PruneResult) -> None:
         resumed = ""
     print(
         f"  deleted {len(result.deleted)} of {result.targets} ({freed}) in "
-        f"{result.delete_requests} DeleteObjects requests, {counts}{deferred}{resumed}"
+        f"{plural(result.delete_requests, 'DeleteObjects request')}, {counts}{deferred}{resumed}"
     )
     _print_failures(result.failures)
 
@@ -647,6 +653,9 @@ class _MetricsFile:
             retries=after.retries - self._before.retries,
             throttled=after.throttled - self._before.throttled,
             dry_run=self.dry_run,
+            failed=after.failed - self._before.failed,
+            not_found=after.not_found - self._before.not_found,
+            precondition_failed=after.precondition_failed - self._before.precondition_failed,
         )
 
 
@@ -748,7 +757,7 @@ def _prune_runs(
                 counter.clear()
                 print(f"{run}  skipped: {exc}", file=sys.stderr)
             continue
-        counter.add(f"of {len(runs)} runs done")
+        counter.add(f"of {plural(len(runs), 'run')} done")
         if report is not None:
             mine = [e for e in events if e.kind == "prune" and e.url == str(run)]
             report.runs.append(_run_metrics(result, mine[-1] if mine else None))
@@ -818,7 +827,7 @@ def _print_gc(r: GcResult) -> None:
             url = str(c.url)
             mark = "  removed" if url in removed else "  SKIPPED" if url in skipped else "  LEFT"
         print(
-            f"  {c.url}  {format_bytes(c.size)}, {c.num_objects} objects, "
+            f"  {c.url}  {format_bytes(c.size)}, {plural(c.num_objects, 'object')}, "
             f"last activity {_when(c.last_activity)}{mark}"
         )
     if r.leftovers:
@@ -896,15 +905,16 @@ def _gc(args: argparse.Namespace) -> int:
 # -- rm ----------------------------------------------------------------------------------------
 def _print_rm(r: DeleteResult) -> None:
     step = "" if r.step is None else f"step {r.step}, "
-    what = f"{step}{r.state.value}, {len(r.keys)} keys, {format_bytes(r.size)}"
+    what = f"{step}{r.state.value}, {plural(len(r.keys), 'key')}, {format_bytes(r.size)}"
     if not r.applied:
         print(f"would delete {r.checkpoint} ({what}); without --dry-run it is deleted")
     elif r.deleted:
-        print(f"deleted {r.checkpoint} ({what}) in {r.delete_requests} DeleteObjects requests")
+        requests = plural(r.delete_requests, "DeleteObjects request")
+        print(f"deleted {r.checkpoint} ({what}) in {requests}")
     else:
         print(
-            f"NOT deleted {r.checkpoint} ({what}): {len(r.failures)} failures; its name stays "
-            "in the run's lease, and the next prune, gc or rm finishes it"
+            f"NOT deleted {r.checkpoint} ({what}): {plural(len(r.failures), 'failure')}; its name "
+            "stays in the run's lease, and the next prune, gc or rm finishes it"
         )
     if r.kept:
         n = len(r.kept)

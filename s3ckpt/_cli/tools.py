@@ -32,7 +32,7 @@ from s3ckpt._cli._output import (
     progress_enabled,
 )
 from s3ckpt._time import utc
-from s3ckpt._units import format_bytes
+from s3ckpt._units import format_bytes, plural
 
 __all__ = ["register"]
 
@@ -208,7 +208,7 @@ def _inspect(args: argparse.Namespace) -> int:
         [
             "tensors",
             f"{info.tensor_count} ({format_bytes(info.tensor_bytes)}), "
-            f"{info.other_count} other values",
+            f"{plural(info.other_count, 'other value')}",
         ]
     )
     meta = f" incl. {format_bytes(info.metadata_bytes)} metadata" if info.metadata_bytes else ""
@@ -252,7 +252,8 @@ def _verify(args: argparse.Namespace) -> int:
     else:
         what = "CRC32C checked" if res.checksums else "no checksums: structure and sizes"
         print(
-            f"{res.url}: {res.items} items in {res.objects} objects, {res.items_read} read "
+            f"{res.url}: {plural(res.items, 'item')} in {plural(res.objects, 'object')}, "
+            f"{res.items_read} read "
             f"({format_bytes(res.bytes_read)}, {what}) in {res.seconds:.1f} s"
         )
         if res.ok:
@@ -265,8 +266,8 @@ def _verify(args: argparse.Namespace) -> int:
     if res.ok:
         return EXIT_OK
     error(
-        f"{len(res.problems)} problem(s): {len(res.bad_items)} bad tensor(s) in "
-        f"{len(res.bad_objects)} object(s); restore the objects or use another checkpoint"
+        f"{plural(len(res.problems), 'problem')}: {plural(len(res.bad_items), 'bad tensor')} in "
+        f"{plural(len(res.bad_objects), 'object')}; restore the objects or use another checkpoint"
     )
     return EXIT_PARTIAL
 
@@ -365,12 +366,13 @@ def _export(args: argparse.Namespace) -> int:
         print_json(res.to_dict())
         return EXIT_OK
     print(
-        f"exported {res.tensors} tensors ({format_bytes(res.tensor_bytes)}) from {res.source} to "
+        f"exported {plural(res.tensors, 'tensor')} ({format_bytes(res.tensor_bytes)}) from "
+        f"{res.source} to "
         f"{res.dest} in {res.seconds:.1f} s"
     )
     print_table(
         [
-            ["  " + f.name, format_bytes(f.size), f"{f.tensors} tensors" if f.tensors else ""]
+            ["  " + f.name, format_bytes(f.size), plural(f.tensors, "tensor") if f.tensors else ""]
             for f in res.files
         ],
         right={1},
@@ -405,7 +407,7 @@ def _import(args: argparse.Namespace) -> int:
         return EXIT_OK
     under = f" under '{res.prefix}.'" if res.prefix else ""
     print(
-        f"imported {res.tensors} tensors ({format_bytes(res.tensor_bytes)}) from {len(res.files)} "
-        f"file(s){under} into {res.dest} in {res.seconds:.1f} s"
+        f"imported {plural(res.tensors, 'tensor')} ({format_bytes(res.tensor_bytes)}) from "
+        f"{plural(len(res.files), 'file')}{under} into {res.dest} in {res.seconds:.1f} s"
     )
     return EXIT_OK

@@ -68,11 +68,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from s3ckpt.checkpointer._async import SaveHandle, SaveQueue
 from s3ckpt.checkpointer._attach import attach_to_marker
 from s3ckpt.checkpointer._latest import LatestPointer
+from s3ckpt.checkpointer._load import read_checkpoint
 from s3ckpt.checkpointer._ranks import RankGroup
 from s3ckpt.checkpointer._retention import (
     RETENTION_HISTORY,
@@ -83,11 +83,10 @@ from s3ckpt.checkpointer._retention import (
 from s3ckpt.checkpointer._state import apply_state_dict, collect_state_dict
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import SafeGlobal
-from s3ckpt.dcp.reader import S3StorageReader
-from s3ckpt.dcp.restore import load_verified
 from s3ckpt.dcp.writer import S3StorageWriter
 from s3ckpt.errors import (
     ConfigError,
+    find_interrupt,
     find_s3ckpt_error,
 )
 from s3ckpt.format import (
@@ -223,7 +222,11 @@ class Checkpointer:
         train_state: Any | None = None,
         metrics: Mapping[str, float] | None = None,
     ) -> SaveHandle:
-        """Save synchronously; returns a done :class:`SaveHandle` (raises on failure)."""
+        """Save synchronously; returns a done :class:`SaveHandle` (raises on failure).
+
+        Ctrl-C raises ``KeyboardInterrupt`` after cleanup (uploads aborted, what it wrote
+        removed or marked failed); the previous checkpoint and ``latest`` stay as they were.
+        """
         self._check_open()
         # The operation's clock starts first, so the time it held training (from t0, which
         # counts waiting for the previous save too) is never longer than the operation.
@@ -295,6 +298,7 @@ class Checkpointer:
         safe_globals: Sequence[SafeGlobal] = (),
         allow_unsafe_pickle: bool = False,
         fan_out: bool = False,
+        strict: bool = True,
     ) -> int | None:
         """Restore ``model`` (and ``optimizer``, ``train_state``) from a checkpoint.
 
@@ -313,13 +317,19 @@ class Checkpointer:
                 Checkpointer's process group (see ``fan_out`` of
                 :class:`~s3ckpt.dcp.S3StorageReader`: when it helps, its memory cost).
                 Without a process group every rank reads directly.
+            strict: Refuse a checkpoint whose keys differ from the state dict's (the
+                model's both ways). ``False`` loads the keys both have, as
+                ``Module.load_state_dict(strict=False)``; shapes must match either way.
 
         Returns:
             The step loaded, or ``None`` when ``step="latest"`` and the run has no
-            committed checkpoint (the model is left untouched).
+            committed checkpoint (the model is left untouched; a WARNING names the runs
+            near the URL when it holds nothing, a misspelt name).
 
         Raises:
             CheckpointNotFoundError: ``step`` was a number with no committed checkpoint.
+            ConfigError: the URL is a checkpoint's, not a run's (the message says which).
+            StateMismatchError: the checkpoint does not fit (shapes, keys); nothing changed.
             CheckpointException: DCP's wrapper of what failed while reading, for example an
                 :class:`~s3ckpt.errors.UnsafeCheckpointError` for a value that needs a
                 class outside the allow-list (:func:`~s3ckpt.errors.find_s3ckpt_error`
@@ -340,9 +350,13 @@ class Checkpointer:
                     safe_globals=safe_globals,
                     allow_unsafe_pickle=allow_unsafe_pickle,
                     fan_out=fan_out,
+                    strict=strict,
                 )
         except BaseException as exc:
-            recorder.finish(find_s3ckpt_error(exc) or exc)
+            interrupt = find_interrupt(exc)  # Ctrl-C stays KeyboardInterrupt, not DCP's wrapper
+            recorder.finish(interrupt or find_s3ckpt_error(exc) or exc)
+            if interrupt is not None and interrupt is not exc:
+                raise interrupt from None
             raise
         recorder.finish(step=resolved)
         return resolved
@@ -359,6 +373,7 @@ class Checkpointer:
         safe_globals: Sequence[SafeGlobal],
         allow_unsafe_pickle: bool,
         fan_out: bool,
+        strict: bool,
     ) -> int | None:
         resolved = self._latest.resolve(step, self.retention_grace)
         if resolved is None:
@@ -366,21 +381,20 @@ class Checkpointer:
         url = self._step_url(resolved)
         recorder.url, recorder.step = str(url), resolved
         sd = collect_state_dict(model, optimizer, train_state)
-        reader = S3StorageReader(
+        read_checkpoint(
+            sd,
             url,
+            store=self.store,
             s3_config=self.s3_config,
             transfer_config=self.transfer_config,
             verify_checksums=self.verify_checksums,
-            store=self.store,
             safe_globals=safe_globals,
             allow_unsafe_pickle=allow_unsafe_pickle,
             fan_out=fan_out,
             process_group=self._pg,
+            verify_complete=verify_complete,
+            strict=strict,
         )
-        if verify_complete:
-            load_verified(sd, reader, process_group=self._pg)
-        else:
-            dcp.load(sd, storage_reader=reader, process_group=self._pg)
         apply_state_dict(sd, model, optimizer, train_state)
         log.info("s3ckpt: loaded step %d from %s", resolved, url)
         return resolved
@@ -390,7 +404,7 @@ class Checkpointer:
 
         The coordinator reads the ``s3ckpt.latest.json`` pointer and trusts it only if the
         commit marker it names exists; otherwise it lists the run. Other ranks receive the
-        answer by broadcast (so call it on every rank in a distributed job).
+        answer by broadcast (call it on every rank). A checkpoint's URL raises ConfigError.
         """
         self._check_open()
         self._saves.settle(self.on_busy)  # the upload thread may be using the process group
@@ -466,6 +480,7 @@ class Checkpointer:
         return instrument.Recorder(kind, str(url), step=step, rank=self._ranks.rank)
 
     def _writer(self, step: int, metrics: Mapping[str, float] | None) -> S3StorageWriter:
+        self._latest.check_run_url()  # a checkpoint's URL: no checkpoints nested inside it
         return S3StorageWriter(
             self._step_url(step),
             s3_config=self.s3_config,

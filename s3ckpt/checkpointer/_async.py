@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -25,7 +25,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from s3ckpt.dcp.writer import S3StorageWriter
-from s3ckpt.errors import CheckpointError, SaveInProgressError, find_s3ckpt_error
+from s3ckpt.errors import (
+    CheckpointError,
+    SaveInProgressError,
+    find_interrupt,
+    find_s3ckpt_error,
+)
 from s3ckpt.metrics import instrument
 
 __all__ = ["SaveHandle", "SaveQueue", "save_error"]
@@ -74,11 +79,14 @@ def save_error(exc: BaseException, step: int, url: str) -> BaseException:
 
     DCP wraps per-rank failures in ``CheckpointException`` (a ``BaseException``): callers
     get the s3ckpt error inside it (naming bucket, key and rank), or a
-    :class:`CheckpointError` that says which save failed. Other exceptions, Ctrl-C and
-    ``SystemExit`` pass through unchanged.
+    :class:`CheckpointError` that says which save failed. A Ctrl-C (``KeyboardInterrupt``)
+    or ``SystemExit``, bare or inside the wrapper, comes back as itself, never as an error
+    (a program stopped by Ctrl-C must stop, not handle a ``CheckpointError``). Other
+    exceptions pass through unchanged.
     """
-    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        return exc
+    interrupt = find_interrupt(exc)
+    if interrupt is not None:
+        return interrupt
     found = find_s3ckpt_error(exc)
     if found is not None:
         return found
@@ -156,7 +164,7 @@ class SaveQueue:
             try:
                 dcp.save(sd, storage_writer=writer, process_group=process_group)
             except BaseException as exc:
-                raise save_error(exc, handle.step, handle.url) from exc
+                _raise_save_error(exc, handle.step, handle.url)
             after_commit(handle.step)
         except BaseException as exc:
             handle.staged.set_exception(exc)
@@ -242,7 +250,7 @@ class SaveQueue:
                 with instrument.bound(recorder):
                     dcp.save(staged_sd, storage_writer=writer, process_group=process_group)
             except BaseException as exc:
-                raise save_error(exc, handle.step, handle.url) from exc
+                _raise_save_error(exc, handle.step, handle.url)
             with instrument.bound(recorder):
                 after_commit(handle.step)
         except BaseException as exc:
@@ -269,6 +277,17 @@ class SaveQueue:
             recorder.finish(blocked_s=_blocked(handle))
         handle.committed.set_result(None)
         on_committed()
+
+
+def _raise_save_error(exc: BaseException, step: int, url: str) -> NoReturn:
+    """Raise :func:`save_error` of ``exc``: chained to DCP's wrapper, except an interrupt,
+    which is raised as itself (its own traceback, no wrapper in front of it)."""
+    err = save_error(exc, step, url)
+    if err is exc:
+        raise exc
+    if isinstance(err, (KeyboardInterrupt, SystemExit)):
+        raise err from None
+    raise err from exc
 
 
 def _blocked(handle: SaveHandle) -> float | None:

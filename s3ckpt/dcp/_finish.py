@@ -49,7 +49,7 @@ from s3ckpt.format import (
     object_key,
     save_tag,
 )
-from s3ckpt.metrics.instrument import in_context
+from s3ckpt.metrics.instrument import expecting, in_context
 from s3ckpt.store import ObjectStore
 from s3ckpt.store.base import DeleteFailure, DeleteFailures, ObjectInfo
 from s3ckpt.transfer import format_leftovers
@@ -89,6 +89,9 @@ class SaveCommit:
 
     Attributes:
         manifest: The committed manifest, set at the commit point (None before).
+        left_behind: Whether a failed commit may have left objects of this save behind
+            (True until its own objects are deleted without a failure): what the writer
+            records a failure for.
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class SaveCommit:
         self.metrics = metrics
         self.user = user
         self.manifest: Manifest | None = None
+        self.left_behind = True
 
     def run(
         self,
@@ -330,13 +334,17 @@ class SaveCommit:
         for _ in range(3):
             etag = previous[1] if previous is not None else None
             try:
-                if previous is not None and etag:
-                    self.store.put(marker, body, if_match=etag)
-                else:
-                    self.store.put(marker, body, if_none_match=previous is None)
+                # A 412 (or a 404 on If-Match) is a race this loop decides: not a failure.
+                with expecting("not_found", "precondition_failed"):
+                    if previous is not None and etag:
+                        self.store.put(marker, body, if_match=etag)
+                    else:
+                        self.store.put(marker, body, if_none_match=previous is None)
                 return
             except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
                 failure: BaseException = exc
+            except (KeyboardInterrupt, SystemExit):
+                raise  # the PUT may be on the wire and applied: keep what the marker names
             except BaseException:
                 self._discard(own)  # the request was never sent, or was refused outright
                 raise
@@ -465,6 +473,7 @@ class SaveCommit:
 
     def _discard(self, keys: list[str]) -> None:
         failures = delete_own(self.store, self.url, keys)
+        self.left_behind = bool(failures)
         if failures:
             log.error("%s", format_leftovers([f.key for f in failures]))
 

@@ -29,6 +29,7 @@ from s3ckpt.format import (
     owned_tag,
     shard_tag,
 )
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
 
@@ -85,7 +86,8 @@ def locate(
     marker_key = url.key(MANIFEST_NAME)
     manifest: Manifest | None = None
     try:
-        manifest = Manifest.from_json(store.get(marker_key), where=marker_key)
+        with expecting("not_found"):  # no marker: a stock DCP checkpoint, or uncommitted
+            manifest = Manifest.from_json(store.get(marker_key), where=marker_key)
     except ObjectNotFoundError:
         pass
     if manifest is None:

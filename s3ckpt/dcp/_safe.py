@@ -33,7 +33,17 @@ from typing import Any, TypeAlias
 
 import torch
 
-__all__ = ["SAFE_GLOBALS", "SafeGlobal", "check_item", "global_name", "missing_global", "reason"]
+from s3ckpt.dcp._numpy_safe import numpy_globals
+
+__all__ = [
+    "SAFE_GLOBALS",
+    "SafeGlobal",
+    "check_item",
+    "global_name",
+    "missing_global",
+    "missing_globals",
+    "reason",
+]
 
 SafeGlobal: TypeAlias = Callable[..., Any] | tuple[Callable[..., Any], str]
 """What ``torch.serialization.add_safe_globals`` takes: a class or function, or a pair of
@@ -70,11 +80,13 @@ SAFE_GLOBALS: tuple[SafeGlobal, ...] = (
     datetime.timedelta,
     datetime.timezone,
     uuid.UUID,
+    *numpy_globals(),
 )
-"""Standard-library value types every :class:`~s3ckpt.dcp.S3StorageReader` lets
-non-tensor items rebuild, on top of torch's ``weights_only`` defaults: the hyperparameters
-frameworks put in checkpoints (Lightning's ``hparams``, an ``argparse.Namespace`` of a
-script's arguments, paths, timestamps, run ids).
+"""Standard-library value types (and NumPy arrays, dtypes and scalars) that every
+:class:`~s3ckpt.dcp.S3StorageReader` lets non-tensor items rebuild, on top of torch's
+``weights_only`` defaults: the hyperparameters frameworks put in checkpoints (Lightning's
+``hparams``, an ``argparse.Namespace`` of a script's arguments, paths, timestamps, run ids)
+and the NumPy values of data pipelines and registered objects.
 
 Why these are safe to allow: the restricted unpickler can only *call* a listed class with
 arguments that are themselves allowed values, create it with ``cls.__new__``, and set its
@@ -88,6 +100,13 @@ Deliberately left out: ``zoneinfo.ZoneInfo`` (rebuilding one reads the time-zone
 from disk), ``decimal.Decimal`` and ``fractions.Fraction`` (rarely hyperparameters), enums
 and dataclasses (your own classes: pass them as ``safe_globals``). ``WindowsPath`` and
 ``PosixPath`` rebuild only on their own OS; the other OS's concrete path fails to load.
+
+NumPy (when installed): arrays, dtypes and scalars of booleans, numbers, fixed-width
+strings, structured (object-free) records and datetimes load; arrays of Python objects,
+``ndarray`` subclasses and direct ``numpy.ndarray(...)`` calls are refused. Its entries are
+gates around NumPy's own functions, registered under the names NumPy's pickles call
+(``numpy.dtype``, ``numpy._core.multiarray._reconstruct``, ...): see
+:mod:`s3ckpt.dcp._numpy_safe`.
 """
 
 _torch_globals = threading.Lock()
@@ -114,6 +133,24 @@ def missing_global(exc: BaseException) -> str | None:
         if found is not None:
             return found.group(1).strip()
     return None
+
+
+def missing_globals(
+    data: bytes | bytearray | memoryview, allowed: Sequence[SafeGlobal], exc: BaseException
+) -> list[str]:
+    """Every global the ``torch.save`` bytes ``data`` name that neither torch nor
+    ``allowed`` admits, the one ``exc`` (torch's refusal) names first: torch stops at the
+    first, and a user adding them one load at a time should not have to."""
+    first = missing_global(exc)
+    try:
+        named = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+    except Exception:  # not a zip torch.save file: torch's own refusal says enough
+        named = []
+    ok = {global_name(g) for g in allowed}
+    rest = sorted(n for n in named if n not in ok and n != first)
+    if first is None or any(n.endswith(f".{first}") for n in rest):  # torch's short form
+        return rest
+    return [first, *rest]
 
 
 def reason(exc: BaseException) -> str:

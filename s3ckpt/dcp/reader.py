@@ -62,12 +62,13 @@ from s3ckpt.dcp._fanout import (
     plan_fan_out,
 )
 from s3ckpt.dcp._locate import locate, object_keys, open_location, parse_location
+from s3ckpt.dcp._match import mismatch_error, planned_shapes
 from s3ckpt.dcp._safe import (
     SAFE_GLOBALS,
     SafeGlobal,
     check_item,
     global_name,
-    missing_global,
+    missing_globals,
     reason,
 )
 from s3ckpt.dcp._torch import StorageInfo, transform_load_stream
@@ -77,6 +78,7 @@ from s3ckpt.errors import (
     ChecksumMismatchError,
     ConfigError,
     CorruptCheckpointError,
+    StateMismatchError,
     UnsafeCheckpointError,
 )
 from s3ckpt.format import (
@@ -181,6 +183,8 @@ class S3StorageReader(StorageReader):
         CorruptCheckpointError: the marker or metadata is malformed or inconsistent.
         UnsafeCheckpointError: ``.metadata`` asks to unpickle a non-DCP type (and, while
             loading, a non-tensor item a global outside the allow-list).
+        StateMismatchError: while loading, a destination of another shape than saved
+            (a planner without torch's size check; ``check_state_dict`` checks up front).
     """
 
     def __init__(
@@ -329,6 +333,8 @@ class S3StorageReader(StorageReader):
         Without a Checkpointer around it, publishes this rank's ``"load"`` event
         (:mod:`s3ckpt.metrics`) when it ends."""
         with self._report.active(self._end_metrics):
+            if shapes := planned_shapes(plan, planner, self.metadata):  # before any byte
+                raise mismatch_error(shapes, [], [], self.url, self.rank)
             if isinstance(plan.storage_data, FanOutPlan):
                 FanOutRead(self, plan.storage_data, planner).run(plan)
             else:
@@ -479,13 +485,15 @@ class S3StorageReader(StorageReader):
             piece = _narrow(tensor, read.storage_offsets, read.lengths)
             with lock:
                 dest = planner.resolve_tensor(read).detach()
-            if dest.size() != piece.size():
-                raise CorruptCheckpointError(
-                    f"{read.storage_index.fqn}: saved chunk slice has shape {tuple(piece.size())}, "
-                    f"destination has {tuple(dest.size())}",
+            if dest.size() != piece.size():  # a planner that skipped torch's size check
+                shape = (tuple(piece.size()), tuple(dest.size()))
+                raise StateMismatchError(
+                    f"{read.storage_index.fqn}: saved as {shape[0]}, destination {shape[1]}: "
+                    "the checkpoint does not fit the state dict. Load one saved from this model",
                     bucket=self.store.bucket,
                     key=key,
                     rank=self.rank,
+                    shapes={read.storage_index.fqn: shape},
                 )
             dest.copy_(piece)
             with lock:
@@ -547,15 +555,18 @@ class S3StorageReader(StorageReader):
     def _check_safe(self, buf: bytearray, key: str, fqn: str) -> None:
         if self.allow_unsafe_pickle:
             return
+        allowed = (*SAFE_GLOBALS, *self.safe_globals)
         try:
-            check_item(buf, (*SAFE_GLOBALS, *self.safe_globals))
+            check_item(buf, allowed)
         except Exception as exc:
-            name = missing_global(exc)
-            if name is not None:
+            names = missing_globals(buf, allowed, exc)
+            if names:
+                name = ", ".join(names)
                 what = f"needs {name}, which the safe loader does not allow"
+                kinds = "these are plain value types" if names[1:] else "it is a plain value type"
                 allow = (
-                    f"If {name} is a plain value type, pass safe_globals=[{name}] to the "
-                    "reader (Checkpointer.load takes it too)"
+                    f"If {kinds}, pass safe_globals=[{name}] to the reader (Checkpointer.load "
+                    "takes it too)"
                 )
             else:
                 what = f"does not load with torch.load(weights_only=True): {reason(exc)}"

@@ -7,6 +7,11 @@ Building blocks (what ``Checkpointer.load(..., verify_complete=True)`` calls)::
              planner=DefaultLoadPlanner(allow_partial_load=True))
     check_restored(state_dict, reader.read_metadata())   # raises IncompleteRestoreError
 
+Before a load, :func:`check_state_dict` compares the destination with the checkpoint's
+``.metadata`` (shapes and keys, no data read) and raises
+:class:`~s3ckpt.errors.StateMismatchError` while the model is still untouched; torch's own
+planner would raise a bare ``ValueError`` / ``RuntimeError`` inside a ``CheckpointException``.
+
 An entry of the destination is *not restored* when its key is missing from the checkpoint,
 or when NaN is left in a region of the tensor that no saved chunk covers. NaN inside a
 region the checkpoint covers is the saved value (a model can legitimately hold NaN), so it
@@ -20,10 +25,11 @@ chunks overlapping it; a rank that finds a gap raises on that rank.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
@@ -31,14 +37,15 @@ from torch.distributed.checkpoint.planner import LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp._match import Shape, compare, mismatch_error
 from s3ckpt.dcp._quiet import quiet_dcp
 from s3ckpt.dcp._torch import flatten_state_dict, local_chunks
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.store import ObjectStore
-from s3ckpt.uri import as_url
+from s3ckpt.uri import StoreURL, as_url
 
-__all__ = ["check_restored", "fill_nan", "find_unrestored", "load_verified"]
+__all__ = ["check_restored", "check_state_dict", "fill_nan", "find_unrestored", "load_verified"]
 
 
 def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
@@ -147,6 +154,66 @@ def check_restored(state_dict: Any, metadata: Metadata) -> None:
     )
 
 
+def check_state_dict(
+    state_dict: Any,
+    metadata: Metadata,
+    *,
+    strict: bool = True,
+    unexpected_under: Sequence[str] = (),
+    process_group: Any = None,
+    url: StoreURL | None = None,
+) -> None:
+    """Raise :class:`~s3ckpt.errors.StateMismatchError` if ``state_dict`` cannot be loaded
+    from a checkpoint with ``metadata``; reads no data and changes nothing.
+
+    Checked: every tensor has the shape it was saved with (always: no load can fill a
+    tensor of another shape), and with ``strict`` every key of ``state_dict`` is in the
+    checkpoint (missing keys) and every key the checkpoint holds under the top-level
+    entries ``unexpected_under`` (``("model",)`` for a Checkpointer) is in ``state_dict``
+    (unexpected keys: a checkpoint of another architecture). Other keys of the checkpoint
+    are not checked: loading a part of a checkpoint (the model without the optimizer) is
+    normal. ``strict=False`` is torch's partial load: missing keys keep their values.
+
+    A collective call when ``torch.distributed`` is initialised (as ``dcp.load`` is): the
+    ranks' findings are gathered (one ``all_gather_object`` over ``process_group``) and
+    every rank raises the same error, so no rank goes on into ``dcp.load`` alone. A key
+    is unexpected only if no rank's state dict holds it (pipeline stages each hold a part
+    of the model).
+
+    Args:
+        state_dict: The destination, as for ``dcp.load`` (nested; DTensor welcome).
+        metadata: The checkpoint's metadata (``reader.read_metadata()``).
+        strict: Check keys as well as shapes.
+        unexpected_under: Top-level entries whose saved keys must all be wanted.
+        process_group: The group of the load (``None``: the default group).
+        url: The checkpoint, named in the error.
+
+    Raises:
+        StateMismatchError: naming the keys, both shapes, the checkpoint and what to do.
+    """
+    found = compare(state_dict, metadata, unexpected_under if strict else ())
+    if dist.is_available() and dist.is_initialized():
+        everyone: list[Any] = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(everyone, found, group=process_group)
+    else:
+        everyone = [found]
+    shapes: dict[str, tuple[Shape, Shape]] = {}
+    missing: dict[str, None] = {}
+    first: int | None = None
+    for r, (s, m, _u) in enumerate(everyone):
+        if s or (strict and m):
+            first = r if first is None else first
+        shapes.update({k: v for k, v in s.items() if k not in shapes})
+        missing.update(dict.fromkeys(m))
+    unexpected = set(everyone[0][2]).intersection(*(u for _s, _m, u in everyone[1:]))
+    unexpected_keys = [k for k in everyone[0][2] if k in unexpected]
+    if not strict:
+        missing, unexpected_keys = {}, []
+    if not (shapes or missing or unexpected_keys):
+        return
+    raise mismatch_error(shapes, list(missing), unexpected_keys, url, first)
+
+
 def load_verified(
     state_dict: Any,
     path_or_reader: str | os.PathLike[str] | StorageReader,
@@ -159,7 +226,9 @@ def load_verified(
 ) -> Metadata:
     """``dcp.load`` into ``state_dict`` in place and prove every entry was restored.
 
-    Fills floating-point destinations with NaN, loads with
+    Checks shapes first (:func:`check_state_dict` with ``strict=False``: a tensor of
+    another shape raises :class:`~s3ckpt.errors.StateMismatchError` before anything is
+    filled), then fills floating-point destinations with NaN, loads with
     ``DefaultLoadPlanner(allow_partial_load=True)`` (so a missing key is reported with the
     others instead of aborting the load), then :func:`check_restored`.
 
@@ -174,6 +243,7 @@ def load_verified(
         The checkpoint's metadata.
 
     Raises:
+        StateMismatchError: a tensor was saved with another shape (nothing changed).
         IncompleteRestoreError: naming every entry not restored.
     """
     if isinstance(path_or_reader, StorageReader):
@@ -185,6 +255,9 @@ def load_verified(
             transfer_config=transfer_config,
             store=store,
         )
+    metadata = reader.read_metadata()
+    url = reader.url if isinstance(reader, S3StorageReader) else None
+    check_state_dict(state_dict, metadata, strict=False, process_group=process_group, url=url)
     fill_nan(state_dict)
     with quiet_dcp():
         dcp.load(

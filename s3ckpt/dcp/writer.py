@@ -17,7 +17,10 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
    and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
    item and per part; whole parts of a large contiguous CPU tensor are sent from its own
    memory, see :class:`~s3ckpt.transfer.ObjectSink`), beating the rank's heartbeat
-   every 15 s meanwhile. On any failure: abort open uploads, delete completed objects.
+   every 15 s meanwhile. On any failure (Ctrl-C included): abort open uploads, delete
+   completed objects; where anything of the save may be left (a delete failed, or other
+   ranks uploaded), record the failure (``s3ckpt.failed.{tag}.{rank}``, best effort;
+   :func:`~s3ckpt._commit.record_failure`); re-raise.
 5. ``finish`` (coordinator): the commit (:class:`~s3ckpt.dcp._finish.SaveCommit`); see
    :meth:`S3StorageWriter.finish` and "The commit protocol" in docs/dcp.md.
 
@@ -37,8 +40,16 @@ names, and gc can prove what is s3ckpt's. A failed overwrite therefore leaves th
 checkpoint loadable.
 
 Known limit: when one rank fails, DCP does not tell the other ranks, so objects they
-already completed stay behind, uncommitted (no marker refers to them). ``s3ckpt gc``
-removes them once the save's heartbeats are older than its grace period.
+already completed stay behind, uncommitted (no marker refers to them). The failing rank's
+failure record makes ``s3ckpt gc`` remove them a minute later (``ls`` lists the prefix as failed);
+without the record (it could not be written, the process was killed) gc removes them once
+the save's heartbeats are older than its grace period.
+
+Ctrl-C: a ``KeyboardInterrupt`` in ``write_data`` gets the cleanup above; one during the
+commit's marker PUT keeps this save's objects (the PUT may have been applied: the marker
+decides, and gc removes them if it is not there). DCP wraps the interrupt in its
+``CheckpointException``: :func:`~s3ckpt.errors.find_interrupt` digs it out (the
+Checkpointer re-raises it as ``KeyboardInterrupt``).
 """
 
 from __future__ import annotations
@@ -58,7 +69,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from s3ckpt._commit import Heartbeat, heartbeat_body
+from s3ckpt._commit import Heartbeat, heartbeat_body, record_failure
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
 from s3ckpt.dcp._locate import open_location, parse_location
@@ -103,6 +114,8 @@ class _RankPlan:
     tag: str
     layout: HashedPrefixes | None = None
     """Where data objects go: the coordinator's choice, so every rank follows one layout."""
+    world: int = 1
+    """Ranks in the save (a failing rank records the failure when others may leave data)."""
 
 
 def _exists(store: ObjectStore, key: str) -> bool:
@@ -113,11 +126,12 @@ def _exists(store: ObjectStore, key: str) -> bool:
     s3:GetObject.
     """
     try:
-        reader = store.open_range(key, 0, 1)
-        try:
-            reader.readinto(memoryview(bytearray(1)))
-        finally:
-            reader.close()
+        with instrument.expecting("not_found"):  # a probe: 404 is the usual answer
+            reader = store.open_range(key, 0, 1)
+            try:
+                reader.readinto(memoryview(bytearray(1)))
+            finally:
+                reader.close()
     except ObjectNotFoundError:
         return False
     return True
@@ -296,7 +310,10 @@ class S3StorageWriter(StorageWriter):
             self._beat()
         return [
             dataclasses.replace(
-                plan, storage_data=_RankPlan(rank=i, tag=tag, layout=self.prefix_strategy)
+                plan,
+                storage_data=_RankPlan(
+                    rank=i, tag=tag, layout=self.prefix_strategy, world=len(plans)
+                ),
             )
             for i, plan in enumerate(plans)
         ]
@@ -355,6 +372,11 @@ class S3StorageWriter(StorageWriter):
                 log.error("rank %d: %s", rank_plan.rank, format_leftovers(leftovers))
             if isinstance(exc, S3CkptError) and exc.rank is None:
                 exc.rank = rank_plan.rank
+            # This save can never commit now (DCP fails it on every rank): where anything
+            # of it may be left (here, or by the other ranks), say so, so that it is not
+            # "in progress" until the grace period ends.
+            if leftovers or rank_plan.world > 1:
+                record_failure(self.store, self.url, rank_plan.tag, rank_plan.rank, self.step, exc)
             raise
         finally:
             heartbeat.stop()
@@ -440,6 +462,13 @@ class S3StorageWriter(StorageWriter):
         try:
             with self._report.active(self._end_metrics):
                 commit.run(metadata, results, self.storage_meta())
+        except BaseException as exc:
+            # Not committed by us (a marker that landed anyway wins over the record), and
+            # its objects kept (an unknown outcome) or not all deleted.
+            if commit.manifest is None and commit.left_behind:
+                tag = save_tag(self.save_id)
+                record_failure(self.store, self.url, tag, self.rank, self.step, exc)
+            raise
         finally:
             if commit.manifest is not None:
                 self.last_manifest = commit.manifest

@@ -28,22 +28,48 @@ What happens to Lightning's calls:
   GETs, every CRC32C checked. Non-tensor values (hyperparameters, loop state) are
   unpickled by the safe loader with s3ckpt's allow-list (:data:`s3ckpt.dcp.SAFE_GLOBALS`)
   plus ``safe_globals``; Lightning's ``weights_only=False`` means "I trust this bucket"
-  and loads them with full pickle instead.
+  and loads them with full pickle instead. The dict has Lightning's normal shape (a
+  sharded checkpoint of :class:`S3ModelParallelStrategy` too: full tensors). A stock
+  Lightning checkpoint, one ``torch.save`` object (written through s3fs before the move),
+  is streamed and loaded under the same rules, so ``fit(ckpt_path="s3://.../last.ckpt")``
+  resumes it; a committed s3ckpt checkpoint at the same name wins. Nothing there raises
+  :class:`~s3ckpt.errors.CheckpointNotFoundError`, also a ``FileNotFoundError``.
 * ``remove_checkpoint(path)`` (``save_top_k`` dropping a checkpoint; rank 0):
-  :func:`s3ckpt.retention.delete_checkpoint`: marker first, under the run's lease; a
-  checkpoint that is pinned, being written or the run's newest is refused with a warning
-  and left to retention, never deleted by force.
+  :func:`s3ckpt.retention.delete_checkpoint`: marker first, under the run's lease. A
+  removal is carried out once no save of that path is uploading and no ``ModelCheckpoint``
+  tracks it any more, so ``AsyncCheckpointIO(S3CheckpointIO())`` works: a checkpoint
+  removed while its save is queued or uploading is deleted after it commits. A refusal that
+  passes (the run's newest, a save writing it, a pruner's lease) is retried after each
+  later commit and at teardown; a pinned checkpoint is never deleted
+  (:mod:`s3ckpt.lightning._async`).
 * ``policy``: a retention policy run on rank 0 after each commit, in the background, over
   the run (the checkpoint's parent prefix); its passes are kept in
-  :attr:`S3CheckpointIO.retention_history`. Choose one that keeps what ``save_top_k``
-  tracks (say ``KeepLast(2) | KeepBest(3, "val_loss")``) or Lightning's ``ckpt_path="best"``
-  may name a pruned checkpoint.
+  :attr:`S3CheckpointIO.retention_history`. Whatever the policy, it never deletes what a
+  ``ModelCheckpoint`` tracks (``best_k_models``, ``best_model_path``,
+  ``kth_best_model_path``, ``last_model_path``, as the checkpoint being saved records
+  them): the plug-in runs ``policy | KeepTracked(...)``.
 
-``ModelCheckpoint`` itself lists, checks and time-stamps its folder through fsspec. When s3fs
-is not installed, the plug-in registers a small s3ckpt-backed fsspec file system for
-``s3://`` (``register_filesystem``), so an ``s3://`` dirpath works without s3fs; it also
-fixes ``ckpt_path="last"`` for object-store folders (Lightning normalises ``s3://b/x`` to
-``s3:/b/x`` and then finds nothing).
+What importing this module installs, for the whole process:
+
+* when s3fs is not installed (and no other file system is registered for ``s3://``), a
+  small s3ckpt-backed fsspec file system for ``s3://`` and ``s3a://``: a ``ModelCheckpoint``
+  is usually built before the Trainer and its plug-in and needs one then. It is complete
+  enough for ``ModelCheckpoint`` and Lightning's loggers (``CSVLogger("s3://...")``:
+  folders, ``metrics.csv`` appends, ``hparams.yaml``), see :mod:`s3ckpt.lightning._fs`.
+  s3fs, when installed, keeps ``s3://`` (``S3CheckpointIO(register_filesystem=True)``
+  replaces it);
+* ``ckpt_path="last"`` for object-store folders, whichever file system owns the scheme:
+  the candidates keep their scheme, and the newest is chosen by the store's time (an
+  s3ckpt checkpoint's commit marker), since s3fs cannot time a prefix
+  (:mod:`s3ckpt.lightning._last`);
+* ``AsyncCheckpointIO.teardown`` also tears the wrapped s3ckpt plug-in down (Lightning's
+  does not), so the last removals and retention passes finish with ``fit``;
+* ``MyModule.load_from_checkpoint("s3://.../epoch=0-step=16.ckpt")`` (and
+  ``LightningDataModule.load_from_checkpoint``): Lightning's ``pl_load`` is wrapped so that a
+  remote path holding an s3ckpt checkpoint (or, without s3fs, any ``s3://`` path) is read
+  as ``load_checkpoint`` reads it, ``map_location`` and ``weights_only`` honoured, the store
+  configured from the environment; everything else goes to Lightning's own function
+  (:mod:`s3ckpt.lightning._load`). Import ``s3ckpt.lightning`` before calling it.
 
 Sharded strategies (``ModelParallelStrategy``, i.e. FSDP2 and tensor parallelism) do not use
 ``CheckpointIO`` for sharded state: use :class:`S3ModelParallelStrategy`, which saves every
@@ -54,11 +80,18 @@ Needs ``pip install "s3ckpt[lightning]"``.
 
 from __future__ import annotations
 
-from s3ckpt.lightning._fs import _fix_find_last_checkpoints, _install_filesystem
+from s3ckpt.lightning._async import install_async_teardown
+from s3ckpt.lightning._fs import _install_filesystem
 from s3ckpt.lightning._io import S3CheckpointIO
+from s3ckpt.lightning._last import fix_find_last_checkpoints, fix_parse_ckpt_path
+from s3ckpt.lightning._load import install_load_hook
 from s3ckpt.lightning._strategy import S3ModelParallelStrategy
 
 __all__ = ["S3CheckpointIO", "S3ModelParallelStrategy"]
 
+# What importing does (see "What importing this module installs" above).
 _install_filesystem(None, None, None)
-_fix_find_last_checkpoints()
+fix_find_last_checkpoints()
+fix_parse_ckpt_path()
+install_async_teardown()
+install_load_hook()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -80,14 +81,48 @@ def _dcp_call() -> Iterator[None]:
 
 
 def _to_device(obj: Any, map_location: Any) -> Any:
-    if map_location is None or not isinstance(map_location, (str, torch.device)):
+    """``obj`` (a checkpoint read into CPU memory) with its tensors placed as torch.load's
+    ``map_location`` would place tensors saved on the CPU: a device (``str``, ``int`` or
+    :class:`torch.device`); a dict, by its ``"cpu"`` entry; a function, called as
+    ``fn(storage, "cpu")`` (Lightning's default keeps CPU tensors where they are).
+    A DCP checkpoint does not record the device a tensor was saved from, so ``"cpu"`` is
+    the only source location a mapping can name."""
+    if map_location is None:
         return obj
+    if isinstance(map_location, dict):
+        target = map_location.get("cpu")
+        return obj if target is None else _to_device(obj, target)
+    if isinstance(map_location, (str, int, torch.device)):
+        device = torch.device(map_location)
+        return _map_tensors(obj, lambda t: t.to(device))
+    if callable(map_location):
+        fn = map_location
+
+        def place(t: torch.Tensor) -> torch.Tensor:
+            moved = fn(t.untyped_storage(), "cpu")
+            if moved is None or moved.device == t.device:
+                return t
+            return t.to(moved.device)
+
+        return _map_tensors(obj, place)
+    return obj
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor; containers keep their type (an
+    ``OrderedDict`` its ``_metadata``)."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(map_location)
+        return fn(obj)
     if isinstance(obj, dict):
-        return {k: _to_device(v, map_location) for k, v in obj.items()}
+        out = type(obj)() if type(obj) in (dict, OrderedDict) else {}
+        for k, v in obj.items():
+            out[k] = _map_tensors(v, fn)
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None and isinstance(out, OrderedDict):
+            setattr(out, "_metadata", meta)  # noqa: B010
+        return out
     if isinstance(obj, list):
-        return [_to_device(v, map_location) for v in obj]
+        return [_map_tensors(v, fn) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_to_device(v, map_location) for v in obj)
+        return tuple(_map_tensors(v, fn) for v in obj)
     return obj

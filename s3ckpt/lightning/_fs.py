@@ -1,26 +1,51 @@
-"""fsspec: ModelCheckpoint's view of an s3:// folder without s3fs, and ckpt_path="last"."""
+"""fsspec: the ``s3://`` file system the process gets when s3fs is missing.
+
+``ModelCheckpoint`` lists, checks and time-stamps its folder through fsspec, and is usually
+built before the Trainer and its plug-in; Lightning's loggers (``CSVLogger("s3://...")``)
+make folders, write, append to and delete small files through it. Without s3fs, fsspec has
+nothing for ``s3://``, so importing ``s3ckpt.lightning`` registers :class:`_S3CkptFileSystem`
+for ``s3://`` and ``s3a://`` for the whole process, and it is complete enough for both:
+
+* a checkpoint is a directory; its modification time is its commit marker's (store time);
+* ``makedirs`` / ``mkdir`` remember the folder in this process (object stores have no
+  folders: it exists on S3 once a file is written under it), so ``isdir`` and ``ls`` see
+  it at once, as loggers expect;
+* ``open`` reads, writes (one PUT on close), appends (read, then one PUT of the whole
+  file on close: meant for small files such as ``metrics.csv``) and ``x`` (refused when
+  the object exists), in binary and text modes;
+* ``rm_file`` deletes one plain object. A checkpoint (a folder), and any object inside a
+  committed s3ckpt checkpoint, is refused: checkpoints are deleted through
+  :func:`s3ckpt.retention.delete_checkpoint`, which keeps the commit protocol's promises.
+
+It is not registered when s3fs is installed, nor over a file system someone else
+registered for ``s3://`` (``S3CheckpointIO(register_filesystem=True)`` replaces either).
+"""
 
 from __future__ import annotations
 
 import io
-import os
 import threading
-from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import fsspec
 from fsspec import AbstractFileSystem, register_implementation
-from fsspec.core import split_protocol
-from lightning.pytorch.callbacks.model_checkpoint import ModelCheckpoint
 
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.format import MANIFEST_NAME
 from s3ckpt.store import ObjectStore, open_store
+
+__all__ = ["_S3CkptFileSystem", "_install_filesystem"]
+
+_PROTOCOLS = ("s3", "s3a")
 
 # The configuration the file system opens stores with: the environment's until an
 # S3CheckpointIO names its own (the last one constructed wins), and the stores opened.
 _FS_CONFIG: dict[str, Any] = {}
 _FS_STORES: dict[tuple[str, int], ObjectStore] = {}
+# Folders made in this process ((bucket, key) pairs): they exist before anything is in them.
+_MADE: set[tuple[str, str]] = set()
 _FS_LOCK = threading.Lock()
 
 
@@ -32,22 +57,31 @@ def _s3fs_installed() -> bool:
     return True
 
 
+def _owned_by_another() -> bool:
+    """Whether a file system other than ours and s3fs's is registered for ``s3://``."""
+    current = fsspec.registry.get("s3")
+    if current is None or current is _S3CkptFileSystem:
+        return False
+    return not str(getattr(current, "__module__", "")).startswith("s3fs")
+
+
 def _install_filesystem(
     s3_config: S3Config | None, transfer_config: TransferConfig | None, register: bool | None
 ) -> None:
-    """Register the file system for ``s3://`` (``register=None``: when s3fs is missing).
+    """Register the file system for ``s3://`` (``register=None``: when s3fs is missing and
+    no other file system is registered for it; ``True``: in any case; ``False``: never).
 
-    Done once when this module is imported, since a ``ModelCheckpoint`` is usually built
-    before the Trainer and its plug-in, and again by each :class:`S3CheckpointIO` to pass
-    its configuration on."""
+    Done once when ``s3ckpt.lightning`` is imported, since a ``ModelCheckpoint`` is usually
+    built before the Trainer and its plug-in, and again by each :class:`S3CheckpointIO` to
+    pass its configuration on."""
     if register is None:
-        register = not _s3fs_installed()
+        register = not _s3fs_installed() and not _owned_by_another()
     if not register:
         return
     with _FS_LOCK:
         if s3_config is not None:
             _FS_CONFIG.update(s3_config=s3_config, transfer_config=transfer_config)
-    for protocol in ("s3", "s3a"):
+    for protocol in _PROTOCOLS:
         register_implementation(protocol, _S3CkptFileSystem, clobber=True)
 
 
@@ -66,13 +100,16 @@ def _fs_store(bucket: str) -> ObjectStore:
         return store
 
 
-class _S3CkptFileSystem(AbstractFileSystem):
-    """The part of an fsspec file system Lightning's ModelCheckpoint uses (exists, ls,
-    isdir, modified, small files), over s3ckpt's store. A checkpoint is a directory; its
-    modification time is its commit marker's. Deleting is not offered here: checkpoints
-    are removed through :func:`s3ckpt.retention.delete_checkpoint`."""
+def _made(bucket: str, key: str) -> bool:
+    with _FS_LOCK:
+        return (bucket, key) in _MADE
 
-    protocol = ("s3", "s3a")
+
+class _S3CkptFileSystem(AbstractFileSystem):
+    """An fsspec file system for ``s3://`` over s3ckpt's store: what Lightning's
+    ``ModelCheckpoint`` and loggers use (see the module)."""
+
+    protocol = _PROTOCOLS
     root_marker = ""
 
     @classmethod
@@ -101,35 +138,44 @@ class _S3CkptFileSystem(AbstractFileSystem):
             }
         for _ in store.list(key + "/"):
             return {"name": f"{bucket}/{key}", "size": 0, "type": "directory"}
+        if _made(bucket, key):
+            return {"name": f"{bucket}/{key}", "size": 0, "type": "directory"}
         raise FileNotFoundError(str(path))
 
     def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
         store, bucket, key = self._split(path)
         prefix = key + "/" if key else ""
-        entries: list[dict[str, Any]] = [
-            {"name": f"{bucket}/{p.rstrip('/')}", "size": 0, "type": "directory"}
-            for p in store.list_prefixes(prefix)
-        ]
+        found: dict[str, dict[str, Any]] = {}
+        for p in store.list_prefixes(prefix):
+            name = f"{bucket}/{p.rstrip('/')}"
+            found[name] = {"name": name, "size": 0, "type": "directory"}
         for obj in store.list(prefix):
             if "/" not in obj.key[len(prefix) :]:
-                entries.append(
-                    {
-                        "name": f"{bucket}/{obj.key}",
-                        "size": obj.size,
-                        "type": "file",
-                        "mtime": obj.last_modified,
-                    }
-                )
+                name = f"{bucket}/{obj.key}"
+                found[name] = {
+                    "name": name,
+                    "size": obj.size,
+                    "type": "file",
+                    "mtime": obj.last_modified,
+                }
+        with _FS_LOCK:
+            made = [k for b, k in _MADE if b == bucket and k.rpartition("/")[0] == key]
+        for k in made:
+            found.setdefault(
+                f"{bucket}/{k}", {"name": f"{bucket}/{k}", "size": 0, "type": "directory"}
+            )
+        entries = sorted(found.values(), key=lambda e: e["name"])
         if not entries:
             entries = [self.info(path)]  # a file, or FileNotFoundError
-        entries.sort(key=lambda e: e["name"])
+            if entries[0]["type"] == "directory":
+                entries = []  # a folder made here, still empty
         return entries if detail else [e["name"] for e in entries]
 
     def modified(self, path: Any) -> datetime:
         store, _, key = self._split(path)
         marker = store.head(f"{key}/{MANIFEST_NAME}") if key else None
         head = marker or (store.head(key) if key else None)
-        stamps: Iterable[float | None]
+        stamps: list[float | None]
         if head is not None:
             stamps = [head.last_modified]
         else:
@@ -140,50 +186,78 @@ class _S3CkptFileSystem(AbstractFileSystem):
         return datetime.fromtimestamp(max(known), UTC)
 
     def makedirs(self, path: Any, exist_ok: bool = False) -> None:
-        """Nothing to do: prefixes exist once an object is written under them."""
+        """Remember the folder (and its parents) in this process: see the module."""
+        store, bucket, key = self._split(path)
+        if key and store.head(key) is not None:
+            raise FileExistsError(f"{path} is a file")
+        with _FS_LOCK:
+            parts = key.split("/") if key else []
+            for i in range(1, len(parts) + 1):
+                _MADE.add((bucket, "/".join(parts[:i])))
 
     def mkdir(self, path: Any, create_parents: bool = True, **kwargs: Any) -> None:
-        """Nothing to do: prefixes exist once an object is written under them."""
+        """Remember the folder in this process: see the module."""
+        self.makedirs(path, exist_ok=True)
+
+    def rmdir(self, path: Any) -> None:
+        """Forget a folder made in this process (objects under it stay)."""
+        _, bucket, key = self._split(path)
+        with _FS_LOCK:
+            _MADE.discard((bucket, key))
+
+    def rm_file(self, path: Any) -> None:
+        """Delete one plain object; a checkpoint, or a file inside one, is refused."""
+        store, bucket, key = self._split(path)
+        if not key or store.head(key) is None:
+            if key and _made(bucket, key):
+                self.rmdir(path)
+                return
+            if key and self.isdir(path):
+                raise IsADirectoryError(
+                    f"s3://{bucket}/{key} is a folder (a checkpoint?): delete a checkpoint "
+                    "with s3ckpt.retention.delete_checkpoint or `s3ckpt rm`"
+                )
+            raise FileNotFoundError(str(path))
+        parent = key.rpartition("/")[0]
+        if parent and store.head(f"{parent}/{MANIFEST_NAME}") is not None:
+            raise PermissionError(
+                f"s3://{bucket}/{key} belongs to the committed checkpoint s3://{bucket}/{parent}: "
+                "delete it whole with s3ckpt.retention.delete_checkpoint or `s3ckpt rm`"
+            )
+        failures = store.delete([key])
+        if failures:
+            raise OSError(f"could not delete s3://{bucket}/{key}: {failures[0]}")
+
+    def _rm(self, path: Any) -> None:
+        self.rm_file(path)
 
     def _open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
-        store, _, key = self._split(path)
+        store, bucket, key = self._split(path)
         if "r" in mode:
-            return io.BytesIO(store.get(key))
-        return _PutOnClose(store, key)
+            try:
+                return io.BytesIO(store.get(key))
+            except ObjectNotFoundError as exc:
+                raise FileNotFoundError(f"s3://{bucket}/{key}") from exc
+        if "x" in mode and store.head(key) is not None:
+            raise FileExistsError(f"s3://{bucket}/{key}")
+        start = b""
+        if "a" in mode:
+            try:
+                start = store.get(key)
+            except ObjectNotFoundError:
+                pass
+        return _PutOnClose(store, key, start)
 
 
 class _PutOnClose(io.BytesIO):
-    """A small file written with one PUT when closed (best_k_models.yaml, hparams)."""
+    """A small file written with one PUT when closed (hparams.yaml, metrics.csv)."""
 
-    def __init__(self, store: ObjectStore, key: str) -> None:
-        super().__init__()
+    def __init__(self, store: ObjectStore, key: str, start: bytes = b"") -> None:
+        super().__init__(start)
+        self.seek(0, io.SEEK_END)
         self._store, self._key = store, key
 
     def close(self) -> None:
         if not self.closed:
             self._store.put(self._key, self.getvalue())
         super().close()
-
-
-# -- ckpt_path="last" on an object store --------------------------------------------------------
-
-
-def _fix_find_last_checkpoints() -> None:
-    """Give ``ModelCheckpoint._find_last_checkpoints`` back its URL scheme for remote
-    folders: upstream passes fsspec's scheme-less names through ``os.path.normpath``, so
-    ``s3://b/run/last.ckpt`` becomes ``b/run/last.ckpt`` (a local path) and
-    ``ckpt_path="last"`` finds nothing on S3."""
-    original = ModelCheckpoint._find_last_checkpoints
-    if getattr(original, "_s3ckpt_fixed", False):
-        return
-
-    def _find_last_checkpoints(self: ModelCheckpoint, trainer: Any) -> set[str]:
-        found: set[str] = original(self, trainer)
-        protocol, _ = split_protocol(str(self.dirpath or ""))
-        if protocol in (None, "file", "local"):
-            return found
-        prefix = f"{protocol}://"
-        return {p if p.startswith(prefix) else prefix + p.replace(os.sep, "/") for p in found}
-
-    _find_last_checkpoints._s3ckpt_fixed = True  # type: ignore[attr-defined]
-    ModelCheckpoint._find_last_checkpoints = _find_last_checkpoints

@@ -10,31 +10,25 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.plugins.io import CheckpointIO
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from s3ckpt.checkpointer import RetentionRecord, RetentionRunner, load_policy
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageReader, S3StorageWriter
-from s3ckpt.errors import (
-    CheckpointError,
-    CheckpointNotFoundError,
-    LeaseHeldError,
-    ObjectNotFoundError,
-    S3CkptError,
-)
+from s3ckpt.errors import CheckpointError
+from s3ckpt.lightning._async import Removals
 from s3ckpt.lightning._common import (
     _REST,
     _dcp_call,
     _is_remote,
     _metrics_of,
     _skeleton,
-    _to_device,
-    log,
 )
 from s3ckpt.lightning._fs import _install_filesystem
+from s3ckpt.lightning._load import LoadSettings, load_remote, open_reader
+from s3ckpt.lightning._tracked import Tracking, protect
 from s3ckpt.retention import DEFAULT_GRACE, Policy, delete_checkpoint
 from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.tools import flatten_state_dict, unflatten_state_dict
+from s3ckpt.tools import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
 from s3ckpt.uri import StoreURL, parse_url
 
 
@@ -47,7 +41,8 @@ class S3CheckpointIO(CheckpointIO):
     Args:
         policy: Retention after each commit on rank 0: a
             :class:`~s3ckpt.retention.Policy`, a built-in policy name (``"pretraining"``)
-            or a TOML policy file; ``None`` leaves pruning to ``save_top_k``.
+            or a TOML policy file; ``None`` leaves pruning to ``save_top_k``. Whatever the
+            policy, it never deletes a checkpoint a ``ModelCheckpoint`` tracks.
         s3_config: Endpoint, region, encryption (default: from the environment).
         transfer_config: Part size, concurrency, memory bound.
         safe_globals: Classes the safe loader may rebuild besides
@@ -55,10 +50,15 @@ class S3CheckpointIO(CheckpointIO):
         verify_checksums: Check every item's CRC32C on load (default on).
         register_filesystem: Register s3ckpt's fsspec file system for ``s3://`` so that
             ``ModelCheckpoint`` works without s3fs. ``None`` (default): only when s3fs is
-            not installed; ``True``: also replace s3fs in this process.
+            not installed and no other file system is registered for ``s3://``; ``True``:
+            also replace s3fs (or the other) in this process.
         retention_grace: A prefix without a commit marker younger than this is a save in
             progress for retention and ``remove_checkpoint`` (never deleted).
+
+    Works inside Lightning's ``AsyncCheckpointIO``: see :meth:`remove_checkpoint`.
     """
+
+    _s3ckpt_plugin = True  # how Lightning fixes and wrappers recognise the plug-in
 
     def __init__(
         self,
@@ -82,6 +82,8 @@ class S3CheckpointIO(CheckpointIO):
         self._runners: dict[str, RetentionRunner] = {}
         self._lock = threading.Lock()
         self._local: CheckpointIO | None = None
+        self._tracking = Tracking()
+        self._removals = Removals(self._tracking, self._delete)
         _install_filesystem(self.s3_config, self.transfer_config, register_filesystem)
 
     # -- Lightning's CheckpointIO ------------------------------------------------------------
@@ -89,7 +91,18 @@ class S3CheckpointIO(CheckpointIO):
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         """Save ``checkpoint`` as one s3ckpt checkpoint at ``path`` (a prefix), safely
-        overwriting what is there. Called by Lightning on rank 0."""
+        overwriting what is there. Called by Lightning on rank 0.
+
+        Raises:
+            TypeError: ``storage_options`` is given (as Lightning's ``TorchCheckpointIO``):
+                configure the store with ``S3CheckpointIO(s3_config=...)`` instead.
+        """
+        if storage_options is not None:
+            raise TypeError(
+                "`Trainer.save_checkpoint(..., storage_options=...)` with `storage_options` arg"
+                f" is not supported for `{type(self).__name__}`: configure the store with "
+                "S3CheckpointIO(s3_config=..., transfer_config=...) instead."
+            )
         if not _is_remote(path):
             self._torch_io().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -101,43 +114,59 @@ class S3CheckpointIO(CheckpointIO):
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """The checkpoint dict saved at ``path``, exactly (container and key types too).
+        """The checkpoint dict saved at ``path``, in Lightning's normal shape, on every
+        rank, without a process group.
+
+        * A checkpoint this plug-in saved comes back exactly (container and key types
+          too: ``state_dict`` is the ``OrderedDict`` it was, with its ``_metadata``).
+        * One :class:`S3ModelParallelStrategy` saved (sharded) comes back with full
+          tensors: ``state_dict`` by parameter name, ``optimizer_states`` as torch's
+          ``get_optimizer_state_dict`` gives them, the rest at the top level.
+        * A stock Lightning checkpoint, one ``torch.save`` object at ``path`` (written
+          through s3fs before the move to s3ckpt), is streamed and loaded with the same
+          ``weights_only`` rules; a committed s3ckpt checkpoint at ``path/`` wins over it.
 
         ``weights_only=False`` (Lightning's "trusted source") unpickles non-tensor values
         with full pickle; ``True`` or ``None`` uses the safe loader and its allow-list.
+        ``map_location`` places tensors as ``torch.load`` does (s3ckpt reads them into CPU
+        memory first). See :mod:`s3ckpt.lightning._load`.
+
+        Raises:
+            CheckpointNotFoundError: nothing at ``path`` (also a ``FileNotFoundError``).
+            UnsafeCheckpointError: a value outside the allow-list (``weights_only`` not
+                False).
         """
         if not _is_remote(path):
             return self._torch_io().load_checkpoint(path, map_location, weights_only)
-        reader = self._reader(path, weights_only)
-        flat = _skeleton(reader.metadata)
-        with _dcp_call():
-            dcp.load(flat, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
-        return _to_device(unflatten_state_dict(flat), map_location)
+        url, store = self._open(path)
+        return load_remote(
+            url, store, self._settings(), map_location=map_location, weights_only=weights_only
+        )
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete one checkpoint (``save_top_k``): marker first, under the run's lease.
 
-        A checkpoint retention must keep (pinned, being written, the run's newest) or a
-        run whose lease another pruner holds is left in place with a warning: training
-        never fails over a cleanup.
+        Carried out now when no save of ``path`` is uploading and no ``ModelCheckpoint``
+        tracks it any more; otherwise (``AsyncCheckpointIO``: its save is queued or
+        uploading) after that save commits and the save that displaced it has reached the
+        plug-in (:mod:`s3ckpt.lightning._async`). A checkpoint retention must keep is not
+        deleted: pinned (left in place with a warning), or the run's newest, being
+        written, or a run whose lease another pruner holds (retried after each later
+        commit and at :meth:`teardown`). Training never fails over a cleanup.
         """
         if not _is_remote(path):
             self._torch_io().remove_checkpoint(path)
             return
-        url, store = self._open(path)
-        try:
-            delete_checkpoint(store, url, grace=self.retention_grace)
-        except (CheckpointNotFoundError, ObjectNotFoundError):
-            log.debug("s3ckpt: %s is already gone (retention pruned it first)", url)
-        except (CheckpointError, LeaseHeldError) as exc:
-            log.warning("s3ckpt: left %s in place: %s", url, exc)
-        except S3CkptError as exc:
-            log.warning("s3ckpt: could not remove %s (retention will): %s", url, exc)
+        self._removals.request(path)
 
     def teardown(self) -> None:
-        """Wait for background retention passes to finish."""
+        """Wait for background retention passes, then carry out the removals still
+        waiting (a last try: what cannot be deleted now is left, with a warning).
+        Lightning calls it when ``fit`` (or ``validate``...) ends, also through
+        ``AsyncCheckpointIO`` once its queued saves are done."""
         for runner in list(self._runners.values()):
             runner.wait()
+        self._removals.flush(final=True)
 
     @property
     def retention_history(self) -> tuple[RetentionRecord, ...]:
@@ -168,8 +197,23 @@ class S3CheckpointIO(CheckpointIO):
         process_group: dist.ProcessGroup | None,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Every rank: load into ``sharded`` in place; return the rest of the checkpoint."""
+        """Every rank: load into ``sharded`` in place; return the rest of the checkpoint.
+
+        Raises:
+            CheckpointError: ``path`` is not a sharded checkpoint of
+                :class:`S3ModelParallelStrategy` (one this plug-in saved in one process, or
+                a stock Lightning file): the strategy cannot resume from it.
+        """
         reader = self._reader(path, weights_only)
+        if f"{_REST}.{SCHEMA_KEY}" not in reader.metadata.state_dict_metadata:
+            raise CheckpointError(
+                f"{reader.url} is not a sharded checkpoint of S3ModelParallelStrategy (it was "
+                "saved in one process, or by another tool), so the strategy cannot resume "
+                "from it; its weights load with MyModule.load_from_checkpoint(...) or "
+                "S3CheckpointIO().load_checkpoint(...)",
+                bucket=reader.store.bucket,
+                key=reader.url.prefix,
+            )
         rest = _skeleton(reader.metadata, _REST + ".")
         state = {**sharded, _REST: rest}
         with _dcp_call():
@@ -197,14 +241,11 @@ class S3CheckpointIO(CheckpointIO):
 
     def _reader(self, path: Any, weights_only: bool | None) -> S3StorageReader:
         url, store = self._open(path)
-        return S3StorageReader(
-            url,
-            s3_config=self.s3_config,
-            transfer_config=self.transfer_config,
-            verify_checksums=self.verify_checksums,
-            allow_unsafe_pickle=weights_only is False,
-            safe_globals=self.safe_globals,
-            store=store,
+        return open_reader(url, store, self._settings(), weights_only)
+
+    def _settings(self) -> LoadSettings:
+        return LoadSettings(
+            self.s3_config, self.transfer_config, self.safe_globals, self.verify_checksums
         )
 
     @staticmethod
@@ -222,6 +263,7 @@ class S3CheckpointIO(CheckpointIO):
         process_group: dist.ProcessGroup | None,
         no_dist: bool,
     ) -> None:
+        self._removals.begin_save(str(url), checkpoint)
         writer = S3StorageWriter(
             url,
             s3_config=self.s3_config,
@@ -231,12 +273,22 @@ class S3CheckpointIO(CheckpointIO):
             metrics=_metrics_of(checkpoint),
             store=store,
         )
-        with _dcp_call():
-            dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
+        try:
+            with _dcp_call():
+                dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
+        finally:
+            self._removals.end_save(str(url))
+
+    def _delete(self, path: str) -> None:
+        url, store = self._open(path)
+        delete_checkpoint(store, url, grace=self.retention_grace)
 
     def _after_commit(
         self, url: StoreURL, store: ObjectStore, checkpoint: Mapping[str, Any]
     ) -> None:
+        """Rank 0, after a commit: the removals that waited for it, then a retention pass
+        that keeps what any ``ModelCheckpoint`` tracks."""
+        self._removals.flush()
         if self.policy is None:
             return
         run = url.parent
@@ -244,4 +296,6 @@ class S3CheckpointIO(CheckpointIO):
             runner = self._runners.get(str(run))
             if runner is None:
                 runner = self._runners[str(run)] = RetentionRunner(store, run)
-        runner.schedule(self.policy, self.retention_grace, self._step(checkpoint))
+        self._tracking.warn_if_unknown(run)
+        policy = protect(self.policy, self._tracking.names_in(run))
+        runner.schedule(policy, self.retention_grace, self._step(checkpoint))

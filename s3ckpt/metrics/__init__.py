@@ -16,7 +16,8 @@ or collect them in a block (handy in tests)::
     with s3ckpt.metrics.capture() as events:
         ckpt.save(100, model)
 
-:func:`totals` counts every S3 request of the process by operation (for exporters);
+:func:`totals` counts every S3 request of the process by operation and :data:`Outcome`
+(for exporters; the expected 404s and 412s of a healthy job are not failures);
 :class:`OpenTelemetryMetrics` maps the events onto OpenTelemetry instruments (the ``otel``
 extra); :func:`write_textfile` renders a retention run for node_exporter's textfile
 collector (``s3ckpt prune --metrics-file``). docs/metrics.md lists every name.
@@ -31,6 +32,7 @@ from __future__ import annotations
 from s3ckpt.metrics._events import (
     Kind,
     OperationMetrics,
+    Outcome,
     RequestCounts,
     Subscription,
     Totals,
@@ -45,6 +47,7 @@ __all__ = [
     "Kind",
     "OpenTelemetryMetrics",
     "OperationMetrics",
+    "Outcome",
     "RequestCounts",
     "RunMetrics",
     "Subscription",

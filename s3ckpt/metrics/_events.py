@@ -17,6 +17,7 @@ from typing import Literal
 __all__ = [
     "Kind",
     "OperationMetrics",
+    "Outcome",
     "RequestCounts",
     "Subscription",
     "Totals",
@@ -30,6 +31,24 @@ log = logging.getLogger("s3ckpt.metrics")
 Kind = Literal["save", "load", "prune", "gc"]
 """What finished: a save (every rank), a load (every rank), a retention prune of one run,
 or a gc of a prefix."""
+
+Outcome = Literal["ok", "not_found", "precondition_failed", "failed"]
+"""How one S3 request ended.
+
+* ``"ok"``: answered with success (after however many attempts).
+* ``"not_found"``: answered 404 where the code that sent it asked whether the object
+  exists (a HEAD, a probe for a commit marker or a ``latest`` pointer not written yet,
+  aborting an upload that is gone): an answer, not a failure.
+* ``"precondition_failed"``: answered 412 to a conditional request that may lose by
+  design (``If-None-Match: *`` on a marker or lease another writer holds, a
+  compare-and-swap on an object that changed, the capability probe's requests that must
+  be refused): an answer, not a failure.
+* ``"failed"``: every other failure after its last attempt, a 404 or 412 nobody expected
+  included (a data object a committed manifest lists, an upload that should exist).
+
+Alert on ``"failed"`` (:attr:`RequestCounts.failed`, :attr:`Totals.failed`,
+:attr:`OperationMetrics.failed_requests`); a healthy job has none.
+"""
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,12 @@ class OperationMetrics:
         blocked_s: Saves only: seconds the training loop was held (a synchronous save: all
             of it; an async save: until staged, any wait for the previous save included).
         requests: S3 requests made for the operation in this process.
+        failed_requests: Those that failed after their last attempt (outcome
+            ``"failed"``; expected 404s and 412s are not failures).
+        not_found: Those answered with an expected 404 (a probe for an object not
+            written yet, :data:`Outcome`).
+        precondition_failed: Those answered with an expected 412 (a conditional write
+            that lost by design).
         retries: Attempts after the first, over those requests.
         throttled: Attempts answered 503 SlowDown (or another throttling code).
         checksum_failures: CRC32C mismatches detected (loads).
@@ -87,6 +112,9 @@ class OperationMetrics:
     lease_wait_s: float = 0.0
     lease_busy: int = 0
     dry_run: bool = False
+    failed_requests: int = 0
+    not_found: int = 0
+    precondition_failed: int = 0
 
     @property
     def bucket(self) -> str:
@@ -99,17 +127,31 @@ class OperationMetrics:
 class RequestCounts:
     """Requests of one S3 operation (``"put"``, ``"get"``, ``"upload_part"``, ...).
 
+    Every request has one :data:`Outcome`: ``requests`` is the sum of ``failed``,
+    ``not_found``, ``precondition_failed`` and the ones that succeeded.
+
     Attributes:
         requests: Logical requests made.
         retries: Attempts after the first.
         throttled: Attempts answered with a throttling code (503 SlowDown).
-        failed: Requests that failed after their last attempt.
+        failed: Requests that failed after their last attempt (outcome ``"failed"``): what
+            to alert on. Expected 404s and 412s are not in it.
+        not_found: Requests answered with an expected 404 (outcome ``"not_found"``).
+        precondition_failed: Requests answered with an expected 412 (outcome
+            ``"precondition_failed"``).
     """
 
     requests: int = 0
     retries: int = 0
     throttled: int = 0
     failed: int = 0
+    not_found: int = 0
+    precondition_failed: int = 0
+
+    @property
+    def expected(self) -> int:
+        """Requests answered with an expected 404 or 412 (not failures)."""
+        return self.not_found + self.precondition_failed
 
 
 @dataclass(frozen=True)
@@ -139,23 +181,57 @@ class Totals:
         """All throttled attempts."""
         return sum(c.throttled for c in self.operations.values())
 
+    @property
+    def failed(self) -> int:
+        """All requests that failed (expected 404s and 412s not included): alert on this."""
+        return sum(c.failed for c in self.operations.values())
+
+    @property
+    def not_found(self) -> int:
+        """All requests answered with an expected 404."""
+        return sum(c.not_found for c in self.operations.values())
+
+    @property
+    def precondition_failed(self) -> int:
+        """All requests answered with an expected 412."""
+        return sum(c.precondition_failed for c in self.operations.values())
+
+    @property
+    def expected(self) -> int:
+        """All requests answered with an expected 404 or 412."""
+        return self.not_found + self.precondition_failed
+
 
 # -- totals ------------------------------------------------------------------------------------
 _totals_lock = threading.Lock()
-_by_operation: dict[str, list[int]] = {}  # name -> [requests, retries, throttled, failed]
+# name -> [requests, retries, throttled, failed, not_found, precondition_failed]
+_by_operation: dict[str, list[int]] = {}
 _checksum_failures = [0]
+_OUTCOME_COLUMN: dict[str, int] = {"failed": 3, "not_found": 4, "precondition_failed": 5}
 
 
-def add_request(operation: str, attempts: int, throttled: int, ok: bool) -> None:
-    """Count one request in the totals."""
+def outcome_of(outcome: Outcome | bool) -> Outcome:
+    """``outcome`` as an :data:`Outcome` (``True`` / ``False``, the older form: ``"ok"`` /
+    ``"failed"``); an unknown string raises ``ValueError``."""
+    if isinstance(outcome, bool):
+        return "ok" if outcome else "failed"
+    if outcome != "ok" and outcome not in _OUTCOME_COLUMN:
+        raise ValueError(f"unknown request outcome {outcome!r}")
+    return outcome
+
+
+def add_request(operation: str, attempts: int, throttled: int, outcome: Outcome | bool) -> None:
+    """Count one request, ended with ``outcome``, in the totals."""
+    column = _OUTCOME_COLUMN.get(outcome_of(outcome))
     with _totals_lock:
         row = _by_operation.get(operation)
         if row is None:
-            row = _by_operation[operation] = [0, 0, 0, 0]
+            row = _by_operation[operation] = [0, 0, 0, 0, 0, 0]
         row[0] += 1
         row[1] += attempts - 1
         row[2] += throttled
-        row[3] += not ok
+        if column is not None:
+            row[column] += 1
 
 
 def add_retry(operation: str) -> None:
@@ -163,7 +239,7 @@ def add_retry(operation: str) -> None:
     with _totals_lock:
         row = _by_operation.get(operation)
         if row is None:
-            row = _by_operation[operation] = [0, 0, 0, 0]
+            row = _by_operation[operation] = [0, 0, 0, 0, 0, 0]
         row[1] += 1
 
 
@@ -177,7 +253,9 @@ def totals() -> Totals:
     """The process's cumulative request, retry, throttle and checksum-failure counts.
 
     Counted whether or not anybody subscribes; every S3 request of every store in the
-    process is in them, whichever operation (if any) it belonged to.
+    process is in them, whichever operation (if any) it belonged to. Each request is
+    counted under its :data:`Outcome`: a healthy job's expected 404s and 412s are in
+    ``not_found`` and ``precondition_failed``, never in ``failed``.
     """
     with _totals_lock:
         ops = {name: RequestCounts(*row) for name, row in _by_operation.items()}

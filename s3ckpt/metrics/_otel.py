@@ -53,6 +53,8 @@ class OpenTelemetryMetrics:
     s3ckpt.save.blocked        s         histogram: training time held by each save
     s3ckpt.bytes               By        bytes written (save) or read (load)
     s3ckpt.requests            {req}     S3 requests
+    s3ckpt.requests.failed     {req}     S3 requests that failed (not the expected 404/412)
+    s3ckpt.requests.expected   {req}     expected 404s and 412s (``s3ckpt.outcome``)
     s3ckpt.retries             {req}     attempts after the first
     s3ckpt.throttled           {req}     attempts answered 503 SlowDown
     s3ckpt.checksum.failures   {item}    CRC32C mismatches
@@ -82,6 +84,16 @@ class OpenTelemetryMetrics:
         self._blocked = histogram("s3ckpt.save.blocked", "s", "Time a save held the training loop")
         self._bytes = counter("s3ckpt.bytes", "By", "Bytes written by saves or read by loads")
         self._requests = counter("s3ckpt.requests", "{req}", "S3 requests")
+        self._failed = counter(
+            "s3ckpt.requests.failed",
+            "{req}",
+            "S3 requests that failed after their last attempt (expected 404s/412s excluded)",
+        )
+        self._expected = counter(
+            "s3ckpt.requests.expected",
+            "{req}",
+            "S3 requests answered with an expected 404 or 412 (s3ckpt.outcome)",
+        )
         self._retries = counter("s3ckpt.retries", "{req}", "S3 attempts after the first")
         self._throttled = counter("s3ckpt.throttled", "{req}", "S3 attempts answered SlowDown")
         self._checksum = counter(
@@ -135,6 +147,7 @@ class OpenTelemetryMetrics:
         for instrument, value in (
             (self._bytes, event.bytes),
             (self._requests, event.requests),
+            (self._failed, event.failed_requests),
             (self._retries, event.retries),
             (self._throttled, event.throttled),
             (self._checksum, event.checksum_failures),
@@ -144,5 +157,11 @@ class OpenTelemetryMetrics:
         ):
             if value:
                 instrument.add(value, attrs)
+        for outcome, value in (
+            ("not_found", event.not_found),
+            ("precondition_failed", event.precondition_failed),
+        ):
+            if value:
+                self._expected.add(value, {**attrs, "s3ckpt.outcome": outcome})
         if event.kind in ("prune", "gc") and not event.dry_run:
             self._lease_wait.record(event.lease_wait_s, attrs)

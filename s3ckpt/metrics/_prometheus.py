@@ -65,6 +65,9 @@ class _Collector:
     retries: int = 0
     throttled: int = 0
     dry_run: bool = False
+    failed: int = 0
+    not_found: int = 0
+    precondition_failed: int = 0
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
@@ -109,6 +112,21 @@ class _Collector:
             f"Attempts of the last s3ckpt {c} answered 503 SlowDown.",
             self.throttled,
         )
+        yield gauge(
+            f"s3ckpt_{c}_failed_requests",
+            f"S3 requests of the last s3ckpt {c} that failed after their last attempt "
+            "(expected 404s and 412s not included).",
+            self.failed,
+        )
+        expected = GaugeMetricFamily(
+            f"s3ckpt_{c}_expected_requests",
+            f"S3 requests of the last s3ckpt {c} answered with an expected 404 (not_found) "
+            "or 412 (precondition_failed): answers, not failures.",
+            labels=["outcome"],
+        )
+        expected.add_metric(["not_found"], float(self.not_found))
+        expected.add_metric(["precondition_failed"], float(self.precondition_failed))
+        yield expected
         per_run: list[tuple[str, str, str]] = [
             (f"s3ckpt_{c}_deleted_checkpoints", "Checkpoints deleted, by run.", "deleted"),
             (f"s3ckpt_{c}_freed_bytes", "Bytes under the checkpoints deleted, by run.", "freed"),
@@ -181,6 +199,9 @@ def render_textfile(
     retries: int = 0,
     throttled: int = 0,
     dry_run: bool = False,
+    failed: int = 0,
+    not_found: int = 0,
+    precondition_failed: int = 0,
 ) -> str:
     """The Prometheus text exposition of one ``prune`` or ``gc`` invocation.
 
@@ -194,12 +215,26 @@ def render_textfile(
         retries: Attempts after the first.
         throttled: Attempts answered 503 SlowDown.
         dry_run: The invocation only planned.
+        failed: Requests that failed after their last attempt (outcome ``"failed"``).
+        not_found: Requests answered with an expected 404 (outcome ``"not_found"``).
+        precondition_failed: Requests answered with an expected 412.
     """
     from prometheus_client import generate_latest
 
     registry = _registry(
         _Collector(
-            command, runs, success, finished_at, duration_s, requests, retries, throttled, dry_run
+            command,
+            runs,
+            success,
+            finished_at,
+            duration_s,
+            requests=requests,
+            retries=retries,
+            throttled=throttled,
+            dry_run=dry_run,
+            failed=failed,
+            not_found=not_found,
+            precondition_failed=precondition_failed,
         )
     )
     return generate_latest(registry).decode("utf-8")
@@ -217,6 +252,9 @@ def write_textfile(
     retries: int = 0,
     throttled: int = 0,
     dry_run: bool = False,
+    failed: int = 0,
+    not_found: int = 0,
+    precondition_failed: int = 0,
 ) -> None:
     """Write :func:`render_textfile`'s text to ``path`` atomically (a temporary file in the
     same folder, renamed over ``path``), for node_exporter's textfile collector."""
@@ -224,7 +262,18 @@ def write_textfile(
 
     registry = _registry(
         _Collector(
-            command, runs, success, finished_at, duration_s, requests, retries, throttled, dry_run
+            command,
+            runs,
+            success,
+            finished_at,
+            duration_s,
+            requests=requests,
+            retries=retries,
+            throttled=throttled,
+            dry_run=dry_run,
+            failed=failed,
+            not_found=not_found,
+            precondition_failed=precondition_failed,
         )
     )
     write_to_textfile(path, registry)

@@ -18,6 +18,11 @@ retention running in the background after a commit) each count their own request
 has its own context. Requests made outside any operation (``s3ckpt ls``, ``verify``) count
 in :func:`~s3ckpt.metrics.totals` only.
 
+Whether a 404 or a 412 is a failure is for the code that sent the request to say: a
+block under :func:`expecting` counts those answers as the expected outcomes
+``"not_found"`` / ``"precondition_failed"`` (:data:`~s3ckpt.metrics.Outcome`), apart from
+failures; ``store/_request.call`` asks :func:`expected_outcome` when a request ends so.
+
 Cost: with no recorder current, a request costs one context-variable read and one lock
 for the totals; with one, one more lock. Nothing is done per byte.
 """
@@ -29,22 +34,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 from s3ckpt.metrics._events import (
     Kind,
     OperationMetrics,
+    Outcome,
     add_checksum_failure,
     add_request,
     add_retry,
+    outcome_of,
     publish,
 )
 
 __all__ = [
+    "Expectable",
     "Participant",
     "Recorder",
     "bound",
     "current",
+    "expected_outcome",
+    "expecting",
     "in_context",
     "operation",
     "record_checksum_failure",
@@ -58,6 +68,44 @@ R = TypeVar("R")
 _current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
     "s3ckpt_metrics_recorder", default=None
 )
+
+Expectable = Literal["not_found", "precondition_failed"]
+"""The answers a caller may expect: a 404 (``"not_found"``) or a 412
+(``"precondition_failed"``)."""
+
+_expected: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "s3ckpt_metrics_expected", default=frozenset()
+)
+
+
+@contextmanager
+def expecting(*outcomes: Expectable) -> Iterator[None]:
+    """Count the requests of the block that are answered 404 (``"not_found"``) or 412
+    (``"precondition_failed"``) as that expected outcome, not as failures.
+
+    For the code that sends a request and handles that answer as a normal state of the
+    bucket: a probe for an object that may not exist yet, a put-if-absent that may lose
+    its race, a compare-and-swap that may find the object changed. Keep the block around
+    those requests only (it is a context variable: it follows the block's code, and
+    threads started inside it through :func:`in_context`)::
+
+        with expecting("not_found"):
+            try:
+                raw = store.get(pointer_key)
+            except ObjectNotFoundError:
+                raw = None
+    """
+    token = _expected.set(_expected.get() | frozenset(outcomes))
+    try:
+        yield
+    finally:
+        _expected.reset(token)
+
+
+def expected_outcome(answer: Expectable) -> Outcome:
+    """``answer`` when the code in this context expects it (:func:`expecting`), else
+    ``"failed"``: how ``store/_request.call`` counts a request answered 404 or 412."""
+    return answer if answer in _expected.get() else "failed"
 
 
 class Recorder:
@@ -81,16 +129,26 @@ class Recorder:
         self.requests = 0
         self.retries = 0
         self.throttled = 0
+        self.failed_requests = 0
+        self.not_found = 0
+        self.precondition_failed = 0
         self.checksum_failures = 0
         self.bytes = 0
         self.finished = False
 
-    def add_request(self, attempts: int, throttled: int) -> None:
-        """Count one request that took ``attempts`` attempts, ``throttled`` of them throttled."""
+    def add_request(self, attempts: int, throttled: int, outcome: Outcome = "ok") -> None:
+        """Count one request that took ``attempts`` attempts, ``throttled`` of them
+        throttled, and ended with ``outcome``."""
         with self._lock:
             self.requests += 1
             self.retries += attempts - 1
             self.throttled += throttled
+            if outcome == "failed":
+                self.failed_requests += 1
+            elif outcome == "not_found":
+                self.not_found += 1
+            elif outcome == "precondition_failed":
+                self.precondition_failed += 1
 
     def add_retry(self) -> None:
         """Count one more attempt of a request already counted."""
@@ -126,6 +184,9 @@ class Recorder:
                 "requests": self.requests,
                 "retries": self.retries,
                 "throttled": self.throttled,
+                "failed_requests": self.failed_requests,
+                "not_found": self.not_found,
+                "precondition_failed": self.precondition_failed,
                 "checksum_failures": self.checksum_failures,
                 "bytes": self.bytes,
             }
@@ -249,12 +310,15 @@ def in_context(fn: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-def record_request(operation: str, attempts: int, throttled: int, ok: bool) -> None:
-    """Count one S3 request (``store/_request.call`` calls it for every request)."""
-    add_request(operation, attempts, throttled, ok)
+def record_request(operation: str, attempts: int, throttled: int, outcome: Outcome | bool) -> None:
+    """Count one S3 request that ended with ``outcome`` (an :data:`~s3ckpt.metrics.Outcome`;
+    ``True`` / ``False`` mean ``"ok"`` / ``"failed"``). ``store/_request.call`` calls it
+    for every request."""
+    ended = outcome_of(outcome)
+    add_request(operation, attempts, throttled, ended)
     recorder = _current.get()
     if recorder is not None:
-        recorder.add_request(attempts, throttled)
+        recorder.add_request(attempts, throttled, ended)
 
 
 def record_retry(operation: str) -> None:

@@ -20,6 +20,16 @@ States:
 * ``ABANDONED`` — no marker, no ``.metadata``, nothing live: a save that died. Only ``gc``
   removes these, and only the names s3ckpt wrote.
 
+A save that s3ckpt saw fail (its marker PUT kept failing, a rank's upload failed, Ctrl-C)
+and that may have left objects behind records so, best effort
+(``s3ckpt.failed.{tag}.{rank}``, :func:`s3ckpt._commit.record_failure`): that tag is dead
+at once, not live until the grace period ends, so a prefix holding only what
+failed saves left is ``ABANDONED`` straight away (:attr:`CheckpointInfo.failed`, shown as
+"failed" by ``s3ckpt ls``) and gc may remove its names once the record has settled
+(``FAILURE_SETTLE``, a minute). A record names one save: any other save of the prefix
+keeps its own state, and a commit marker wins over every record (a marker PUT whose reply
+was lost may have been applied).
+
 Order is by step, then commit time, then name; never by the mtime of any other object (a
 copied or restored bucket rewrites every mtime).
 
@@ -120,6 +130,12 @@ class CheckpointInfo:
         marker_etag: The commit marker's ETag in the listing: rm and prune delete the
             marker only while it still has this ETag (an overwrite that committed since
             is left alone).
+        failed_at: When the store took the newest failure record of a save here that did
+            not commit (UTC, the store's clock; see the module docstring); None when no
+            such save recorded one. Also set beside a committed or in-progress save: an
+            overwrite or an earlier attempt that failed.
+        failure: What that record says went wrong (``"rank 0: TransientStoreError: ..."``);
+            None with ``failed_at``.
     """
 
     url: StoreURL
@@ -142,6 +158,8 @@ class CheckpointInfo:
     bytes_by_class: Mapping[str, int] = field(default_factory=dict, compare=False)
     created: datetime | None = None
     marker_etag: str | None = field(default=None, compare=False)
+    failed_at: datetime | None = None
+    failure: str | None = field(default=None, compare=False)
 
     @property
     def is_committed(self) -> bool:
@@ -159,6 +177,13 @@ class CheckpointInfo:
         uploads; ``rm`` deletes it when asked by name.
         """
         return self.is_committed and self.error is not None
+
+    @property
+    def failed(self) -> bool:
+        """Abandoned, and left by a save that recorded its failure (``failed_at``): no
+        marker, nothing live. ``ls`` shows it as ``failed``; gc removes it without waiting
+        for the grace period."""
+        return self.state is CheckpointState.ABANDONED and self.failed_at is not None
 
     @property
     def live_saves(self) -> int:
@@ -194,6 +219,9 @@ class CheckpointInfo:
             "last_activity": iso_z(self.last_activity),
             "error": self.error,
             "damaged": self.damaged,
+            "failed": self.failed,
+            "failed_at": iso_z(self.failed_at),
+            "failure": self.failure,
             "tag": self.tag,
             "live_saves": self.live_saves,
             "overwrite_in_progress": self.overwrite_in_progress,

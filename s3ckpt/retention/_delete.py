@@ -26,6 +26,7 @@ from s3ckpt.errors import (
     UnsupportedOperationError,
 )
 from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag, shard_owner
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._lease import Lease
 from s3ckpt.store import TRANSIENT_CODES, cached_capabilities, probe_capabilities, retrying
@@ -245,9 +246,11 @@ class _Deleter:
         self.requests += 1
         if self.on_progress is not None:
             self.on_progress("delete", {"phase": "marker", "keys": 1})
+        # A 404 or 412 is the marker changed or gone since the scan, decided below.
         if self._conditional_delete():
             try:
-                self.store.delete_if_match(key, etag)
+                with expecting("not_found", "precondition_failed"):
+                    self.store.delete_if_match(key, etag)
                 self.deleted_keys += 1
                 return True
             except UnsupportedOperationError:
@@ -256,7 +259,8 @@ class _Deleter:
                 return self._gone(key)
         body = tombstone_body(self.lease.owner if self.lease is not None else uuid.uuid4().hex)
         try:
-            self.store.put(key, body, if_match=etag)
+            with expecting("not_found", "precondition_failed"):
+                self.store.put(key, body, if_match=etag)
         except ObjectNotFoundError:
             return self._gone(key)
         except (PreconditionFailedError, TransientStoreError) as exc:

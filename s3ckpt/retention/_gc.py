@@ -32,6 +32,11 @@ from s3ckpt.uri import StoreURL
 __all__ = ["DEFAULT_GC_AGE", "gc"]
 
 DEFAULT_GC_AGE = timedelta(0)
+FAILURE_SETTLE = timedelta(seconds=60)
+"""How old (store time) a save's failure record must be before gc removes what that save
+left: a commit whose marker PUT failed may still be applied by the store for a moment after
+the writer read state back and gave up; until then ``ls`` shows the save failed, and gc
+skips its prefix (it says so in its result's notes)."""
 """gc aborts an open upload of a dead save at once by default: its tag's heartbeats (older
 than the grace period) already prove nobody will complete it."""
 
@@ -45,8 +50,16 @@ class _Survey:
     abandoned_keys: dict[str, list[str]] = field(default_factory=dict)
     leftovers: list[str] = field(default_factory=list)
     stale: list[CheckpointInfo] = field(default_factory=list)
+    settling: list[CheckpointInfo] = field(default_factory=list)
 
-    def add(self, c: CheckpointInfo, cutoff: float) -> None:
+    def add(self, c: CheckpointInfo, cutoff: float, settled: float) -> None:
+        # A failure recorded moments ago may follow a commit whose outcome the writer could
+        # not learn (its marker PUT failed): such a PUT still in flight at the store could
+        # land after the writer read state back. gc leaves that prefix alone until the
+        # record is FAILURE_SETTLE old (store time); ``ls`` shows it failed meanwhile.
+        if c.failed_at is not None and c.failed_at.timestamp() > settled:
+            self.settling.append(c)
+            return
         keys = leftover_keys(c)
         ups = leftover_uploads(c, cutoff)
         self.uploads.extend(ups)
@@ -65,10 +78,10 @@ class _Survey:
         return not (self.uploads or self.abandoned or self.leftovers or self.stale)
 
 
-def _survey(checkpoints: Iterable[CheckpointInfo], cutoff: float) -> _Survey:
+def _survey(checkpoints: Iterable[CheckpointInfo], cutoff: float, settled: float) -> _Survey:
     out = _Survey()
     for c in checkpoints:
-        out.add(c, cutoff)
+        out.add(c, cutoff, settled)
     return out
 
 
@@ -173,13 +186,20 @@ def _gc(
     now, skew = judge_time(store, root, now, grace, refuse="gc" if apply else None)
     notes += skew
     cutoff = (now - older_than).timestamp()
+    settled = (now - FAILURE_SETTLE).timestamp()
     catalogs = scan(store, root, grace=grace, now=now)
     if not lists_uploads(store):
         notes += (
             "the store does not implement ListMultipartUploads: gc cannot see open "
             "multipart uploads and aborted none (let a lifecycle rule abort incomplete ones)",
         )
-    found = _survey((c for cat in catalogs for c in cat.checkpoints), cutoff)
+    found = _survey((c for cat in catalogs for c in cat.checkpoints), cutoff, settled)
+    notes += tuple(
+        f"{c.url}: a save failed there {max(0, round(now.timestamp() - c.failed_at.timestamp()))}"
+        f" s ago; gc leaves it until the failure is {int(FAILURE_SETTLE.total_seconds())} s old"
+        for c in found.settling
+        if c.failed_at is not None
+    )
     damaged = tuple(c for cat in catalogs for c in cat.checkpoints if c.damaged)
     intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in catalogs}
     pending = tuple(str(cat.run.child(n)) for cat in catalogs for n in intents[cat.run.prefix])
@@ -206,7 +226,7 @@ def _gc(
     leftovers_deleted = 0
     lease_wait = 0.0
     for cat in catalogs:
-        mine = _survey(cat.checkpoints, cutoff)
+        mine = _survey(cat.checkpoints, cutoff, settled)
         if mine.empty and not intents[cat.run.prefix]:
             continue
         waited = time.monotonic()
@@ -229,7 +249,9 @@ def _gc(
                 lease.record_intent(intent, planned_markers(resume))
                 done = deleter.delete_checkpoints(resume)
                 resumed.extend(str(c.url) for c in resume if c.name in done)
-            work = _survey((c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff)
+            work = _survey(
+                (c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff, settled
+            )
             keys = [k for ks in work.abandoned_keys.values() for k in ks] + work.leftovers
             bad = deleter.delete(keys, "leftovers")
             leftovers_deleted += sum(1 for k in work.leftovers if k not in bad)

@@ -63,6 +63,7 @@ from s3ckpt.errors import (
     TransientStoreError,
 )
 from s3ckpt.format import LEASE_NAME
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import require_conditional_writes, store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
@@ -285,7 +286,9 @@ class Lease:
         for _ in range(3):
             record = self._new_record()
             try:
-                self._etag = self.store.put(self.key, record.to_json(), if_none_match=True)
+                # 412: the last pruner's released lease is there (the usual case): read on.
+                with expecting("precondition_failed"):
+                    self._etag = self.store.put(self.key, record.to_json(), if_none_match=True)
                 self._record = record
                 return self
             except PreconditionFailedError:

@@ -6,6 +6,10 @@ the grace period (:data:`DEFAULT_GRACE`). prune and gc never accept a grace peri
 one. A heartbeat also names the host, boot, PID namespace, pid and process start time of its
 writer: on that same boot of that same host a pid that no longer exists (or now belongs to
 another process) proves the save dead before the grace period runs out (:func:`dead_saves`).
+A save that s3ckpt saw fail recorded so (``s3ckpt.failed.{tag}.{rank}``,
+:func:`s3ckpt._commit.record_failure`): it is dead at once, whatever its other objects'
+ages, and only it: another save of the same prefix stays live by its own activity, and a
+commit marker, when there is one, wins over any record (:func:`newest_failure`).
 
 Every age is measured in the store's time (:func:`judge_time`): LastModified against the
 store's ``Date``, never against this host's clock, so a gc host whose clock is hours off
@@ -21,17 +25,25 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from s3ckpt._commit import writer_gone
-from s3ckpt.errors import StoreError
+from s3ckpt._commit import failure_reason, writer_gone
+from s3ckpt.errors import ObjectNotFoundError, StoreError
 from s3ckpt.format import MIN_GRACE_SECONDS
-from s3ckpt.metrics.instrument import in_context
+from s3ckpt.metrics.instrument import expecting, in_context
 from s3ckpt.retention._catalog import READ_WORKERS
 from s3ckpt.retention._duration import format_duration
 from s3ckpt.store import check_skew, skew_note, store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["DEFAULT_GRACE", "MIN_GRACE", "dead_saves", "effective_grace", "judge_time"]
+__all__ = [
+    "DEFAULT_GRACE",
+    "MIN_GRACE",
+    "dead_saves",
+    "effective_grace",
+    "failure_reasons",
+    "judge_time",
+    "newest_failure",
+]
 
 DEFAULT_GRACE = timedelta(hours=2)
 """How long a save (a tag) counts as in progress after its last activity."""
@@ -111,7 +123,8 @@ def dead_saves(store: ObjectStore, heartbeats: Mapping[K, Sequence[str]]) -> set
 
     def gone(item: tuple[str, str]) -> bool:
         try:
-            return writer_gone(store.get(item[1]))
+            with expecting("not_found"):  # a heartbeat its save removed at commit: a race
+                return writer_gone(store.get(item[1]))
         except StoreError:
             return False  # vanished (its save committed) or unreadable: proves nothing
 
@@ -123,3 +136,46 @@ def dead_saves(store: ObjectStore, heartbeats: Mapping[K, Sequence[str]]) -> set
 def _rank_of(key: str) -> int:
     tail = key.rpartition(".")[2]
     return int(tail) if tail.isdigit() else 0
+
+
+def newest_failure(
+    failed: Mapping[str, Sequence[tuple[str, float | None]]], committed: str | None
+) -> tuple[str, float | None] | None:
+    """The failure to report for a prefix: of the save whose record is newest among the
+    failed saves in ``failed`` (``{tag: [(record key, LastModified), ...]}``) other than the
+    ``committed`` one (a marker wins: its save is committed, whatever it recorded). Returns
+    that save's lowest rank's record key and its newest record's time, or None."""
+    best: tuple[str, float | None] | None = None
+    for tag, records in failed.items():
+        if tag == committed or not records:
+            continue
+        when = max((t for _, t in records if t is not None), default=None)
+        key = min((k for k, _ in records), key=_rank_of)
+        if best is None or (when or 0.0) > (best[1] or 0.0):
+            best = (key, when)
+    return best
+
+
+def failure_reasons(store: ObjectStore, keys: Mapping[K, str]) -> dict[K, str]:
+    """What each failure record in ``keys`` (by any key the caller names a prefix with)
+    says went wrong (:func:`s3ckpt._commit.failure_reason`).
+
+    Request cost: one GET per record (16 in parallel); only prefixes with a failed save
+    have one.
+    """
+    if not keys:
+        return {}
+
+    def read(key: str) -> str:
+        try:
+            with expecting("not_found"):  # removed since the listing (gc): a race
+                return failure_reason(store.get(key))
+        except ObjectNotFoundError:
+            return "(failure record removed while listing)"
+        except StoreError as exc:
+            return f"(failure record unreadable: {exc})"
+
+    items = list(keys.items())
+    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+        texts = pool.map(in_context(read), [k for _, k in items])
+        return {name: text for (name, _), text in zip(items, texts, strict=True)}

@@ -37,18 +37,16 @@ States and liveness: :mod:`s3ckpt.retention._catalog`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from s3ckpt._time import utc
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
 from s3ckpt.format import (
-    HEARTBEAT_PREFIX,
-    LEASE_NAME,
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
     METADATA_NAME,
@@ -57,13 +55,9 @@ from s3ckpt.format import (
     StepMatcher,
     checkpoint_step,
     compile_step_pattern,
-    in_shard_tree,
-    owned_tag,
-    shard_owner,
 )
-from s3ckpt.metrics.instrument import in_context
+from s3ckpt.metrics.instrument import expecting, in_context
 from s3ckpt.retention._catalog import (
-    DEFAULT_STORAGE_CLASS,
     READ_WORKERS,
     CheckpointInfo,
     CheckpointState,
@@ -71,67 +65,20 @@ from s3ckpt.retention._catalog import (
     commit_time,
     writer_time,
 )
-from s3ckpt.retention._liveness import DEFAULT_GRACE, dead_saves, judge_time
+from s3ckpt.retention._listing import Group, group_listing
+from s3ckpt.retention._listing import ckpt_dir as _ckpt_dir  # noqa: F401  (tests use it here)
+from s3ckpt.retention._liveness import (
+    DEFAULT_GRACE,
+    dead_saves,
+    failure_reasons,
+    judge_time,
+    newest_failure,
+)
 from s3ckpt.store import list_open_uploads
-from s3ckpt.store.base import ObjectInfo, ObjectStore, UploadInfo
+from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL, split_prefix
 
 __all__ = ["list_checkpoints", "list_runs", "read_manifest", "scan"]
-
-
-@dataclass
-class _Group:
-    """Objects of one checkpoint prefix while scanning."""
-
-    keys: list[str] = field(default_factory=list)
-    size: int = 0
-    by_class: dict[str, int] = field(default_factory=dict)
-    """``size`` per storage class (an object the listing gives no class bills as STANDARD)."""
-    count: int = 0
-    newest: float | None = None
-    marker: ObjectInfo | None = None
-    metadata: ObjectInfo | None = None
-    saved_metadata: dict[str, float] = field(default_factory=dict)
-    """LastModified of each per-save ``.metadata.{tag}`` (the commit time, store's clock)."""
-    pin: bool = False
-    tags: dict[str, float] = field(default_factory=dict)
-    """Newest activity per save tag (objects, heartbeats and uploads directly under it, and
-    its data objects and uploads in the run's shard folder)."""
-    untagged: float | None = None
-    """Newest activity of everything else (stock DCP names, foreign files, nested keys)."""
-    heartbeats: dict[str, list[str]] = field(default_factory=dict)
-    """Heartbeat keys per tag."""
-    dead: set[str] = field(default_factory=set)
-    """Tags whose writing process is provably gone (see s3ckpt._commit.writer_gone)."""
-    uploads: list[UploadInfo] = field(default_factory=list)
-
-    def touch(self, when: float | None, tag: str | None = None) -> None:
-        if when is None:
-            return
-        self.newest = when if self.newest is None else max(self.newest, when)
-        if tag is not None:
-            self.tags[tag] = max(self.tags.get(tag, when), when)
-        else:
-            self.untagged = when if self.untagged is None else max(self.untagged, when)
-
-
-def _ckpt_dir(key: str) -> str | None:
-    """The checkpoint prefix (ending in ``/``) a key declares: only a name s3ckpt or DCP
-    writes does (a folder's name never does); in a shard folder, only a hashed-prefix data
-    name, which declares its checkpoint outside the shard folder."""
-    if in_shard_tree(key):
-        owner = shard_owner(key)
-        return owner.checkpoint if owner is not None else None
-    head, sep, base = key.rpartition("/")
-    if not sep:
-        return None
-    if (
-        base in (MANIFEST_NAME, METADATA_NAME, PIN_NAME)
-        or base.endswith(".distcp")
-        or owned_tag(base) is not None
-    ):
-        return head + "/"
-    return None
 
 
 def scan(
@@ -159,8 +106,9 @@ def scan(
 
     Request cost: ``ceil(objects / 1000)`` LIST requests for everything under ``root``,
     ``ceil(open uploads / 1000)`` LIST-uploads requests (``include_uploads``), and one GET
-    per commit marker and per pin (16 in parallel); without ``now``, one LIST of one key
-    on S3 for the store's time. Nothing is HEADed.
+    per commit marker, per pin and per prefix with a failed save (its failure record; 16
+    in parallel); without ``now``, one LIST of one key on S3 for the store's time.
+    Nothing is HEADed.
     """
     now, _ = judge_time(store, root, now, grace, refuse=None)
     pattern = None if step_pattern is None else compile_step_pattern(step_pattern)
@@ -168,23 +116,30 @@ def scan(
     # None: the store has no ListMultipartUploads (one warning); heartbeats and mtimes
     # still tell liveness.
     uploads = (list_open_uploads(store, root.prefix) or []) if include_uploads else []
-    groups, runs_with_lease = _group(root, objects, uploads)
+    groups, runs_with_lease = group_listing(root, objects, uploads)
 
     cutoff = (now - grace).timestamp()
+    for g in groups.values():
+        g.dead.update(g.failed)  # a save that recorded its failure is dead at once
     live_looking = {
         (d, tag): keys
         for d, g in groups.items()
         for tag, keys in g.heartbeats.items()
-        if g.tags.get(tag, 0.0) > cutoff
+        if g.tags.get(tag, 0.0) > cutoff and tag not in g.dead
     }
     for d, tag in dead_saves(store, live_looking):
         groups[d].dead.add(tag)
     manifests, reasons = _read_controls(store, groups)
+    failed = {d: newest_failure(g.failed, _tag(manifests.get(d))) for d, g in groups.items()}
+    why = failure_reasons(store, {d: f[0] for d, f in failed.items() if f is not None})
 
     by_run: dict[str, list[CheckpointInfo]] = {}
     for d, g in groups.items():
         run = split_prefix(d)[0]
         info = _info(root, run, d, g, manifests.get(d), reasons.get(d), cutoff, pattern)
+        f = failed[d]
+        if f is not None:  # the newest failed save here (never the committed one)
+            info = dataclasses.replace(info, failed_at=utc(f[1]), failure=why[d])
         by_run.setdefault(run, []).append(info)
     for run_prefix in runs_with_lease:
         if run_prefix.startswith(root.prefix):
@@ -203,72 +158,8 @@ def scan(
     return out
 
 
-def _group(
-    root: StoreURL, objects: Sequence[ObjectInfo], uploads: Sequence[UploadInfo]
-) -> tuple[dict[str, _Group], dict[str, float | None]]:
-    """The checkpoint prefixes under ``root`` with what each holds, and the runs holding a
-    lease (their prefixes, with the lease's LastModified)."""
-    groups: dict[str, _Group] = {}
-    for key in [o.key for o in objects] + [u.key for u in uploads]:
-        d = _ckpt_dir(key)
-        if d is not None and d.startswith(root.prefix):
-            groups.setdefault(d, _Group())
-    runs_with_lease: dict[str, float | None] = {}
-    for obj in objects:
-        base = obj.key.rpartition("/")[2]
-        if base == LEASE_NAME and not in_shard_tree(obj.key):
-            runs_with_lease[obj.key[: -len(base)]] = obj.last_modified
-        g, name, tag = _place(groups, obj.key)
-        if g is None:
-            continue
-        g.keys.append(obj.key)
-        if name == PIN_NAME:
-            g.pin = True
-            continue
-        g.size += obj.size
-        sc = obj.storage_class or DEFAULT_STORAGE_CLASS
-        g.by_class[sc] = g.by_class.get(sc, 0) + obj.size
-        g.count += 1
-        g.touch(obj.last_modified, tag)
-        if tag is not None and name is not None and name.startswith(HEARTBEAT_PREFIX):
-            g.heartbeats.setdefault(tag, []).append(obj.key)
-        if name == MANIFEST_NAME:
-            g.marker = obj
-        if name == METADATA_NAME:
-            g.metadata = obj
-        elif (
-            tag is not None
-            and name is not None
-            and name.startswith(METADATA_NAME + ".")
-            and obj.last_modified is not None
-        ):
-            g.saved_metadata[name] = obj.last_modified
-    for up in uploads:
-        g, _, tag = _place(groups, up.key)
-        if g is not None:
-            g.uploads.append(up)
-            g.touch(up.initiated, tag)
-    return groups, runs_with_lease
-
-
-def _place(groups: Mapping[str, _Group], key: str) -> tuple[_Group | None, str | None, str | None]:
-    """The checkpoint group holding ``key``; the key's name in it when it is one of the
-    checkpoint's own (directly under its prefix, or one of its data objects in the run's
-    shard folder), else None (a nested key); and the save tag that name carries, if any."""
-    if in_shard_tree(key):
-        owner = shard_owner(key)
-        if owner is None:
-            return None, None, None  # in a shard folder, but no checkpoint's: nobody's
-        return groups.get(owner.checkpoint), owner.name, owner.tag
-    g = _owner(groups, key)
-    if g is None or not _is_direct(key, groups):
-        return g, None, None
-    name = key.rpartition("/")[2]
-    return g, name, owned_tag(name)
-
-
 def _read_controls(
-    store: ObjectStore, groups: Mapping[str, _Group]
+    store: ObjectStore, groups: Mapping[str, Group]
 ) -> tuple[dict[str, Manifest | str], dict[str, str]]:
     """The commit markers (or why each cannot be read) and the pins' reasons, by prefix."""
     markers = [d for d, g in groups.items() if g.marker]
@@ -289,21 +180,6 @@ def _read_controls(
     return manifests, reasons
 
 
-def _owner(groups: Mapping[str, _Group], key: str) -> _Group | None:
-    """The innermost checkpoint group whose prefix holds ``key``."""
-    head = key
-    while "/" in head:
-        head = head.rpartition("/")[0]
-        g = groups.get(head + "/")
-        if g is not None:
-            return g
-    return None
-
-
-def _is_direct(key: str, groups: Mapping[str, _Group]) -> bool:
-    return key.rpartition("/")[0] + "/" in groups
-
-
 def read_manifest(store: ObjectStore, prefix: str, *, size: int | None = None) -> Manifest | str:
     """The commit marker under ``prefix``, or why it cannot be read (a damaged marker:
     anything :meth:`Manifest.from_json` refuses, or more than
@@ -320,7 +196,8 @@ def read_manifest(store: ObjectStore, prefix: str, *, size: int | None = None) -
             "have; not read"
         )
     try:
-        raw = store.get(key) if size is None else _read_head(store, key, size)
+        with expecting("not_found"):  # deleted since the listing (a prune, an rm): a race
+            raw = store.get(key) if size is None else _read_head(store, key, size)
         return Manifest.from_json(raw, where=key)
     except CorruptCheckpointError as exc:
         return exc.message
@@ -349,7 +226,8 @@ def _read_head(store: ObjectStore, key: str, size: int) -> bytes:
 
 def _read_pin(store: ObjectStore, prefix: str) -> str | None:
     try:
-        raw = store.get(prefix + PIN_NAME)
+        with expecting("not_found"):  # unpinned since the listing: a race
+            raw = store.get(prefix + PIN_NAME)
     except StoreError:
         return None
     try:
@@ -365,7 +243,7 @@ def _info(
     root: StoreURL,
     run: str,
     d: str,
-    g: _Group,
+    g: Group,
     manifest: Manifest | str | None,
     pin: str | None,
     cutoff: float,
@@ -435,7 +313,11 @@ def _info(
     )
 
 
-def _metadata_stale(g: _Group, manifest: Manifest) -> bool:
+def _tag(manifest: Manifest | str | None) -> str | None:
+    return manifest.tag if isinstance(manifest, Manifest) else None
+
+
+def _metadata_stale(g: Group, manifest: Manifest) -> bool:
     """Whether the plain ``.metadata`` copy needs rewriting (a cheap signal from the listing;
     the rewrite verifies the source against the marker)."""
     if manifest.metadata_key == METADATA_NAME:

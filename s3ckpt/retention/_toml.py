@@ -260,12 +260,31 @@ def _is_bare_name(name: str) -> bool:
     return "/" not in name and "\\" not in name and not name.endswith(".toml")
 
 
+def _missing_file(p: Path) -> PolicyError:
+    """A policy path that does not exist; named after a built-in policy, say so."""
+    name = p.name.removesuffix(".toml")
+    builtins = _builtin_files()
+    if name in builtins:
+        hint = (
+            f'the built-in policy "{name}" ships with s3ckpt: use policy="{name}" '
+            f"(Python) or --policy {name} (CLI)"
+        )
+    else:
+        hint = f"built-in policies: {', '.join(sorted(builtins)) or 'none installed'}"
+    return PolicyError(f"{p}: cannot read the policy file: no such file; {hint}", source=str(p))
+
+
 def load_policy(path: str | Path) -> Policy:
     """Read and parse a TOML policy file (see :func:`parse_policy`).
 
     ``path`` is a policy file, or, as a string, the name of a built-in policy (see
     :func:`builtin_policies`): a name has no path separator and no ``.toml`` suffix. A file
     that exists wins over a built-in of the same name.
+
+    A path that does not exist is an error, also when it names a built-in policy's file
+    (``policies/pretraining.toml``, as in the repository, absent from a pip install): the
+    message then says to use the built-in name. A missing file is never silently replaced
+    by the built-in, which may differ from the file the caller meant.
 
     Raises:
         PolicyError: The file cannot be read or is not a valid policy, or the name is
@@ -285,6 +304,8 @@ def load_policy(path: str | Path) -> Policy:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise _missing_file(p) from exc
     except OSError as exc:
         raise PolicyError(
             f"{p}: cannot read the policy file: {exc.strerror or exc}", source=str(p)

@@ -47,6 +47,7 @@ from s3ckpt.errors import (
     StoreError,
     UnsupportedOperationError,
 )
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store.base import ObjectStore, UploadInfo
 
 __all__ = [
@@ -255,7 +256,8 @@ def _put(
 def _refused(action: Callable[[], object]) -> bool:
     """Whether ``action`` (a conditional request that must fail) answered 412."""
     try:
-        action()
+        with expecting("precondition_failed"):  # what the probe asks for: not a failure
+            action()
     except PreconditionFailedError:
         return True
     except ObjectNotFoundError:
@@ -268,7 +270,8 @@ def _probe_delete(store: ObjectStore, key: str, body: bytes, echo: list[bool]) -
     if delete_if_match is None:
         return False
     try:
-        delete_if_match(key, WRONG_ETAG)
+        with expecting("precondition_failed"):  # the answer a conforming store gives
+            delete_if_match(key, WRONG_ETAG)
     except PreconditionFailedError:
         return store.head(key) is not None
     except (UnsupportedOperationError, AccessDeniedError, ObjectNotFoundError):
@@ -278,7 +281,8 @@ def _probe_delete(store: ObjectStore, key: str, body: bytes, echo: list[bool]) -
         return False
     if store.head(key) is None:  # the store deleted it: put the caller's object back
         try:
-            _put(store, key, body, echo, if_none_match=True)
+            with expecting("precondition_failed"):
+                _put(store, key, body, echo, if_none_match=True)
         except PreconditionFailedError:
             pass  # someone wrote it meanwhile: theirs stays
     return False
@@ -325,7 +329,8 @@ def probe_capabilities(
         if body is None:
             raise ValueError(f"cannot probe {key!r}: it does not exist and no body was given")
         try:
-            _put(store, key, body, echo, if_none_match=True)
+            with expecting("precondition_failed"):
+                _put(store, key, body, echo, if_none_match=True)
         except PreconditionFailedError:
             pass  # created meanwhile (by the caller's own retry or another process)
     if info is not None or body is None:

@@ -14,7 +14,9 @@ from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.metrics.instrument import record_request
+from s3ckpt.errors import ObjectNotFoundError, PreconditionFailedError
+from s3ckpt.metrics import Outcome
+from s3ckpt.metrics.instrument import expected_outcome, record_request
 from s3ckpt.store._adaptive import AdaptiveLimiter
 from s3ckpt.store._errors import is_throttle, is_transient, map_error, timeout_kind
 from s3ckpt.store.base import Buffer
@@ -85,7 +87,9 @@ def call(
 
     Every request is counted once, when it ends, by
     :func:`~s3ckpt.metrics.instrument.record_request` (its attempts, how many were
-    throttled, and whether it succeeded), for the operation running in this context.
+    throttled, and its outcome), for the operation running in this context. A 404 or 412
+    counts as the expected outcome where the caller said so
+    (:func:`~s3ckpt.metrics.instrument.expecting`), else as a failure.
 
     Raises:
         StoreError: The last failure, mapped by :func:`~s3ckpt.store._errors.map_error`.
@@ -94,7 +98,7 @@ def call(
     started = time.monotonic()
     queued = [0.0]  # seconds the attempts waited for the limiter, read by the deadline
     throttled = [0]  # attempts answered with a throttling code (metrics)
-    ok = False
+    outcome: Outcome = "failed"
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -117,7 +121,7 @@ def call(
             with attempt:
                 if limiter is None:
                     result = fn()
-                    ok = True
+                    outcome = "ok"
                     return result, attempts
                 slot = limiter.acquire(sleep)
                 queued[0] += slot.queued
@@ -130,12 +134,12 @@ def call(
                         limiter.failed(slot)
                     raise
                 limiter.succeeded(slot)
-                ok = True
+                outcome = "ok"
                 return result, attempts
     except Exception as exc:  # mapped at this one edge
         if is_throttle(exc):  # the last attempt (before_sleep saw the others)
             throttled[0] += 1
-        raise map_error(
+        mapped = map_error(
             exc,
             operation=operation,
             bucket=bucket,
@@ -144,7 +148,12 @@ def call(
             attempts=attempts,
             elapsed=time.monotonic() - started,
             transfer_config=config,
-        ) from exc
+        )
+        if isinstance(mapped, ObjectNotFoundError):
+            outcome = expected_outcome("not_found")
+        elif isinstance(mapped, PreconditionFailedError):
+            outcome = expected_outcome("precondition_failed")
+        raise mapped from exc
     finally:
-        record_request(operation, max(attempts, 1), throttled[0], ok)
+        record_request(operation, max(attempts, 1), throttled[0], outcome)
     raise AssertionError("unreachable")  # pragma: no cover

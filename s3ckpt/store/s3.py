@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import _reply, _wire
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._body import BufferBody
@@ -305,13 +306,14 @@ class S3Store:
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """See :meth:`ObjectStore.abort_multipart`."""
         try:
-            self._call(
-                "abort_multipart",
-                key,
-                lambda: self.client.abort_multipart_upload(
-                    Bucket=self._bucket, Key=key, UploadId=upload_id
-                ),
-            )
+            with expecting("not_found"):  # an upload already gone: aborted, as the protocol says
+                self._call(
+                    "abort_multipart",
+                    key,
+                    lambda: self.client.abort_multipart_upload(
+                        Bucket=self._bucket, Key=key, UploadId=upload_id
+                    ),
+                )
         except ObjectNotFoundError:
             pass
 
@@ -350,7 +352,8 @@ class S3Store:
         """See :meth:`ObjectStore.head`."""
         args = {"Bucket": self._bucket, "Key": key, **sse_args(self.s3_config, upload=False)}
         try:
-            resp = self._call("head", key, partial(self._head_checked, args))
+            with expecting("not_found"):  # a HEAD asks whether it exists: 404 is an answer
+                resp = self._call("head", key, partial(self._head_checked, args))
         except ObjectNotFoundError:
             return None
         return ObjectInfo(

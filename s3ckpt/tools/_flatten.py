@@ -9,6 +9,11 @@ shape of the tree:
 * which containers were ``dict`` / ``list`` / ``tuple``, in their original order;
 * dict keys with their type (``str`` or ``int``: ``optimizer.state_dict()["state"]`` is
   keyed by parameter index);
+* which dicts were ``OrderedDict`` s, with the ``_metadata`` attribute that
+  ``module.state_dict()`` sets (per-module version numbers, which ``load_state_dict``
+  hands to modules' ``_load_from_state_dict`` upgrades) when it holds plain values; such
+  a dict comes back an ``OrderedDict`` with its ``_metadata`` (extra fields of the dict's
+  node, which readers before this field ignore: they build a plain ``dict``);
 * every non-tensor leaf inline as JSON: ``None``, ``bool``, ``int`` (any size), ``float``
   (``repr`` round-trips exactly; NaN and infinities included), ``str``;
 * which flat key holds each tensor (dots inside keys, such as ``layers.0.weight``, are
@@ -28,6 +33,7 @@ unflattens by splitting names on dots into nested dicts.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal, overload
 
@@ -83,14 +89,22 @@ def flatten_state_dict(state_dict: Mapping[Any, Any], *, objects: bool = False) 
                     )
                 child = f"{path}.{k}" if path else str(k)
                 items.append([k, walk(v, child)])
-            return {"d": items}
+            node: dict[str, Any] = {"d": items}
+            if isinstance(obj, OrderedDict):
+                node["od"] = 1
+            meta = _plain_metadata(getattr(obj, "_metadata", None))
+            if meta is not None:
+                node["md"] = meta
+            return node
         if isinstance(obj, (list, tuple)):
             children = [walk(v, f"{path}.{i}" if path else str(i)) for i, v in enumerate(obj)]
             return {"tu" if isinstance(obj, tuple) else "l": children}
         if obj is None or isinstance(obj, (bool, int, str)):
             return {"v": obj}
-        if isinstance(obj, float):
-            return {"f": repr(obj)}
+        # A float subclass (numpy.float64) stays an object with objects, so that it comes
+        # back as itself; without, it is stored as its float (its repr is not a float's).
+        if isinstance(obj, float) and (type(obj) is float or not objects):
+            return {"f": repr(float(obj))}
         if objects:
             name = name_for(path)
             flat[name] = obj
@@ -135,7 +149,12 @@ def unflatten_state_dict(flat: Mapping[str, Any]) -> Any:
                         f"the schema names {what} {node[kind]!r}, which is missing"
                     ) from None
         if "d" in node:
-            return {k: build(v) for k, v in node["d"]}
+            if not node.get("od") and "md" not in node:
+                return {k: build(v) for k, v in node["d"]}
+            out: dict[Any, Any] = OrderedDict((k, build(v)) for k, v in node["d"])
+            if "md" in node:
+                setattr(out, "_metadata", OrderedDict((p, dict(kv)) for p, kv in node["md"]))  # noqa: B010
+            return out
         if "l" in node:
             return [build(v) for v in node["l"]]
         if "tu" in node:
@@ -145,3 +164,21 @@ def unflatten_state_dict(flat: Mapping[str, Any]) -> Any:
         return node["v"]
 
     return build(doc["tree"])
+
+
+def _plain_metadata(meta: Any) -> list[list[Any]] | None:
+    """``state_dict()._metadata`` (``{module prefix: {"version": 1, ...}}``) as JSON pairs in
+    order, or None when there is none or it holds anything but plain values."""
+    if not isinstance(meta, Mapping):
+        return None
+    out: list[list[Any]] = []
+    for prefix, fields in meta.items():
+        if not isinstance(prefix, str) or not isinstance(fields, Mapping):
+            return None
+        pairs = []
+        for k, v in fields.items():
+            if not isinstance(k, str) or not (v is None or isinstance(v, (bool, int, float, str))):
+                return None
+            pairs.append([k, v])
+        out.append([prefix, pairs])
+    return out

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from s3ckpt._time import aware_now, iso_z
-from s3ckpt._units import format_bytes
+from s3ckpt._units import format_bytes, plural
 from s3ckpt._version import __version__
 from s3ckpt.errors import ConfigError
 from s3ckpt.retention import (
@@ -396,7 +396,10 @@ class Report:
     def summary(self) -> dict[str, object]:
         """Totals over all runs (JSON-ready; the page's top ``data-field`` values)."""
         doc: dict[str, object] = {"runs": len(self.runs), "checkpoints": self.num_checkpoints}
-        counts: dict[str, int] = {}
+        # Every count present, zeros included, when there is no run at all (an empty prefix).
+        counts: dict[str, int] = dict.fromkeys((*STATES, "pinned"), 0)
+        if self.policy is not None:
+            counts.update(dict.fromkeys(("keep", "delete", "skip"), 0))
         by_class: dict[str, int] = {}
         for r in self.runs:
             for k, v in r.counts().items():
@@ -718,6 +721,31 @@ def _time_ticks(lo: float, hi: float, n: int = 6) -> tuple[list[float], str]:
     return ticks, fmt
 
 
+def _step_axis(steps: Sequence[float]) -> tuple[float, float, list[float]]:
+    """The step axis: its range and its ticks.
+
+    Steps are whole numbers, so are the ticks. One step (or several saves of the same
+    step) sits in the middle of a range of at least one step either side (5 % of the step
+    for big ones), which starts at 0 at the lowest when no step is negative: a run whose
+    only checkpoint is step 0 gets an axis from 0 to 1, never negative step labels.
+    """
+    if not steps:
+        return 0.0, 1.0, []
+    lo, hi = min(steps), max(steps)
+    if hi <= lo:
+        pad = max(1.0, float(math.ceil(abs(lo) * 0.05)))
+        lo, hi = (max(lo - pad, 0.0) if lo >= 0 else lo - pad), hi + pad
+    return lo, hi, [t for t in _nice_ticks(lo, hi, 8) if t == math.floor(t)]
+
+
+def _time_range(times: Sequence[float]) -> tuple[float, float]:
+    """The commit-time axis' range: one commit time (or all equal) is centred in an hour."""
+    if not times:
+        return 0.0, 1.0
+    lo, hi = min(times), max(times)
+    return (lo - 1800.0, hi + 1800.0) if hi <= lo else (lo, hi)
+
+
 class _Scale:
     def __init__(self, lo: float, hi: float, out_lo: float, out_hi: float) -> None:
         if hi <= lo:
@@ -755,7 +783,8 @@ def _title(r: CheckpointRow, metric: str | None) -> str:
         state += f" · pinned: {c.pinned}"
     lines.append(state)
     lines.append(
-        f"{format_bytes(c.size)} ({c.size} B) · {c.num_objects} objects · {format_usd(r.cost)}/mo"
+        f"{format_bytes(c.size)} ({c.size} B) · {plural(c.num_objects, 'object')} · "
+        f"{format_usd(r.cost)}/mo"
     )
     if metric is not None and metric in c.metrics:
         lines.append(f"{metric} = {_metric_text(c.metrics[metric])}")
@@ -771,8 +800,9 @@ def _chart(rr: RunReport, rid: str) -> str:
     steps = [float(r.info.step) for r in rows if r.info.step is not None]
     times = [r.time.timestamp() for r in rows if r.time is not None]
     ys = [y for y in (_y_value(r, rr.metric) for r in rows) if y is not None]
-    sx = _Scale(min(steps, default=0.0), max(steps, default=1.0), *_XR)
-    st = _Scale(min(times, default=0.0), max(times, default=1.0), *_XR)
+    step_lo, step_hi, step_ticks = _step_axis(steps)
+    sx = _Scale(step_lo, step_hi, *_XR)
+    st = _Scale(*_time_range(times), *_XR)
     ylo, yhi = min(ys, default=0.0), max(ys, default=1.0)
     ticks_y = _nice_ticks(ylo, yhi, 5)
     if len(ticks_y) > 1:
@@ -805,7 +835,7 @@ def _chart(rr: RunReport, rid: str) -> str:
     )
     # x axes: both drawn, CSS shows the one the section's data-x names.
     out.append('<g class="ax ax-step">')
-    for t in _nice_ticks(sx.lo, sx.hi, 8) if steps else []:
+    for t in step_ticks:
         x = sx(t)
         if _XR[0] - 1 <= x <= _XR[1] + 1:
             out.append(

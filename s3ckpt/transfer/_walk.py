@@ -245,7 +245,11 @@ class RangeWalk(Generic[T]):
         with ThreadPoolExecutor(workers, thread_name_prefix=self.thread_name_prefix) as pool:
             fetch = in_context(self.fetch)  # requests count for the caller's load (metrics)
             futures = [pool.submit(fetch, n, r, job=i) for i, (n, r) in enumerate(jobs)]
-            _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
+            try:
+                _, not_done = wait(futures, return_when=FIRST_EXCEPTION)
+            except BaseException:  # Ctrl-C: end with the requests in flight, start no more
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
             for fut in not_done:
                 fut.cancel()
             for fut in futures:

@@ -210,3 +210,179 @@ def train_worker(
     result = {"losses": losses, "hooks": hooks, "latest": latest}
     (Path(out) / f"result_{rank}.json").write_text(json.dumps(result))
     accelerator.end_training()
+
+
+# -- mid-epoch resume: s3ckpt against accelerate's own local save_state ------------------------
+RESUME_SAMPLES = 48  # 12 batches of 4 per epoch on one rank, 6 per rank on two
+MID = 2  # batches of the first epoch seen before the save
+
+
+class Step:
+    """The training step, kept with the checkpoint: docs/frameworks/accelerate.md's
+    snippet for recovering the step after ``load_state``."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.value}
+
+    def load_state_dict(self, sd: dict[str, int]) -> None:
+        self.value = int(sd["step"])
+
+
+def _resume_setup(rank: int, world: int, port: int, stateful: bool) -> Any:
+    _block_s3fs()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    set_torchrun_env(rank, world, port)
+    import numpy as np
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from s3ckpt.accelerate import use_s3ckpt
+
+    torch.set_num_threads(1)
+    config = DataLoaderConfiguration(use_stateful_dataloader=stateful)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    torch.manual_seed(0)
+    random.seed(1)
+    np.random.seed(2)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.arange(float(RESUME_SAMPLES)).unsqueeze(1))
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    # The docs' snippet: a registered object holds the step; `step=` records it.
+    progress = Step()
+    accelerator.register_for_checkpointing(progress)
+    ckpt = use_s3ckpt(accelerator, step=lambda: progress.value)
+    return accelerator, model, opt, loader, progress, ckpt
+
+
+def _batches(loader: Any, model: Any, opt: Any, accelerator: Any, progress: Step) -> list[Any]:
+    """Train on every batch ``loader`` yields; the samples of each, and a draw from each
+    global RNG after it (a resume that missed one shows up)."""
+    import numpy as np
+
+    seen = []
+    for (x,) in loader:
+        loss = model(x).pow(2).mean()
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        progress.value += 1
+        draws = [torch.rand(()).item(), random.random(), float(np.random.rand())]
+        seen.append([x.flatten().tolist(), draws])
+    return seen
+
+
+def resume_worker(
+    rank: int, world: int, port: int, mode: str, url: str, local: str, out: str, phase: str
+) -> None:
+    """``phase`` "save": train ``MID`` batches of the first epoch, save to ``url`` (s3ckpt)
+    and to ``local`` (accelerate's own ``save_state``), then train on to the end of the
+    second epoch. "resume" (a fresh process): load ``local``, then ``url``, each followed by
+    the rest of the first epoch (``mode`` "stateful": the stateful loader resumes itself;
+    "skip": ``skip_first_batches``) and the second. Writes what each run saw."""
+    accelerator, model, opt, loader, progress, ckpt = _resume_setup(
+        rank, world, port, mode == "stateful"
+    )
+    result: dict[str, Any] = {}
+    if phase == "save":
+        epoch = iter(loader)
+        result["before"] = [next(epoch)[0].flatten().tolist() for _ in range(MID)]
+        progress.value = MID
+        assert accelerator.save_state(url) == url.rstrip("/") + "/"
+        accelerator.save_state(local)  # a local path: accelerate's own code
+        rest = _batches(epoch, model, opt, accelerator, progress)
+        result["run"] = rest + _batches(loader, model, opt, accelerator, progress)
+    else:
+        for source in (local, url):
+            progress.value = -1
+            accelerator.load_state(source)
+            result[f"step_{source}"] = progress.value  # the docs' step recovery
+            first = accelerator.skip_first_batches(loader, MID) if mode == "skip" else loader
+            rest = _batches(first, model, opt, accelerator, progress)
+            result[source] = rest + _batches(loader, model, opt, accelerator, progress)
+    ckpt.remove()
+    (Path(out) / f"{phase}_{rank}.json").write_text(json.dumps(result))
+    accelerator.end_training()
+
+
+# -- NumPy state, refusals, save_model ------------------------------------------------------------
+class NumpyState:
+    """A registered object whose state holds NumPy values and what DCP alone would not
+    give back: ``None`` leaves, ``int`` keys, a tuple, an empty dict."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.state = sd
+
+
+class Opaque:
+    """A value class no allow-list knows."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def numpy_state() -> dict[str, Any]:
+    import numpy as np
+
+    return {
+        "mean": np.linspace(0, 1, 5, dtype=np.float32),
+        "counts": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "scale": np.float64(0.1),
+        "kind": np.dtype("<f2"),
+        "rng": np.random.default_rng(5).bit_generator.state,
+        "seen": {0: None, 7: (1, "a", None)},
+        "empty": {},
+        "weights": torch.arange(3.0),
+    }
+
+
+def seams_worker(rank: int, world: int, port: int, run: str, out: str) -> None:
+    """In ``out`` as the working directory: a registered object of NumPy state saves and
+    loads; an unlisted class fails the load with s3ckpt's error; ``save_model`` to a URL
+    writes shards, then one file. Writes ``seams.json`` and ``model.pt``."""
+    _block_s3fs()
+    os.chdir(out)  # relative paths land here: a local "s3:" folder would show
+    set_torchrun_env(rank, world, port)
+    from accelerate import Accelerator
+
+    from s3ckpt.accelerate import use_s3ckpt
+    from s3ckpt.errors import UnsafeCheckpointError
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2)))
+    held = NumpyState()
+    accelerator.register_for_checkpointing(held)
+    use_s3ckpt(accelerator)
+    result: dict[str, Any] = {}
+
+    held.state = numpy_state()
+    accelerator.save_state(f"{run}/numpy")
+    held.state = {"stale": 1}
+    accelerator.load_state(f"{run}/numpy")
+    torch.save(held.state, Path(out) / "loaded.pt")
+
+    held.state = {"opaque": Opaque(3)}
+    accelerator.save_state(f"{run}/opaque")
+    try:
+        accelerator.load_state(f"{run}/opaque")
+    except Exception as exc:  # an Exception: DCP's CheckpointException is not one
+        result["refused"] = [type(exc).__name__, isinstance(exc, UnsafeCheckpointError), str(exc)]
+
+    accelerator.save_model(model, f"{run}/sharded", max_shard_size=100)  # 3 shards, an index
+    accelerator.save_model(model, f"{run}/export", max_shard_size=100)
+    accelerator.save_model(model, f"{run}/export")  # one file: the shards and index go
+    torch.save(accelerator.unwrap_model(model).state_dict(), Path(out) / "model.pt")
+    (Path(out) / "seams.json").write_text(json.dumps(result))
+    accelerator.end_training()

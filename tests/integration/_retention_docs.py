@@ -69,9 +69,9 @@ def main_() -> None:
 
     run_cli("ls", f"s3://{BUCKET}/runs/llama-8b/")
     for name in ("keep-last-3", "pretraining", "finetuning"):
-        run_cli("prune", str(llm), "--policy", f"policies/{name}.toml", "--now", now_llm)
-    run_cli("prune", str(old), "--policy", "policies/archive.toml", "--now", now_old)
-    run_cli("prune", str(llm), "--policy", "policies/keep-last-3.toml", "--now", now_llm, "--apply")
+        run_cli("prune", str(llm), "--policy", name, "--now", now_llm)
+    run_cli("prune", str(old), "--policy", "archive", "--now", now_old)
+    run_cli("prune", str(llm), "--policy", "keep-last-3", "--now", now_llm, "--apply")
     server.stop()
 
 

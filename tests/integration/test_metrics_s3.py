@@ -6,6 +6,9 @@ parsed as Prometheus text and checked against the prune's ``--json``."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +32,7 @@ from tests.integration._retention_util import write_checkpoint
 
 pytestmark = pytest.mark.integration
 
+ROOT = Path(__file__).resolve().parents[2]
 FAST_RETRIES = TransferConfig(retry_initial_delay=0.01, retry_max_delay=0.05)
 
 
@@ -282,3 +286,57 @@ def _committed(store: S3Store, run: StoreURL) -> list[Any]:
     from s3ckpt.retention import list_checkpoints
 
     return [c for c in list_checkpoints(store, run) if c.is_committed]
+
+
+def test_a_healthy_job_has_no_failed_requests_only_expected_404s_and_412s(
+    bucket: str, moto_endpoint: str, tmp_path: Path
+) -> None:
+    """save + load + latest + retention prune + the cron's prune, in a fresh process: zero
+    failures in its totals and in every event, while the probes' 404s (the ``latest``
+    pointer and commit markers not written yet) and the conditional writes' 412s (the
+    released lease, the capability probe) are counted as expected."""
+    prom = tmp_path / "prune.prom"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.integration._healthy_job", bucket, str(prom)],
+        cwd=ROOT,
+        env={**os.environ, "AWS_ENDPOINT_URL": moto_endpoint},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["cli"] == 0
+    failed = {op: c["failed"] for op, c in doc["operations"].items() if c["failed"]}
+    assert doc["failed"] == 0, failed
+    assert doc["not_found"] > 0 and doc["precondition_failed"] > 0
+    assert doc["operations"]["head"]["not_found"] > 0  # probes of markers not written yet
+    events = doc["events"]
+    assert {"save", "load", "prune"} <= {e["kind"] for e in events}
+    assert all(e["ok"] and e["failed_requests"] == 0 for e in events), events
+    saves = [e for e in events if e["kind"] == "save"]
+    assert len(saves) == 3 and all(e["not_found"] >= 1 for e in saves)  # probed its marker
+    assert sum(e["precondition_failed"] for e in events if e["kind"] == "prune") >= 1  # lease
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(prom.read_text())
+        for s in fam.samples
+    }
+    assert samples[("s3ckpt_prune_failed_requests", ())] == 0
+    assert samples[("s3ckpt_prune_expected_requests", (("outcome", "precondition_failed"),))] >= 1
+
+
+def test_a_404_nobody_expected_is_still_a_failure(bucket: str, moto_endpoint: str) -> None:
+    from s3ckpt.errors import ObjectNotFoundError
+    from s3ckpt.metrics import instrument
+
+    store = S3Store(bucket, S3Config(endpoint_url=moto_endpoint))
+    with metrics.capture() as events, instrument.operation("load", f"s3://{bucket}/missing/"):
+        with pytest.raises(ObjectNotFoundError):
+            store.get("missing/data.distcp")  # a data object a manifest lists: a failure
+        with pytest.raises(ObjectNotFoundError), instrument.expecting("not_found"):
+            store.get("missing/s3ckpt.json")  # a probe that expects it
+        assert store.head("missing/s3ckpt.json") is None  # a HEAD asks: 404 is an answer
+    (event,) = [e for e in events if e.url == f"s3://{bucket}/missing/"]
+    assert (event.requests, event.failed_requests, event.not_found) == (3, 1, 2)
+    assert event.precondition_failed == 0

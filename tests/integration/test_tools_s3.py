@@ -84,7 +84,7 @@ def test_verify_catches_a_flipped_byte_and_a_truncated_object(
     doc = json.loads(out)
     assert doc["bad_items"] == ["model.layers.0.attn.w"] and doc["bad_objects"] == [rec.object]
     assert doc["problems"][0]["kind"] == "checksum"
-    assert "1 bad tensor(s)" in err
+    assert "1 problem: 1 bad tensor in 1 object;" in err
 
     # Truncate another object: the tensors in its lost tail are named.
     other = next(o for o in manifest.objects if o.name != rec.object and o.size > 1024)

@@ -164,3 +164,33 @@ def test_cli_prune_with_an_unknown_name_is_one_line_and_exit_2(
     assert main(["prune", "s3://bucket/runs/", "--policy", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "built-in: archive, finetuning" in err, err
+
+
+def test_a_missing_file_named_after_a_builtin_says_to_use_the_name(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # As from a wheel: the working directory has no policies/ folder.
+    monkeypatch.chdir(tmp_path)
+    hint = 'the built-in policy "pretraining" ships with s3ckpt: use policy="pretraining"'
+    for path in ("policies/pretraining.toml", Path("policies/pretraining.toml")):
+        with pytest.raises(PolicyError, match="no such file") as info:
+            load_policy(path)
+        assert hint in str(info.value)
+    with pytest.raises(PolicyError) as info:
+        load_policy("policies/nope.toml")  # not a built-in's name: the names are listed
+    assert "no such file; built-in policies: archive, finetuning" in str(info.value)
+    # Never the built-in silently in place of a missing file.
+    from s3ckpt.checkpointer import Checkpointer
+    from s3ckpt.store.memory import MemoryStore
+
+    with pytest.raises(PolicyError, match="no such file"):
+        Checkpointer("s3://bucket/runs/a", policy="policies/archive.toml", store=MemoryStore())
+    monkeypatch.setitem(os.environ, "AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    argv = ["prune", "s3://bucket/runs/", "--policy", "policies/keep-last-3.toml"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert 'no such file; the built-in policy "keep-last-3" ships with s3ckpt' in err
+    assert "--policy keep-last-3" in err

@@ -3,7 +3,9 @@
 torch and run ``s3ckpt ls``, ``prune --policy pretraining`` (a built-in name) and ``gc``
 against the moto server.
 
-Marked ``packaging`` (``make check-wheel``; ``make test`` runs it as its own phase). Its cost
+Marked ``packaging`` (``make check-wheel``; ``make test`` runs it as its own phase). The
+fixtures ``dists`` and ``venv`` live in tests/packaging/conftest.py (session scope: the doc test
+uses the same wheel). Its cost
 is one venv and one ``pip install`` of the wheel and its six small dependencies (about 10 s
 here, from the pip cache or the registry), plus the builds and commands (a few seconds).
 """
@@ -13,12 +15,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tarfile
 import time
 import tomllib
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,48 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 POLICY_FILES = sorted(p.name for p in (ROOT / "policies").glob("*.toml"))
 DAY = 86400.0
-
-
-def _hook(hook: str, out: Path, cwd: Path) -> Path:
-    """Run setuptools' PEP 517 ``hook`` in ``cwd`` (no isolation: the venv's setuptools)."""
-    code = f"from setuptools import build_meta as b; print(b.{hook}({str(out)!r}))"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return out / proc.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
-def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(sdist, wheel): the sdist of the checkout, and the wheel built from that sdist."""
-    out = tmp_path_factory.mktemp("dist")
-    t0 = time.perf_counter()
-    sdist = _hook("build_sdist", out, ROOT)
-    with tarfile.open(sdist) as tar:
-        tar.extractall(out / "src", filter="data")
-    wheel = _hook("build_wheel", out, out / "src" / f"s3ckpt-{VERSION}")
-    print(f"\nsdist and wheel built in {time.perf_counter() - t0:.1f}s")
-    return sdist, wheel
-
-
-@pytest.fixture(scope="module")
-def venv(dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh venv with the wheel installed (no extras): its ``bin`` directory."""
-    where = tmp_path_factory.mktemp("venv") / "v"
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=120)
-    pip = [str(where / "bin" / "python"), "-m", "pip", "install", "-q"]
-    pip += ["--disable-pip-version-check", "--prefer-binary", "--no-compile"]
-    proc = subprocess.run(
-        [*pip, "-c", str(ROOT / "constraints.txt"), str(dists[1])],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    print(f"\nfresh venv with the wheel installed in {time.perf_counter() - t0:.1f}s")
-    yield where / "bin"
 
 
 def test_the_wheel_holds_the_package_license_py_typed_and_policies(
@@ -197,6 +155,28 @@ def test_the_installed_cli_runs_ls_prune_and_gc_without_torch(
 
     doc = json.loads(_s3ckpt(venv, "gc", root, "--json").stdout)
     assert doc["applied"] is False and doc["exit_code"] == 0
+
+
+def test_the_demo_prints_its_retention_reasons_from_the_wheel(
+    venv: Path, seeded_bucket: str, tmp_path: Path
+) -> None:
+    # The demo's catalog and reasons (its step 3) need no torch: run them from the installed
+    # wheel, in a folder without the repository's policies/.
+    code = (
+        "from s3ckpt.demo import _print_checkpoints; from s3ckpt.store import open_store; "
+        f"_print_checkpoints(*open_store('s3://{seeded_bucket}/runs/a/'))"
+    )
+    proc = subprocess.run(
+        [str(venv / "python"), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kept = {line.split()[0]: line.partition("kept: ")[2] for line in proc.stdout.splitlines()}
+    assert kept["step_000006000"] == "newest committed; last 3", proc.stdout
+    assert kept["step_000004000"] == "last 3" and kept["step_000001000"] == "-"
 
 
 def test_commands_that_need_an_extra_say_which_without_torch(venv: Path, bucket: str) -> None:

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "s3ckpt"
 # nothing above it.
 LAYERS: list[set[str]] = [
     {"errors", "_version", "_time", "_units", "_crc", "_gc", "metrics"},  # leaves
-    {"_step_names"},  # steps from checkpoint names (RE2 for users' patterns)
+    {"_step_names", "_scalars"},  # steps from checkpoint names (RE2); metric values as floats
     {"config", "uri", "format"},  # configuration, URLs, the names and manifest on the bucket
     {"store"},  # ObjectStore: S3Store, FsspecStore, MemoryStore, retry policy
     {"transfer", "_commit", "_tombstone"},  # part pool, uploads, read walk; commit protocol

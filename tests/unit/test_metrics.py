@@ -274,3 +274,105 @@ def test_public_names() -> None:
         for n in dir(metrics)
         if n.isidentifier() and not n.startswith("_") and n not in {"annotations", "instrument"}
     )
+
+
+# -- outcomes: expected 404s and 412s are not failures -----------------------------------------
+def _counts(t: metrics.Totals, op: str) -> metrics.RequestCounts:
+    return t.operations.get(op, metrics.RequestCounts())
+
+
+def test_expected_answers_count_apart_from_failures() -> None:
+    before = metrics.totals()
+    with metrics.capture() as events, instrument.operation("load", "s3://b/r/step_1"):
+        # What store/_request.call does when a request ends 404 / 412 / otherwise.
+        with instrument.expecting("not_found"):
+            instrument.record_request("get", 1, 0, instrument.expected_outcome("not_found"))
+            # only what the block expects: a 412 here is still a failure
+            outcome = instrument.expected_outcome("precondition_failed")
+            instrument.record_request("put", 1, 0, outcome)
+        with instrument.expecting("precondition_failed"):
+            ended = instrument.expected_outcome("precondition_failed")
+            instrument.record_request("put", 2, 0, ended)
+        # outside any expecting block: a 404 is a failure
+        instrument.record_request("get", 1, 0, instrument.expected_outcome("not_found"))
+        instrument.record_request("get", 1, 0, "ok")
+    (event,) = events
+    assert (event.requests, event.failed_requests) == (5, 2)
+    assert (event.not_found, event.precondition_failed, event.retries) == (1, 1, 1)
+    after = metrics.totals()
+    get, put = _counts(after, "get"), _counts(after, "put")
+    get0, put0 = _counts(before, "get"), _counts(before, "put")
+    assert (get.requests - get0.requests, get.failed - get0.failed) == (3, 1)
+    assert get.not_found - get0.not_found == 1
+    assert (put.failed - put0.failed, put.precondition_failed - put0.precondition_failed) == (1, 1)
+    assert after.failed - before.failed == 2
+    assert after.expected - before.expected == 2
+
+
+def test_expecting_ends_with_its_block_and_bools_still_count() -> None:
+    with instrument.expecting("not_found", "precondition_failed"):
+        assert instrument.expected_outcome("not_found") == "not_found"
+        assert instrument.expected_outcome("precondition_failed") == "precondition_failed"
+    assert instrument.expected_outcome("not_found") == "failed"
+    before = metrics.totals()
+    instrument.record_request("head", 1, 0, False)  # the older form: ok=False
+    instrument.record_request("head", 1, 0, True)
+    after = metrics.totals()
+    assert after.failed - before.failed == 1
+    assert after.requests - before.requests == 2
+    with pytest.raises(ValueError, match="unknown request outcome"):
+        instrument.record_request("head", 1, 0, "gone")  # type: ignore[arg-type]
+
+
+def test_the_text_file_carries_failed_and_expected_requests(tmp_path: Path) -> None:
+    text = metrics.render_textfile(
+        "gc",
+        [],
+        success=True,
+        finished_at=1.8e9,
+        duration_s=1.0,
+        requests=9,
+        failed=1,
+        not_found=3,
+        precondition_failed=2,
+    )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    assert samples[("s3ckpt_gc_failed_requests", ())] == 1
+    assert samples[("s3ckpt_gc_expected_requests", (("outcome", "not_found"),))] == 3
+    assert samples[("s3ckpt_gc_expected_requests", (("outcome", "precondition_failed"),))] == 2
+
+
+def test_opentelemetry_counts_failed_and_expected_requests() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    with metrics.OpenTelemetryMetrics(provider):
+        rec = instrument.Recorder("save", "s3://bkt/run/step_5", step=5)
+        with instrument.bound(rec):
+            instrument.record_request("head", 1, 0, "not_found")
+            instrument.record_request("head", 1, 0, "not_found")
+            instrument.record_request("put", 1, 0, "precondition_failed")
+            instrument.record_request("put", 1, 0, "failed")
+        rec.finish()
+    data = reader.get_metrics_data()
+    assert data is not None
+    points: dict[str, list[Any]] = {
+        m.name: list(m.data.data_points)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert points["s3ckpt.requests"][0].value == 4
+    assert points["s3ckpt.requests.failed"][0].value == 1
+    expected = {
+        dict(p.attributes or {})["s3ckpt.outcome"]: p.value
+        for p in points["s3ckpt.requests.expected"]
+    }
+    assert expected == {"not_found": 2, "precondition_failed": 1}
+    provider.shutdown()

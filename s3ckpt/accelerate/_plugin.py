@@ -1,0 +1,489 @@
+"""The plug-in: :class:`S3Checkpointing`, what :func:`s3ckpt.accelerate.use_s3ckpt`
+installs on one ``Accelerator`` (see the package docs)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from s3ckpt.accelerate._common import dcp_call, entry_name, is_url, version
+from s3ckpt.accelerate._model_files import model_state_dict, write_model_files
+from s3ckpt.accelerate._state import (
+    OPTIONAL,
+    apply_state,
+    optimizers,
+    other_names,
+    other_state,
+    pack,
+    saved_entry,
+    set_rng_state,
+    unpack,
+    watch_epochs,
+)
+from s3ckpt.checkpointer import RetentionRecord, RetentionRunner
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.dcp import S3StorageReader, S3StorageWriter, SafeGlobal
+from s3ckpt.errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    ConfigError,
+)
+from s3ckpt.format import MANIFEST_NAME, checkpoint_step
+from s3ckpt.retention import CheckpointState, KeepLast, list_checkpoints
+from s3ckpt.retention import load_policy as load_policy_file
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.uri import StoreURL, parse_url
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from s3ckpt.retention import Policy, PruneResult
+
+__all__ = ["S3Checkpointing"]
+
+log = logging.getLogger("s3ckpt")
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where a save or load goes: the checkpoint and its run (the parent prefix)."""
+
+    url: StoreURL
+    run: StoreURL
+    automatic: bool = False
+
+
+class S3Checkpointing:
+    """s3ckpt installed on one ``Accelerator``; made by
+    :func:`~s3ckpt.accelerate.use_s3ckpt`.
+
+    :meth:`save_state` and :meth:`load_state` are what ``accelerator.save_state`` and
+    ``accelerator.load_state`` now are (same arguments); call either. Both are collective:
+    call them on every rank, as with accelerate.
+
+    Attributes:
+        policy: The retention policy (``None``: none).
+        last_saved: URL of the last checkpoint this process saved (``None`` before).
+    Retention passes run on the main process, one at a time, in the background; failures
+    never fail training (they are logged). :attr:`last_retention` and
+    :attr:`retention_history` show them.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        *,
+        policy: Policy | str | None,
+        s3_config: S3Config | None,
+        transfer_config: TransferConfig | None,
+        step: Callable[[], int] | None,
+        verify_checksums: bool,
+        safe_globals: Sequence[SafeGlobal],
+        allow_unsafe_pickle: bool,
+        retention_grace: timedelta,
+    ) -> None:
+        from accelerate.utils import DistributedType
+
+        if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
+            raise ConfigError(
+                f"s3ckpt.accelerate does not support {accelerator.distributed_type}: its "
+                "engines save themselves (DDP, FSDP and single-process runs are supported)"
+            )
+        self.accelerator = accelerator
+        self.policy: Policy | None = load_policy_file(policy) if isinstance(policy, str) else policy
+        self.s3_config = s3_config or S3Config()
+        self.transfer_config = transfer_config or TransferConfig()
+        self.verify_checksums = verify_checksums
+        self.safe_globals = tuple(safe_globals)
+        self.allow_unsafe_pickle = allow_unsafe_pickle
+        self.retention_grace = retention_grace
+        self.last_saved: str | None = None
+        self._step_fn = step
+        self._stores: dict[tuple[str, str], ObjectStore] = {}
+        self._runners: dict[StoreURL, RetentionRunner] = {}
+        self._last_runner: RetentionRunner | None = None
+        # A dedicated gloo group (a collective): checkpoint traffic never interleaves with
+        # training collectives, and DCP's object gathers need a CPU backend under NCCL.
+        self._pg: dist.ProcessGroup | None = None
+        self._rank = 0
+        if dist.is_available() and dist.is_initialized():
+            self._rank = dist.get_rank()
+            if dist.get_world_size() > 1:
+                self._pg = dist.new_group(backend="gloo")
+        # The originals: the class's methods bound to this instance.
+        self._original_save = accelerator.save_state
+        self._original_load = accelerator.load_state
+        self._original_save_model = accelerator.save_model
+        self._original_prepare = accelerator.prepare
+        accelerator.save_state = self.save_state
+        accelerator.load_state = self.load_state
+        accelerator.save_model = self.save_model
+        accelerator.prepare = self._prepare
+        self._watch()
+
+    @property
+    def _fsdp(self) -> bool:
+        from accelerate.utils import DistributedType
+
+        return bool(self.accelerator.distributed_type == DistributedType.FSDP)
+
+    # -- public API ---------------------------------------------------------------------------
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> Any:
+        """``Accelerator.save_state``: a URL (or automatic naming under a URL
+        ``project_dir``) saves through s3ckpt and returns the checkpoint's URL; anything
+        else is accelerate's own ``save_state``.
+
+        ``safe_serialization`` does not apply to URLs: every item is a DCP item, and
+        non-tensor ones load with ``weights_only``.
+
+        Raises:
+            CheckpointExistsError: automatic naming, and ``checkpoint_{save_iteration}``
+                is already committed (as accelerate refuses an existing folder).
+        """
+        target = self._save_target(output_dir)
+        if target is None:
+            return self._original_save(
+                output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
+            )
+        return self._save(target)
+
+    def load_state(
+        self,
+        input_dir: str | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> None:
+        """``Accelerator.load_state``: a URL (or, with automatic naming under a URL
+        ``project_dir`` and no ``input_dir``, the newest committed ``checkpoint_{i}``)
+        loads through s3ckpt; anything else is accelerate's own ``load_state``.
+
+        Tensors load into the prepared objects where they are (``map_location`` and
+        ``load_kwargs`` do not apply to URLs). With automatic naming the next save goes to
+        the checkpoint after the one loaded (accelerate leaves that to the user).
+
+        Raises:
+            CheckpointNotFoundError: nothing committed at the URL (or under the run).
+            CheckpointError: the checkpoint lacks state this accelerator has (another
+                number of models, optimizers, schedulers or registered objects).
+        """
+        target = self._load_target(input_dir)
+        if target is None:
+            self._original_load(input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+            return
+        self._load(target)
+
+    def latest(self, run: str) -> str | None:
+        """The URL of the newest committed checkpoint under ``run`` (by step, then commit
+        time), or ``None``. Collective: the main process lists, every rank gets the answer.
+        """
+        url = parse_url(run)
+        return self._agree(lambda: self._latest(url))
+
+    @property
+    def last_retention(self) -> PruneResult | BaseException | None:
+        """The last retention pass's result, or the exception it failed with (on the main
+        process; ``None`` before the first pass)."""
+        return self._last_runner.last if self._last_runner is not None else None
+
+    @property
+    def retention_history(self) -> tuple[RetentionRecord, ...]:
+        """This process's retention passes (the last 100 per run), oldest first: the step
+        whose commit triggered each, and its result or the exception it failed with."""
+        records = [r for runner in self._runners.values() for r in runner.history]
+        return tuple(sorted(records, key=lambda r: r.started))
+
+    def wait(self) -> None:
+        """Block until the retention passes queued so far have run."""
+        for runner in self._runners.values():
+            runner.wait()
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """``Accelerator.save_model``: to a URL, the files accelerate writes to a folder
+        (``model.safetensors``, or ``model-00001-of-0000N.safetensors`` shards and
+        ``model.safetensors.index.json``; ``pytorch_model*.bin`` without
+        ``safe_serialization``), streamed to the store by the main process; anything else
+        is accelerate's own ``save_model``. Collective, as accelerate's is under FSDP.
+
+        Shards an earlier save left there that the new files replace are deleted after
+        the new index is written, as accelerate deletes them locally.
+
+        Raises:
+            ConfigError: a parameter on the ``meta`` device, or (with
+                ``safe_serialization``) a value safetensors cannot store; before anything
+                is written.
+        """
+        if not is_url(save_directory):
+            self._original_save_model(
+                model,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+            return
+        url = parse_url(str(save_directory))
+        state_dict = model_state_dict(self.accelerator, model, url)  # collective under FSDP
+        written = self._agree(
+            lambda: write_model_files(
+                state_dict,
+                url,
+                self._store(url),
+                self.transfer_config,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        )
+        log.info("s3ckpt: saved model %s (%s)", url, ", ".join(written))
+
+    def remove(self) -> None:
+        """Give the accelerator its own ``save_state``, ``load_state``, ``save_model``
+        and ``prepare`` back (after the retention passes queued so far)."""
+        for runner in self._runners.values():
+            runner.close()
+        self._runners.clear()
+        own = vars(self.accelerator)
+        for name in ("save_state", "load_state", "save_model", "prepare"):
+            if getattr(own.get(name), "__self__", None) is self:
+                del own[name]
+
+    def _prepare(self, *args: Any, **kwargs: Any) -> Any:
+        """``Accelerator.prepare``, then :meth:`_watch` the loaders it made."""
+        out = self._original_prepare(*args, **kwargs)
+        self._watch()
+        return out
+
+    def _watch(self) -> None:
+        """Each prepared loader records its generator as each epoch starts (for saves in
+        the middle of an epoch: :func:`~s3ckpt.accelerate._state.watch_epochs`)."""
+        for loader in self.accelerator._dataloaders:
+            watch_epochs(loader)
+
+    # -- where ----------------------------------------------------------------------------------
+    def _save_target(self, output_dir: str | None) -> _Target | None:
+        acc = self.accelerator
+        if acc.project_configuration.automatic_checkpoint_naming:
+            if not is_url(acc.project_dir):
+                return None
+            run = parse_url(str(acc.project_dir)).child("checkpoints")
+            return _Target(run.child(f"checkpoint_{acc.save_iteration}"), run, automatic=True)
+        if output_dir is None or not is_url(output_dir):
+            return None
+        url = parse_url(str(output_dir))
+        return _Target(url, url.parent)
+
+    def _load_target(self, input_dir: str | None) -> _Target | None:
+        acc = self.accelerator
+        if input_dir is not None:
+            if not is_url(input_dir):
+                return None
+            url = parse_url(str(input_dir))
+            return _Target(url, url.parent)
+        if not acc.project_configuration.automatic_checkpoint_naming or not is_url(acc.project_dir):
+            return None
+        run = parse_url(str(acc.project_dir)).child("checkpoints")
+        found = self._agree(lambda: self._latest(run))
+        if found is None:
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint under {run} to resume from (automatic checkpoint "
+                "naming); save one first, or pass input_dir",
+                bucket=run.bucket,
+                key=run.prefix,
+            )
+        url = parse_url(found)
+        return _Target(url, run, automatic=True)
+
+    # -- save -----------------------------------------------------------------------------------
+    def _save(self, target: _Target) -> str:
+        acc = self.accelerator
+        url = target.url
+        step = self._step(url)
+        models = list(acc._models)
+        model_sds = [get_model_state_dict(m) for m in models]
+        # accelerate's save pre-hooks see (models, weights, output_dir) and may take weights
+        # out (they saved those models themselves); under FSDP they see no weights.
+        weights: list[dict[str, Any]] = [] if self._fsdp else model_sds
+        for hook in acc._save_model_state_pre_hook.values():
+            hook(acc._models, weights, str(url))
+        sd: dict[str, Any] = {}
+        for i, msd in enumerate(model_sds if self._fsdp else weights):
+            sd[entry_name("model", i)] = msd
+        for j, (opt, owner) in enumerate(optimizers(acc, models)):
+            sd[entry_name("optim", j)] = get_optimizer_state_dict(owner, opt)
+        other = other_state(acc, self._rank)
+        sd.update((name, pack(value, name)) for name, value in other.items())
+
+        store = self._store(url)
+        committed = self._agree(lambda: store.head(url.key(MANIFEST_NAME)) is not None)
+        if committed and target.automatic:
+            raise CheckpointExistsError(
+                f"{url} is already committed (automatic checkpoint naming, save_iteration "
+                f"{acc.save_iteration}); set accelerator.project_configuration.iteration to "
+                "the next free number",
+                bucket=url.bucket,
+                key=url.key(MANIFEST_NAME),
+            )
+        writer = S3StorageWriter(
+            url,
+            s3_config=self.s3_config,
+            transfer_config=self.transfer_config,
+            overwrite=committed,  # safe: the old checkpoint stays loadable until this commits
+            step=step,
+            user_metadata={"framework": "accelerate", "accelerate_version": version()},
+            store=store,
+        )
+        with dcp_call("save", url, self._rank):
+            dcp.save(sd, storage_writer=writer, process_group=self._pg)
+        # Training goes on from exactly the RNG state saved, even if a library on the save
+        # path drew from a global generator (s3ckpt's own jitter uses private ones).
+        set_rng_state(other[f"random_states_{self._rank}"])
+        acc.project_configuration.iteration += 1
+        self.last_saved = str(url)
+        log.info("s3ckpt: saved %s (step %d)", url, step)
+        self._schedule_retention(target, step)
+        return str(url)
+
+    def _step(self, url: StoreURL) -> int:
+        if self._step_fn is not None:
+            return int(self._step_fn())
+        found = checkpoint_step(url.name)
+        return found if found is not None else int(self.accelerator.save_iteration)
+
+    # -- load -----------------------------------------------------------------------------------
+    def _load(self, target: _Target) -> None:
+        acc = self.accelerator
+        url = target.url
+        reader = S3StorageReader(
+            url,
+            s3_config=self.s3_config,
+            transfer_config=self.transfer_config,
+            verify_checksums=self.verify_checksums,
+            allow_unsafe_pickle=self.allow_unsafe_pickle,
+            safe_globals=self.safe_globals,
+            store=self._store(url),
+        )
+        metadata = reader.metadata
+        models = list(acc._models)
+        # accelerate's load pre-hooks see (models, input_dir) and may take models out
+        # (they loaded those themselves); under FSDP they see none.
+        load_models: list[torch.nn.Module] = [] if self._fsdp else list(models)
+        for hook in acc._load_model_state_pre_hook.values():
+            hook(load_models, str(url))
+        if self._fsdp:
+            load_models = models
+        opts = optimizers(acc, models)
+        sd: dict[str, Any] = {}
+        for i, m in enumerate(load_models):
+            sd[entry_name("model", i)] = get_model_state_dict(m)
+        for j, (opt, owner) in enumerate(opts):
+            sd[entry_name("optim", j)] = get_optimizer_state_dict(owner, opt)
+        saved = {fqn.split(".")[0] for fqn in metadata.state_dict_metadata}
+        missing = [k for k, v in sd.items() if k not in saved and v]
+        # Everything else loads into destinations the checkpoint describes, then unpacks
+        # to exactly the values saved (s3ckpt/accelerate/_state.py).
+        names = other_names(acc, self._rank)
+        for name in names:
+            flat = saved_entry(metadata, name)
+            if flat is not None:
+                sd[name] = flat
+            elif not name.startswith(OPTIONAL):
+                missing.append(name)
+        if missing:
+            raise CheckpointError(
+                f"{url} has no {', '.join(missing)}: it was saved by a job with other models, "
+                "optimizers, schedulers, scaler or registered objects than this accelerator has",
+                bucket=url.bucket,
+                key=url.prefix,
+                rank=self._rank,
+            )
+
+        with dcp_call("load", url, self._rank):
+            dcp.load(sd, storage_reader=reader, process_group=self._pg)
+        state = {name: unpack(sd[name]) for name in names if name in sd}
+
+        for i, m in enumerate(load_models):
+            set_model_state_dict(m, sd[entry_name("model", i)])
+        if acc.scaler is not None and "scaler" in state:
+            acc.scaler.load_state_dict(state["scaler"])  # before the optimizers (FSDP2)
+        for j, (opt, owner) in enumerate(opts):
+            set_optimizer_state_dict(owner, opt, sd[entry_name("optim", j)])
+        apply_state(acc, state, automatic=target.automatic)
+        rng = state.get(f"random_states_{self._rank}")
+        if rng is None:
+            log.info("s3ckpt: %s has no random states for rank %d; not restored", url, self._rank)
+        else:
+            set_rng_state(rng)
+        log.info("s3ckpt: loaded %s", url)
+
+    # -- coordination, stores, retention --------------------------------------------------------
+    def _agree(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` on the main process, its result (or exception) on every rank."""
+        outcome: tuple[bool, Any] | None = None
+        if self._rank == 0:
+            try:
+                outcome = (True, fn())
+            except Exception as exc:
+                outcome = (False, exc)
+        if self._pg is not None:
+            box = [outcome]
+            dist.broadcast_object_list(box, src=0, group=self._pg)
+            outcome = box[0]
+        assert outcome is not None
+        ok, value = outcome
+        if not ok:
+            raise value
+        return value
+
+    def _store(self, url: StoreURL) -> ObjectStore:
+        key = (url.scheme, url.bucket)
+        if key not in self._stores:
+            self._stores[key], _ = open_store(
+                url, s3_config=self.s3_config, transfer_config=self.transfer_config
+            )
+        return self._stores[key]
+
+    def _latest(self, run: StoreURL) -> str | None:
+        infos = list_checkpoints(self._store(run), run, grace=self.retention_grace)
+        committed = [c for c in infos if c.state == CheckpointState.COMMITTED]
+        return str(committed[-1].url) if committed else None
+
+    def _schedule_retention(self, target: _Target, step: int) -> None:
+        policy = self.policy
+        limit = self.accelerator.project_configuration.total_limit
+        if policy is None and target.automatic and limit is not None:
+            policy = KeepLast(int(limit))
+        if policy is None or self._rank != 0:
+            return
+        runner = self._runners.get(target.run)
+        if runner is None:
+            runner = self._runners[target.run] = RetentionRunner(
+                self._store(target.run), target.run
+            )
+        self._last_runner = runner
+        runner.schedule(policy, self.retention_grace, step)

@@ -1,0 +1,126 @@
+"""Does a state dict fit a checkpoint? Shapes and keys compared with the ``.metadata``.
+
+Shared by :func:`~s3ckpt.dcp.restore.check_state_dict` (before a load, on every rank) and
+:class:`~s3ckpt.dcp.S3StorageReader` (the sizes of a plan its planner let through), so
+both raise the same :class:`~s3ckpt.errors.StateMismatchError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+
+from s3ckpt.dcp._torch import flatten_state_dict
+from s3ckpt.errors import StateMismatchError
+from s3ckpt.format import METADATA_NAME
+from s3ckpt.uri import StoreURL
+
+__all__ = ["Shape", "compare", "mismatch_error", "planned_shapes"]
+
+#: How many keys of each kind a :class:`~s3ckpt.errors.StateMismatchError` message lists
+#: (the error's attributes hold them all).
+_LISTED = 5
+
+Shape = tuple[int, ...]
+
+
+def compare(
+    state_dict: Any, metadata: Metadata, unexpected_under: Sequence[str]
+) -> tuple[dict[str, tuple[Shape, Shape]], list[str], list[str]]:
+    """``(shapes, missing, unexpected)`` of ``state_dict`` against ``metadata``, as
+    torch's ``DefaultLoadPlanner`` matches them: by flattened key, tensors by global size."""
+    flat, _ = flatten_state_dict(state_dict)
+    saved = metadata.state_dict_metadata
+    shapes: dict[str, tuple[Shape, Shape]] = {}
+    missing: list[str] = []
+    for fqn, value in flat.items():
+        md = saved.get(fqn)
+        if md is None:
+            missing.append(fqn)
+        elif (
+            isinstance(md, TensorStorageMetadata)
+            and isinstance(value, torch.Tensor)
+            and tuple(md.size) != tuple(value.size())  # a DTensor's size() is global
+        ):
+            shapes[fqn] = (tuple(md.size), tuple(value.size()))
+    sections = [f"{name}." for name in unexpected_under if name in state_dict]
+    unexpected = (
+        [fqn for fqn in saved if fqn.startswith(tuple(sections)) and fqn not in flat]
+        if sections
+        else []
+    )
+    return shapes, missing, unexpected
+
+
+def _listed(keys: Sequence[str], sep: str = ", ") -> str:
+    more = f" (and {len(keys) - _LISTED} more)" if len(keys) > _LISTED else ""
+    return sep.join(keys[:_LISTED]) + more
+
+
+def mismatch_error(
+    shapes: dict[str, tuple[Shape, Shape]],
+    missing: list[str],
+    unexpected: list[str],
+    url: StoreURL | None,
+    rank: int | None,
+) -> StateMismatchError:
+    """The error naming ``shapes`` (saved, expected), ``missing`` and ``unexpected`` keys
+    (the first :data:`_LISTED` of each, with counts), ``url``'s ``.metadata`` and what to do."""
+    parts = []
+    if shapes:
+        listed = [f"{k} saved {tuple(a)}, expected {tuple(b)}" for k, (a, b) in shapes.items()]
+        parts.append(f"{len(shapes)} tensor(s) of another shape: {_listed(listed, '; ')}")
+    if missing:
+        parts.append(f"{len(missing)} key(s) missing from the checkpoint: {_listed(missing)}")
+    if unexpected:
+        parts.append(
+            f"{len(unexpected)} key(s) of the checkpoint not in the model: {_listed(unexpected)}"
+        )
+    todo = (
+        "Load a checkpoint saved from this model (another run or step), or build the model "
+        "as it was saved"
+    )
+    if missing or unexpected:
+        todo += (
+            "; Checkpointer.load(..., strict=False) loads the keys both have (shapes must "
+            "still match)"
+        )
+    return StateMismatchError(
+        f"the checkpoint does not fit the state dict it is loaded into. {'. '.join(parts)}. "
+        f"Nothing was loaded. {todo}",
+        bucket=url.bucket if url is not None else None,
+        key=url.key(METADATA_NAME) if url is not None else None,
+        rank=rank,
+        shapes=shapes,
+        missing=missing,
+        unexpected=unexpected,
+    )
+
+
+def planned_shapes(
+    plan: LoadPlan, planner: LoadPlanner, metadata: Metadata
+) -> dict[str, tuple[Shape, Shape]]:
+    """``{key: (saved, expected)}`` for the tensors of ``plan`` whose destination in the
+    planner's state dict (``DefaultLoadPlanner`` and its subclasses keep it, flattened, as
+    ``planner.state_dict``) has another global size than saved. Empty for planners that
+    keep no state dict: their reads are checked one by one as they arrive."""
+    dest = getattr(planner, "state_dict", None)
+    if not isinstance(dest, Mapping):
+        return {}
+    shapes: dict[str, tuple[Shape, Shape]] = {}
+    for read in plan.items:
+        fqn = read.storage_index.fqn
+        md = metadata.state_dict_metadata.get(fqn)
+        value = dest.get(fqn)
+        if (
+            read.type == LoadItemType.TENSOR
+            and isinstance(md, TensorStorageMetadata)
+            and isinstance(value, torch.Tensor)
+            and tuple(md.size) != tuple(value.size())
+        ):
+            shapes[fqn] = (tuple(md.size), tuple(value.size()))
+    return shapes

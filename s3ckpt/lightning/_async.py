@@ -1,0 +1,227 @@
+"""``remove_checkpoint`` carried out when it is safe, and Lightning's ``AsyncCheckpointIO``.
+
+``AsyncCheckpointIO(S3CheckpointIO())`` saves on a one-thread executor: ``save_checkpoint``
+only queues the save, while ``remove_checkpoint`` runs at once on the training thread. So
+``save_top_k`` asks to remove a checkpoint whose save is still queued or uploading; deleted
+then (or refused: nothing committed yet, or it is the run's newest), its save would commit
+afterwards and stay for good. The plug-in cannot see the wrapper's queue. What it sees:
+
+* the saves that have reached it (in the order they were requested: the executor has one
+  thread), which ones are uploading now, and the checkpoint dict of each;
+* in each dict, every ``ModelCheckpoint``'s tracking state *as it was when the save was
+  requested* (the wrapper copies the dict on the training thread), and a ``ModelCheckpoint``
+  stops tracking a path before it asks to remove it.
+
+So a removal is not carried out at once; it is remembered (:class:`Removals`) and carried
+out at the first moment when all of these hold: no save of that path is uploading, and no
+``ModelCheckpoint`` tracks the path in the latest state the plug-in has seen. Until the save
+that displaced it has reached the plug-in, its latest state still tracks the path, so every
+save of the path requested before the removal has committed by then. A save of the path
+requested *after* the removal tracks it again, and is not deleted (Lightning asks again when
+it drops it). Where no state is known (``save_weights_only=True`` saves carry none), the
+removal applies to what is committed at the path, and to the path's next save that commits.
+
+A removal is retried after each later commit, and at teardown, while it is refused for a
+reason that passes: the checkpoint is the run's newest (``delete_checkpoint`` never deletes
+that), a save is writing it, a pruner holds the run's lease. A removal that found nothing
+(its save is still queued) waits for a save of that path. At most
+:data:`MAX_PENDING_REMOVALS` are remembered (the oldest is dropped with a warning), and
+teardown forgets what it could not carry out (with a warning; retention is the backstop).
+On the thread that asked for a removal, a later save of the same path (a synchronous plug-in
+re-saving that name) cancels it: that save was requested after the removal.
+
+Lightning's ``AsyncCheckpointIO.teardown`` does not call the wrapped plug-in's teardown;
+:func:`install_async_teardown` makes it do so for the s3ckpt plug-in, so the last removals
+and retention passes run when ``fit`` ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from s3ckpt.errors import (
+    CheckpointNotFoundError,
+    DeleteRefusedError,
+    LeaseHeldError,
+    ObjectNotFoundError,
+)
+from s3ckpt.lightning._tracked import Tracking, path_key
+
+__all__ = ["MAX_PENDING_REMOVALS", "Removals", "install_async_teardown"]
+
+log = logging.getLogger("s3ckpt.lightning")
+
+MAX_PENDING_REMOVALS = 1000
+"""Removals :class:`Removals` remembers at most (a few hundred bytes each)."""
+
+# Refusals that pass with time: retried after the next commit. Any other refusal (pinned,
+# abandoned, foreign) is final: the checkpoint stays, with a warning.
+_PASSING = ("newest", "in_progress", "changed")
+
+
+@dataclass
+class _Pending:
+    path: str
+    thread: int
+    gone: bool = False  # nothing there last time: wait for a save of the path
+    warned: bool = False
+
+
+class Removals:
+    """The plug-in's ``remove_checkpoint`` requests, carried out when safe (see module).
+
+    Args:
+        tracking: What ``ModelCheckpoint`` tracks, updated by :meth:`begin_save`.
+        delete: Deletes one checkpoint (``delete_checkpoint``), raising s3ckpt's errors.
+    """
+
+    def __init__(self, tracking: Tracking, delete: Callable[[str], Any]) -> None:
+        self.tracking = tracking
+        self._delete = delete
+        self._cond = threading.Condition()
+        self._saving: dict[str, int] = {}
+        self._deleting: set[str] = set()
+        self._pending: OrderedDict[str, _Pending] = OrderedDict()
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """The paths whose removal is waiting, oldest first."""
+        with self._cond:
+            return tuple(p.path for p in self._pending.values())
+
+    def request(self, path: Any) -> None:
+        """``remove_checkpoint(path)``: carry it out now if safe, else remember it."""
+        key = path_key(path)
+        with self._cond:
+            self._pending.pop(key, None)
+            self._pending[key] = _Pending(str(path), threading.get_ident())
+            while len(self._pending) > MAX_PENDING_REMOVALS:
+                _, dropped = self._pending.popitem(last=False)
+                log.warning(
+                    "s3ckpt: more than %d removals waiting; forgot the oldest, %s (retention "
+                    "or `s3ckpt rm` can delete it)",
+                    MAX_PENDING_REMOVALS,
+                    dropped.path,
+                )
+        self.flush([key])
+
+    def begin_save(self, path: Any, checkpoint: Mapping[str, Any]) -> None:
+        """A save of ``path`` starts (after any deletion of that path in flight ends)."""
+        key = path_key(path)
+        with self._cond:
+            while key in self._deleting:
+                self._cond.wait()
+            self.tracking.update(checkpoint)
+            pending = self._pending.get(key)
+            if pending is not None:
+                if pending.thread == threading.get_ident():
+                    del self._pending[key]  # requested after the removal, on its thread
+                else:
+                    pending.gone = False
+            self._saving[key] = self._saving.get(key, 0) + 1
+
+    def end_save(self, path: Any) -> None:
+        """The save of ``path`` ended (committed or failed)."""
+        key = path_key(path)
+        with self._cond:
+            left = self._saving.get(key, 1) - 1
+            if left:
+                self._saving[key] = left
+            else:
+                self._saving.pop(key, None)
+
+    def flush(self, keys: Iterable[str] | None = None, *, final: bool = False) -> None:
+        """Carry out the waiting removals that are safe now (``keys``: only those).
+
+        ``final`` (teardown, every save done): the last try; what still cannot be carried
+        out is forgotten, with a warning.
+        """
+        with self._cond:
+            chosen = (
+                list(self._pending) if keys is None else [k for k in keys if k in self._pending]
+            )
+            tracked = self.tracking.paths()
+            ready: list[tuple[str, _Pending]] = []
+            for key in chosen:
+                p = self._pending[key]
+                if key in self._saving or key in self._deleting:
+                    continue
+                if key in tracked or (p.gone and not final):
+                    if final:  # tracked again after the removal, or never saved: keep it
+                        del self._pending[key]
+                    continue
+                ready.append((key, p))
+            self._deleting.update(key for key, _ in ready)
+        for key, p in ready:
+            done = False
+            try:
+                done = self._attempt(p, final)
+            finally:
+                with self._cond:
+                    self._deleting.discard(key)
+                    if done or final:
+                        self._pending.pop(key, None)
+                    self._cond.notify_all()
+
+    def _attempt(self, p: _Pending, final: bool) -> bool:
+        """Try one removal; True when nothing is left to do for it."""
+        try:
+            self._delete(p.path)
+        except (CheckpointNotFoundError, ObjectNotFoundError):
+            # Its save is queued (or retention pruned it first): wait for a save of it.
+            log.debug("s3ckpt: nothing committed at %s yet; removing it after its save", p.path)
+            p.gone = True
+            return False
+        except DeleteRefusedError as exc:
+            if exc.reason not in _PASSING:
+                log.warning("s3ckpt: left %s in place: %s", p.path, exc)
+                return True
+            return self._later(p, exc, final)
+        except LeaseHeldError as exc:  # often this plug-in's own retention pass: no alarm
+            return self._later(p, exc, final, level=logging.INFO)
+        except Exception as exc:  # a store error: never fail training over a cleanup
+            return self._later(p, exc, final)
+        return True
+
+    @staticmethod
+    def _later(p: _Pending, exc: Exception, final: bool, level: int = logging.WARNING) -> bool:
+        if final:
+            log.warning(
+                "s3ckpt: left %s in place (retention or `s3ckpt rm` can delete it): %s", p.path, exc
+            )
+        elif not p.warned:
+            p.warned = True
+            log.log(
+                level,
+                "s3ckpt: left %s in place for now (retried after the next commit): %s",
+                p.path,
+                exc,
+            )
+        return False
+
+
+def install_async_teardown() -> None:
+    """Make ``AsyncCheckpointIO.teardown`` also tear the wrapped s3ckpt plug-in down (after
+    its executor has finished every queued save). Idempotent; other plug-ins unchanged."""
+    from lightning.pytorch.plugins.io import AsyncCheckpointIO
+
+    original = AsyncCheckpointIO.teardown
+    if getattr(original, "_s3ckpt_fixed", False):
+        return
+
+    def teardown(self: AsyncCheckpointIO) -> None:
+        try:
+            original(self)
+        finally:
+            inner = self.checkpoint_io
+            if getattr(inner, "_s3ckpt_plugin", False):
+                inner.teardown()
+
+    teardown._s3ckpt_fixed = True  # type: ignore[attr-defined]
+    teardown.__doc__ = original.__doc__
+    AsyncCheckpointIO.teardown = teardown

@@ -1,0 +1,176 @@
+"""``ckpt_path="last"`` on an object store, whichever fsspec file system owns the scheme.
+
+Lightning resolves ``fit(ckpt_path="last")`` (and ``validate`` / ``test`` / ``predict``) in
+``_CheckpointConnector._parse_ckpt_path``: it gathers every ``ModelCheckpoint``'s
+``last*.ckpt`` candidates and picks the one with the newest ``fs.modified(path)``. Two
+things break on S3:
+
+* ``ModelCheckpoint._find_last_checkpoints`` passes fsspec's scheme-less names through
+  ``os.path.normpath``, so ``s3://b/run/last.ckpt`` becomes ``b/run/last.ckpt``, a local
+  path that does not exist: "no last checkpoint". Fixed by :func:`fix_find_last_checkpoints`
+  (which also drops the file system's cached listings first: s3fs caches them forever, and
+  the checkpoints were written by s3ckpt, not through s3fs).
+* an s3ckpt checkpoint is a prefix, and s3fs's ``modified`` of a prefix raises
+  ``IsADirectoryError``. :func:`fix_parse_ckpt_path` picks the newest candidate itself when
+  a candidate is remote, by the time the store gives: an s3ckpt checkpoint's commit
+  marker's ``LastModified`` (else its ``.metadata``'s, for a stock DCP checkpoint; else the
+  object's own, for a single-file checkpoint), and hands Lightning the chosen path. Local
+  candidates keep Lightning's ``fs.modified``.
+
+Both are installed when ``s3ckpt.lightning`` is imported (idempotent); they change nothing
+for local folders.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fsspec.core import split_protocol
+from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.pytorch.callbacks.model_checkpoint import ModelCheckpoint
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.lightning._common import _is_remote, log
+from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.uri import StoreURL, parse_url
+
+__all__ = ["fix_find_last_checkpoints", "fix_parse_ckpt_path", "newest_last", "store_time"]
+
+
+def fix_find_last_checkpoints() -> None:
+    """Give ``ModelCheckpoint._find_last_checkpoints`` back its URL scheme for remote
+    folders, and a fresh listing (see module)."""
+    original = ModelCheckpoint._find_last_checkpoints
+    if getattr(original, "_s3ckpt_fixed", False):
+        return
+
+    def _find_last_checkpoints(self: ModelCheckpoint, trainer: Any) -> set[str]:
+        protocol, _ = split_protocol(str(self.dirpath or ""))
+        remote = protocol not in (None, "file", "local")
+        if remote:
+            invalidate = getattr(self._fs, "invalidate_cache", None)
+            if callable(invalidate):
+                invalidate()
+        found: set[str] = original(self, trainer)
+        if not remote:
+            return found
+        prefix = f"{protocol}://"
+        return {p if p.startswith(prefix) else prefix + p.replace(os.sep, "/") for p in found}
+
+    _find_last_checkpoints._s3ckpt_fixed = True  # type: ignore[attr-defined]
+    ModelCheckpoint._find_last_checkpoints = _find_last_checkpoints
+
+
+def fix_parse_ckpt_path() -> None:
+    """Resolve ``ckpt_path="last"`` by store time when a candidate is remote (see module)."""
+    from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
+
+    original = _CheckpointConnector._parse_ckpt_path
+    if getattr(original, "_s3ckpt_fixed", False):
+        return
+
+    def _parse_ckpt_path(
+        self: _CheckpointConnector,
+        state_fn: Any,
+        ckpt_path: Any,
+        model_provided: bool,
+        model_connected: bool,
+    ) -> Any:
+        if ckpt_path == "last":
+            candidates = last_candidates(self.trainer)
+            if any(_is_remote(p) for p in candidates):
+                ckpt_path = newest_last(self.trainer, candidates)
+                if ckpt_path is None:  # Lightning's own words for this case
+                    rank_zero_warn(
+                        f'.{state_fn.value}(ckpt_path="last") is set, but there is no last '
+                        "checkpoint available. No checkpoint will be loaded. HINT: Set "
+                        "`ModelCheckpoint(..., save_last=True)`."
+                    )
+                    return None
+        return original(
+            self,
+            state_fn,
+            ckpt_path,
+            model_provided=model_provided,
+            model_connected=model_connected,
+        )
+
+    _parse_ckpt_path._s3ckpt_fixed = True  # type: ignore[attr-defined]
+    _CheckpointConnector._parse_ckpt_path = _parse_ckpt_path
+
+
+def last_candidates(trainer: Any) -> list[str]:
+    """What Lightning considers for ``ckpt_path="last"``: each ``OnExceptionCheckpoint``'s
+    path and each ``ModelCheckpoint``'s ``last*.ckpt`` files."""
+    from lightning.pytorch.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+
+    found = {
+        getattr(cb, "ckpt_path", None)
+        for cb in trainer.callbacks
+        if isinstance(cb, OnExceptionCheckpoint)
+    }
+    for cb in trainer.checkpoint_callbacks:
+        if isinstance(cb, ModelCheckpoint):
+            found |= cb._find_last_checkpoints(trainer)
+    return sorted(str(p) for p in found if p)
+
+
+def newest_last(trainer: Any, candidates: list[str]) -> str | None:
+    """The candidate with the newest modification time (None when none exists)."""
+    stamps: dict[str, float] = {}
+    for path in candidates:
+        stamp = modified(path, trainer)
+        if stamp is not None:
+            stamps[path] = stamp
+    return max(stamps, key=stamps.__getitem__) if stamps else None
+
+
+def modified(path: str, trainer: Any = None) -> float | None:
+    """``path``'s modification time (seconds since the epoch), None when nothing is there:
+    the store's time for a remote path (:func:`store_time`), the file system's otherwise."""
+    if _is_remote(path):
+        try:
+            url, store = _store_for(path, trainer)
+        except Exception as exc:  # a scheme s3ckpt does not open: the file system's word
+            log.debug("s3ckpt: %s: %s; asking fsspec for its time", path, exc)
+        else:
+            return store_time(store, url)
+    fs = get_filesystem(path)
+    if not fs.exists(path):
+        return None
+    try:
+        return fs.modified(path).timestamp()
+    except IsADirectoryError:  # a folder: time it by what is in it
+        stamp = fs.modified(f"{path.rstrip('/')}/{MANIFEST_NAME}")
+        return stamp.timestamp()
+
+
+def store_time(store: ObjectStore, url: StoreURL) -> float | None:
+    """When the checkpoint at ``url`` was committed, in the store's time: its commit
+    marker's ``LastModified``, else its ``.metadata``'s (stock DCP), else the object at
+    ``url`` itself (a single-file checkpoint). None when none of them exists.
+
+    Request cost: one to three HEADs."""
+    plain = url.prefix.rstrip("/")
+    for key in (url.key(MANIFEST_NAME), url.key(METADATA_NAME), plain):
+        if not key:
+            continue
+        head = store.head(key)
+        if head is not None:
+            return head.last_modified if head.last_modified is not None else 0.0
+    return None
+
+
+def _store_for(path: str, trainer: Any) -> tuple[StoreURL, ObjectStore]:
+    """The trainer's s3ckpt plug-in's store for ``path`` (its endpoint and credentials),
+    else one opened from the environment."""
+    io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
+    while io is not None and not getattr(io, "_s3ckpt_plugin", False):
+        io = getattr(io, "checkpoint_io", None)  # Lightning's wrappers (AsyncCheckpointIO)
+    if io is not None:
+        url, store = io._open(path)
+        return url, store
+    store, url = open_store(parse_url(path))
+    return url, store
