@@ -192,7 +192,23 @@ from s3ckpt import Checkpointer
 
 ckpt = Checkpointer("s3://bucket/runs/metrics")
 """,
-    "docs/frameworks/lightning.md": _LIGHTNING,
+    "docs/frameworks/lightning.md": _LIGHTNING
+    + """
+import os
+import tempfile
+
+import boto3
+
+# What stock Lightning with s3fs left: one torch.save object at s3://my-bucket/runs/exp0/last.ckpt
+with tempfile.TemporaryDirectory() as tmp:
+    stock = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False,
+                       default_root_dir=tmp)
+    stock.fit(LitModel())
+    stock.save_checkpoint(os.path.join(tmp, "last.ckpt"))
+    s3 = boto3.client("s3")
+    s3.upload_file(os.path.join(tmp, "last.ckpt"), "my-bucket", "runs/exp0/last.ckpt")
+""",
     "docs/frameworks/accelerate.md": _MODEL
     + """
 loader = torch.utils.data.DataLoader(torch.ones(1000, 8), batch_size=1)
