@@ -1,11 +1,10 @@
 """The fixed-seed slice of the chaos harness (benchmarks/chaos.py --quick).
 
-One run of the slice (about three minutes on a quiet two-core machine, mostly waiting)
-covers every class of
-docs/reliability.md with a few trials each (one each for classes 8-12: skewed clocks, a
-same-hostname host, a store without conditional writes, truncated replies, deleters racing
-overwrites); each class is then its own test, so a failure names the class and the violated
-invariant. The full run (>= 600 trials) is in docs/reliability.md ("Running it").
+One run of the slice (about three minutes on a quiet two-core machine, mostly waiting) covers
+every class of docs/reliability.md with a few trials each (one each for classes 8-12: skewed
+clocks, a same-hostname host, a store without conditional writes, truncated replies, deleters
+racing overwrites); each class is then its own test, so a failure names the class and the
+violated invariant. The full run (>= 600 trials) is in docs/reliability.md ("Running it").
 """
 
 from __future__ import annotations
