@@ -64,7 +64,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, SupportsFloat
 
 import torch
 import torch.distributed as dist
@@ -220,7 +220,7 @@ class Checkpointer:
         model: torch.nn.Module | list[torch.nn.Module],
         optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
         train_state: Any | None = None,
-        metrics: Mapping[str, float] | None = None,
+        metrics: Mapping[str, SupportsFloat] | None = None,
     ) -> SaveHandle:
         """Save synchronously; returns a done :class:`SaveHandle` (raises on failure).
 
@@ -252,7 +252,7 @@ class Checkpointer:
         model: torch.nn.Module | list[torch.nn.Module],
         optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None = None,
         train_state: Any | None = None,
-        metrics: Mapping[str, float] | None = None,
+        metrics: Mapping[str, SupportsFloat] | None = None,
     ) -> SaveHandle:
         """Start a save and return as soon as staging has been started.
 
@@ -419,7 +419,7 @@ class Checkpointer:
 
         return list_checkpoints(self.store, self.url, grace=self.retention_grace)
 
-    def attach_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+    def attach_metrics(self, step: int, metrics: Mapping[str, SupportsFloat]) -> None:
         """Merge ``metrics`` into the commit marker of ``step`` (evals often finish later).
 
         Waits for that step's save if it is still in flight. The marker is rewritten with
@@ -479,7 +479,7 @@ class Checkpointer:
         url = self._step_url(step) if step is not None else self.url
         return instrument.Recorder(kind, str(url), step=step, rank=self._ranks.rank)
 
-    def _writer(self, step: int, metrics: Mapping[str, float] | None) -> S3StorageWriter:
+    def _writer(self, step: int, metrics: Mapping[str, SupportsFloat] | None) -> S3StorageWriter:
         self._latest.check_run_url()  # a checkpoint's URL: no checkpoints nested inside it
         return S3StorageWriter(
             self._step_url(step),

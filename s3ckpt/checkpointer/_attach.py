@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import SupportsFloat
 
 from s3ckpt.errors import (
     CheckpointNotFoundError,
@@ -12,7 +13,7 @@ from s3ckpt.errors import (
     S3CkptError,
     TransientStoreError,
 )
-from s3ckpt.format import Manifest
+from s3ckpt.format import Manifest, check_metrics
 from s3ckpt.store import require_conditional_writes
 from s3ckpt.store.base import ObjectStore
 
@@ -22,7 +23,7 @@ __all__ = ["attach_to_marker"]
 def attach_to_marker(
     store: ObjectStore,
     key: str,
-    metrics: Mapping[str, float],
+    metrics: Mapping[str, SupportsFloat],
     *,
     what: str,
     single_writer: bool | None,
@@ -47,7 +48,7 @@ def attach_to_marker(
         store, key, what=f"attach_metrics to {what}", single_writer=single_writer
     )
     manifest = Manifest.from_json(store.get(key))
-    merged = {**dict(manifest.metrics), **metrics}
+    merged = {**dict(manifest.metrics), **check_metrics(metrics)}
     body = dataclasses.replace(manifest, metrics=merged).to_json()
     try:
         store.put(key, body, if_match=info.etag)

@@ -60,8 +60,9 @@ import logging
 import math
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsFloat
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -201,7 +202,7 @@ class S3StorageWriter(StorageWriter):
         transfer_config: TransferConfig | None = None,
         overwrite: bool = False,
         step: int | None = None,
-        metrics: dict[str, float] | None = None,
+        metrics: Mapping[str, SupportsFloat] | None = None,
         user_metadata: dict[str, Any] | None = None,
         store: ObjectStore | None = None,
         prefix_strategy: HashedPrefixes | None = None,

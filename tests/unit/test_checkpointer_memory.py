@@ -377,3 +377,23 @@ def test_load_passes_safe_globals_to_the_reader() -> None:
         trusting = TaggedState()
         assert ckpt.load(*_fresh(), trusting, allow_unsafe_pickle=True) == 5
         assert trusting.note == "abc"
+
+
+def test_metrics_take_tensors_and_numpy_scalars_without_a_warning() -> None:
+    """``metrics={"loss": loss}`` as a training loop has it: a 0-d tensor that requires grad
+    (no requires_grad warning), a numpy scalar; typed so that mypy accepts the call."""
+    import warnings
+
+    import numpy as np
+
+    store = MemoryStore("unit-bkt")
+    model, opt = _fresh()
+    loss = model(torch.ones(1, 6)).square().mean()
+    assert loss.requires_grad
+    with Checkpointer(URL, store=store) as ckpt, warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ckpt.save(1, model, opt, metrics={"loss": loss})
+        ckpt.attach_metrics(1, {"val_loss": np.float32(0.5), "acc": torch.tensor(0.75)})
+        info = {c.step: c for c in ckpt.list()}[1]
+    assert not [w for w in seen if "requires_grad" in str(w.message)]
+    assert info.metrics == {"loss": pytest.approx(loss.item()), "val_loss": 0.5, "acc": 0.75}
