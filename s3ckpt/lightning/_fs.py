@@ -34,7 +34,9 @@ from fsspec import AbstractFileSystem, register_implementation
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.lightning._last import checkpoint_mtime
 from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.uri import StoreURL
 
 __all__ = ["_S3CkptFileSystem", "_install_filesystem"]
 
@@ -172,18 +174,20 @@ class _S3CkptFileSystem(AbstractFileSystem):
         return entries if detail else [e["name"] for e in entries]
 
     def modified(self, path: Any) -> datetime:
-        store, _, key = self._split(path)
-        marker = store.head(f"{key}/{MANIFEST_NAME}") if key else None
-        head = marker or (store.head(key) if key else None)
-        stamps: list[float | None]
-        if head is not None:
-            stamps = [head.last_modified]
-        else:
-            stamps = [o.last_modified for o in store.list(key + "/" if key else "")]
-        known = [s for s in stamps if s is not None]
-        if not known:
-            raise FileNotFoundError(str(path))
-        return datetime.fromtimestamp(max(known), UTC)
+        """A checkpoint's time as ``ckpt_path="last"`` judges it
+        (:func:`~s3ckpt.lightning._last.checkpoint_mtime`); any other folder's, its newest
+        object's."""
+        store, bucket, key = self._split(path)
+        stamp = (
+            checkpoint_mtime(store, StoreURL(store.url_scheme, bucket, key + "/")) if key else None
+        )
+        if stamp is None:
+            known = [o.last_modified for o in store.list(key + "/" if key else "")]
+            stamps = [s for s in known if s is not None]
+            if not stamps:
+                raise FileNotFoundError(str(path))
+            stamp = max(stamps)
+        return datetime.fromtimestamp(stamp, UTC)
 
     def makedirs(self, path: Any, exist_ok: bool = False) -> None:
         """Remember the folder (and its parents) in this process: see the module."""

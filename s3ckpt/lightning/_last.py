@@ -36,7 +36,7 @@ from s3ckpt.lightning._common import _is_remote, log
 from s3ckpt.store import ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
 
-__all__ = ["fix_find_last_checkpoints", "fix_parse_ckpt_path", "newest_last", "store_time"]
+__all__ = ["fix_find_last_checkpoints", "fix_parse_ckpt_path", "checkpoint_mtime", "newest_last"]
 
 
 def fix_find_last_checkpoints() -> None:
@@ -129,14 +129,14 @@ def newest_last(trainer: Any, candidates: list[str]) -> str | None:
 
 def modified(path: str, trainer: Any = None) -> float | None:
     """``path``'s modification time (seconds since the epoch), None when nothing is there:
-    the store's time for a remote path (:func:`store_time`), the file system's otherwise."""
+    the store's time for a remote path (:func:`checkpoint_mtime`), the file system's otherwise."""
     if _is_remote(path):
         try:
             url, store = _store_for(path, trainer)
         except Exception as exc:  # a scheme s3ckpt does not open: the file system's word
             log.debug("s3ckpt: %s: %s; asking fsspec for its time", path, exc)
         else:
-            return store_time(store, url)
+            return checkpoint_mtime(store, url)
     fs = get_filesystem(path)
     if not fs.exists(path):
         return None
@@ -147,7 +147,7 @@ def modified(path: str, trainer: Any = None) -> float | None:
         return stamp.timestamp()
 
 
-def store_time(store: ObjectStore, url: StoreURL) -> float | None:
+def checkpoint_mtime(store: ObjectStore, url: StoreURL) -> float | None:
     """When the checkpoint at ``url`` was committed, in the store's time: its commit
     marker's ``LastModified``, else its ``.metadata``'s (stock DCP), else the object at
     ``url`` itself (a single-file checkpoint). None when none of them exists.
