@@ -26,7 +26,7 @@ os.environ.setdefault("MOTO_ALLOW_NONEXISTENT_REGION", "true")
 
 # The suite's longest modules, each mostly one long fixture: terraform apply/probe/destroy and
 # the chaos slice (benchmarks/chaos.py --quick).
-_LONGEST_FIRST = ("tests/terraform/", "tests/test_chaos_slice.py")
+_LONGEST_FIRST = ("tests/terraform/", "tests/integration/test_chaos_slice.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

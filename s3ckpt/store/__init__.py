@@ -22,6 +22,7 @@ from s3ckpt.store._capabilities import (
     require_conditional_writes,
 )
 from s3ckpt.store._clock import StoreTime, check_skew, skew_note, store_time
+from s3ckpt.store._location import Location, LocationLike
 from s3ckpt.store.base import (
     CompletedPart,
     DeleteFailure,
@@ -32,7 +33,7 @@ from s3ckpt.store.base import (
 )
 from s3ckpt.store.memory import MemoryStore
 from s3ckpt.store.retry import TRANSIENT_CODES, retrying
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
     from s3ckpt.store.fsspec_store import FsspecStore
@@ -43,6 +44,8 @@ __all__ = [
     "CompletedPart",
     "DeleteFailure",
     "FsspecStore",
+    "Location",
+    "LocationLike",
     "MemoryStore",
     "ObjectInfo",
     "ObjectStore",
@@ -71,16 +74,15 @@ def open_store(
     transfer_config: TransferConfig | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> tuple[ObjectStore, StoreURL]:
-    """The store for ``url`` and the parsed URL: ``s3://`` gives an :class:`S3Store`,
-    anything else an :class:`FsspecStore`."""
-    parsed = url if isinstance(url, StoreURL) else parse_url(url)
-    if parsed.scheme == "s3":
-        from s3ckpt.store.s3 import S3Store
-
-        return S3Store(parsed.bucket, s3_config, transfer_config), parsed
-    from s3ckpt.store.fsspec_store import FsspecStore
-
-    return FsspecStore(parsed.scheme, parsed.bucket, **(storage_options or {})), parsed
+    """The store for ``url`` (the process's shared one for these settings) and the parsed
+    URL: :meth:`Location.of` as a pair."""
+    loc = Location.of(
+        url,
+        s3_config=s3_config,
+        transfer_config=transfer_config,
+        storage_options=storage_options,
+    )
+    return loc.store, loc.url
 
 
 def __getattr__(name: str) -> Any:

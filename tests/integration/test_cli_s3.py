@@ -18,7 +18,7 @@ from s3ckpt.cli import main
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._helpers import SMALL
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -48,7 +48,7 @@ from s3ckpt.store.s3 import S3Store
 from s3ckpt.testing import FaultProxy
 from s3ckpt.uri import StoreURL
 from tests._helpers import SMALL, assert_same, list_keys, open_uploads, zeros_like_state
-from tests.integration._retention_util import ckpt_name, keys_under, write_checkpoint
+from tests._retention_util import ckpt_name, keys_under, write_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._helpers import list_keys
-from tests.integration._retention_util import ckpt_name, write_checkpoint
+from tests._retention_util import ckpt_name, write_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ from s3ckpt.errors import ChecksumMismatchError, find_s3ckpt_error
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.testing import FaultProxy
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 pytestmark = pytest.mark.integration
 

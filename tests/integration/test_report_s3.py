@@ -42,7 +42,7 @@ from s3ckpt.tools import (
     render_html,
 )
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import new_tag, write_checkpoint
+from tests._retention_util import new_tag, write_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ from s3ckpt.retention import (
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._helpers import list_keys, open_uploads
-from tests.integration._retention_util import ckpt_name, keys_under, write_checkpoint
+from tests._retention_util import ckpt_name, keys_under, write_checkpoint
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from s3ckpt.format import LATEST_NAME, LEASE_NAME, MANIFEST_NAME
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._helpers import list_keys
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 pytestmark = pytest.mark.integration
 

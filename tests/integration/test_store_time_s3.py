@@ -19,7 +19,7 @@ from s3ckpt.retention import KeepWithin, gc, list_checkpoints, prune
 from s3ckpt.store import store_time
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 pytestmark = pytest.mark.integration
 

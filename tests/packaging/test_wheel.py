@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from s3ckpt.store import open_store
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 pytestmark = [pytest.mark.packaging, pytest.mark.integration]
 

@@ -24,7 +24,7 @@ from s3ckpt.store._capabilities import (
     require_conditional_writes,
 )
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import ckpt_name, keys_under, write_checkpoint
+from tests._retention_util import ckpt_name, keys_under, write_checkpoint
 from tests.unit._memory_dcp import load, save
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

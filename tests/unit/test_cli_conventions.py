@@ -29,7 +29,7 @@ from s3ckpt.store import open_store
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL, parse_location
 from tests._http import serve
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86400.0

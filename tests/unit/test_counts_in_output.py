@@ -10,7 +10,7 @@ import pytest
 from s3ckpt._units import plural
 from s3ckpt.cli import main
 from s3ckpt.store import open_store
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 
 def test_plural() -> None:

@@ -33,7 +33,7 @@ from s3ckpt.retention import (
 )
 from s3ckpt.store import MemoryStore
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 ROOT = StoreURL("memory", "b", "root/")

@@ -28,7 +28,7 @@ from s3ckpt.retention import (
 )
 from s3ckpt.store import MemoryStore
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import (
+from tests._retention_util import (
     Clock,
     ckpt_name,
     clock_and_store_fixtures,

@@ -20,7 +20,7 @@ from s3ckpt.metrics import instrument
 from s3ckpt.retention import KeepLast, Lease, gc, prune
 from s3ckpt.store import MemoryStore
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import Clock, clock_and_store_fixtures, write_checkpoint
+from tests._retention_util import Clock, clock_and_store_fixtures, write_checkpoint
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 RUN = StoreURL("memory", "b", "runs/a/")

@@ -58,7 +58,7 @@ from s3ckpt.store import MemoryStore
 from s3ckpt.tools import export_checkpoint, verify_checkpoint
 from s3ckpt.uri import parse_url
 from tests._helpers import assert_same, zeros_like_state
-from tests.integration._retention_util import Clock, clock_and_store_fixtures
+from tests._retention_util import Clock, clock_and_store_fixtures
 from tests.unit._memory_dcp import CONFIG, make_state
 
 T0 = datetime.fromtimestamp(time.time() - 30 * 86400, UTC)

@@ -40,7 +40,7 @@ from s3ckpt.tools import (
     render_html,
 )
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = 86400.0

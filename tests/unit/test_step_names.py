@@ -25,7 +25,7 @@ from s3ckpt.retention import (
 )
 from s3ckpt.store import MemoryStore, open_store
 from s3ckpt.uri import StoreURL, parse_location
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 RUN = StoreURL("memory", "b", "runs/a/")
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

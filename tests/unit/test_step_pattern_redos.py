@@ -19,7 +19,7 @@ from s3ckpt.format import checkpoint_step, compile_step_pattern
 from s3ckpt.retention import KeepLast, StepPattern, list_checkpoints, parse_policy
 from s3ckpt.store import MemoryStore
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import write_checkpoint
+from tests._retention_util import write_checkpoint
 
 EVIL = r"(?:a+)+(\d+)"
 JOIN_TIMEOUT = 60.0  # generous: RE2 answers in microseconds, backtracking re in ~forever

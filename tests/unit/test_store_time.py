@@ -27,7 +27,7 @@ from s3ckpt.retention import (
 from s3ckpt.retention._lease import Lease, LeaseRecord
 from s3ckpt.store import MemoryStore, StoreTime, check_skew, skew_note, store_time
 from s3ckpt.uri import StoreURL
-from tests.integration._retention_util import (
+from tests._retention_util import (
     Clock,
     ckpt_name,
     clock_and_store_fixtures,
