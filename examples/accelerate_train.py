@@ -105,9 +105,9 @@ def main() -> None:
         return
 
     from s3ckpt.cli import main as s3ckpt_main
-    from s3ckpt.demo import local_s3
+    from s3ckpt.demo import demo_server
 
-    with local_s3() as bucket:
+    with demo_server() as bucket:
         run = os.environ.get("S3CKPT_EXAMPLE_RUN", f"{bucket}/examples/accelerate")
         print(f"S3 endpoint {os.environ['AWS_ENDPOINT_URL']}, run {run}")
         for epochs in (3, 5):  # each a new process: the second resumes the first

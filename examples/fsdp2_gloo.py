@@ -29,7 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from s3ckpt import Checkpointer
-from s3ckpt.demo import local_s3
+from s3ckpt.demo import demo_server
 from s3ckpt.retention import KeepLast
 
 
@@ -141,7 +141,7 @@ def shared_run_prefix(url: str | None):
     with contextlib.ExitStack() as stack:
         box = [None, None]
         if dist.get_rank() == 0:
-            base = url or stack.enter_context(local_s3())
+            base = url or stack.enter_context(demo_server())
             box = [f"{base}/fsdp2-{uuid.uuid4().hex[:6]}", os.environ.get("AWS_ENDPOINT_URL")]
         dist.broadcast_object_list(box, src=0)
         run, endpoint = box

@@ -159,9 +159,9 @@ def compare(a: str, b: str) -> int:
 
 
 def run_all(args: argparse.Namespace) -> int:
-    from s3ckpt.demo import local_s3
+    from s3ckpt.demo import demo_server
 
-    server = contextlib.nullcontext(args.url) if args.url else local_s3("lightning-example")
+    server = contextlib.nullcontext(args.url) if args.url else demo_server("lightning-example")
     with server as base, tempfile.TemporaryDirectory() as tmp:
 
         def phase(url: str, epochs: int, resume: bool, out: str) -> None:

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from s3ckpt import Checkpointer
-from s3ckpt.demo import local_s3
+from s3ckpt.demo import demo_server
 from s3ckpt.retention import KeepLast
 
 # DCP says on every save and load that it runs in a single process: here, that is the intent.
@@ -98,7 +98,7 @@ def main() -> int:
 
     # No --url: a bucket on the server AWS_ENDPOINT_URL names or, without one, on an
     # embedded S3 server (moto, on 127.0.0.1) that runs until the block ends.
-    with contextlib.nullcontext(args.url) if args.url else local_s3() as bucket:
+    with contextlib.nullcontext(args.url) if args.url else demo_server() as bucket:
         base = f"{bucket}/plain-loop-{uuid.uuid4().hex[:6]}"
         print(f"S3 endpoint {os.environ.get('AWS_ENDPOINT_URL', '(AWS)')}, runs under {base}")
 

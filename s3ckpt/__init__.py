@@ -5,6 +5,7 @@ Public API::
     from s3ckpt import Checkpointer                       # what a training loop uses
     from s3ckpt import S3StorageWriter, S3StorageReader   # torch.distributed.checkpoint
     from s3ckpt import S3Config, TransferConfig
+    from s3ckpt import Location                           # a URL opened once, with its store
     from s3ckpt import HashedPrefixes                     # opt-in layout for many-rank saves
 
 The torch-dependent names (Checkpointer, the DCP writer and reader) are imported lazily,
@@ -37,6 +38,7 @@ from s3ckpt.errors import (
     UnsafeCheckpointError,
 )
 from s3ckpt.format import HashedPrefixes
+from s3ckpt.store import Location
 
 if _typing.TYPE_CHECKING:
     from s3ckpt.checkpointer import Checkpointer, SaveHandle
@@ -58,6 +60,7 @@ __all__ = [
     "ObjectNotFoundError",
     "PreconditionFailedError",
     "S3CkptError",
+    "Location",
     "S3Config",
     "S3StorageReader",
     "S3StorageWriter",

@@ -85,9 +85,9 @@ def derived_inflight_bytes(part_size: int, concurrency: int) -> int:
 
 class _DefaultAttempts(int):
     """``TransferConfig.max_attempts`` that nobody chose (neither the caller nor
-    ``AWS_MAX_ATTEMPTS``): the S3 store may replace it with the AWS profile's
-    ``max_attempts`` (:meth:`TransferConfig.with_profile_attempts`). Equal to, printed as and
-    pickled as the number it holds."""
+    ``AWS_MAX_ATTEMPTS``): the S3 store, when it is built, replaces it with the AWS
+    profile's ``max_attempts`` (:meth:`TransferConfig.with_profile_attempts`). Equal to,
+    printed as and pickled as the number it holds."""
 
     __slots__ = ()
 
@@ -281,8 +281,9 @@ class TransferConfig:
 
     Precedence, as the AWS CLI and SDKs have it: this field when given (the CLI's
     ``--max-attempts``), else ``AWS_MAX_ATTEMPTS`` (read when the config is built), else
-    ``max_attempts`` in the AWS profile's config file (applied by the S3 store when it
-    builds its client), else 8. s3ckpt retries every request itself, with one policy
+    ``max_attempts`` in the AWS profile's config file (applied once, when the S3 store
+    is built: the store's ``transfer_config`` holds it), else 8. s3ckpt retries every
+    request itself, with one policy
     (:mod:`s3ckpt.store.retry`: exponential back-off with full jitter, like botocore's
     ``standard`` mode); botocore's own retries stay at one attempt, so the two never
     multiply. ``AWS_RETRY_MODE`` / ``retry_mode`` therefore change nothing: s3ckpt's own
@@ -366,6 +367,12 @@ class TransferConfig:
         if not self.request_deadline > 0:  # also refuses NaN
             raise bad("request_deadline", "> 0 (seconds)")
 
+    @property
+    def attempts_from_profile(self) -> bool:
+        """Whether the AWS profile's ``max_attempts`` would count: neither the caller nor
+        ``AWS_MAX_ATTEMPTS`` chose :attr:`max_attempts`."""
+        return type(self.max_attempts) is _DefaultAttempts
+
     def with_profile_attempts(self, max_attempts: int | None) -> TransferConfig:
         """This config with the AWS profile's ``max_attempts`` (``None``: the profile sets
         none) applied where neither the caller nor ``AWS_MAX_ATTEMPTS`` chose a value.
@@ -373,7 +380,7 @@ class TransferConfig:
         Raises:
             ConfigError: The profile's value is not an integer >= 1.
         """
-        if max_attempts is None or type(self.max_attempts) is not _DefaultAttempts:
+        if max_attempts is None or not self.attempts_from_profile:
             return self
         if max_attempts < 1:
             raise ConfigError(
@@ -389,8 +396,17 @@ class TransferConfig:
 
     @property
     def max_inflight_parts(self) -> int:
-        """Upload buffers per rank: ``max_inflight_bytes // part_size``."""
-        return max(1, self.max_inflight_bytes // self.part_size)
+        """Parts of :attr:`part_size` in flight per rank: ``max_inflight_bytes //
+        part_size`` (one, at least); :meth:`upload_buffers` less the one being filled."""
+        return self.upload_buffers(self.part_size) - 1
+
+    def upload_buffers(self, part_size: int) -> int:
+        """The buffers an upload pool holds for parts of ``part_size`` bytes (the
+        configured :attr:`part_size`, or the larger one :meth:`part_size_for` gives a big
+        object): ``max(1, max_inflight_bytes // part_size)`` parts in flight and the one
+        being filled. The one place this count is derived; the pool's memory,
+        ``upload_buffers(part) * part``, stays within the bound of the class docs."""
+        return max(1, self.max_inflight_bytes // part_size) + 1
 
     def part_size_for(self, object_size: int) -> int:
         """Part size that keeps an object of ``object_size`` bytes within 10,000 parts."""

@@ -59,11 +59,11 @@ from torchtitan.components.checkpointer import MODEL, AsyncMode, CheckpointManag
 from torchtitan.tools import filesystem
 from torchtitan.tools.utils import GarbageCollection
 
-from s3ckpt.checkpointer import RetentionRunner, load_policy
+from s3ckpt._step_names import checkpoint_step
+from s3ckpt.checkpointer import RetentionRunner, resolve_policy
 from s3ckpt.dcp import S3StorageReader, S3StorageWriter
-from s3ckpt.format import checkpoint_step
 from s3ckpt.retention import DEFAULT_GRACE, KeepLast, Policy, PruneResult, list_checkpoints
-from s3ckpt.store import open_store
+from s3ckpt.store import Location
 
 __all__ = ["S3CheckpointManager"]
 
@@ -104,13 +104,16 @@ class S3CheckpointManager(CheckpointManager):
     def __init__(self, config: S3CheckpointManager.Config, **kwargs: Any) -> None:
         self._retention: RetentionRunner | None = None  # set iff the folder is s3://
         self._group: dist.ProcessGroup | None = None
+        self._location: Location | None = None  # set iff the folder is s3://
         self.policy: Policy | None = None
         super().__init__(config, **kwargs)
         if not self.enable or not _is_s3(self.folder):
             return
-        self._store, self._run = open_store(self.folder)
-        self._retention = RetentionRunner(self._store, self._run)
-        self.policy = load_policy(config.retention_policy)
+        # The folder in the process's shared store (environment settings), for every save,
+        # load, listing and retention pass of the run.
+        self._location = Location.of(self.folder)
+        self._retention = RetentionRunner(self._location.store, self._location.url)
+        self.policy = resolve_policy(config.retention_policy)
         if self.policy is None and self.keep_latest_k > 0:
             self.policy = KeepLast(self.keep_latest_k)
         # Rank 0 lists the bucket and tells the others, on gloo whatever the training
@@ -141,6 +144,7 @@ class S3CheckpointManager(CheckpointManager):
                 state_dict, checkpoint_id, async_mode, enable_garbage_collection, to_hf
             )
         step = checkpoint_step(posixpath.basename(checkpoint_id.rstrip("/")))
+        # The writer takes the folder's store from the process-wide cache (Location.of).
         writer = S3StorageWriter(checkpoint_id, step=step, overwrite=True)
         if async_mode == AsyncMode.ASYNC:
             ret = dcp.async_save(state_dict, storage_writer=writer, process_group=self.pg)
@@ -191,13 +195,14 @@ class S3CheckpointManager(CheckpointManager):
     def _committed_steps(self) -> list[int]:
         """Steps whose ``step-N`` checkpoint is committed, ascending: one listing on rank 0,
         broadcast to the others (so all ranks load the same step)."""
-        assert self._retention is not None
+        assert self._retention is not None and self._location is not None
+        run = self._location
         answer: list[int] | BaseException = []
         if _rank() == 0:
             try:
                 answer = sorted(
                     info.step
-                    for info in list_checkpoints(self._store, self._run)
+                    for info in list_checkpoints(run.store, run.url)
                     if info.is_committed
                     and info.step is not None
                     and info.name == posixpath.basename(self._create_checkpoint_id(info.step))

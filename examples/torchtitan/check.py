@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
-from s3ckpt.format import checkpoint_step
+from s3ckpt._step_names import checkpoint_step
 from s3ckpt.torchtitan import S3CheckpointManager
 
 

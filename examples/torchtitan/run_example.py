@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from s3ckpt.demo import local_s3
+from s3ckpt.demo import demo_server
 from s3ckpt.retention import list_checkpoints
 from s3ckpt.store import open_store
 
@@ -183,7 +183,7 @@ def main() -> int:
     args.tokenizer, args.data = make_assets(args.workdir / "assets")
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(HERE))
     results = {}
-    with local_s3("s3ckpt-torchtitan") as bucket:
+    with demo_server("s3ckpt-torchtitan") as bucket:
         for world in args.world_sizes:
             results[world] = run_world(world, bucket, args)
     print()

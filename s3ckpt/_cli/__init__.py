@@ -38,6 +38,7 @@ Errors are one line on stderr, ``s3ckpt: error: ...``, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -53,6 +54,8 @@ from s3ckpt.errors import (
     S3CkptError,
     StoreError,
 )
+from s3ckpt.store import Location
+from s3ckpt.uri import parse_location
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1
@@ -76,6 +79,7 @@ __all__ = [
     "common_parser",
     "error",
     "exit_code_for",
+    "open_location",
     "s3_config_from_args",
     "transfer_config_from_args",
 ]
@@ -200,6 +204,25 @@ def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig | None
             TransferConfig.request_deadline, _DEADLINE_PER_READ_TIMEOUT * args.read_timeout
         )
     return TransferConfig(**kwargs) if kwargs else None
+
+
+def open_location(args: argparse.Namespace, target: str, *, folder: bool = False) -> Location:
+    """A command's URL or local path, opened once with the command's
+    :class:`~s3ckpt.config.S3Config` and :class:`~s3ckpt.config.TransferConfig` (the
+    process's shared store for them); the commands pass the Location down.
+
+    Args:
+        folder: A local path must be an existing folder (a typo is an error here, where a
+            prefix on a bucket would only be empty).
+    """
+    url = parse_location(target)
+    if folder and url.scheme == "file" and not os.path.isdir("/" + url.prefix):
+        raise CommandError(f"{target}: no such folder (PATH is a URL or a local folder)")
+    return Location.of(
+        url,
+        s3_config=s3_config_from_args(args),
+        transfer_config=transfer_config_from_args(args),
+    )
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
+from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, open_location
 from s3ckpt._cli._output import add_output_options, print_json
-from s3ckpt._cli.retention import _open
 from s3ckpt._units import plural
 from s3ckpt.tools import Check, CheckStatus, DoctorReport, run_doctor
 
@@ -82,20 +81,20 @@ def _verdict(report: DoctorReport) -> str:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    store, url = _open(args, args.url)
+    location = open_location(args, args.url, folder=True)
     rows: list[Check] = []
 
     def on_check(check: Check) -> None:
         # The header waits for the first row: a store that cannot be reached ends the
         # command with its one error line, nothing on stdout.
         if not rows and not args.json:
-            print(f"s3ckpt doctor {url}", flush=True)
+            print(f"s3ckpt doctor {location}", flush=True)
         rows.append(check)
         if not args.json:
             _print_row(check)
 
     try:
-        report = run_doctor(store, url, on_check=on_check)
+        report = run_doctor(location, on_check=on_check)
     except KeyboardInterrupt:
         # The cleanup ran first; on a terminal its row is printed, with --json say it here.
         if args.json and rows and rows[-1].name == "cleanup":

@@ -16,20 +16,23 @@ import tempfile
 from pathlib import Path
 
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, CommandError
+from s3ckpt._cli._args import STEP_PATTERN_HELP, open_counted
+from s3ckpt._cli._args import duration as _duration
+from s3ckpt._cli._args import iso_time as _time
+from s3ckpt._cli._args import nonneg_int as _nonneg_int
+from s3ckpt._cli._args import step_pattern as _step_pattern
 from s3ckpt._cli._damaged import warn_damaged
 from s3ckpt._cli._output import add_output_options, print_json
-from s3ckpt._cli.retention import (
-    STEP_PATTERN_HELP,
-    _duration,
-    _nonneg_int,
-    _open_counted,
-    _step_pattern,
-    _time,
-)
 from s3ckpt._units import format_bytes
 from s3ckpt.errors import ConfigError
-from s3ckpt.retention import DEFAULT_GRACE, MIN_GRACE, format_duration, load_policy
-from s3ckpt.tools import (
+from s3ckpt.retention import (
+    DEFAULT_GRACE,
+    MIN_GRACE,
+    PolicyFile,
+    RetentionOptions,
+    format_duration,
+)
+from s3ckpt.tools.report import (
     PriceTable,
     Report,
     collect_report,
@@ -191,22 +194,25 @@ def _report(args: argparse.Namespace) -> int:
     to_stdout = args.html == "-"
     if to_stdout and args.json:
         raise CommandError("--json prints on stdout: write the page to a file (--html FILE)")
-    policy = load_policy(args.policy) if args.policy else None  # bad file: exit 2, no request
+    policy = PolicyFile.load(args.policy) if args.policy else None  # bad: exit 2, no request
     prices = _prices(args)
+    options = RetentionOptions(
+        grace=args.grace,
+        now=args.now,
+        step_pattern=args.step_pattern,
+        include_foreign=args.include_foreign,
+        max_delete=args.max_delete,
+    )
     if not to_stdout:
         _check_target(args.html)  # before the scan, which may take minutes on a big bucket
-    store, root, counter = _open_counted(args, args.path, "report")
+    location, counter = open_counted(args, args.path, "report")
     try:
         report = collect_report(
-            store,
-            root,
+            location.store,
+            location.url,
             policy=policy,
-            now=args.now,
-            grace=args.grace,
+            options=options,
             prices=prices,
-            step_pattern=args.step_pattern,
-            include_foreign=args.include_foreign,
-            max_delete=args.max_delete,
             title=args.title,
         )
     finally:

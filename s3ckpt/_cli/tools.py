@@ -20,6 +20,7 @@ from s3ckpt._cli import (
     EXIT_USAGE,
     CommandError,
     error,
+    open_location,
     s3_config_from_args,
     transfer_config_from_args,
 )
@@ -173,11 +174,7 @@ def _inspect(args: argparse.Namespace) -> int:
         from s3ckpt.tools import inspect_checkpoint
 
     info = inspect_checkpoint(
-        args.checkpoint,
-        include=args.include,
-        exclude=args.exclude,
-        s3_config=s3_config_from_args(args),
-        transfer_config=transfer_config_from_args(args),
+        open_location(args, args.checkpoint), include=args.include, exclude=args.exclude
     )
     if args.json:
         doc = info.to_dict()
@@ -236,14 +233,11 @@ def _verify(args: argparse.Namespace) -> int:
     with _needs_torch("verify"):
         from s3ckpt.tools import verify_checkpoint
 
+    checkpoint = open_location(args, args.checkpoint)
     bar = ProgressBar("verify", enabled=progress_enabled(args))
     try:
         res = verify_checkpoint(
-            args.checkpoint,
-            read_data=True if args.read_data else None,
-            progress=bar,
-            s3_config=s3_config_from_args(args),
-            transfer_config=transfer_config_from_args(args),
+            checkpoint, read_data=True if args.read_data else None, progress=bar
         )
     finally:
         bar.close()
@@ -276,17 +270,10 @@ def _diff(args: argparse.Namespace) -> int:
     with _needs_torch("diff"):
         from s3ckpt.tools import diff_checkpoints
 
+    a, b = open_location(args, args.a), open_location(args, args.b)
     bar = ProgressBar("diff", enabled=progress_enabled(args))
     try:
-        res = diff_checkpoints(
-            args.a,
-            args.b,
-            include=args.include,
-            exclude=args.exclude,
-            s3_config=s3_config_from_args(args),
-            transfer_config=transfer_config_from_args(args),
-            progress=bar,
-        )
+        res = diff_checkpoints(a, b, include=args.include, exclude=args.exclude, progress=bar)
     finally:
         bar.close()
     if args.json:
@@ -343,11 +330,12 @@ def _export(args: argparse.Namespace) -> int:
 
     if args.converter and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--converter mymodule:fn` from the current folder
+    checkpoint, dest = open_location(args, args.checkpoint), open_location(args, args.dest)
     bar = ProgressBar("export", enabled=progress_enabled(args))
     try:
         res = export_checkpoint(
-            args.checkpoint,
-            args.dest,
+            checkpoint,
+            dest,
             format=args.format,
             dtype=args.dtype,
             max_shard_size=args.max_shard_size,
@@ -356,8 +344,6 @@ def _export(args: argparse.Namespace) -> int:
             exclude=args.exclude,
             converter=args.converter,
             overwrite=args.overwrite,
-            s3_config=s3_config_from_args(args),
-            transfer_config=transfer_config_from_args(args),
             progress=bar,
         )
     finally:
@@ -388,11 +374,14 @@ def _import(args: argparse.Namespace) -> int:
     with _needs_torch("import"):
         from s3ckpt.tools import import_safetensors
 
+    # SRC names a file, an index or a folder as typed (its text is recorded in the
+    # checkpoint), so it is opened by import_safetensors; DEST is a checkpoint prefix.
+    dest = open_location(args, args.dest)
     bar = ProgressBar("import", enabled=progress_enabled(args))
     try:
         res = import_safetensors(
             args.src,
-            args.dest,
+            dest,
             prefix=None if args.no_prefix else args.prefix,
             step=args.step,
             overwrite=args.overwrite,

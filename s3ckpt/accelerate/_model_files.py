@@ -25,6 +25,7 @@ import torch
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import ConfigError
 from s3ckpt.store import ObjectStore
+from s3ckpt.tools import TORCH_TO_ST
 from s3ckpt.transfer import ObjectSink, Uploader, format_leftovers
 from s3ckpt.uri import StoreURL
 
@@ -35,24 +36,6 @@ __all__ = ["model_state_dict", "write_model_files"]
 
 log = logging.getLogger("s3ckpt")
 
-# safetensors' names for torch dtypes (the format's own table).
-_ST_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint64: "U64",
-    torch.uint32: "U32",
-    torch.uint16: "U16",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
 _SHARD = re.compile(r"(.*?)-\d{5}-of-\d{5}")
 
 
@@ -107,7 +90,7 @@ def write_model_files(
     if safe_serialization:
         state_dict = clean_state_dict_for_safetensors(dict(state_dict))
         for name, value in state_dict.items():
-            if not isinstance(value, torch.Tensor) or value.dtype not in _ST_DTYPES:
+            if not isinstance(value, torch.Tensor) or value.dtype not in TORCH_TO_ST:
                 what = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
                 raise ConfigError(
                     f"save_model to {url}: {name!r} is a {what}, which safetensors cannot "
@@ -123,10 +106,11 @@ def write_model_files(
         f: {n: state_dict[n] for n in names} for f, names in split.filename_to_tensors.items()
     }
     biggest = max((_nbytes(s) for s in shards.values()), default=0)
+    part_size = transfer_config.part_size_for(biggest + 2**20)
     uploader = Uploader(
         store,
-        part_size=transfer_config.part_size_for(biggest + 2**20),
-        n_buffers=transfer_config.max_inflight_parts + 1,
+        part_size=part_size,
+        n_buffers=transfer_config.upload_buffers(part_size),
         max_concurrency=transfer_config.max_concurrency,
     )
     try:
@@ -165,7 +149,7 @@ def _write_safetensors(sink: ObjectSink, shard: Mapping[str, torch.Tensor]) -> N
     for name, t in shard.items():
         n = t.numel() * t.element_size()
         doc[name] = {
-            "dtype": _ST_DTYPES[t.dtype],
+            "dtype": TORCH_TO_ST[t.dtype],
             "shape": list(t.shape),
             "data_offsets": [offset, offset + n],
         }

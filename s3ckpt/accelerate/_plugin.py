@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from s3ckpt._step_names import checkpoint_step
 from s3ckpt.accelerate._common import dcp_call, entry_name, is_url, version
 from s3ckpt.accelerate._model_files import model_state_dict, write_model_files
 from s3ckpt.accelerate._state import (
@@ -28,10 +29,7 @@ from s3ckpt.accelerate._state import (
     optimizers,
     other_names,
     other_state,
-    pack,
-    saved_entry,
     set_rng_state,
-    unpack,
     watch_epochs,
 )
 from s3ckpt.checkpointer import RetentionRecord, RetentionRunner
@@ -43,11 +41,12 @@ from s3ckpt.errors import (
     CheckpointNotFoundError,
     ConfigError,
 )
-from s3ckpt.format import MANIFEST_NAME, checkpoint_step
+from s3ckpt.format import MANIFEST_NAME
 from s3ckpt.retention import CheckpointState, KeepLast, list_checkpoints
 from s3ckpt.retention import load_policy as load_policy_file
-from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.store import Location
+from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
+from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -65,8 +64,8 @@ _T = TypeVar("_T")
 class _Target:
     """Where a save or load goes: the checkpoint and its run (the parent prefix)."""
 
-    url: StoreURL
-    run: StoreURL
+    ckpt: Location
+    run: Location
     automatic: bool = False
 
 
@@ -116,7 +115,6 @@ class S3Checkpointing:
         self.retention_grace = retention_grace
         self.last_saved: str | None = None
         self._step_fn = step
-        self._stores: dict[tuple[str, str], ObjectStore] = {}
         self._runners: dict[StoreURL, RetentionRunner] = {}
         self._last_runner: RetentionRunner | None = None
         # A dedicated gloo group (a collective): checkpoint traffic never interleaves with
@@ -198,8 +196,8 @@ class S3Checkpointing:
         """The URL of the newest committed checkpoint under ``run`` (by step, then commit
         time), or ``None``. Collective: the main process lists, every rank gets the answer.
         """
-        url = parse_url(run)
-        return self._agree(lambda: self._latest(url))
+        where = self._at(run)
+        return self._agree(lambda: self._latest(where))
 
     @property
     def last_retention(self) -> PruneResult | BaseException | None:
@@ -248,13 +246,14 @@ class S3Checkpointing:
                 safe_serialization=safe_serialization,
             )
             return
-        url = parse_url(str(save_directory))
+        where = self._at(str(save_directory))
+        url = where.url
         state_dict = model_state_dict(self.accelerator, model, url)  # collective under FSDP
         written = self._agree(
             lambda: write_model_files(
                 state_dict,
                 url,
-                self._store(url),
+                where.store,
                 self.transfer_config,
                 max_shard_size=max_shard_size,
                 safe_serialization=safe_serialization,
@@ -291,38 +290,37 @@ class S3Checkpointing:
         if acc.project_configuration.automatic_checkpoint_naming:
             if not is_url(acc.project_dir):
                 return None
-            run = parse_url(str(acc.project_dir)).child("checkpoints")
+            run = self._at(str(acc.project_dir)).child("checkpoints")
             return _Target(run.child(f"checkpoint_{acc.save_iteration}"), run, automatic=True)
         if output_dir is None or not is_url(output_dir):
             return None
-        url = parse_url(str(output_dir))
-        return _Target(url, url.parent)
+        ckpt = self._at(str(output_dir))
+        return _Target(ckpt, ckpt.parent)
 
     def _load_target(self, input_dir: str | None) -> _Target | None:
         acc = self.accelerator
         if input_dir is not None:
             if not is_url(input_dir):
                 return None
-            url = parse_url(str(input_dir))
-            return _Target(url, url.parent)
+            ckpt = self._at(str(input_dir))
+            return _Target(ckpt, ckpt.parent)
         if not acc.project_configuration.automatic_checkpoint_naming or not is_url(acc.project_dir):
             return None
-        run = parse_url(str(acc.project_dir)).child("checkpoints")
+        run = self._at(str(acc.project_dir)).child("checkpoints")
         found = self._agree(lambda: self._latest(run))
         if found is None:
             raise CheckpointNotFoundError(
                 f"no committed checkpoint under {run} to resume from (automatic checkpoint "
                 "naming); save one first, or pass input_dir",
                 bucket=run.bucket,
-                key=run.prefix,
+                key=run.url.prefix,
             )
-        url = parse_url(found)
-        return _Target(url, run, automatic=True)
+        return _Target(run.at(found), run, automatic=True)
 
     # -- save -----------------------------------------------------------------------------------
     def _save(self, target: _Target) -> str:
         acc = self.accelerator
-        url = target.url
+        url, store = target.ckpt.url, target.ckpt.store
         step = self._step(url)
         models = list(acc._models)
         model_sds = [get_model_state_dict(m) for m in models]
@@ -337,9 +335,8 @@ class S3Checkpointing:
         for j, (opt, owner) in enumerate(optimizers(acc, models)):
             sd[entry_name("optim", j)] = get_optimizer_state_dict(owner, opt)
         other = other_state(acc, self._rank)
-        sd.update((name, pack(value, name)) for name, value in other.items())
+        sd.update((name, pack_state(value)) for name, value in other.items())
 
-        store = self._store(url)
         committed = self._agree(lambda: store.head(url.key(MANIFEST_NAME)) is not None)
         if committed and target.automatic:
             raise CheckpointExistsError(
@@ -378,7 +375,7 @@ class S3Checkpointing:
     # -- load -----------------------------------------------------------------------------------
     def _load(self, target: _Target) -> None:
         acc = self.accelerator
-        url = target.url
+        url = target.ckpt.url
         reader = S3StorageReader(
             url,
             s3_config=self.s3_config,
@@ -386,7 +383,7 @@ class S3Checkpointing:
             verify_checksums=self.verify_checksums,
             allow_unsafe_pickle=self.allow_unsafe_pickle,
             safe_globals=self.safe_globals,
-            store=self._store(url),
+            store=target.ckpt.store,
         )
         metadata = reader.metadata
         models = list(acc._models)
@@ -409,7 +406,7 @@ class S3Checkpointing:
         # to exactly the values saved (s3ckpt/accelerate/_state.py).
         names = other_names(acc, self._rank)
         for name in names:
-            flat = saved_entry(metadata, name)
+            flat = packed_destinations(metadata, name)
             if flat is not None:
                 sd[name] = flat
             elif not name.startswith(OPTIONAL):
@@ -425,7 +422,7 @@ class S3Checkpointing:
 
         with dcp_call("load", url, self._rank):
             dcp.load(sd, storage_reader=reader, process_group=self._pg)
-        state = {name: unpack(sd[name]) for name in names if name in sd}
+        state = {name: unpack_state(sd[name]) for name in names if name in sd}
 
         for i, m in enumerate(load_models):
             set_model_state_dict(m, sd[entry_name("model", i)])
@@ -460,16 +457,12 @@ class S3Checkpointing:
             raise value
         return value
 
-    def _store(self, url: StoreURL) -> ObjectStore:
-        key = (url.scheme, url.bucket)
-        if key not in self._stores:
-            self._stores[key], _ = open_store(
-                url, s3_config=self.s3_config, transfer_config=self.transfer_config
-            )
-        return self._stores[key]
+    def _at(self, target: str) -> Location:
+        """``target`` in the process's shared store for this plug-in's settings."""
+        return Location.of(target, s3_config=self.s3_config, transfer_config=self.transfer_config)
 
-    def _latest(self, run: StoreURL) -> str | None:
-        infos = list_checkpoints(self._store(run), run, grace=self.retention_grace)
+    def _latest(self, run: Location) -> str | None:
+        infos = list_checkpoints(run.store, run.url, grace=self.retention_grace)
         committed = [c for c in infos if c.state == CheckpointState.COMMITTED]
         return str(committed[-1].url) if committed else None
 
@@ -480,10 +473,10 @@ class S3Checkpointing:
             policy = KeepLast(int(limit))
         if policy is None or self._rank != 0:
             return
-        runner = self._runners.get(target.run)
+        runner = self._runners.get(target.run.url)
         if runner is None:
-            runner = self._runners[target.run] = RetentionRunner(
-                self._store(target.run), target.run
+            runner = self._runners[target.run.url] = RetentionRunner(
+                target.run.store, target.run.url
             )
         self._last_runner = runner
         runner.schedule(policy, self.retention_grace, step)

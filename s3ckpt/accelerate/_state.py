@@ -1,17 +1,11 @@
-"""What an accelerate checkpoint holds besides the models and optimizers, and how each
-entry is stored.
+"""What an accelerate checkpoint holds besides the models and optimizers: the entries
+(schedulers, data loaders, the scaler, registered objects, the accelerator's counters, the
+RNG states), how each is captured and how it is put back.
 
-Every entry other than the models and optimizers (schedulers, data loaders, the scaler,
-registered objects, the accelerator's counters, the RNG states) is stored as the flat
-dict :func:`s3ckpt.tools.flatten_state_dict` makes of it (``objects=True``): its tensors
-as DCP tensor items, any other non-JSON leaf (a NumPy array, a path) as a DCP object item,
-and :data:`~s3ckpt.tools.SCHEMA_KEY`, a small tensor recording the exact tree: which
-containers were dicts, lists or tuples, dict keys with their types (``int`` keys stay
-``int``), and every plain leaf inline, ``None`` included. A load builds its destinations
-from the checkpoint's metadata, not from the live objects, so the value comes back exactly
-as it was saved, whatever the object holds now (a fresh ``StatefulDataLoader``'s state
-has ``None`` where a used one has a sampler state). DCP's own nesting would drop ``None``
-leaves and empty dicts, turn ``int`` keys into ``str`` and tuples into lists.
+Every such entry is stored packed (:mod:`s3ckpt.tools.packing`, the storage form the
+Lightning plug-in uses too): exactly, ``None`` leaves, ``int`` keys and tuples included,
+and loaded into destinations the checkpoint's metadata describes, so the value comes back
+as it was saved whatever the live object holds now.
 """
 
 from __future__ import annotations
@@ -21,10 +15,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from s3ckpt.accelerate._common import entry_name, owner_of
-from s3ckpt.tools import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -35,11 +27,8 @@ __all__ = [
     "optimizers",
     "other_names",
     "other_state",
-    "pack",
     "rng_state",
-    "saved_entry",
     "set_rng_state",
-    "unpack",
     "watch_epochs",
 ]
 
@@ -103,47 +92,6 @@ def apply_state(acc: Accelerator, state: Mapping[str, Any], *, automatic: bool) 
         acc.step = int(counters["step"])
     if automatic and "iteration" in counters:
         acc.project_configuration.iteration = int(counters["iteration"]) + 1
-
-
-# A value stored whole (see pack): one object item holding a 1-tuple.
-_WHOLE = "__s3ckpt_whole__"
-
-
-def pack(value: Any, entry: str) -> dict[str, Any]:
-    """``value`` as the flat dict one DCP entry stores (see the module docs).
-
-    A value whose dict keys are neither ``str`` nor ``int`` (which the flat form cannot
-    name) is stored whole, as one object item under ``SCHEMA_KEY``'s place; it loads
-    through the same safe loader.
-    """
-    try:
-        return flatten_state_dict(value, objects=True)
-    except TypeError:
-        return {_WHOLE: (value,)}  # a tuple: DCP stores it as one object, tensors and all
-
-
-def saved_entry(metadata: Metadata, entry: str) -> dict[str, Any] | None:
-    """Destinations for the packed ``entry`` of a checkpoint (empty tensors of the saved
-    dtype and shape, ``None`` for objects), or ``None`` when it was not saved."""
-    prefix = f"{entry}."
-    items = metadata.state_dict_metadata
-    if f"{prefix}{SCHEMA_KEY}" not in items and f"{prefix}{_WHOLE}" not in items:
-        return None
-    out: dict[str, Any] = {}
-    for fqn, md in items.items():
-        if fqn.startswith(prefix):
-            if isinstance(md, TensorStorageMetadata):
-                out[fqn[len(prefix) :]] = torch.empty(md.size, dtype=md.properties.dtype)
-            else:
-                out[fqn[len(prefix) :]] = None
-    return out
-
-
-def unpack(flat: Mapping[str, Any]) -> Any:
-    """The value :func:`pack` stored, from its loaded flat dict."""
-    if _WHOLE in flat:
-        return flat[_WHOLE][0]
-    return unflatten_state_dict(flat)
 
 
 # -- data loaders -------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ from s3ckpt.checkpointer._retention import (
     RETENTION_HISTORY,
     RetentionRecord,
     RetentionRunner,
-    load_policy,
+    resolve_policy,
 )
 from s3ckpt.checkpointer._state import apply_state_dict, collect_state_dict
 from s3ckpt.config import S3Config, TransferConfig
@@ -90,7 +90,6 @@ from s3ckpt.errors import (
     find_s3ckpt_error,
 )
 from s3ckpt.format import (
-    LATEST_NAME,
     MANIFEST_NAME,
     HashedPrefixes,
     check_metrics,
@@ -99,38 +98,41 @@ from s3ckpt.format import (
 )
 from s3ckpt.metrics import instrument
 from s3ckpt.retention import DEFAULT_GRACE
-from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.store import AtLocation, Location, LocationLike, ObjectStore
+from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
     from s3ckpt.retention import CheckpointInfo, Policy, PruneResult
 
+# What a training loop calls or reads. The layout names (LATEST_NAME, checkpoint_name) are
+# s3ckpt.format's. RetentionRunner and resolve_policy stay importable from here for the
+# framework glue (lightning, accelerate, torchtitan): the plug-ins' API, not users'.
 __all__ = [
-    "LATEST_NAME",
     "RETENTION_HISTORY",
     "Checkpointer",
     "RetentionRecord",
-    "RetentionRunner",
     "SaveHandle",
-    "checkpoint_name",
-    "load_policy",
 ]
 
 log = logging.getLogger("s3ckpt")
 
 
-class Checkpointer:
+class Checkpointer(AtLocation):
     """Save, async-save and resume training state in an S3 run prefix, with retention.
 
     The parts it composes: a :class:`RankGroup` (process group, coordinator, broadcast), a
     :class:`SaveQueue` (staging and the upload thread, one save in flight), a
     :class:`LatestPointer` (the ``latest`` pointer and its resolution on the coordinator)
-    and a :class:`RetentionRunner` (the policy after each commit). The run's URL and store
-    are fixed at construction and shared by all of them.
+    and a :class:`RetentionRunner` (the policy after each commit). The run's location (one
+    :class:`~s3ckpt.store.Location`: URL, store, settings) is fixed at construction and
+    shared by all of them; each save's writer and each load's reader get a child of it.
+    ``url``, ``store``, ``s3_config`` and ``transfer_config`` read it.
 
     Args:
         path: The run prefix, e.g. ``s3://bucket/runs/llama-8b`` (any URL the store
-            accepts; ``s3://`` uses boto3), or a parsed :class:`~s3ckpt.uri.StoreURL`.
+            accepts; ``s3://`` uses boto3), a parsed :class:`~s3ckpt.uri.StoreURL`, a local
+            path (``os.PathLike``) or a :class:`~s3ckpt.store.Location` (with its own store
+            and settings: then pass none of ``s3_config``, ``transfer_config``, ``store``).
         policy: A retention policy (a :class:`s3ckpt.retention.Policy`, a built-in policy
             name such as ``"pretraining"``, or the path of a TOML policy file) applied after
             each commit; ``None`` keeps everything.
@@ -155,7 +157,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        path: str | StoreURL,
+        path: LocationLike,
         *,
         policy: Policy | str | None = None,
         s3_config: S3Config | None = None,
@@ -171,15 +173,10 @@ class Checkpointer:
         if on_busy not in ("wait", "raise"):
             raise ConfigError(f"on_busy must be 'wait' or 'raise', got {on_busy!r}")
         self.prefix_strategy = check_prefix_strategy(prefix_strategy)
-        self.s3_config = s3_config or S3Config()
-        self.transfer_config = transfer_config or TransferConfig()
-        self.url: StoreURL = path if isinstance(path, StoreURL) else parse_url(path)
-        if store is None:
-            store, _ = open_store(
-                self.url, s3_config=self.s3_config, transfer_config=self.transfer_config
-            )
-        self.store: ObjectStore = store
-        self.policy = load_policy(policy)
+        self.location = Location.of(
+            path, s3_config=s3_config, transfer_config=transfer_config, store=store
+        )
+        self.policy = resolve_policy(policy)
         self.on_busy = on_busy
         self.verify_checksums = verify_checksums
         self.retention_grace = retention_grace
@@ -383,10 +380,7 @@ class Checkpointer:
         sd = collect_state_dict(model, optimizer, train_state)
         read_checkpoint(
             sd,
-            url,
-            store=self.store,
-            s3_config=self.s3_config,
-            transfer_config=self.transfer_config,
+            self.location.child(checkpoint_name(resolved)),
             verify_checksums=self.verify_checksums,
             safe_globals=safe_globals,
             allow_unsafe_pickle=allow_unsafe_pickle,
@@ -482,12 +476,9 @@ class Checkpointer:
     def _writer(self, step: int, metrics: Mapping[str, SupportsFloat] | None) -> S3StorageWriter:
         self._latest.check_run_url()  # a checkpoint's URL: no checkpoints nested inside it
         return S3StorageWriter(
-            self._step_url(step),
-            s3_config=self.s3_config,
-            transfer_config=self.transfer_config,
+            self.location.child(checkpoint_name(step)),
             step=step,
             metrics=check_metrics(metrics),
-            store=self.store,
             prefix_strategy=self.prefix_strategy,
         )
 
@@ -495,3 +486,15 @@ class Checkpointer:
         if self.policy is None or not self.is_coordinator:
             return
         self._retention.schedule(self.policy, self.retention_grace, step)
+
+
+def __getattr__(name: str) -> Any:
+    # Layout names this face exported before issue 29: they warn, then work.
+    if name in ("LATEST_NAME", "checkpoint_name"):
+        import warnings
+
+        from s3ckpt import format as layout
+
+        warnings.warn(f"import {name} from s3ckpt.format", DeprecationWarning, stacklevel=2)
+        return getattr(layout, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

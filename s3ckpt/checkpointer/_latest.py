@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Literal, TypeVar
 
+from s3ckpt._step_names import checkpoint_step
 from s3ckpt.checkpointer._ranks import RankGroup
 from s3ckpt.checkpointer._run_url import refuse_checkpoint_url, warn_if_misspelt
 from s3ckpt.errors import (
@@ -29,7 +30,7 @@ from s3ckpt.errors import (
     ConfigError,
     ObjectNotFoundError,
 )
-from s3ckpt.format import LATEST_NAME, MANIFEST_NAME, checkpoint_name, checkpoint_step
+from s3ckpt.format import LATEST_NAME, MANIFEST_NAME, checkpoint_name
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL

@@ -10,24 +10,19 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import SafeGlobal
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.dcp.restore import check_state_dict, load_verified
 from s3ckpt.errors import StateMismatchError, find_s3ckpt_error
-from s3ckpt.store import ObjectStore
-from s3ckpt.uri import StoreURL
+from s3ckpt.store import Location
 
 __all__ = ["read_checkpoint"]
 
 
 def read_checkpoint(
     sd: dict[str, Any],
-    url: StoreURL,
+    location: Location,
     *,
-    store: ObjectStore,
-    s3_config: S3Config,
-    transfer_config: TransferConfig,
     verify_checksums: bool,
     safe_globals: Sequence[SafeGlobal],
     allow_unsafe_pickle: bool,
@@ -36,7 +31,8 @@ def read_checkpoint(
     verify_complete: bool,
     strict: bool,
 ) -> None:
-    """Load the checkpoint at ``url`` into ``sd`` in place (every rank calls it).
+    """Load the checkpoint at ``location`` (its store and settings come with it) into ``sd``
+    in place (every rank calls it).
 
     The checkpoint's ``.metadata`` is compared with ``sd`` first, on every rank with one
     gather (:func:`~s3ckpt.dcp.restore.check_state_dict`), so a checkpoint that does not
@@ -50,11 +46,8 @@ def read_checkpoint(
             ``CheckpointException`` when only the reader saw it.
     """
     reader = S3StorageReader(
-        url,
-        s3_config=s3_config,
-        transfer_config=transfer_config,
+        location,
         verify_checksums=verify_checksums,
-        store=store,
         safe_globals=safe_globals,
         allow_unsafe_pickle=allow_unsafe_pickle,
         fan_out=fan_out,
@@ -66,7 +59,7 @@ def read_checkpoint(
         strict=strict,
         unexpected_under=("model",),
         process_group=process_group,
-        url=url,
+        url=location.url,
     )
     try:
         if verify_complete:

@@ -21,7 +21,7 @@ from s3ckpt.uri import StoreURL
 if TYPE_CHECKING:
     from s3ckpt.retention import Policy, PruneResult
 
-__all__ = ["RETENTION_HISTORY", "RetentionRecord", "RetentionRunner", "load_policy"]
+__all__ = ["RETENTION_HISTORY", "RetentionRecord", "RetentionRunner", "resolve_policy"]
 
 log = logging.getLogger("s3ckpt")
 
@@ -63,8 +63,10 @@ class RetentionRecord:
         return self.result
 
 
-def load_policy(policy: Policy | str | None) -> Policy | None:
-    """``policy`` itself, or the policy of the TOML file it names (``None``: keep all)."""
+def resolve_policy(policy: Policy | str | None) -> Policy | None:
+    """A ``policy`` argument (Checkpointer, plug-ins) as a policy: ``policy`` itself, or the
+    policy of the file or built-in name it names (``None``: keep all). Not
+    :func:`s3ckpt.retention.load_policy`, which reads one policy file."""
     if policy is None:
         return None
     if isinstance(policy, str):

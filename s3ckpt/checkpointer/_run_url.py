@@ -26,8 +26,9 @@ import logging
 from collections.abc import Iterator
 from itertools import islice
 
+from s3ckpt._step_names import checkpoint_step
 from s3ckpt.errors import ConfigError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, SHARDS_DIR, checkpoint_name, checkpoint_step
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, SHARDS_DIR, checkpoint_name
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL

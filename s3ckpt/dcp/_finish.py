@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 
 from s3ckpt import _crc
 from s3ckpt._commit import Heartbeat, read_marker, restore_stock_metadata
-from s3ckpt._gc import gc_paused
+from s3ckpt._gc_pause import gc_paused
 from s3ckpt._tombstone import being_deleted, is_tombstone
 from s3ckpt._version import __version__
 from s3ckpt.dcp._torch import StorageInfo
@@ -130,7 +130,7 @@ class SaveCommit:
         """Describe the save, commit its marker, then finish up (see the class docs)."""
         # Pickling .metadata and building the manifest allocate a few objects per item and
         # make no cycles: with the collector running they set off full collections over
-        # every object in the process (see s3ckpt._gc).
+        # every object in the process (see s3ckpt._gc_pause).
         with gc_paused():
             meta_bytes, objects, items = self._describe(metadata, results, storage_meta)
         tag = save_tag(self.save_id)

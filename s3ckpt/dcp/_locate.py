@@ -9,12 +9,10 @@ that never committed unless asked.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable
 from functools import partial
 
 from s3ckpt._commit import check_metadata, metadata_matches, read_marker
-from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ObjectNotFoundError,
@@ -30,42 +28,12 @@ from s3ckpt.format import (
     shard_tag,
 )
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.store import ObjectStore
+from s3ckpt.uri import StoreURL
 
-__all__ = ["locate", "object_keys", "open_location", "parse_location"]
+__all__ = ["locate", "object_keys"]
 
 log = logging.getLogger(__name__)
-
-
-def parse_location(path: str | os.PathLike[str] | StoreURL) -> StoreURL:
-    """``path`` as a :class:`StoreURL` (a parsed one passes through).
-
-    Raises:
-        InvalidURLError: ``path`` is not a checkpoint URL.
-    """
-    return path if isinstance(path, StoreURL) else parse_url(str(path))
-
-
-def open_location(
-    path: str | os.PathLike[str] | StoreURL,
-    store: ObjectStore | None,
-    s3_config: S3Config,
-    transfer_config: TransferConfig,
-    *,
-    current: tuple[StoreURL, ObjectStore] | None = None,
-) -> tuple[StoreURL, ObjectStore]:
-    """``path`` parsed once, and ``store``; without one, the store of ``current`` (the
-    location and store a writer or reader already uses) when ``path`` is in the same
-    bucket, else a new store for it."""
-    url = parse_location(path)
-    if store is None and current is not None:
-        old_url, old_store = current
-        if (old_url.scheme, old_url.bucket) == (url.scheme, url.bucket):
-            store = old_store
-    if store is None:
-        store = open_store(url, s3_config=s3_config, transfer_config=transfer_config)[0]
-    return url, store
 
 
 def locate(

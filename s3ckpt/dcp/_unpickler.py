@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from s3ckpt._gc import gc_paused
+from s3ckpt._gc_pause import gc_paused
 from s3ckpt.errors import CorruptCheckpointError, UnsafeCheckpointError
 
 __all__ = ["load_metadata", "ALLOWED_GLOBALS"]
@@ -93,7 +93,7 @@ def load_metadata(data: bytes, *, bucket: str | None = None, key: str = ".metada
     from torch.distributed.checkpoint.metadata import Metadata
 
     try:
-        # Thousands of small objects, no cycles: pause the collector (see s3ckpt._gc).
+        # Thousands of small objects, no cycles: pause the collector (see s3ckpt._gc_pause).
         with gc_paused():
             obj = _RestrictedUnpickler(data, bucket, key).load()
     except UnsafeCheckpointError:

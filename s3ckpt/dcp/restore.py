@@ -24,7 +24,6 @@ chunks overlapping it; a rank that finds a gap raises on that rank.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,7 +41,7 @@ from s3ckpt.dcp._quiet import quiet_dcp
 from s3ckpt.dcp._torch import flatten_state_dict, local_chunks
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import IncompleteRestoreError
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import Location, LocationLike, ObjectStore
 from s3ckpt.uri import StoreURL, as_url
 
 __all__ = ["check_restored", "check_state_dict", "fill_nan", "find_unrestored", "load_verified"]
@@ -216,7 +215,7 @@ def check_state_dict(
 
 def load_verified(
     state_dict: Any,
-    path_or_reader: str | os.PathLike[str] | StorageReader,
+    path_or_reader: LocationLike | StorageReader,
     *,
     planner: LoadPlanner | None = None,
     process_group: Any = None,
@@ -234,7 +233,9 @@ def load_verified(
 
     Args:
         state_dict: The destination (nested; DTensor welcome), as for ``dcp.load``.
-        path_or_reader: Checkpoint URL / local path, or any DCP ``StorageReader``.
+        path_or_reader: The checkpoint (a URL, a local path, a
+            :class:`~s3ckpt.uri.StoreURL` or a :class:`~s3ckpt.store.Location`), or any DCP
+            ``StorageReader``.
         planner: Load planner (must allow partial loads to report missing keys).
         process_group: For ``dcp.load``; ``None`` loads in one process when
             ``torch.distributed`` is not initialised.
@@ -249,12 +250,14 @@ def load_verified(
     if isinstance(path_or_reader, StorageReader):
         reader = path_or_reader
     else:
-        reader = S3StorageReader(
-            as_url(path_or_reader),
-            s3_config=s3_config,
-            transfer_config=transfer_config,
-            store=store,
+        # A string may be a local path here (as_url); the reader takes the one Location.
+        target = path_or_reader
+        if not isinstance(target, (Location, StoreURL)):
+            target = as_url(target)
+        location = Location.of(
+            target, s3_config=s3_config, transfer_config=transfer_config, store=store
         )
+        reader = S3StorageReader(location)
     metadata = reader.read_metadata()
     url = reader.url if isinstance(reader, S3StorageReader) else None
     check_state_dict(state_dict, metadata, strict=False, process_group=process_group, url=url)

@@ -2,7 +2,8 @@
 
 Call sequence (torch's ``StorageWriter`` contract, with what each step does here):
 
-0. ``__init__`` / ``reset(checkpoint_id)`` (all ranks): parse the URL; unless
+0. ``__init__`` / ``reset(checkpoint_id)`` (all ranks): take the location (one
+   :class:`~s3ckpt.store.Location`, :mod:`s3ckpt.dcp._located`); unless
    ``overwrite``, read the commit marker's first byte and raise
    :class:`CheckpointExistsError` at once (fail fast, before any byte is uploaded). A
    ``reset`` to the location the writer already points at (compared parsed, so
@@ -58,7 +59,6 @@ import dataclasses
 import io
 import logging
 import math
-import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -73,7 +73,7 @@ from torch.futures import Future
 from s3ckpt._commit import Heartbeat, heartbeat_body, record_failure
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
-from s3ckpt.dcp._locate import open_location, parse_location
+from s3ckpt.dcp._located import Located
 from s3ckpt.dcp._serialize import save_item
 from s3ckpt.errors import (
     CheckpointExistsError,
@@ -95,9 +95,8 @@ from s3ckpt.format import (
     shard_name,
 )
 from s3ckpt.metrics import instrument
-from s3ckpt.store import ObjectStore, require_conditional_writes
+from s3ckpt.store import Location, LocationLike, ObjectStore, require_conditional_writes
 from s3ckpt.transfer import Uploader, format_leftovers, pack
-from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageWriter"]
 
@@ -150,7 +149,7 @@ def _tensor_for_save(tensor: torch.Tensor) -> torch.Tensor:
     return t
 
 
-class S3StorageWriter(StorageWriter):
+class S3StorageWriter(Located, StorageWriter):
     """Write a DCP checkpoint to ``s3://bucket/prefix`` (or any fsspec URL).
 
     Example::
@@ -161,7 +160,10 @@ class S3StorageWriter(StorageWriter):
         dcp.save(state_dict, storage_writer=S3StorageWriter("s3://bucket/run/step_100"))
 
     Args:
-        path: Checkpoint prefix URL, as a string or a parsed :class:`~s3ckpt.uri.StoreURL`.
+        path: The checkpoint prefix: a URL string, a parsed :class:`~s3ckpt.uri.StoreURL`,
+            a local path (``os.PathLike``) or a :class:`~s3ckpt.store.Location` (which
+            brings its store and settings: then pass none of ``s3_config``,
+            ``transfer_config``, ``store``).
         s3_config: Endpoint, region, encryption, storage class, checksums.
         transfer_config: Part size, concurrency, memory bound, retries.
         overwrite: Replace a committed checkpoint at ``path`` (safely: the old one stays
@@ -170,13 +172,18 @@ class S3StorageWriter(StorageWriter):
         step: Training step recorded in ``s3ckpt.json``.
         metrics: Numbers recorded in ``s3ckpt.json`` (for retention's "best by").
         user_metadata: JSON-serialisable data recorded in ``s3ckpt.json``.
-        store: Use this store instead of one built from ``path`` (tests, custom clients).
+        store: Use this store instead of the process's shared one for ``path`` (tests,
+            custom clients).
         prefix_strategy: Where the data objects go: ``None`` (default) directly under
             ``path``, as torch's FileSystemWriter lays them out; or
             :class:`~s3ckpt.HashedPrefixes` to spread them over hashed prefixes of the run
             (``{run}/s3ckpt-shards/{h}/{ckpt}/``) for saves of many ranks that S3 would
             otherwise throttle. Such a checkpoint is read through its ``s3ckpt.json`` (by
             s3ckpt only, not by stock DCP readers); see docs/dcp.md, "Hashed prefixes".
+
+    The settings in force are the location's (``writer.location``: its store's, or those
+    given with a store of your own); ``url``, ``store``, ``s3_config`` and
+    ``transfer_config`` read them.
 
     Requests: one client per process (stores of equal settings share it, see
     :mod:`s3ckpt.store.s3`), and one fail-fast read of the marker per save: at
@@ -196,7 +203,7 @@ class S3StorageWriter(StorageWriter):
 
     def __init__(
         self,
-        path: str | os.PathLike[str] | StoreURL,
+        path: LocationLike,
         *,
         s3_config: S3Config | None = None,
         transfer_config: TransferConfig | None = None,
@@ -209,13 +216,10 @@ class S3StorageWriter(StorageWriter):
     ) -> None:
         super().__init__()
         self.prefix_strategy = check_prefix_strategy(prefix_strategy)
-        self.s3_config = s3_config or S3Config()
-        self.transfer_config = transfer_config or TransferConfig()
         self.overwrite = overwrite
         self.step = step
         self.metrics = check_metrics(metrics)
         self.user_metadata = dict(user_metadata or {})
-        self._given_store = store
         self.rank = 0
         self.is_coordinator = True
         self.last_manifest: Manifest | None = None
@@ -225,18 +229,15 @@ class S3StorageWriter(StorageWriter):
         # The marker was read for the next save already (at construction or a reset to a
         # new location), so planning it need not read it again.
         self._marker_checked = False
-        self._point(path)
-
-    # -- location ---------------------------------------------------------------------------
-    def _point(self, path: str | os.PathLike[str] | StoreURL) -> None:
-        self.url: StoreURL
-        self.store: ObjectStore
-        current = (self.url, self.store) if hasattr(self, "url") else None
-        self.url, self.store = open_location(
-            path, self._given_store, self.s3_config, self.transfer_config, current=current
+        self._point(
+            Location.of(path, s3_config=s3_config, transfer_config=transfer_config, store=store)
         )
-        check_checkpoint_prefix(self.url.prefix, self.prefix_strategy)
-        self.checkpoint_id = str(self.url)
+
+    # -- location (reset, validate_checkpoint_id: dcp/_located.py) ----------------------------
+    def _point(self, location: Location) -> None:
+        """A new location: check its prefix and, unless ``overwrite``, its marker."""
+        check_checkpoint_prefix(location.url.prefix, self.prefix_strategy)
+        self.location = location
         self.save_id = uuid.uuid4().hex
         self._marker_checked = False
         self._begin_metrics()
@@ -260,24 +261,10 @@ class S3StorageWriter(StorageWriter):
                 key=self.url.key(MANIFEST_NAME),
             )
 
-    def reset(self, checkpoint_id: str | os.PathLike[str] | StoreURL | None = None) -> None:
-        """Start a new save, optionally at a new location.
-
-        ``checkpoint_id`` is compared with the current location parsed (a missing trailing
-        slash, ``s3a://`` or a :class:`StoreURL` name the same place): the same location
-        keeps the store and reads nothing; another one in the same bucket keeps the store
-        and checks its marker (see :meth:`__init__`).
-        """
-        if checkpoint_id is not None and parse_location(checkpoint_id) != self.url:
-            self._point(checkpoint_id)
-        else:
-            self.save_id = uuid.uuid4().hex
-            self._begin_metrics()
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str] | StoreURL) -> bool:
-        """True for ``s3://`` URLs."""
-        return str(checkpoint_id).startswith(("s3://", "s3a://"))
+    def _restart(self) -> None:
+        """A new save at the same location (``reset`` to it): nothing is read."""
+        self.save_id = uuid.uuid4().hex
+        self._begin_metrics()
 
     def storage_meta(self) -> StorageMeta | None:
         """Recorded in ``.metadata`` (the URL, never credentials)."""
@@ -330,7 +317,7 @@ class S3StorageWriter(StorageWriter):
 
     def _write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         rank_plan: _RankPlan = plan.storage_data
-        tc = self.transfer_config
+        tc = self.location.transfer_config  # the store's, as given to Location.of
         sizes = [self._estimate(item) for item in plan.items]
         total = sum(sizes)
         n_objects = max(1, min(len(plan.items), math.ceil(total / tc.target_object_size)))
@@ -339,8 +326,8 @@ class S3StorageWriter(StorageWriter):
         uploader = Uploader(
             self.store,
             part_size=part_size,
-            n_buffers=max(1, tc.max_inflight_bytes // part_size) + 1,
-            max_concurrency=tc.max_concurrency,
+            n_buffers=tc.upload_buffers(part_size),
+            max_concurrency=tc.concurrency,
             rank=rank_plan.rank,
         )
         results: list[WriteResult] = []

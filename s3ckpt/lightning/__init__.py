@@ -49,7 +49,8 @@ What happens to Lightning's calls:
   ``kth_best_model_path``, ``last_model_path``, as the checkpoint being saved records
   them): the plug-in runs ``policy | KeepTracked(...)``.
 
-What importing this module installs, for the whole process:
+Importing this package calls :func:`install` (idempotent), which installs, for the whole
+process (no other module of the package does anything at import):
 
 * when s3fs is not installed (and no other file system is registered for ``s3://``), a
   small s3ckpt-backed fsspec file system for ``s3://`` and ``s3a://``: a ``ModelCheckpoint``
@@ -67,9 +68,14 @@ What importing this module installs, for the whole process:
 * ``MyModule.load_from_checkpoint("s3://.../epoch=0-step=16.ckpt")`` (and
   ``LightningDataModule.load_from_checkpoint``): Lightning's ``pl_load`` is wrapped so that a
   remote path holding an s3ckpt checkpoint (or, without s3fs, any ``s3://`` path) is read
-  as ``load_checkpoint`` reads it, ``map_location`` and ``weights_only`` honoured, the store
-  configured from the environment; everything else goes to Lightning's own function
-  (:mod:`s3ckpt.lightning._load`). Import ``s3ckpt.lightning`` before calling it.
+  as ``load_checkpoint`` reads it, ``map_location`` and ``weights_only`` honoured; everything
+  else goes to Lightning's own function (:mod:`s3ckpt.lightning._load`). Import
+  ``s3ckpt.lightning`` before calling it.
+
+Stores are shared with the rest of the process (:meth:`s3ckpt.store.Location.of`). Where
+no plug-in is at hand (``load_from_checkpoint``, the file system), a bucket is opened with
+the settings of the plug-in that last opened it, else of the last plug-in constructed, else
+the environment's (``AWS_ENDPOINT_URL``, profile, region): :mod:`s3ckpt.lightning._stores`.
 
 Sharded strategies (``ModelParallelStrategy``, i.e. FSDP2 and tensor parallelism) do not use
 ``CheckpointIO`` for sharded state: use :class:`S3ModelParallelStrategy`, which saves every
@@ -81,17 +87,29 @@ Needs ``pip install "s3ckpt[lightning]"``.
 from __future__ import annotations
 
 from s3ckpt.lightning._async import install_async_teardown
-from s3ckpt.lightning._fs import _install_filesystem
+from s3ckpt.lightning._fs import install_filesystem
 from s3ckpt.lightning._io import S3CheckpointIO
 from s3ckpt.lightning._last import fix_find_last_checkpoints, fix_parse_ckpt_path
 from s3ckpt.lightning._load import install_load_hook
 from s3ckpt.lightning._strategy import S3ModelParallelStrategy
 
-__all__ = ["S3CheckpointIO", "S3ModelParallelStrategy"]
+__all__ = ["S3CheckpointIO", "S3ModelParallelStrategy", "install"]
 
-# What importing does (see "What importing this module installs" above).
-_install_filesystem(None, None, None)
-fix_find_last_checkpoints()
-fix_parse_ckpt_path()
-install_async_teardown()
-install_load_hook()
+
+def install() -> None:
+    """Install what the package's docstring lists, for the whole process: the ``s3://``
+    file system when s3fs is missing, the ``ckpt_path="last"`` fixes, the
+    ``AsyncCheckpointIO`` teardown and the ``load_from_checkpoint`` hook.
+
+    Idempotent (each piece checks whether it is in place), and called when
+    ``s3ckpt.lightning`` is imported, which the docs promise is enough for
+    ``load_from_checkpoint``; call it again after replacing any of those Lightning
+    functions yourself."""
+    install_filesystem(None)
+    fix_find_last_checkpoints()
+    fix_parse_ckpt_path()
+    install_async_teardown()
+    install_load_hook()
+
+
+install()

@@ -1,4 +1,5 @@
-"""Helpers the Lightning plug-in's modules share."""
+"""Helpers the Lightning plug-in's modules share: remote paths, the metrics a save
+records, DCP calls with s3ckpt's errors, and ``map_location`` for loaded tensors."""
 
 from __future__ import annotations
 
@@ -10,17 +11,15 @@ from typing import Any
 
 import torch
 from fsspec.core import split_protocol
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from s3ckpt.dcp import quiet_dcp
-from s3ckpt.errors import (
-    find_s3ckpt_error,
-)
+from s3ckpt.errors import find_s3ckpt_error
 
 log = logging.getLogger("s3ckpt.lightning")
 
 # Keys of a sharded checkpoint: the model's and optimizers' DTensor state dicts as DCP
-# saves them, and everything else Lightning saves, flattened, under this key.
+# saves them, and everything else Lightning saves, packed (s3ckpt.tools.packing), under
+# this key.
 _REST = "lightning"
 
 
@@ -46,21 +45,6 @@ def _metrics_of(checkpoint: Mapping[str, Any]) -> dict[str, float]:
                 continue
             if value == value and abs(value) != float("inf"):
                 out[monitor] = value
-    return out
-
-
-def _skeleton(metadata: Metadata, prefix: str = "") -> dict[str, Any]:
-    """Destinations for every saved item whose name starts with ``prefix`` (``prefix``
-    stripped): empty tensors of the saved dtype and shape, ``None`` for objects."""
-    out: dict[str, Any] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if not fqn.startswith(prefix):
-            continue
-        name = fqn[len(prefix) :]
-        if isinstance(md, TensorStorageMetadata):
-            out[name] = torch.empty(md.size, dtype=md.properties.dtype)
-        else:
-            out[name] = None
     return out
 
 

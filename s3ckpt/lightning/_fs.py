@@ -19,6 +19,10 @@ for ``s3://`` and ``s3a://`` for the whole process, and it is complete enough fo
 
 It is not registered when s3fs is installed, nor over a file system someone else
 registered for ``s3://`` (``S3CheckpointIO(register_filesystem=True)`` replaces either).
+Registering is :func:`install_filesystem`, called by :func:`s3ckpt.lightning.install`
+(when the package is imported) and by each plug-in; nothing here runs at import. Stores
+are opened with the settings :mod:`s3ckpt.lightning._stores` gives for the bucket (a
+plug-in's, else the environment's).
 """
 
 from __future__ import annotations
@@ -31,21 +35,17 @@ from typing import Any
 import fsspec
 from fsspec import AbstractFileSystem, register_implementation
 
-from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.format import MANIFEST_NAME
 from s3ckpt.lightning._last import checkpoint_mtime
-from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.lightning._stores import location_for
+from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["_S3CkptFileSystem", "_install_filesystem"]
+__all__ = ["_S3CkptFileSystem", "install_filesystem"]
 
 _PROTOCOLS = ("s3", "s3a")
 
-# The configuration the file system opens stores with: the environment's until an
-# S3CheckpointIO names its own (the last one constructed wins), and the stores opened.
-_FS_CONFIG: dict[str, Any] = {}
-_FS_STORES: dict[tuple[str, int], ObjectStore] = {}
 # Folders made in this process ((bucket, key) pairs): they exist before anything is in them.
 _MADE: set[tuple[str, str]] = set()
 _FS_LOCK = threading.Lock()
@@ -67,39 +67,24 @@ def _owned_by_another() -> bool:
     return not str(getattr(current, "__module__", "")).startswith("s3fs")
 
 
-def _install_filesystem(
-    s3_config: S3Config | None, transfer_config: TransferConfig | None, register: bool | None
-) -> None:
-    """Register the file system for ``s3://`` (``register=None``: when s3fs is missing and
-    no other file system is registered for it; ``True``: in any case; ``False``: never).
+def install_filesystem(register: bool | None) -> None:
+    """Register the file system for ``s3://`` and ``s3a://`` (``register=None``: when s3fs
+    is missing and no other file system is registered for it; ``True``: in any case;
+    ``False``: never). Idempotent.
 
-    Done once when ``s3ckpt.lightning`` is imported, since a ``ModelCheckpoint`` is usually
-    built before the Trainer and its plug-in, and again by each :class:`S3CheckpointIO` to
-    pass its configuration on."""
+    Called by :func:`s3ckpt.lightning.install` (a ``ModelCheckpoint`` is usually built
+    before the Trainer and its plug-in, and needs a file system then) and by each
+    :class:`S3CheckpointIO` with its ``register_filesystem``."""
     if register is None:
         register = not _s3fs_installed() and not _owned_by_another()
     if not register:
         return
-    with _FS_LOCK:
-        if s3_config is not None:
-            _FS_CONFIG.update(s3_config=s3_config, transfer_config=transfer_config)
     for protocol in _PROTOCOLS:
         register_implementation(protocol, _S3CkptFileSystem, clobber=True)
 
 
 def _fs_store(bucket: str) -> ObjectStore:
-    with _FS_LOCK:
-        s3_config = _FS_CONFIG.get("s3_config")
-        cache_key = (bucket, id(s3_config))
-        store = _FS_STORES.get(cache_key)
-        if store is None:
-            store, _ = open_store(
-                f"s3://{bucket}/",
-                s3_config=s3_config,
-                transfer_config=_FS_CONFIG.get("transfer_config"),
-            )
-            _FS_STORES[cache_key] = store
-        return store
+    return location_for(f"s3://{bucket}/").store
 
 
 def _made(bucket: str, key: str) -> bool:
@@ -178,9 +163,8 @@ class _S3CkptFileSystem(AbstractFileSystem):
         (:func:`~s3ckpt.lightning._last.checkpoint_mtime`); any other folder's, its newest
         object's."""
         store, bucket, key = self._split(path)
-        stamp = (
-            checkpoint_mtime(store, StoreURL(store.url_scheme, bucket, key + "/")) if key else None
-        )
+        here = Location(StoreURL(store.url_scheme, bucket, key + "/"), store)
+        stamp = checkpoint_mtime(here) if key else None
         if stamp is None:
             known = [o.last_modified for o in store.list(key + "/" if key else "")]
             stamps = [s for s in known if s is not None]

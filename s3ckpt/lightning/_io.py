@@ -11,25 +11,19 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from s3ckpt.checkpointer import RetentionRecord, RetentionRunner, load_policy
+from s3ckpt.checkpointer import RetentionRecord, RetentionRunner, resolve_policy
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp import S3StorageReader, S3StorageWriter
+from s3ckpt.dcp import S3StorageWriter
 from s3ckpt.errors import CheckpointError
 from s3ckpt.lightning._async import Removals
-from s3ckpt.lightning._common import (
-    _REST,
-    _dcp_call,
-    _is_remote,
-    _metrics_of,
-    _skeleton,
-)
-from s3ckpt.lightning._fs import _install_filesystem
+from s3ckpt.lightning._common import _REST, _dcp_call, _is_remote, _metrics_of
+from s3ckpt.lightning._fs import install_filesystem
 from s3ckpt.lightning._load import LoadSettings, load_remote, open_reader
+from s3ckpt.lightning._stores import StoreSettings, remember
 from s3ckpt.lightning._tracked import Tracking, protect
 from s3ckpt.retention import DEFAULT_GRACE, Policy, delete_checkpoint
-from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.tools import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.store import Location
+from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
 
 
 class S3CheckpointIO(CheckpointIO):
@@ -43,7 +37,9 @@ class S3CheckpointIO(CheckpointIO):
             :class:`~s3ckpt.retention.Policy`, a built-in policy name (``"pretraining"``)
             or a TOML policy file; ``None`` leaves pruning to ``save_top_k``. Whatever the
             policy, it never deletes a checkpoint a ``ModelCheckpoint`` tracks.
-        s3_config: Endpoint, region, encryption (default: from the environment).
+        s3_config: Endpoint, region, encryption (default: from the environment). Also
+            what ``load_from_checkpoint`` and the fsspec file system use for the buckets
+            this plug-in opens (docs/frameworks/lightning.md, "Which settings").
         transfer_config: Part size, concurrency, memory bound.
         safe_globals: Classes the safe loader may rebuild besides
             :data:`s3ckpt.dcp.SAFE_GLOBALS` (say your hyperparameters' dataclass).
@@ -74,17 +70,18 @@ class S3CheckpointIO(CheckpointIO):
         super().__init__()
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
-        self.policy = load_policy(policy)
+        self.policy = resolve_policy(policy)
         self.safe_globals = tuple(safe_globals)
         self.verify_checksums = verify_checksums
         self.retention_grace = retention_grace
-        self._stores: dict[tuple[str, str], ObjectStore] = {}
         self._runners: dict[str, RetentionRunner] = {}
         self._lock = threading.Lock()
         self._local: CheckpointIO | None = None
         self._tracking = Tracking()
         self._removals = Removals(self._tracking, self._delete)
-        _install_filesystem(self.s3_config, self.transfer_config, register_filesystem)
+        self._store_settings = StoreSettings(self.s3_config, self.transfer_config)
+        remember(self._store_settings)
+        install_filesystem(register_filesystem)
 
     # -- Lightning's CheckpointIO ------------------------------------------------------------
     def save_checkpoint(
@@ -106,10 +103,9 @@ class S3CheckpointIO(CheckpointIO):
         if not _is_remote(path):
             self._torch_io().save_checkpoint(checkpoint, path, storage_options)
             return
-        url, store = self._open(path)
-        flat = flatten_state_dict(checkpoint, objects=True)
-        self._save(flat, url, store, checkpoint, process_group=None, no_dist=True)
-        self._after_commit(url, store, checkpoint)
+        here = self._open(path)
+        self._save(pack_state(checkpoint), here, checkpoint, process_group=None, no_dist=True)
+        self._after_commit(here, checkpoint)
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -138,9 +134,11 @@ class S3CheckpointIO(CheckpointIO):
         """
         if not _is_remote(path):
             return self._torch_io().load_checkpoint(path, map_location, weights_only)
-        url, store = self._open(path)
         return load_remote(
-            url, store, self._settings(), map_location=map_location, weights_only=weights_only
+            self._open(path),
+            self._settings(),
+            map_location=map_location,
+            weights_only=weights_only,
         )
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -184,11 +182,11 @@ class S3CheckpointIO(CheckpointIO):
         process_group: dist.ProcessGroup | None,
     ) -> None:
         """Every rank: save ``sharded`` (DTensor state dicts) and ``rest`` as one checkpoint."""
-        url, store = self._open(path)
-        state = {**sharded, _REST: flatten_state_dict(rest, objects=True)}
-        self._save(state, url, store, rest, process_group=process_group, no_dist=False)
+        here = self._open(path)
+        state = {**sharded, _REST: pack_state(rest)}
+        self._save(state, here, rest, process_group=process_group, no_dist=False)
         if dist.get_rank(process_group) == 0:
-            self._after_commit(url, store, rest)
+            self._after_commit(here, rest)
 
     def load_sharded(
         self,
@@ -204,8 +202,9 @@ class S3CheckpointIO(CheckpointIO):
                 :class:`S3ModelParallelStrategy` (one this plug-in saved in one process, or
                 a stock Lightning file): the strategy cannot resume from it.
         """
-        reader = self._reader(path, weights_only)
-        if f"{_REST}.{SCHEMA_KEY}" not in reader.metadata.state_dict_metadata:
+        reader = open_reader(self._open(path), self._settings(), weights_only)
+        rest = packed_destinations(reader.metadata, _REST)
+        if rest is None:
             raise CheckpointError(
                 f"{reader.url} is not a sharded checkpoint of S3ModelParallelStrategy (it was "
                 "saved in one process, or by another tool), so the strategy cannot resume "
@@ -214,11 +213,11 @@ class S3CheckpointIO(CheckpointIO):
                 bucket=reader.store.bucket,
                 key=reader.url.prefix,
             )
-        rest = _skeleton(reader.metadata, _REST + ".")
         state = {**sharded, _REST: rest}
         with _dcp_call():
             dcp.load(state, storage_reader=reader, process_group=process_group)
-        return unflatten_state_dict(state[_REST])
+        out: dict[str, Any] = unpack_state(state[_REST])
+        return out
 
     # -- internals -------------------------------------------------------------------------
     def _torch_io(self) -> CheckpointIO:
@@ -228,25 +227,15 @@ class S3CheckpointIO(CheckpointIO):
             self._local = TorchCheckpointIO()
         return self._local
 
-    def _open(self, path: Any) -> tuple[StoreURL, ObjectStore]:
-        url = parse_url(str(path))
-        with self._lock:
-            store = self._stores.get((url.scheme, url.bucket))
-            if store is None:
-                store, _ = open_store(
-                    url, s3_config=self.s3_config, transfer_config=self.transfer_config
-                )
-                self._stores[(url.scheme, url.bucket)] = store
-        return url, store
-
-    def _reader(self, path: Any, weights_only: bool | None) -> S3StorageReader:
-        url, store = self._open(path)
-        return open_reader(url, store, self._settings(), weights_only)
+    def _open(self, path: Any) -> Location:
+        """``path`` in the process's shared store for this plug-in's settings, which are
+        registered for its bucket (for ``load_from_checkpoint`` and the file system)."""
+        here = self._store_settings.open(str(path))
+        remember(self._store_settings, here.url)
+        return here
 
     def _settings(self) -> LoadSettings:
-        return LoadSettings(
-            self.s3_config, self.transfer_config, self.safe_globals, self.verify_checksums
-        )
+        return LoadSettings(self.safe_globals, self.verify_checksums)
 
     @staticmethod
     def _step(checkpoint: Mapping[str, Any]) -> int | None:
@@ -256,46 +245,43 @@ class S3CheckpointIO(CheckpointIO):
     def _save(
         self,
         state: dict[str, Any],
-        url: StoreURL,
-        store: ObjectStore,
+        here: Location,
         checkpoint: Mapping[str, Any],
         *,
         process_group: dist.ProcessGroup | None,
         no_dist: bool,
     ) -> None:
-        self._removals.begin_save(str(url), checkpoint)
+        self._removals.begin_save(str(here), checkpoint)
         writer = S3StorageWriter(
-            url,
+            here.url,
             s3_config=self.s3_config,
             transfer_config=self.transfer_config,
             overwrite=True,
             step=self._step(checkpoint),
             metrics=_metrics_of(checkpoint),
-            store=store,
+            store=here.store,
         )
         try:
             with _dcp_call():
                 dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
         finally:
-            self._removals.end_save(str(url))
+            self._removals.end_save(str(here))
 
     def _delete(self, path: str) -> None:
-        url, store = self._open(path)
-        delete_checkpoint(store, url, grace=self.retention_grace)
+        here = self._open(path)
+        delete_checkpoint(here.store, here.url, grace=self.retention_grace)
 
-    def _after_commit(
-        self, url: StoreURL, store: ObjectStore, checkpoint: Mapping[str, Any]
-    ) -> None:
+    def _after_commit(self, here: Location, checkpoint: Mapping[str, Any]) -> None:
         """Rank 0, after a commit: the removals that waited for it, then a retention pass
         that keeps what any ``ModelCheckpoint`` tracks."""
         self._removals.flush()
         if self.policy is None:
             return
-        run = url.parent
+        run = here.url.parent
         with self._lock:
             runner = self._runners.get(str(run))
             if runner is None:
-                runner = self._runners[str(run)] = RetentionRunner(store, run)
+                runner = self._runners[str(run)] = RetentionRunner(here.store, run)
         self._tracking.warn_if_unknown(run)
         policy = protect(self.policy, self._tracking.names_in(run))
         runner.schedule(policy, self.retention_grace, self._step(checkpoint))

@@ -17,8 +17,8 @@ things break on S3:
   object's own, for a single-file checkpoint), and hands Lightning the chosen path. Local
   candidates keep Lightning's ``fs.modified``.
 
-Both are installed when ``s3ckpt.lightning`` is imported (idempotent); they change nothing
-for local folders.
+Both are installed by :func:`s3ckpt.lightning.install` (when the package is imported;
+idempotent); they change nothing for local folders.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.lightning._common import _is_remote, log
-from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.lightning._stores import location_for
+from s3ckpt.store import Location
 
 __all__ = ["fix_find_last_checkpoints", "fix_parse_ckpt_path", "checkpoint_mtime", "newest_last"]
 
@@ -132,11 +132,11 @@ def modified(path: str, trainer: Any = None) -> float | None:
     the store's time for a remote path (:func:`checkpoint_mtime`), the file system's otherwise."""
     if _is_remote(path):
         try:
-            url, store = _store_for(path, trainer)
+            here = _location(path, trainer)
         except Exception as exc:  # a scheme s3ckpt does not open: the file system's word
             log.debug("s3ckpt: %s: %s; asking fsspec for its time", path, exc)
         else:
-            return checkpoint_mtime(store, url)
+            return checkpoint_mtime(here)
     fs = get_filesystem(path)
     if not fs.exists(path):
         return None
@@ -147,30 +147,29 @@ def modified(path: str, trainer: Any = None) -> float | None:
         return stamp.timestamp()
 
 
-def checkpoint_mtime(store: ObjectStore, url: StoreURL) -> float | None:
-    """When the checkpoint at ``url`` was committed, in the store's time: its commit
+def checkpoint_mtime(location: Location) -> float | None:
+    """When the checkpoint at ``location`` was committed, in the store's time: its commit
     marker's ``LastModified``, else its ``.metadata``'s (stock DCP), else the object at
-    ``url`` itself (a single-file checkpoint). None when none of them exists.
+    ``location`` itself (a single-file checkpoint). None when none of them exists.
 
     Request cost: one to three HEADs."""
-    plain = url.prefix.rstrip("/")
-    for key in (url.key(MANIFEST_NAME), url.key(METADATA_NAME), plain):
+    plain = location.url.prefix.rstrip("/")
+    for key in (location.key(MANIFEST_NAME), location.key(METADATA_NAME), plain):
         if not key:
             continue
-        head = store.head(key)
+        head = location.store.head(key)
         if head is not None:
             return head.last_modified if head.last_modified is not None else 0.0
     return None
 
 
-def _store_for(path: str, trainer: Any) -> tuple[StoreURL, ObjectStore]:
-    """The trainer's s3ckpt plug-in's store for ``path`` (its endpoint and credentials),
-    else one opened from the environment."""
+def _location(path: str, trainer: Any) -> Location:
+    """``path`` in the trainer's s3ckpt plug-in's store (its endpoint and credentials),
+    else with the settings registered for its bucket (:mod:`s3ckpt.lightning._stores`)."""
     io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
     while io is not None and not getattr(io, "_s3ckpt_plugin", False):
         io = getattr(io, "checkpoint_io", None)  # Lightning's wrappers (AsyncCheckpointIO)
     if io is not None:
-        url, store = io._open(path)
-        return url, store
-    store, url = open_store(parse_url(path))
-    return url, store
+        found: Location = io._open(path)
+        return found
+    return location_for(path)

@@ -17,9 +17,9 @@ that moved to s3ckpt and kept its old checkpoint), the committed s3ckpt checkpoi
 
 The dict comes back in Lightning's normal shape whichever writer made it:
 
-* :class:`S3CheckpointIO` (one process): exactly as saved (the flattened schema records
-  container and key types; ``state_dict`` is the ``OrderedDict`` it was, with its
-  ``_metadata``);
+* :class:`S3CheckpointIO` (one process): exactly as saved (packed,
+  :mod:`s3ckpt.tools.packing`: the schema records container and key types; ``state_dict``
+  is the ``OrderedDict`` it was, with its ``_metadata``);
 * :class:`S3ModelParallelStrategy` (sharded): ``state_dict`` maps the model's parameter
   names to full tensors, ``optimizer_states`` is the list of optimizer state dicts as
   torch's ``get_optimizer_state_dict`` gives them (keyed by parameter name), and the rest
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,47 +45,44 @@ from fsspec.core import split_protocol
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 
-from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageReader, SafeGlobal
 from s3ckpt.errors import CheckpointNotFoundError, S3CkptError, StoreError
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
-from s3ckpt.lightning._common import _REST, _dcp_call, _is_remote, _skeleton, _to_device, log
+from s3ckpt.lightning._common import _REST, _dcp_call, _is_remote, _to_device, log
 from s3ckpt.lightning._legacy import load_object
-from s3ckpt.store import ObjectStore, open_store
-from s3ckpt.tools import SCHEMA_KEY, unflatten_state_dict
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.lightning._stores import location_for
+from s3ckpt.store import Location
+from s3ckpt.tools.packing import is_packed, item_destinations, unpack_state
 
 __all__ = ["LoadSettings", "install_load_hook", "load_remote", "open_reader", "rebuild"]
 
 
 @dataclass(frozen=True)
 class LoadSettings:
-    """How a plug-in reads: its store configuration, extra safe globals and checksums."""
+    """How a plug-in reads, besides its store (which holds the S3 and transfer settings):
+    extra safe globals and checksums."""
 
-    s3_config: S3Config | None = None
-    transfer_config: TransferConfig | None = None
     safe_globals: tuple[SafeGlobal, ...] = ()
     verify_checksums: bool = True
 
 
 def open_reader(
-    url: StoreURL, store: ObjectStore, settings: LoadSettings, weights_only: bool | None
+    location: Location, settings: LoadSettings, weights_only: bool | None
 ) -> S3StorageReader:
-    """A reader of the checkpoint at ``url``; ``weights_only=False`` is full pickle."""
+    """A reader of the checkpoint at ``location``; ``weights_only=False`` is full pickle."""
     return S3StorageReader(
-        url,
-        s3_config=settings.s3_config,
-        transfer_config=settings.transfer_config,
+        location.url,
+        s3_config=location.s3_config,
+        transfer_config=location.transfer_config,
         verify_checksums=settings.verify_checksums,
         allow_unsafe_pickle=weights_only is False,
         safe_globals=settings.safe_globals,
-        store=store,
+        store=location.store,
     )
 
 
 def load_remote(
-    url: StoreURL,
-    store: ObjectStore,
+    location: Location,
     settings: LoadSettings,
     *,
     map_location: Any = None,
@@ -98,6 +94,7 @@ def load_remote(
     Cost: one HEAD of the marker, one of the object (two more when an object is read:
     its HEAD again after the read, to see it did not change), then the load.
     """
+    url, store = location.url, location.store
     committed = store.head(url.key(MANIFEST_NAME)) is not None
     object_key = url.prefix.rstrip("/")
     obj = store.head(object_key) if object_key else None
@@ -121,10 +118,10 @@ def load_remote(
             map_location=map_location,
             weights_only=weights_only,
             safe_globals=settings.safe_globals,
-            block=(settings.transfer_config or TransferConfig()).part_size,
+            block=location.transfer_config.part_size,
         )
     try:
-        reader = open_reader(url, store, settings, weights_only)
+        reader = open_reader(location, settings, weights_only)
     except CheckpointNotFoundError as exc:
         if type(exc) is not CheckpointNotFoundError:
             raise  # an uncommitted s3ckpt save: its own message says what to do
@@ -135,7 +132,7 @@ def load_remote(
             bucket=store.bucket,
             key=url.prefix,
         ) from exc
-    flat = _skeleton(reader.metadata)
+    flat = item_destinations(reader.metadata)
     with _dcp_call():
         dcp.load(flat, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
     return _to_device(rebuild(flat, reader.metadata), map_location)
@@ -144,15 +141,15 @@ def load_remote(
 def rebuild(flat: Mapping[str, Any], metadata: Metadata) -> dict[str, Any]:
     """The checkpoint dict from the loaded items of a DCP checkpoint (keys as saved).
 
-    One-process saves hold the flattened dict and its schema at the top level: unflattened
-    exactly. Sharded saves hold ``state_dict`` and ``optimizer_N`` as DCP nested them, and
-    the rest flattened under ``lightning``: each item goes back to its place by the path
+    One-process saves hold the packed dict at the top level (:mod:`s3ckpt.tools.packing`):
+    unpacked exactly. Sharded saves hold ``state_dict`` and ``optimizer_N`` as DCP nested
+    them, and the rest packed under ``lightning``: each item goes back to its place by the path
     DCP recorded for it (``planner_data``; names with dots stay whole), the rest is
     unflattened to the top level and the optimizers become ``optimizer_states``. Another
     DCP checkpoint comes back nested by those paths.
     """
-    if SCHEMA_KEY in flat:
-        out: dict[str, Any] = unflatten_state_dict(flat)
+    if is_packed(flat):
+        out: dict[str, Any] = unpack_state(flat)
         return out
     paths: Mapping[str, Any] = metadata.planner_data or {}
     nested: dict[str, Any] = {}
@@ -160,11 +157,11 @@ def rebuild(flat: Mapping[str, Any], metadata: Metadata) -> dict[str, Any]:
         path = paths.get(fqn)
         _set_path(nested, tuple(path) if path else (fqn,), value)
     rest = nested.pop(_REST, None)
-    if not isinstance(rest, Mapping) or SCHEMA_KEY not in rest:
+    if not is_packed(rest):
         if rest is not None:
             nested[_REST] = rest
         return nested
-    ckpt: dict[str, Any] = unflatten_state_dict(rest)
+    ckpt: dict[str, Any] = unpack_state(rest)
     optimizers = sorted(
         (int(k.split("_", 1)[1]), k)
         for k in nested
@@ -201,17 +198,6 @@ def _set_path(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
 
 # -- load_from_checkpoint -------------------------------------------------------------------
 
-_HOOK_STORES: dict[tuple[str, str], ObjectStore] = {}
-_HOOK_LOCK = threading.Lock()
-
-
-def _hook_store(url: StoreURL) -> ObjectStore:
-    with _HOOK_LOCK:
-        store = _HOOK_STORES.get((url.scheme, url.bucket))
-        if store is None:
-            store = _HOOK_STORES[(url.scheme, url.bucket)] = open_store(url)[0]
-        return store
-
 
 def _fsspec_reads(protocol: str) -> bool:
     """Whether an fsspec file system other than s3ckpt's own can open ``protocol`` here
@@ -223,7 +209,7 @@ def _fsspec_reads(protocol: str) -> bool:
     return not cls.__module__.startswith("s3ckpt.")
 
 
-def _divert(path: str) -> tuple[StoreURL, ObjectStore] | None:
+def _divert(path: str) -> Location | None:
     """Where s3ckpt reads ``path`` instead of Lightning's ``pl_load``: a checkpoint s3ckpt
     finds there (an s3ckpt or DCP prefix, or a single object), or any path of a scheme no
     other fsspec file system reads (no s3fs). Where the store cannot be asked and another
@@ -231,11 +217,14 @@ def _divert(path: str) -> tuple[StoreURL, ObjectStore] | None:
     protocol, _ = split_protocol(path)
     native = _fsspec_reads(protocol or "")
     try:
-        url = parse_url(path)
-        store = _hook_store(url)
-        object_key = url.prefix.rstrip("/")
-        keys = [url.key(MANIFEST_NAME), url.key(METADATA_NAME), *([object_key] * bool(object_key))]
-        found = any(store.head(k) is not None for k in keys)
+        here = location_for(path)
+        object_key = here.url.prefix.rstrip("/")
+        keys = [
+            here.key(MANIFEST_NAME),
+            here.key(METADATA_NAME),
+            *([object_key] * bool(object_key)),
+        ]
+        found = any(here.store.head(k) is not None for k in keys)
     except StoreError:
         if native:
             log.debug("s3ckpt: cannot probe %s; leaving it to fsspec", path, exc_info=True)
@@ -243,7 +232,7 @@ def _divert(path: str) -> tuple[StoreURL, ObjectStore] | None:
         raise
     except S3CkptError:  # not a URL s3ckpt reads (InvalidURLError and friends)
         return None
-    return (url, store) if found or not native else None
+    return here if found or not native else None
 
 
 def install_load_hook() -> None:
@@ -255,12 +244,14 @@ def install_load_hook() -> None:
     wraps that one name: a remote path (``s3://``, ...) where s3ckpt finds a checkpoint (an
     s3ckpt or DCP prefix, or a stock Lightning object) is read by :func:`load_remote`, as
     ``S3CheckpointIO.load_checkpoint`` reads it (``map_location`` and ``weights_only``
-    honoured, :data:`s3ckpt.dcp.SAFE_GLOBALS` allowed, the store configured from the
-    environment: ``AWS_ENDPOINT_URL``, profile, region); so is a missing one on a scheme no
+    honoured, :data:`s3ckpt.dcp.SAFE_GLOBALS` allowed, the store configured as
+    :mod:`s3ckpt.lightning._stores` says: a plug-in's settings for the bucket, else the
+    environment's: ``AWS_ENDPOINT_URL``, profile, region); so is a missing one on a scheme no
     other fsspec file system reads (``CheckpointNotFoundError``, a ``FileNotFoundError``).
     Everything else, local files and file objects above all, goes to Lightning's own
     function unchanged, and so does a path the store cannot be asked about when s3fs (or
-    another file system for the scheme) is installed.
+    another file system for the scheme) is installed. Called by
+    :func:`s3ckpt.lightning.install`.
     """
     from lightning.pytorch.core import saving
 
@@ -275,9 +266,8 @@ def install_load_hook() -> None:
         if isinstance(path_or_url, (str, Path)) and _is_remote(path_or_url):
             found = _divert(str(path_or_url))
             if found is not None:
-                url, store = found
                 return load_remote(
-                    url, store, LoadSettings(), map_location=map_location, weights_only=weights_only
+                    found, LoadSettings(), map_location=map_location, weights_only=weights_only
                 )
         return original(path_or_url, map_location=map_location, weights_only=weights_only)
 

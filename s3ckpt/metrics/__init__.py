@@ -20,7 +20,8 @@ or collect them in a block (handy in tests)::
 (for exporters; the expected 404s and 412s of a healthy job are not failures);
 :class:`OpenTelemetryMetrics` maps the events onto OpenTelemetry instruments (the ``otel``
 extra); :func:`write_textfile` renders a retention run for node_exporter's textfile
-collector (``s3ckpt prune --metrics-file``). docs/metrics.md lists every name.
+collector, and :class:`MetricsFile` is one invocation's file from start to end
+(``s3ckpt prune --metrics-file``). docs/metrics.md lists every name.
 
 The hooks s3ckpt's own modules report through live in :mod:`s3ckpt.metrics.instrument`.
 This package imports no other s3ckpt module (it sits with the leaves, and every module may
@@ -41,10 +42,11 @@ from s3ckpt.metrics._events import (
     totals,
 )
 from s3ckpt.metrics._otel import OpenTelemetryMetrics
-from s3ckpt.metrics._prometheus import RunMetrics, render_textfile, write_textfile
+from s3ckpt.metrics._prometheus import MetricsFile, RunMetrics, render_textfile, write_textfile
 
 __all__ = [
     "Kind",
+    "MetricsFile",
     "OpenTelemetryMetrics",
     "OperationMetrics",
     "Outcome",

@@ -4,20 +4,31 @@ collector (``s3ckpt prune --metrics-file``, ``s3ckpt gc --metrics-file``).
 Every value is a gauge: it describes the last invocation, which node_exporter re-reads
 on every scrape. The file is written atomically (``prometheus_client.write_to_textfile``
 writes a temporary file beside it and renames it), so a scrape never reads half a file.
-The rendering takes plain data; the CLI gathers it.
+
+An invocation's values are one frozen value (:class:`_Invocation`), which both
+:func:`render_textfile` and :func:`write_textfile` build once from their arguments.
+:class:`MetricsFile` is an invocation's file from start to end: it takes the process's
+request totals when it is made, gathers each run's :class:`RunMetrics` as they finish, and
+writes once at the end (success or not) with the requests made in between. The values
+are plain data: retention's results give them (``PruneResult.run_metrics``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Required, TypedDict, Unpack
+
+from s3ckpt.metrics._events import totals
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["RunMetrics", "render_textfile", "write_textfile"]
+__all__ = ["MetricsFile", "RunMetrics", "TextfileValues", "render_textfile", "write_textfile"]
+
+Command = Literal["prune", "gc"]
 
 
 @dataclass(frozen=True)
@@ -52,11 +63,41 @@ class RunMetrics:
     lease_wait_s: float = 0.0
 
 
-@dataclass(frozen=True, eq=False)  # hashed by identity: the registry keys on it
-class _Collector:
-    """One invocation's values; a prometheus-client collector (by its ``collect()``)."""
+class TextfileValues(TypedDict, total=False):
+    """An invocation's values beside its runs (the keyword arguments of
+    :func:`render_textfile` and :func:`write_textfile`).
 
-    command: Literal["prune", "gc"]
+    Attributes:
+        success: Every run succeeded (no failed delete, no busy lease, no error).
+        finished_at: When it finished (seconds since the epoch).
+        duration_s: How long it took.
+        requests: S3 requests made by the whole invocation.
+        retries: Attempts after the first.
+        throttled: Attempts answered 503 SlowDown.
+        dry_run: The invocation only planned.
+        failed: Requests that failed after their last attempt (outcome ``"failed"``).
+        not_found: Requests answered with an expected 404 (outcome ``"not_found"``).
+        precondition_failed: Requests answered with an expected 412.
+    """
+
+    success: Required[bool]
+    finished_at: Required[float]
+    duration_s: Required[float]
+    requests: int
+    retries: int
+    throttled: int
+    dry_run: bool
+    failed: int
+    not_found: int
+    precondition_failed: int
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the registry keys on it
+class _Invocation:
+    """One invocation's values (:class:`TextfileValues` and its runs); a prometheus-client
+    collector (by its ``collect()``)."""
+
+    command: Command
     runs: Sequence[RunMetrics]
     success: bool
     finished_at: float
@@ -175,105 +216,94 @@ class _Collector:
                 step.add_metric([r.run], float(r.latest_committed_step))
         yield from (f for f in (counts, sizes, latest, step) if f.samples)
 
+    def _registry(self) -> CollectorRegistry:
+        try:
+            from prometheus_client import CollectorRegistry
+        except ImportError as exc:  # a core dependency; only a broken install lacks it
+            raise ImportError(
+                "--metrics-file needs prometheus-client (pip install prometheus-client)"
+            ) from exc
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # a Collector by its collect()
+        return registry
 
-def _registry(collector: _Collector) -> CollectorRegistry:
-    try:
-        from prometheus_client import CollectorRegistry
-    except ImportError as exc:  # a core dependency; only a broken install lacks it
-        raise ImportError(
-            "--metrics-file needs prometheus-client (pip install prometheus-client)"
-        ) from exc
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)  # a Collector by its collect()
-    return registry
+    def render(self) -> str:
+        """The Prometheus text exposition."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self._registry()).decode("utf-8")
+
+    def write(self, path: str) -> None:
+        """Write :meth:`render`'s text to ``path`` atomically."""
+        from prometheus_client import write_to_textfile
+
+        write_to_textfile(path, self._registry())
 
 
 def render_textfile(
-    command: Literal["prune", "gc"],
-    runs: Sequence[RunMetrics],
-    *,
-    success: bool,
-    finished_at: float,
-    duration_s: float,
-    requests: int = 0,
-    retries: int = 0,
-    throttled: int = 0,
-    dry_run: bool = False,
-    failed: int = 0,
-    not_found: int = 0,
-    precondition_failed: int = 0,
+    command: Command, runs: Sequence[RunMetrics], **values: Unpack[TextfileValues]
 ) -> str:
     """The Prometheus text exposition of one ``prune`` or ``gc`` invocation.
 
     Args:
         command: ``"prune"`` or ``"gc"`` (the metric names' prefix: ``s3ckpt_prune_...``).
         runs: Per-run values (the ``run`` label).
-        success: Every run succeeded (no failed delete, no busy lease, no error).
-        finished_at: When it finished (seconds since the epoch).
-        duration_s: How long it took.
-        requests: S3 requests made by the whole invocation.
-        retries: Attempts after the first.
-        throttled: Attempts answered 503 SlowDown.
-        dry_run: The invocation only planned.
-        failed: Requests that failed after their last attempt (outcome ``"failed"``).
-        not_found: Requests answered with an expected 404 (outcome ``"not_found"``).
-        precondition_failed: Requests answered with an expected 412.
+        **values: ``success``, ``finished_at`` and ``duration_s`` (required), and the
+            request counts (:class:`TextfileValues`).
     """
-    from prometheus_client import generate_latest
-
-    registry = _registry(
-        _Collector(
-            command,
-            runs,
-            success,
-            finished_at,
-            duration_s,
-            requests=requests,
-            retries=retries,
-            throttled=throttled,
-            dry_run=dry_run,
-            failed=failed,
-            not_found=not_found,
-            precondition_failed=precondition_failed,
-        )
-    )
-    return generate_latest(registry).decode("utf-8")
+    return _Invocation(command, runs, **values).render()
 
 
 def write_textfile(
-    path: str,
-    command: Literal["prune", "gc"],
-    runs: Sequence[RunMetrics],
-    *,
-    success: bool,
-    finished_at: float,
-    duration_s: float,
-    requests: int = 0,
-    retries: int = 0,
-    throttled: int = 0,
-    dry_run: bool = False,
-    failed: int = 0,
-    not_found: int = 0,
-    precondition_failed: int = 0,
+    path: str, command: Command, runs: Sequence[RunMetrics], **values: Unpack[TextfileValues]
 ) -> None:
     """Write :func:`render_textfile`'s text to ``path`` atomically (a temporary file in the
     same folder, renamed over ``path``), for node_exporter's textfile collector."""
-    from prometheus_client import write_to_textfile
+    _Invocation(command, runs, **values).write(path)
 
-    registry = _registry(
-        _Collector(
-            command,
-            runs,
-            success,
-            finished_at,
-            duration_s,
-            requests=requests,
-            retries=retries,
-            throttled=throttled,
-            dry_run=dry_run,
-            failed=failed,
-            not_found=not_found,
-            precondition_failed=precondition_failed,
-        )
-    )
-    write_to_textfile(path, registry)
+
+class MetricsFile:
+    """One ``prune`` or ``gc`` invocation's metrics file (``--metrics-file PATH``), from
+    start to end: made when the invocation starts (it takes the process's request totals
+    then), given each run's values as they are known, written once at the end.
+
+    Attributes:
+        path: The file to write.
+        command: ``"prune"`` or ``"gc"``.
+        dry_run: The invocation only plans.
+        runs: The runs' values so far.
+    """
+
+    def __init__(self, path: str, command: Command, *, dry_run: bool) -> None:
+        self.path = path
+        self.command: Command = command
+        self.dry_run = dry_run
+        self.runs: list[RunMetrics] = []
+        self._before = totals()
+        self._t0 = time.monotonic()
+
+    def add(self, run: RunMetrics) -> None:
+        """Record one run's (or gc's prefix's) values."""
+        self.runs.append(run)
+
+    def write(self, *, success: bool) -> None:
+        """Write the file atomically, with the requests made since this was made.
+
+        Raises:
+            OSError: It could not be written (what the invocation did stands).
+        """
+        after, before = totals(), self._before
+        _Invocation(
+            self.command,
+            tuple(self.runs),
+            success=success,
+            finished_at=time.time(),
+            duration_s=time.monotonic() - self._t0,
+            requests=after.requests - before.requests,
+            retries=after.retries - before.retries,
+            throttled=after.throttled - before.throttled,
+            dry_run=self.dry_run,
+            failed=after.failed - before.failed,
+            not_found=after.not_found - before.not_found,
+            precondition_failed=after.precondition_failed - before.precondition_failed,
+        ).write(self.path)

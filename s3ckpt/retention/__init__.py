@@ -6,23 +6,33 @@ store a caller passes in. Layers, each a pure function of the one before::
     catalog  list_checkpoints / list_runs / scan     what is there (paged listing)
     policy   KeepLast | KeepEvery | KeepBest | ...   which to keep and why (pure)
     plan     plan(catalog, policy, now) -> Plan      decisions + invariants (pure)
-    apply    prune / gc / pin / unpin                lease, ordered batched deletes
+    apply    prune / prune_runs / gc / pin / unpin   lease, ordered batched deletes
              delete_checkpoint                       one checkpoint, by request (s3ckpt rm)
 
+A retention run's settings are one value, :class:`RetentionOptions` (grace, now, the step
+pattern, limits); a policy file is its rules and the settings it names, a
+:class:`PolicyFile`. Every entry point takes a :class:`~s3ckpt.store.Location` (or a URL)
+first, or, as before, a store and a URL in it.
+
 Modules: ``_catalog`` (the records and states), ``_liveness`` (grace, dead writers),
-``_scan`` (the listing), ``_policy`` / ``_toml`` / ``_duration`` (rules and policy files),
-``_plan``, ``_lease`` (the run's lease), ``_intent`` (a dead pruner's intent log),
-``_delete`` (what may be deleted, batched deletes), ``_prune``, ``_gc``, ``_pins``,
-``_remove`` (one checkpoint, by request) and ``_results`` (what prune, gc and
+``_listing`` / ``_scan`` (the listing), ``_options`` (the run's settings), ``_target``
+(a Location or a store and a URL), ``_policy`` / ``_calendar`` / ``_toml`` / ``_duration``
+(rules and policy files), ``_plan``, ``_lease`` (the run's lease), ``_intent`` (a dead
+pruner's intent log), ``_deleter`` (which keys may go, batched deletes), ``_prune`` (one
+run), ``_runs`` (every run under a prefix), ``_abandoned`` (gc), ``_pins``,
+``_delete_checkpoint`` (one checkpoint, by request) and ``_results`` (what prune, gc and
 delete_checkpoint report).
 
 Example::
 
-    from s3ckpt.retention import KeepBest, KeepLast, prune
-    from s3ckpt.store import open_store
+    from s3ckpt.retention import KeepBest, KeepLast, RetentionOptions, prune
 
-    store, run = open_store("s3://bucket/runs/llama-8b/")
-    result = prune(store, run, KeepLast(3) | KeepBest(2, "val_loss"), apply=True)
+    result = prune(
+        "s3://bucket/runs/llama-8b/",
+        KeepLast(3) | KeepBest(2, "val_loss"),
+        apply=True,
+        options=RetentionOptions(max_delete=10),
+    )
     print(result.plan.keep, result.deleted, result.failures)
 
 Layout conventions, states and invariants: see :mod:`s3ckpt.retention._scan`,
@@ -33,19 +43,20 @@ from __future__ import annotations
 
 from s3ckpt.errors import DeleteRefusedError, LeaseHeldError, LeaseLostError, PolicyError
 from s3ckpt.format import LATEST_NAME, LEASE_NAME, PIN_NAME
+from s3ckpt.retention._abandoned import DEFAULT_GC_AGE, gc
+from s3ckpt.retention._calendar import KeepCalendar
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
-from s3ckpt.retention._delete import ProgressCallback
+from s3ckpt.retention._delete_checkpoint import delete_checkpoint
 from s3ckpt.retention._duration import format_duration, parse_duration
-from s3ckpt.retention._gc import DEFAULT_GC_AGE, gc
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease, LeaseRecord
 from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE
+from s3ckpt.retention._options import ProgressCallback, RetentionOptions
 from s3ckpt.retention._pins import pin, unpin
 from s3ckpt.retention._plan import Decision, Plan, check_policy, plan
 from s3ckpt.retention._policy import (
     AllOf,
     AnyOf,
     KeepBest,
-    KeepCalendar,
     KeepEvery,
     KeepLast,
     KeepPinned,
@@ -54,10 +65,10 @@ from s3ckpt.retention._policy import (
     StepPattern,
 )
 from s3ckpt.retention._prune import prune
-from s3ckpt.retention._remove import delete_checkpoint
 from s3ckpt.retention._results import DeleteResult, GcResult, PruneResult
+from s3ckpt.retention._runs import PruneRuns, RunOutcome, prune_runs
 from s3ckpt.retention._scan import list_checkpoints, list_runs, scan
-from s3ckpt.retention._toml import builtin_policies, load_policy, parse_policy
+from s3ckpt.retention._toml import PolicyFile, builtin_policies, load_policy, parse_policy
 
 __all__ = [
     "DEFAULT_GC_AGE",
@@ -88,9 +99,13 @@ __all__ = [
     "Plan",
     "Policy",
     "PolicyError",
+    "PolicyFile",
     "ProgressCallback",
     "PruneResult",
+    "PruneRuns",
+    "RetentionOptions",
     "RunCatalog",
+    "RunOutcome",
     "StepPattern",
     "check_policy",
     "delete_checkpoint",
@@ -105,6 +120,7 @@ __all__ = [
     "pin",
     "plan",
     "prune",
+    "prune_runs",
     "scan",
     "unpin",
 ]

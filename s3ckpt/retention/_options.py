@@ -1,10 +1,17 @@
 """A retention run's settings as one value: :class:`RetentionOptions`.
 
-:func:`~s3ckpt.retention.prune`, :func:`~s3ckpt.retention.gc`,
-:func:`~s3ckpt.retention.delete_checkpoint`, the report and the CLI take one of these
-instead of a dozen loose keyword arguments. It is frozen and validated at construction: a
-bad step pattern, batch size or delete limit is refused before any request, and the step
-pattern is compiled here, once per run, never again below.
+:func:`~s3ckpt.retention.prune`, :func:`~s3ckpt.retention.prune_runs`,
+:func:`~s3ckpt.retention.gc`, :func:`~s3ckpt.retention.delete_checkpoint`, the catalog
+(:func:`~s3ckpt.retention.scan`, :func:`~s3ckpt.retention.list_checkpoints`), the report and
+the CLI take one of these instead of a dozen loose keyword arguments. It is frozen and
+validated at construction: a bad step pattern, batch size or delete limit is refused before
+any request, and the step pattern is compiled here, once per run, and handed down compiled.
+
+The loose keyword arguments of earlier releases (``prune(..., grace=...)``) still work: each
+entry point folds them into its options in one call, :meth:`RetentionOptions.fold`
+(``options.replace(grace=...)``). Their names, per entry point, are the ``*Overrides``
+typed dicts below. Below the entry points only the options value is passed, made concrete
+for the run by :meth:`RetentionOptions.resolve` (the grace period's floor, the store's time).
 """
 
 from __future__ import annotations
@@ -12,19 +19,37 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from s3ckpt._step_names import StepMatcher, compile_step_pattern
-from s3ckpt.errors import ConfigError
-from s3ckpt.retention._delete import ProgressCallback
+from s3ckpt.errors import ConfigError, PolicyError
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL
-from s3ckpt.retention._liveness import DEFAULT_GRACE
+from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
 from s3ckpt.store.base import MAX_DELETE_BATCH
 
-__all__ = ["RetentionOptions"]
+if TYPE_CHECKING:
+    from s3ckpt.store import Location
+
+__all__ = [
+    "DeleteOverrides",
+    "GcOverrides",
+    "PlanOverrides",
+    "ProgressCallback",
+    "PruneOverrides",
+    "RetentionOptions",
+    "ScanOverrides",
+    "step_matcher",
+]
+
+ProgressCallback = Callable[[str, dict[str, Any]], None]
+"""``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
+request: ``phase``, ``keys``), ``done``. For logs and for the crash tests."""
+
+StepPatternLike = str | re.Pattern[str] | StepMatcher
+"""A step pattern as callers give it; :class:`RetentionOptions` holds it compiled."""
 
 
 @dataclass(frozen=True)
@@ -33,26 +58,36 @@ class RetentionOptions:
 
     Attributes:
         grace: A save (a tag) is in progress while any of its objects, heartbeats or open
-            uploads is younger than this (raised to 60 s when shorter, with a note).
+            uploads is younger than this (prune, gc and rm raise it to 60 s when shorter,
+            with a note).
         now: The time policies and the grace period judge against (default: the store's
-            time; with ``apply``, a refusal when this host's clock is further from it than
-            the grace period).
+            time; when deleting, a refusal when this host's clock is further from it than
+            the grace period). Must be timezone-aware.
         step_pattern: How checkpoint names give their steps: a regular expression with one
             capture group (a string is compiled here, once), or None for the built-in name
-            forms. A step recorded in a commit marker always wins.
+            forms (:func:`s3ckpt.format.checkpoint_step`). A step recorded in a commit
+            marker always wins.
         include_foreign: Treat stock-DCP checkpoints (no marker) as committed; only their
-            DCP names are deleted.
-        max_delete: Delete at most this many checkpoints per run (None: no limit).
+            DCP names (``.metadata``, ``__{r}_{i}.distcp``) are deleted.
+        max_delete: Delete at most this many checkpoints per run, the oldest first (None:
+            no limit).
         lease_ttl: How long the run's lease lasts without renewal.
         batch_size: Keys per DeleteObjects request (1..1000).
         retries: Rounds of retries for throttled / 5xx per-key errors.
         sleep: Back-off sleep (tests pass a no-op).
         on_progress: Called with ``(event, details)`` as a run goes.
+
+    Raises:
+        ConfigError: A step pattern that is not a regular expression with one capture group,
+            a batch size outside 1..1000 or negative retries. (A lease lifetime that is not
+            positive is refused when a lease is taken, as before: a dry run takes none.)
+        ValueError: A ``now`` without a timezone.
+        PolicyError: ``max_delete`` that is not an integer >= 0.
     """
 
     grace: timedelta = DEFAULT_GRACE
     now: datetime | None = None
-    step_pattern: StepMatcher | None = None
+    step_pattern: StepPatternLike | None = None
     include_foreign: bool = False
     max_delete: int | None = None
     lease_ttl: timedelta = DEFAULT_LEASE_TTL
@@ -63,18 +98,123 @@ class RetentionOptions:
 
     def __post_init__(self) -> None:
         if self.step_pattern is not None:
-            pattern: Any = self.step_pattern
-            if isinstance(pattern, (str, re.Pattern)):
-                object.__setattr__(self, "step_pattern", compile_step_pattern(pattern))
+            object.__setattr__(self, "step_pattern", step_matcher(self.step_pattern))
         if not 1 <= self.batch_size <= MAX_DELETE_BATCH:
             raise ConfigError(f"batch_size must be 1..{MAX_DELETE_BATCH}, got {self.batch_size}")
-        if self.max_delete is not None and self.max_delete < 0:
-            raise ConfigError(f"max_delete must be >= 0, got {self.max_delete}")
+        m = self.max_delete
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+            raise PolicyError(f"max_delete must be an integer >= 0, got {m!r}")
         if self.retries < 0:
             raise ConfigError(f"retries must be >= 0, got {self.retries}")
-        if self.lease_ttl <= timedelta(0):
-            raise ConfigError(f"lease_ttl must be positive, got {self.lease_ttl}")
+        if self.now is not None and self.now.tzinfo is None:
+            raise ValueError("now must be timezone-aware (e.g. datetime.now(timezone.utc))")
 
     def replace(self, **changes: Any) -> RetentionOptions:
-        """A copy with ``changes`` (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (validated again; a compiled pattern is not recompiled)."""
+        return dataclasses.replace(self, **changes) if changes else self
+
+    @classmethod
+    def fold(
+        cls,
+        options: RetentionOptions | None,
+        overrides: Mapping[str, Any],
+        allowed: type,
+        caller: str,
+    ) -> RetentionOptions:
+        """``options`` (default: the defaults) with an entry point's loose keyword arguments
+        applied: ``prune(..., grace=g)`` is ``prune(..., options=options.replace(grace=g))``.
+
+        Args:
+            options: The caller's options, or None.
+            overrides: The keyword arguments given.
+            allowed: The entry point's ``*Overrides`` typed dict (which names it takes).
+            caller: The entry point's name, for the error.
+
+        Raises:
+            TypeError: A name the entry point does not take, as Python words it.
+        """
+        keys: frozenset[str] = getattr(allowed, "__optional_keys__", frozenset())
+        for name in overrides:
+            if name not in keys:
+                raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+        base = options if options is not None else cls()
+        return base.replace(**overrides)
+
+    def resolve(
+        self, location: Location, *, refuse: str | None = None
+    ) -> tuple[RetentionOptions, tuple[str, ...]]:
+        """These options made concrete for a run at ``location``, and notes for its result.
+
+        The grace period is raised to :data:`~s3ckpt.retention.MIN_GRACE` when shorter (with
+        a note), and ``now``, when not given, becomes the store's time (one request): this
+        host's clock further from it than the grace period raises
+        :class:`~s3ckpt.errors.ClockSkewError` when ``refuse`` names the action about to
+        delete (``"gc"``, ``"prune s3://..."``), and is a note otherwise.
+        """
+        grace, notes = effective_grace(self.grace)
+        now, skew = judge_time(location.store, location.url, self.now, grace, refuse=refuse)
+        return self.replace(grace=grace, now=now), notes + skew
+
+
+def step_matcher(pattern: StepPatternLike) -> StepMatcher:
+    """``pattern`` compiled (:func:`~s3ckpt.format.compile_step_pattern`), or itself when it
+    is a matcher compiled already: copies of the options hand it on as it is, one compile
+    per run. A ``re.Pattern`` is recompiled with RE2.
+
+    Raises:
+        ConfigError: Not a regular expression with one capture group.
+    """
+    if (
+        not isinstance(pattern, (str, re.Pattern))
+        and callable(getattr(pattern, "fullmatch", None))
+        and isinstance(getattr(pattern, "pattern", None), str)
+        and getattr(pattern, "groups", None) == 1
+    ):
+        return pattern
+    return compile_step_pattern(pattern)
+
+
+class ScanOverrides(TypedDict, total=False):
+    """The loose keyword arguments of :func:`~s3ckpt.retention.scan`,
+    :func:`~s3ckpt.retention.list_checkpoints` and :func:`~s3ckpt.retention.list_runs`."""
+
+    grace: timedelta
+    now: datetime | None
+    step_pattern: StepPatternLike | None
+
+
+class PlanOverrides(TypedDict, total=False):
+    """The loose keyword arguments of :func:`~s3ckpt.retention.plan`."""
+
+    max_delete: int | None
+    include_foreign: bool
+
+
+class _Deleting(TypedDict, total=False):
+    grace: timedelta
+    now: datetime | None
+    lease_ttl: timedelta
+    retries: int
+    sleep: Callable[[float], None]
+
+
+class GcOverrides(_Deleting, total=False):
+    """The loose keyword arguments of :func:`~s3ckpt.retention.gc`."""
+
+    batch_size: int
+
+
+class DeleteOverrides(_Deleting, total=False):
+    """The loose keyword arguments of :func:`~s3ckpt.retention.delete_checkpoint`."""
+
+    include_foreign: bool
+    step_pattern: StepPatternLike | None
+    on_progress: ProgressCallback | None
+
+
+class PruneOverrides(DeleteOverrides, total=False):
+    """The loose keyword arguments of :func:`~s3ckpt.retention.prune` and
+    :func:`~s3ckpt.retention.prune_runs`."""
+
+    max_delete: int | None
+    batch_size: int

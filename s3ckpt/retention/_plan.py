@@ -24,16 +24,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Unpack
 
-from s3ckpt._gc import gc_paused
+from s3ckpt._gc_pause import gc_paused
 from s3ckpt._time import iso_z
 from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
+from s3ckpt.retention._options import PlanOverrides, RetentionOptions
 from s3ckpt.retention._policy import KeepPinned, Policy
+from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.uri import StoreURL
 
-__all__ = ["Decision", "Plan", "newest", "plan"]
+__all__ = ["Decision", "Plan", "check_policy", "decide", "newest", "plan"]
 
 Action = Literal["keep", "delete", "skip"]
 
@@ -133,33 +135,54 @@ def check_policy(policy: Policy) -> None:
 
 def plan(
     checkpoints: Sequence[CheckpointInfo],
-    policy: Policy,
+    policy: Policy | PolicyFile,
     now: datetime,
     *,
-    max_delete: int | None = None,
-    include_foreign: bool = False,
+    options: RetentionOptions | None = None,
     run: StoreURL | None = None,
+    **overrides: Unpack[PlanOverrides],
 ) -> Plan:
     """Decide, for every checkpoint of one run, keep / delete / skip, with reasons.
 
     Args:
         checkpoints: One run's catalog (any order; sorted here by step, commit time).
-        policy: The rules.
-        now: The time the rules judge against (never read from the clock here).
-        max_delete: Delete at most this many (the oldest); the rest wait for the next run.
-        include_foreign: Treat ``FOREIGN`` checkpoints (stock DCP) as committed.
+        policy: The rules (a :class:`~s3ckpt.retention.PolicyFile`'s settings play no part
+            here: the catalog is already read).
+        now: The time the rules judge against (never read from the clock here; the
+            options' ``now`` is not read).
+        options: The run's settings; the plan reads ``max_delete`` (delete at most this
+            many, the oldest; the rest wait for the next run) and ``include_foreign``
+            (treat ``FOREIGN`` checkpoints, stock DCP, as committed).
         run: The run, for display.
+        **overrides: ``max_delete``, ``include_foreign`` as loose keyword arguments (the
+            earlier signature): shorthand for ``options.replace(...)``.
+
+    Raises:
+        PolicyError: The policy is empty, or ``max_delete`` is not an integer >= 0.
 
     Cost: ``O(n log n)`` in the number of checkpoints (``O(n)`` for a catalog already in
     order, as listed); no I/O.
     """
-    check_policy(policy)
-    if max_delete is not None and (
-        isinstance(max_delete, bool) or not isinstance(max_delete, int) or max_delete < 0
-    ):
-        raise PolicyError(f"max_delete must be an integer >= 0, got {max_delete!r}")
+    options = RetentionOptions.fold(options, overrides, PlanOverrides, "plan")
+    rules = PolicyFile.of(policy).policy
+    check_policy(rules)
+    return decide(checkpoints, rules, now, options, run, policy.describe())
+
+
+def decide(
+    checkpoints: Sequence[CheckpointInfo],
+    rules: Policy,
+    now: datetime,
+    options: RetentionOptions,
+    run: StoreURL | None,
+    description: str,
+) -> Plan:
+    """:func:`plan` below its entry point: ``rules`` already checked (once per run) and
+    free of step-pattern wrappers; ``description`` is the plan's ``policy`` text."""
     with gc_paused():
-        return _plan(checkpoints, policy, now, max_delete, include_foreign, run)
+        return _plan(
+            checkpoints, rules, now, options.max_delete, options.include_foreign, run, description
+        )
 
 
 def _in_order(checkpoints: Sequence[CheckpointInfo]) -> bool:
@@ -180,6 +203,7 @@ def _plan(
     max_delete: int | None,
     include_foreign: bool,
     run: StoreURL | None,
+    description: str,
 ) -> Plan:
     # A catalog is listed in order already (the usual case).
     if _in_order(checkpoints):
@@ -221,7 +245,7 @@ def _plan(
             decisions.append(Decision(c, "skip", deferred_reason))
     return Plan(
         decisions=tuple(decisions),
-        policy=policy.describe(),
+        policy=description,
         now=now,
         run=run,
         max_delete=max_delete,

@@ -16,25 +16,27 @@ Every rule is *hereditary*: a checkpoint it keeps in a catalog is still kept in 
 sub-catalog that contains it (deleting others never changes its mind). That is what makes
 planning idempotent: prune twice and the second run deletes nothing.
 
-Steps come from the catalog (the commit marker's, else the checkpoint's name). A run whose
-names the built-in forms do not read wraps its rules in :class:`StepPattern`, which tells
-``prune`` (and the Checkpointer's retention, and a policy file's ``step_pattern``) how::
-
-    policy = StepPattern(KeepLast(3) | KeepEvery(1_000), r"ckpt_e\\d+_s(\\d+)")
+Steps come from the catalog (the commit marker's, else the checkpoint's name). How names
+give steps is a setting of the run, not a rule: ``RetentionOptions(step_pattern=...)``, or a
+policy file's ``step_pattern`` (:class:`~s3ckpt.retention.PolicyFile`). :class:`StepPattern`,
+the rule-shaped wrapper that carried a pattern before, is deprecated: the entry points
+(``prune``, ``plan``, ``PolicyFile.of``) take it apart with :func:`split_step_pattern`
+before planning, and no planner walks it. The rule :class:`~s3ckpt.retention.KeepCalendar`
+lives in :mod:`s3ckpt.retention._calendar`.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from s3ckpt._step_names import compile_step_pattern
 from s3ckpt.errors import ConfigError, PolicyError
-from s3ckpt.format import compile_step_pattern
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._duration import MAX_DURATION, format_duration
 
@@ -42,7 +44,6 @@ __all__ = [
     "AllOf",
     "AnyOf",
     "KeepBest",
-    "KeepCalendar",
     "KeepEvery",
     "KeepLast",
     "KeepPinned",
@@ -50,6 +51,7 @@ __all__ = [
     "Policy",
     "Selection",
     "StepPattern",
+    "split_step_pattern",
 ]
 
 Selection = dict[str, tuple[str, ...]]
@@ -73,14 +75,21 @@ class Policy:
 
     @property
     def step_pattern(self) -> str | None:
-        """The regular expression that reads steps from checkpoint names for this policy
-        (see :class:`StepPattern`), or None: the built-in name forms
-        (:func:`s3ckpt.format.checkpoint_step`).
+        """Deprecated (kept for one release): the pattern of the :class:`StepPattern`
+        wrappers in this policy, or None. A run's step pattern is one of its settings:
+        :attr:`RetentionOptions.step_pattern <s3ckpt.retention.RetentionOptions>`, or a
+        policy file's (:attr:`PolicyFile.step_pattern <s3ckpt.retention.PolicyFile>`).
 
         Raises:
             PolicyError: Rules combined with ``|`` / ``&`` carry different patterns.
         """
-        return None
+        warnings.warn(
+            "Policy.step_pattern is deprecated: a run's step pattern is a setting of the run "
+            "(RetentionOptions.step_pattern, or PolicyFile.step_pattern for a policy file)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return split_step_pattern(self)[1]
 
     def __or__(self, other: Policy) -> Policy:
         if not isinstance(other, Policy):
@@ -131,10 +140,6 @@ class AnyOf(Policy):
     def rules(self) -> tuple[Policy, ...]:
         return tuple(r for p in self.policies for r in p.rules())
 
-    @property
-    def step_pattern(self) -> str | None:
-        return _common_pattern(self.policies)
-
 
 @dataclass(frozen=True)
 class AllOf(Policy):
@@ -158,22 +163,6 @@ class AllOf(Policy):
 
     def rules(self) -> tuple[Policy, ...]:
         return tuple(r for p in self.policies for r in p.rules())
-
-    @property
-    def step_pattern(self) -> str | None:
-        return _common_pattern(self.policies)
-
-
-def _common_pattern(policies: Sequence[Policy]) -> str | None:
-    """The one step pattern among ``policies`` (None when none has one)."""
-    found = sorted({p.step_pattern for p in policies if p.step_pattern is not None})
-    if len(found) > 1:
-        quoted = ", ".join(f"'{f}'" for f in found)
-        raise PolicyError(
-            f"rules combined with | or & read steps from names with different patterns "
-            f"({quoted}); a run has one naming: wrap the combined policy in one StepPattern"
-        )
-    return found[0] if found else None
 
 
 def _paren(p: Policy, kind: type) -> str:
@@ -335,108 +324,6 @@ class KeepWithin(Policy):
         return f"within {format_duration(self.duration)} of newest"
 
 
-_CAL_FIELDS = ("hourly", "daily", "weekly", "monthly", "yearly")
-
-
-def _period(kind: str, t: datetime) -> tuple[int, ...]:
-    # Tuples, not strftime: this runs for every checkpoint of every bucket kind.
-    if kind == "hourly":
-        return (t.year, t.month, t.day, t.hour)
-    if kind == "daily":
-        return (t.year, t.month, t.day)
-    if kind == "weekly":
-        y, w, _ = t.isocalendar()
-        return (y, w)
-    if kind == "monthly":
-        return (t.year, t.month)
-    return (t.year,)
-
-
-def _commit_time(c: CheckpointInfo) -> datetime:
-    assert c.committed_at is not None
-    return c.committed_at
-
-
-def _period_start(kind: str, t: datetime) -> datetime:
-    """The first instant of the period holding ``t`` (in ``t``'s own time zone)."""
-    if kind == "hourly":
-        return t.replace(minute=0, second=0, microsecond=0)
-    midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
-    if kind == "daily":
-        return midnight
-    if kind == "weekly":
-        return midnight - timedelta(days=t.weekday())  # ISO weeks start on Monday
-    if kind == "monthly":
-        return midnight.replace(day=1)
-    return midnight.replace(month=1, day=1)
-
-
-def _period_label(kind: str, p: tuple[int, ...]) -> str:
-    if kind == "hourly":
-        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}T{p[3]:02d}"
-    if kind == "daily":
-        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}"
-    if kind == "weekly":
-        return f"{p[0]:04d}-W{p[1]:02d}"
-    if kind == "monthly":
-        return f"{p[0]:04d}-{p[1]:02d}"
-    return f"{p[0]:04d}"
-
-
-@dataclass(frozen=True)
-class KeepCalendar(Policy):
-    """Calendar buckets with restic ``forget`` semantics.
-
-    For each bucket kind with a count ``n``: walk the checkpoints newest first (by commit
-    time) and keep the newest checkpoint of each hour / day / ISO week / month / year, until
-    ``n`` such periods have a kept checkpoint. Periods with no checkpoint do not count
-    (``daily=7`` is "the last 7 days that have checkpoints"). ``-1`` means unlimited.
-    Periods are in UTC. Reason e.g. ``daily (2025-03-14)``.
-    """
-
-    hourly: int = 0
-    daily: int = 0
-    weekly: int = 0
-    monthly: int = 0
-    yearly: int = 0
-
-    def __post_init__(self) -> None:
-        counts = [getattr(self, f) for f in _CAL_FIELDS]
-        for name, v in zip(_CAL_FIELDS, counts, strict=True):
-            if isinstance(v, bool) or not isinstance(v, int) or v < -1:
-                raise PolicyError(
-                    f"KeepCalendar.{name} must be an integer >= 0 (or -1: unlimited), got {v!r}"
-                )
-        if not any(counts):
-            raise PolicyError(
-                "KeepCalendar needs at least one of hourly, daily, weekly, monthly, yearly"
-            )
-
-    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        # Oldest first by commit time; the sort is stable, so among equal times the later
-        # in the catalog (the newer) comes last and is the one a period keeps. No key
-        # tuples: at 100,000 checkpoints allocating them costs more than the walk.
-        timed = sorted((c for c in checkpoints if c.committed_at), key=_commit_time)
-        out: dict[str, list[str]] = {}
-        for kind in _CAL_FIELDS:
-            left = getattr(self, kind)
-            j = len(timed) - 1
-            while left != 0 and j >= 0:
-                c = timed[j]
-                t = _commit_time(c)
-                label = _period_label(kind, _period(kind, t))
-                out.setdefault(c.name, []).append(f"{kind} ({label})")
-                left -= 1
-                # Jump to the newest checkpoint before this period began: O(periods * log n)
-                # instead of a step through every checkpoint of the period.
-                j = bisect_left(timed, _period_start(kind, t), 0, j, key=_commit_time) - 1
-        return {k: tuple(v) for k, v in out.items()}
-
-    def describe(self) -> str:
-        parts = [f"{f}={getattr(self, f)}" for f in _CAL_FIELDS if getattr(self, f)]
-        return "calendar " + " ".join(parts)
-
-
 @dataclass(frozen=True)
 class KeepPinned(Policy):
     """Keep pinned checkpoints (``s3ckpt pin``). Pins are also an invariant of every plan,
@@ -449,19 +336,19 @@ class KeepPinned(Policy):
         return "pinned"
 
 
+# -- deprecated: a step pattern wrapped as a rule ---------------------------------------------
 @dataclass(frozen=True)
 class StepPattern(Policy):
-    """The rules of ``policy``, over a run whose checkpoint names give their steps through
-    ``pattern``: a regular expression with exactly one capture group around the step's
-    digits, matched against the whole name (``r"ckpt_e\\d+_s(\\d+)"`` reads 400 from
-    ``ckpt_e3_s400``).
+    """Deprecated (kept for one release): the rules of ``policy`` with the step pattern of
+    the run they judge. Pass the pattern as a setting of the run instead:
+    ``prune(location, policy, step_pattern=...)`` /
+    ``RetentionOptions(step_pattern=...)``, or a policy file's ``step_pattern``
+    (:class:`~s3ckpt.retention.PolicyFile`).
 
-    It keeps what ``policy`` keeps, with its reasons; what it adds is the catalog
-    :func:`~s3ckpt.retention.prune` plans from: steps are read with ``pattern`` (a step
-    recorded in a checkpoint's commit marker still wins). A policy file's top-level
-    ``step_pattern`` key gives one. Only names the built-in forms do not read need it
-    (:func:`s3ckpt.format.checkpoint_step`: ``step_100``, ``step-4``,
-    ``epoch=0-step=4.ckpt``, ``global_step4``, ``checkpoint-4``).
+    Constructing one warns (:class:`DeprecationWarning`). The entry points take it apart
+    (:func:`split_step_pattern`): ``prune`` reads the run's steps with ``pattern`` unless the
+    run's options name one, and plans with ``policy``; no planner walks it. ``describe()``
+    still ends in ``(step_pattern PATTERN)``, as a plan's ``policy`` text did.
 
     Raises:
         PolicyError: ``pattern`` is not a valid regular expression with one capture group.
@@ -471,6 +358,16 @@ class StepPattern(Policy):
     pattern: str
 
     def __post_init__(self) -> None:
+        self._check()
+        warnings.warn(
+            "StepPattern is deprecated: a step pattern is a setting of the run, not a rule; "
+            "pass step_pattern= to prune (RetentionOptions.step_pattern) or give it in the "
+            "policy file",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+    def _check(self) -> None:
         if not isinstance(self.policy, Policy):
             raise PolicyError(f"StepPattern needs a retention policy, got {self.policy!r}")
         if isinstance(self.policy, StepPattern):
@@ -491,6 +388,44 @@ class StepPattern(Policy):
     def rules(self) -> tuple[Policy, ...]:
         return self.policy.rules()
 
-    @property
-    def step_pattern(self) -> str | None:
-        return self.pattern
+
+@dataclass(frozen=True)
+class FileStepPattern(StepPattern):
+    """What :func:`~s3ckpt.retention.load_policy` returns for a policy file that names a
+    ``step_pattern``, so that callers handing that Policy to ``prune`` (the Checkpointer,
+    the framework plug-ins) keep applying it: a :class:`StepPattern` that does not warn
+    (policy files are not deprecated; :class:`~s3ckpt.retention.PolicyFile` reads one
+    without any wrapper)."""
+
+    def __post_init__(self) -> None:
+        self._check()
+
+
+def split_step_pattern(policy: Policy) -> tuple[Policy, str | None]:
+    """``policy`` without its :class:`StepPattern` wrappers, and the one pattern they carried
+    (None when there is none; ``policy`` itself when it holds no wrapper).
+
+    Raises:
+        PolicyError: Wrappers combined with ``|`` / ``&`` carry different patterns.
+    """
+    found: set[str] = set()
+    rules = _unwrap(policy, found)
+    if len(found) > 1:
+        quoted = ", ".join(f"'{f}'" for f in sorted(found))
+        raise PolicyError(
+            f"rules combined with | or & read steps from names with different patterns "
+            f"({quoted}); a run has one naming: wrap the combined policy in one StepPattern"
+        )
+    return rules, (found.pop() if found else None)
+
+
+def _unwrap(policy: Policy, found: set[str]) -> Policy:
+    if isinstance(policy, StepPattern):
+        found.add(policy.pattern)
+        return _unwrap(policy.policy, found)
+    if isinstance(policy, (AnyOf, AllOf)):
+        parts = tuple(_unwrap(p, found) for p in policy.policies)
+        if all(a is b for a, b in zip(parts, policy.policies, strict=True)):
+            return policy
+        return type(policy)(parts)
+    return policy

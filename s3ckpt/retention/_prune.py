@@ -29,83 +29,90 @@ the plan, and a kept checkpoint is never touched: its keys are never in any dele
 
 Every call publishes one ``"prune"`` event (:mod:`s3ckpt.metrics`): checkpoints deleted,
 bytes freed, the time taken to get the lease, whether it was busy, and the requests made.
+
+Its settings are one :class:`~s3ckpt.retention.RetentionOptions`, made concrete once at the
+top (grace floor, the store's time, the policy file's step pattern) and handed down: the
+policy is checked once and the step pattern compiled once per run.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
+from typing import Any, Unpack, overload
 
-from s3ckpt.errors import ConfigError, LeaseHeldError
-from s3ckpt.format import compile_step_pattern
+from s3ckpt.errors import LeaseHeldError
 from s3ckpt.metrics import instrument
-from s3ckpt.retention._delete import ProgressCallback, _Deleter
+from s3ckpt.retention._deleter import Deleter
 from s3ckpt.retention._intent import finish_previous, planned_markers
-from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
-from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
-from s3ckpt.retention._plan import check_policy, plan
+from s3ckpt.retention._lease import Lease
+from s3ckpt.retention._options import PruneOverrides, RetentionOptions
+from s3ckpt.retention._plan import check_policy, decide
 from s3ckpt.retention._policy import Policy
 from s3ckpt.retention._results import PruneResult
-from s3ckpt.retention._scan import list_checkpoints
-from s3ckpt.store.base import MAX_DELETE_BATCH, ObjectStore
+from s3ckpt.retention._scan import run_checkpoints
+from s3ckpt.retention._target import locate_policy
+from s3ckpt.retention._toml import PolicyFile
+from s3ckpt.store import Location, LocationLike
+from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["check_batch_size", "prune"]
+__all__ = ["prune", "prune_location"]
 
 
-def check_batch_size(batch_size: int) -> None:
-    """Refuse a DeleteObjects batch size outside ``1..MAX_DELETE_BATCH``."""
-    if not 1 <= batch_size <= MAX_DELETE_BATCH:
-        raise ConfigError(f"batch_size must be 1..{MAX_DELETE_BATCH}, got {batch_size}")
-
-
+@overload
+def prune(
+    location: LocationLike,
+    policy: Policy | PolicyFile,
+    /,
+    *,
+    apply: bool = False,
+    options: RetentionOptions | None = None,
+    **overrides: Unpack[PruneOverrides],
+) -> PruneResult: ...
+@overload
 def prune(
     store: ObjectStore,
     run: StoreURL,
-    policy: Policy,
+    policy: Policy | PolicyFile,
+    /,
     *,
     apply: bool = False,
-    now: datetime | None = None,
-    max_delete: int | None = None,
-    grace: timedelta = DEFAULT_GRACE,
-    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
-    include_foreign: bool = False,
-    batch_size: int = MAX_DELETE_BATCH,
-    retries: int = 5,
-    sleep: Callable[[float], None] = time.sleep,
-    on_progress: ProgressCallback | None = None,
-    step_pattern: str | None = None,
+    options: RetentionOptions | None = None,
+    **overrides: Unpack[PruneOverrides],
+) -> PruneResult: ...
+def prune(
+    where: LocationLike | ObjectStore,
+    second: StoreURL | Policy | PolicyFile,
+    third: Policy | PolicyFile | None = None,
+    /,
+    *,
+    apply: bool = False,
+    options: RetentionOptions | None = None,
+    **overrides: Unpack[PruneOverrides],
 ) -> PruneResult:
     """Plan retention for one run and, with ``apply=True``, carry the plan out.
 
-    Safe to call from a background thread of a training job (no global state; the lease
-    keeps it from racing a cron pruner on the same run).
+    ``prune(location, policy)`` or, as before, ``prune(store, run, policy)``. Safe to call
+    from a background thread of a training job (no global state; the lease keeps it from
+    racing a cron pruner on the same run).
 
     Args:
-        store: The store.
-        run: The run prefix.
-        policy: The rules; an empty one is refused before any request.
+        location: The run: a :class:`~s3ckpt.store.Location` or a URL (or a store, then the
+            run's URL in it).
+        policy: The rules (an empty policy is refused before any request), or a
+            :class:`~s3ckpt.retention.PolicyFile` (its step pattern applies unless the
+            options name one).
         apply: Delete (default: dry run, which takes no lease and changes nothing).
-        now: The time policies and the grace period judge against (default: the store's
-            time, and with ``apply`` a refusal when this host's clock is further from it
-            than the grace period).
-        max_delete: Delete at most this many checkpoints in this run.
-        grace: A save (a tag) is in progress while any of its objects, heartbeats or open
-            uploads is younger than this. Raised to ``MIN_GRACE_SECONDS`` (60 s) when
-            shorter, with a note in the result.
-        lease_ttl: How long the lease lasts without renewal.
-        include_foreign: Treat stock-DCP checkpoints (no marker) as committed; only their
-            DCP names (``.metadata``, ``__{r}_{i}.distcp``) are deleted.
-        batch_size: Keys per DeleteObjects request (at most 1000).
-        retries: Rounds of retries for throttled / 5xx per-key errors.
-        sleep: Back-off sleep (tests pass a no-op).
-        on_progress: See :data:`ProgressCallback`.
-        step_pattern: How the run's checkpoint names give their steps (a regular expression
-            with one capture group; see :func:`s3ckpt.format.checkpoint_step`). Default: the
-            policy's own (:attr:`Policy.step_pattern`, a policy file's ``step_pattern``), else
-            the built-in name forms. A step recorded in a commit marker always wins.
+        options: The run's settings (:class:`~s3ckpt.retention.RetentionOptions`): ``now``
+            (default: the store's time, and with ``apply`` a refusal when this host's clock
+            is further from it than the grace period), ``grace`` (raised to
+            ``MIN_GRACE_SECONDS``, 60 s, when shorter, with a note in the result),
+            ``max_delete``, ``lease_ttl``, ``include_foreign``, ``batch_size``, ``retries``,
+            ``sleep``, ``on_progress`` and ``step_pattern``.
+        **overrides: Those settings as loose keyword arguments (the earlier signature):
+            shorthand for ``options.replace(...)``.
 
     Raises:
         LeaseHeldError: Another pruner holds the run's lease (nothing was changed).
@@ -120,14 +127,30 @@ def prune(
     in each of the three phases (plus retries), and one AbortMultipartUpload per open upload
     of a deleted checkpoint.
     """
-    check_policy(policy)
-    check_batch_size(batch_size)
-    pattern = step_pattern if step_pattern is not None else policy.step_pattern
-    if pattern is not None:
-        compile_step_pattern(pattern)  # a bad one is refused before any request
-    grace, notes = effective_grace(grace)
-    now, skew = judge_time(store, run, now, grace, refuse=f"prune {run}" if apply else None)
-    notes += skew
+    options = RetentionOptions.fold(options, overrides, PruneOverrides, "prune")
+    location, policy = locate_policy("prune", where, second, third)
+    source = PolicyFile.of(policy)
+    check_policy(source.policy)
+    return prune_location(location, source, policy.describe(), apply=apply, options=options)
+
+
+def prune_location(
+    location: Location,
+    source: PolicyFile,
+    describe: str,
+    *,
+    apply: bool,
+    options: RetentionOptions,
+) -> PruneResult:
+    """:func:`prune` below its entry points: one run, its options folded and its policy
+    checked already (``source.policy`` holds no step-pattern wrapper; ``describe`` is the
+    plan's ``policy`` text)."""
+    store, run = location.store, location.url
+    options, notes = source.options(options).resolve(
+        location, refuse=f"prune {run}" if apply else None
+    )
+    on_progress, now = options.on_progress, options.now
+    assert now is not None  # resolved: the store's time, or the caller's
 
     def emit(event: str, **details: Any) -> None:
         if on_progress is not None:
@@ -135,63 +158,31 @@ def prune(
 
     if not apply:
         with instrument.operation("prune", str(run)) as recorder:
-            catalog = list_checkpoints(store, run, grace=grace, now=now, step_pattern=pattern)
-            p = plan(
-                catalog,
-                policy,
-                now,
-                max_delete=max_delete,
-                include_foreign=include_foreign,
-                run=run,
-            )
+            catalog = run_checkpoints(store, run, options)
+            p = decide(catalog, source.policy, now, options, run, describe)
             emit("plan", delete=len(p.delete))
             recorder.finish(dry_run=True)
         return PruneResult(run=run, plan=p, applied=False, notes=notes)
 
     with instrument.operation("prune", str(run)) as recorder:
-        return _apply(
-            recorder,
-            emit,
-            store,
-            run,
-            policy,
-            now=now,
-            max_delete=max_delete,
-            grace=grace,
-            lease_ttl=lease_ttl,
-            include_foreign=include_foreign,
-            batch_size=batch_size,
-            retries=retries,
-            sleep=sleep,
-            on_progress=on_progress,
-            pattern=pattern,
-            notes=notes,
-        )
+        return _apply(recorder, emit, location, source.policy, describe, options, now, notes)
 
 
 def _apply(
     recorder: instrument.Recorder,
     emit: Callable[..., None],
-    store: ObjectStore,
-    run: StoreURL,
-    policy: Policy,
-    *,
+    location: Location,
+    rules: Policy,
+    describe: str,
+    options: RetentionOptions,
     now: datetime,
-    max_delete: int | None,
-    grace: timedelta,
-    lease_ttl: timedelta,
-    include_foreign: bool,
-    batch_size: int,
-    retries: int,
-    sleep: Callable[[float], None],
-    on_progress: ProgressCallback | None,
-    pattern: str | None,
     notes: tuple[str, ...],
 ) -> PruneResult:
     """:func:`prune` with ``apply``, under the run's lease; finishes ``recorder``."""
+    store, run = location.store, location.url
     waited = time.monotonic()
     try:
-        lease = Lease(store, run, ttl=lease_ttl).acquire()
+        lease = Lease(store, run, ttl=options.lease_ttl).acquire()
     except LeaseHeldError as exc:
         recorder.finish(exc, lease_busy=1, lease_wait_s=time.monotonic() - waited)
         raise
@@ -200,12 +191,12 @@ def _apply(
     # Until our own intent is recorded, an exception keeps the dead holder's log.
     intent: list[str] = list(lease.previous.deleting) if lease.previous else []
     try:
-        catalog = list_checkpoints(store, run, grace=grace, now=now, step_pattern=pattern)
+        catalog = run_checkpoints(store, run, options)
         resume, carry, rest = finish_previous(lease, catalog)
-        p = plan(rest, policy, now, max_delete=max_delete, include_foreign=include_foreign, run=run)
+        p = decide(rest, rules, now, options, run, describe)
         emit("plan", delete=len(p.delete), resume=len(resume))
         targets = [*resume, *p.delete]
-        deleter = _Deleter(store, lease, batch_size, retries, sleep, on_progress)
+        deleter = Deleter(store, lease, options)
         deleted: tuple[str, ...] = ()
         intent = [*carry, *(c.name for c in targets)]
         if targets:

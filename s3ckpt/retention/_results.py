@@ -1,14 +1,17 @@
 """What :func:`~s3ckpt.retention.prune`, :func:`~s3ckpt.retention.gc` and
 :func:`~s3ckpt.retention.delete_checkpoint` report: frozen results with stable ``to_dict()``
-forms (the CLI's ``--json``)."""
+forms (the CLI's ``--json``), and each prune's or gc's values for the metrics text file
+(``run_metrics``: :class:`~s3ckpt.metrics.RunMetrics`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from s3ckpt._time import iso_z, utc
+from s3ckpt.metrics import OperationMetrics, RunMetrics
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._plan import Plan
 from s3ckpt.store.base import DeleteFailure, UploadInfo
@@ -77,6 +80,38 @@ class PruneResult:
             "resumed_objects": self.resumed_objects,
             "notes": list(self.notes),
         }
+
+    def run_metrics(self, events: Iterable[OperationMetrics] = ()) -> RunMetrics:
+        """The run's values for the metrics text file: its checkpoints as the prune left
+        them, and from its ``"prune"`` event among ``events`` the bytes freed and the
+        lease wait."""
+        gone = set(self.deleted)
+        counts: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        committed: list[tuple[datetime, CheckpointInfo]] = []
+        for d in self.plan.decisions:
+            c = d.checkpoint
+            if c.name in gone:
+                continue
+            counts[c.state.value] = counts.get(c.state.value, 0) + 1
+            sizes[c.state.value] = sizes.get(c.state.value, 0) + c.size
+            if c.state is CheckpointState.COMMITTED and c.committed_at is not None:
+                committed.append((c.committed_at, c))
+        # Newest by the store's commit time; saves within the same second of the store's
+        # clock are told apart by the catalog's order (step, then name).
+        latest = max(committed, key=lambda t: (t[0], t[1].sort_key()))[1] if committed else None
+        event = _event(events, "prune", self.run)
+        return RunMetrics(
+            run=str(self.run),
+            checkpoints=counts,
+            bytes=sizes,
+            latest_committed_at=_epoch(latest.committed_at) if latest is not None else None,
+            latest_committed_step=latest.step if latest is not None else None,
+            deleted=len(self.deleted),
+            bytes_freed=event.bytes_freed if event is not None else 0,
+            failures=len(self.failures),
+            lease_wait_s=event.lease_wait_s if event is not None else 0.0,
+        )
 
 
 @dataclass(frozen=True)
@@ -160,6 +195,19 @@ class GcResult:
             "damaged": [{"url": str(c.url), "error": c.error} for c in self.damaged],
         }
 
+    def run_metrics(self, events: Iterable[OperationMetrics] = ()) -> RunMetrics:
+        """The prefix's values for the metrics text file (its ``"gc"`` event among
+        ``events`` gives the bytes freed and the lease wait)."""
+        event = _event(events, "gc", self.root)
+        return RunMetrics(
+            run=str(self.root),
+            deleted=len(self.removed) + len(self.resumed),
+            bytes_freed=event.bytes_freed if event is not None else 0,
+            lease_busy=len(self.busy_runs),
+            failures=len(self.failures),
+            lease_wait_s=event.lease_wait_s if event is not None else 0.0,
+        )
+
 
 @dataclass(frozen=True)
 class DeleteResult:
@@ -231,3 +279,13 @@ class DeleteResult:
 
 def _failures(failures: Iterable[DeleteFailure]) -> list[dict[str, str]]:
     return [{"key": f.key, "code": f.code, "message": f.message} for f in failures]
+
+
+def _event(events: Iterable[OperationMetrics], kind: str, url: StoreURL) -> OperationMetrics | None:
+    """The last ``kind`` event of ``url`` among ``events``."""
+    mine = [e for e in events if e.kind == kind and e.url == str(url)]
+    return mine[-1] if mine else None
+
+
+def _epoch(t: datetime | None) -> float | None:
+    return None if t is None else t.timestamp()

@@ -39,23 +39,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from typing import Unpack
 
+from s3ckpt._step_names import checkpoint_step
 from s3ckpt._time import utc
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
-from s3ckpt.format import (
-    MANIFEST_NAME,
-    MAX_MANIFEST_BYTES,
-    METADATA_NAME,
-    PIN_NAME,
-    Manifest,
-    StepMatcher,
-    checkpoint_step,
-    compile_step_pattern,
-)
+from s3ckpt.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, METADATA_NAME, PIN_NAME, Manifest
 from s3ckpt.metrics.instrument import expecting, in_context
 from s3ckpt.retention._catalog import (
     READ_WORKERS,
@@ -68,50 +59,74 @@ from s3ckpt.retention._catalog import (
 from s3ckpt.retention._listing import Group, group_listing
 from s3ckpt.retention._listing import ckpt_dir as _ckpt_dir  # noqa: F401  (tests use it here)
 from s3ckpt.retention._liveness import (
-    DEFAULT_GRACE,
     dead_saves,
     failure_reasons,
     judge_time,
     newest_failure,
 )
-from s3ckpt.store import list_open_uploads
+from s3ckpt.retention._options import RetentionOptions, ScanOverrides, StepPatternLike
+from s3ckpt.retention._target import locate
+from s3ckpt.store import LocationLike, list_open_uploads
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL, split_prefix
 
-__all__ = ["list_checkpoints", "list_runs", "read_manifest", "scan"]
+__all__ = [
+    "catalogs",
+    "list_checkpoints",
+    "list_runs",
+    "read_manifest",
+    "run_checkpoints",
+    "scan",
+]
 
 
 def scan(
-    store: ObjectStore,
-    root: StoreURL,
+    where: LocationLike | ObjectStore,
+    root: StoreURL | None = None,
+    /,
     *,
-    grace: timedelta = DEFAULT_GRACE,
-    now: datetime | None = None,
+    options: RetentionOptions | None = None,
     include_uploads: bool = True,
-    step_pattern: str | re.Pattern[str] | StepMatcher | None = None,
+    **overrides: Unpack[ScanOverrides],
 ) -> list[RunCatalog]:
-    """Every run under ``root`` (``root`` itself included when it is a run), with its
+    """Every run under the location (itself included when it is a run), with its
     checkpoints, from one paged listing.
 
     Open uploads count as activity (of their tag) and declare checkpoints too: a save that
     has only started multipart uploads lists as in progress.
 
-    ``step_pattern`` reads steps from checkpoint names that the built-in forms do not
-    (:func:`s3ckpt.format.compile_step_pattern`); a step recorded in a commit marker wins
-    over any name. A bad pattern raises :class:`~s3ckpt.errors.ConfigError` before any
-    request.
+    Args:
+        where: The prefix: a :class:`~s3ckpt.store.Location` (or a URL), or a store and
+            then ``root``, a URL in it (:mod:`s3ckpt.retention._target`).
+        root: With a store: the prefix.
+        options: The run's settings; the scan reads ``grace``, ``now`` (default: the
+            store's time, :func:`~s3ckpt.store._clock.store_time`; the grace period is
+            judged against it) and ``step_pattern`` (reads steps from checkpoint names the
+            built-in forms do not; a step recorded in a commit marker wins over any name).
+        include_uploads: List open multipart uploads too.
+        **overrides: ``grace``, ``now``, ``step_pattern`` as loose keyword arguments (the
+            earlier signature): shorthand for ``options.replace(...)``.
 
-    ``now`` (default: the store's time, :func:`~s3ckpt.store._clock.store_time`) is what
-    the grace period is judged against; a given one must be timezone-aware.
+    Raises:
+        ConfigError: A bad step pattern, before any request.
 
-    Request cost: ``ceil(objects / 1000)`` LIST requests for everything under ``root``,
+    Request cost: ``ceil(objects / 1000)`` LIST requests for everything under the prefix,
     ``ceil(open uploads / 1000)`` LIST-uploads requests (``include_uploads``), and one GET
     per commit marker, per pin and per prefix with a failed save (its failure record; 16
     in parallel); without ``now``, one LIST of one key on S3 for the store's time.
     Nothing is HEADed.
     """
-    now, _ = judge_time(store, root, now, grace, refuse=None)
-    pattern = None if step_pattern is None else compile_step_pattern(step_pattern)
+    options = RetentionOptions.fold(options, overrides, ScanOverrides, "scan")
+    location = locate("scan", where, root)
+    return catalogs(location.store, location.url, options, include_uploads=include_uploads)
+
+
+def catalogs(
+    store: ObjectStore, root: StoreURL, options: RetentionOptions, *, include_uploads: bool = True
+) -> list[RunCatalog]:
+    """:func:`scan` below its entry point (``options.step_pattern`` compiled already)."""
+    grace, pattern = options.grace, options.step_pattern
+    now, _ = judge_time(store, root, options.now, grace, refuse=None)
     objects = list(store.list(root.prefix))
     # None: the store has no ListMultipartUploads (one warning); heartbeats and mtimes
     # still tell liveness.
@@ -247,7 +262,7 @@ def _info(
     manifest: Manifest | str | None,
     pin: str | None,
     cutoff: float,
-    pattern: StepMatcher | None,
+    pattern: StepPatternLike | None,
 ) -> CheckpointInfo:
     name = d[len(run) : -1]
     step = checkpoint_step(name, pattern)
@@ -335,44 +350,59 @@ def _metadata_stale(g: Group, manifest: Manifest) -> bool:
 
 
 def list_checkpoints(
-    store: ObjectStore,
-    run: StoreURL,
+    where: LocationLike | ObjectStore,
+    run: StoreURL | None = None,
+    /,
     *,
-    grace: timedelta = DEFAULT_GRACE,
-    now: datetime | None = None,
-    step_pattern: str | re.Pattern[str] | StepMatcher | None = None,
+    options: RetentionOptions | None = None,
+    **overrides: Unpack[ScanOverrides],
 ) -> list[CheckpointInfo]:
-    """The checkpoints directly under ``run``, oldest first (by step, then commit time).
+    """The checkpoints directly under a run, oldest first (by step, then commit time).
 
     Args:
-        store: The store holding the run.
-        run: The run prefix.
-        grace: How long after its last activity (an object, a heartbeat, an upload's start)
-            a save is still in progress.
-        now: The time to judge ``grace`` against (default: the store's time).
-        step_pattern: A regular expression with one capture group that reads a step from a
-            checkpoint's name, for names the built-in forms do not read (see
-            :func:`s3ckpt.format.checkpoint_step`); the marker's step still wins.
+        where: The run: a :class:`~s3ckpt.store.Location` (or a URL), or a store and then
+            ``run``, a URL in it.
+        run: With a store: the run prefix.
+        options: The run's settings: ``grace`` (how long after its last activity, an
+            object, a heartbeat or an upload's start, a save is still in progress), ``now``
+            (the time to judge ``grace`` against; default: the store's time) and
+            ``step_pattern`` (reads a step from names the built-in forms do not read, see
+            :func:`s3ckpt.format.checkpoint_step`; the marker's step still wins).
+        **overrides: ``grace``, ``now``, ``step_pattern`` as loose keyword arguments (the
+            earlier signature): shorthand for ``options.replace(...)``.
 
     Request cost: ``ceil(objects under run / 1000)`` LIST requests, one LIST of open
     multipart uploads per 1000 uploads, and one GET per committed checkpoint (its marker)
     and per pin, 16 at a time.
     """
-    for cat in scan(store, run, grace=grace, now=now, step_pattern=step_pattern):
+    options = RetentionOptions.fold(options, overrides, ScanOverrides, "list_checkpoints")
+    location = locate("list_checkpoints", where, run)
+    return run_checkpoints(location.store, location.url, options)
+
+
+def run_checkpoints(
+    store: ObjectStore, run: StoreURL, options: RetentionOptions
+) -> list[CheckpointInfo]:
+    """:func:`list_checkpoints` below its entry point."""
+    for cat in catalogs(store, run, options):
         if cat.run.prefix == run.prefix:
             return list(cat.checkpoints)
     return []
 
 
 def list_runs(
-    store: ObjectStore,
-    root: StoreURL,
+    where: LocationLike | ObjectStore,
+    root: StoreURL | None = None,
+    /,
     *,
-    grace: timedelta = DEFAULT_GRACE,
-    now: datetime | None = None,
+    options: RetentionOptions | None = None,
+    **overrides: Unpack[ScanOverrides],
 ) -> list[StoreURL]:
-    """The runs (prefixes holding checkpoints or a lease) under ``root``, ``root`` included.
+    """The runs (prefixes holding checkpoints or a lease) under the location, itself
+    included. Arguments as :func:`scan`'s.
 
-    Same request cost as :func:`scan` over ``root``.
+    Same request cost as :func:`scan` over the location.
     """
-    return [cat.run for cat in scan(store, root, grace=grace, now=now)]
+    options = RetentionOptions.fold(options, overrides, ScanOverrides, "list_runs")
+    location = locate("list_runs", where, root)
+    return [cat.run for cat in catalogs(location.store, location.url, options)]

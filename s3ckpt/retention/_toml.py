@@ -1,4 +1,5 @@
-"""Policy files (TOML), parsed strictly.
+"""Policy files (TOML), parsed strictly into a :class:`PolicyFile`: the rules, and the
+settings of the run the file names.
 
 Format (every key optional, at least one rule required; rules are OR'ed — a checkpoint
 is kept if any rule keeps it, like restic's ``forget``)::
@@ -27,8 +28,15 @@ is kept if any rule keeps it, like restic's ``forget``)::
     yearly = -1                         # -1: unlimited
 
 ``step_pattern`` (a regular expression with exactly one capture group, matched against the
-whole checkpoint name) wraps the rules in :class:`~s3ckpt.retention.StepPattern`; only names
-the built-in forms do not read need it (:func:`s3ckpt.format.checkpoint_step`).
+whole checkpoint name) is a setting of the run, not a rule: :attr:`PolicyFile.step_pattern`,
+which :meth:`PolicyFile.options` hands to the run's
+:class:`~s3ckpt.retention.RetentionOptions` (a pattern the run names itself, such as
+``--step-pattern``, wins). Only names the built-in forms do not read need it
+(:func:`s3ckpt.format.checkpoint_step`). :func:`load_policy` and :func:`parse_policy` return
+the rules alone as a :class:`~s3ckpt.retention.Policy`; for a file with a ``step_pattern``
+that Policy is, for one release, the rules wrapped with their pattern
+(:class:`~s3ckpt.retention._policy.FileStepPattern`), so that callers handing it to
+``prune`` (the Checkpointer, the framework plug-ins) keep applying the file's pattern.
 
 An unknown key, a wrong type, a bad duration or a bad pattern raises
 :class:`~s3ckpt.errors.PolicyError` naming the file, the key and what is allowed.
@@ -42,27 +50,30 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+from s3ckpt._step_names import StepMatcher, compile_step_pattern
 from s3ckpt.errors import ConfigError, PolicyError
-from s3ckpt.format import compile_step_pattern
+from s3ckpt.retention._calendar import KeepCalendar
 from s3ckpt.retention._duration import DURATION_HELP, parse_duration
+from s3ckpt.retention._options import RetentionOptions, step_matcher
 from s3ckpt.retention._policy import (
     AnyOf,
+    FileStepPattern,
     KeepBest,
-    KeepCalendar,
     KeepEvery,
     KeepLast,
     KeepPinned,
     KeepWithin,
     Policy,
-    StepPattern,
+    split_step_pattern,
 )
 
-__all__ = ["builtin_policies", "load_policy", "parse_policy"]
+__all__ = ["PolicyFile", "builtin_policies", "load_policy", "parse_policy"]
 
 # The package the ready-made policy files are installed as (pyproject.toml maps the
 # repository's policies/ directory to it).
@@ -148,14 +159,116 @@ def _best(source: str, key: str, table: Any) -> KeepBest:
     )
 
 
+@dataclass(frozen=True)
+class PolicyFile:
+    """A retention policy as a policy file gives it: the rules, and the settings of the run
+    the file names.
+
+    ``prune``, ``prune_runs`` and ``plan`` take one wherever they take a Policy::
+
+        source = PolicyFile.load("policies/pretraining.toml")
+        prune(location, source, apply=True)    # steps read with the file's step_pattern
+
+    Attributes:
+        policy: The rules (what a plan keeps, and why).
+        step_pattern: The file's ``step_pattern``, compiled, or None.
+        source: Where the file was read from (``<string>`` for text).
+
+    Raises:
+        ConfigError: ``step_pattern`` is not a regular expression with one capture group.
+    """
+
+    policy: Policy
+    step_pattern: str | StepMatcher | None = None
+    source: str = "<string>"
+
+    def __post_init__(self) -> None:
+        if self.step_pattern is not None:
+            object.__setattr__(self, "step_pattern", step_matcher(self.step_pattern))
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<string>") -> PolicyFile:
+        """Parse a TOML policy document.
+
+        Raises:
+            PolicyError: Invalid TOML, an unknown key, a wrong type, a bad duration, a bad
+                ``step_pattern`` or no rule at all; the message names ``source``, the key and
+                what is allowed.
+        """
+        return _parse(text, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PolicyFile:
+        """Read and parse a policy file, or the built-in policy ``path`` names (see
+        :func:`load_policy`, which this is less the wrapping).
+
+        Raises:
+            PolicyError: As :func:`load_policy`.
+        """
+        text, source = _read(path)
+        return _parse(text, source)
+
+    @classmethod
+    def of(cls, policy: Policy | PolicyFile) -> PolicyFile:
+        """``policy`` as a PolicyFile: itself, or a Policy with no settings (the step pattern
+        of deprecated :class:`~s3ckpt.retention.StepPattern` wrappers taken out of it).
+
+        Raises:
+            PolicyError: ``policy`` is neither; or its wrappers carry different patterns.
+        """
+        if isinstance(policy, PolicyFile):
+            return policy
+        if not isinstance(policy, Policy):
+            raise PolicyError(f"not a retention policy: {policy!r}")
+        rules, pattern = split_step_pattern(policy)
+        return cls(rules, pattern, "<policy>")
+
+    def options(self, options: RetentionOptions | None = None) -> RetentionOptions:
+        """``options`` (default: the defaults) with this file's step pattern, unless they
+        name one already: a pattern given for the run (``--step-pattern``,
+        ``step_pattern=``) wins over the file's."""
+        base = options if options is not None else RetentionOptions()
+        if self.step_pattern is None or base.step_pattern is not None:
+            return base
+        return base.replace(step_pattern=self.step_pattern)
+
+    def describe(self) -> str:
+        """The rules' description, and the file's step pattern (``last 3 (step_pattern
+        ckpt_(\\d+))``): a plan's ``policy`` text."""
+        if self.step_pattern is None:
+            return self.policy.describe()
+        return f"{self.policy.describe()} (step_pattern {_text(self.step_pattern)})"
+
+    def as_policy(self) -> Policy:
+        """The rules as one Policy for callers that take no settings: for a file with a
+        step pattern, for one release, the rules wrapped with it (a
+        :class:`~s3ckpt.retention.StepPattern` that does not warn), which ``prune`` takes
+        apart again."""
+        if self.step_pattern is None:
+            return self.policy
+        return FileStepPattern(self.policy, _text(self.step_pattern))
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def _text(pattern: str | StepMatcher) -> str:
+    return pattern if isinstance(pattern, str) else pattern.pattern
+
+
 def parse_policy(text: str, source: str = "<string>") -> Policy:
-    """Parse a TOML policy document into a :class:`~s3ckpt.retention.Policy`.
+    """Parse a TOML policy document into a :class:`~s3ckpt.retention.Policy`: the rules
+    (:meth:`PolicyFile.as_policy`; :meth:`PolicyFile.parse` keeps the file's settings apart).
 
     Raises:
         PolicyError: Invalid TOML, an unknown key, a wrong type, a bad duration, a bad
             ``step_pattern`` or no rule at all; the message names ``source``, the key and
             what is allowed.
     """
+    return _parse(text, source).as_policy()
+
+
+def _parse(text: str, source: str) -> PolicyFile:
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -163,14 +276,15 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     _check_keys(source, "", doc, _TOP)
     if "description" in doc and not isinstance(doc["description"], str):
         raise _err(source, "description", f"must be a string, got {_type_name(doc['description'])}")
-    pattern = doc.get("step_pattern")
-    if pattern is not None:
-        if not isinstance(pattern, str):
+    given = doc.get("step_pattern")
+    pattern: StepMatcher | None = None
+    if given is not None:
+        if not isinstance(given, str):
             raise _err(
-                source, "step_pattern", f"must be {_TOP['step_pattern']}, got {_type_name(pattern)}"
+                source, "step_pattern", f"must be {_TOP['step_pattern']}, got {_type_name(given)}"
             )
         try:
-            compile_step_pattern(pattern)
+            pattern = compile_step_pattern(given)
         except ConfigError as exc:
             raise _err(source, "step_pattern", exc.message) from None
     keep = doc.get("keep")
@@ -231,7 +345,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
             "name at least one of last, every, within, best, calendar",
         )
     policy = rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
-    return policy if pattern is None else StepPattern(policy, pattern)
+    return PolicyFile(policy, pattern, source)
 
 
 def _builtin_files() -> dict[str, Traversable]:
@@ -275,7 +389,8 @@ def _missing_file(p: Path) -> PolicyError:
 
 
 def load_policy(path: str | Path) -> Policy:
-    """Read and parse a TOML policy file (see :func:`parse_policy`).
+    """Read and parse a TOML policy file (see :func:`parse_policy`); its settings
+    (``step_pattern``) apart from the rules: :meth:`PolicyFile.load`.
 
     ``path`` is a policy file, or, as a string, the name of a built-in policy (see
     :func:`builtin_policies`): a name has no path separator and no ``.toml`` suffix. A file
@@ -290,11 +405,16 @@ def load_policy(path: str | Path) -> Policy:
         PolicyError: The file cannot be read or is not a valid policy, or the name is
             neither a file nor a built-in policy (the message lists the built-in names).
     """
+    return PolicyFile.load(path).as_policy()
+
+
+def _read(path: str | Path) -> tuple[str, str]:
+    """The text of the policy file (or built-in policy) ``path`` names, and its source."""
     if isinstance(path, str) and _is_bare_name(path) and not Path(path).is_file():
         builtins = _builtin_files()
         if path in builtins:
             res = builtins[path]
-            return parse_policy(res.read_text(encoding="utf-8"), source=str(res))
+            return res.read_text(encoding="utf-8"), str(res)
         names = ", ".join(sorted(builtins)) or "none installed"
         raise PolicyError(
             f"{path}: no such policy file and no built-in policy of that name "
@@ -312,4 +432,4 @@ def load_policy(path: str | Path) -> Policy:
         ) from exc
     except UnicodeDecodeError as exc:
         raise PolicyError(f"{p}: not UTF-8 text: {exc}", source=str(p)) from exc
-    return parse_policy(text, source=str(p))
+    return text, str(p)

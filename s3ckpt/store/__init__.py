@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.store._bucket import create_bucket
 from s3ckpt.store._capabilities import (
     Capabilities,
     cached_capabilities,
@@ -22,7 +23,8 @@ from s3ckpt.store._capabilities import (
     require_conditional_writes,
 )
 from s3ckpt.store._clock import StoreTime, check_skew, skew_note, store_time
-from s3ckpt.store._location import Location, LocationLike
+from s3ckpt.store._counting import CountingStore
+from s3ckpt.store._location import AtLocation, Location, LocationLike
 from s3ckpt.store.base import (
     CompletedPart,
     DeleteFailure,
@@ -40,8 +42,10 @@ if TYPE_CHECKING:
     from s3ckpt.store.s3 import S3Store
 
 __all__ = [
+    "AtLocation",
     "Capabilities",
     "CompletedPart",
+    "CountingStore",
     "DeleteFailure",
     "FsspecStore",
     "Location",
@@ -54,6 +58,7 @@ __all__ = [
     "TRANSIENT_CODES",
     "UploadInfo",
     "cached_capabilities",
+    "create_bucket",
     "list_open_uploads",
     "lists_uploads",
     "require_conditional_writes",

@@ -31,7 +31,7 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError
 from s3ckpt.store._cache import ProcessCache
 
-__all__ = ["MAX_SHARED_CLIENTS", "shared_client"]
+__all__ = ["MAX_SHARED_CLIENTS", "aws_environment", "profile_attempts", "shared_client"]
 
 
 def _session(cfg: S3Config) -> botocore.session.Session:
@@ -84,7 +84,7 @@ MAX_SHARED_CLIENTS = 16
 it was given, so an evicted client lives on in the stores that use it."""
 
 _ClientKey = tuple[Any, ...]
-_clients: ProcessCache[_ClientKey, tuple[Any, int | None]] = ProcessCache(MAX_SHARED_CLIENTS)
+_clients: ProcessCache[_ClientKey, Any] = ProcessCache(MAX_SHARED_CLIENTS)
 
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:
@@ -96,12 +96,12 @@ def _file_stamp(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
-    """What a client is built from: the process, ``cfg``, the client settings of ``tc``,
-    every ``AWS_*`` variable (endpoint, region, profile, credentials) and the state of the
-    two AWS files, so a changed environment or profile gets a new client, as it would
-    without the cache. (A client keeps the credentials it resolved; refreshable ones, such
-    as an instance role's, refresh themselves.)"""
+def aws_environment() -> tuple[Any, ...]:
+    """Every ``AWS_*`` variable (endpoint, region, profile, credentials, attempts) and the
+    state of the two AWS files: what a client and a store's resolved settings depend on
+    beyond their configs. Part of the client cache's key here, and of the store cache's
+    (:mod:`s3ckpt.store._location`), so a changed environment or profile gets a new client
+    and store, as it would without the caches."""
     aws_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
     files = tuple(
         _file_stamp(os.environ.get(var) or default)
@@ -110,20 +110,43 @@ def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
             ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
         )
     )
+    return (aws_env, files)
+
+
+def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
+    """What a client is built from: the process, ``cfg``, the client settings of ``tc``
+    and :func:`aws_environment`. (A client keeps the credentials it resolved; refreshable
+    ones, such as an instance role's, refresh themselves.)"""
     return (
         os.getpid(),
         cfg,
         tc.concurrency,
         tc.connect_timeout,
         tc.read_timeout,
-        aws_env,
-        files,
+        aws_environment(),
     )
 
 
-def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> tuple[Any, int | None]:
-    """The process's boto3 S3 client for these settings, and the AWS profile's
-    ``max_attempts`` (``None``: the profile sets none).
+def profile_attempts(cfg: S3Config, tc: TransferConfig) -> TransferConfig:
+    """``tc`` with the AWS profile's ``max_attempts`` applied where neither the caller nor
+    ``AWS_MAX_ATTEMPTS`` chose (:meth:`TransferConfig.with_profile_attempts`): what an
+    :class:`~s3ckpt.store.s3.S3Store` holds, resolved once when it is built.
+
+    Reads the profile only when it could count. A profile that cannot be used (unknown, or
+    a ``max_attempts`` that is not an integer >= 1) leaves ``tc`` as it is: building the
+    client raises that :class:`~s3ckpt.errors.ConfigError` before the first request, as
+    it always did.
+    """
+    if not tc.attempts_from_profile:
+        return tc
+    try:
+        return tc.with_profile_attempts(_setting(_session(cfg), "max_attempts"))
+    except ConfigError:
+        return tc
+
+
+def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> Any:
+    """The process's boto3 S3 client for these settings.
 
     Built on first use and shared from then on (see the module docs for the key).
     Thread-safe: concurrent first calls build one client.
@@ -136,10 +159,16 @@ def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> tuple
     return _clients.get(key, lambda: _new_client(s3_config, transfer_config))
 
 
-def _new_client(cfg: S3Config, tc: TransferConfig) -> tuple[Any, int | None]:
-    """A new boto3 S3 client for ``cfg`` and ``tc``, and the profile's ``max_attempts``."""
+def _new_client(cfg: S3Config, tc: TransferConfig) -> Any:
+    """A new boto3 S3 client for ``cfg`` and ``tc``.
+
+    Raises:
+        ConfigError: an unknown profile, or a profile ``max_attempts`` that is not an
+            integer >= 1 (the store's settings were resolved without it,
+            :func:`profile_attempts`): here, before the first request.
+    """
     session = _session(cfg)
-    profile_attempts = _setting(session, "max_attempts")
+    tc.with_profile_attempts(_setting(session, "max_attempts"))  # only checks the value
     s3_opts: dict[str, Any] = {}
     if cfg.addressing_style != "auto":  # "auto" leaves the profile's s3.addressing_style
         s3_opts["addressing_style"] = cfg.addressing_style
@@ -171,4 +200,4 @@ def _new_client(cfg: S3Config, tc: TransferConfig) -> tuple[Any, int | None]:
         config=boto_cfg,
         verify=cfg.verify_tls,
     )
-    return client, profile_attempts
+    return client

@@ -2,32 +2,40 @@
 
 A :class:`Location` is parsed and opened once, then handed down: the Checkpointer, the DCP
 writer and reader, the tools, retention, the integrations and the CLI all accept one (a URL
-string still works everywhere, and becomes a Location at the public entry point). The store
-is the one holder of the location's :class:`~s3ckpt.config.S3Config` and
-:class:`~s3ckpt.config.TransferConfig`; nothing below it keeps a copy.
+string still works everywhere, and becomes a Location at the public entry point, in one
+:meth:`Location.of` call). Below the entry points only the Location (or its store) travels;
+nothing below re-parses the URL or holds its own copy of the settings.
+
+Who holds the settings: an :class:`~s3ckpt.store.s3.S3Store` holds its
+:class:`~s3ckpt.config.S3Config` and :class:`~s3ckpt.config.TransferConfig` (resolved once
+when it is built, never changed after), and a Location of it only reads them. A store that
+holds none (a :class:`~s3ckpt.store.MemoryStore`, an fsspec store, a test's wrapper) is
+given them by its Location instead: the settings passed to :meth:`Location.of` with it, or
+the defaults. So does a store the caller passed in together with settings of their own.
 
 Stores come from one process-wide cache (:data:`_STORES`, a :class:`ProcessCache`): every
-``Location.of`` of one process with the same scheme, bucket and settings shares one store
-(and so one boto3 client, one adaptive limiter, one retry policy). A forked child starts
-with an empty cache.
+``Location.of`` of one process with the same scheme, bucket and settings (and, for S3, the
+same ``AWS_*`` environment and AWS files) shares one store (and so one boto3 client, one
+adaptive limiter, one retry policy). A forked child starts with an empty cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError
 from s3ckpt.store._cache import ProcessCache
 from s3ckpt.store.base import ObjectStore
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.uri import StoreURL, parse_location, parse_url
 
-__all__ = ["Location", "LocationLike"]
+__all__ = ["AtLocation", "Location", "LocationLike", "parse_target", "shared_store"]
 
-# Stores by (scheme, bucket, S3Config, TransferConfig, storage options): LRU-bounded; a
-# dropped store stays usable by whoever holds it.
+# Stores by (scheme, bucket, S3Config, TransferConfig, AWS environment, storage options):
+# LRU-bounded; a dropped store stays usable by whoever holds it.
 _STORES: ProcessCache[tuple[Any, ...], ObjectStore] = ProcessCache(64)
 
 
@@ -36,15 +44,19 @@ class Location:
     """A parsed URL and the store that serves it.
 
     Build one with :meth:`of`; derive others in the same store with :meth:`child`,
-    :meth:`parent` and :meth:`at`.
+    :meth:`parent` and :meth:`at`. ``Location(url, store)`` wraps a store you already hold.
 
     Attributes:
         url: The parsed URL (``scheme://bucket/prefix/``).
-        store: The store holding ``url``; it owns the S3 and transfer settings.
+        store: The store holding ``url``; an S3 store owns the S3 and transfer settings.
     """
 
     url: StoreURL
     store: ObjectStore
+    # Settings for a store that holds none of its own (or the caller's, given with their
+    # own store): None reads the store's, else the defaults. Set by Location.of only.
+    _s3_config: S3Config | None = field(default=None, repr=False)
+    _transfer_config: TransferConfig | None = field(default=None, repr=False)
 
     @classmethod
     def of(
@@ -57,8 +69,13 @@ class Location:
         store: ObjectStore | None = None,
     ) -> Location:
         """``target`` as a Location: a Location passes through (settings given with it are
-        refused, they would be ignored), a URL is parsed once and its store taken from
-        ``store`` or the process-wide cache.
+        refused, they would be ignored), anything else is parsed once
+        (:func:`parse_target`) and its store taken from ``store`` or the process-wide
+        cache.
+
+        The settings end in one holder: an S3 store from the cache holds them (resolved);
+        a store that holds none, or the caller's own ``store`` given with settings, has
+        them held by the Location.
 
         Raises:
             InvalidURLError: ``target`` is not a URL s3ckpt can use.
@@ -71,46 +88,56 @@ class Location:
                     "string to open it with other settings"
                 )
             return target
-        url = target if isinstance(target, StoreURL) else parse_url(os.fspath(target))
-        if store is None:
-            store = shared_store(
-                url,
-                s3_config=s3_config,
-                transfer_config=transfer_config,
-                storage_options=storage_options,
-            )
-        return cls(url, store)
+        url = parse_target(target)
+        if store is not None:
+            # The caller's store: the settings given with it are the ones in force.
+            return cls(url, store, s3_config, transfer_config)
+        sc = s3_config or S3Config()
+        tc = transfer_config or TransferConfig()
+        store = shared_store(url, sc, tc, storage_options or {})
+        if _holds_settings(store):
+            return cls(url, store)
+        return cls(url, store, sc, tc)
 
     # -- derived locations, in the same store -----------------------------------------------
     def child(self, name: str) -> Location:
         """The sub-prefix ``name`` under this one, in the same store."""
-        return Location(self.url.child(name), self.store)
+        return dataclasses.replace(self, url=self.url.child(name))
 
     @property
     def parent(self) -> Location:
         """The prefix one level up (a checkpoint's run), in the same store."""
-        return Location(self.url.parent, self.store)
+        return dataclasses.replace(self, url=self.url.parent)
 
-    def at(self, target: str | StoreURL) -> Location:
-        """Another URL: in this store when it is in the same scheme and bucket, else opened
-        with this store's settings."""
-        url = target if isinstance(target, StoreURL) else parse_url(target)
+    def at(self, target: LocationLike) -> Location:
+        """Another place: a Location passes through; a URL in this scheme and bucket is
+        in this store (with these settings); any other is opened with this location's
+        settings (:meth:`of`)."""
+        if isinstance(target, Location):
+            return target
+        url = parse_target(target)
         if (url.scheme, url.bucket) == (self.url.scheme, self.url.bucket):
-            return Location(url, self.store)
+            return dataclasses.replace(self, url=url)
         return Location.of(url, s3_config=self.s3_config, transfer_config=self.transfer_config)
 
-    # -- the store's settings (the store holds them; these only read) ------------------------
+    # -- the settings (held by the store, or by this Location for a store without) -----------
     @property
     def transfer_config(self) -> TransferConfig:
-        """The store's transfer settings (the defaults for a store without any)."""
+        """The transfer settings in force: the store's (an S3 store's, resolved when it was
+        built), else those this Location holds, else the defaults."""
+        if self._transfer_config is not None:
+            return self._transfer_config
         tc = getattr(self.store, "transfer_config", None)
         return tc if isinstance(tc, TransferConfig) else TransferConfig()
 
     @property
-    def s3_config(self) -> S3Config | None:
-        """The store's S3 settings (``None`` for a store that is not S3)."""
+    def s3_config(self) -> S3Config:
+        """The S3 settings in force, as :attr:`transfer_config` (the defaults for a store
+        that is not S3 and was given none)."""
+        if self._s3_config is not None:
+            return self._s3_config
         sc = getattr(self.store, "s3_config", None)
-        return sc if isinstance(sc, S3Config) else None
+        return sc if isinstance(sc, S3Config) else S3Config()
 
     @property
     def bucket(self) -> str:
@@ -130,40 +157,94 @@ class Location:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Location):
             return NotImplemented
-        return self.url == other.url and self.store is other.store
+        return (
+            self.url == other.url
+            and self.store is other.store
+            and (self._s3_config, self._transfer_config)
+            == (other._s3_config, other._transfer_config)
+        )
 
     def __hash__(self) -> int:
         return hash((self.url, id(self.store)))
 
 
 LocationLike = str | os.PathLike[str] | StoreURL | Location
-"""What every public entry point accepts as a location."""
+"""What every public entry point accepts as a location: a URL string, a local path
+(``os.PathLike``), a parsed :class:`~s3ckpt.uri.StoreURL`, or a :class:`Location`."""
+
+
+class AtLocation:
+    """Something that works at one :class:`Location` (the Checkpointer, the DCP writer and
+    reader) and reads its URL, store and settings from it, so that no copy of them can
+    drift from the store's: ``url``, ``store``, ``s3_config`` and ``transfer_config`` are
+    views of :attr:`location`."""
+
+    location: Location
+
+    @property
+    def url(self) -> StoreURL:
+        """The location's URL (parsed)."""
+        return self.location.url
+
+    @property
+    def store(self) -> ObjectStore:
+        """The location's store."""
+        return self.location.store
+
+    @property
+    def s3_config(self) -> S3Config:
+        """The S3 settings in force (:attr:`Location.s3_config`)."""
+        return self.location.s3_config
+
+    @property
+    def transfer_config(self) -> TransferConfig:
+        """The transfer settings in force (:attr:`Location.transfer_config`)."""
+        return self.location.transfer_config
+
+
+def parse_target(target: str | os.PathLike[str] | StoreURL) -> StoreURL:
+    """A location's URL, parsed once: a :class:`StoreURL` passes through, a string must be
+    a URL (a missing ``s3://`` is an error, not a local folder), a path object
+    (``os.PathLike``) is a local path.
+
+    Raises:
+        InvalidURLError: not a URL s3ckpt can use.
+    """
+    if isinstance(target, StoreURL):
+        return target
+    if isinstance(target, str):
+        return parse_url(target)
+    return parse_location(target)
+
+
+def _holds_settings(store: ObjectStore) -> bool:
+    """Whether ``store`` holds its own settings (an S3 store does)."""
+    return isinstance(getattr(store, "transfer_config", None), TransferConfig)
 
 
 def shared_store(
-    url: StoreURL,
-    *,
-    s3_config: S3Config | None = None,
-    transfer_config: TransferConfig | None = None,
-    storage_options: dict[str, Any] | None = None,
+    url: StoreURL, s3_config: S3Config, transfer_config: TransferConfig, options: dict[str, Any]
 ) -> ObjectStore:
     """The process's store for ``url``'s scheme and bucket with these settings (built on
-    first use): ``s3://`` gives an :class:`~s3ckpt.store.s3.S3Store`, anything else an
-    :class:`~s3ckpt.store.fsspec_store.FsspecStore`."""
-    sc = s3_config or S3Config()
-    tc = transfer_config or TransferConfig()
-    options = storage_options or {}
+    first use): ``s3://`` gives an :class:`~s3ckpt.store.s3.S3Store` (keyed by its settings
+    and the AWS environment its resolved settings and client depend on), anything else an
+    :class:`~s3ckpt.store.fsspec_store.FsspecStore` (keyed by its storage options)."""
+    if url.scheme == "s3":
+        from s3ckpt.store._client import aws_environment
+
+        return _STORES.get(
+            (url.scheme, url.bucket, s3_config, transfer_config, aws_environment()),
+            lambda: _build(url, s3_config, transfer_config, options),
+        )
     try:
         frozen: Any = frozenset(options.items())
         hash(frozen)
     except TypeError:  # unhashable options (a dict of credentials): a store of its own
-        return _build(url, sc, tc, options)
-    key = (
-        (url.scheme, url.bucket, sc, tc, frozen)
-        if url.scheme == "s3"
-        else (url.scheme, url.bucket, frozen)
+        return _build(url, s3_config, transfer_config, options)
+    return _STORES.get(
+        (url.scheme, url.bucket, frozen),
+        lambda: _build(url, s3_config, transfer_config, options),
     )
-    return _STORES.get(key, lambda: _build(url, sc, tc, options))
 
 
 def _build(url: StoreURL, sc: S3Config, tc: TransferConfig, options: dict[str, Any]) -> ObjectStore:

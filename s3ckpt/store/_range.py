@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from tenacity import RetryCallState
+from tenacity import RetryCallState, Retrying
 
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import StoreError
 from s3ckpt.metrics.instrument import record_retry
 from s3ckpt.store._body import SocketBody, socket_body
 from s3ckpt.store._errors import map_error
-from s3ckpt.store._request import store_retrying
+from s3ckpt.store.retry import RetryCall
 
 __all__ = ["S3RangeReader"]
 
@@ -27,7 +26,7 @@ class _RangedStore(Protocol):
     imported: s3.py imports this module)."""
 
     transfer_config: TransferConfig
-    _sleep: Callable[[float], None] | None
+    retry_policy: Retrying
 
     @property
     def bucket(self) -> str: ...
@@ -46,8 +45,9 @@ class S3RangeReader:
     botocore's ``StreamingBody.read``. A body that ends before the range does (a
     connection closed early) is treated like a reset.
 
-    A failed read is retried under the store's retry policy
-    (:func:`~s3ckpt.store.retry.retrying`) by a new GET from the current offset. Attempts
+    A failed read is retried under the store's retry policy (the store's one
+    ``retry_policy``, :func:`~s3ckpt.store._request.store_retrying`) by a new GET from the
+    current offset. Attempts
     count over the whole stream; the deadline counts from the start of each
     :meth:`readinto` call, so a long transfer that keeps making progress is never cut by
     it.
@@ -140,15 +140,14 @@ class S3RangeReader:
                 raise replay.pop()
             return self._read(buffer, want)
 
-        policy = store_retrying(
-            store.transfer_config,
-            store._sleep,
-            before_sleep=self._log_resume,
-            attempts_used=self._failures - 1,
+        resumed = RetryCall(
+            attempt,
             since=started,
+            attempts_used=self._failures - 1,
+            before_sleep=self._log_resume,
         )
         try:
-            return policy(attempt)
+            return store.retry_policy(resumed)
         except StoreError:
             raise
         except Exception as exc:

@@ -1,6 +1,6 @@
 """One S3 request: its encryption and checksum arguments, and its run under the store's
-retry policy, each attempt holding a slot of the store's adaptive limiter, with the
-failure mapped at the store's edge."""
+retry policy (built once per store, :func:`store_retrying`), each attempt holding a slot
+of the store's adaptive limiter, with the failure mapped at the store's edge."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from s3ckpt.metrics.instrument import expected_outcome, record_request
 from s3ckpt.store._adaptive import AdaptiveLimiter
 from s3ckpt.store._errors import is_throttle, is_transient, map_error, timeout_kind
 from s3ckpt.store.base import Buffer
-from s3ckpt.store.retry import retrying
+from s3ckpt.store.retry import RetryCall, retrying
 
 __all__ = ["call", "checksum_args", "sse_args", "store_retrying"]
 
@@ -52,18 +52,17 @@ def checksum_args(cfg: S3Config, data: Buffer, crc32c: int | None) -> dict[str, 
     return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc}
 
 
-def store_retrying(
-    config: TransferConfig, sleep: Callable[[float], None] | None, **kwargs: Any
-) -> Retrying:
-    """The S3 store's retry policy (:func:`~s3ckpt.store.retry.retrying`) for one request
-    or one resumed read: transient failures only (:func:`is_transient`), timeouts told
-    apart for the deadline (:func:`timeout_kind`)."""
+def store_retrying(config: TransferConfig, sleep: Callable[[float], None] | None) -> Retrying:
+    """The S3 store's retry policy (:func:`~s3ckpt.store.retry.retrying`), built once per
+    store and shared by its requests and resumed reads on every thread: transient failures
+    only (:func:`is_transient`), timeouts told apart for the deadline
+    (:func:`timeout_kind`). Each call brings its own state as a
+    :class:`~s3ckpt.store.retry.RetryCall`."""
     return retrying(
         config,
         retry=retry_if_exception(is_transient),
         sleep=sleep,
         timeout_kind=timeout_kind,
-        **kwargs,
     )
 
 
@@ -75,10 +74,12 @@ def call(
     key: str | None,
     endpoint: str | None,
     config: TransferConfig,
-    sleep: Callable[[float], None] | None,
+    policy: Retrying,
+    sleep: Callable[[float], None] | None = None,
     limiter: AdaptiveLimiter | None = None,
 ) -> tuple[T, int]:
-    """``fn()`` under the store's retry policy; its result and the attempts it took.
+    """``fn()`` under the store's retry ``policy`` (:func:`store_retrying`, built from
+    ``config``, which error messages quote); its result and the attempts it took.
 
     With a ``limiter`` every attempt takes one of its slots before ``fn()`` and gives it
     back with the outcome (throttled, answered, or failed otherwise); the time an attempt
@@ -94,9 +95,7 @@ def call(
     Raises:
         StoreError: The last failure, mapped by :func:`~s3ckpt.store._errors.map_error`.
     """
-    attempts = 0
     started = time.monotonic()
-    queued = [0.0]  # seconds the attempts waited for the limiter, read by the deadline
     throttled = [0]  # attempts answered with a throttling code (metrics)
     outcome: Outcome = "failed"
 
@@ -113,29 +112,27 @@ def call(
             state.attempt_number,
         )
 
+    def attempt() -> T:
+        if limiter is None:
+            return fn()
+        slot = limiter.acquire(sleep)
+        request.queued += slot.queued  # read by the deadline
+        try:
+            result = fn()
+        except BaseException as exc:
+            if is_throttle(exc):
+                limiter.throttled(slot)
+            else:
+                limiter.failed(slot)
+            raise
+        limiter.succeeded(slot)
+        return result
+
+    request = RetryCall(attempt, before_sleep=before_sleep)
     try:
-        for attempt in store_retrying(
-            config, sleep, before_sleep=before_sleep, queued=lambda: queued[0]
-        ):
-            attempts = attempt.retry_state.attempt_number
-            with attempt:
-                if limiter is None:
-                    result = fn()
-                    outcome = "ok"
-                    return result, attempts
-                slot = limiter.acquire(sleep)
-                queued[0] += slot.queued
-                try:
-                    result = fn()
-                except BaseException as exc:
-                    if is_throttle(exc):
-                        limiter.throttled(slot)
-                    else:
-                        limiter.failed(slot)
-                    raise
-                limiter.succeeded(slot)
-                outcome = "ok"
-                return result, attempts
+        result: T = policy(request)
+        outcome = "ok"
+        return result, request.attempts
     except Exception as exc:  # mapped at this one edge
         if is_throttle(exc):  # the last attempt (before_sleep saw the others)
             throttled[0] += 1
@@ -145,7 +142,7 @@ def call(
             bucket=bucket,
             key=key,
             endpoint=endpoint,
-            attempts=attempts,
+            attempts=request.attempts,
             elapsed=time.monotonic() - started,
             transfer_config=config,
         )
@@ -155,5 +152,4 @@ def call(
             outcome = expected_outcome("precondition_failed")
         raise mapped from exc
     finally:
-        record_request(operation, max(attempts, 1), throttled[0], outcome)
-    raise AssertionError("unreachable")  # pragma: no cover
+        record_request(operation, max(request.attempts, 1), throttled[0], outcome)

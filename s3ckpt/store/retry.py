@@ -9,6 +9,15 @@ caller's count) or, for requests, when another attempt could not end before
 ``retry_max_delay`` with full jitter. :data:`TRANSIENT_CODES` is the one list of S3
 error codes worth retrying.
 
+One policy serves many calls at once: an S3 store builds its ``Retrying`` once and runs
+every request (on any thread) through it. What belongs to one call (when its deadline
+started, the time it waited in the client's own queue, attempts an earlier loop already
+spent, its log line) rides on the :class:`RetryCall` that is the call's function: tenacity
+hands it to the strategies as ``retry_state.fn``, and makes one ``RetryCallState`` per call.
+The strategies keep no state of their own between calls, and tenacity keeps its
+statistics and per-iteration state thread-local (checked in tenacity 9.2), so threads
+never share mutable state through the policy.
+
 This module imports neither boto3/botocore nor torch: retention uses it, and retention
 runs without either.
 """
@@ -18,11 +27,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from tenacity import (
     RetryCallState,
     Retrying,
-    stop_after_attempt,
     wait_exponential,
     wait_random_exponential,
 )
@@ -31,7 +40,9 @@ from tenacity.stop import stop_base
 
 from s3ckpt.config import TransferConfig
 
-__all__ = ["THROTTLE_CODES", "TRANSIENT_CODES", "TimeoutKind", "retrying"]
+__all__ = ["THROTTLE_CODES", "TRANSIENT_CODES", "RetryCall", "TimeoutKind", "retrying"]
+
+T = TypeVar("T")
 
 TRANSIENT_CODES: frozenset[str] = frozenset(
     {
@@ -77,17 +88,99 @@ TimeoutKind = Callable[[BaseException | None], str | None]
 timeout, else ``None``. The store's is :func:`s3ckpt.store._errors.timeout_kind`."""
 
 
+class RetryCall(Generic[T]):
+    """One call under a shared policy: ``policy(RetryCall(attempt, ...))`` runs ``attempt()``
+    until it succeeds or the policy stops, and holds what is this call's own.
+
+    Args:
+        attempt: One attempt (no arguments).
+        since: The :func:`time.monotonic` time this call's deadline counts from (default:
+            its first attempt).
+        attempts_used: Attempts already spent on the same work (a ranged GET resumed more
+            than once): they count towards the policy's attempts, and the back-off goes
+            on growing from where they left it.
+        before_sleep: Called before each back-off of this call (a log line, a count); the
+            policy's own ``before_sleep`` is not called for it then.
+
+    Attributes:
+        queued: Seconds this call's attempts waited in the client's own queue (the
+            adaptive limiter): the caller adds to it, the deadline leaves it out.
+        attempts: Attempts made so far.
+    """
+
+    __slots__ = ("attempt", "attempts", "attempts_used", "before_sleep", "queued", "since")
+
+    def __init__(
+        self,
+        attempt: Callable[[], T],
+        *,
+        since: float | None = None,
+        attempts_used: int = 0,
+        before_sleep: Callable[[RetryCallState], None] | None = None,
+    ) -> None:
+        self.attempt = attempt
+        self.since = since
+        self.attempts_used = attempts_used
+        self.before_sleep = before_sleep
+        self.queued = 0.0
+        self.attempts = 0
+
+    def __call__(self) -> T:
+        self.attempts += 1
+        return self.attempt()
+
+
+def _call_of(retry_state: RetryCallState) -> RetryCall[object] | None:
+    """The :class:`RetryCall` tenacity is running in ``retry_state``, if it is one."""
+    fn = retry_state.fn
+    return fn if isinstance(fn, RetryCall) else None
+
+
 _JITTER = random.Random()
 
 
 class _FullJitter(wait_random_exponential):
     """tenacity's full-jitter back-off, drawn from a generator of s3ckpt's own: tenacity
     draws from the global ``random``, and a retry (in a background upload or retention
-    thread too) would otherwise move the training job's Python RNG."""
+    thread too) would otherwise move the training job's Python RNG. A call that already
+    spent attempts (:attr:`RetryCall.attempts_used`) backs off as the later attempts of
+    one long loop would."""
 
     def __call__(self, retry_state: RetryCallState) -> float:
         high = wait_exponential.__call__(self, retry_state)
+        call = _call_of(retry_state)
+        if call is not None and call.attempts_used:
+            high = min(self.max, high * 2.0**call.attempts_used)
         return _JITTER.uniform(self.min, high)
+
+
+class _StopAfterAttempts(stop_base):
+    """Stop once ``attempts`` attempts were made, counting those the call already spent
+    (:attr:`RetryCall.attempts_used`)."""
+
+    def __init__(self, attempts: int) -> None:
+        self.attempts = attempts
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        call = _call_of(retry_state)
+        used = call.attempts_used if call is not None else 0
+        return retry_state.attempt_number >= self.attempts - used
+
+
+def _before_sleep(
+    default: Callable[[RetryCallState], None] | None,
+) -> Callable[[RetryCallState], None]:
+    """The policy's ``before_sleep``: the call's own (:attr:`RetryCall.before_sleep`), else
+    ``default``."""
+
+    def before_sleep(retry_state: RetryCallState) -> None:
+        call = _call_of(retry_state)
+        own = call.before_sleep if call is not None else None
+        hook = own or default
+        if hook is not None:
+            hook(retry_state)
+
+    return before_sleep
 
 
 def _no_timeout(exc: BaseException | None) -> str | None:
@@ -107,10 +200,11 @@ class _StopAtDeadline(stop_base):
     assumed, so throttling is still retried when ``read_timeout`` is close to (or above)
     the deadline.
 
-    The deadline counts from ``since`` (a :func:`time.monotonic` value) when given, else
-    from the first attempt, less the seconds ``queued()`` reports: time the request spent
-    waiting in the client's own queue (the adaptive limiter's window and pacing), which
-    says nothing about the endpoint.
+    The deadline counts from the call's ``since`` (:class:`RetryCall`), else the policy's
+    (a :func:`time.monotonic` value), else from the call's first attempt, less the seconds
+    the call queued (:attr:`RetryCall.queued`, plus the policy's ``queued()``): time the
+    request spent waiting in the client's own queue (the adaptive limiter's window and
+    pacing), which says nothing about the endpoint.
     """
 
     def __init__(
@@ -130,12 +224,16 @@ class _StopAtDeadline(stop_base):
         self.queued = queued
 
     def __call__(self, retry_state: RetryCallState) -> bool:
-        if self.since is None:
+        call = _call_of(retry_state)
+        since = call.since if call is not None and call.since is not None else self.since
+        if since is None:
             spent = retry_state.seconds_since_start or 0.0
         else:
-            spent = (retry_state.outcome_timestamp or time.monotonic()) - self.since
+            spent = (retry_state.outcome_timestamp or time.monotonic()) - since
         if self.queued is not None:
             spent -= self.queued()
+        if call is not None:
+            spent -= call.queued
         # upcoming_sleep: the back-off before the next attempt (tenacity >= 8.3 sets it
         # before asking stop; older versions leave it 0).
         elapsed = spent + float(getattr(retry_state, "upcoming_sleep", 0.0) or 0.0)
@@ -165,6 +263,11 @@ def retrying(
 ) -> Retrying:
     """A tenacity ``Retrying`` with s3ckpt's retry policy, built from ``config``.
 
+    Build it once and run many calls through it, from any thread: ``policy(fn)``, or
+    ``policy(RetryCall(fn, since=..., attempts_used=..., before_sleep=...))`` for a call
+    with its own deadline start, spent attempts, queued time or log line (the arguments
+    of the same names here are the defaults for calls without their own).
+
     Stops after ``attempts`` (default ``config.max_attempts``, first try included) or,
     with ``deadline``, when another attempt could not end before
     ``config.request_deadline`` (after a timeout, as ``timeout_kind`` tells one, the next
@@ -191,9 +294,8 @@ def retrying(
             limiter): not counted towards the deadline.
     """
     tc = config or TransferConfig()
-    stop: stop_base = stop_after_attempt(
-        (tc.max_attempts if attempts is None else attempts) - attempts_used
-    )
+    total = tc.max_attempts if attempts is None else attempts
+    stop: stop_base = _StopAfterAttempts(total - attempts_used)
     if deadline:
         stop = stop | _StopAtDeadline(
             tc.request_deadline,
@@ -210,6 +312,6 @@ def retrying(
         wait=wait,
         retry=retry,
         reraise=True,
-        before_sleep=before_sleep,
+        before_sleep=_before_sleep(before_sleep),
         sleep=sleep or _default_sleep,
     )

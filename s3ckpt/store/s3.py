@@ -3,10 +3,12 @@
 
 Every request is retried on its own (:func:`s3ckpt.store._request.call`), under the one
 retry policy of :mod:`s3ckpt.store.retry` (exponential back-off with full jitter), on
-throttling (``SlowDown``, 503), 5xx, request timeouts and connection resets. botocore's
+throttling (``SlowDown``, 503), 5xx, request timeouts and connection resets; the store
+builds that tenacity ``Retrying`` once and every request runs through it. botocore's
 own retries are turned off (one attempt) so the two never multiply; the attempts come from
 ``TransferConfig.max_attempts``, ``AWS_MAX_ATTEMPTS`` or the profile's ``max_attempts``, in
-that order. A bad hostname or a refused connection is *not* retried: it fails at once with an
+that order, resolved once when the store is built (:attr:`S3Store.transfer_config` never
+changes after). A bad hostname or a refused connection is *not* retried: it fails at once with an
 :class:`~s3ckpt.errors.EndpointError` that says what to check.
 
 Throttling is met by an adaptive limiter (:mod:`s3ckpt.store._adaptive`, on unless
@@ -38,10 +40,10 @@ from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import _reply, _wire
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._body import BufferBody
-from s3ckpt.store._client import shared_client
+from s3ckpt.store._client import profile_attempts, shared_client
 from s3ckpt.store._orphans import abort_orphan_uploads
 from s3ckpt.store._range import S3RangeReader
-from s3ckpt.store._request import call, checksum_args, sse_args
+from s3ckpt.store._request import call, checksum_args, sse_args, store_retrying
 from s3ckpt.store.base import (
     MAX_DELETE_BATCH,
     Buffer,
@@ -66,6 +68,10 @@ class S3Store:
     ``TransferConfig.concurrency`` (stores busy at once share that pool). Stores of one
     process and (endpoint, bucket) share one adaptive limiter the same way
     (:meth:`throttle_stats`).
+
+    Its settings never change: :attr:`transfer_config` is the one given with the AWS
+    profile's ``max_attempts`` applied here (:func:`~s3ckpt.store._client.profile_attempts`),
+    and :attr:`retry_policy`, built from it here, serves every request.
 
     Args:
         bucket: The bucket every key lives in.
@@ -95,8 +101,9 @@ class S3Store:
         self.page_size = page_size
         self.delete_batch_size = delete_batch_size
         self.s3_config = s3_config or S3Config()
-        self.transfer_config = transfer_config or TransferConfig()
+        self.transfer_config = profile_attempts(self.s3_config, transfer_config or TransferConfig())
         self._sleep = sleep
+        self.retry_policy = store_retrying(self.transfer_config, sleep)
         self._bound: tuple[int, Any] | None = None  # (process id, its client)
         self._limiter_bound: tuple[int, AdaptiveLimiter] | None = None  # (process id, ...)
 
@@ -110,7 +117,12 @@ class S3Store:
         state = self.__dict__.copy()
         state["_bound"] = None
         state["_limiter_bound"] = None
+        del state["retry_policy"]  # built again from the settings (tenacity's keeps locals)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.retry_policy = store_retrying(self.transfer_config, self._sleep)
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self._bucket!r}, endpoint={self.endpoint_url!r})"
@@ -127,10 +139,7 @@ class S3Store:
         bound = self._bound
         pid = os.getpid()
         if bound is None or bound[0] != pid:
-            client, profile_attempts = shared_client(self.s3_config, self.transfer_config)
-            # The profile's max_attempts counts only where neither the caller nor
-            # AWS_MAX_ATTEMPTS chose (TransferConfig.max_attempts says the precedence).
-            self.transfer_config = self.transfer_config.with_profile_attempts(profile_attempts)
+            client = shared_client(self.s3_config, self.transfer_config)
             # One assignment: another thread sees the old pair or the new one, never a
             # parent's client next to this process's id.
             bound = self._bound = (pid, client)
@@ -165,8 +174,7 @@ class S3Store:
 
     def _call_counted(self, operation: str, key: str | None, fn: Callable[[], T]) -> tuple[T, int]:
         """``fn()`` under the retry policy; returns its result and the attempts it took."""
-        # The client first, outside the retries: an unknown profile is a ConfigError at
-        # once, and the profile's max_attempts is in self.transfer_config from here on.
+        # The client first, outside the retries: an unknown profile is a ConfigError at once.
         _ = self.client
         return call(
             fn,
@@ -175,6 +183,7 @@ class S3Store:
             key=key,
             endpoint=self.endpoint_url,
             config=self.transfer_config,
+            policy=self.retry_policy,
             sleep=self._sleep,
             limiter=self.limiter,
         )

@@ -22,10 +22,12 @@ With pytest the same comes as fixtures (``s3ckpt_server``, ``s3ckpt_s3``, ``s3ck
 ``s3ckpt_fault_proxy``), registered by s3ckpt's entry point: see
 :mod:`s3ckpt.testing.pytest_plugin`.
 
-Modules: ``_server`` (the embedded server and the environment), ``_faultproxy`` (the
-proxy), ``_asserts`` (the assertions) and ``pytest_plugin``. Importing this package
-imports neither moto nor torch; a server start imports moto, ``assert_committed`` with
-``verify=True`` imports torch.
+Modules: ``_server`` (the embedded server and the environment); the proxy in
+``_faultproxy`` (the server, ``FaultProxy``), ``_connection`` (one connection), ``_http1``
+(framing), ``_sockets``, ``_s3ops`` (``classify``), ``_faults`` (kinds, arms, the draw) and
+``_s3errors`` (made-up error replies); ``_asserts`` (the assertions) and ``pytest_plugin``.
+Importing this package imports neither moto nor torch; a server start imports moto,
+``assert_committed`` with ``verify=True`` imports torch.
 """
 
 from __future__ import annotations
@@ -39,15 +41,9 @@ if TYPE_CHECKING:
         assert_no_partial_uploads,
         committed_steps,
     )
-    from s3ckpt.testing._faultproxy import (
-        ALL_FAULT_KINDS,
-        FAULT_KINDS,
-        OPERATIONS,
-        Arm,
-        FaultProxy,
-        Hook,
-        classify,
-    )
+    from s3ckpt.testing._faultproxy import FaultProxy
+    from s3ckpt.testing._faults import ALL_FAULT_KINDS, FAULT_KINDS, Arm, Hook
+    from s3ckpt.testing._s3ops import OPERATIONS, classify
     from s3ckpt.testing._server import LocalS3, local_s3
 
 # Imported on first use: the pytest plugin (s3ckpt.testing.pytest_plugin) loads this package
@@ -57,13 +53,13 @@ _HOME = {
     "assert_committed": "_asserts",
     "assert_no_partial_uploads": "_asserts",
     "committed_steps": "_asserts",
-    "ALL_FAULT_KINDS": "_faultproxy",
-    "FAULT_KINDS": "_faultproxy",
-    "OPERATIONS": "_faultproxy",
-    "Arm": "_faultproxy",
+    "ALL_FAULT_KINDS": "_faults",
+    "FAULT_KINDS": "_faults",
+    "OPERATIONS": "_s3ops",
+    "Arm": "_faults",
     "FaultProxy": "_faultproxy",
-    "Hook": "_faultproxy",
-    "classify": "_faultproxy",
+    "Hook": "_faults",
+    "classify": "_s3ops",
     "LocalS3": "_server",
     "local_s3": "_server",
 }

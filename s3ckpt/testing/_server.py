@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from s3ckpt.testing._faultproxy import FAULT_KINDS, FaultProxy, Hook
+from s3ckpt.testing._faultproxy import FaultProxy
+from s3ckpt.testing._faults import FAULT_KINDS, Hook
 
 __all__ = ["INSTALL", "LocalS3", "local_s3", "patched_env", "server_env"]
 

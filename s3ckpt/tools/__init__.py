@@ -18,38 +18,39 @@ Each ``s3ckpt`` command has a function here returning a typed, frozen result (wi
     load_verified(state_dict, "s3://b/run/step_100")               # NaN-fill, load, check
 
     html = build_report(store, root, policy=load_policy("pretraining"))  # no torch
-    doctor = run_doctor(store, parse_url("s3://bucket/runs/"))       # no torch needed
+    doctor = run_doctor("s3://bucket/runs/")                         # no torch needed
 
 Everything here but the report and the doctor needs torch (the retention layer never
 imports it). Those names are imported on first use, so ``s3ckpt report``, ``s3ckpt doctor``
 and :func:`build_report` work in an image without torch; any other name raises
 ``ImportError`` there (naming torch).
+
+The report is the subpackage :mod:`s3ckpt.tools.report` (prices, the model, collecting, the
+page); the names users call are here too. An inspect result is an :class:`InspectResult`
+(``CheckpointInfo`` here is a deprecated alias for one release:
+:class:`s3ckpt.retention.CheckpointInfo` is another thing, a catalog record).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.tools._doctor import Check, CheckStatus, DoctorReport, run_doctor
-from s3ckpt.tools._report import (
-    DEFAULT_PRICES,
-    GIB,
+from s3ckpt.tools.report import (
     CheckpointRow,
     PriceTable,
     Report,
     RunReport,
     build_report,
     collect_report,
-    format_usd,
-    parse_price,
     render_html,
 )
 
 if TYPE_CHECKING:
     from s3ckpt.dcp.restore import check_restored, fill_nan, find_unrestored, load_verified
-    from s3ckpt.tools._common import NameFilter, parse_dtype, parse_size
     from s3ckpt.tools._convert import Converter, load_converter
     from s3ckpt.tools._diff import DiffResult, TensorDiff, compare_tensors, diff_checkpoints
     from s3ckpt.tools._export import (
@@ -62,11 +63,12 @@ if TYPE_CHECKING:
     from s3ckpt.tools._flatten import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
     from s3ckpt.tools._import import ImportResult, import_safetensors
     from s3ckpt.tools._inspect import (
-        CheckpointInfo,
+        InspectResult,
         ObjectSummary,
         TensorSummary,
         inspect_checkpoint,
     )
+    from s3ckpt.tools._safetensors import TORCH_TO_ST
     from s3ckpt.tools._structure import Problem
     from s3ckpt.tools._verify import VerifyResult, verify_checkpoint
 
@@ -76,9 +78,6 @@ _LAZY: dict[str, str] = {
     "fill_nan": "s3ckpt.dcp.restore",
     "find_unrestored": "s3ckpt.dcp.restore",
     "load_verified": "s3ckpt.dcp.restore",
-    "NameFilter": "s3ckpt.tools._common",
-    "parse_dtype": "s3ckpt.tools._common",
-    "parse_size": "s3ckpt.tools._common",
     "Converter": "s3ckpt.tools._convert",
     "load_converter": "s3ckpt.tools._convert",
     "DiffResult": "s3ckpt.tools._diff",
@@ -95,7 +94,8 @@ _LAZY: dict[str, str] = {
     "unflatten_state_dict": "s3ckpt.tools._flatten",
     "ImportResult": "s3ckpt.tools._import",
     "import_safetensors": "s3ckpt.tools._import",
-    "CheckpointInfo": "s3ckpt.tools._inspect",
+    "TORCH_TO_ST": "s3ckpt.tools._safetensors",  # safetensors' dtype names (accelerate uses it)
+    "InspectResult": "s3ckpt.tools._inspect",
     "ObjectSummary": "s3ckpt.tools._inspect",
     "TensorSummary": "s3ckpt.tools._inspect",
     "inspect_checkpoint": "s3ckpt.tools._inspect",
@@ -105,8 +105,36 @@ _LAZY: dict[str, str] = {
 }
 
 
+# Names this face held before that users do not call, or call by another name: each still
+# resolves for one release, with a DeprecationWarning saying where it lives now.
+_REPORT = "s3ckpt.tools.report"
+_INTERNAL = "an internal helper: export_checkpoint and diff_checkpoints take strings"
+_DEPRECATED: dict[str, tuple[str, str, str]] = {
+    # old name: (module, name there, what the warning says to do)
+    "CheckpointInfo": (
+        "s3ckpt.tools._inspect",
+        "InspectResult",
+        "use s3ckpt.tools.InspectResult, the same class (s3ckpt.retention.CheckpointInfo is "
+        "another thing, a catalog record)",
+    ),
+    "GIB": (_REPORT, "GIB", f"import it from {_REPORT}"),
+    "format_usd": (_REPORT, "format_usd", f"import it from {_REPORT}"),
+    "parse_price": (_REPORT, "parse_price", f"import it from {_REPORT}"),
+    "DEFAULT_PRICES": (_REPORT, "DEFAULT_PRICES", f"import it from {_REPORT}"),
+    "NameFilter": ("s3ckpt.tools._common", "NameFilter", _INTERNAL),
+    "parse_size": ("s3ckpt.tools._common", "parse_size", _INTERNAL),
+    "parse_dtype": ("s3ckpt.tools._common", "parse_dtype", _INTERNAL),
+}
+
+
 def __getattr__(name: str) -> Any:
-    """Import a torch-needing name on first access (PEP 562)."""
+    """Import a torch-needing name on first access (PEP 562); a deprecated name warns."""
+    if name in _DEPRECATED:
+        home, new, advice = _DEPRECATED[name]
+        warnings.warn(
+            f"s3ckpt.tools.{name} is deprecated: {advice}", DeprecationWarning, stacklevel=2
+        )
+        return getattr(importlib.import_module(home), new)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -120,11 +148,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "DEFAULT_PRICES",
-    "GIB",
     "INDEX_NAME",
     "SCHEMA_KEY",
-    "CheckpointInfo",
+    "TORCH_TO_ST",
     "Check",
     "CheckStatus",
     "CheckpointRow",
@@ -134,8 +160,8 @@ __all__ = [
     "ExportResult",
     "ExportedFile",
     "ImportResult",
+    "InspectResult",
     "IncompleteRestoreError",
-    "NameFilter",
     "ObjectSummary",
     "PriceTable",
     "Problem",
@@ -154,14 +180,10 @@ __all__ = [
     "fill_nan",
     "find_unrestored",
     "flatten_state_dict",
-    "format_usd",
     "import_safetensors",
     "inspect_checkpoint",
     "load_converter",
     "load_verified",
-    "parse_dtype",
-    "parse_price",
-    "parse_size",
     "render_html",
     "run_doctor",
     "unflatten_state_dict",

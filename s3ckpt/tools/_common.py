@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,12 +16,10 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import ConfigError
 from s3ckpt.format import ItemRecord, Manifest
-from s3ckpt.store import ObjectStore
-from s3ckpt.uri import parse_location
+from s3ckpt.store import Location
 
 __all__ = [
     "Chunk",
@@ -33,46 +30,17 @@ __all__ = [
     "open_reader",
     "parse_dtype",
     "parse_size",
-    "shared_store",
 ]
 
 
 def open_reader(
-    path: str | os.PathLike[str] | S3StorageReader,
-    *,
-    s3_config: S3Config | None = None,
-    transfer_config: TransferConfig | None = None,
-    store: ObjectStore | None = None,
-    verify_checksums: bool = True,
-    roll_forward: bool = True,
+    source: Location | S3StorageReader, *, roll_forward: bool = True
 ) -> S3StorageReader:
-    """An :class:`S3StorageReader` for ``path`` (reads ``s3ckpt.json`` and ``.metadata``)."""
-    if isinstance(path, S3StorageReader):
-        return path
-    return S3StorageReader(
-        parse_location(path),
-        s3_config=s3_config,
-        transfer_config=transfer_config,
-        store=store,
-        verify_checksums=verify_checksums,
-        roll_forward=roll_forward,
-    )
-
-
-def shared_store(
-    location: str | os.PathLike[str] | S3StorageReader, reader: S3StorageReader
-) -> ObjectStore | None:
-    """``reader``'s store when ``location`` is in the same bucket (one client, one
-    connection pool, instead of a second boto3 client per command); else ``None``."""
-    if isinstance(location, S3StorageReader):
-        return None
-    try:
-        url = parse_location(location)
-    except ConfigError:
-        return None
-    if (url.scheme, url.bucket) == (reader.url.scheme, reader.url.bucket):
-        return reader.store
-    return None
+    """An :class:`S3StorageReader` at ``source``, with its settings (reads ``s3ckpt.json``
+    and ``.metadata``); an open reader passes through."""
+    if isinstance(source, S3StorageReader):
+        return source
+    return S3StorageReader(source, roll_forward=roll_forward)
 
 
 # -- the checkpoint index ---------------------------------------------------------------------

@@ -10,7 +10,6 @@ float64, however large the checkpoints.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,16 +18,16 @@ import torch
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import LocationLike, ObjectStore
 from s3ckpt.tools._common import (
     Entry,
     NameFilter,
     dtype_name,
     index_checkpoint,
     open_reader,
-    shared_store,
 )
 from s3ckpt.tools._load import load_entries
+from s3ckpt.tools._open import as_location_among
 
 __all__ = ["DiffResult", "TensorDiff", "diff_checkpoints"]
 
@@ -191,8 +190,8 @@ def _batches(
 
 
 def diff_checkpoints(
-    a: str | os.PathLike[str] | S3StorageReader,
-    b: str | os.PathLike[str] | S3StorageReader,
+    a: LocationLike | S3StorageReader,
+    b: LocationLike | S3StorageReader,
     *,
     include: Iterable[str] | str | None = None,
     exclude: Iterable[str] | str | None = None,
@@ -206,20 +205,23 @@ def diff_checkpoints(
     """Compare every key (matching the filters) of checkpoints ``a`` and ``b``.
 
     Args:
-        a / b: URLs (``s3://...``, fsspec URLs, local paths) or open readers.
+        a / b: URLs (``s3://...``, fsspec URLs, local paths), Locations or open readers;
+            a URL ``b`` in ``a``'s bucket is read through ``a``'s store.
         include / exclude: Glob filters on state-dict keys (``"model.*"``).
         read_window: Bytes of tensors downloaded per DCP load on each side.
-        store_a / store_b: Stores to use instead of ones built from the URLs (tests).
+        s3_config / transfer_config: How to open URL arguments (a Location carries its own).
+        store_a / store_b: Stores for URL arguments, instead of ones built from them (tests).
         progress: Called with ``(bytes_done, bytes_total)`` of the tensors compared by
             value (those checksums could not decide), after each window.
     """
-    ra = open_reader(a, s3_config=s3_config, transfer_config=transfer_config, store=store_a)
-    rb = open_reader(
-        b,
-        s3_config=s3_config,
-        transfer_config=transfer_config,
-        store=store_b or (shared_store(b, ra) if store_a is None else None),
-    )
+    settings: dict[str, Any] = {"s3_config": s3_config, "transfer_config": transfer_config}
+    if not isinstance(a, S3StorageReader):
+        a = as_location_among(a, store=store_a, **settings)
+    ra = open_reader(a)
+    if not isinstance(b, S3StorageReader):
+        near = ra.location if store_a is None else None
+        b = as_location_among(b, near=near, store=store_b, **settings)
+    rb = open_reader(b)
     names = NameFilter.of(include, exclude)
     ea = {k: v for k, v in index_checkpoint(ra).items() if names(k)}
     eb = {k: v for k, v in index_checkpoint(rb).items() if names(k)}

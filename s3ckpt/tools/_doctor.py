@@ -29,19 +29,22 @@ Needs no torch: without it the round trip is the raw one and a row says so.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     AccessDeniedError,
+    ConfigError,
     EndpointError,
     NoSuchBucketError,
     StoreError,
     TransientStoreError,
 )
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import Location, LocationLike, ObjectStore
 from s3ckpt.tools._doctor_checks import (
     Scratch,
     clean_up,
@@ -57,6 +60,7 @@ from s3ckpt.tools._doctor_store import (
     identity_rows,
     s3_client,
 )
+from s3ckpt.tools._open import as_location
 from s3ckpt.uri import StoreURL
 
 __all__ = [
@@ -88,18 +92,24 @@ _WRONG_REGION_CODES = frozenset({"PermanentRedirect", "AuthorizationHeaderMalfor
 
 
 def run_doctor(
-    store: ObjectStore,
-    url: StoreURL,
+    location: LocationLike | ObjectStore,
+    url: StoreURL | None = None,
     *,
+    s3_config: S3Config | None = None,
+    transfer_config: TransferConfig | None = None,
     use_torch: bool | None = None,
     on_check: Callable[[Check], None] | None = None,
 ) -> DoctorReport:
-    """Check whether ``store`` will keep checkpoints under ``url`` safe (see the module
-    docs for the checks and their cost).
+    """Check whether the store at ``location`` will keep checkpoints under it safe (see the
+    module docs for the checks and their cost).
 
     Args:
-        store: The store ``url`` lives in.
-        url: The location to check; the checks write only under its scratch prefix.
+        location: The location to check (a URL, a local folder or a
+            :class:`~s3ckpt.store.Location`); the checks write only under its scratch
+            prefix. The older form ``run_doctor(store, url)`` names the store and the
+            parsed URL apart.
+        url: With a store as ``location``: the location in it.
+        s3_config / transfer_config: How to open a URL ``location``.
         use_torch: Round-trip through ``dcp.save`` / ``dcp.load`` (``None``: when torch
             can be imported); ``False`` runs the raw put / multipart round trip.
         on_check: Called with each row as it completes (a terminal shows progress).
@@ -111,6 +121,13 @@ def run_doctor(
             another region. Nothing was created then.
         KeyboardInterrupt: after the cleanup ran (its row went to ``on_check``).
     """
+    if isinstance(location, (Location, StoreURL, str, os.PathLike)):
+        where = as_location(location, s3_config=s3_config, transfer_config=transfer_config)
+    elif url is None:
+        raise ConfigError("run_doctor(store, url) needs the url in that store")
+    else:
+        where = as_location(url, store=location)
+    store = where.store
     rows: list[Check] = []
 
     def emit(check: Check) -> None:
@@ -118,18 +135,15 @@ def run_doctor(
         if on_check is not None:
             on_check(check)
 
-    scratch = StoreURL(
-        url.scheme, url.bucket, f"{url.prefix}{SCRATCH_PREFIX}{secrets.token_hex(4)}/"
-    )
+    work = Scratch(where.child(f"{SCRATCH_PREFIX}{secrets.token_hex(4)}"))
     with _request_urls(store) as seen:
-        list_denied = _preflight(store, url)
+        list_denied = _preflight(where)
     for check in identity_rows(store, seen):
         emit(check)
-    work = Scratch(store, scratch)
     left: tuple[str, ...] = ()
     try:
-        emit(clock_row(store, url.prefix))
-        for check in capability_rows(store, scratch.key("capabilities")):
+        emit(clock_row(store, where.url.prefix))
+        for check in capability_rows(store, work.key("capabilities")):
             emit(check)
         for check in permission_rows(work, list_denied=list_denied):
             emit(check)
@@ -142,18 +156,18 @@ def run_doctor(
             emit(interrupted_cleanup(work))
             raise
         emit(cleanup)
-    return DoctorReport(str(url), str(scratch), tuple(rows), left)
+    return DoctorReport(str(where.url), str(work.url), tuple(rows), left)
 
 
 # -- preflight -------------------------------------------------------------------------------
-def _preflight(store: ObjectStore, url: StoreURL) -> bool:
-    """One LIST of ``url``'s prefix; errors that leave nothing to check are raised.
+def _preflight(where: Location) -> bool:
+    """One LIST of ``where``'s prefix; errors that leave nothing to check are raised.
 
     Returns:
         Whether the LIST was denied (a permission row says so later).
     """
     try:
-        next(iter(store.list(url.prefix)), None)
+        next(iter(where.store.list(where.url.prefix)), None)
     except AccessDeniedError as exc:
         if exc.code in _CREDENTIAL_CODES:
             raise

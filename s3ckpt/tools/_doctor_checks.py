@@ -23,7 +23,7 @@ from s3ckpt.errors import (
     UnsupportedOperationError,
     find_s3ckpt_error,
 )
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import Location, ObjectStore
 from s3ckpt.tools._doctor_report import Check, CheckStatus
 from s3ckpt.uri import StoreURL
 
@@ -38,9 +38,18 @@ class Scratch:
     """The scratch prefix the checks write under, and the multipart uploads they opened
     and have not finished (aborted at cleanup whatever happens)."""
 
-    store: ObjectStore
-    url: StoreURL
+    location: Location
     uploads: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def store(self) -> ObjectStore:
+        """The store the checks write to."""
+        return self.location.store
+
+    @property
+    def url(self) -> StoreURL:
+        """The scratch prefix."""
+        return self.location.url
 
     def key(self, name: str) -> str:
         """The key of ``name`` under the scratch prefix."""
@@ -299,14 +308,14 @@ def _dcp_round_trip(work: Scratch) -> Check:
         k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"step": 0, "name": ""}
         for k, v in saved.items()
     }
-    url = work.url.child("roundtrip")
+    at = work.location.child("roundtrip")
     try:
         with quiet_dcp(), warnings.catch_warnings():
             # Single-writer mode warns on every save's first probe; the capability rows
             # say it once, in the table.
             warnings.simplefilter("ignore", UserWarning)
-            dcp.save(saved, storage_writer=S3StorageWriter(url, store=work.store), no_dist=True)
-            dcp.load(loaded, storage_reader=S3StorageReader(url, store=work.store), no_dist=True)
+            dcp.save(saved, storage_writer=S3StorageWriter(at), no_dist=True)
+            dcp.load(loaded, storage_reader=S3StorageReader(at), no_dist=True)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is one

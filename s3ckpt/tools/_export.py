@@ -20,7 +20,6 @@ How safetensors export stays within bounded memory:
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,7 +31,7 @@ import torch
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import CheckpointExistsError, ConfigError
-from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store import Location, LocationLike, ObjectStore
 from s3ckpt.tools._common import (
     Entry,
     NameFilter,
@@ -41,7 +40,6 @@ from s3ckpt.tools._common import (
     open_reader,
     parse_dtype,
     parse_size,
-    shared_store,
 )
 from s3ckpt.tools._convert import (
     Converter,
@@ -52,9 +50,9 @@ from s3ckpt.tools._convert import (
     split_shards,
 )
 from s3ckpt.tools._load import iter_loaded
+from s3ckpt.tools._open import as_location_among
 from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
 from s3ckpt.transfer import Uploader, format_leftovers
-from s3ckpt.uri import StoreURL, parse_location
 
 __all__ = [
     "INDEX_NAME",
@@ -127,21 +125,9 @@ def _select(
     return chosen
 
 
-def _dest_location(
-    dest: str | os.PathLike[str],
-    store: ObjectStore | None,
-    s3_config: S3Config | None,
-    transfer_config: TransferConfig | None,
-) -> tuple[ObjectStore, StoreURL]:
-    url = parse_location(dest)
-    if store is not None:
-        return store, url
-    return open_store(url, s3_config=s3_config, transfer_config=transfer_config)
-
-
 def export_checkpoint(
-    checkpoint: str | os.PathLike[str] | S3StorageReader,
-    dest: str | os.PathLike[str],
+    checkpoint: LocationLike | S3StorageReader,
+    dest: LocationLike,
     *,
     format: str = "safetensors",
     dtype: str | torch.dtype | None = None,
@@ -172,9 +158,10 @@ def export_checkpoint(
     ``.bin``, else ``dest/model.pt``. This one holds the whole state dict in memory.
 
     Args:
-        checkpoint: Checkpoint URL (``s3://...``, any fsspec URL, a local path) or an open
-            :class:`~s3ckpt.S3StorageReader`.
-        dest: Where to write (``s3://bucket/prefix``, any fsspec URL or a local directory).
+        checkpoint: Checkpoint URL (``s3://...``, any fsspec URL, a local path), a
+            :class:`~s3ckpt.store.Location` or an open :class:`~s3ckpt.S3StorageReader`.
+        dest: Where to write (``s3://bucket/prefix``, any fsspec URL, a local directory or a
+            Location); a URL in the checkpoint's bucket is written through its store.
         dtype: Cast floating-point tensors to this (``bf16``, ``fp16``, ``fp32``, ...);
             integer and bool tensors keep theirs.
         max_shard_size: Largest shard (``"5GB"``, ``"500MiB"``, bytes). A tensor larger
@@ -188,7 +175,8 @@ def export_checkpoint(
             there).
         overwrite: Replace an earlier export at ``dest``; otherwise refuse.
         read_window: Bytes of tensors loaded per DCP load (prefetched one ahead).
-        store / dest_store: Stores to use instead of ones built from the URLs (tests).
+        s3_config / transfer_config: How to open URL arguments (a Location carries its own).
+        store / dest_store: Stores for URL arguments, instead of ones built from them (tests).
         progress: Called with ``(bytes_done, bytes_total)`` of tensor data written.
 
     Raises:
@@ -202,19 +190,20 @@ def export_checkpoint(
     cast = parse_dtype(dtype)
     shard_limit = parse_size(max_shard_size)
     conv = load_converter(converter)
-    reader = open_reader(
-        checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
-    )
-    tc = transfer_config or TransferConfig()
+    settings: dict[str, Any] = {"s3_config": s3_config, "transfer_config": transfer_config}
+    if not isinstance(checkpoint, S3StorageReader):
+        checkpoint = as_location_among(checkpoint, store=store, **settings)
+    reader = open_reader(checkpoint)
     entries = index_checkpoint(reader)
     chosen = _select(entries, only, NameFilter.of(include, exclude))
-    if dest_store is None and store is None:
-        dest_store = shared_store(dest, reader)
-    out_store, url = _dest_location(dest, dest_store, s3_config, transfer_config)
+    near = reader.location if store is None else None
+    out = as_location_among(dest, near=near, store=dest_store, **settings)
+    tc = transfer_config or out.transfer_config
     if format == "torch":
         return _export_torch(
-            reader, chosen, out_store, url, cast, conv, overwrite, read_window, tc, t0, progress
+            reader, chosen, out, cast, conv, overwrite, read_window, tc, t0, progress
         )
+    out_store, url = out.store, out.url
 
     tensors = [(e, n) for e, n in chosen if e.kind == "tensor"]
     skipped = [
@@ -248,10 +237,11 @@ def export_checkpoint(
     weight_map = {o.name: names[i] for i, shard in enumerate(shards) for g in shard for o in g.outs}
 
     biggest = max((sum(g.nbytes for g in s) for s in shards), default=0)
+    part_size = tc.part_size_for(biggest + 2**20)
     uploader = Uploader(
         out_store,
-        part_size=tc.part_size_for(biggest + 2**20),
-        n_buffers=tc.max_inflight_parts + 1,
+        part_size=part_size,
+        n_buffers=tc.upload_buffers(part_size),
         max_concurrency=tc.max_concurrency,
     )
     files: list[ExportedFile] = []
@@ -285,7 +275,7 @@ def export_checkpoint(
         uploader.finish()
         out_store.put(url.key(INDEX_NAME), raw)
         files.append(ExportedFile(INDEX_NAME, len(raw), 0))
-        _remove_stale_shards(out_store, url, set(names), notes)
+        _remove_stale_shards(out, set(names), notes)
     except BaseException:
         leftovers = uploader.abort()
         if leftovers:
@@ -307,8 +297,9 @@ def export_checkpoint(
 _SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 
 
-def _remove_stale_shards(store: ObjectStore, url: Any, keep: set[str], notes: list[str]) -> None:
+def _remove_stale_shards(out: Location, keep: set[str], notes: list[str]) -> None:
     """After an overwrite, delete shards of the earlier export the new index no longer names."""
+    store, url = out.store, out.url
     stale = [
         o.key
         for o in store.list(url.prefix)
@@ -324,8 +315,7 @@ def _remove_stale_shards(store: ObjectStore, url: Any, keep: set[str], notes: li
 def _export_torch(
     reader: S3StorageReader,
     chosen: Sequence[tuple[Entry, str]],
-    out_store: ObjectStore,
-    url: Any,
+    out: Location,
     cast: torch.dtype | None,
     conv: Converter | None,
     overwrite: bool,
@@ -334,6 +324,7 @@ def _export_torch(
     t0: float,
     progress: Progress | None,
 ) -> ExportResult:
+    out_store, url = out.store, out.url
     prefix = url.prefix.rstrip("/")
     if prefix.endswith((".pt", ".pth", ".bin")):
         key, shown = prefix, f"{url.scheme}://{url.bucket}/{prefix}"
@@ -365,7 +356,7 @@ def _export_torch(
     uploader = Uploader(
         out_store,
         part_size=tc.part_size,
-        n_buffers=tc.max_inflight_parts + 1,
+        n_buffers=tc.upload_buffers(tc.part_size),
         max_concurrency=tc.max_concurrency,
     )
     try:

@@ -31,10 +31,11 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import quiet_dcp
 from s3ckpt.dcp.writer import S3StorageWriter
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError
-from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store import Location, LocationLike, ObjectStore
 from s3ckpt.tools._export import INDEX_NAME
+from s3ckpt.tools._open import as_location_among
 from s3ckpt.tools._safetensors import HeaderEntry, header_length, parse_header
-from s3ckpt.uri import StoreURL, parse_location, parse_url
+from s3ckpt.uri import StoreURL
 
 __all__ = ["ImportResult", "import_safetensors"]
 
@@ -111,9 +112,8 @@ class _LocalSource(_Source):
 
 
 class _RemoteSource(_Source):
-    def __init__(self, store: ObjectStore, key: str, shown: str, scheme: str) -> None:
-        self.store = self._store = store
-        self.scheme = scheme
+    def __init__(self, store: ObjectStore, key: str, shown: str) -> None:
+        self._store = store
         self._key = key
         self._shown = shown
         n = header_length(self._read(0, 8), where=shown)
@@ -159,30 +159,35 @@ def _index_files(raw: bytes, where: str) -> list[str]:
     return files
 
 
-def _open_sources(
-    src: str, store: ObjectStore | None, s3_config: S3Config | None, tc: TransferConfig | None
-) -> list[_Source]:
-    if "://" not in src or src.startswith("file://"):
-        path = Path(src.removeprefix("file://")).expanduser()
-        if path.is_dir():
-            index = path / INDEX_NAME
-            if index.exists():
-                names = _index_files(index.read_bytes(), str(index))
-                files = [path / n for n in names]
-            else:
-                files = sorted(path.glob("*.safetensors"))
-        elif path.name.endswith(".index.json"):
-            files = [path.parent / n for n in _index_files(path.read_bytes(), str(path))]
-        elif path.exists():
-            files = [path]
-        else:
-            raise CheckpointNotFoundError(f"no safetensors file or folder at {path}")
-        if not files:
-            raise CheckpointNotFoundError(f"no *.safetensors files in {path}")
-        return [_LocalSource(f) for f in files]
+def _is_local(src: str) -> bool:
+    """A local path or ``file://`` URL: read through a memory map, not a store."""
+    return "://" not in src or src.startswith("file://")
 
-    url = parse_url(src)
-    st = store if store is not None else open_store(url, s3_config=s3_config, transfer_config=tc)[0]
+
+def _local_sources(src: str) -> list[_Source]:
+    """The safetensors files a local ``src`` names (a file, an index, or a folder)."""
+    path = Path(src.removeprefix("file://")).expanduser()
+    if path.is_dir():
+        index = path / INDEX_NAME
+        if index.exists():
+            names = _index_files(index.read_bytes(), str(index))
+            files = [path / n for n in names]
+        else:
+            files = sorted(path.glob("*.safetensors"))
+    elif path.name.endswith(".index.json"):
+        files = [path.parent / n for n in _index_files(path.read_bytes(), str(path))]
+    elif path.exists():
+        files = [path]
+    else:
+        raise CheckpointNotFoundError(f"no safetensors file or folder at {path}")
+    if not files:
+        raise CheckpointNotFoundError(f"no *.safetensors files in {path}")
+    return [_LocalSource(f) for f in files]
+
+
+def _remote_sources(src: Location) -> list[_Source]:
+    """The safetensors objects ``src`` names: one object, an index, or a prefix."""
+    st, url = src.store, src.url
     whole = url.prefix.rstrip("/")
     base = StoreURL(url.scheme, url.bucket, whole.rsplit("/", 1)[0] + "/" if "/" in whole else "")
     shown = f"{url.scheme}://{url.bucket}/"
@@ -207,17 +212,7 @@ def _open_sources(
                 bucket=st.bucket,
                 key=url.prefix,
             )
-    return [_RemoteSource(st, k, shown + k, url.scheme) for k in keys]
-
-
-def _shared(sources: list[_Source], dest: StoreURL) -> ObjectStore | None:
-    """The source's store when ``dest`` is in the same bucket (one boto3 client)."""
-    first = sources[0] if sources else None
-    if not isinstance(first, _RemoteSource):
-        return None
-    if (dest.scheme, dest.bucket) == (first.scheme, first.store.bucket):
-        return first.store
-    return None
+    return [_RemoteSource(st, k, shown + k) for k in keys]
 
 
 class _LazySavePlanner(DefaultSavePlanner):
@@ -248,8 +243,8 @@ class _LazySavePlanner(DefaultSavePlanner):
 
 
 def import_safetensors(
-    src: str | os.PathLike[str],
-    dest: str | os.PathLike[str],
+    src: LocationLike,
+    dest: LocationLike,
     *,
     prefix: str | None = "model",
     step: int | None = None,
@@ -266,15 +261,17 @@ def import_safetensors(
     Args:
         src: A ``.safetensors`` file, a ``model.safetensors.index.json``, or a folder /
             prefix holding either (the index wins; else every ``*.safetensors`` in it).
-            Local paths are memory-mapped; URLs (``s3://``, fsspec) are read with one
-            ranged GET per tensor.
-        dest: Checkpoint prefix to write (``s3://...``, fsspec URL or local path).
+            Local paths are memory-mapped; URLs (``s3://``, fsspec) and Locations (a
+            prefix) are read with one ranged GET per tensor.
+        dest: Checkpoint prefix to write (``s3://...``, fsspec URL, local path or a
+            Location); a URL in the source's bucket is written through its store.
         prefix: Save tensors under this top-level key, so ``{"model": model.state_dict()}``
             (the ``Checkpointer``'s layout) loads them: ``layers.0.w`` is stored as
             ``model.layers.0.w``. ``None`` or ``""`` keeps the names as they are.
         step / metrics: Recorded in ``s3ckpt.json``.
         overwrite: Replace a committed checkpoint at ``dest`` (safely).
-        src_store / store: Stores to use instead of ones built from the URLs (tests).
+        s3_config / transfer_config: How to open URL arguments (a Location carries its own).
+        src_store / store: Stores for URL arguments, instead of ones built from them (tests).
         progress: Called with ``(bytes_done, bytes_total)`` of tensor data as each tensor
             is read from its source and handed to the writer (from the writer's threads).
 
@@ -284,7 +281,15 @@ def import_safetensors(
         CheckpointExistsError: ``dest`` is committed and ``overwrite`` is off.
     """
     t0 = time.perf_counter()
-    sources = _open_sources(os.fspath(src), src_store, s3_config, transfer_config)
+    # A file URL's trailing "/" matters, so the text is shown (and recorded) as given.
+    text = os.fspath(src) if isinstance(src, (str, os.PathLike)) else str(src)
+    settings: dict[str, Any] = {"s3_config": s3_config, "transfer_config": transfer_config}
+    source_at: Location | None = None
+    if isinstance(src, (str, os.PathLike)) and _is_local(text):
+        sources = _local_sources(text)
+    else:
+        source_at = as_location_among(src, store=src_store, **settings)
+        sources = _remote_sources(source_at)
     try:
         fetch: dict[str, tuple[_Source, HeaderEntry]] = {}
         flat: dict[str, torch.Tensor] = {}
@@ -300,16 +305,13 @@ def import_safetensors(
                 fqn = f"{prefix}.{entry.name}" if prefix else entry.name
                 fetch[fqn] = (source, entry)
         state: dict[str, Any] = {prefix: flat} if prefix else dict(flat)
-        dest_url = parse_location(dest)
+        out = as_location_among(dest, near=source_at, store=store, **settings)
         writer = S3StorageWriter(
-            dest_url,
-            s3_config=s3_config,
-            transfer_config=transfer_config,
+            out,
             overwrite=overwrite,
             step=step,
             metrics=metrics,
-            user_metadata={"imported_from": os.fspath(src), "prefix": prefix or None},
-            store=store if store is not None else _shared(sources, dest_url),
+            user_metadata={"imported_from": text, "prefix": prefix or None},
         )
         with quiet_dcp():
             dcp.save(
@@ -322,7 +324,7 @@ def import_safetensors(
         for source in sources:
             source.close()
     return ImportResult(
-        source=os.fspath(src),
+        source=text,
         dest=writer.checkpoint_id,
         files=tuple(s.name for s in sources),
         tensors=len(fetch),

@@ -5,7 +5,6 @@ Cost: two GETs (the marker and the metadata); no tensor data is downloaded.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -14,10 +13,11 @@ from typing import Any
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import LocationLike, ObjectStore
 from s3ckpt.tools._common import NameFilter, dtype_name, index_checkpoint, open_reader
+from s3ckpt.tools._open import as_location
 
-__all__ = ["CheckpointInfo", "ObjectSummary", "TensorSummary", "inspect_checkpoint"]
+__all__ = ["InspectResult", "ObjectSummary", "TensorSummary", "inspect_checkpoint"]
 
 _RANK_RE = re.compile(r"^__(\d+)_\d+[.\w]*\.distcp$")
 
@@ -51,7 +51,7 @@ class ObjectSummary:
 
 
 @dataclass(frozen=True)
-class CheckpointInfo:
+class InspectResult:
     """What :func:`inspect_checkpoint` found."""
 
     url: str
@@ -86,24 +86,29 @@ class CheckpointInfo:
 
 
 def inspect_checkpoint(
-    checkpoint: str | os.PathLike[str] | S3StorageReader,
+    checkpoint: LocationLike | S3StorageReader,
     *,
     include: Iterable[str] | str | None = None,
     exclude: Iterable[str] | str | None = None,
     s3_config: S3Config | None = None,
     transfer_config: TransferConfig | None = None,
     store: ObjectStore | None = None,
-) -> CheckpointInfo:
+) -> InspectResult:
     """Describe ``checkpoint`` without downloading tensor data.
 
     Args:
-        checkpoint: URL (``s3://...``, fsspec URL, local path) or an open reader.
+        checkpoint: URL (``s3://...``, fsspec URL, local path), a
+            :class:`~s3ckpt.store.Location` or an open reader.
         include / exclude: Glob filters on the names listed in ``tensors`` (totals always
             cover the whole checkpoint).
+        s3_config / transfer_config / store: How to open a URL ``checkpoint`` (a Location
+            carries its own).
     """
-    reader = open_reader(
-        checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
-    )
+    if not isinstance(checkpoint, S3StorageReader):
+        checkpoint = as_location(
+            checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
+        )
+    reader = open_reader(checkpoint)
     entries = index_checkpoint(reader)
     manifest = reader.manifest
     names = NameFilter.of(include, exclude)
@@ -141,7 +146,7 @@ def inspect_checkpoint(
         ranks = [o.rank for o in objects if o.rank is not None]
         world_size = max(ranks) + 1 if ranks else None
         stored = sum(e.stored_bytes for e in entries.values())
-    return CheckpointInfo(
+    return InspectResult(
         url=reader.checkpoint_id,
         format="s3ckpt" if manifest is not None else "dcp",
         checksums=manifest is not None,

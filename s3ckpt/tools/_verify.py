@@ -18,7 +18,6 @@ Nothing stops at the first problem: the result names every bad tensor and object
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import defaultdict
@@ -39,8 +38,9 @@ from s3ckpt.format import (
     tensor_framing_error,
 )
 from s3ckpt.metrics.instrument import in_context, record_checksum_failure
-from s3ckpt.store import ObjectInfo, ObjectStore
+from s3ckpt.store import LocationLike, ObjectInfo, ObjectStore
 from s3ckpt.tools._common import Chunk, Entry, index_checkpoint, open_reader
+from s3ckpt.tools._open import as_location
 from s3ckpt.tools._structure import Problem, stock_metadata_problems, structure_problems, where
 from s3ckpt.transfer import RangeWalk, ReadFailure, SpanReader
 from s3ckpt.transfer import Span as WalkSpan
@@ -94,7 +94,7 @@ _Span = tuple[Entry, Chunk]
 
 
 def verify_checkpoint(
-    checkpoint: str | os.PathLike[str] | S3StorageReader,
+    checkpoint: LocationLike | S3StorageReader,
     *,
     read_data: bool | None = None,
     progress: Progress | None = None,
@@ -105,24 +105,25 @@ def verify_checkpoint(
     """Check ``checkpoint`` end to end; see the module docs.
 
     Args:
-        checkpoint: URL (``s3://...``, fsspec URL, local path) or an open reader.
+        checkpoint: URL (``s3://...``, fsspec URL, local path), a
+            :class:`~s3ckpt.store.Location` or an open reader.
         read_data: Read every item back. Default: yes when the checkpoint has checksums
             (``s3ckpt.json``), no for other writers' checkpoints (HEADs only).
         progress: Called with ``(bytes_read, bytes_total)`` from worker threads.
+        s3_config / transfer_config / store: How to open a URL ``checkpoint`` (a Location
+            carries its own).
 
     Raises:
         CheckpointNotFoundError / CorruptCheckpointError: the marker or ``.metadata``
             itself is missing, malformed or does not match (nothing else can be checked).
     """
     t0 = time.perf_counter()
+    if not isinstance(checkpoint, S3StorageReader):
+        checkpoint = as_location(
+            checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
+        )
     # No roll-forward: verify reports a stale .metadata copy rather than repairing it.
-    reader = open_reader(
-        checkpoint,
-        s3_config=s3_config,
-        transfer_config=transfer_config,
-        store=store,
-        roll_forward=False,
-    )
+    reader = open_reader(checkpoint, roll_forward=False)
     tc = transfer_config or reader.transfer_config
     entries = index_checkpoint(reader)
     manifest = reader.manifest

@@ -87,7 +87,8 @@ class Uploader:
     Args:
         store: Where to upload.
         part_size: Size of every buffer / multipart part.
-        n_buffers: Buffers in the pool (``max_inflight_parts + 1``).
+        n_buffers: Buffers in the pool: ``TransferConfig.upload_buffers(part_size)``, the one
+            place the count is derived (two at least).
         max_concurrency: Upload threads.
         rank: For error messages.
     """

@@ -23,7 +23,7 @@ from s3ckpt.cli import main
 from s3ckpt.errors import TransientStoreError
 from s3ckpt.format import FAILED_PREFIX, LATEST_NAME, MANIFEST_NAME
 from s3ckpt.retention import gc
-from s3ckpt.retention._gc import FAILURE_SETTLE
+from s3ckpt.retention._abandoned import FAILURE_SETTLE
 from s3ckpt.store import open_store
 from s3ckpt.testing import FaultProxy
 from s3ckpt.uri import parse_url

@@ -38,7 +38,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 from s3ckpt.errors import CheckpointNotFoundError, DeleteRefusedError
 from s3ckpt.lightning import S3CheckpointIO
 from s3ckpt.lightning._async import MAX_PENDING_REMOVALS, Removals
-from s3ckpt.lightning._fs import _install_filesystem, _S3CkptFileSystem
+from s3ckpt.lightning._fs import _S3CkptFileSystem, install_filesystem
 from s3ckpt.lightning._tracked import Tracking
 from s3ckpt.retention import KeepBest, KeepLast, Policy, list_checkpoints
 from s3ckpt.store import open_store
@@ -83,7 +83,7 @@ def no_s3fs(monkeypatch: pytest.MonkeyPatch, fsspec_registry: None) -> Iterator[
     monkeypatch.setitem(sys.modules, "s3fs", None)
     module_available.cache_clear()
     package_available.cache_clear()
-    _install_filesystem(None, None, None)  # what the import does
+    install_filesystem(None)  # what the import does (s3ckpt.lightning.install)
     yield
     module_available.cache_clear()
     package_available.cache_clear()
@@ -407,9 +407,9 @@ def test_another_s3_file_system_is_not_replaced(
 
     monkeypatch.setitem(sys.modules, "s3fs", None)
     fsspec.register_implementation("s3", Other)
-    _install_filesystem(None, None, None)
+    install_filesystem(None)
     assert fsspec.get_filesystem_class("s3") is Other
-    _install_filesystem(None, None, True)  # S3CheckpointIO(register_filesystem=True)
+    install_filesystem(True)  # S3CheckpointIO(register_filesystem=True)
     assert fsspec.get_filesystem_class("s3") is _S3CkptFileSystem
 
 

@@ -32,7 +32,7 @@ from s3ckpt.config import S3Config
 from s3ckpt.format import METADATA_NAME, data_name, heartbeat_name
 from s3ckpt.retention import CheckpointInfo, CheckpointState, pin
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.tools import (
+from s3ckpt.tools.report import (
     DEFAULT_PRICES,
     GIB,
     CheckpointRow,
@@ -301,16 +301,25 @@ def test_report_of_several_runs_agrees_with_ls_and_prune(
         assert "hl" in (p.get_attribute(f"#{sid}-p2", "class") or "")
         assert "hl" not in (p.get_attribute(f"#{sid}-c4", "class") or "")
 
-        # The x axis toggles to commit time and back.
-        before = p.get_attribute(f"#{sid}-p3", "cx")
+        # The x axis toggles to commit time and back. Every point moves to its time position;
+        # one point's two positions may coincide (commit times from moto's clock can be
+        # proportional to steps), so the move is checked over all the points.
+        points = f"#{sid} circle.pt"
+        read_cx = (
+            "ps => ps.filter(p => p.dataset.xs && p.dataset.xt)"
+            ".map(p => [p.getAttribute('cx'), p.dataset.xt])"
+        )
+        before = p.eval_on_selector_all(points, read_cx)
+        assert len(before) >= 3
         assert p.is_visible(f"#{sid} .ax-step") and not p.is_visible(f"#{sid} .ax-time")
         p.click(f'#{sid} button[data-xmode="time"]')
         assert p.get_attribute(f"#{sid}", "data-x") == "time"
-        assert p.get_attribute(f"#{sid}-p3", "cx") == p.get_attribute(f"#{sid}-p3", "data-xt")
-        assert p.get_attribute(f"#{sid}-p3", "cx") != before
+        timed = p.eval_on_selector_all(points, read_cx)
+        assert all(cx == xt for cx, xt in timed), timed
+        assert [cx for cx, _ in timed] != [cx for cx, _ in before]
         assert p.is_visible(f"#{sid} .ax-time") and not p.is_visible(f"#{sid} .ax-step")
         p.click(f'#{sid} button[data-xmode="step"]')
-        assert p.get_attribute(f"#{sid}-p3", "cx") == before
+        assert p.eval_on_selector_all(points, read_cx) == before
 
         # Filters hide rows and points; sorting reorders rows.
         p.select_option('select[data-filter="action"]', "delete")

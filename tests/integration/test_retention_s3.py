@@ -75,13 +75,14 @@ def shared_store(bucket: str) -> S3Store:
 @pytest.fixture(autouse=True)
 def _cli_reuses_clients(monkeypatch: pytest.MonkeyPatch) -> None:
     import s3ckpt._cli.retention as cli_mod
+    from s3ckpt.store import Location
     from s3ckpt.uri import parse_url
 
-    def open_store(url, **kwargs):  # type: ignore[no-untyped-def]
-        parsed = parse_url(url)
-        return shared_store(parsed.bucket), parsed
+    def open_location(args, target, **kwargs):  # type: ignore[no-untyped-def]
+        parsed = parse_url(target)
+        return Location(parsed, shared_store(parsed.bucket))
 
-    monkeypatch.setattr(cli_mod, "open_store", open_store)
+    monkeypatch.setattr(cli_mod, "open_location", open_location)
 
 
 # -- CLI ---------------------------------------------------------------------------------------

@@ -70,20 +70,20 @@ def read_overlapping_spans(
     """
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    from s3ckpt.dcp.reader import _Span
+    from s3ckpt.dcp._decode import ItemSpan
     from s3ckpt.transfer import Request
 
     seen: dict[int, bytes] = {}
 
-    class Recording(S3StorageReader):
-        def _read_span(self, reader, key, span, planner, lock):  # type: ignore[no-untyped-def]
+    class Recording:  # in place of the reader's span decoder
+        def decode(self, source, key, span, planner, lock):  # type: ignore[no-untyped-def]
             buf = memoryview(bytearray(span.info.length))
-            reader.readinto_all(buf, "x")
+            source.readinto_all(buf, "x")
             seen[span.info.offset] = bytes(buf)
 
-    reader = Recording(url, store=store, **reader_kw)
-    req: Request[_Span] = Request(0, OVERLAPPING[-1][1])
+    reader = S3StorageReader(url, store=store, **reader_kw)
+    req: Request[ItemSpan] = Request(0, OVERLAPPING[-1][1])
     for start, end in OVERLAPPING:
-        req.spans.append((start, end, _Span(_StorageInfo(key, start, end - start), None)))
-    reader._fetch(key, req, None, threading.Lock())
+        req.spans.append((start, end, ItemSpan(_StorageInfo(key, start, end - start), None)))
+    reader._fetch(key, req, Recording(), None, threading.Lock())  # type: ignore[arg-type]
     return seen, reader

@@ -37,7 +37,7 @@ from s3ckpt.store._adaptive import (
     shared_limiter,
 )
 from s3ckpt.store._errors import is_throttle
-from s3ckpt.store._request import call
+from s3ckpt.store._request import call, store_retrying
 from s3ckpt.store.retry import THROTTLE_CODES, TRANSIENT_CODES, retrying
 from s3ckpt.store.s3 import S3Store
 
@@ -382,13 +382,15 @@ def _run(errors: list[BaseException], limiter: AdaptiveLimiter | None) -> int:
             raise errors.pop(0)
         return "ok"
 
+    tc = TransferConfig(max_attempts=10)
     result, attempts = call(
         fn,
         operation="put",
         bucket="bkt",
         key="k",
         endpoint=None,
-        config=TransferConfig(max_attempts=10),
+        config=tc,
+        policy=store_retrying(tc, lambda s: None),
         sleep=lambda s: None,
         limiter=limiter,
     )

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from s3ckpt.cli import main
-from s3ckpt.demo import _Log, _resume_proof
+from s3ckpt.demo._summary import resume_proof
+from s3ckpt.demo._train import TrainLog
 
 
 @pytest.fixture
@@ -113,8 +114,8 @@ def test_a_web_address_as_demo_url_is_exit_2(
     assert "is a web address" in one_error_line(capsys.readouterr().err)
 
 
-def losses(*pairs: tuple[int, float], resumed: int | None = None) -> _Log:
-    log = _Log()
+def losses(*pairs: tuple[int, float], resumed: int | None = None) -> TrainLog:
+    log = TrainLog()
     log.losses = {step: loss.hex() for step, loss in pairs}
     log.resumed = resumed
     return log
@@ -122,22 +123,30 @@ def losses(*pairs: tuple[int, float], resumed: int | None = None) -> _Log:
 
 def test_the_resume_proof_compares_the_steps_both_processes_trained() -> None:
     first = losses((1, 7.5), (2, 7.25), (3, 7.125))
-    exact, text = _resume_proof(first, losses((3, 7.125), (4, 7.0), resumed=2))
+    exact, text = resume_proof(first, losses((3, 7.125), (4, 7.0), resumed=2))
     assert exact and "trained step 3 again" in text and "its loss is bit-for-bit" in text
-    exact, text = _resume_proof(first, losses((2, 7.25), (3, 7.125), resumed=1))
+    exact, text = resume_proof(first, losses((2, 7.25), (3, 7.125), resumed=1))
     assert exact and "steps 2-3" in text and "both losses are bit-for-bit the same" in text
 
 
 def test_the_resume_proof_fails_on_one_ulp() -> None:
     first = losses((1, 7.5), (2, 7.25))
     off = math.nextafter(7.25, 8.0)
-    exact, text = _resume_proof(first, losses((2, off), resumed=1))
+    exact, text = resume_proof(first, losses((2, off), resumed=1))
     assert (
         not exact and text.startswith("MISMATCH") and "step 2: 7.25 then 7.250000000000001" in text
     )
 
 
 def test_the_resume_proof_without_a_resume() -> None:
-    assert _resume_proof(losses((1, 7.5)), losses((1, 7.5)))[0] is False
-    exact, text = _resume_proof(losses((1, 7.5)), losses((2, 7.0), resumed=1))
+    assert resume_proof(losses((1, 7.5)), losses((1, 7.5)))[0] is False
+    exact, text = resume_proof(losses((1, 7.5)), losses((2, 7.0), resumed=1))
     assert exact and "no losses to compare" in text
+
+
+def test_the_old_name_of_the_demo_server_still_works_with_a_warning() -> None:
+    import s3ckpt.demo
+
+    with pytest.warns(DeprecationWarning, match="demo_server"):
+        old = s3ckpt.demo.local_s3
+    assert old is s3ckpt.demo.demo_server

@@ -28,7 +28,14 @@ from s3ckpt import (
     UncommittedCheckpointError,
 )
 from s3ckpt.errors import find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, _digest, data_name, owned_tag
+from s3ckpt.format import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    Manifest,
+    data_name,
+    manifest_digest,
+    owned_tag,
+)
 from s3ckpt.store import MemoryStore
 from s3ckpt.tools import verify_checkpoint
 from tests._helpers import assert_same
@@ -203,7 +210,7 @@ def test_forged_marker_cannot_name_objects_outside_the_prefix() -> None:
     doc = json.loads(store.objects[PREFIX + MANIFEST_NAME].data)
     doc["objects"].append(["../victim", 7, 0])
     doc["metadata"]["key"] = "../victim"
-    doc["digest"] = _digest(doc)
+    doc["digest"] = manifest_digest(doc)
     store.objects[PREFIX + MANIFEST_NAME].data = json.dumps(doc).encode()
     with pytest.raises(CorruptCheckpointError, match="not a plain name"):
         S3StorageReader(URL, store=store)
@@ -334,7 +341,7 @@ def test_overwrite_commits_when_the_replaced_marker_changed_meanwhile(meanwhile:
             else:
                 doc = json.loads(st.objects[PREFIX + MANIFEST_NAME].data)
                 doc["metrics"] = {"eval": 1.0}
-                doc["digest"] = _digest(doc)
+                doc["digest"] = manifest_digest(doc)
                 MemoryStore.put(st, PREFIX + MANIFEST_NAME, json.dumps(doc).encode())
 
     store.on_put = change_marker
@@ -429,7 +436,7 @@ def test_resealed_manifest_cannot_move_a_tensor(field: str, shift: int) -> None:
 
         data = store.objects[PREFIX + row[2]].data
         row[5] = f"{_crc.crc32c(data[row[3] : row[3] + row[4]]):08x}"
-    doc["digest"] = _digest(doc)
+    doc["digest"] = manifest_digest(doc)
     store.objects[PREFIX + MANIFEST_NAME].data = json.dumps(doc).encode()
     for direct in (True, False):
         out = zeros(sd)

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import s3ckpt.format
+import s3ckpt.format._manifest
 from s3ckpt._time import utc
 from s3ckpt.cli import main
 from s3ckpt.errors import CorruptCheckpointError, DeleteRefusedError, PolicyError
-from s3ckpt.format import MANIFEST_NAME, MAX_INT, Manifest, _digest
+from s3ckpt.format import MANIFEST_NAME, MAX_INT, Manifest, manifest_digest
 from s3ckpt.retention import (
     KeepLast,
     KeepWithin,
@@ -65,7 +65,7 @@ def _sealed(doc: Any) -> bytes:
     (a hostile writer can do the same: the digest is no signature)."""
     if isinstance(doc, dict):
         try:
-            doc = {**doc, "digest": _digest(doc)}
+            doc = {**doc, "digest": manifest_digest(doc)}
         except (ValueError, TypeError, RecursionError):
             pass  # NaN or the like: the digest check refuses it first
     return json.dumps(doc).encode()
@@ -119,7 +119,7 @@ def test_a_good_marker_still_parses() -> None:
 
 def test_a_marker_over_the_size_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     body = _sealed(_good_doc())
-    monkeypatch.setattr(s3ckpt.format, "MAX_MANIFEST_BYTES", len(body) - 1)
+    monkeypatch.setattr(s3ckpt.format._manifest, "MAX_MANIFEST_BYTES", len(body) - 1)
     with pytest.raises(CorruptCheckpointError, match="more than the"):
         Manifest.from_json(body)
 

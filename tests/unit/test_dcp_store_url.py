@@ -7,9 +7,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-import s3ckpt.dcp._locate
-import s3ckpt.dcp.reader
-import s3ckpt.dcp.writer
+import s3ckpt.store._location
 from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt.store import MemoryStore, ObjectStore
 from s3ckpt.uri import StoreURL, parse_url
@@ -22,11 +20,11 @@ def no_open(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record (and refuse) every store the writer or reader would open."""
     opened: list[str] = []
 
-    def refuse(url: object, **kw: object) -> tuple[ObjectStore, StoreURL]:
+    def refuse(url: object, *args: object) -> ObjectStore:
         opened.append(str(url))
         raise AssertionError(f"opened a store for {url}")
 
-    monkeypatch.setattr(s3ckpt.dcp._locate, "open_store", refuse)
+    monkeypatch.setattr(s3ckpt.store._location, "shared_store", refuse)
     return opened
 
 
@@ -52,12 +50,11 @@ def test_without_a_store_one_is_opened_for_the_parsed_url(monkeypatch: pytest.Mo
     store = MemoryStore("bkt")
     opened: list[object] = []
 
-    def fake_open(url: object, **kw: object) -> tuple[ObjectStore, StoreURL]:
+    def fake_open(url: object, *args: object) -> ObjectStore:
         opened.append(url)
-        parsed = url if isinstance(url, StoreURL) else parse_url(str(url))
-        return store, parsed
+        return store
 
-    monkeypatch.setattr(s3ckpt.dcp._locate, "open_store", fake_open)
+    monkeypatch.setattr(s3ckpt.store._location, "shared_store", fake_open)
     url = parse_url(URL)
     dcp.save({"w": torch.ones(3)}, storage_writer=S3StorageWriter(url))
     reader = S3StorageReader(URL)
@@ -103,11 +100,11 @@ def test_a_reset_to_another_prefix_of_the_bucket_keeps_the_opened_store(
 ) -> None:
     opened: list[str] = []
 
-    def fake_open(url: object, **kw: object) -> tuple[ObjectStore, StoreURL]:
+    def fake_open(url: object, *args: object) -> ObjectStore:
         opened.append(str(url))
-        return MemoryStore(parse_url(str(url)).bucket), parse_url(str(url))
+        return MemoryStore(parse_url(str(url)).bucket)
 
-    monkeypatch.setattr(s3ckpt.dcp._locate, "open_store", fake_open)
+    monkeypatch.setattr(s3ckpt.store._location, "shared_store", fake_open)
     writer = S3StorageWriter(URL)
     first = writer.store
     writer.reset("s3://bkt/run/step_2")

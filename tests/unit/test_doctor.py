@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from hypothesis import strategies as st
 from s3ckpt.cli import main
 from s3ckpt.errors import AccessDeniedError, NoSuchBucketError, StoreError
 from s3ckpt.retention import MIN_GRACE
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import Check, CheckStatus, DoctorReport, run_doctor
 from s3ckpt.tools._doctor_store import WARN_SKEW
 from s3ckpt.uri import parse_url
@@ -87,6 +86,15 @@ def test_a_store_that_keeps_its_promises_passes_every_check_and_keeps_nothing() 
     }, skipped
     assert all("not" in d for d in skipped.values()), skipped
     assert report.scratch.startswith("s3://bkt/runs/s3ckpt-doctor-")
+    assert empty(store)
+
+
+def test_a_location_is_the_one_argument_the_doctor_needs() -> None:
+    store = MemoryStore("bkt")
+    store.objects.clear()
+    report = run_doctor(Location.of(URL, store=store), use_torch=False)
+    assert [c.name for c in report.checks] == ROWS and report.ok
+    assert report.url == str(URL) and report.scratch.startswith(f"{URL}s3ckpt-doctor-")
     assert empty(store)
 
 
@@ -313,8 +321,10 @@ def _serve(monkeypatch: pytest.MonkeyPatch, store: MemoryStore) -> None:
     """Make the command open ``store`` for any URL."""
     from s3ckpt._cli import doctor as cli_doctor
 
-    opened: Callable[..., object] = lambda args, location: (store, parse_url(location))  # noqa: E731
-    monkeypatch.setattr(cli_doctor, "_open", opened)
+    def opened(args: object, location: str, **_: object) -> Location:
+        return Location.of(parse_url(location), store=store)
+
+    monkeypatch.setattr(cli_doctor, "open_location", opened)
 
 
 def test_the_command_runs_without_torch(tmp_path: Path) -> None:

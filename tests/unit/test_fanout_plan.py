@@ -1,4 +1,4 @@
-"""The fan-out table (s3ckpt.dcp._fanout): which stored items are shared, how their stream
+"""The fan-out table (s3ckpt.dcp._fanout_plan): which stored items are shared, how their stream
 is cut into pieces, and when no table is made (every rank then reads directly)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
-from s3ckpt.dcp._fanout import FanOutPlan, build_table, cut_stream, plan_fan_out
+from s3ckpt.dcp._fanout_plan import FanOutPlan, build_table, cut_stream, plan_fan_out
 
 span_lists = st.lists(
     st.tuples(st.sampled_from("abcd"), st.integers(0, 10_000), st.integers(1, 5_000)),

@@ -1,4 +1,4 @@
-"""s3ckpt._gc.gc_paused: nesting across threads, restoring the collector's state, and the
+"""s3ckpt._gc_pause.gc_paused: nesting across threads, restoring the collector's state, and the
 decoders that use it running without a single collection."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from s3ckpt._gc import gc_paused
+from s3ckpt._gc_pause import gc_paused
 from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.format import ItemRecord, Manifest, ObjectRecord
 

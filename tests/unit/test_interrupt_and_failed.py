@@ -31,8 +31,8 @@ from s3ckpt.format import (
     owned_tag,
 )
 from s3ckpt.retention import CheckpointInfo, CheckpointState, gc, list_checkpoints
-from s3ckpt.retention._gc import FAILURE_SETTLE
-from s3ckpt.store import MemoryStore
+from s3ckpt.retention._abandoned import FAILURE_SETTLE
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL, parse_url
 from tests._helpers import SMALL
 
@@ -273,7 +273,9 @@ def _ls(store: MemoryStore, monkeypatch: pytest.MonkeyPatch, *extra: str) -> str
     import s3ckpt._cli.retention as cli_mod
     from s3ckpt.cli import main
 
-    monkeypatch.setattr(cli_mod, "open_store", lambda url, **kw: (store, url))
+    monkeypatch.setattr(
+        cli_mod, "open_location", lambda args, target, **kw: Location.of(target, store=store)
+    )
     out: list[str] = []
     monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(write=out.append, flush=lambda: 0))
     assert main(["ls", URL, *extra]) == 0

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "s3ckpt"
 # package (``s3ckpt.dcp.*`` inside ``s3ckpt/dcp/``); nothing of its own layer elsewhere and
 # nothing above it.
 LAYERS: list[set[str]] = [
-    {"errors", "_version", "_time", "_units", "_crc", "_gc", "metrics"},  # leaves
+    {"errors", "_version", "_time", "_units", "_crc", "_gc_pause", "metrics"},  # leaves
     {"_step_names", "_scalars"},  # steps from checkpoint names (RE2); metric values as floats
     {"config", "uri", "format"},  # configuration, URLs, the names and manifest on the bucket
     {"store"},  # ObjectStore: S3Store, FsspecStore, MemoryStore, retry policy

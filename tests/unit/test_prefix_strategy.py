@@ -286,11 +286,11 @@ def _manifest(**kw: Any) -> Manifest:
 
 
 def _resealed(raw: bytes, **changes: Any) -> bytes:
-    from s3ckpt.format import _digest
+    from s3ckpt.format import manifest_digest
 
     d = json.loads(raw)
     d.update(changes)
-    d["digest"] = _digest(d)
+    d["digest"] = manifest_digest(d)
     return json.dumps(d).encode()
 
 

@@ -4,6 +4,8 @@ local folder (tests/integration/test_report_s3.py opens pages in Chromium)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import re
@@ -24,10 +26,13 @@ from s3ckpt.retention import (
     KeepBest,
     KeepLast,
     KeepPinned,
+    PolicyFile,
+    RetentionOptions,
+    parse_policy,
     prune,
 )
 from s3ckpt.store import MemoryStore
-from s3ckpt.tools import (
+from s3ckpt.tools.report import (
     DEFAULT_PRICES,
     GIB,
     CheckpointRow,
@@ -175,8 +180,11 @@ def test_bucket_data_is_escaped_everywhere() -> None:
     script = page[page.index("<script>") : page.index("</script>")]
     assert "innerHTML" not in script and "eval(" not in script
     assert not re.search(r"https?://", page)
-    # Its Content-Security-Policy admits exactly the one script.
-    assert "default-src 'none'" in page and "script-src 'sha256-" in page
+    # Its Content-Security-Policy admits exactly the one script (read from the package data).
+    digest = hashlib.sha256(script[len("<script>") :].encode("utf-8")).digest()
+    assert f"script-src 'sha256-{base64.b64encode(digest).decode()}'" in page
+    assert "default-src 'none'" in page and "function anchor(x) { return x > 720" in script
+    assert "--committed:#0072b2" in page and "%(" not in page  # the stylesheet, filled
 
 
 def test_without_a_policy_there_is_no_plan_on_the_page() -> None:
@@ -195,6 +203,62 @@ def test_a_short_grace_is_raised_to_the_floor_as_prune_does() -> None:
     assert report.grace == MIN_GRACE and "raised" in report.notes[0]
     with pytest.raises(PolicyError, match="no keep rule"):
         collect_report(store, root, policy=KeepPinned())
+
+
+def test_options_are_one_value_and_the_old_keywords_are_shorthand_for_replace() -> None:
+    store, root = memory_bucket()
+    now = datetime.now(UTC)
+    policy = KeepLast(2) | KeepBest(3, "acc", mode="max")
+    options = RetentionOptions(now=now, max_delete=1, include_foreign=True)
+    by_options = collect_report(store, root, policy=policy, options=options)
+    assert by_options == collect_report(
+        store, root, policy=policy, now=now, max_delete=1, include_foreign=True
+    )
+    assert by_options.include_foreign and by_options.now == now
+    assert all(len(r.plan.delete) <= 1 for r in by_options.runs if r.plan is not None)
+    # A keyword overrides that field of options and leaves the others.
+    other = collect_report(store, root, policy=policy, options=options, max_delete=None)
+    assert other.include_foreign and sum(r.objects_deleted for r in other.runs) > sum(
+        r.objects_deleted for r in by_options.runs
+    )
+    assert build_report(store, root, policy=policy, options=options) == render_html(by_options)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lease_ttl'"):
+        collect_report(store, root, lease_ttl=timedelta(minutes=1))  # type: ignore[call-arg]
+
+
+def test_a_bad_step_pattern_is_refused_before_any_request() -> None:
+    store, root = memory_bucket()
+    store.calls.clear()
+    with pytest.raises(ConfigError, match="capture group"):
+        collect_report(store, root, step_pattern="step_\\d+")
+    assert store.calls == {}
+
+
+def test_the_step_pattern_comes_from_options_else_from_the_policy() -> None:
+    store = MemoryStore("b")
+    run = StoreURL("s3", "b", "runs/e/")
+    for i in range(3):
+        write_checkpoint(
+            store, run, 0, created=time.time() - DAY, name=f"ckpt_e1_s{i * 10}", record_step=False
+        )
+    pattern = r"ckpt_e\d+_s(\d+)"
+    now = datetime.now(UTC)
+    steps = [r.info.step for r in collect_report(store, run, now=now).runs[0].rows]
+    assert steps == [None, None, None]
+    by_options = collect_report(store, run, options=RetentionOptions(now=now, step_pattern=pattern))
+    assert sorted(r.info.step for r in by_options.runs[0].rows) == [0, 10, 20]
+    text = f"step_pattern = '{pattern}'\n[keep]\nlast = 1\n"
+    for policy in (PolicyFile.parse(text), parse_policy(text)):  # the file's pattern applies
+        by_policy = collect_report(store, run, policy=policy, now=now)
+        assert sorted(r.info.step for r in by_policy.runs[0].rows) == [0, 10, 20]
+        assert [r.action for r in by_policy.runs[0].rows].count("keep") == 1
+        assert by_policy.policy == f"last 1 (step_pattern {pattern})"
+    # A pattern the run names wins over the file's.
+    mine = RetentionOptions(now=now, step_pattern=r"ckpt_e(\d+)_s\d+")
+    named = {
+        r.info.step for r in collect_report(store, run, policy=policy, options=mine).runs[0].rows
+    }
+    assert named == {1}
 
 
 def ten_thousand() -> Report:

@@ -36,7 +36,7 @@ from s3ckpt.retention import (
     prune,
     scan,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
     Clock,
@@ -69,7 +69,9 @@ def run_cli(store: MemoryStore, monkeypatch: pytest.MonkeyPatch, *argv: str) -> 
 
     # PATH is a memory:// URL: the command parses it, and runs on this test's store, on a
     # host whose clock agrees with the store's (the CLI judges by the store's time).
-    monkeypatch.setattr(cli_mod, "open_store", lambda url, **kw: (store, url))
+    monkeypatch.setattr(
+        cli_mod, "open_location", lambda args, target, **kw: Location.of(target, store=store)
+    )
     monkeypatch.setattr("s3ckpt.store._clock.time", types.SimpleNamespace(time=store.now))
     out: list[str] = []
     monkeypatch.setattr(sys, "stdout", types.SimpleNamespace(write=out.append, flush=lambda: 0))
@@ -290,7 +292,7 @@ def test_gc_rolls_forward_a_missing_or_stale_plain_metadata(
         calls.append((ckpt.prefix, manifest.tag))
         st.put(ckpt.key(METADATA_NAME), st.get(ckpt.key(manifest.metadata_key)))
 
-    monkeypatch.setattr("s3ckpt.retention._gc.restore_stock_metadata", restore)
+    monkeypatch.setattr("s3ckpt.retention._abandoned.restore_stock_metadata", restore)
 
     missing = write_checkpoint(
         store, RUN, 1, created=clock.t, per_save_metadata=True, tag="1a1a1a1a"

@@ -4,6 +4,7 @@ CLI), and the marker's step winning over both."""
 from __future__ import annotations
 
 import re
+import warnings
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,16 +12,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from s3ckpt._step_names import MAX_STEP_DIGITS, checkpoint_step, compile_step_pattern
 from s3ckpt.cli import main
 from s3ckpt.errors import ConfigError, PolicyError
-from s3ckpt.format import MAX_STEP_DIGITS, checkpoint_name, checkpoint_step, compile_step_pattern
+from s3ckpt.format import checkpoint_name
 from s3ckpt.retention import (
     KeepEvery,
     KeepLast,
+    PolicyFile,
+    RetentionOptions,
     StepPattern,
     list_checkpoints,
     load_policy,
     parse_policy,
+    plan,
     prune,
 )
 from s3ckpt.store import MemoryStore, open_store
@@ -153,16 +158,36 @@ def test_bad_patterns_are_refused(pattern: object, message: str) -> None:
 
 
 # -- policy files ------------------------------------------------------------------------------
-def test_policy_file_step_pattern(tmp_path: Path) -> None:
+def test_policy_file_step_pattern_is_a_setting_of_the_run(tmp_path: Path) -> None:
     text = f"step_pattern = '{PATTERN}'\n[keep]\nlast = 2\nevery = 500\n"
-    policy = parse_policy(text)
-    assert isinstance(policy, StepPattern) and policy.step_pattern == PATTERN
-    assert policy.rules() == (KeepLast(2), KeepEvery(500))
-    assert f"(step_pattern {PATTERN})" in policy.describe()
     f = tmp_path / "p.toml"
     f.write_text(text)
-    assert load_policy(f) == policy
-    assert parse_policy("[keep]\nlast = 2\n").step_pattern is None
+    source = PolicyFile.load(f)
+    assert source.policy.rules() == (KeepLast(2), KeepEvery(500))
+    assert source.step_pattern is not None and source.step_pattern.pattern == PATTERN
+    assert source == PolicyFile.parse(text, source=str(f))
+    assert f"(step_pattern {PATTERN})" in source.describe()
+    assert source.options().step_pattern is source.step_pattern  # compiled once, handed on
+    mine = RetentionOptions(step_pattern=r"ckpt_e(\d+)_s\d+")
+    assert source.options(mine) is mine, "a pattern the run names wins over the file's"
+    assert PolicyFile.parse("[keep]\nlast = 2\n").step_pattern is None
+
+
+def test_load_policy_of_a_file_with_a_pattern_still_carries_it(tmp_path: Path) -> None:
+    """For one release, callers that hand load_policy's Policy to prune (the Checkpointer,
+    the plug-ins) keep the file's pattern: a StepPattern that does not warn."""
+    text = f"step_pattern = '{PATTERN}'\n[keep]\nlast = 2\nevery = 500\n"
+    f = tmp_path / "p.toml"
+    f.write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        policy = load_policy(f)
+        assert parse_policy(text) == policy
+    assert isinstance(policy, StepPattern) and policy.pattern == PATTERN
+    assert policy.rules() == (KeepLast(2), KeepEvery(500))
+    assert f"(step_pattern {PATTERN})" in policy.describe()
+    assert PolicyFile.of(policy) == PolicyFile(policy.policy, PATTERN, "<policy>")
+    assert parse_policy("[keep]\nlast = 2\n") == KeepLast(2)
 
 
 @pytest.mark.parametrize(
@@ -180,20 +205,44 @@ def test_policy_file_bad_step_pattern_names_file_and_key(value: str, message: st
     assert str(info.value).startswith("pol.toml: step_pattern: ") and message in str(info.value)
 
 
-def test_step_pattern_policy_validates_and_combines() -> None:
+def test_the_deprecated_step_pattern_wrapper_warns_validates_and_combines() -> None:
     with pytest.raises(PolicyError, match="capture groups"):
         StepPattern(KeepLast(1), "x")
     with pytest.raises(PolicyError):
         StepPattern(KeepLast(1), re.compile(PATTERN))  # type: ignore[arg-type]
-    combined = StepPattern(KeepLast(1), PATTERN) | KeepEvery(10)
-    assert combined.step_pattern == PATTERN
-    clash = StepPattern(KeepLast(1), PATTERN) & StepPattern(KeepEvery(10), r"s(\d+)")
-    with pytest.raises(PolicyError, match="different patterns"):
+    with pytest.warns(DeprecationWarning, match="StepPattern is deprecated"):
+        combined = StepPattern(KeepLast(1), PATTERN) | KeepEvery(10)
+    with pytest.warns(DeprecationWarning, match="Policy.step_pattern is deprecated"):
+        assert combined.step_pattern == PATTERN
+    assert PolicyFile.of(combined) == PolicyFile(KeepLast(1) | KeepEvery(10), PATTERN, "<policy>")
+    with pytest.warns(DeprecationWarning):
+        clash = StepPattern(KeepLast(1), PATTERN) & StepPattern(KeepEvery(10), r"s(\d+)")
+    with pytest.raises(PolicyError, match="different patterns"), pytest.warns(DeprecationWarning):
         _ = clash.step_pattern
     store = MemoryStore("b")
     with pytest.raises(PolicyError):
         prune(store, RUN, clash, apply=True)
     assert store.calls == {}, "refused before any request"
+
+
+def test_the_planner_never_walks_a_step_pattern_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entry points take the wrapper apart: plan and prune see the rules, the plan's text
+    still names the pattern."""
+    store = MemoryStore("b")
+    lightning_run(store, [(f"ckpt_e0_s{s}", s) for s in (100, 500, 1000)])
+
+    def walked(self: StepPattern, *args: object) -> None:
+        raise AssertionError("the planner walked the wrapper")
+
+    monkeypatch.setattr(StepPattern, "select", walked)
+    with pytest.warns(DeprecationWarning):
+        wrapped = StepPattern(KeepEvery(500), PATTERN)
+    now = T0 + timedelta(days=1)
+    r = prune(store, RUN, wrapped, now=now)
+    assert set(r.plan.keep) == {"ckpt_e0_s500", "ckpt_e0_s1000"}
+    assert r.plan.policy == f"every 500 steps (step_pattern {PATTERN})"
+    p = plan(list_checkpoints(store, RUN, now=now, step_pattern=PATTERN), wrapped, now)
+    assert p.policy == r.plan.policy and p.keep == r.plan.keep
 
 
 # -- the catalog -------------------------------------------------------------------------------
@@ -252,6 +301,19 @@ def test_prune_takes_the_policy_files_pattern_and_an_explicit_one_wins() -> None
     assert list(r.plan.keep) == ["ckpt_e0_s1000"]  # the newest committed (by time) only
     r = prune(store, RUN, policy, apply=True, now=now)
     assert set(r.deleted) == {"ckpt_e0_s100", "ckpt_e0_s700"}
+
+
+def test_prune_takes_a_policy_file_and_options() -> None:
+    store = MemoryStore("b")
+    lightning_run(store, [(f"ckpt_e0_s{s}", s) for s in (100, 500, 700, 1000)])
+    now = T0 + timedelta(days=1)
+    source = PolicyFile.parse(f"step_pattern = '{PATTERN}'\n[keep]\nevery = 500\n")
+    r = prune(store, RUN, source, options=RetentionOptions(now=now))
+    assert set(r.plan.keep) == {"ckpt_e0_s500", "ckpt_e0_s1000"}
+    assert r.plan.policy == f"every 500 steps (step_pattern {PATTERN})"
+    other = RetentionOptions(now=now, step_pattern=r"ckpt_e(\d+)_s\d+")
+    r = prune(store, RUN, source, options=other)
+    assert all(d.checkpoint.step == 0 for d in r.plan.decisions)
 
 
 def test_cli_ls_and_prune_take_a_step_pattern(

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from s3ckpt._step_names import checkpoint_step, compile_step_pattern
 from s3ckpt.cli import main
 from s3ckpt.errors import ConfigError, PolicyError
-from s3ckpt.format import checkpoint_step, compile_step_pattern
 from s3ckpt.retention import KeepLast, StepPattern, list_checkpoints, parse_policy
 from s3ckpt.store import MemoryStore
 from s3ckpt.uri import StoreURL

@@ -17,7 +17,8 @@ from tenacity import RetryCallState, retry_if_exception, retry_if_exception_type
 
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import TransientStoreError
-from s3ckpt.retention._delete import _Deleter
+from s3ckpt.retention import RetentionOptions
+from s3ckpt.retention._deleter import Deleter
 from s3ckpt.store import TRANSIENT_CODES, MemoryStore, retrying
 from s3ckpt.store._errors import _ERROR_TABLE, is_transient, map_error, timeout_kind
 
@@ -192,7 +193,7 @@ def test_deleter_retries_transient_keys_in_jittered_rounds() -> None:
         times=100,
     )
     sleeps: list[float] = []
-    deleter = _Deleter(store, None, 2, 3, sleeps.append, None)
+    deleter = Deleter(store, None, RetentionOptions(batch_size=2, retries=3, sleep=sleeps.append))
     assert deleter.delete([f"k{i}" for i in range(4)], "data") == {"k1"}
     assert deleter.requests == 2 + 3  # the first round's two batches, then k1 alone 3 times
     assert len(sleeps) == 3 and all(

@@ -25,7 +25,14 @@ from s3ckpt.retention import (
     prune,
 )
 from s3ckpt.retention._lease import Lease, LeaseRecord
-from s3ckpt.store import MemoryStore, StoreTime, check_skew, skew_note, store_time
+from s3ckpt.store import (
+    Location,
+    MemoryStore,
+    StoreTime,
+    check_skew,
+    skew_note,
+    store_time,
+)
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
     Clock,
@@ -122,7 +129,9 @@ def test_the_cli_exits_5_on_skew_and_ls_only_warns(
 ) -> None:
     import s3ckpt._cli.retention as cli_mod
 
-    monkeypatch.setattr(cli_mod, "open_store", lambda url, **kw: (store, url))
+    monkeypatch.setattr(
+        cli_mod, "open_location", lambda args, target, **kw: Location.of(target, store=store)
+    )
     write_checkpoint(store, RUN, 1, created=clock.t)
     host[0] = 3 * HOUR
     assert main(["gc", str(RUN), "--apply"]) == 5

@@ -26,7 +26,7 @@ from s3ckpt import (
 from s3ckpt.config import MiB
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.format import Manifest
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import (
     INDEX_NAME,
     check_restored,
@@ -37,9 +37,9 @@ from s3ckpt.tools import (
     import_safetensors,
     inspect_checkpoint,
     load_verified,
-    parse_size,
     verify_checkpoint,
 )
+from s3ckpt.tools._common import parse_size
 from tests import _helpers
 
 SMALL = dataclasses.replace(_helpers.SMALL, read_request_size=4 * MiB)
@@ -110,6 +110,21 @@ def test_inspect_reads_only_marker_and_metadata(store: MemoryStore) -> None:
     assert json.loads(json.dumps(info.to_dict()))["tensors"][0]["name"] == "model.embed.weight"
     only = inspect_checkpoint(URL, store=store, include="model.layers.*", exclude="*.b")
     assert [t.name for t in only.tensors] == ["model.layers.0.w", "model.layers.1.w"]
+
+
+def test_every_tool_takes_a_location(store: MemoryStore) -> None:
+    at = Location.of(URL, store=store)
+    assert inspect_checkpoint(at).to_dict() == inspect_checkpoint(URL, store=store).to_dict()
+    assert verify_checkpoint(at).ok
+    assert diff_checkpoints(at, at).identical
+    # A URL beside a Location is opened in the Location's store (its bucket).
+    res = export_checkpoint(at, "s3://bkt/hf/model", only="model")
+    assert res.dest == "s3://bkt/hf/model/" and f"hf/model/{INDEX_NAME}" in store.objects
+    back = import_safetensors(at.parent.parent.child("hf/model"), "s3://bkt/run/step_0")
+    assert back.dest == "s3://bkt/run/step_0/" and "run/step_0/s3ckpt.json" in store.objects
+    # A tool of one location refuses settings given beside a Location (they would be ignored).
+    with pytest.raises(ConfigError, match="already a Location"):
+        inspect_checkpoint(at, transfer_config=SMALL)
 
 
 def test_inspect_and_verify_a_stock_dcp_checkpoint(tmp_path: Path) -> None:

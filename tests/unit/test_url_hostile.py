@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from s3ckpt._step_names import MAX_STEP_DIGITS
 from s3ckpt.cli import main
 from s3ckpt.errors import InvalidURLError
 from s3ckpt.format import (
     MANIFEST_NAME,
-    MAX_STEP_DIGITS,
     PIN_NAME,
     HashedPrefixes,
     checkpoint_name,

@@ -18,7 +18,7 @@ from s3ckpt.errors import ChecksumMismatchError, ConfigError, TransientStoreErro
 from s3ckpt.format import Manifest
 from s3ckpt.store import MemoryStore, _reply
 from s3ckpt.store._errors import is_transient
-from s3ckpt.store._request import call
+from s3ckpt.store._request import call, store_retrying
 from s3ckpt.uri import parse_url
 from tests.unit._memory_dcp import URL, make_state, save
 
@@ -150,7 +150,7 @@ def test_a_reply_echoing_another_checksum_is_retried() -> None:
         key="k",
         endpoint=None,
         config=TC,
-        sleep=lambda s: None,
+        policy=store_retrying(TC, lambda s: None),
     )
     assert (etag, attempts) == ('"2"', 2)
 
@@ -173,7 +173,7 @@ def test_a_checksum_echo_that_never_matches_fails_transient() -> None:
             key="k",
             endpoint=None,
             config=TC,
-            sleep=lambda s: None,
+            policy=store_retrying(TC, lambda s: None),
         )
 
 

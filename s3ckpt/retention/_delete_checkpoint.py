@@ -22,7 +22,7 @@ plan of one checkpoint, under the same rules:
    deletions (like prune and gc), record the intent (the checkpoint's name) in the lease,
    delete the commit marker first, then the ``.metadata`` and what the marker commits, then
    the other per-save names, and abort the prefix's open uploads of per-save names
-   (:class:`~s3ckpt.retention._delete._Deleter`). A crash at any point leaves the name in
+   (:class:`~s3ckpt.retention._deleter.Deleter`). A crash at any point leaves the name in
    the lease's intent log, and the next pruner finishes it.
 
 Only names s3ckpt (or, with ``include_foreign``, stock DCP) wrote are deleted; anything else
@@ -37,70 +37,68 @@ Checkpointer writing a newer one, since the pointer is written without a conditi
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
+from typing import Any, Unpack
 
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, DeleteRefusedError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, compile_step_pattern
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
-from s3ckpt.retention._delete import ProgressCallback, _Deleter, checkpoint_keys
+from s3ckpt.retention._deleter import Deleter, checkpoint_keys
 from s3ckpt.retention._duration import format_duration
 from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
-from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
-from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
+from s3ckpt.retention._lease import Lease
+from s3ckpt.retention._options import DeleteOverrides, RetentionOptions
 from s3ckpt.retention._plan import newest
 from s3ckpt.retention._results import DeleteResult
-from s3ckpt.retention._scan import scan
-from s3ckpt.store.base import MAX_DELETE_BATCH, ObjectStore
+from s3ckpt.retention._scan import catalogs
+from s3ckpt.retention._target import locate
+from s3ckpt.store import Location, LocationLike
+from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = ["delete_checkpoint"]
 
 
 def delete_checkpoint(
-    store: ObjectStore,
-    checkpoint: StoreURL,
+    where: LocationLike | ObjectStore,
+    checkpoint: StoreURL | None = None,
+    /,
     *,
     allow_newest: bool = False,
-    include_foreign: bool = False,
     dry_run: bool = False,
-    grace: timedelta = DEFAULT_GRACE,
-    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
-    retries: int = 5,
-    sleep: Callable[[float], None] = time.sleep,
-    now: datetime | None = None,
-    step_pattern: str | None = None,
-    on_progress: ProgressCallback | None = None,
+    options: RetentionOptions | None = None,
+    **overrides: Unpack[DeleteOverrides],
 ) -> DeleteResult:
     """Delete one checkpoint safely: under its run's lease, commit marker first, only the
     names s3ckpt wrote; refuse what could lose a checkpoint (see the module docs).
 
+    ``delete_checkpoint(location)`` or, as before, ``delete_checkpoint(store, checkpoint)``.
+
     Args:
-        store: The store.
-        checkpoint: The checkpoint's prefix (``s3://bucket/runs/a/step-4/``); its run is
-            the parent prefix.
+        where: The checkpoint's prefix (``s3://bucket/runs/a/step-4/``; its run is the
+            parent prefix): a :class:`~s3ckpt.store.Location` (or a URL), or a store and
+            then ``checkpoint``, a URL in it.
+        checkpoint: With a store: the checkpoint's prefix.
         allow_newest: Delete the run's newest committed checkpoint (by step) or its most
             recently committed one too; by default they are refused, since a resume loads
             them.
-        include_foreign: Delete a stock-DCP checkpoint (a ``.metadata`` but no s3ckpt
-            marker): only its DCP names (``.metadata``, ``__{r}_{i}.distcp``).
         dry_run: Only find the checkpoint and check it may be deleted: the result lists the
             keys that would go (no lease, nothing written).
-        grace: A save is in progress while any of its objects, heartbeats or open uploads is
-            younger than this (raised to ``MIN_GRACE_SECONDS`` when shorter, with a note).
-        lease_ttl: How long the run's lease lasts without renewal.
-        retries: Rounds of retries for throttled / 5xx per-key errors.
-        sleep: Back-off sleep (tests pass a no-op).
-        now: The time the grace period is judged against (default: the store's time, and
-            without ``dry_run`` a refusal when this host's clock is further from it than
-            the grace period).
-        step_pattern: How the run's names give their steps (see
-            :func:`s3ckpt.format.checkpoint_step`), for telling which checkpoint is newest.
-        on_progress: See :data:`~s3ckpt.retention.ProgressCallback` (``lease``, ``intent``,
-            ``delete``, ``done``).
+        options: The run's settings (:class:`~s3ckpt.retention.RetentionOptions`):
+            ``include_foreign`` (delete a stock-DCP checkpoint, a ``.metadata`` but no s3ckpt
+            marker: only its DCP names, ``.metadata`` and ``__{r}_{i}.distcp``), ``grace``
+            (a save is in progress while any of its objects, heartbeats or open uploads is
+            younger than this; raised to ``MIN_GRACE_SECONDS`` when shorter, with a note),
+            ``lease_ttl``, ``retries``, ``sleep``, ``now`` (the time the grace period is
+            judged against; default: the store's time, and without ``dry_run`` a refusal
+            when this host's clock is further from it than the grace period),
+            ``step_pattern`` (for telling which checkpoint is newest), ``batch_size`` and
+            ``on_progress`` (``lease``, ``intent``, ``delete``, ``done``).
+        **overrides: ``include_foreign``, ``grace``, ``lease_ttl``, ``retries``, ``sleep``,
+            ``now``, ``step_pattern`` and ``on_progress`` as loose keyword arguments (the
+            earlier signature): shorthand for ``options.replace(...)``.
 
     Returns:
         What was found and deleted. A per-key failure does not raise: it is in
@@ -123,21 +121,29 @@ def delete_checkpoint(
     catalog under the lease, 3-4 lease PUTs (plus HEAD + GET to take over a released one),
     and one DeleteObjects request per phase (marker, metadata, the rest).
     """
-    grace, notes = effective_grace(grace)
-    if step_pattern is not None:
-        compile_step_pattern(step_pattern)
+    options = RetentionOptions.fold(options, overrides, DeleteOverrides, "delete_checkpoint")
+    location = locate("delete_checkpoint", where, checkpoint)
+    return _delete(location, allow_newest, dry_run, options)
+
+
+def _delete(
+    location: Location, allow_newest: bool, dry_run: bool, options: RetentionOptions
+) -> DeleteResult:
+    """:func:`delete_checkpoint` below its entry point."""
+    store, checkpoint = location.store, location.url
     name, run = _split(checkpoint)
     refuse = None if dry_run else f"delete {checkpoint}"
-    now, skew = judge_time(store, run, now, grace, refuse=refuse)
-    notes += skew
+    options, notes = options.resolve(location.parent, refuse=refuse)
+    grace, now, include_foreign = options.grace, options.now, options.include_foreign
+    assert now is not None  # resolved: the store's time, or the caller's
+    on_progress = options.on_progress
 
     def emit(event: str, **details: Any) -> None:
         if on_progress is not None:
             on_progress(event, details)
 
     def catalog() -> RunCatalog:
-        cats = scan(store, run, grace=grace, now=now, step_pattern=step_pattern)
-        return _run_catalog(cats, checkpoint, run, name)
+        return _run_catalog(catalogs(store, run, options), checkpoint, run, name)
 
     # Refuse from a listing without the lease first: a refusal writes nothing at all. A
     # checkpoint whose deletion a pruner (or an earlier rm) began and did not finish has no
@@ -150,7 +156,7 @@ def delete_checkpoint(
     if dry_run:
         return _result(target, run, applied=False, notes=notes)
 
-    lease = Lease(store, run, ttl=lease_ttl, operation="rm").acquire()
+    lease = Lease(store, run, ttl=options.lease_ttl, operation="rm").acquire()
     emit("lease", owner=lease.owner, resumed=bool(lease.previous))
     # Until our own intent is recorded, an exception keeps the dead holder's log.
     intent: list[str] = list(lease.previous.deleting) if lease.previous else []
@@ -174,7 +180,7 @@ def delete_checkpoint(
         intent = [*carry, *(c.name for c in targets)]
         lease.record_intent(intent, planned_markers(targets))
         emit("intent", names=intent)
-        deleter = _Deleter(store, lease, MAX_DELETE_BATCH, retries, sleep, on_progress)
+        deleter = Deleter(store, lease, options)
         done = deleter.delete_checkpoints(targets)
         lease.release([n for n in intent if n not in {*done, *deleter.changed}])
         notes += deleter.changed_notes()
@@ -343,7 +349,7 @@ def _result(
     *,
     applied: bool,
     deleted: bool = False,
-    deleter: _Deleter | None = None,
+    deleter: Deleter | None = None,
     resumed: tuple[str, ...] = (),
     notes: tuple[str, ...] = (),
 ) -> DeleteResult:

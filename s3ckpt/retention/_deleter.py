@@ -1,18 +1,18 @@
-"""What deleting a checkpoint removes, and the batched deleter that removes it.
+"""Which keys may go, and the batched deleter that removes them.
 
 Only names s3ckpt (or, for an uncommitted prefix, stock DCP) wrote are ever selected:
-:func:`checkpoint_keys` for a prune, :func:`leftover_keys` for gc. :class:`_Deleter`
-sends them in ``DeleteObjects`` batches, checks every per-key error, retries transient
-ones and renews the lease before every request.
+:func:`checkpoint_keys` for a prune or an rm, :func:`leftover_keys` for gc. :class:`Deleter`
+sends them in ``DeleteObjects`` batches of the run's ``batch_size``, checks every per-key
+error, retries transient ones (the run's ``retries`` rounds) and renews the lease before
+every request.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tenacity import retry_if_result
 
@@ -29,20 +29,17 @@ from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._lease import Lease
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.store import TRANSIENT_CODES, cached_capabilities, probe_capabilities, retrying
 from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
 
 __all__ = [
-    "ProgressCallback",
+    "Deleter",
     "checkpoint_keys",
     "checkpoint_uploads",
     "leftover_keys",
     "leftover_uploads",
 ]
-
-ProgressCallback = Callable[[str, dict[str, Any]], None]
-"""``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
-request: ``phase``, ``keys``), ``done``. For logs and for the crash tests."""
 
 _BACKOFF = TransferConfig(retry_initial_delay=0.1, retry_max_delay=5.0)
 """Back-off between rounds of per-key retries: 0.1 s doubling up to 5 s, full jitter."""
@@ -161,16 +158,19 @@ def _is_first_metadata(c: CheckpointInfo, key: str) -> bool:
 
 
 @dataclass
-class _Deleter:
+class Deleter:
     """Batched deletes with per-key checks, retries of transient per-key errors, lease
-    renewal before every request, and a request counter."""
+    renewal before every request, and a request counter.
+
+    Attributes:
+        store: The store.
+        lease: The run's lease, renewed before every request (None: no lease, as in tests).
+        options: The run's ``batch_size``, ``retries``, ``sleep`` and ``on_progress``.
+    """
 
     store: ObjectStore
     lease: Lease | None
-    batch_size: int
-    retries: int
-    sleep: Callable[[float], None]
-    on_progress: ProgressCallback | None
+    options: RetentionOptions
     requests: int = 0
     deleted_keys: int = 0
     aborted: int = 0
@@ -197,8 +197,8 @@ class _Deleter:
         rounds = retrying(
             _BACKOFF,
             retry=retry_if_result(bool),
-            sleep=self.sleep,
-            attempts=self.retries + 1,
+            sleep=self.options.sleep,
+            attempts=self.options.retries + 1,
             deadline=False,
         )
         # Keys still pending after the last round stay in ``failed``: no RetryError.
@@ -210,8 +210,9 @@ class _Deleter:
         """Send ``pending`` in batches; record failures in ``failed``; return the keys worth
         another round."""
         retry: list[str] = []
-        for i in range(0, len(pending), self.batch_size):
-            chunk = pending[i : i + self.batch_size]
+        size = self.options.batch_size
+        for i in range(0, len(pending), size):
+            chunk = pending[i : i + size]
             if self.lease is not None:
                 self.lease.renew_if_due()
             try:
@@ -228,8 +229,8 @@ class _Deleter:
             for k in chunk:
                 if k not in bad:
                     failed.pop(k, None)
-            if self.on_progress is not None:
-                self.on_progress("delete", {"phase": phase, "keys": len(chunk)})
+            if self.options.on_progress is not None:
+                self.options.on_progress("delete", {"phase": phase, "keys": len(chunk)})
         return retry
 
     def _delete_marker(self, key: str, etag: str) -> bool:
@@ -244,8 +245,8 @@ class _Deleter:
         if self.lease is not None:
             self.lease.renew_if_due()
         self.requests += 1
-        if self.on_progress is not None:
-            self.on_progress("delete", {"phase": "marker", "keys": 1})
+        if self.options.on_progress is not None:
+            self.options.on_progress("delete", {"phase": "marker", "keys": 1})
         # A 404 or 412 is the marker changed or gone since the scan, decided below.
         if self._conditional_delete():
             try:

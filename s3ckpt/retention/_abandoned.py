@@ -1,4 +1,5 @@
-"""Garbage collection: reclaim what dead saves and dead pruners left under a prefix.
+"""Garbage collection (:func:`gc`): reclaim what dead saves and dead pruners left under a
+prefix, their abandoned uploads and objects.
 
 gc deletes only names s3ckpt wrote (:func:`s3ckpt.format.owned_tag`) of saves that are
 dead, aborts their open uploads, rolls a committed checkpoint's missing or stale plain
@@ -9,24 +10,25 @@ dead, aborts their open uploads, rolls a committed checkpoint's missing or stale
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
+from typing import Unpack
 
 from s3ckpt._commit import restore_stock_metadata
 from s3ckpt.errors import LeaseHeldError, S3CkptError
 from s3ckpt.format import METADATA_NAME
 from s3ckpt.metrics import instrument
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
-from s3ckpt.retention._delete import _Deleter, leftover_keys, leftover_uploads
+from s3ckpt.retention._deleter import Deleter, leftover_keys, leftover_uploads
 from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
-from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease
-from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
-from s3ckpt.retention._prune import check_batch_size
+from s3ckpt.retention._lease import Lease
+from s3ckpt.retention._options import GcOverrides, RetentionOptions
 from s3ckpt.retention._results import GcResult
-from s3ckpt.retention._scan import list_checkpoints, read_manifest, scan
-from s3ckpt.store import lists_uploads
-from s3ckpt.store.base import MAX_DELETE_BATCH, DeleteFailure, ObjectStore, UploadInfo
+from s3ckpt.retention._scan import catalogs, read_manifest, run_checkpoints
+from s3ckpt.retention._target import locate
+from s3ckpt.store import Location, LocationLike, lists_uploads
+from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
 from s3ckpt.uri import StoreURL
 
 __all__ = ["DEFAULT_GC_AGE", "gc"]
@@ -102,19 +104,18 @@ def _restore_metadata(store: ObjectStore, c: CheckpointInfo) -> DeleteFailure | 
 
 
 def gc(
-    store: ObjectStore,
-    root: StoreURL,
+    where: LocationLike | ObjectStore,
+    root: StoreURL | None = None,
+    /,
     *,
     older_than: timedelta = DEFAULT_GC_AGE,
-    grace: timedelta = DEFAULT_GRACE,
     apply: bool = False,
-    now: datetime | None = None,
-    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
-    batch_size: int = MAX_DELETE_BATCH,
-    retries: int = 5,
-    sleep: Callable[[float], None] = time.sleep,
+    options: RetentionOptions | None = None,
+    **overrides: Unpack[GcOverrides],
 ) -> GcResult:
-    """Reclaim what dead saves and dead pruners left under ``root``.
+    """Reclaim what dead saves and dead pruners left under a prefix.
+
+    ``gc(location)`` or, as before, ``gc(store, root)``.
 
     A dry run by default, like :func:`prune`. gc deletes only names s3ckpt wrote (see
     :func:`s3ckpt.format.owned_tag`) of saves that are dead — no object, heartbeat or open
@@ -135,11 +136,20 @@ def gc(
     lease, from a re-listing made under it.
 
     Args:
+        where: The prefix: a :class:`~s3ckpt.store.Location` (or a URL), or a store and
+            then ``root``, a URL in it.
+        root: With a store: the prefix.
         older_than: An extra margin: abort uploads of dead saves only once they started
             this long ago (default 0: a dead save's uploads go at once). It never aborts an
             upload of a live save, however old.
-        grace: A save is live while any object, heartbeat or upload of its tag is younger
-            than this; raised to ``MIN_GRACE_SECONDS`` (60 s) when shorter, with a note.
+        apply: Abort, delete and restore (default: dry run).
+        options: The run's settings (:class:`~s3ckpt.retention.RetentionOptions`): ``grace``
+            (a save is live while any object, heartbeat or upload of its tag is younger
+            than this; raised to ``MIN_GRACE_SECONDS``, 60 s, when shorter, with a note),
+            ``now``, ``lease_ttl``, ``batch_size``, ``retries``, ``sleep``, ``on_progress``.
+        **overrides: ``grace``, ``now``, ``lease_ttl``, ``batch_size``, ``retries`` and
+            ``sleep`` as loose keyword arguments (the earlier signature): shorthand for
+            ``options.replace(...)``.
 
     Publishes one ``"gc"`` event (:mod:`s3ckpt.metrics`): saves removed, bytes freed,
     lease waits and busy runs, requests.
@@ -149,60 +159,43 @@ def gc(
     ``ceil(keys / batch_size)`` DeleteObjects requests, one AbortMultipartUpload per upload
     and a GET + PUT (plus the marker's GET) per restored ``.metadata``.
     """
-    check_batch_size(batch_size)
-    with instrument.operation("gc", str(root)) as recorder:
-        result = _gc(
-            recorder,
-            store,
-            root,
-            older_than=older_than,
-            grace=grace,
-            apply=apply,
-            now=now,
-            lease_ttl=lease_ttl,
-            batch_size=batch_size,
-            retries=retries,
-            sleep=sleep,
-        )
+    options = RetentionOptions.fold(options, overrides, GcOverrides, "gc")
+    location = locate("gc", where, root)
+    with instrument.operation("gc", str(location.url)) as recorder:
+        result = _gc(recorder, location, older_than, apply, options)
     return result
 
 
 def _gc(
     recorder: instrument.Recorder,
-    store: ObjectStore,
-    root: StoreURL,
-    *,
+    location: Location,
     older_than: timedelta,
-    grace: timedelta,
     apply: bool,
-    now: datetime | None,
-    lease_ttl: timedelta,
-    batch_size: int,
-    retries: int,
-    sleep: Callable[[float], None],
+    options: RetentionOptions,
 ) -> GcResult:
     """:func:`gc`'s work; finishes ``recorder`` with what was removed."""
-    grace, notes = effective_grace(grace)
-    now, skew = judge_time(store, root, now, grace, refuse="gc" if apply else None)
-    notes += skew
+    store, root = location.store, location.url
+    options, notes = options.resolve(location, refuse="gc" if apply else None)
+    now = options.now
+    assert now is not None  # resolved: the store's time, or the caller's
     cutoff = (now - older_than).timestamp()
     settled = (now - FAILURE_SETTLE).timestamp()
-    catalogs = scan(store, root, grace=grace, now=now)
+    found_runs = catalogs(store, root, options)
     if not lists_uploads(store):
         notes += (
             "the store does not implement ListMultipartUploads: gc cannot see open "
             "multipart uploads and aborted none (let a lifecycle rule abort incomplete ones)",
         )
-    found = _survey((c for cat in catalogs for c in cat.checkpoints), cutoff, settled)
+    found = _survey((c for cat in found_runs for c in cat.checkpoints), cutoff, settled)
     notes += tuple(
         f"{c.url}: a save failed there {max(0, round(now.timestamp() - c.failed_at.timestamp()))}"
         f" s ago; gc leaves it until the failure is {int(FAILURE_SETTLE.total_seconds())} s old"
         for c in found.settling
         if c.failed_at is not None
     )
-    damaged = tuple(c for cat in catalogs for c in cat.checkpoints if c.damaged)
-    intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in catalogs}
-    pending = tuple(str(cat.run.child(n)) for cat in catalogs for n in intents[cat.run.prefix])
+    damaged = tuple(c for cat in found_runs for c in cat.checkpoints if c.damaged)
+    intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in found_runs}
+    pending = tuple(str(cat.run.child(n)) for cat in found_runs for n in intents[cat.run.prefix])
     if not apply:
         recorder.finish(dry_run=True)
         return GcResult(
@@ -217,7 +210,7 @@ def _gc(
             damaged=damaged,
         )
 
-    deleter = _Deleter(store, None, batch_size, retries, sleep, None)
+    deleter = Deleter(store, None, options)
     removed: list[str] = []
     skipped: list[str] = []
     busy: list[str] = []
@@ -225,13 +218,13 @@ def _gc(
     resumed: list[str] = []
     leftovers_deleted = 0
     lease_wait = 0.0
-    for cat in catalogs:
+    for cat in found_runs:
         mine = _survey(cat.checkpoints, cutoff, settled)
         if mine.empty and not intents[cat.run.prefix]:
             continue
         waited = time.monotonic()
         try:
-            lease = Lease(store, cat.run, ttl=lease_ttl, operation="gc").acquire()
+            lease = Lease(store, cat.run, ttl=options.lease_ttl, operation="gc").acquire()
         except LeaseHeldError:
             lease_wait += time.monotonic() - waited
             busy.append(str(cat.run))
@@ -241,7 +234,7 @@ def _gc(
         deleter.lease = lease
         intent: list[str] = list(lease.previous.deleting) if lease.previous else []
         try:
-            fresh = list_checkpoints(store, cat.run, grace=grace, now=now)
+            fresh = run_checkpoints(store, cat.run, options)
             resume, carry, rest = finish_previous(lease, fresh)
             done: tuple[str, ...] = ()
             intent = [*carry, *(c.name for c in resume)]

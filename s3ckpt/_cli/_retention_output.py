@@ -1,0 +1,260 @@
+"""How the retention commands print (``ls``, ``prune``, ``gc``, ``rm``): their tables, lines
+and notes on stdout, and what a damaged checkpoint does to the exit code.
+
+Pure presentation of retention's values (:class:`~s3ckpt.retention.RunCatalog`,
+:class:`~s3ckpt.retention.PruneResult`, :class:`~s3ckpt.retention.GcResult`,
+:class:`~s3ckpt.retention.DeleteResult`); the commands (:mod:`s3ckpt._cli.retention`) decide
+nothing here. Times print in UTC to the minute, sizes as :func:`s3ckpt._units.format_bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
+from s3ckpt._cli._damaged import printable, state_label, warn_damaged
+from s3ckpt._cli._output import print_json, print_table
+from s3ckpt._units import format_bytes, plural
+from s3ckpt.retention import CheckpointInfo, DeleteResult, GcResult, PruneResult, RunCatalog
+from s3ckpt.store.base import DeleteFailure
+from s3ckpt.uri import StoreURL
+
+__all__ = [
+    "columns",
+    "damaged_code",
+    "dump",
+    "ls_json",
+    "print_failures",
+    "print_gc",
+    "print_ls",
+    "print_prune",
+    "print_rm",
+    "when",
+]
+
+
+def when(t: datetime | None) -> str:
+    """A time as ``2025-03-01 12:00Z`` (``-`` for none)."""
+    return "-" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%MZ")
+
+
+def metric_values(m: Mapping[str, float]) -> str:
+    """``ls``'s METRICS column: ``name=value`` pairs (``-`` for none)."""
+    if not m:
+        return "-"
+    return " ".join(f"{k}={v:.4g}" if math.isfinite(v) else f"{k}={v}" for k, v in m.items())
+
+
+def columns(c: CheckpointInfo) -> list[str]:
+    """NAME, STEP, STATE, COMMITTED and SIZE: the columns ls and prune share."""
+    step = "-" if c.step is None else str(c.step)
+    state = "failed" if c.failed else state_label(c)  # abandoned, by a save that said so
+    return [c.name, step, state, when(c.committed_at), format_bytes(c.size)]
+
+
+def dump(doc: Any) -> None:
+    """``--json``: one document on stdout (NaN refused, anything else as text)."""
+    print_json(doc, allow_nan=False, default=str)
+
+
+def section(title: str, items: Sequence[str], state: str, unit: str = "") -> None:
+    """``title: N{unit} (state)`` and one indented line per item."""
+    print(f"{title}: {len(items)}{unit} ({state})")
+    for item in items:
+        print(f"  {item}")
+
+
+def print_failures(failures: Iterable[DeleteFailure]) -> None:
+    """One ``FAILED key: code: message`` line per failure."""
+    for f in failures:
+        print(f"  FAILED {f.key}: {f.code}: {f.message}")
+
+
+def saves(c: CheckpointInfo) -> str:
+    """``ls``'s line about saves in progress or failed in one checkpoint prefix, or ""."""
+    if c.damaged:
+        return ""  # its committed save is unknown: its warning on stderr says the rest
+    failed = ""
+    if c.failed_at is not None:
+        failed = f"a save failed at {when(c.failed_at)}: {printable(c.failure or '?')}"
+        failed += " (s3ckpt gc removes what it left)"
+    if not c.live_saves and not (c.uploads and not c.is_committed):
+        return failed
+    n = c.live_saves
+    what = f"{n} save{'s' if n != 1 else ''} in progress" if n else "no live save"
+    if c.overwrite_in_progress:
+        what = f"overwrite in progress ({what})"
+    extra = []
+    if c.uploads:
+        extra.append(f"{len(c.uploads)} open upload{'s' if len(c.uploads) != 1 else ''}")
+    if not c.num_objects:
+        extra.append("no objects yet")
+    return what + (f", {', '.join(extra)}" if extra else "") + (f"; {failed}" if failed else "")
+
+
+def print_ls(root: StoreURL, catalogs: Sequence[RunCatalog]) -> None:
+    """``ls``: each run's line and table of checkpoints, and its saves in progress."""
+    if not catalogs:
+        print(f"no checkpoints under {root}")
+        return
+    for i, cat in enumerate(catalogs):
+        if i:
+            print()
+        ck = cat.checkpoints
+        committed = sum(1 for c in ck if c.is_committed)
+        total = sum(c.size for c in ck)
+        count = plural(len(ck), "checkpoint")
+        print(f"{cat.run}  ({count}, {committed} committed, {format_bytes(total)})")
+        if not ck:
+            continue
+        rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "OBJECTS", "METRICS", "PINNED"]]
+        for c in ck:
+            rows.append(
+                [*columns(c), str(c.num_objects), metric_values(c.metrics), c.pinned or "-"]
+            )
+        print_table(rows, right=(1, 4, 5), indent="  ")
+        for c in ck:
+            line = saves(c)
+            if line:
+                print(f"  {c.name}: {line}")
+
+
+def ls_json(root: StoreURL, catalogs: Sequence[RunCatalog]) -> dict[str, Any]:
+    """``ls --json``'s document."""
+    return {
+        "root": str(root),
+        "runs": [
+            {"run": str(cat.run), "checkpoints": [c.to_dict() for c in cat.checkpoints]}
+            for cat in catalogs
+        ],
+    }
+
+
+def damaged_code(command: str, checkpoints: Iterable[CheckpointInfo]) -> int:
+    """Warn about each damaged checkpoint on stderr: exit 1 (done in part) when any is."""
+    return EXIT_PARTIAL if warn_damaged(command, checkpoints) else EXIT_OK
+
+
+def print_prune(result: PruneResult) -> None:
+    """One run's plan (and with ``--apply`` what was deleted), as a table."""
+    p = result.plan
+    print(f"{result.run}  policy: {p.policy}")
+    if p.decisions:
+        rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "ACTION", "REASONS"]]
+        for d in p.decisions:
+            rows.append([*columns(d.checkpoint), d.action, "; ".join(d.reasons)])
+        print_table(rows, right=(1, 4), indent="  ")
+    freed = f"{format_bytes(p.bytes_freed)}, {plural(p.objects_deleted, 'object')}"
+    counts = f"keep {len(p.keep)}, skip {len(p.skipped)}"
+    deferred = f", {p.deferred} deferred by --max-delete" if p.deferred else ""
+    for note in result.notes:
+        print(f"  note: {note}")
+    if not result.applied:
+        print(
+            f"  dry run: would delete {len(p.delete)} ({freed}), {counts}{deferred}; "
+            "pass --apply to delete"
+        )
+        return
+    if result.resumed:
+        freed = (
+            f"{format_bytes(p.bytes_freed + result.resumed_bytes)}, "
+            f"{plural(p.objects_deleted + result.resumed_objects, 'object')}"
+        )
+        resumed = (
+            f"; {len(result.resumed)} of them finished for an interrupted prune "
+            f"({', '.join(result.resumed)})"
+        )
+    else:
+        resumed = ""
+    print(
+        f"  deleted {len(result.deleted)} of {result.targets} ({freed}) in "
+        f"{plural(result.delete_requests, 'DeleteObjects request')}, {counts}{deferred}{resumed}"
+    )
+    print_failures(result.failures)
+
+
+def print_gc(r: GcResult) -> None:
+    """What gc found under its prefix and (with ``--apply``) did."""
+    done = r.applied
+    print(
+        f"{r.root}  open uploads of dead saves older than the cutoff: {len(r.uploads)} "
+        + (f"(aborted {r.aborted})" if done else "(would abort)")
+    )
+    for u in r.uploads:
+        print(f"  upload {u.key} ({u.upload_id[:16]}...)")
+    if done:
+        state = f"removed {len(r.removed)}"
+        if r.skipped:
+            state += f", skipped {len(r.skipped)}: lease held by another pruner"
+        rest = len(r.abandoned) - len(r.removed) - len(r.skipped)
+        if rest > 0:
+            state += f", {rest} not (fully) removed"
+    else:
+        state = "would remove"
+    print(f"abandoned saves: {len(r.abandoned)} ({state})")
+    removed, skipped = set(r.removed), set(r.skipped)
+    for c in r.abandoned:
+        mark = ""
+        if done:
+            url = str(c.url)
+            mark = "  removed" if url in removed else "  SKIPPED" if url in skipped else "  LEFT"
+        print(
+            f"  {c.url}  {format_bytes(c.size)}, {plural(c.num_objects, 'object')}, "
+            f"last activity {when(c.last_activity)}{mark}"
+        )
+    if r.leftovers:
+        section(
+            "leftovers of dead saves in live or committed prefixes",
+            r.leftovers,
+            f"deleted {r.leftovers_deleted}" if done else "would delete",
+        )
+    if r.stale_metadata:
+        section(
+            "committed checkpoints missing a current .metadata",
+            r.stale_metadata,
+            f"restored {len(r.restored)}" if done else "would restore",
+        )
+    if r.resumed:
+        section(
+            "interrupted prunes",
+            r.resumed,
+            "finished" if done else "would finish",
+            unit=" checkpoints",
+        )
+    for run in r.busy_runs:
+        print(f"  skipped {run}: another pruner holds its lease", file=sys.stderr)
+    print_failures(r.failures)
+    for note in r.notes:
+        print(f"note: {note}")
+    if not done and (r.uploads or r.abandoned or r.leftovers or r.stale_metadata or r.resumed):
+        print("dry run: pass --apply to abort, delete and restore")
+
+
+def print_rm(r: DeleteResult) -> None:
+    """One checkpoint's deletion (or, with ``--dry-run``, what would go)."""
+    step = "" if r.step is None else f"step {r.step}, "
+    what = f"{step}{r.state.value}, {plural(len(r.keys), 'key')}, {format_bytes(r.size)}"
+    if not r.applied:
+        print(f"would delete {r.checkpoint} ({what}); without --dry-run it is deleted")
+    elif r.deleted:
+        requests = plural(r.delete_requests, "DeleteObjects request")
+        print(f"deleted {r.checkpoint} ({what}) in {requests}")
+    else:
+        print(
+            f"NOT deleted {r.checkpoint} ({what}): {plural(len(r.failures), 'failure')}; its name "
+            "stays in the run's lease, and the next prune, gc or rm finishes it"
+        )
+    if r.kept:
+        n = len(r.kept)
+        print(f"  kept {n} object{'s' if n != 1 else ''} s3ckpt did not write:")
+        for key in r.kept:
+            print(f"    {key[len(r.checkpoint.prefix) :]}")
+    if r.resumed:
+        print(f"  also finished for an interrupted prune: {', '.join(r.resumed)}")
+    print_failures(r.failures)
+    for note in r.notes:
+        print(f"  note: {note}")

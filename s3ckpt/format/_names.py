@@ -1,0 +1,134 @@
+"""The names s3ckpt writes on the bucket (and so the only ones it may ever delete).
+
+Under a checkpoint prefix:
+
+=================================  ===========================================================
+``__{rank}_{i}.{tag}.distcp``      data objects of the save whose tag is ``{tag}``
+``.metadata.{tag}``                that save's pickled DCP ``Metadata`` (what the marker commits)
+``s3ckpt.alive.{tag}.{rank}``      that save's heartbeat (rank ``rank`` is still writing)
+``s3ckpt.failed.{tag}.{rank}``     that save failed on rank ``rank`` (written best effort by
+                                   the rank that saw it fail: the save is dead at once)
+``s3ckpt.json``                    the commit marker (names the committed save's tag)
+``.metadata``                      a copy of the committed ``.metadata.{tag}``, written after
+                                   the marker, for stock DCP readers
+=================================  ===========================================================
+
+A *run* is a prefix whose checkpoints are its immediate sub-prefixes, named
+``step_{step:09d}`` by the Checkpointer (:func:`checkpoint_name`); the names frameworks give
+parse too (``s3ckpt._step_names``). Its control objects are never checkpoints and never
+deleted by retention: ``s3ckpt.latest.json`` (:data:`LATEST_NAME`, the Checkpointer's
+pointer to the latest checkpoint) and ``s3ckpt.lease`` (:data:`LEASE_NAME`, the pruner's
+lease) in the run, and ``s3ckpt.pin.json`` (:data:`PIN_NAME`, a pin set by ``s3ckpt pin``)
+in a checkpoint.
+
+``{tag}`` is the first 8 hex digits of the save's id (:func:`save_tag`). Every per-save name
+carries it, so a save's own objects and uploads can always be found, and no save ever
+writes (or deletes) under another save's names. :func:`owned_tag` recognises these names;
+anything else under a checkpoint prefix was not written by s3ckpt and is never deleted by
+gc. (Hashed-prefix data names live in the run's shard folder: ``_hashed.py``.)
+"""
+
+from __future__ import annotations
+
+import re
+
+from s3ckpt._step_names import MAX_STEP_DIGITS
+from s3ckpt.errors import ConfigError
+
+__all__ = [
+    "FAILED_PREFIX",
+    "HEARTBEAT_PREFIX",
+    "LATEST_NAME",
+    "LEASE_NAME",
+    "MANIFEST_NAME",
+    "METADATA_NAME",
+    "PIN_NAME",
+    "TAG_LEN",
+    "TAG_PATTERN",
+    "checkpoint_name",
+    "data_name",
+    "failure_name",
+    "heartbeat_name",
+    "metadata_name",
+    "owned_tag",
+    "save_tag",
+]
+
+MANIFEST_NAME = "s3ckpt.json"
+"""The commit marker: a checkpoint prefix is committed iff it holds this object."""
+METADATA_NAME = ".metadata"
+"""DCP's metadata object (a save writes ``.metadata.{tag}``, then this copy for stock readers)."""
+HEARTBEAT_PREFIX = "s3ckpt.alive."
+"""Start of a heartbeat's name, ``s3ckpt.alive.{tag}.{rank}`` (:func:`heartbeat_name`)."""
+FAILED_PREFIX = "s3ckpt.failed."
+"""Start of a failure record's name, ``s3ckpt.failed.{tag}.{rank}`` (:func:`failure_name`)."""
+
+LATEST_NAME = "s3ckpt.latest.json"
+"""Run-level pointer to the latest checkpoint (written by the Checkpointer)."""
+LEASE_NAME = "s3ckpt.lease"
+"""Run-level pruner lease."""
+PIN_NAME = "s3ckpt.pin.json"
+"""Per-checkpoint pin: ``{"reason": ..., "pinned_at": ..., "by": ...}``."""
+
+TAG_LEN = 8
+"""Hex digits of a save tag."""
+TAG_PATTERN = r"([0-9a-f]{8})"
+"""A save tag as a regular expression with one group (for names that carry it)."""
+_OWNED = (
+    re.compile(r"__\d+_\d+\." + TAG_PATTERN + r"\.distcp"),
+    re.compile(re.escape(METADATA_NAME) + r"\." + TAG_PATTERN),
+    re.compile(re.escape(HEARTBEAT_PREFIX) + TAG_PATTERN + r"\.\d+"),
+    re.compile(re.escape(FAILED_PREFIX) + TAG_PATTERN + r"\.\d+"),
+)
+
+
+def save_tag(save_id: str) -> str:
+    """The 8-hex-digit tag every object of the save ``save_id`` carries in its name."""
+    tag = save_id[:TAG_LEN].lower()
+    if not re.fullmatch(TAG_PATTERN, tag):
+        raise ValueError(f"save id {save_id!r} does not start with {TAG_LEN} hex digits")
+    return tag
+
+
+def data_name(rank: int, index: int, tag: str) -> str:
+    """Name of data object ``index`` of ``rank`` in the save tagged ``tag``."""
+    return f"__{rank}_{index}.{tag}.distcp"
+
+
+def metadata_name(tag: str) -> str:
+    """Name of the ``.metadata`` the save tagged ``tag`` writes (and its marker commits)."""
+    return f"{METADATA_NAME}.{tag}"
+
+
+def heartbeat_name(tag: str, rank: int) -> str:
+    """Name of rank ``rank``'s heartbeat object for the save tagged ``tag``."""
+    return f"{HEARTBEAT_PREFIX}{tag}.{rank}"
+
+
+def failure_name(tag: str, rank: int) -> str:
+    """Name of the record that the save tagged ``tag`` failed on rank ``rank``."""
+    return f"{FAILED_PREFIX}{tag}.{rank}"
+
+
+def owned_tag(name: str) -> str | None:
+    """The save tag of a per-save name s3ckpt writes (see the module docs), else None.
+
+    ``name`` is relative to the checkpoint prefix (no ``/``). Stock DCP names
+    (``__0_0.distcp``), the plain ``.metadata``, the marker and foreign files give None.
+    """
+    for pattern in _OWNED:
+        m = pattern.fullmatch(name)
+        if m is not None:
+            return m.group(1)
+    return None
+
+
+def checkpoint_name(step: int) -> str:
+    """The sub-prefix of a run that holds ``step``'s checkpoint: ``step_000001000``.
+
+    Nine digits sort correctly up to a billion steps; larger steps still parse, up to
+    ``MAX_STEP_DIGITS`` (18) digits (a longer name would not read back as a step).
+    """
+    if step < 0 or step >= 10**MAX_STEP_DIGITS:
+        raise ConfigError(f"step must be from 0 to 10**{MAX_STEP_DIGITS} - 1, got {step}")
+    return f"step_{step:09d}"

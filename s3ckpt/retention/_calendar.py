@@ -1,0 +1,120 @@
+"""Calendar buckets with restic ``forget`` semantics: :class:`KeepCalendar`.
+
+One rule of the policy algebra (:mod:`s3ckpt.retention._policy`), kept in its own module for
+its period arithmetic: the hour, day, ISO week, month or year holding a commit time, the
+first instant of that period, and its label in a reason (``daily (2025-03-14)``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from s3ckpt.errors import PolicyError
+from s3ckpt.retention._catalog import CheckpointInfo
+from s3ckpt.retention._policy import Policy, Selection
+
+__all__ = ["KeepCalendar"]
+
+_CAL_FIELDS = ("hourly", "daily", "weekly", "monthly", "yearly")
+
+
+def _period(kind: str, t: datetime) -> tuple[int, ...]:
+    # Tuples, not strftime: this runs for every checkpoint of every bucket kind.
+    if kind == "hourly":
+        return (t.year, t.month, t.day, t.hour)
+    if kind == "daily":
+        return (t.year, t.month, t.day)
+    if kind == "weekly":
+        y, w, _ = t.isocalendar()
+        return (y, w)
+    if kind == "monthly":
+        return (t.year, t.month)
+    return (t.year,)
+
+
+def _commit_time(c: CheckpointInfo) -> datetime:
+    assert c.committed_at is not None
+    return c.committed_at
+
+
+def _period_start(kind: str, t: datetime) -> datetime:
+    """The first instant of the period holding ``t`` (in ``t``'s own time zone)."""
+    if kind == "hourly":
+        return t.replace(minute=0, second=0, microsecond=0)
+    midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
+    if kind == "daily":
+        return midnight
+    if kind == "weekly":
+        return midnight - timedelta(days=t.weekday())  # ISO weeks start on Monday
+    if kind == "monthly":
+        return midnight.replace(day=1)
+    return midnight.replace(month=1, day=1)
+
+
+def _period_label(kind: str, p: tuple[int, ...]) -> str:
+    if kind == "hourly":
+        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}T{p[3]:02d}"
+    if kind == "daily":
+        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}"
+    if kind == "weekly":
+        return f"{p[0]:04d}-W{p[1]:02d}"
+    if kind == "monthly":
+        return f"{p[0]:04d}-{p[1]:02d}"
+    return f"{p[0]:04d}"
+
+
+@dataclass(frozen=True)
+class KeepCalendar(Policy):
+    """Calendar buckets with restic ``forget`` semantics.
+
+    For each bucket kind with a count ``n``: walk the checkpoints newest first (by commit
+    time) and keep the newest checkpoint of each hour / day / ISO week / month / year, until
+    ``n`` such periods have a kept checkpoint. Periods with no checkpoint do not count
+    (``daily=7`` is "the last 7 days that have checkpoints"). ``-1`` means unlimited.
+    Periods are in UTC. Reason e.g. ``daily (2025-03-14)``.
+    """
+
+    hourly: int = 0
+    daily: int = 0
+    weekly: int = 0
+    monthly: int = 0
+    yearly: int = 0
+
+    def __post_init__(self) -> None:
+        counts = [getattr(self, f) for f in _CAL_FIELDS]
+        for name, v in zip(_CAL_FIELDS, counts, strict=True):
+            if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+                raise PolicyError(
+                    f"KeepCalendar.{name} must be an integer >= 0 (or -1: unlimited), got {v!r}"
+                )
+        if not any(counts):
+            raise PolicyError(
+                "KeepCalendar needs at least one of hourly, daily, weekly, monthly, yearly"
+            )
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        # Oldest first by commit time; the sort is stable, so among equal times the later
+        # in the catalog (the newer) comes last and is the one a period keeps. No key
+        # tuples: at 100,000 checkpoints allocating them costs more than the walk.
+        timed = sorted((c for c in checkpoints if c.committed_at), key=_commit_time)
+        out: dict[str, list[str]] = {}
+        for kind in _CAL_FIELDS:
+            left = getattr(self, kind)
+            j = len(timed) - 1
+            while left != 0 and j >= 0:
+                c = timed[j]
+                t = _commit_time(c)
+                label = _period_label(kind, _period(kind, t))
+                out.setdefault(c.name, []).append(f"{kind} ({label})")
+                left -= 1
+                # Jump to the newest checkpoint before this period began: O(periods * log n)
+                # instead of a step through every checkpoint of the period.
+                j = bisect_left(timed, _period_start(kind, t), 0, j, key=_commit_time) - 1
+        return {k: tuple(v) for k, v in out.items()}
+
+    def describe(self) -> str:
+        parts = [f"{f}={getattr(self, f)}" for f in _CAL_FIELDS if getattr(self, f)]
+        return "calendar " + " ".join(parts)
