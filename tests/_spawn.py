@@ -54,14 +54,19 @@ def _entry(rank: int, fn: Callable[..., Any], env: dict[str, str], *args: Any) -
 
 def run_ranks(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = ()) -> None:
     """Run ``fn(rank, *args)`` in ``nprocs`` processes and wait; a rank's exception fails here
-    (``torch.multiprocessing.ProcessRaisedException`` with the rank's traceback)."""
-    mp.start_processes(
-        _entry,
-        args=(fn, _env(), *args),
-        nprocs=nprocs,
-        join=True,
-        start_method="forkserver",
-    )
+    as an AssertionError whose first line is the rank's own error (pytest's one-line summary,
+    which a cut CI log still shows), then the rank's whole traceback."""
+    try:
+        mp.start_processes(
+            _entry,
+            args=(fn, _env(), *args),
+            nprocs=nprocs,
+            join=True,
+            start_method="forkserver",
+        )
+    except mp.ProcessRaisedException as exc:
+        last = [line for line in str(exc).splitlines() if line.strip()][-1:]
+        raise AssertionError(f"rank {exc.error_index} raised {''.join(last)}\n{exc}") from None
 
 
 def _entry_one(fn: Callable[..., Any], env: dict[str, str], *args: Any) -> None:

@@ -28,7 +28,7 @@ class ProcessCache(Generic[K, V]):
         self.size = size
         self._items: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
-        os.register_at_fork(after_in_child=self.clear)
+        self._forks_watched = False  # the fork hook is registered with the first value
 
     def get(self, key: K, build: Callable[[], V]) -> V:
         """The value for ``key``, built by ``build()`` if there is none (an exception from
@@ -36,6 +36,9 @@ class ProcessCache(Generic[K, V]):
         with self._lock:
             value = self._items.get(key)
             if value is None:
+                if not self._forks_watched:  # not at import: no side effect until used
+                    os.register_at_fork(after_in_child=self.clear)
+                    self._forks_watched = True
                 value = self._items[key] = build()
                 while len(self._items) > self.size:
                     self._items.popitem(last=False)

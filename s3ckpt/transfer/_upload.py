@@ -51,12 +51,13 @@ class _PyBuffer(ctypes.Structure):
     )
 
 
-_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
-_get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
-_get_buffer.restype = ctypes.c_int
-_release_buffer = ctypes.pythonapi.PyBuffer_Release
-_release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
-_release_buffer.restype = None
+# Prototypes of our own: argtypes set on ctypes.pythonapi's would change them process-wide.
+_get_buffer = ctypes.PYFUNCTYPE(
+    ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int
+)(("PyObject_GetBuffer", ctypes.pythonapi))
+_release_buffer = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_PyBuffer))(
+    ("PyBuffer_Release", ctypes.pythonapi)
+)
 _PYBUF_SIMPLE = 0  # a contiguous buffer of bytes, read-only allowed
 
 

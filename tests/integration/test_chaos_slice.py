@@ -22,7 +22,7 @@ import pytest
 # slow host. The subprocess's own 900 s is the hang guard.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(960)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLASSES = range(1, 13)
 
 

@@ -31,7 +31,7 @@ from s3ckpt.retention import (
     parse_policy,
     prune,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools.report import (
     DEFAULT_PRICES,
     GIB,
@@ -224,6 +224,19 @@ def test_options_are_one_value_and_the_old_keywords_are_shorthand_for_replace() 
     assert build_report(store, root, policy=policy, options=options) == render_html(by_options)
     with pytest.raises(TypeError, match="unexpected keyword argument 'lease_ttl'"):
         collect_report(store, root, lease_ttl=timedelta(minutes=1))  # type: ignore[call-arg]
+
+
+def test_a_location_is_the_store_and_root_in_one_value() -> None:
+    store, root = memory_bucket()
+    options = RetentionOptions(now=datetime.now(UTC))
+    pair = collect_report(store, root, policy=KeepLast(1), options=options)
+    location = Location(root, store)
+    assert collect_report(location, policy=KeepLast(1), options=options) == pair
+    assert build_report(location, policy=KeepLast(1), options=options) == render_html(pair)
+    with pytest.raises(TypeError, match="a Location"):
+        collect_report(store)
+    with pytest.raises(TypeError, match="a Location"):
+        collect_report(location, root)
 
 
 def test_a_bad_step_pattern_is_refused_before_any_request() -> None:

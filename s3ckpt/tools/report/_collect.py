@@ -11,6 +11,7 @@ accepted for one release, as shorthand for ``options.replace(...)``.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -29,11 +30,13 @@ from s3ckpt.retention import (
     plan,
     scan,
 )
-from s3ckpt.store import skew_note, store_time
+from s3ckpt.store import Location, LocationLike, skew_note, store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.tools.report._model import CheckpointRow, Report, RunReport, storage_bytes
 from s3ckpt.tools.report._prices import PriceTable
 from s3ckpt.uri import StoreURL, parse_location
+
+_LOCATION_LIKE = (Location, str, os.PathLike, StoreURL)
 
 __all__ = ["ReportOverrides", "collect_report"]
 
@@ -92,8 +95,8 @@ def _best(ckpts: Sequence[CheckpointInfo], metric: str | None, mode: str) -> str
 
 
 def collect_report(
-    store: ObjectStore,
-    root: StoreURL | str,
+    store: ObjectStore | LocationLike,
+    root: StoreURL | str | None = None,
     *,
     policy: Policy | PolicyFile | None = None,
     options: RetentionOptions | None = None,
@@ -107,8 +110,9 @@ def collect_report(
     what they mean for ``s3ckpt prune`` (and without a policy, for ``s3ckpt ls``).
 
     Args:
-        store: The store holding ``root``.
-        root: A run, or a prefix holding runs.
+        store: A :class:`~s3ckpt.store.Location` (or a URL) of a run or a prefix holding
+            runs; or, as in earlier releases, the store holding ``root``.
+        root: With a store first: a run, or a prefix holding runs, in that store.
         policy: Overlay this policy's plan (keep / delete / skip with reasons): a
             :class:`~s3ckpt.retention.Policy`, or a :class:`~s3ckpt.retention.PolicyFile`
             (its ``step_pattern`` applies unless ``options`` names one).
@@ -132,7 +136,14 @@ def collect_report(
     for the store's time.
     """
     opts = RetentionOptions.fold(options, overrides, ReportOverrides, "collect_report")
-    url = root if isinstance(root, StoreURL) else parse_location(root)
+    where: ObjectStore
+    if root is None and isinstance(store, _LOCATION_LIKE):
+        location = Location.of(store)
+        where, url = location.store, location.url
+    elif root is not None and not isinstance(store, _LOCATION_LIKE):
+        where, url = store, root if isinstance(root, StoreURL) else parse_location(root)
+    else:
+        raise TypeError("collect_report() takes a Location (or a URL), or a store and a root")
     source = None if policy is None else PolicyFile.of(policy)
     if source is not None:
         check_policy(source.policy)  # an empty policy: refused before any request
@@ -141,7 +152,7 @@ def collect_report(
     now, grace = opts.now, opts.grace
     if now is None:
         # The store's time, as prune judges by; a host clock far off it is only a note.
-        t = store_time(store, url.prefix)
+        t = store_time(where, url.prefix)
         now = t.store
         skew = skew_note(t, max(grace, MIN_GRACE))
         if skew is not None:
@@ -156,7 +167,7 @@ def collect_report(
     opts = opts.replace(now=now, grace=grace)
     rule = _best_rule(None if source is None else source.policy)
     runs = []
-    for cat in scan(store, url, options=opts):
+    for cat in scan(where, url, options=opts):
         p = (
             None
             if source is None

@@ -25,6 +25,7 @@ from s3ckpt._time import iso_z
 from s3ckpt._units import format_bytes
 from s3ckpt._version import __version__
 from s3ckpt.retention import Policy, PolicyFile, RetentionOptions, format_duration
+from s3ckpt.store import LocationLike
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.tools.report._collect import ReportOverrides, collect_report
 from s3ckpt.tools.report._model import STATES, CheckpointRow, Report, RunReport
@@ -345,8 +346,8 @@ def render_html(report: Report) -> str:
 
 
 def build_report(
-    store: ObjectStore,
-    root: StoreURL | str,
+    store: ObjectStore | LocationLike,
+    root: StoreURL | str | None = None,
     *,
     policy: Policy | PolicyFile | None = None,
     options: RetentionOptions | None = None,
