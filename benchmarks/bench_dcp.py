@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Save/load throughput, client CPU and peak memory of DCP storage backends on S3.
 
-Backends (all against one local moto S3 server, run as a separate process so that its
+Backends (all against one local S3 server, s3sim or moto, run as a separate process so that its
 CPU is not the client's):
 
   s3ckpt   s3ckpt.S3StorageWriter / S3StorageReader (default TransferConfig)
@@ -9,7 +9,7 @@ CPU is not the client's):
   fsspec   torch's FsspecWriter / FsspecReader over s3fs
   boto3    raw boto3 of the same tensor bytes as ONE in-memory blob: upload_fileobj
            (multipart, 16 MiB parts, 8 threads) and download_fileobj (one streamed GET;
-           see docs/performance.md for why not ranged). No DCP at all: a ceiling.
+           see docs/performance.md for why not ranged). No DCP at all: a baseline.
 
 Every (backend, op) run is a fresh subprocess, so its peak RSS is its own. A run builds
 the state dict (deterministic, seeded), resets the kernel's peak-RSS counter, takes an
@@ -27,6 +27,15 @@ deleted after each load (moto keeps objects in memory / spooled temp files).
 Rounds are interleaved (round 1: every backend, round 2: every backend, ...), so slow
 drifts in machine load hit every backend alike.
 
+Readable numbers (issue 30): with ``--server s3sim`` the server's own ceiling (PUT and GET of
+large objects, shaping off, lean clients; ``_dcp_ceiling``) is measured before the backends'
+runs and again after them, and every backend's MB/s is reported as a fraction of it beside
+its ratio to the best peer. Before every run the machine is sampled (1-min load average,
+CPU busy fraction over ~1 s from /proc/stat, nproc; ``_dcp_machine``) and a run taken on a
+busy machine is marked ``busy`` (``*`` in the table); ``--quiet-wait`` waits for quiet.
+``--shape`` picks the state dict (``_dcp_state``: ``mix`` or ``large5``). The summary, the
+ratios and the goals table are ``_dcp_report``'s.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_dcp.py --size-mib 1024 --runs 3 --out results.json
@@ -39,7 +48,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import io
 import json
 import os
@@ -48,7 +56,6 @@ import resource
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,24 +64,46 @@ import time
 import uuid
 from typing import Any
 
-MiB = 1024 * 1024
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)  # the _dcp_* modules
+_ROOT = os.path.dirname(_HERE)
+if _ROOT not in sys.path:
+    sys.path.insert(1, _ROOT)  # benchmarks.s3sim
+
+from _dcp_ceiling import best_ceiling, measure_ceiling  # noqa: E402
+from _dcp_machine import BUSY_FRACTION, LOAD_PER_CPU, OwnLoad, wait_quiet  # noqa: E402
+from _dcp_report import (  # noqa: E402
+    BACKENDS,
+    DCP_BACKENDS,
+    LABELS,
+    busy_count,
+    ratios,
+    render,
+    summarize,
+)
+from _dcp_state import (  # noqa: E402
+    SHAPES,
+    MiB,
+    blank_like,
+    blank_state_dict,
+    build_state_dict,
+    checksum_blob,
+    checksum_state_dict,
+    tensor_bytes,
+    tensors_in_order,
+)
+
+__all__ = [
+    "BACKENDS", "DCP_BACKENDS", "LABELS", "MotoServer", "SimServer", "blank_like",
+    "blank_state_dict", "build_state_dict", "checksum_blob", "checksum_state_dict", "main",
+    "ratios", "render", "summarize", "tensor_bytes", "worker",
+]
+
 GiB = 1024 * MiB
 MB = 1_000_000
-
-BACKENDS = ("s3ckpt", "s3tc", "fsspec", "boto3")
-DCP_BACKENDS = ("s3ckpt", "s3tc", "fsspec")
-LABELS = {
-    "s3ckpt": "s3ckpt",
-    "s3tc": "s3torchconnector",
-    "fsspec": "FsspecWriter/Reader + s3fs",
-    "boto3": "raw boto3 (1 blob, ceiling)",
-}
 REGION = "us-east-1"
-N_LARGE = 4
-N_SMALL = 2000
 RESULT_TAG = "BENCH_RESULT "
-GOAL_SPEEDUP = 1.5  # s3ckpt save and load MB/s over the best other DCP backend
-GOAL_CPU = 0.7  # s3ckpt client CPU per GiB over s3torchconnector's
 
 
 # ===========================================================================================
@@ -134,74 +163,6 @@ class _RssSampler:
 def _cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-def build_state_dict(size_mib: int, seed: int = 0) -> dict[str, Any]:
-    """~size_mib MiB of fp32: 4 large 2-D tensors holding 3/4 of the bytes and 2000 small
-    ones holding the rest (at 1024 MiB: 4 x 192 MiB + 2000 x 128 KiB), plus a non-tensor."""
-    import torch
-
-    total = size_mib * MiB
-    large_numel = max(1024, (total * 3 // 4) // N_LARGE // 4 // 1024 * 1024)
-    small_numel = max(1, (total - N_LARGE * large_numel * 4) // N_SMALL // 4)
-    g = torch.Generator().manual_seed(seed)
-    model: dict[str, Any] = {}
-    for i in range(N_LARGE):
-        model[f"layers.{i}.mlp.weight"] = torch.rand(large_numel // 1024, 1024, generator=g)
-    for j in range(N_SMALL):
-        model[f"layers.{j // 20}.small.{j % 20}"] = torch.rand(small_numel, generator=g)
-    return {"model": model, "step": 1}
-
-
-def blank_like(sd: dict[str, Any]) -> dict[str, Any]:
-    """Destination state dict: same shapes, zero-filled (pages touched), step 0."""
-    import torch
-
-    return {
-        "model": {k: torch.zeros_like(v) for k, v in sd["model"].items()},
-        "step": 0,
-    }
-
-
-def blank_state_dict(size_mib: int) -> dict[str, Any]:
-    """Like blank_like(build_state_dict(size_mib)) without generating the source."""
-    import torch
-
-    total = size_mib * MiB
-    large_numel = max(1024, (total * 3 // 4) // N_LARGE // 4 // 1024 * 1024)
-    small_numel = max(1, (total - N_LARGE * large_numel * 4) // N_SMALL // 4)
-    model: dict[str, Any] = {}
-    for i in range(N_LARGE):
-        model[f"layers.{i}.mlp.weight"] = torch.zeros(large_numel // 1024, 1024)
-    for j in range(N_SMALL):
-        model[f"layers.{j // 20}.small.{j % 20}"] = torch.zeros(small_numel)
-    return {"model": model, "step": 0}
-
-
-def tensors_in_order(sd: dict[str, Any]) -> list[tuple[str, Any]]:
-    return sorted(sd["model"].items())
-
-
-def tensor_bytes(sd: dict[str, Any]) -> int:
-    return sum(t.numel() * t.element_size() for _, t in tensors_in_order(sd))
-
-
-def checksum_state_dict(sd: dict[str, Any]) -> str:
-    """Order-independent digest of every tensor's bytes (CRC32C each) and the step."""
-    import crc32c
-
-    h = hashlib.sha256()
-    for name, t in tensors_in_order(sd):
-        view = memoryview(t.detach().contiguous().numpy()).cast("B")
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{crc32c.crc32c(view):08x}\n".encode())
-    h.update(f"step={sd['step']!r}".encode())
-    return h.hexdigest()
-
-
-def checksum_blob(buf: Any) -> str:
-    import crc32c
-
-    return f"blob:{len(buf)}:{crc32c.crc32c(buf):08x}"
 
 
 class _BufferFile(io.RawIOBase):
@@ -360,7 +321,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     blob: Any = None
     if op == "save":
-        sd = build_state_dict(size_mib, seed=spec.get("seed", 0))
+        sd = build_state_dict(size_mib, seed=spec.get("seed", 0), shape=spec.get("shape", "mix"))
         nbytes = tensor_bytes(sd)
         if backend == "boto3":
             # The ceiling moves the same bytes with no serialization: one contiguous blob.
@@ -375,7 +336,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             blob = bytearray(nbytes)
             torch.frombuffer(blob, dtype=torch.uint8).fill_(1)  # resident before baseline
         else:
-            sd = blank_state_dict(size_mib)
+            sd = blank_state_dict(size_mib, spec.get("shape", "mix"))
             nbytes = tensor_bytes(sd)
     gc.collect()
     if spec.get("sim"):
@@ -561,8 +522,16 @@ class SimServer(MotoServer):
 
 
 def _run_worker(spec: dict[str, Any], env: dict[str, str], server: MotoServer,
-                timeout: float) -> dict[str, Any]:
-    load1 = os.getloadavg()[0]
+                timeout: float, machine: dict[str, Any]) -> dict[str, Any]:
+    """One (backend, op) in a fresh process; ``machine`` is the state sampled just before."""
+    before = {
+        "loadavg_1m_before": machine["load1"],
+        "load1_own_estimate": machine.get("load1_own_estimate"),
+        "cpu_busy_before": machine.get("cpu_busy_fraction"),
+        "nproc": machine["nproc"],
+        "busy": machine["busy"],
+        "quiet_waited_s": machine.get("waited_s", 0.0),
+    }
     srv_cpu0 = server.cpu_seconds()
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -577,9 +546,9 @@ def _run_worker(spec: dict[str, Any], env: dict[str, str], server: MotoServer,
             result = json.loads(line[len(RESULT_TAG) :])
     if proc.returncode != 0 or result is None:
         tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-6000:]).strip()
-        return {**spec, "error": f"worker exit {proc.returncode}:\n{tail}"}
+        return {**spec, **before, "error": f"worker exit {proc.returncode}:\n{tail}"}
     result.update(
-        loadavg_1m_before=load1,
+        before,
         process_s=elapsed,
         server_cpu_s=srv_cpu,
         server_cpu_s_per_gib=srv_cpu / (result["bytes"] / GiB),
@@ -589,6 +558,42 @@ def _run_worker(spec: dict[str, Any], env: dict[str, str], server: MotoServer,
         result["server_cpu_s"] = result["sim_cpu_s"]
         result["server_cpu_s_per_gib"] = result["sim_cpu_s"] / (result["bytes"] / GiB)
     return result
+
+
+def _own_cpu_seconds(server: MotoServer | None) -> float:
+    """CPU seconds of this process, its finished children (workers, the ceiling's server and
+    clients) and the benchmark's server: what :class:`OwnLoad` feeds on."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    srv = 0.0
+    if server is not None:
+        with contextlib.suppress(OSError, ValueError):
+            srv = server.cpu_seconds()
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + srv
+
+
+def _run_ceiling(args: argparse.Namespace, when: str, sample: Any) -> dict[str, Any]:
+    """s3sim's ceiling now (``_dcp_ceiling``), with the machine state before it."""
+    machine = sample()
+    try:
+        c = measure_ceiling(args.size_mib, args.shape, args.ceiling_clients)
+    except Exception as e:  # a benchmark without its ceiling still reports the backends
+        c = {"error": f"{type(e).__name__}: {e}"}
+    c.update(when=when, busy=machine["busy"], machine=machine)
+    if "error" in c:
+        print(f"[ceiling {when}] ERROR {c['error']}", file=sys.stderr, flush=True)
+    else:
+        print(f"[ceiling {when}] PUT {c['put_mb_per_s']:.0f} MB/s GET {c['get_mb_per_s']:.0f} "
+              f"MB/s ({c['object_mib']} MiB objects, {c['total_mib']} MiB, "
+              f"{c['measure_s']:.1f}s){_machine_txt(machine)}", file=sys.stderr, flush=True)
+    return c
+
+
+def _machine_txt(m: dict[str, Any]) -> str:
+    frac = m.get("cpu_busy_fraction")
+    return (f" load1 {m['load1']:.1f} (own ~{m.get('load1_own_estimate') or 0:.1f})"
+            + (f" cpu-busy {frac:.0%}" if frac is not None else "")
+            + (" BUSY" if m["busy"] else ""))
 
 
 def _delete_prefix(client: Any, bucket: str, prefix: str) -> int:
@@ -604,165 +609,12 @@ def _delete_prefix(client: Any, bucket: str, prefix: str) -> int:
     return n
 
 
-def _fmt(x: float | None, spec: str = ".0f") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
-def _median_of(runs: list[dict[str, Any]], field: str) -> float | None:
-    values = [r[field] for r in runs if field in r]
-    return statistics.median(values) if values and len(values) == len(runs) else None
-
-
-def summarize(results: list[dict[str, Any]], backends: list[str]) -> dict[str, Any]:
-    summary: dict[str, Any] = {}
-    for b in backends:
-        for op in ("save", "load"):
-            mine = [r for r in results if r["backend"] == b and r["op"] == op]
-            ok = [r for r in mine if "error" not in r]
-            bad = [r for r in mine if "error" in r]
-            if not ok:
-                summary[f"{b}.{op}"] = {"runs": 0, "failed": len(bad)}
-                continue
-            mbs = [r["mb_per_s"] for r in ok]
-            summary[f"{b}.{op}"] = {
-                "runs": len(ok),
-                "failed": len(bad),
-                "mb_per_s_median": statistics.median(mbs),
-                "mb_per_s_min": min(mbs),
-                "mb_per_s_max": max(mbs),
-                "wall_s_median": statistics.median(r["wall_s"] for r in ok),
-                "cpu_s_per_gib_median": statistics.median(r["cpu_s_per_gib"] for r in ok),
-                "server_cpu_s_per_gib_median": statistics.median(
-                    r["server_cpu_s_per_gib"] for r in ok
-                ),
-                "peak_over_baseline_mib_max": max(r["peak_over_baseline_mib"] for r in ok),
-                "baseline_mib_median": statistics.median(r["baseline_mib"] for r in ok),
-                "requests_per_gib_median": _median_of(ok, "requests_per_gib"),
-                "slowdowns_per_gib_median": _median_of(ok, "slowdowns_per_gib"),
-                "slowdowns_median": _median_of(ok, "slowdowns"),
-                "bytes_read_median": (
-                    statistics.median(r["bytes_read"] for r in ok)
-                    if all("bytes_read" in r for r in ok) else None
-                ),
-            }
-    return summary
-
-
-def ratios(summary: dict[str, Any]) -> dict[str, Any]:
-    def get(b: str, op: str, field: str) -> float | None:
-        s = summary.get(f"{b}.{op}", {})
-        return s.get(field) if s.get("runs") else None
-
-    others = [b for b in DCP_BACKENDS if b != "s3ckpt"]
-    out: dict[str, Any] = {}
-    for op in ("save", "load"):
-        mine = get("s3ckpt", op, "mb_per_s_median")
-        cands = [(get(b, op, "mb_per_s_median"), b) for b in others]
-        cands = [(v, b) for v, b in cands if v is not None]
-        if mine is not None and cands:
-            best, who = max(cands)
-            out[f"{op}_mb_per_s_vs_best_other"] = {"ratio": mine / best, "best_other": who}
-        cpu_me = get("s3ckpt", op, "cpu_s_per_gib_median")
-        cpu_tc = get("s3tc", op, "cpu_s_per_gib_median")
-        if cpu_me is not None and cpu_tc:
-            out[f"{op}_cpu_per_gib_vs_s3torchconnector"] = cpu_me / cpu_tc
-        slow_me = get("s3ckpt", op, "slowdowns_median")
-        slows = [(get(b, op, "slowdowns_median"), b) for b in others]
-        slows = [(v, b) for v, b in slows if v is not None]
-        if slow_me is not None and slows and any(v for v, _ in slows):
-            fewest, who = min(slows)
-            out[f"{op}_slowdowns_vs_fewest_other"] = {
-                "ratio": slow_me / fewest if fewest else None, "fewest_other": who,
-                "s3ckpt": slow_me, "other": fewest,
-            }
-        mem_me = get("s3ckpt", op, "peak_over_baseline_mib_max")
-        mems = [(get(b, op, "peak_over_baseline_mib_max"), b) for b in others]
-        mems = [(v, b) for v, b in mems if v is not None]
-        if mem_me is not None:
-            out[f"{op}_peak_over_baseline_mib"] = mem_me
-            if mems:
-                best, who = min(mems)
-                out[f"{op}_peak_vs_lowest_other"] = {
-                    "ratio": mem_me / best if best > 0 else None, "lowest_other": who,
-                }
-    return out
-
-
-def render(summary: dict[str, Any], rat: dict[str, Any], backends: list[str],
-           meta: dict[str, Any]) -> str:
-    lines = [
-        f"State dict: {meta['size_mib']} MiB fp32 ({meta['tensor_bytes'] / MiB:.0f} MiB of "
-        f"tensor data; {N_LARGE} large + {N_SMALL} small tensors), {meta['runs']} interleaved "
-        f"run(s) per backend and op. MB = 10^6 bytes. Load average (1 min) before runs: "
-        f"{meta['loadavg_min']:.1f}-{meta['loadavg_max']:.1f} on {meta['cpus']} CPUs.",
-        "",
-        f"Server: {meta.get('server', 'moto')}"
-        + (f", shaping {meta['shaping']}" if meta.get("shaping") else "")
-        + (f", rates x{meta['rate_scale']}" if meta.get("rate_scale", 1.0) != 1.0 else "")
-        + (f", bucket throttled to {meta['throttle']} reads/writes per s"
-           if meta.get("throttle") else "") + ".",
-        "",
-        "| backend | op | MB/s median | MB/s min-max | client CPU s/GiB (median) "
-        "| server CPU s/GiB (median) | peak RSS over baseline MiB (max) | requests/GiB "
-        "| 503s/GiB | runs ok/failed |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for op in ("save", "load"):
-        for b in backends:
-            s = summary.get(f"{b}.{op}", {})
-            if not s.get("runs"):
-                if s.get("failed"):
-                    lines.append(f"| {LABELS[b]} | {op} | FAILED | | | | | | | 0/{s['failed']} |")
-                else:  # not asked for (--ops), not a failure
-                    lines.append(f"| {LABELS[b]} | {op} | not run | | | | | | | 0/0 |")
-                continue
-            lines.append(
-                f"| {LABELS[b]} | {op} | {_fmt(s['mb_per_s_median'])} | "
-                f"{_fmt(s['mb_per_s_min'])}-{_fmt(s['mb_per_s_max'])} | "
-                f"{_fmt(s['cpu_s_per_gib_median'], '.2f')} | "
-                f"{_fmt(s['server_cpu_s_per_gib_median'], '.2f')} | "
-                f"{_fmt(s['peak_over_baseline_mib_max'])} | "
-                f"{_fmt(s.get('requests_per_gib_median'))} | "
-                f"{_fmt(s.get('slowdowns_per_gib_median'), '.1f')} | {s['runs']}/{s['failed']} |"
-            )
-    lines += ["", "| goal | target | measured | met |", "|---|---|---:|---|"]
-
-    def row(goal: str, target: str, value: float | None, ok: bool | None, fmt: str) -> None:
-        lines.append(
-            f"| {goal} | {target} | {_fmt(value, fmt)} | "
-            f"{'n/a' if ok is None else ('yes' if ok else 'NO')} |"
-        )
-
-    for op in ("save", "load"):
-        r = rat.get(f"{op}_mb_per_s_vs_best_other")
-        row(f"{op} MB/s, s3ckpt / best other DCP ({LABELS[r['best_other']] if r else '-'})",
-            f">= {GOAL_SPEEDUP}", r and r["ratio"], r and r["ratio"] >= GOAL_SPEEDUP, ".2f")
-    for op in ("save", "load"):
-        v = rat.get(f"{op}_cpu_per_gib_vs_s3torchconnector")
-        row(f"{op} client CPU/GiB, s3ckpt / s3torchconnector", f"<= {GOAL_CPU}", v,
-            None if v is None else v <= GOAL_CPU, ".2f")
-    for op in ("save", "load"):
-        m = rat.get(f"{op}_slowdowns_vs_fewest_other")
-        if m:
-            row(f"{op} 503s, s3ckpt / fewest other ({LABELS[m['fewest_other']]}: "
-                f"{m['s3ckpt']:.0f} vs {m['other']:.0f})", "<= 0.33", m["ratio"],
-                None if m["ratio"] is None else m["ratio"] <= 1 / 3, ".2f")
-    v = rat.get("save_peak_over_baseline_mib")
-    row(f"save peak RSS over state dict, s3ckpt (MiB, {meta['size_mib']} MiB state dict)",
-        "<= 256", v, None if v is None else v <= 256, ".0f")
-    for op in ("save", "load"):
-        m = rat.get(f"{op}_peak_vs_lowest_other")
-        if m and m["ratio"] is not None:
-            lines.append(
-                f"| {op} peak memory, s3ckpt / lowest other ({LABELS[m['lowest_other']]}) "
-                f"| (info) | {m['ratio']:.2f} | |"
-            )
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-mib", type=int, default=1024, help="state dict size (default 1024)")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="mix",
+                   help="the state dict: mix (4 large + 2000 small tensors, default) or large5 "
+                        "(5 large + 512 small); large tensors hold 3/4 of the bytes")
     p.add_argument("--runs", type=int, default=3, help="interleaved runs per backend and op")
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help=f"comma-separated subset of {','.join(BACKENDS)}")
@@ -781,6 +633,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--throttle", metavar="READS/WRITES",
                    help="s3sim: hold the benchmark's bucket to these requests/s (a throttled "
                         "prefix; '-' for unlimited), e.g. 40/25")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="s3sim: skip measuring the server's own ceiling before and after")
+    p.add_argument("--ceiling-clients", type=int, default=2,
+                   help="client processes of the ceiling (one connection each; default 2)")
+    p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
+                   help="before each run, wait up to SECONDS for the machine to go quiet "
+                        "(see benchmarks/README.md for the busy rule; default 0: no wait)")
     p.add_argument("--port", type=int, default=0, help="server port (default: a free one)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per worker process")
     p.add_argument("--keep-log", action="store_true", help="keep the moto server log")
@@ -800,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown backend {b!r}")
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     do_load = "load" in ops
+    do_ceiling = args.server == "s3sim" and not args.no_ceiling
 
     # SIGTERM unwinds like Ctrl-C, so the moto server and a running worker are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -812,7 +672,13 @@ def main(argv: list[str] | None = None) -> int:
         server = SimServer(args.port or _free_port(), log_path, args.shaping, args.rate_scale)
     else:
         server = MotoServer(args.port or _free_port(), log_path)
+    own = OwnLoad(lambda: _own_cpu_seconds(server))
+
+    def sample() -> dict[str, Any]:
+        return wait_quiet(args.quiet_wait, own_load=own)
+
     results: list[dict[str, Any]] = []
+    ceilings: list[dict[str, Any]] = []
     started = time.time()
     try:
         server.wait_ready()
@@ -831,18 +697,22 @@ def main(argv: list[str] | None = None) -> int:
                 None if reads == "-" else float(reads),
                 None if writes in ("-", "") else float(writes),
             )
-        print(f"{args.server} at {server.endpoint}, bucket {bucket}, log {log_path}",
-              file=sys.stderr)
+        print(f"{args.server} at {server.endpoint}, bucket {bucket}, log {log_path}; shape "
+              f"{args.shape} ({SHAPES[args.shape].describe()})", file=sys.stderr)
+        if do_ceiling:
+            ceilings.append(_run_ceiling(args, "before", sample))
 
         for run in range(1, args.runs + 1):
             for b in backends:
                 prefix = f"{b}/run{run}-{uuid.uuid4().hex[:8]}"
                 url = f"s3://{bucket}/{prefix}"
                 spec = {"backend": b, "url": url, "endpoint": server.endpoint,
-                        "size_mib": args.size_mib, "threads": args.threads, "seed": run,
+                        "size_mib": args.size_mib, "shape": args.shape,
+                        "threads": args.threads, "seed": run,
                         "warmup": not args.no_warmup, "sim": args.server == "s3sim"}
                 try:
-                    save = _run_worker({**spec, "op": "save"}, env, server, args.timeout)
+                    save = _run_worker({**spec, "op": "save"}, env, server, args.timeout,
+                                       sample())
                     save["run"] = run
                     results.append(save)
                     _progress(save)
@@ -850,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
                         load_spec = {**spec, "op": "load"}
                         if b == "boto3":
                             load_spec["blob_size"] = save["blob_size"]
-                        load = _run_worker(load_spec, env, server, args.timeout)
+                        load = _run_worker(load_spec, env, server, args.timeout, sample())
                         load["run"] = run
                         if "error" not in load:
                             load["valid"] = load["checksum"] == save["checksum"]
@@ -862,7 +732,9 @@ def main(argv: list[str] | None = None) -> int:
                     _delete_prefix(client, bucket, prefix)
                 if args.out:  # keep what we have, should a long run be cut short
                     with open(args.out + ".partial", "w") as f:
-                        json.dump({"runs": results}, f, indent=2)
+                        json.dump({"runs": results, "ceilings": ceilings}, f, indent=2)
+        if do_ceiling:
+            ceilings.append(_run_ceiling(args, "after", sample))
         with contextlib.suppress(Exception):
             client.delete_bucket(Bucket=bucket)
     finally:
@@ -871,9 +743,15 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     ok = [r for r in results if "error" not in r]
-    loads = [r["loadavg_1m_before"] for r in ok] or [os.getloadavg()[0]]
+    judged = [r for r in results if "loadavg_1m_before" in r]
+    loads = [r["loadavg_1m_before"] for r in judged] or [os.getloadavg()[0]]
+    fracs = [r["cpu_busy_before"] for r in judged if r.get("cpu_busy_before") is not None]
+    busy, n_judged = busy_count(results)
+    ceiling = best_ceiling([c for c in ceilings if "error" not in c])
     meta = {
         "size_mib": args.size_mib,
+        "shape": args.shape,
+        "shape_desc": SHAPES[args.shape].describe(),
         "runs": args.runs,
         "threads": args.threads,
         "warmup": not args.no_warmup,
@@ -885,14 +763,22 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "loadavg_min": min(loads),
         "loadavg_max": max(loads),
+        "cpu_busy_min": min(fracs) if fracs else None,
+        "cpu_busy_max": max(fracs) if fracs else None,
+        "busy_runs": busy,
+        "runs_judged": n_judged,
+        "busy_rule": f"cpu busy fraction over {1.0:.0f} s before the run > {BUSY_FRACTION} or "
+                     f"load1 - own load estimate > {LOAD_PER_CPU} x nproc",
+        "quiet_wait_s": args.quiet_wait,
+        "ceiling": {"measured": ceilings, "best": ceiling} if do_ceiling else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "duration_s": time.time() - started,
         "python": platform.python_version(),
         "versions": _versions(),
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
     }
-    summary = summarize(results, backends)
-    rat = ratios(summary)
+    summary = summarize(results, backends, ceiling)
+    rat = ratios(summary, ceiling)
     table = render(summary, rat, backends, meta)
     print(table)
     errors = [r for r in results if "error" in r]
@@ -907,10 +793,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _progress(r: dict[str, Any]) -> None:
+    mark = " BUSY" if r.get("busy") else ""
     if "error" in r:
         print(f"[{r['backend']:>6} {r['op']:>4} run {r.get('run')}] ERROR "
-              f"{r['error'].splitlines()[-1] if r['error'] else ''}", file=sys.stderr, flush=True)
+              f"{r['error'].splitlines()[-1] if r['error'] else ''}{mark}", file=sys.stderr,
+              flush=True)
         return
+    frac = r.get("cpu_busy_before")
     print(
         f"[{r['backend']:>6} {r['op']:>4} run {r['run']}] {r['mb_per_s']:7.1f} MB/s "
         f"wall {r['wall_s']:6.1f}s cpu {r['cpu_s_per_gib']:5.2f}s/GiB "
@@ -918,7 +807,10 @@ def _progress(r: dict[str, Any]) -> None:
         f"srv-cpu {r['server_cpu_s_per_gib']:5.2f}s/GiB "
         + (f"req {r['requests']} 503 {r['slowdowns']} " if "requests" in r else "")
         + f"load1 {r['loadavg_1m_before']:.1f}"
-        + (f" read {r['bytes_read'] / MiB:.0f}MiB" if "bytes_read" in r else ""),
+        + (f" (own ~{r['load1_own_estimate']:.1f})" if r.get("load1_own_estimate") else "")
+        + (f" cpu-busy {frac:.0%}" if frac is not None else "")
+        + (f" read {r['bytes_read'] / MiB:.0f}MiB" if "bytes_read" in r else "")
+        + mark,
         file=sys.stderr, flush=True,
     )
 

@@ -5,14 +5,20 @@
 
 Inputs (defaults under benchmarks/results/):
 
-- ``dcp_256mib.json``: ``bench_dcp.py --out`` (per-backend summary of every save and load);
+- ``dcp_s3sim_1gib_large5_16cpu.json`` (the default ``--dcp``): ``bench_dcp.py --out``
+  (per-backend summary of every save and load;
+  from a run that measured the server's ceiling, also the ratios to it);
 - ``async_256mib.json``: ``{"meta": ..., "result": <the JSON line bench_async.py prints>}``.
 
 Outputs, in docs/img/: ``throughput.png`` (MB/s per backend and op, median with the min-max
-range), ``peak_memory.png`` (peak RSS over the baseline per backend and op) and
+range; with a ceiling in the JSON, the server's PUT and GET ceilings drawn across and each
+bar labelled with its share of it), ``peak_memory.png`` (peak RSS over the baseline per
+backend and op), ``ceiling_ratio.png`` (only with a ceiling: each backend's MB/s as a
+fraction of the server's ceiling, issue 30's goals for s3ckpt drawn across) and
 ``async_blocked.png`` (training-blocked seconds per save: synchronous, first async, warm
-async). The PNGs carry no timestamp or version, so redrawing unchanged JSON gives the same
-bytes with the same matplotlib.
+async). A median that includes a run taken on a busy machine is labelled with ``*``. The
+PNGs carry no timestamp or version, so redrawing unchanged JSON gives the same bytes with
+the same matplotlib.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import PercentFormatter
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -36,20 +43,41 @@ BACKENDS: dict[str, str] = {
     "s3ckpt": "s3ckpt",
     "s3tc": "s3torch-\nconnector",
     "fsspec": "FsspecWriter\n+ s3fs",
-    "boto3": "raw boto3\n(1 blob, ceiling)",
+    "boto3": "raw boto3\n(1 blob, baseline)",
 }
 OPS = ("save", "load")
 COLORS = {"save": "#4C72B0", "load": "#DD8452"}
 SAVE_OPTS: dict[str, Any] = {"dpi": 110, "metadata": {"Software": None}, "bbox_inches": "tight"}
 
 
+#: issue 30's goals for s3ckpt as a fraction of the server's ceiling.
+CEILING_GOALS = {"save": 0.5, "load": 0.4}
+CEILING_KEY = {"save": "put_mb_per_s", "load": "get_mb_per_s"}
+
+
 def _subtitle(meta: dict[str, Any]) -> str:
     lo, hi = meta.get("loadavg_min"), meta.get("loadavg_max")
     load = f", load avg {lo:.1f}-{hi:.1f}" if lo is not None and hi is not None else ""
+    server = meta.get("server") or "moto"
+    if meta.get("shaping"):
+        server += f" ({meta['shaping']} shaping)"
+    shape = f" ({meta['shape']})" if meta.get("shape") else ""
+    busy = ""
+    if meta.get("runs_judged"):
+        busy = f", {meta.get('busy_runs', 0)} of {meta['runs_judged']} runs busy (*)"
     return (
-        f"{meta['size_mib']} MiB fp32 state dict, {meta['runs']} interleaved runs, "
-        f"moto on 127.0.0.1, {meta.get('cpus', '?')} CPUs{load}"
+        f"{meta['size_mib']} MiB fp32 state dict{shape}, {meta['runs']} interleaved runs, "
+        f"{server} on 127.0.0.1, {meta.get('cpus', '?')} CPUs{load}{busy}"
     )
+
+
+def _ceiling(data: dict[str, Any]) -> dict[str, float] | None:
+    """The best PUT/GET ceiling the run measured (bench_dcp.py's meta), or None."""
+    return ((data["meta"].get("ceiling") or {}).get("best")) or None
+
+
+def _star(row: dict[str, Any]) -> str:
+    return "*" if row.get("busy_runs") else ""
 
 
 def _present(summary: dict[str, Any]) -> list[str]:
@@ -62,7 +90,8 @@ def plot_throughput(data: dict[str, Any], out: Path) -> Path:
     backends = _present(summary)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.4), layout="constrained")
     for ax, op in zip(axes, OPS, strict=True):
-        names, med, err = [], [], [[], []]
+        ceil = (_ceiling(data) or {}).get(CEILING_KEY[op])
+        names, med, err, labels = [], [], [[], []], []
         for b in backends:
             row = summary.get(f"{b}.{op}")
             if not row or row.get("mb_per_s_median") is None:
@@ -72,8 +101,20 @@ def plot_throughput(data: dict[str, Any], out: Path) -> Path:
             med.append(m)
             err[0].append(m - row["mb_per_s_min"])
             err[1].append(row["mb_per_s_max"] - m)
+            labels.append(f"{m:.0f}{_star(row)}" + (f"\n{m / ceil:.0%}" if ceil else ""))
         bars = ax.bar(names, med, yerr=err, capsize=4, color=COLORS[op])
-        ax.bar_label(bars, labels=[f"{m:.0f}" for m in med], padding=3, fontsize=8)
+        ax.bar_label(bars, labels=labels, padding=3, fontsize=8)
+        if ceil:
+            phase = CEILING_KEY[op][:3].upper()
+            ax.axhline(ceil, color="#555555", linestyle="--", linewidth=1)
+            ax.annotate(
+                f"server's {phase} ceiling {ceil:.0f}",
+                (0.01, ceil),
+                xycoords=("axes fraction", "data"),
+                va="bottom",
+                fontsize=8,
+                color="#555555",
+            )
         ax.set_title(f"DCP {op}")
         ax.set_ylabel("MB/s (higher is better)")
         ax.tick_params(axis="x", labelsize=8)
@@ -105,6 +146,50 @@ def plot_peak_memory(data: dict[str, Any], out: Path) -> Path:
     ax.margins(y=0.15)
     ax.set_title("Peak client memory per backend\n" + _subtitle(data["meta"]), fontsize=10)
     path = out / "peak_memory.png"
+    fig.savefig(path, **SAVE_OPTS)
+    plt.close(fig)
+    return path
+
+
+def plot_ceiling_ratio(data: dict[str, Any], out: Path) -> Path | None:
+    """Each backend's median MB/s as a fraction of the server's ceiling measured in the same
+    run (save / PUT, load / GET), with issue 30's goals for s3ckpt; None without a ceiling."""
+    ceil = _ceiling(data)
+    if not ceil:
+        return None
+    summary = data["summary"]
+    backends = _present(summary)
+    fig, ax = plt.subplots(figsize=(8, 4.2), layout="constrained")
+    width = 0.38
+    xs = range(len(backends))
+    for i, op in enumerate(OPS):
+        rows = [summary.get(f"{b}.{op}") or {} for b in backends]
+        vals = [
+            (r["mb_per_s_median"] / ceil[CEILING_KEY[op]]) if r.get("mb_per_s_median") else 0.0
+            for r in rows
+        ]
+        label = f"{op} / {CEILING_KEY[op][:3].upper()} ceiling ({ceil[CEILING_KEY[op]]:.0f} MB/s)"
+        bars = ax.bar(
+            [x + (i - 0.5) * width for x in xs], vals, width, label=label, color=COLORS[op]
+        )
+        ax.bar_label(
+            bars,
+            labels=[f"{v:.0%}{_star(r)}" for v, r in zip(vals, rows, strict=True)],
+            padding=2,
+            fontsize=8,
+        )
+        ax.axhline(CEILING_GOALS[op], color=COLORS[op], linestyle=":", linewidth=1)
+    ax.set_xticks(list(xs), [BACKENDS[b] for b in backends], fontsize=8)
+    ax.set_ylabel("fraction of the server's ceiling (higher is better)")
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.legend(fontsize=8)
+    ax.margins(y=0.15)
+    ax.set_title(
+        "Throughput as a share of the server's own ceiling (dotted: s3ckpt's goals)\n"
+        + _subtitle(data["meta"]),
+        fontsize=10,
+    )
+    path = out / "ceiling_ratio.png"
     fig.savefig(path, **SAVE_OPTS)
     plt.close(fig)
     return path
@@ -147,17 +232,24 @@ def plot_async(data: dict[str, Any], out: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Draw every plot; print the paths written."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dcp", type=Path, default=HERE / "results" / "dcp_256mib.json")
+    ap.add_argument(
+        "--dcp", type=Path, default=HERE / "results" / "dcp_s3sim_1gib_large5_16cpu.json"
+    )
     ap.add_argument(
         "--async", dest="async_", type=Path, default=HERE / "results" / "async_256mib.json"
     )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "img")
+    ap.add_argument("--no-async", action="store_true", help="draw only the DCP plots")
     args = ap.parse_args(argv)
     plt.rcParams["svg.hashsalt"] = "s3ckpt"
     args.out.mkdir(parents=True, exist_ok=True)
     dcp = json.loads(args.dcp.read_text())
     written = [plot_throughput(dcp, args.out), plot_peak_memory(dcp, args.out)]
-    written.append(plot_async(json.loads(args.async_.read_text()), args.out))
+    ratio = plot_ceiling_ratio(dcp, args.out)
+    if ratio is not None:
+        written.append(ratio)
+    if not args.no_async:
+        written.append(plot_async(json.loads(args.async_.read_text()), args.out))
     for path in written:
         print(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
     return 0

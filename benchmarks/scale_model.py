@@ -147,6 +147,29 @@ def retention_cron_requests(runs: int, checkpoints: int, keys_per_checkpoint: in
     return math.ceil(keys / LIST_PAGE) + runs * checkpoints + 1
 
 
+def shallow_cron_requests(
+    runs: int, checkpoints: int, keys_per_checkpoint: int, deletions_per_run: int = 0
+) -> int:
+    """``s3ckpt prune --scan shallow`` (the CLI's default) over a bucket prefix:
+
+    * finding the runs: one delimited LIST of the root, one of each run (no marker read);
+    * each run's catalog: one delimited LIST of the run (its checkpoint prefixes and control
+      objects), one GET per commit marker, one LIST of open uploads;
+    * confirming a plan that deletes (per run with deletions): each checkpoint to delete
+      listed deeply (``ceil(keys / 1000)`` LISTs, a LIST of its uploads, a GET of its marker)
+      and one HEAD to make the newest commit time exact.
+
+    ``1 + R + R (2 + C) + R d (ceil(K/1000) + 2) + R [d > 0]``, with R runs, C checkpoints
+    per run, K keys per checkpoint and d deletions per run.
+    """
+    page = math.ceil(runs / LIST_PAGE)
+    runs_found = page + runs * math.ceil((checkpoints + 3) / LIST_PAGE)
+    catalogs = runs * (math.ceil((checkpoints + 3) / LIST_PAGE) + checkpoints + 1)
+    per_delete = math.ceil(keys_per_checkpoint / LIST_PAGE) + 2
+    confirm = runs * (deletions_per_run * per_delete + (1 if deletions_per_run else 0))
+    return runs_found + catalogs + confirm
+
+
 def _fmt(n: float) -> str:
     if n >= 1e6:
         return f"{n / 1e6:.2f} M"
@@ -202,12 +225,20 @@ def main(argv: list[str] | None = None) -> int:
     worlds = [int(w) for w in args.worlds.split(",")]
     print(table(base, worlds))
     print()
-    print("| retention cron over | keys / checkpoint | LIST + GET requests |")
-    print("|---|---:|---:|")
+    print(
+        "| retention cron over | keys / checkpoint | deep scan | shallow, plan deletes nothing "
+        "| shallow, 1 deletion per run |"
+    )
+    print("|---|---:|---:|---:|---:|")
     for w in (8, 512, 4096):
         keys = replace(base, world=w).data_objects + 3
         n = retention_cron_requests(1000, 100, keys)
-        print(f"| 1,000 runs x 100 checkpoints, {w:,} ranks | {keys:,} | {_fmt(n)} |")
+        s0 = shallow_cron_requests(1000, 100, keys)
+        s1 = shallow_cron_requests(1000, 100, keys, 1)
+        print(
+            f"| 1,000 runs x 100 checkpoints, {w:,} ranks | {keys:,} | {_fmt(n)} | {_fmt(s0)} "
+            f"| {_fmt(s1)} |"
+        )
     return 0
 
 

@@ -35,7 +35,9 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "s3ckpt._cli.demo",
     "s3ckpt._cli.retention",
+    "s3ckpt._cli.check",
     "s3ckpt._cli.tools",
+    "s3ckpt._cli.restore",
     "s3ckpt._cli.report",
     "s3ckpt._cli.doctor",
 )

@@ -45,10 +45,18 @@ MAX_DERIVED_CONCURRENCY = 64
 """The most connections a throughput target derives (1 is the least). An explicit
 ``max_concurrency`` may go higher."""
 
-UPLOAD_MEMORY_BOUND = 256 * MiB
+UPLOAD_MEMORY_BOUND = 160 * MiB
 """Upload buffers a saving rank holds at most when ``max_inflight_bytes`` is derived (left
-to its default) and ``part_size <= 128 MiB``: ``max_inflight_bytes + part_size`` never
-exceeds it."""
+to its default) and ``part_size <= 80 MiB``: ``max_inflight_bytes + part_size`` never
+exceeds it. 160 MiB (9 parts in flight and one filling at 16 MiB): only the bytes that are
+copied need buffers (small items, framing, a device tensor's copy); a CPU tensor's whole
+parts go from its own memory. Measured on s3sim's S3 shaping (1 GiB, 5 large and 512 small
+tensors, 16 cores): 144 MiB in flight saves as fast as 224 and 240 (``benchmarks/``,
+docs/performance.md), with a peak RSS well under 256 MiB above the state dict."""
+
+READ_CONNECTIONS_PER_CONNECTION = 2
+"""A load's ranged GETs run on this many times the derived connections
+(:attr:`TransferConfig.read_concurrency`)."""
 
 
 class _Derived(int):
@@ -228,17 +236,18 @@ class TransferConfig:
     Memory: a saving rank holds at most ``max_inflight_bytes + part_size`` bytes of
     upload buffers above the state dict itself (the buffers are reused, never more are
     allocated). Left to its default, ``max_inflight_bytes`` is one part per connection,
-    capped so that this sum stays within :data:`UPLOAD_MEMORY_BOUND` (**256 MiB**) for any
-    ``part_size`` up to 128 MiB (larger parts: one in flight, ``2 * part_size``). With the
-    defaults: 14 x 16 MiB = 224 MiB + 16 MiB = **240 MiB per rank**. (An object over
+    capped so that this sum stays within :data:`UPLOAD_MEMORY_BOUND` (**160 MiB**) for any
+    ``part_size`` up to 80 MiB (larger parts: one in flight, ``2 * part_size``). With the
+    defaults: 9 x 16 MiB = 144 MiB + 16 MiB = **160 MiB per rank**. (An object over
     10,000 parts gets a larger part, :meth:`part_size_for`, and the bound grows with it to
     ``max(max_inflight_bytes, part) + part``.)
 
-    A loading rank streams object bodies straight into destination tensors in
-    ``read_chunk_size`` pieces; an item that must be decoded or resharded (a slice of a
-    saved chunk, a foreign ``torch.save`` item, a non-tensor item) is buffered whole, so
-    the extra memory on load is at most :attr:`concurrency` such items plus
-    ``concurrency * read_chunk_size`` (14 x 4 MiB = 56 MiB with the defaults).
+    A loading rank reads on :attr:`read_concurrency` connections (28 by default) and
+    streams object bodies straight into destination tensors in ``read_chunk_size`` pieces;
+    an item that must be decoded or resharded (a slice of a saved chunk, a foreign
+    ``torch.save`` item, a non-tensor item) is buffered whole, so the extra memory on load
+    is at most :attr:`read_concurrency` such items plus ``read_concurrency *
+    read_chunk_size`` (a large item's pieces share one buffer).
 
     Throttling: with :attr:`adaptive` (the default) the requests of a process to one
     bucket share a congestion window that halves on ``503 SlowDown`` and grows back on
@@ -260,7 +269,7 @@ class TransferConfig:
     """Upload buffers (filled, uploading or waiting) per rank. Must hold at least one
     part; ``max_inflight_bytes // part_size`` parts are in flight at once. Default: one
     part per connection (:attr:`concurrency` parts), at most as many as keep
-    ``max_inflight_bytes + part_size <= 256 MiB``: 224 MiB with the defaults."""
+    ``max_inflight_bytes + part_size <= 160 MiB``: 144 MiB with the defaults."""
 
     target_object_size: int = 128 * MiB
     """Each rank packs its items into ``ceil(rank_bytes / target_object_size)`` objects
@@ -392,6 +401,25 @@ class TransferConfig:
     def concurrency(self) -> int:
         """Threads (and HTTP connections) per rank in force: :attr:`max_concurrency` when
         given, else derived from :attr:`target_throughput_gbps`."""
+        return int(self.max_concurrency)
+
+    @property
+    def read_concurrency(self) -> int:
+        """Threads (and HTTP connections) of a load's ranged GETs per rank: twice
+        :attr:`concurrency` when that is derived (28 for 10 Gbit/s; at most
+        :data:`MAX_DERIVED_CONCURRENCY`), else the ``max_concurrency`` given.
+
+        Why more than a save: a GET's first byte takes ~30 ms on S3 and a connection carries
+        ~85 MB/s at best, so ``target / 90 MB/s`` connections reach the target only if every
+        request streams at full speed from its first millisecond; the AWS CRT opens about
+        as many (10 per 4 Gbit/s). A load needs no buffers for them (bytes land in the
+        destination tensors), so the only cost is threads and sockets. Measured on s3sim's
+        S3 shaping (1 GiB, 16 cores): 14 connections load at ~800 MB/s, 28 at ~1,200,
+        40 at ~1,600; saves gain nothing past 14 (their bottleneck is the writing thread),
+        so they keep :attr:`concurrency`."""
+        if type(self.max_concurrency) is _Derived:
+            doubled = READ_CONNECTIONS_PER_CONNECTION * int(self.max_concurrency)
+            return max(int(self.max_concurrency), min(MAX_DERIVED_CONCURRENCY, doubled))
         return int(self.max_concurrency)
 
     @property

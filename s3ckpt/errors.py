@@ -13,6 +13,7 @@
     │   ├── PreconditionFailedError  a conditional write lost (If-None-Match / If-Match)
     │   ├── EndpointError            the endpoint cannot be reached (DNS, refused, TLS)
     │   ├── UnsupportedOperationError  the store does not implement a request (501)
+    │   ├── ArchivedObjectError      a read of an object in GLACIER / DEEP_ARCHIVE (restore it)
     │   └── TransientStoreError      throttling / 5xx / timeouts that outlasted the retries
     ├── CheckpointError              the checkpoint itself is the problem
     │   ├── CheckpointExistsError    a committed checkpoint is already at the prefix
@@ -46,6 +47,7 @@ from typing import Any
 
 __all__ = [
     "AccessDeniedError",
+    "ArchivedObjectError",
     "CheckpointError",
     "CheckpointExistsError",
     "CheckpointNotFoundError",
@@ -205,6 +207,14 @@ class TransientStoreError(StoreError):
 class UnsupportedOperationError(StoreError):
     """The store does not implement this request (HTTP 501 ``NotImplemented``), as some
     S3-compatible stores answer ``ListMultipartUploads`` or a conditional ``DeleteObject``."""
+
+
+class ArchivedObjectError(StoreError):
+    """A read of an object in GLACIER / DEEP_ARCHIVE with no restored copy (403
+    ``InvalidObjectState``): ``storage_class`` is its class, ``checkpoint`` the restore's URL."""
+
+    storage_class: str | None = None
+    checkpoint: str | None = None
 
 
 class CheckpointError(S3CkptError):
@@ -388,8 +398,7 @@ class LeaseHeldError(S3CkptError):
 
 
 class LeaseLostError(LeaseHeldError):
-    """The lease expired while we worked and another pruner took it over: we stopped
-    before the next delete."""
+    """The lease expired and another pruner took it over: we stopped before the next delete."""
 
 
 class ClockSkewError(S3CkptError):

@@ -15,6 +15,9 @@
 #   ListObjectsV2                                                          s3:ListBucket
 #   ListMultipartUploads                                                   s3:ListBucketMultipartUploads
 #   DeleteObject, DeleteObjects (checked per key)                          s3:DeleteObject
+#   CopyObject onto itself, UploadPartCopy (a tier's move)                 s3:GetObject + s3:PutObject
+#   PutObjectTagging, GetObjectTagging (lifecycle tiers; a copy's tags)    s3:PutObjectTagging, s3:GetObjectTagging
+#   RestoreObject (`s3ckpt restore`, an operator: output restore_policy_json) s3:RestoreObject
 #
 # Policies are plain jsonencode() documents rather than aws_iam_policy_document data sources,
 # so `terraform test` with a mock provider can read and assert on them (tests/*.tftest.hcl).
@@ -162,9 +165,72 @@ locals {
     ]
   }
 
-  pruner_policy = {
+  # Storage tiers (var.pruner_tier_method): "tag" lets the pruner tag checkpoint objects for
+  # the lifecycle rules; "copy" also lets it copy them onto themselves with a new class.
+  pruner_tiers     = var.pruner_tier_method != "none"
+  pruner_tier_acts = concat(["s3:GetObjectTagging", "s3:PutObjectTagging"], var.pruner_tier_method == "copy" ? ["s3:PutObject"] : [])
+  # Object writes the pruner is denied under the prefix when it applies tiers (the bucket-wide
+  # Deny then stops at the prefix): every write of bytes, ACLs and locks but its own.
+  pruner_tier_denied = concat(
+    var.pruner_tier_method == "copy" ? [] : ["s3:PutObject"],
+    ["s3:PutObjectAcl", "s3:PutObjectVersionAcl", "s3:PutObjectRetention", "s3:PutObjectLegalHold", "s3:PutObjectVersionTagging", "s3:Replicate*", "s3:RestoreObject"],
+  )
+
+  pruner_tier_statements = [
+    for st in [
+      {
+        Sid      = "TierCheckpointObjects"
+        Effect   = "Allow"
+        Action   = local.pruner_tier_acts
+        Resource = local.objects_arn
+      },
+      {
+        Sid         = "DenyObjectWritesButTiers"
+        Effect      = "Deny"
+        Action      = local.pruner_tier_denied
+        NotResource = local.pruner_write_arns
+      },
+      {
+        Sid      = "DenyPinWrites"
+        Effect   = "Deny"
+        Action   = "s3:PutObject"
+        Resource = local.pin_arns
+      },
+    ] : st if local.pruner_tiers && (st.Sid != "DenyPinWrites" || var.pruner_tier_method == "copy")
+  ]
+
+  # For whoever runs `s3ckpt restore` (an operator: a restore is billed per GB retrieved and
+  # is a decision, like a pin). Not attached to anything by this module (output
+  # restore_policy_json). HEAD and the load afterwards are s3:GetObject.
+  restore_policy = {
     Version = "2012-10-17"
     Statement = [
+      {
+        Sid       = "ListCheckpointPrefix"
+        Effect    = "Allow"
+        Action    = "s3:ListBucket"
+        Resource  = local.bucket_arn
+        Condition = local.list_prefix_condition
+      },
+      {
+        Sid      = "RestoreCheckpointObjects"
+        Effect   = "Allow"
+        Action   = ["s3:GetObject", "s3:RestoreObject"]
+        Resource = local.objects_arn
+      },
+      {
+        Sid       = "UseCheckpointKeyThroughS3"
+        Effect    = "Allow"
+        Action    = "kms:Decrypt"
+        Resource  = aws_kms_key.this.arn
+        Condition = local.kms_via_s3_condition
+      },
+    ]
+  }
+
+  pruner_policy = {
+    Version = "2012-10-17"
+    Statement = concat([
       {
         Sid       = "ListCheckpointPrefix"
         Effect    = "Allow"
@@ -209,7 +275,9 @@ locals {
           "s3:CreateBucket",
           "s3:DeleteBucket*",
         ]
-        NotResource = local.pruner_write_arns
+        # With tiers the pruner writes tags (or copies) under the prefix: this Deny stops there,
+        # and DenyObjectWritesButTiers keeps every other object write under it denied.
+        NotResource = local.pruner_tiers ? tolist([local.objects_arn]) : tolist(local.pruner_write_arns)
       },
       {
         # Decrypt to read markers; GenerateDataKey because the lease object is encrypted too.
@@ -219,7 +287,7 @@ locals {
         Resource  = aws_kms_key.this.arn
         Condition = local.kms_via_s3_condition
       },
-    ]
+    ], local.pruner_tier_statements)
   }
 }
 

@@ -23,7 +23,13 @@ locals {
   # that copy forward by writing it (docs/dcp.md, "The commit protocol"), so the pruner may
   # write these keys, and only these and its lease.
   stock_metadata_arns = ["${local.bucket_arn}/${local.prefix}*/.metadata"]
-  pruner_write_arns   = concat(local.lease_arns, local.stock_metadata_arns)
+  # `s3ckpt check` (the cron image's weekly scrub) records what it found per run in
+  # {run}/s3ckpt.check.json, which `s3ckpt ls` reads to mark damaged checkpoints.
+  check_record_arns = [
+    "${local.bucket_arn}/${local.prefix}s3ckpt.check.json",
+    "${local.bucket_arn}/${local.prefix}*/s3ckpt.check.json",
+  ]
+  pruner_write_arns = concat(local.lease_arns, local.stock_metadata_arns, local.check_record_arns)
   # Pins ({checkpoint}/s3ckpt.pin.json, written by `s3ckpt pin`) are an operator action: neither
   # role may write them (docs/operations.md, "Pins").
   pin_arns = ["${local.bucket_arn}/${local.prefix}*/s3ckpt.pin.json"]
@@ -119,6 +125,28 @@ resource "aws_s3_bucket_lifecycle_configuration" "this" {
     }
     expiration {
       expired_object_delete_marker = true
+    }
+  }
+
+  # The lifecycle alternative to copy-based tiers (docs/retention.md): `prune --apply` with a
+  # policy's `method = "tag"` tags what a tier selects with s3ckpt-tier = <CLASS>, and S3 moves
+  # it at its next daily lifecycle run (IA classes once the object is 30 days old, S3's floor).
+  # Only under the checkpoint prefix: a tag elsewhere is not s3ckpt's.
+  dynamic "rule" {
+    for_each = toset(var.tier_storage_classes)
+    content {
+      id     = "s3ckpt-tier-${lower(rule.value)}"
+      status = "Enabled"
+      filter {
+        and {
+          prefix = local.prefix
+          tags   = { "s3ckpt-tier" = rule.value }
+        }
+      }
+      transition {
+        days          = contains(["STANDARD_IA", "ONEZONE_IA"], rule.value) ? 30 : 0
+        storage_class = rule.value
+      }
     }
   }
 

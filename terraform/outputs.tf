@@ -58,6 +58,11 @@ output "pin_policy_json" {
   value       = jsonencode(local.pin_policy)
 }
 
+output "restore_policy_json" {
+  description = "An IAM policy (JSON) for whoever runs `s3ckpt restore` (an operator: a restore of GLACIER / DEEP_ARCHIVE objects is billed per GB): list and read the checkpoints and issue s3:RestoreObject on them, nothing else. Neither module role may restore; attach this to an operator role or permission set (or to the trainer role, for jobs that restore before they resume)."
+  value       = jsonencode(local.restore_policy)
+}
+
 output "env" {
   description = "Environment for training jobs and the retention cron. AWS_REGION is read by boto3 (and so by s3ckpt); S3CKPT_URL is the checkpoint root for your job script or CronJob command line."
   value = {

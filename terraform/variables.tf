@@ -229,3 +229,30 @@ variable "tags" {
   default     = {}
   nullable    = false
 }
+
+variable "tier_storage_classes" {
+  description = "Storage classes the lifecycle alternative to s3ckpt's copy-based tiers moves to (docs/retention.md, \"The lifecycle alternative\"): one rule per class transitions every object under the prefix tagged s3ckpt-tier = <CLASS> (the tags `prune --apply` puts with a policy's `method = \"tag\"`). STANDARD_IA and ONEZONE_IA transition 30 days after the object was written (S3's minimum); the others at the next daily lifecycle run. Empty (the default): no tier rules."
+  type        = list(string)
+  default     = []
+  nullable    = false
+
+  validation {
+    condition = alltrue([
+      for c in var.tier_storage_classes :
+      contains(["STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE"], c)
+    ])
+    error_message = "tier_storage_classes may name STANDARD_IA, ONEZONE_IA, INTELLIGENT_TIERING, GLACIER_IR, GLACIER and DEEP_ARCHIVE (a lifecycle rule cannot move objects back to STANDARD)."
+  }
+}
+
+variable "pruner_tier_method" {
+  description = "How the pruner applies a retention policy's storage tiers. \"none\" (default): it may not (its writes stay its lease and the stock .metadata copies). \"tag\": it may tag checkpoint objects (s3:PutObjectTagging / s3:GetObjectTagging) for the rules of tier_storage_classes; it still cannot change an object's bytes. \"copy\": it may also copy checkpoint objects onto themselves with a new class (s3:PutObject under the prefix, pins still denied): immediate moves, at the price of a pruner that can write checkpoint data."
+  type        = string
+  default     = "none"
+  nullable    = false
+
+  validation {
+    condition     = contains(["none", "tag", "copy"], var.pruner_tier_method)
+    error_message = "pruner_tier_method must be \"none\", \"tag\" or \"copy\"."
+  }
+}

@@ -100,6 +100,12 @@ WHAT_TO_DO: dict[str, str] = {
         "proxy, TLS certificate; `--no-verify-tls` for a self-signed test server). It is not "
         "retried: a typo would only be reported later."
     ),
+    "ArchivedObjectError": (
+        "The object is in GLACIER or DEEP_ARCHIVE (a storage tier moved it) and has no "
+        "restored copy. Run the `s3ckpt restore URL` the message names (RestoreObject for "
+        "every archived object of the checkpoint; `--wait` waits) and load again once the "
+        "restore completes: hours for the Standard tier."
+    ),
     "TransientStoreError": (
         "Throttling, 5xx or timeouts outlasted every retry. Retry later; lower "
         "`TransferConfig.max_concurrency` when the store throttles, or raise `max_attempts`, "

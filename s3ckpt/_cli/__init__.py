@@ -11,7 +11,8 @@ Exit codes (stable; cron jobs and scripts act on them):
 ====  ==========================================================================
 0     done (a dry run that planned, a verify that found nothing wrong, a ``doctor`` whose
       checks all passed, warnings allowed, ...)
-1     done in part: some deletes failed, a verify found bad data, a diff found differences
+1     done in part: some deletes failed, a verify found bad data, a check found a damaged
+      checkpoint (or could not check one in full), a diff found differences
       when ``--exit-code`` was asked for, a checkpoint is unreadable (``ls``, ``prune``,
       ``gc`` and ``report`` list a damaged one as its own row, warn on stderr and process
       the rest); the message names each failure; ``doctor``: a check failed, the store

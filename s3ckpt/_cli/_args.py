@@ -27,6 +27,7 @@ __all__ = [
     "STEP_PATTERN_HELP",
     "add_lease_ttl",
     "add_metrics_file",
+    "add_scan",
     "add_step_pattern",
     "counted",
     "duration",
@@ -119,6 +120,18 @@ def add_step_pattern(p: argparse.ArgumentParser, note: str = "") -> None:
         default=None,
         metavar="REGEX",
         help=STEP_PATTERN_HELP + note,
+    )
+
+
+def add_scan(p: argparse.ArgumentParser, default: str) -> None:
+    """``--scan shallow|deep`` of ``ls`` and ``prune`` (``RetentionOptions.scan``)."""
+    p.add_argument(
+        "--scan",
+        choices=("shallow", "deep"),
+        default=default,
+        help="shallow: list folders and read each commit marker, not every key (pins, live "
+        "saves and storage classes unknown; prune lists what it deletes first); deep: list "
+        f"every key (default {default})",
     )
 
 

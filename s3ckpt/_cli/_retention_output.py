@@ -13,17 +13,23 @@ import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
-from s3ckpt._cli._damaged import printable, state_label, warn_damaged
+from s3ckpt._cli._damaged import DAMAGED_STATE, printable, state_label, warn_damaged
 from s3ckpt._cli._output import print_json, print_table
 from s3ckpt._units import format_bytes, plural
 from s3ckpt.retention import CheckpointInfo, DeleteResult, GcResult, PruneResult, RunCatalog
 from s3ckpt.store.base import DeleteFailure
 from s3ckpt.uri import StoreURL
 
+if TYPE_CHECKING:
+    from s3ckpt.tools import CheckEntry  # the type only (ls imports s3ckpt.tools when it runs)
+
 __all__ = [
+    "check_damaged_code",
+    "check_note",
+    "class_label",
     "columns",
     "damaged_code",
     "dump",
@@ -33,6 +39,7 @@ __all__ = [
     "print_ls",
     "print_prune",
     "print_rm",
+    "print_transitions",
     "when",
 ]
 
@@ -96,8 +103,52 @@ def saves(c: CheckpointInfo) -> str:
     return what + (f", {', '.join(extra)}" if extra else "") + (f"; {failed}" if failed else "")
 
 
-def print_ls(root: StoreURL, catalogs: Sequence[RunCatalog]) -> None:
-    """``ls``: each run's line and table of checkpoints, and its saves in progress."""
+MIXED_SHARE = 0.02
+"""Bytes outside a checkpoint's data class above this share make ``ls`` say ``mixed``."""
+
+
+def class_label(c: CheckpointInfo) -> str:
+    """``ls``'s CLASS column: the storage class of a checkpoint's data (``STANDARD``,
+    ``GLACIER_IR`` ...), ``mixed`` when its bytes are split (a transition in progress), or
+    ``-`` when the listing gave no classes. A tier leaves the commit marker and the
+    per-save ``.metadata.{tag}`` in STANDARD by design, so STANDARD bytes up to
+    :data:`MIXED_SHARE` of the size do not make a moved checkpoint ``mixed``."""
+    by = {k: v for k, v in c.bytes_by_class.items() if v}
+    if not by:
+        return "-"
+    other = [k for k in by if k != "STANDARD"]
+    if not other:
+        return "STANDARD"
+    if len(other) > 1 or by.get("STANDARD", 0) > MIXED_SHARE * max(c.size, 1):
+        return "mixed"
+    return other[0]
+
+
+def print_transitions(result: PruneResult) -> None:
+    """The plan's storage-tier transitions: one line each (classes, objects, bytes, why)."""
+    moves = result.plan.transitions
+    if not moves:
+        return
+    print("  transitions:")
+    for t in moves:
+        src = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(t.from_classes.items()))
+        what = f"{plural(t.objects or 0, 'object')}, {format_bytes(t.bytes or 0)}"
+        if t.skipped is not None:
+            line = t.skipped
+        elif not t.objects:
+            line = f"already in {t.storage_class}"
+        else:
+            verb = "tag for" if t.method == "tag" else "->"
+            line = f"{src or '-'} {verb} {t.storage_class} ({what})"
+        print(f"    {t.name}: tier {t.tier}: {line}: {'; '.join(t.reasons)}")
+
+
+def print_ls(
+    root: StoreURL, catalogs: Sequence[RunCatalog], checks: Mapping[str, CheckEntry] | None = None
+) -> None:
+    """``ls``: each run's line and table of checkpoints, and its saves in progress; a
+    checkpoint ``s3ckpt check`` found damaged (``checks``, by URL) shows as ``damaged``."""
+    checks = checks or {}
     if not catalogs:
         print(f"no checkpoints under {root}")
         return
@@ -111,27 +162,62 @@ def print_ls(root: StoreURL, catalogs: Sequence[RunCatalog]) -> None:
         print(f"{cat.run}  ({count}, {committed} committed, {format_bytes(total)})")
         if not ck:
             continue
-        rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "OBJECTS", "METRICS", "PINNED"]]
+        head = ["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "CLASS", "OBJECTS", "METRICS"]
+        rows = [[*head, "PINNED"]]
         for c in ck:
-            rows.append(
-                [*columns(c), str(c.num_objects), metric_values(c.metrics), c.pinned or "-"]
-            )
-        print_table(rows, right=(1, 4, 5), indent="  ")
+            row = [*columns(c), class_label(c), str(c.num_objects), metric_values(c.metrics)]
+            row.append(c.pinned or "-")
+            if str(c.url) in checks:
+                row[2] = DAMAGED_STATE
+            rows.append(row)
+        print_table(rows, right=(1, 4, 6), indent="  ")
         for c in ck:
             line = saves(c)
             if line:
                 print(f"  {c.name}: {line}")
+            mark = checks.get(str(c.url))
+            if mark is not None:
+                print(f"  {c.name}: damaged ({check_note(mark)})")
 
 
-def ls_json(root: StoreURL, catalogs: Sequence[RunCatalog]) -> dict[str, Any]:
-    """``ls --json``'s document."""
+def ls_json(
+    root: StoreURL, catalogs: Sequence[RunCatalog], checks: Mapping[str, CheckEntry] | None = None
+) -> dict[str, Any]:
+    """``ls --json``'s document; a checkpoint ``s3ckpt check`` found damaged (``checks``)
+    has ``"damaged": true`` and ``"check"``: the check's entry, with its problems."""
+    checks = checks or {}
+
+    def doc(c: CheckpointInfo) -> dict[str, Any]:
+        d = c.to_dict()
+        mark = checks.get(str(c.url))
+        if mark is not None:
+            d["damaged"] = True
+            d["check"] = mark.to_dict()
+        return d
+
     return {
         "root": str(root),
         "runs": [
-            {"run": str(cat.run), "checkpoints": [c.to_dict() for c in cat.checkpoints]}
+            {"run": str(cat.run), "checkpoints": [doc(c) for c in cat.checkpoints]}
             for cat in catalogs
         ],
     }
+
+
+def check_note(mark: CheckEntry) -> str:
+    """What ``ls`` says about a checkpoint ``s3ckpt check`` found damaged."""
+    return f"s3ckpt check at {printable(mark.checked_at)}: {printable(mark.reason)}"
+
+
+def check_damaged_code(marks: Mapping[str, CheckEntry]) -> int:
+    """Warn about each checkpoint ``s3ckpt check`` found damaged: exit 1 when any is."""
+    for url, mark in sorted(marks.items()):
+        print(
+            f"s3ckpt ls: warning: damaged checkpoint {printable(url)} ({check_note(mark)}); "
+            "do not load it (s3ckpt check --read-data all checks it again)",
+            file=sys.stderr,
+        )
+    return EXIT_PARTIAL if marks else EXIT_OK
 
 
 def damaged_code(command: str, checkpoints: Iterable[CheckpointInfo]) -> int:
@@ -153,10 +239,13 @@ def print_prune(result: PruneResult) -> None:
     deferred = f", {p.deferred} deferred by --max-delete" if p.deferred else ""
     for note in result.notes:
         print(f"  note: {note}")
+    print_transitions(result)
+    move = f"{plural(p.objects_to_move, 'object')}, {format_bytes(p.bytes_to_move)}"
     if not result.applied:
         print(
             f"  dry run: would delete {len(p.delete)} ({freed}), {counts}{deferred}; "
             "pass --apply to delete"
+            + (f"; would move {move} to their tiers' classes" if p.transitions else "")
         )
         return
     if result.resumed:
@@ -175,6 +264,15 @@ def print_prune(result: PruneResult) -> None:
         f"{plural(result.delete_requests, 'DeleteObjects request')}, {counts}{deferred}{resumed}"
     )
     print_failures(result.failures)
+    if p.transitions or result.resumed_moves:
+        resumed = f" ({len(result.resumed_moves)} for an interrupted prune)"
+        print(
+            f"  moved {plural(len(result.transitioned), 'checkpoint')}"
+            f"{resumed if result.resumed_moves else ''}: "
+            f"{plural(result.objects_moved, 'object')}, {format_bytes(result.bytes_moved)} in "
+            f"{plural(result.transition_requests, 'request')}"
+        )
+        print_failures(result.transition_failures)
 
 
 def print_gc(r: GcResult) -> None:

@@ -43,6 +43,7 @@ from s3ckpt._cli import (
 from s3ckpt._cli._args import (
     add_lease_ttl,
     add_metrics_file,
+    add_scan,
     add_step_pattern,
     counted,
     duration,
@@ -52,6 +53,7 @@ from s3ckpt._cli._args import (
 from s3ckpt._cli._damaged import warn_damaged
 from s3ckpt._cli._output import ProgressCounter, add_output_options
 from s3ckpt._cli._retention_output import (
+    check_damaged_code,
     damaged_code,
     dump,
     ls_json,
@@ -102,6 +104,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     add_output_options(p)
     p.add_argument("--grace", type=duration, default=DEFAULT_GRACE, help=grace_help)
     add_step_pattern(p)
+    add_scan(p, "deep")
     p.set_defaults(func=_ls)
 
     p = sub.add_parser(
@@ -119,6 +122,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         help="a policy TOML file, or the name of a ready-made one (e.g. pretraining)",
     )
     p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
+    add_scan(p, "shallow")  # the cron: markers, not every key (docs/scale.md)
     add_output_options(p)
     p.add_argument(
         "--max-delete",
@@ -260,22 +264,27 @@ def _write_metrics(report: MetricsFile, *, success: bool) -> bool:
 # -- ls ----------------------------------------------------------------------------------------
 def _ls(args: argparse.Namespace) -> int:
     location, counter = counted(args, _open(args, args.path), "ls")
-    options = RetentionOptions(grace=args.grace, step_pattern=args.step_pattern)
+    options = RetentionOptions(grace=args.grace, step_pattern=args.step_pattern, scan=args.scan)
     try:
         # The store's time; this host's clock is judged against the grace period prune and
         # gc would use (its floor), and only warned about.
         judged, notes = RetentionOptions(grace=max(args.grace, MIN_GRACE)).resolve(location)
         _warn(notes, counter)
         catalogs = scan(location, options=options.replace(now=judged.now))
+        # What s3ckpt check found (one GET per run of its s3ckpt.check.json); no torch.
+        from s3ckpt.tools import check_marks
+
+        checks, check_notes = check_marks(location.store, catalogs)
+        _warn(check_notes, counter)
     finally:
         counter.close()
     checkpoints = [c for cat in catalogs for c in cat.checkpoints]
     if args.json:
-        dump(ls_json(location.url, catalogs))
-        return damaged_code("ls", checkpoints)
-    print_ls(location.url, catalogs)
-    sys.stdout.flush()  # the table before the warnings on stderr
-    return damaged_code("ls", checkpoints)
+        dump(ls_json(location.url, catalogs, checks))
+    else:
+        print_ls(location.url, catalogs, checks)
+        sys.stdout.flush()  # the table before the warnings on stderr
+    return max(damaged_code("ls", checkpoints), check_damaged_code(checks))
 
 
 # -- prune -------------------------------------------------------------------------------------
@@ -288,6 +297,7 @@ def _prune(args: argparse.Namespace) -> int:
         include_foreign=args.include_foreign,
         max_delete=args.max_delete,
         lease_ttl=args.lease_ttl,
+        scan=args.scan,
     )
     location, counter = counted(args, _open(args, args.path), "prune")
     report = (

@@ -19,7 +19,7 @@ from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
-    from s3ckpt.retention import Policy, PruneResult
+    from s3ckpt.retention import Policy, PolicyFile, PruneResult
 
 __all__ = ["RETENTION_HISTORY", "RetentionRecord", "RetentionRunner", "resolve_policy"]
 
@@ -63,17 +63,21 @@ class RetentionRecord:
         return self.result
 
 
-def resolve_policy(policy: Policy | str | None) -> Policy | None:
+def resolve_policy(policy: Policy | PolicyFile | str | None) -> Policy | None:
     """A ``policy`` argument (Checkpointer, plug-ins) as a policy: ``policy`` itself, or the
     policy of the file or built-in name it names (``None``: keep all). Not
-    :func:`s3ckpt.retention.load_policy`, which reads one policy file."""
+    :func:`s3ckpt.retention.load_policy`, which reads one policy file. A file's storage
+    tiers (``[[tier]]``) and step pattern come along (:meth:`PolicyFile.as_policy
+    <s3ckpt.retention.PolicyFile.as_policy>`), as do a :class:`~s3ckpt.retention.PolicyFile`'s
+    given in Python (``PolicyFile(KeepLast(3), tiers=(Tier(...),))``)."""
     if policy is None:
         return None
     if isinstance(policy, str):
         from s3ckpt.retention import load_policy as load_file
 
         return load_file(policy)
-    return policy
+    as_policy = getattr(policy, "as_policy", None)  # a PolicyFile (no import at start-up)
+    return as_policy() if callable(as_policy) else policy  # type: ignore[return-value]
 
 
 class RetentionRunner:

@@ -56,7 +56,15 @@ from s3ckpt.format import (
 from s3ckpt.metrics import instrument
 from s3ckpt.uri import StoreURL
 
-__all__ = ["ByteSource", "ItemKey", "ItemSpan", "SpanDecoder", "SpansByObject", "item_key"]
+__all__ = [
+    "ByteSource",
+    "DirectTarget",
+    "ItemKey",
+    "ItemSpan",
+    "SpanDecoder",
+    "SpansByObject",
+    "item_key",
+]
 
 ItemKey = tuple[str, tuple[int, ...] | None]
 """A stored item by ``(fqn, chunk offsets)``: how ``s3ckpt.json`` rows and saved chunks are
@@ -84,6 +92,21 @@ class ItemSpan:
     info: StorageInfo
     record: ItemRecord | None
     reads: list[ReadItem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DirectTarget:
+    """A tensor item streamed straight into its destination: ``head_len`` bytes of framing,
+    ``nbytes`` of tensor data (into ``tensor``'s memory), ``tail_len`` of framing."""
+
+    tensor: torch.Tensor
+    head_len: int
+    nbytes: int
+    tail_len: int
+
+    def data(self) -> memoryview:
+        """The destination's bytes, writable."""
+        return memoryview(self.tensor.view(-1).view(torch.uint8).numpy())
 
 
 SpansByObject = dict[str, dict[tuple[int, int], ItemSpan]]
@@ -173,34 +196,74 @@ class SpanDecoder:
     ) -> None:
         """Read ``span`` (of object ``key``) from ``source`` into ``planner``'s items, checked;
         ``lock`` guards the planner (spans are decoded on several threads)."""
-        info, record = span.info, span.record
         fqn = span.reads[0].storage_index.fqn
-        target = self._direct_target(span, planner, lock)
-        if target is not None and record is not None and record.data_offset is not None:
-            nbytes = target.numel() * target.element_size()
-            tail_len = info.length - record.data_offset - nbytes
-            if tail_len < 0:
-                raise CorruptCheckpointError(
-                    f"{fqn}: {MANIFEST_NAME} places {nbytes} tensor bytes past the item's end",
-                    bucket=self.bucket,
-                    key=key,
-                    rank=self.rank,
-                )
-            head = bytearray(record.data_offset)
+        direct = self.direct(span, key, planner, lock)
+        if direct is not None:
+            head, tail = bytearray(direct.head_len), bytearray(direct.tail_len)
             crc = source.readinto_all(memoryview(head), fqn, 0)
-            if nbytes:
-                view = memoryview(target.view(-1).view(torch.uint8).numpy())
-                crc = source.readinto_all(view, fqn, crc)
-            tail = bytearray(tail_len)
+            if direct.nbytes:
+                crc = source.readinto_all(direct.data(), fqn, crc)
             crc = source.readinto_all(memoryview(tail), fqn, crc)
-            self._check(crc, record, key, fqn)
-            self._check_framing(head, tail, nbytes, key, fqn)
-            with lock:
-                planner.commit_tensor(span.reads[0], target)
+            self.finish_direct(span, key, direct, head, tail, crc, planner, lock)
             return
-
-        buf = bytearray(info.length)
+        buf = bytearray(span.info.length)
         crc = source.readinto_all(memoryview(buf), fqn, 0)
+        self.decode_buffer(span, key, buf, crc, planner, lock)
+
+    def direct(
+        self, span: ItemSpan, key: str, planner: LoadPlanner, lock: threading.Lock
+    ) -> DirectTarget | None:
+        """Where ``span``'s bytes land when its tensor streams straight into the destination
+        (see the module docs), or None when the item must be read whole and decoded."""
+        record = span.record
+        target = self._direct_target(span, planner, lock)
+        if target is None or record is None or record.data_offset is None:
+            return None
+        nbytes = target.numel() * target.element_size()
+        tail_len = span.info.length - record.data_offset - nbytes
+        if tail_len < 0:
+            raise CorruptCheckpointError(
+                f"{span.reads[0].storage_index.fqn}: {MANIFEST_NAME} places {nbytes} tensor "
+                "bytes past the item's end",
+                bucket=self.bucket,
+                key=key,
+                rank=self.rank,
+            )
+        return DirectTarget(target, record.data_offset, nbytes, tail_len)
+
+    def finish_direct(
+        self,
+        span: ItemSpan,
+        key: str,
+        direct: DirectTarget,
+        head: Any,
+        tail: Any,
+        crc: int,
+        planner: LoadPlanner,
+        lock: threading.Lock,
+    ) -> None:
+        """Check a directly streamed item (its CRC32C ``crc``, its framing ``head`` and
+        ``tail``) and commit its tensor."""
+        assert span.record is not None  # direct() needs the record
+        fqn = span.reads[0].storage_index.fqn
+        self._check(crc, span.record, key, fqn)
+        self._check_framing(head, tail, direct.nbytes, key, fqn)
+        with lock:
+            planner.commit_tensor(span.reads[0], direct.tensor)
+
+    def decode_buffer(
+        self,
+        span: ItemSpan,
+        key: str,
+        buf: bytearray,
+        crc: int,
+        planner: LoadPlanner,
+        lock: threading.Lock,
+    ) -> None:
+        """Check and decode an item read whole into ``buf`` (``crc``: its CRC32C) into
+        every read item that needs it."""
+        record = span.record
+        fqn = span.reads[0].storage_index.fqn
         if record is not None:
             self._check(crc, record, key, fqn)
         first = span.reads[0]

@@ -15,9 +15,12 @@ Call sequence (torch's ``StorageReader`` contract):
    ``fan_out``: the items two or more ranks read, cut into pieces each read by one rank
    for the group (:mod:`s3ckpt.dcp._fanout_plan`), in every rank's plan.
 4. ``read_data``: group read items by object, sort by offset, coalesce near ranges into
-   requests of at most ``read_request_size`` (a whole-object GET when everything fits, so
-   stores that serve ranges slowly, like moto, read each byte once), fetch requests in
-   parallel (:class:`~s3ckpt.transfer.RangeWalk`, the walk ``s3ckpt verify`` uses too),
+   requests of at most the load's piece size (:func:`~s3ckpt.transfer.read_piece_size`:
+   the bytes to load over twice the connections, 8 MiB .. ``read_request_size``), cut
+   items larger than that into pieces read in parallel and landing in place
+   (:mod:`s3ckpt.dcp._split`: one connection carries ~85 MB/s on S3, so one GET per large
+   tensor would leave most connections idle), fetch requests in parallel
+   (:class:`~s3ckpt.transfer.RangeWalk`, the walk ``s3ckpt verify`` uses too),
    and hand each item's bytes to the span decoder (:class:`~s3ckpt.dcp._decode.SpanDecoder`):
    it streams tensor bytes straight into destination tensors when dtype and layout allow,
    and checks every item's CRC32C. Non-tensor items are checked by
@@ -58,13 +61,14 @@ from s3ckpt.dcp._locate import locate, object_keys
 from s3ckpt.dcp._located import Located
 from s3ckpt.dcp._match import mismatch_error, planned_shapes
 from s3ckpt.dcp._safe import SafeGlobal
+from s3ckpt.dcp._split import Piece, split_spans
 from s3ckpt.dcp._torch import StorageInfo
 from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError
 from s3ckpt.format import ItemRecord, Manifest
 from s3ckpt.metrics import instrument
 from s3ckpt.store import Location, LocationLike, ObjectStore
-from s3ckpt.transfer import RangeWalk, Request, SpanReader
+from s3ckpt.transfer import RangeWalk, Request, SpanReader, read_piece_size
 from s3ckpt.transfer import Span as WalkSpan
 
 __all__ = ["S3StorageReader"]
@@ -342,14 +346,17 @@ class S3StorageReader(Located, StorageReader):
         planner: LoadPlanner,
         lock: threading.Lock,
     ) -> None:
-        """Read ``per_object`` from the store, decoding each span with ``decoder``."""
+        """Read ``per_object`` from the store, decoding each span with ``decoder``: requests
+        of at most the load's piece size (:func:`~s3ckpt.transfer.read_piece_size`), large
+        items cut into pieces read in parallel (:mod:`s3ckpt.dcp._split`)."""
         walk = self._walk(decoder, planner, lock)
-        jobs = walk.plan(
-            {
-                name: [(s.info.offset, s.info.offset + s.info.length, s) for s in spans.values()]
-                for name, spans in per_object.items()
-            }
+        tc = self.transfer_config
+        total = sum(s.info.length for spans in per_object.values() for s in spans.values())
+        piece = read_piece_size(total, tc.read_concurrency, ceiling=tc.read_request_size)
+        spans = split_spans(
+            per_object, decoder, planner, lock, piece_size=piece, key_of=self.object_key
         )
+        jobs = walk.plan(spans, max_size=piece)
         try:
             walk.run(jobs)
         finally:
@@ -361,12 +368,15 @@ class S3StorageReader(Located, StorageReader):
 
     def _walk(
         self, decoder: SpanDecoder, planner: LoadPlanner, lock: threading.Lock
-    ) -> RangeWalk[ItemSpan]:
-        """The ranged-read walk that decodes each span with ``decoder``; the first failure
-        is raised."""
+    ) -> RangeWalk[ItemSpan | Piece]:
+        """The ranged-read walk that decodes each span with ``decoder`` (a piece of a large
+        item lands in its place, :mod:`s3ckpt.dcp._split`); the first failure is raised."""
 
-        def on_span(span: WalkSpan[ItemSpan], reader: SpanReader) -> None:
-            decoder.decode(reader, span.key, span.payload, planner, lock)
+        def on_span(span: WalkSpan[ItemSpan | Piece], reader: SpanReader) -> None:
+            if isinstance(span.payload, Piece):
+                span.payload.read(reader)
+            else:
+                decoder.decode(reader, span.key, span.payload, planner, lock)
 
         return RangeWalk(
             self.store,
@@ -379,7 +389,7 @@ class S3StorageReader(Located, StorageReader):
     def _fetch(
         self,
         name: str,
-        req: Request[ItemSpan],
+        req: Request[ItemSpan | Piece],
         decoder: SpanDecoder,
         planner: LoadPlanner,
         lock: threading.Lock,

@@ -96,7 +96,7 @@ from s3ckpt.format import (
 )
 from s3ckpt.metrics import instrument
 from s3ckpt.store import Location, LocationLike, ObjectStore, require_conditional_writes
-from s3ckpt.transfer import Uploader, format_leftovers, pack
+from s3ckpt.transfer import ItemCrc, Uploader, format_leftovers, pack
 
 __all__ = ["S3StorageWriter"]
 
@@ -331,6 +331,7 @@ class S3StorageWriter(Located, StorageWriter):
             rank=rank_plan.rank,
         )
         results: list[WriteResult] = []
+        crcs: list[tuple[S3StorageInfo, ItemCrc]] = []  # some finished by the upload threads
         heartbeat = Heartbeat(self.store, self.url, rank_plan.tag, rank_plan.rank, self.step)
         heartbeat.start()
         layout = rank_plan.layout
@@ -343,7 +344,8 @@ class S3StorageWriter(Located, StorageWriter):
                 infos: list[S3StorageInfo] = []
                 for idx in indices:
                     item = plan.items[idx]
-                    info = self._write_item(sink, planner, item, name, rank_plan.rank)
+                    info, crc = self._write_item(sink, planner, item, name, rank_plan.rank)
+                    crcs.append((info, crc))
                     infos.append(info)
                     results.append(WriteResult(item.index, info.length, info))
                 size = sink.tell()
@@ -351,6 +353,8 @@ class S3StorageWriter(Located, StorageWriter):
                     info.object_size = size
                 sink.close()
             uploader.finish()
+            for info, crc in crcs:
+                info.crc32c = crc.value()
         except BaseException as exc:
             heartbeat.stop()
             leftovers = uploader.abort()
@@ -385,7 +389,10 @@ class S3StorageWriter(Located, StorageWriter):
     @staticmethod
     def _write_item(
         sink: Any, planner: SavePlanner, item: Any, name: str, rank: int
-    ) -> S3StorageInfo:
+    ) -> tuple[S3StorageInfo, ItemCrc]:
+        """Write ``item`` into ``sink``: its storage info and its CRC32C (whole once the
+        uploader finished: the upload threads compute the parts sent from a tensor's own
+        memory)."""
         data = planner.resolve_data(item)
         if item.type == WriteItemType.BYTE_IO:
             start = sink.begin_item()
@@ -407,14 +414,14 @@ class S3StorageWriter(Located, StorageWriter):
             crc, data_offset = sink.end_item()
             del tensor
         length = sink.tell() - start
-        return S3StorageInfo(
+        info = S3StorageInfo(
             relative_path=name,
             offset=start,
             length=length,
-            crc32c=crc,
             data_offset=None if data_offset is None else data_offset - start,
             rank=rank,
         )
+        return info, crc
 
     # -- commit -------------------------------------------------------------------------------
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

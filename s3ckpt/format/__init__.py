@@ -56,6 +56,7 @@ from s3ckpt.format._manifest import (
 )
 from s3ckpt.format._metrics import check_metrics
 from s3ckpt.format._names import (
+    CHECK_NAME,
     FAILED_PREFIX,
     HEARTBEAT_PREFIX,
     LATEST_NAME,
@@ -76,6 +77,7 @@ from s3ckpt.format._values import MAX_INT
 
 __all__ = [
     # names on the bucket
+    "CHECK_NAME",
     "FAILED_PREFIX",
     "HEARTBEAT_PREFIX",
     "LATEST_NAME",

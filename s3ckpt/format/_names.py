@@ -17,8 +17,9 @@ A *run* is a prefix whose checkpoints are its immediate sub-prefixes, named
 ``step_{step:09d}`` by the Checkpointer (:func:`checkpoint_name`); the names frameworks give
 parse too (``s3ckpt._step_names``). Its control objects are never checkpoints and never
 deleted by retention: ``s3ckpt.latest.json`` (:data:`LATEST_NAME`, the Checkpointer's
-pointer to the latest checkpoint) and ``s3ckpt.lease`` (:data:`LEASE_NAME`, the pruner's
-lease) in the run, and ``s3ckpt.pin.json`` (:data:`PIN_NAME`, a pin set by ``s3ckpt pin``)
+pointer to the latest checkpoint), ``s3ckpt.lease`` (:data:`LEASE_NAME`, the pruner's
+lease) and ``s3ckpt.check.json`` (:data:`CHECK_NAME`, what ``s3ckpt check`` last found) in the
+run, and ``s3ckpt.pin.json`` (:data:`PIN_NAME`, a pin set by ``s3ckpt pin``)
 in a checkpoint.
 
 ``{tag}`` is the first 8 hex digits of the save's id (:func:`save_tag`). Every per-save name
@@ -36,6 +37,7 @@ from s3ckpt._step_names import MAX_STEP_DIGITS
 from s3ckpt.errors import ConfigError
 
 __all__ = [
+    "CHECK_NAME",
     "FAILED_PREFIX",
     "HEARTBEAT_PREFIX",
     "LATEST_NAME",
@@ -67,6 +69,8 @@ LATEST_NAME = "s3ckpt.latest.json"
 """Run-level pointer to the latest checkpoint (written by the Checkpointer)."""
 LEASE_NAME = "s3ckpt.lease"
 """Run-level pruner lease."""
+CHECK_NAME = "s3ckpt.check.json"
+"""Run-level record of what ``s3ckpt check`` found, per checkpoint (``ls`` reads it)."""
 PIN_NAME = "s3ckpt.pin.json"
 """Per-checkpoint pin: ``{"reason": ..., "pinned_at": ..., "by": ...}``."""
 

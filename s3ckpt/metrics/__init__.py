@@ -21,7 +21,8 @@ or collect them in a block (handy in tests)::
 :class:`OpenTelemetryMetrics` maps the events onto OpenTelemetry instruments (the ``otel``
 extra); :func:`write_textfile` renders a retention run for node_exporter's textfile
 collector, and :class:`MetricsFile` is one invocation's file from start to end
-(``s3ckpt prune --metrics-file``). docs/metrics.md lists every name.
+(``s3ckpt prune --metrics-file``); :class:`CheckMetricsFile` is ``s3ckpt check``'s.
+docs/metrics.md lists every name.
 
 The hooks s3ckpt's own modules report through live in :mod:`s3ckpt.metrics.instrument`.
 This package imports no other s3ckpt module (it sits with the leaves, and every module may
@@ -30,6 +31,7 @@ import it), and nothing heavy: prometheus-client and OpenTelemetry are imported 
 
 from __future__ import annotations
 
+from s3ckpt.metrics._check_textfile import CheckMetricsFile, CheckValues
 from s3ckpt.metrics._events import (
     Kind,
     OperationMetrics,
@@ -45,6 +47,8 @@ from s3ckpt.metrics._otel import OpenTelemetryMetrics
 from s3ckpt.metrics._prometheus import MetricsFile, RunMetrics, render_textfile, write_textfile
 
 __all__ = [
+    "CheckMetricsFile",
+    "CheckValues",
     "Kind",
     "MetricsFile",
     "OpenTelemetryMetrics",

@@ -6,7 +6,8 @@ store a caller passes in. Layers, each a pure function of the one before::
     catalog  list_checkpoints / list_runs / scan     what is there (paged listing)
     policy   KeepLast | KeepEvery | KeepBest | ...   which to keep and why (pure)
     plan     plan(catalog, policy, now) -> Plan      decisions + invariants (pure)
-    apply    prune / prune_runs / gc / pin / unpin   lease, ordered batched deletes
+    apply    prune / prune_runs / gc / pin / unpin   lease, ordered batched deletes,
+                                                     storage-tier moves (Tier)
              delete_checkpoint                       one checkpoint, by request (s3ckpt rm)
 
 A retention run's settings are one value, :class:`RetentionOptions` (grace, now, the step
@@ -20,7 +21,8 @@ Modules: ``_catalog`` (the records and states), ``_liveness`` (grace, dead write
 (rules and policy files), ``_plan``, ``_lease`` (the run's lease), ``_intent`` (a dead
 pruner's intent log), ``_deleter`` (which keys may go, batched deletes), ``_prune`` (one
 run), ``_runs`` (every run under a prefix), ``_abandoned`` (gc), ``_pins``,
-``_delete_checkpoint`` (one checkpoint, by request) and ``_results`` (what prune, gc and
+``_delete_checkpoint`` (one checkpoint, by request), ``_tiers`` / ``_transition`` (storage
+tiers: the plan, then the copies) and ``_results`` (what prune, gc and
 delete_checkpoint report).
 
 Example::
@@ -68,9 +70,12 @@ from s3ckpt.retention._prune import prune
 from s3ckpt.retention._results import DeleteResult, GcResult, PruneResult
 from s3ckpt.retention._runs import PruneRuns, RunOutcome, prune_runs
 from s3ckpt.retention._scan import list_checkpoints, list_runs, scan
+from s3ckpt.retention._tiers import ARCHIVE_CLASSES, STORAGE_CLASSES, TIER_TAG, Tier, Transition
 from s3ckpt.retention._toml import PolicyFile, builtin_policies, load_policy, parse_policy
+from s3ckpt.retention._transition import survey_plan
 
 __all__ = [
+    "ARCHIVE_CLASSES",
     "DEFAULT_GC_AGE",
     "DEFAULT_GRACE",
     "DEFAULT_LEASE_TTL",
@@ -78,6 +83,8 @@ __all__ = [
     "LEASE_NAME",
     "MIN_GRACE",
     "PIN_NAME",
+    "STORAGE_CLASSES",
+    "TIER_TAG",
     "AllOf",
     "AnyOf",
     "CheckpointInfo",
@@ -107,6 +114,8 @@ __all__ = [
     "RunCatalog",
     "RunOutcome",
     "StepPattern",
+    "Tier",
+    "Transition",
     "check_policy",
     "delete_checkpoint",
     "format_duration",
@@ -122,5 +131,6 @@ __all__ = [
     "prune",
     "prune_runs",
     "scan",
+    "survey_plan",
     "unpin",
 ]

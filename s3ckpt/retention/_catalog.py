@@ -136,6 +136,12 @@ class CheckpointInfo:
             overwrite or an earlier attempt that failed.
         failure: What that record says went wrong (``"rank 0: TransientStoreError: ..."``);
             None with ``failed_at``.
+        shallow: Built by a shallow scan from the commit marker alone
+            (:mod:`s3ckpt.retention._shallow`): ``size``, ``num_objects`` and ``keys`` are
+            what the marker commits; ``committed_at`` is the marker's LastModified (never
+            earlier than the commit); ``bytes_by_class`` is unknown (empty, ``null`` in
+            JSON); pins, live saves, failure records and a stale ``.metadata`` are not
+            seen. A prune re-checks what it would delete by listing it.
     """
 
     url: StoreURL
@@ -160,6 +166,7 @@ class CheckpointInfo:
     marker_etag: str | None = field(default=None, compare=False)
     failed_at: datetime | None = None
     failure: str | None = field(default=None, compare=False)
+    shallow: bool = field(default=False, compare=False)
 
     @property
     def is_committed(self) -> bool:
@@ -226,7 +233,9 @@ class CheckpointInfo:
             "live_saves": self.live_saves,
             "overwrite_in_progress": self.overwrite_in_progress,
             "open_uploads": len(self.uploads),
-            "bytes_by_class": dict(self.bytes_by_class),
+            # A shallow record saw no listing: its classes are unknown, not STANDARD.
+            "bytes_by_class": None if self.shallow else dict(self.bytes_by_class),
+            "scan": "shallow" if self.shallow else "deep",
         }
 
 

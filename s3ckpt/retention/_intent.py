@@ -7,11 +7,15 @@ rm or gc -- finishes those deletions first (:func:`finish_previous`), so a prune
 any point leaves nothing that the next run does not converge on. A marker is finished only
 while it is still the one planned: an overwrite that committed after the dead pruner planned
 (a new marker, a new ETag) goes through the normal plan like any other checkpoint.
+
+The same log records the storage-class transitions under way (``moving``,
+:mod:`s3ckpt.retention._transition`): :func:`previous_moves` gives the next holder those to
+finish, for checkpoints still committed with the marker recorded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from s3ckpt._tombstone import is_tombstone
@@ -19,9 +23,10 @@ from s3ckpt.errors import S3CkptError
 from s3ckpt.format import LEASE_NAME, MANIFEST_NAME
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._lease import Lease, LeaseRecord
+from s3ckpt.retention._tiers import STORAGE_CLASSES, Transition
 from s3ckpt.store.base import ObjectStore
 
-__all__ = ["finish_previous", "pending_intent", "planned_markers"]
+__all__ = ["RESUMED_MOVE", "finish_previous", "pending_intent", "planned_markers", "previous_moves"]
 
 
 def planned_markers(targets: Sequence[CheckpointInfo]) -> dict[str, str]:
@@ -96,3 +101,44 @@ def pending_intent(store: ObjectStore, cat: RunCatalog, now: datetime) -> tuple[
     ):
         return ()
     return rec.deleting
+
+
+RESUMED_MOVE = "finishing a transition a pruner that died left half-done (its intent log)"
+
+
+def previous_moves(
+    lease: Lease,
+    catalog: Sequence[CheckpointInfo],
+    skip: Collection[str],
+) -> tuple[list[Transition], dict[str, dict[str, str]]]:
+    """The storage-class transitions a dead holder of ``lease`` recorded (``moving``):
+    ``(resume, carry)``. ``resume``: transitions to finish now (the checkpoint is still the
+    committed one recorded, by its marker's ETag, and not being written into); ``carry``:
+    records to keep in the log for a later run (a save is writing into it now). ``skip``:
+    names this run deletes or moves anyway (its own plan wins); a checkpoint that is gone,
+    damaged or re-committed since is dropped: the plan decides it afresh.
+    """
+    previous: LeaseRecord | None = lease.previous
+    if previous is None or not previous.moving:
+        return [], {}
+    by_name = {c.name: c for c in catalog}
+    resume: list[Transition] = []
+    carry: dict[str, dict[str, str]] = {}
+    for name, rec in previous.moving.items():
+        c = by_name.get(name)
+        if name in skip or c is None or not c.is_committed or c.damaged:
+            continue
+        if rec.get("marker") and c.marker_etag and rec["marker"] != c.marker_etag:
+            continue
+        cls, method = rec.get("class", ""), rec.get("method", "copy")
+        if cls not in STORAGE_CLASSES or method not in ("copy", "tag"):
+            continue  # not a record this version understands
+        if c.live_tags and c.overwrite_in_progress:
+            carry[name] = dict(rec)
+            continue
+        resume.append(
+            Transition(
+                c, -1, cls, "tag" if method == "tag" else "copy", (RESUMED_MOVE,), resumed=True
+            )
+        )
+    return resume, carry

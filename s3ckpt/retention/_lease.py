@@ -84,6 +84,8 @@ class LeaseRecord:
     process gone (:func:`s3ckpt._commit.process_gone`); records of older versions have
     neither, and ``ttl`` None. ``planned`` maps names in ``deleting`` to the ETag of the
     commit marker planned for deletion (absent: no marker was planned, or an older record).
+    ``moving`` maps checkpoints whose storage-class transition was under way to ``{"class",
+    "method", "marker"}`` (:mod:`s3ckpt.retention._transition`; older records have none).
     """
 
     owner: str
@@ -99,6 +101,7 @@ class LeaseRecord:
     start: int | None = None
     ttl: float | None = None
     planned: Mapping[str, str] = field(default_factory=dict, hash=False)
+    moving: Mapping[str, Mapping[str, str]] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> bytes:
         doc = {
@@ -117,6 +120,7 @@ class LeaseRecord:
             "released": self.released,
             "deleting": list(self.deleting),
             "planned": dict(self.planned),
+            "moving": {k: dict(v) for k, v in self.moving.items()},
         }
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
@@ -141,6 +145,10 @@ class LeaseRecord:
                 start=None if doc.get("start") is None else int(doc["start"]),
                 ttl=None if doc.get("ttl") is None else float(doc["ttl"]),
                 planned={str(k): str(v) for k, v in (doc.get("planned") or {}).items()},
+                moving={
+                    str(k): {str(a): str(b) for a, b in v.items()}
+                    for k, v in (doc.get("moving") or {}).items()
+                },
             )
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
@@ -226,6 +234,7 @@ class Lease:
         deleting: Sequence[str] = (),
         released: bool = False,
         planned: Mapping[str, str] | None = None,
+        moving: Mapping[str, Mapping[str, str]] | None = None,
     ) -> LeaseRecord:
         self._sent = self.clock()
         now = time.time()  # display only: expiry is judged in the store's time
@@ -245,6 +254,7 @@ class Lease:
             start=me.start,
             ttl=self.ttl.total_seconds(),
             planned=self._planned(deleting, planned),
+            moving=dict(self._record.moving if self._record else {}) if moving is None else moving,
         )
 
     def _store_now(self) -> float:
@@ -333,7 +343,7 @@ class Lease:
                     raise self._held(None, None) from None
                 self._etag = etag
             self._record = record
-            if current is not None and (current.deleting or not current.released):
+            if current is not None and (current.deleting or current.moving or not current.released):
                 self.previous = current
             return self
         raise self._held(None, None)
@@ -376,7 +386,10 @@ class Lease:
         self._record = record
 
     def record_intent(
-        self, deleting: Sequence[str], planned: Mapping[str, str] | None = None
+        self,
+        deleting: Sequence[str],
+        planned: Mapping[str, str] | None = None,
+        moving: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """Write the names about to be deleted into the lease (the intent log); renews.
 
@@ -385,10 +398,11 @@ class Lease:
             planned: The ETag of each commit marker planned for deletion, by name (a
                 finishing pruner deletes a marker only while it still has it). Names
                 without one keep what the log already recorded for them.
+            moving: The storage-class transitions about to run (None: as recorded).
         """
         if planned is not None:
             planned = {**self._planned(deleting, None), **planned}
-        self._swap(self._new_record(deleting, planned=planned))
+        self._swap(self._new_record(deleting, planned=planned, moving=moving))
 
     def renew_if_due(self) -> None:
         """Renew when less than half the TTL is left; raise LeaseLostError if taken."""
@@ -400,17 +414,20 @@ class Lease:
         if self.clock() - self._sent >= self.ttl.total_seconds() / 2:
             self._swap(self._new_record(rec.deleting))
 
-    def release(self, deleting: Sequence[str] = ()) -> None:
+    def release(
+        self, deleting: Sequence[str] = (), moving: Mapping[str, Mapping[str, str]] | None = None
+    ) -> None:
         """Mark the lease released (conditional; a lease already lost is left alone).
 
         Args:
             deleting: Checkpoints whose deletion did not finish (per-key failures, an
                 exception): kept in the released lease so the next pruner finishes them.
+            moving: Transitions that did not finish, kept likewise (None: none).
         """
         if self._etag is None:
             return
         try:
-            self._swap(self._new_record(deleting, released=True))
+            self._swap(self._new_record(deleting, released=True, moving=moving or {}))
         except LeaseLostError:
             pass
         self._etag = None
@@ -421,4 +438,8 @@ class Lease:
     def __exit__(self, *exc: object) -> None:
         # On an exception keep the intent log: the deletions it names may be half done.
         rec = self._record
-        self.release(rec.deleting if rec is not None and exc[0] is not None else ())
+        failed = rec is not None and exc[0] is not None
+        self.release(
+            rec.deleting if rec is not None and failed else (),
+            rec.moving if rec is not None and failed else None,
+        )

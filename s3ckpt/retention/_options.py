@@ -28,6 +28,7 @@ from s3ckpt._step_names import StepMatcher, compile_step_pattern
 from s3ckpt.errors import ConfigError, PolicyError
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL
 from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
+from s3ckpt.retention._tiers import Tier
 from s3ckpt.store.base import MAX_DELETE_BATCH
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ __all__ = [
 
 ProgressCallback = Callable[[str, dict[str, Any]], None]
 """``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
-request: ``phase``, ``keys``), ``done``. For logs and for the crash tests."""
+request: ``phase``, ``keys``), ``transition`` (after each object moved: ``checkpoint``,
+``key``, ``storage_class``, ``bytes``), ``done``. For logs and for the crash tests."""
 
 StepPatternLike = str | re.Pattern[str] | StepMatcher
 """A step pattern as callers give it; :class:`RetentionOptions` holds it compiled."""
@@ -76,6 +78,14 @@ class RetentionOptions:
         retries: Rounds of retries for throttled / 5xx per-key errors.
         sleep: Back-off sleep (tests pass a no-op).
         on_progress: Called with ``(event, details)`` as a run goes.
+        scan: How a catalog is read: ``"deep"`` lists every key (exact: pins, live saves,
+            storage classes); ``"shallow"`` walks folders with delimited listings and reads
+            each commit marker instead of listing the checkpoint
+            (:mod:`s3ckpt.retention._shallow`; a prune re-checks what it deletes deeply).
+            gc and rm always list deeply.
+        tiers: Storage tiers for what the policy keeps (:class:`~s3ckpt.retention.Tier`,
+            first match wins); given here they win over a policy file's ``[[tier]]``
+            tables. Empty: nothing changes class.
 
     Raises:
         ConfigError: A step pattern that is not a regular expression with one capture group,
@@ -95,8 +105,16 @@ class RetentionOptions:
     retries: int = 5
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
     on_progress: ProgressCallback | None = field(default=None, repr=False)
+    tiers: tuple[Tier, ...] = ()
+    scan: str = "deep"
 
     def __post_init__(self) -> None:
+        if self.scan not in ("deep", "shallow"):
+            raise ConfigError(f"scan must be 'deep' or 'shallow', got {self.scan!r}")
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+        for t in self.tiers:
+            if not isinstance(t, Tier):
+                raise PolicyError(f"tiers must hold s3ckpt.retention.Tier values, got {t!r}")
         if self.step_pattern is not None:
             object.__setattr__(self, "step_pattern", step_matcher(self.step_pattern))
         if not 1 <= self.batch_size <= MAX_DELETE_BATCH:
@@ -188,6 +206,7 @@ class PlanOverrides(TypedDict, total=False):
 
     max_delete: int | None
     include_foreign: bool
+    tiers: tuple[Tier, ...]
 
 
 class _Deleting(TypedDict, total=False):
@@ -218,3 +237,4 @@ class PruneOverrides(DeleteOverrides, total=False):
 
     max_delete: int | None
     batch_size: int
+    tiers: tuple[Tier, ...]

@@ -17,10 +17,15 @@ Pure: no store, no clock. The invariants are enforced here, on top of any policy
 7. a damaged checkpoint (committed, its marker unreadable:
    :attr:`~s3ckpt.retention.CheckpointInfo.damaged`) is skipped, never deleted, and no
    policy sees it: it cannot be kept as "the newest" in place of the newest readable one.
+
+With storage tiers (``RetentionOptions.tiers``) the plan also says which kept checkpoints
+move to which storage class (:attr:`Plan.transitions`, :func:`~s3ckpt.retention._tiers.plan_tiers`):
+never one the plan deletes or skips, never one being written into.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,6 +37,7 @@ from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._options import PlanOverrides, RetentionOptions
 from s3ckpt.retention._policy import KeepPinned, Policy
+from s3ckpt.retention._tiers import Transition, plan_tiers
 from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.uri import StoreURL
 
@@ -78,6 +84,9 @@ class Plan:
     deferred: int = 0
     """Deletions the policy wanted but ``max_delete`` postponed."""
     extra: dict[str, object] = field(default_factory=dict, compare=False)
+    transitions: tuple[Transition, ...] = ()
+    """Kept checkpoints a tier moves to another storage class, in catalog order (their
+    ``objects`` / ``bytes`` are known once listed: a prune fills them in)."""
 
     @property
     def keep(self) -> dict[str, tuple[str, ...]]:
@@ -104,6 +113,16 @@ class Plan:
         """Objects the deletions remove (control objects excluded)."""
         return sum(c.num_objects for c in self.delete)
 
+    @property
+    def objects_to_move(self) -> int:
+        """Objects the transitions move (those listed; skipped ones excluded)."""
+        return sum(t.objects or 0 for t in self.transitions if t.skipped is None)
+
+    @property
+    def bytes_to_move(self) -> int:
+        """Bytes the transitions move (those listed; skipped ones excluded)."""
+        return sum(t.bytes or 0 for t in self.transitions if t.skipped is None)
+
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (``s3ckpt prune --json``)."""
         return {
@@ -118,6 +137,9 @@ class Plan:
             "bytes_freed": self.bytes_freed,
             "objects_deleted": self.objects_deleted,
             "decisions": [d.to_dict() for d in self.decisions],
+            "transitions": [t.to_dict() for t in self.transitions],
+            "objects_to_move": self.objects_to_move,
+            "bytes_to_move": self.bytes_to_move,
         }
 
 
@@ -164,7 +186,9 @@ def plan(
     order, as listed); no I/O.
     """
     options = RetentionOptions.fold(options, overrides, PlanOverrides, "plan")
-    rules = PolicyFile.of(policy).policy
+    source = PolicyFile.of(policy)
+    options = source.options(options)  # a policy file's tiers, unless the options name some
+    rules = source.policy
     check_policy(rules)
     return decide(checkpoints, rules, now, options, run, policy.describe())
 
@@ -180,9 +204,19 @@ def decide(
     """:func:`plan` below its entry point: ``rules`` already checked (once per run) and
     free of step-pattern wrappers; ``description`` is the plan's ``policy`` text."""
     with gc_paused():
-        return _plan(
+        p = _plan(
             checkpoints, rules, now, options.max_delete, options.include_foreign, run, description
         )
+        if not options.tiers:
+            return p
+        # The catalog the rules saw (decisions are in catalog order).
+        states = {CheckpointState.COMMITTED}
+        if options.include_foreign:
+            states.add(CheckpointState.FOREIGN)
+        seen = [d.checkpoint for d in p.decisions]
+        eligible = [c for c in seen if c.state in states and not c.damaged]
+        moves = plan_tiers(eligible, p.keep, options.tiers, now)
+        return dataclasses.replace(p, transitions=moves)
 
 
 def _in_order(checkpoints: Sequence[CheckpointInfo]) -> bool:

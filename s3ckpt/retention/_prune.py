@@ -27,6 +27,12 @@ lease that expires (or is stale at once on the same host); whoever takes it over
 ``prune`` or ``gc`` — finishes the recorded deletions first. So re-running converges to
 the plan, and a kept checkpoint is never touched: its keys are never in any delete request.
 
+Storage tiers (``RetentionOptions.tiers``, a policy file's ``[[tier]]``): after its deletions a
+prune moves what each tier selects to its class (:mod:`s3ckpt.retention._transition`), under
+the same lease, its transitions recorded in the same intent log (``moving``) before the first
+copy; whoever takes the lease over next finishes them. A dry run lists each checkpoint to move
+(one LIST each) to say what would move: classes, objects and bytes.
+
 Every call publishes one ``"prune"`` event (:mod:`s3ckpt.metrics`): checkpoints deleted,
 bytes freed, the time taken to get the lease, whether it was busy, and the requests made.
 
@@ -37,6 +43,7 @@ policy is checked once and the step pattern compiled once per run.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -45,15 +52,18 @@ from typing import Any, Unpack, overload
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.metrics import instrument
 from s3ckpt.retention._deleter import Deleter
-from s3ckpt.retention._intent import finish_previous, planned_markers
+from s3ckpt.retention._intent import finish_previous, planned_markers, previous_moves
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._options import PruneOverrides, RetentionOptions
 from s3ckpt.retention._plan import check_policy, decide
 from s3ckpt.retention._policy import Policy
+from s3ckpt.retention._recheck import confirm
+from s3ckpt.retention._recheck import replanner as _replan
 from s3ckpt.retention._results import PruneResult
 from s3ckpt.retention._scan import run_checkpoints
 from s3ckpt.retention._target import locate_policy
 from s3ckpt.retention._toml import PolicyFile
+from s3ckpt.retention._transition import Mover, intent_of, survey
 from s3ckpt.store import Location, LocationLike
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
@@ -158,14 +168,24 @@ def prune_location(
 
     if not apply:
         with instrument.operation("prune", str(run)) as recorder:
-            catalog = run_checkpoints(store, run, options)
+            catalog = run_checkpoints(store, run, options, shallow=options.scan == "shallow")
             p = decide(catalog, source.policy, now, options, run, describe)
-            emit("plan", delete=len(p.delete))
+            rules = source.policy
+            p = confirm(store, run, options, rules, p, _replan(rules, now, options, run, describe))
+            if p.transitions:
+                moves, _ = survey(store, p.transitions, _cutoff(now, options))
+                p = dataclasses.replace(p, transitions=moves)
+            emit("plan", delete=len(p.delete), move=len(p.transitions))
             recorder.finish(dry_run=True)
         return PruneResult(run=run, plan=p, applied=False, notes=notes)
 
     with instrument.operation("prune", str(run)) as recorder:
         return _apply(recorder, emit, location, source.policy, describe, options, now, notes)
+
+
+def _cutoff(now: datetime, options: RetentionOptions) -> float:
+    """The store's time minus the grace period: a save tag active after it is writing."""
+    return (now - options.grace).timestamp()
 
 
 def _apply(
@@ -190,25 +210,45 @@ def _apply(
     emit("lease", owner=lease.owner, resumed=bool(lease.previous))
     # Until our own intent is recorded, an exception keeps the dead holder's log.
     intent: list[str] = list(lease.previous.deleting) if lease.previous else []
+    moving: dict[str, dict[str, str]] = {
+        k: dict(v) for k, v in (lease.previous.moving if lease.previous else {}).items()
+    }
     try:
-        catalog = run_checkpoints(store, run, options)
+        catalog = run_checkpoints(store, run, options, shallow=options.scan == "shallow")
         resume, carry, rest = finish_previous(lease, catalog)
         p = decide(rest, rules, now, options, run, describe)
-        emit("plan", delete=len(p.delete), resume=len(resume))
+        # Shallow: what p deletes is listed and the plan made again (_recheck).
+        p = confirm(store, run, options, rules, p, _replan(rules, now, options, run, describe))
+        old_moves, carry_moves = previous_moves(
+            lease, rest, {c.name for c in p.delete} | {t.name for t in p.transitions}
+        )
+        emit("plan", delete=len(p.delete), resume=len(resume), move=len(p.transitions))
+        # Listed after the plan: a save that started writing since the scan is seen here.
+        moves, pending = survey(store, [*p.transitions, *old_moves], _cutoff(now, options))
+        p = dataclasses.replace(p, transitions=tuple(m for m in moves if not m.resumed))
         targets = [*resume, *p.delete]
         deleter = Deleter(store, lease, options)
         deleted: tuple[str, ...] = ()
         intent = [*carry, *(c.name for c in targets)]
+        moving = {**carry_moves, **intent_of([m for m in moves if m.name in pending])}
+        if targets or moving:
+            lease.record_intent(intent, planned_markers(targets), moving=moving)
+            emit("intent", names=intent, moving=sorted(moving))
         if targets:
-            lease.record_intent(intent, planned_markers(targets))
-            emit("intent", names=intent)
             deleted = deleter.delete_checkpoints(targets)
+        mover = Mover(store, lease, options.on_progress)
+        moved = mover.move(moves, pending) if pending else ()
         unfinished = [n for n in intent if n not in {*deleted, *deleter.changed}]
-        lease.release(unfinished)
-        emit("done", deleted=len(deleted), failures=len(deleter.failures))
+        moving = {n: m for n, m in moving.items() if n not in {*moved, *mover.changed}}
+        lease.release(unfinished, moving)
+        emit("done", deleted=len(deleted), failures=len(deleter.failures) + len(mover.failures))
         gone = set(deleted)
         recorder.finish(
-            "DeleteFailures" if deleter.failures else None,
+            "DeleteFailures"
+            if deleter.failures
+            else "TransitionFailures"
+            if mover.failures
+            else None,
             deleted=len(deleted),
             bytes_freed=sum(c.size for c in targets if c.name in gone),
             lease_wait_s=lease_wait,
@@ -225,11 +265,17 @@ def _apply(
             aborted=deleter.aborted,
             resumed_bytes=sum(c.size for c in resume),
             resumed_objects=sum(c.num_objects for c in resume),
-            notes=notes + deleter.changed_notes(),
+            notes=notes + deleter.changed_notes() + mover.changed_notes(),
+            transitioned=tuple(n for n in moved if n in pending),
+            resumed_moves=tuple(m.name for m in old_moves if m.name in moved and m.name in pending),
+            objects_moved=mover.objects,
+            bytes_moved=mover.bytes,
+            transition_requests=mover.requests,
+            transition_failures=tuple(mover.failures),
         )
     except BaseException as exc:
         try:
-            lease.release(intent)  # keep the intent log: the next pruner finishes it
+            lease.release(intent, moving)  # keep the intent log: the next pruner finishes it
         finally:
             recorder.finish(exc, lease_wait_s=lease_wait)
         raise

@@ -39,6 +39,13 @@ class PruneResult:
         resumed_bytes: Bytes under the resumed checkpoints (on top of ``plan.bytes_freed``).
         resumed_objects: Objects under the resumed checkpoints.
         notes: Adjustments made to the arguments (a grace period raised to its floor).
+        transitioned: Checkpoints whose every object a tier moved is now in its class (or
+            tagged, for ``method="tag"``); resumed ones included.
+        resumed_moves: Of those, transitions a pruner that died left half-done.
+        objects_moved: Objects copied to their tier's class (or tagged).
+        bytes_moved: Their bytes.
+        transition_requests: CopyObject / PutObjectTagging requests sent.
+        transition_failures: Objects that could not be moved, with the store's code.
     """
 
     run: StoreURL
@@ -53,11 +60,17 @@ class PruneResult:
     resumed_bytes: int = 0
     resumed_objects: int = 0
     notes: tuple[str, ...] = ()
+    transitioned: tuple[str, ...] = ()
+    resumed_moves: tuple[str, ...] = ()
+    objects_moved: int = 0
+    bytes_moved: int = 0
+    transition_requests: int = 0
+    transition_failures: tuple[DeleteFailure, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """No delete failed."""
-        return not self.failures
+        """No delete and no transition failed."""
+        return not self.failures and not self.transition_failures
 
     @property
     def targets(self) -> int:
@@ -79,6 +92,12 @@ class PruneResult:
             "resumed_bytes": self.resumed_bytes,
             "resumed_objects": self.resumed_objects,
             "notes": list(self.notes),
+            "transitioned": list(self.transitioned),
+            "resumed_moves": list(self.resumed_moves),
+            "objects_moved": self.objects_moved,
+            "bytes_moved": self.bytes_moved,
+            "transition_requests": self.transition_requests,
+            "transition_failures": _failures(self.transition_failures),
         }
 
     def run_metrics(self, events: Iterable[OperationMetrics] = ()) -> RunMetrics:
@@ -109,7 +128,7 @@ class PruneResult:
             latest_committed_step=latest.step if latest is not None else None,
             deleted=len(self.deleted),
             bytes_freed=event.bytes_freed if event is not None else 0,
-            failures=len(self.failures),
+            failures=len(self.failures) + len(self.transition_failures),
             lease_wait_s=event.lease_wait_s if event is not None else 0.0,
         )
 

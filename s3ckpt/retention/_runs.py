@@ -27,7 +27,7 @@ from s3ckpt.retention._plan import check_policy
 from s3ckpt.retention._policy import Policy
 from s3ckpt.retention._prune import prune_location
 from s3ckpt.retention._results import PruneResult
-from s3ckpt.retention._scan import catalogs
+from s3ckpt.retention._scan import run_urls
 from s3ckpt.retention._target import locate_policy
 from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.store import Location, LocationLike
@@ -85,7 +85,7 @@ class PruneRuns:
     def runs(self) -> tuple[StoreURL, ...]:
         """The runs under :attr:`root` (itself included when it is a run), in order: one
         scan of the prefix, made once."""
-        return tuple(cat.run for cat in catalogs(self.root.store, self.root.url, self.options))
+        return run_urls(self.root.store, self.root.url, self.options)
 
     def __iter__(self) -> Iterator[RunOutcome]:
         """Prune each run in turn, yielding its outcome once it is done."""

@@ -6,6 +6,7 @@ objects*, which are never checkpoints and never deleted by retention:
 
 * ``{run}/s3ckpt.latest.json`` — the Checkpointer's pointer to the latest checkpoint;
 * ``{run}/s3ckpt.lease`` — the pruner's lease (:mod:`s3ckpt.retention._lease`);
+* ``{run}/s3ckpt.check.json`` — what ``s3ckpt check`` found (:mod:`s3ckpt.tools._check_record`);
 * ``{ckpt}/s3ckpt.pin.json`` — a pin on one checkpoint (``s3ckpt pin``).
 
 A sub-prefix counts as a checkpoint when it holds (as an object or as an open multipart
@@ -65,6 +66,7 @@ from s3ckpt.retention._liveness import (
     newest_failure,
 )
 from s3ckpt.retention._options import RetentionOptions, ScanOverrides, StepPatternLike
+from s3ckpt.retention._shallow import Marker, committed_keys, find_runs, walk
 from s3ckpt.retention._target import locate
 from s3ckpt.store import LocationLike, list_open_uploads
 from s3ckpt.store.base import ObjectStore
@@ -76,6 +78,7 @@ __all__ = [
     "list_runs",
     "read_manifest",
     "run_checkpoints",
+    "run_urls",
     "scan",
 ]
 
@@ -118,16 +121,38 @@ def scan(
     """
     options = RetentionOptions.fold(options, overrides, ScanOverrides, "scan")
     location = locate("scan", where, root)
-    return catalogs(location.store, location.url, options, include_uploads=include_uploads)
+    return catalogs(
+        location.store,
+        location.url,
+        options,
+        include_uploads=include_uploads,
+        shallow=options.scan == "shallow",
+    )
 
 
 def catalogs(
-    store: ObjectStore, root: StoreURL, options: RetentionOptions, *, include_uploads: bool = True
+    store: ObjectStore,
+    root: StoreURL,
+    options: RetentionOptions,
+    *,
+    include_uploads: bool = True,
+    shallow: bool = False,
 ) -> list[RunCatalog]:
-    """:func:`scan` below its entry point (``options.step_pattern`` compiled already)."""
+    """:func:`scan` below its entry point (``options.step_pattern`` compiled already).
+
+    ``shallow``: walk folders and read markers instead of listing every key
+    (:mod:`s3ckpt.retention._shallow`); gc and rm never ask for it."""
     grace, pattern = options.grace, options.step_pattern
     now, _ = judge_time(store, root, options.now, grace, refuse=None)
-    objects = list(store.list(root.prefix))
+    known: dict[str, Marker] = {}
+    if shallow:
+        walked = walk(store, root, pattern)
+        objects, known = walked.objects, walked.markers
+        # The marker stands for its checkpoint in the grouping (its group, its tag's
+        # activity, uploads under it); what it commits is filled in by _shallow_info.
+        objects += [m.info for m in known.values()]
+    else:
+        objects = list(store.list(root.prefix))
     # None: the store has no ListMultipartUploads (one warning); heartbeats and mtimes
     # still tell liveness.
     uploads = (list_open_uploads(store, root.prefix) or []) if include_uploads else []
@@ -144,7 +169,7 @@ def catalogs(
     }
     for d, tag in dead_saves(store, live_looking):
         groups[d].dead.add(tag)
-    manifests, reasons = _read_controls(store, groups)
+    manifests, reasons = _read_controls(store, groups, known)
     failed = {d: newest_failure(g.failed, _tag(manifests.get(d))) for d, g in groups.items()}
     why = failure_reasons(store, {d: f[0] for d, f in failed.items() if f is not None})
 
@@ -152,6 +177,8 @@ def catalogs(
     for d, g in groups.items():
         run = split_prefix(d)[0]
         info = _info(root, run, d, g, manifests.get(d), reasons.get(d), cutoff, pattern)
+        if d in known:
+            info = _shallow_info(info, d, known[d])
         f = failed[d]
         if f is not None:  # the newest failed save here (never the committed one)
             info = dataclasses.replace(info, failed_at=utc(f[1]), failure=why[d])
@@ -174,12 +201,13 @@ def catalogs(
 
 
 def _read_controls(
-    store: ObjectStore, groups: Mapping[str, Group]
+    store: ObjectStore, groups: Mapping[str, Group], known: Mapping[str, Marker]
 ) -> tuple[dict[str, Manifest | str], dict[str, str]]:
-    """The commit markers (or why each cannot be read) and the pins' reasons, by prefix."""
-    markers = [d for d, g in groups.items() if g.marker]
+    """The commit markers (or why each cannot be read; ``known``: read already) and the
+    pins' reasons, by prefix."""
+    markers = [d for d, g in groups.items() if g.marker and d not in known]
     pins = [d for d, g in groups.items() if g.pin]
-    manifests: dict[str, Manifest | str] = {}
+    manifests: dict[str, Manifest | str] = {d: m.manifest for d, m in known.items()}
     reasons: dict[str, str] = {}
     if markers or pins:
         # in_context: the reads count for the caller's operation (a prune's event).
@@ -328,6 +356,23 @@ def _info(
     )
 
 
+def _shallow_info(info: CheckpointInfo, d: str, marker: Marker) -> CheckpointInfo:
+    """A committed checkpoint the walk did not list: its size, objects and keys are what
+    the marker commits; the rest stays unknown (:attr:`CheckpointInfo.shallow`)."""
+    m = marker.manifest
+    keys = dict(committed_keys(d, m)) if isinstance(m, Manifest) else {}
+    keys[d + MANIFEST_NAME] = marker.info.size
+    return dataclasses.replace(
+        info,
+        size=sum(keys.values()),
+        num_objects=len(keys),
+        keys=tuple(sorted(keys)),
+        bytes_by_class={},
+        metadata_stale=False,
+        shallow=True,
+    )
+
+
 def _tag(manifest: Manifest | str | None) -> str | None:
     return manifest.tag if isinstance(manifest, Manifest) else None
 
@@ -377,14 +422,14 @@ def list_checkpoints(
     """
     options = RetentionOptions.fold(options, overrides, ScanOverrides, "list_checkpoints")
     location = locate("list_checkpoints", where, run)
-    return run_checkpoints(location.store, location.url, options)
+    return run_checkpoints(location.store, location.url, options, shallow=options.scan == "shallow")
 
 
 def run_checkpoints(
-    store: ObjectStore, run: StoreURL, options: RetentionOptions
+    store: ObjectStore, run: StoreURL, options: RetentionOptions, *, shallow: bool = False
 ) -> list[CheckpointInfo]:
-    """:func:`list_checkpoints` below its entry point."""
-    for cat in catalogs(store, run, options):
+    """:func:`list_checkpoints` below its entry point (``shallow``: see :func:`catalogs`)."""
+    for cat in catalogs(store, run, options, shallow=shallow):
         if cat.run.prefix == run.prefix:
             return list(cat.checkpoints)
     return []
@@ -405,4 +450,14 @@ def list_runs(
     """
     options = RetentionOptions.fold(options, overrides, ScanOverrides, "list_runs")
     location = locate("list_runs", where, root)
-    return [cat.run for cat in catalogs(location.store, location.url, options)]
+    return list(run_urls(location.store, location.url, options))
+
+
+def run_urls(store: ObjectStore, root: StoreURL, options: RetentionOptions) -> tuple[StoreURL, ...]:
+    """The runs under ``root``: from a deep scan, or with ``options.scan == "shallow"`` from
+    delimited listings alone (:func:`s3ckpt.retention._shallow.find_runs`: one LIST per
+    folder above the checkpoints, no marker read)."""
+    if options.scan == "shallow":
+        found = find_runs(store, root, options.step_pattern)
+        return tuple(StoreURL(root.scheme, root.bucket, p) for p in found)
+    return tuple(cat.run for cat in catalogs(store, root, options))

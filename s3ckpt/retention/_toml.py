@@ -27,16 +27,18 @@ is kept if any rule keeps it, like restic's ``forget``)::
     monthly = 12
     yearly = -1                         # -1: unlimited
 
-``step_pattern`` (a regular expression with exactly one capture group, matched against the
-whole checkpoint name) is a setting of the run, not a rule: :attr:`PolicyFile.step_pattern`,
-which :meth:`PolicyFile.options` hands to the run's
-:class:`~s3ckpt.retention.RetentionOptions` (a pattern the run names itself, such as
-``--step-pattern``, wins). Only names the built-in forms do not read need it
-(:func:`s3ckpt.format.checkpoint_step`). :func:`load_policy` and :func:`parse_policy` return
-the rules alone as a :class:`~s3ckpt.retention.Policy`; for a file with a ``step_pattern``
-that Policy is, for one release, the rules wrapped with their pattern
-(:class:`~s3ckpt.retention._policy.FileStepPattern`), so that callers handing it to
-``prune`` (the Checkpointer, the framework plug-ins) keep applying the file's pattern.
+    [[tier]]                            # a storage class (Tier) for what [keep] keeps:
+    rule = { every = 1000 }             # rules as in [keep]; also after = "7d" (since the
+    storage_class = "GLACIER_IR"        # commit) and method = "copy" | "tag"
+
+``step_pattern`` (a regular expression with one capture group, matched against the whole
+name) and the tiers are settings of the run: :meth:`PolicyFile.options` hands them to the
+run's :class:`~s3ckpt.retention.RetentionOptions` (what the run names itself wins).
+:func:`load_policy` and :func:`parse_policy` return the rules as one
+:class:`~s3ckpt.retention.Policy`, wrapped with the file's pattern
+(:class:`~s3ckpt.retention._policy.FileStepPattern`, for one release) and tiers
+(:class:`~s3ckpt.retention._tiers.Tiered`), so that callers handing it to ``prune`` (the
+Checkpointer, the framework plug-ins) keep both.
 
 An unknown key, a wrong type, a bad duration or a bad pattern raises
 :class:`~s3ckpt.errors.PolicyError` naming the file, the key and what is allowed.
@@ -48,6 +50,7 @@ as well as paths (see :func:`builtin_policies`).
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,6 +75,7 @@ from s3ckpt.retention._policy import (
     Policy,
     split_step_pattern,
 )
+from s3ckpt.retention._tiers import STORAGE_CLASSES, Tier, Tiered
 
 __all__ = ["PolicyFile", "builtin_policies", "load_policy", "parse_policy"]
 
@@ -83,6 +87,13 @@ _TOP = {
     "description": "a string",
     "keep": "a table of rules",
     "step_pattern": "a regular expression with one capture group (the step's digits)",
+    "tier": "an array of tables ([[tier]]) with rule, storage_class, after, method",
+}
+_TIER = {
+    "rule": "an inline table of rules, as in [keep] (e.g. { every = 1000 })",
+    "storage_class": "one of " + ", ".join(STORAGE_CLASSES),
+    "after": f"a duration since the commit ({DURATION_HELP})",
+    "method": "'copy' (CopyObject onto itself) or 'tag' (a lifecycle rule moves)",
 }
 _KEEP = {
     "last": "a positive integer",
@@ -92,6 +103,7 @@ _KEEP = {
     "best": "a table (or array of tables) with metric, n, mode, nan, missing",
     "calendar": "a table with hourly, daily, weekly, monthly, yearly",
 }
+_RULES = "last, every, within, best, calendar"
 _BEST = {
     "metric": "a metric name (string)",
     "n": "a positive integer",
@@ -173,6 +185,8 @@ class PolicyFile:
         policy: The rules (what a plan keeps, and why).
         step_pattern: The file's ``step_pattern``, compiled, or None.
         source: Where the file was read from (``<string>`` for text).
+        tiers: The file's ``[[tier]]`` tables (:class:`~s3ckpt.retention.Tier`), in order;
+            :meth:`options` hands them to the run unless it names its own.
 
     Raises:
         ConfigError: ``step_pattern`` is not a regular expression with one capture group.
@@ -181,8 +195,13 @@ class PolicyFile:
     policy: Policy
     step_pattern: str | StepMatcher | None = None
     source: str = "<string>"
+    tiers: tuple[Tier, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tiers", tuple(self.tiers))
+        for t in self.tiers:
+            if not isinstance(t, Tier):
+                raise PolicyError(f"tiers must hold s3ckpt.retention.Tier values, got {t!r}")
         if self.step_pattern is not None:
             object.__setattr__(self, "step_pattern", step_matcher(self.step_pattern))
 
@@ -218,6 +237,8 @@ class PolicyFile:
         """
         if isinstance(policy, PolicyFile):
             return policy
+        if isinstance(policy, Tiered):  # a file's rules and tiers, as one Policy
+            return dataclasses.replace(cls.of(policy.policy), tiers=policy.tiers)
         if not isinstance(policy, Policy):
             raise PolicyError(f"not a retention policy: {policy!r}")
         rules, pattern = split_step_pattern(policy)
@@ -226,8 +247,11 @@ class PolicyFile:
     def options(self, options: RetentionOptions | None = None) -> RetentionOptions:
         """``options`` (default: the defaults) with this file's step pattern, unless they
         name one already: a pattern given for the run (``--step-pattern``,
-        ``step_pattern=``) wins over the file's."""
+        ``step_pattern=``) wins over the file's; so do the run's tiers
+        (``RetentionOptions.tiers``) over the file's ``[[tier]]`` tables."""
         base = options if options is not None else RetentionOptions()
+        if self.tiers and not base.tiers:
+            base = base.replace(tiers=self.tiers)
         if self.step_pattern is None or base.step_pattern is not None:
             return base
         return base.replace(step_pattern=self.step_pattern)
@@ -240,13 +264,13 @@ class PolicyFile:
         return f"{self.policy.describe()} (step_pattern {_text(self.step_pattern)})"
 
     def as_policy(self) -> Policy:
-        """The rules as one Policy for callers that take no settings: for a file with a
-        step pattern, for one release, the rules wrapped with it (a
-        :class:`~s3ckpt.retention.StepPattern` that does not warn), which ``prune`` takes
-        apart again."""
-        if self.step_pattern is None:
-            return self.policy
-        return FileStepPattern(self.policy, _text(self.step_pattern))
+        """The rules as one Policy for callers that take no settings: wrapped with the
+        file's step pattern (for one release, a :class:`~s3ckpt.retention.StepPattern` that
+        does not warn) and its tiers (``Tiered``), which ``prune`` takes apart again."""
+        rules = self.policy
+        if self.step_pattern is not None:
+            rules = FileStepPattern(self.policy, _text(self.step_pattern))
+        return Tiered(rules, self.tiers) if self.tiers else rules
 
     def __str__(self) -> str:
         return self.describe()
@@ -292,60 +316,97 @@ def _parse(text: str, source: str) -> PolicyFile:
         raise _err(source, "keep", "missing: a policy needs a [keep] table with at least one rule")
     if not isinstance(keep, dict):
         raise _err(source, "keep", f"must be {_TOP['keep']}, got {_type_name(keep)}")
-    _check_keys(source, "keep.", keep, _KEEP)
+    policy = _rules(source, "keep", keep)
+    tables = doc.get("tier", [])
+    if not isinstance(tables, list):
+        raise _err(source, "tier", "must be an array of tables: write [[tier]], not [tier]")
+    tiers = tuple(_tier(source, i, t) for i, t in enumerate(tables))
+    return PolicyFile(policy, pattern, source, tiers)
+
+
+def _rules(source: str, where: str, table: dict[str, Any]) -> Policy:
+    """The rules of a ``[keep]`` table (or a tier's ``rule``), OR'ed; ``where`` names it."""
+    _check_keys(source, where + ".", table, _KEEP)
     rules: list[Policy] = []
-    if "last" in keep:
+    if "last" in table:
         rules.append(
-            KeepLast(_int(source, "keep.last", keep["last"], minimum=1, what=_KEEP["last"]))
+            KeepLast(_int(source, f"{where}.last", table["last"], minimum=1, what=_KEEP["last"]))
         )
-    if "every" in keep:
+    if "every" in table:
         rules.append(
-            KeepEvery(_int(source, "keep.every", keep["every"], minimum=1, what=_KEEP["every"]))
+            KeepEvery(
+                _int(source, f"{where}.every", table["every"], minimum=1, what=_KEEP["every"])
+            )
         )
-    if "within" in keep:
+    if "within" in table:
         try:
-            duration = parse_duration(keep["within"])
+            duration = parse_duration(table["within"])
         except ValueError as exc:
-            raise _err(source, "keep.within", str(exc)) from None
+            raise _err(source, f"{where}.within", str(exc)) from None
         if duration.total_seconds() <= 0:
-            raise _err(source, "keep.within", "must be a positive duration")
+            raise _err(source, f"{where}.within", "must be a positive duration")
         rules.append(KeepWithin(duration))
-    if "best" in keep:
-        best = keep["best"]
+    if "best" in table:
+        best = table["best"]
         if isinstance(best, list):
             if not best:
-                raise _err(source, "keep.best", "is an empty array; give at least one table")
-            rules.extend(_best(source, f"keep.best[{i}]", b) for i, b in enumerate(best))
+                raise _err(source, f"{where}.best", "is an empty array; give at least one table")
+            rules.extend(_best(source, f"{where}.best[{i}]", b) for i, b in enumerate(best))
         else:
-            rules.append(_best(source, "keep.best", best))
-    if "calendar" in keep:
-        cal = keep["calendar"]
+            rules.append(_best(source, f"{where}.best", best))
+    if "calendar" in table:
+        cal = table["calendar"]
         if not isinstance(cal, dict):
             raise _err(
-                source, "keep.calendar", f"must be {_KEEP['calendar']}, got {_type_name(cal)}"
+                source, f"{where}.calendar", f"must be {_KEEP['calendar']}, got {_type_name(cal)}"
             )
-        _check_keys(source, "keep.calendar.", cal, _CAL)
+        _check_keys(source, f"{where}.calendar.", cal, _CAL)
         counts = {
-            k: _int(source, f"keep.calendar.{k}", v, minimum=-1, what=_CAL[k])
+            k: _int(source, f"{where}.calendar.{k}", v, minimum=-1, what=_CAL[k])
             for k, v in cal.items()
         }
         if not any(counts.values()):
-            raise _err(source, "keep.calendar", "needs at least one non-zero count")
+            raise _err(source, f"{where}.calendar", "needs at least one non-zero count")
         rules.append(KeepCalendar(**counts))
-    if "pinned" in keep:
-        if not isinstance(keep["pinned"], bool):
-            raise _err(source, "keep.pinned", f"must be true or false, got {keep['pinned']!r}")
-        if keep["pinned"]:
+    if "pinned" in table:
+        if not isinstance(table["pinned"], bool):
+            raise _err(source, f"{where}.pinned", f"must be true or false, got {table['pinned']!r}")
+        if table["pinned"]:
             rules.append(KeepPinned())
     if not [r for r in rules if not isinstance(r, KeepPinned)]:
+        why = "an empty policy would delete everything but the invariants"
+        why = why if where == "keep" else "a tier selects with at least one"
+        raise _err(source, where, f"has no rule: {why}; name one of {_RULES}")
+    return rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
+
+
+def _tier(source: str, i: int, table: Any) -> Tier:
+    """One ``[[tier]]`` table as a :class:`~s3ckpt.retention.Tier`."""
+    where = f"tier[{i}]"
+    if not isinstance(table, dict):
+        raise _err(source, where, f"must be a table, got {_type_name(table)}")
+    _check_keys(source, where + ".", table, _TIER)
+    for k in ("rule", "storage_class"):
+        if k not in table:
+            raise _err(source, f"{where}.{k}", f"is required: {_TIER[k]}")
+    if not isinstance(table["rule"], dict):
         raise _err(
-            source,
-            "keep",
-            "has no rule: an empty policy would delete everything but the invariants; "
-            "name at least one of last, every, within, best, calendar",
+            source, f"{where}.rule", f"must be {_TIER['rule']}, got {_type_name(table['rule'])}"
         )
-    policy = rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
-    return PolicyFile(policy, pattern, source)
+    rule = _rules(source, f"{where}.rule", table["rule"])
+    cls = table["storage_class"]
+    if not isinstance(cls, str) or cls not in STORAGE_CLASSES:
+        raise _err(
+            source, f"{where}.storage_class", f"must be {_TIER['storage_class']}, got {cls!r}"
+        )
+    after = None
+    if "after" in table:
+        try:
+            after = parse_duration(table["after"])
+        except ValueError as exc:
+            raise _err(source, f"{where}.after", str(exc)) from None
+    method = _choice(source, f"{where}.method", table.get("method", "copy"), ("copy", "tag"))
+    return Tier(rule, cls, after, method)  # type: ignore[arg-type]
 
 
 def _builtin_files() -> dict[str, Traversable]:

@@ -120,7 +120,7 @@ def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
     return (
         os.getpid(),
         cfg,
-        tc.concurrency,
+        tc.read_concurrency,
         tc.connect_timeout,
         tc.read_timeout,
         aws_environment(),
@@ -183,7 +183,7 @@ def _new_client(cfg: S3Config, tc: TransferConfig) -> Any:
         retries={"total_max_attempts": 1, "mode": "standard"},
         # One connection per upload / read thread, and a few for the requests made
         # beside them (completes, heartbeats, the caller's own).
-        max_pool_connections=tc.concurrency + 4,
+        max_pool_connections=tc.read_concurrency + 4,
         connect_timeout=tc.connect_timeout,
         read_timeout=tc.read_timeout,
         tcp_keepalive=True,

@@ -1,10 +1,12 @@
 """botocore, urllib3 and socket exceptions to s3ckpt errors: the S3 store's one edge.
 
 Client errors are mapped by error *code* (HTTP status where the store sent none) through
-:data:`_ERROR_TABLE`, never by message text. Exceptions without a code are classified by
-*type*, as httpx's ``map_exceptions`` does: :data:`_RETRY_BY_TYPE` says which lower-layer
-exception types are worth retrying and :data:`_TIMEOUT_BY_TYPE` which are timeouts. The
-first matching row wins, so a subclass is listed before its base.
+:data:`_ERROR_TABLE`, never by message text; ``InvalidObjectState`` (a read of an archived
+object) becomes :func:`~s3ckpt.store._archive.archived_error`, which names the restore.
+Exceptions without a code are classified by *type*, as httpx's ``map_exceptions`` does:
+:data:`_RETRY_BY_TYPE` says which lower-layer exception types are worth retrying and
+:data:`_TIMEOUT_BY_TYPE` which are timeouts. The first matching row wins, so a subclass is
+listed before its base.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from s3ckpt.errors import (
     TransientStoreError,
     UnsupportedOperationError,
 )
+from s3ckpt.store._archive import archived_error
 from s3ckpt.store._reply import IncompleteReplyError, WireChecksumError
 from s3ckpt.store.retry import THROTTLE_CODES, TRANSIENT_CODES
 
@@ -228,6 +231,15 @@ def map_error(
         )
     if isinstance(exc, bce.ClientError):
         code, status = _error_code(exc)
+        if code == "InvalidObjectState":  # an archived object: its class, and what to run
+            err = exc.response.get("Error", {}) or {}
+            return archived_error(
+                scheme="s3",
+                bucket=bucket,
+                key=key or "",
+                storage_class=err.get("StorageClass"),
+                operation=operation,
+            )
         cls, hint = _ERROR_TABLE.get(code) or _ERROR_TABLE.get(
             str(status), (StoreError, "unexpected error from the store")
         )

@@ -12,16 +12,26 @@ Call sequence of a multipart upload::
     parts = [store.upload_part(key, upload_id, n, data) for n, data in ...]  # any order, parallel
     store.complete_multipart(key, upload_id, parts)      # or abort_multipart on any failure
 
+Storage classes (S3 only; other stores refuse them with a ``ConfigError``): an object moves
+to another class in place (:meth:`ObjectStore.set_storage_class`), is tagged for a lifecycle
+rule (:meth:`ObjectStore.put_object_tags`), and one in an archive class
+(:data:`ARCHIVE_CLASSES`) is read only after :meth:`ObjectStore.restore_object` made a
+temporary copy (:func:`restore_state` reads a HEAD's answer).
+
 Implementations must be picklable and safe to use from many threads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import enum
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from s3ckpt.errors import ConfigError
+
 __all__ = [
+    "ARCHIVE_CLASSES",
     "Buffer",
     "CompletedPart",
     "DeleteFailure",
@@ -29,8 +39,12 @@ __all__ = [
     "ObjectInfo",
     "ObjectStore",
     "RangeReader",
+    "RestoreState",
     "UploadInfo",
     "MAX_DELETE_BATCH",
+    "RESTORE_TIERS",
+    "check_restore_args",
+    "restore_state",
 ]
 
 Buffer = bytes | bytearray | memoryview
@@ -51,7 +65,61 @@ class ObjectInfo:
     storage_class: str | None = None
     """The S3 storage class a listing reports (``STANDARD``, ``STANDARD_IA``, ``GLACIER``,
     ...), or None where the store does not say (S3 leaves it out for some objects; other
-    stores have none). None bills as ``STANDARD``."""
+    stores have none). None bills as ``STANDARD``. A HEAD fills it from
+    ``x-amz-storage-class``, which S3 leaves out for ``STANDARD``."""
+    restore: str | None = None
+    """A HEAD's raw ``x-amz-restore`` header (``ongoing-request="false", expiry-date="..."``)
+    for an archived object a restore was asked for; None otherwise (and in listings).
+    :func:`restore_state` reads it."""
+
+
+ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
+"""The storage classes whose objects S3 keeps offline: a GET fails (403
+``InvalidObjectState``) until a restore made a temporary copy. ``GLACIER_IR`` is not one
+(it reads at once, at a retrieval fee)."""
+
+
+class RestoreState(str, enum.Enum):
+    """Where an object stands with its restore: what
+    :meth:`ObjectStore.restore_object` answers, and :func:`restore_state` reads from a HEAD.
+    """
+
+    STARTED = "started"
+    """A restore was asked for now (S3 answered 202)."""
+    IN_PROGRESS = "in_progress"
+    """A restore asked for earlier is still running (409 ``RestoreAlreadyInProgress``, or a
+    HEAD's ``ongoing-request="true"``)."""
+    RESTORED = "restored"
+    """A temporary copy is readable (200, or ``ongoing-request="false"``)."""
+    NOT_ARCHIVED = "not_archived"
+    """The object is in no archive class: nothing to restore, it reads at once."""
+    ARCHIVED = "archived"
+    """Archived and no restore asked for (a HEAD only; ``restore_object`` never answers
+    this)."""
+
+
+def restore_state(info: ObjectInfo) -> RestoreState:
+    """``info``'s state from its storage class and ``x-amz-restore`` header (a HEAD's)."""
+    if (info.storage_class or "STANDARD") not in ARCHIVE_CLASSES:
+        return RestoreState.NOT_ARCHIVED
+    if info.restore is None:
+        return RestoreState.ARCHIVED
+    if 'ongoing-request="true"' in info.restore:
+        return RestoreState.IN_PROGRESS
+    return RestoreState.RESTORED
+
+
+RESTORE_TIERS = ("Standard", "Bulk", "Expedited")
+"""The retrieval tiers RestoreObject takes (fastest and dearest last)."""
+
+
+def check_restore_args(days: int, tier: str) -> None:
+    """Refuse a restore's ``days`` below 1 or a ``tier`` S3 does not name
+    (:class:`~s3ckpt.errors.ConfigError`), before any request."""
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ConfigError(f"restore days must be an integer >= 1, got {days!r}")
+    if tier not in RESTORE_TIERS:
+        raise ConfigError(f"restore tier must be one of {', '.join(RESTORE_TIERS)}, got {tier!r}")
 
 
 @dataclass(frozen=True)
@@ -210,4 +278,47 @@ class ObjectStore(Protocol):
 
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """Open multipart uploads under ``prefix``."""
+        ...
+
+    def set_storage_class(
+        self, key: str, storage_class: str, *, etag: str | None = None, size: int | None = None
+    ) -> ObjectInfo:
+        """Move ``key`` to ``storage_class`` in place and return its HEAD afterwards.
+
+        On S3 a CopyObject onto itself (metadata, tags and the object's CRC32C kept), or,
+        above :data:`s3ckpt.store._archive.COPY_PART_LIMIT` (5 GiB), a multipart copy
+        (CreateMultipartUpload with the class, UploadPartCopy ranges, Complete). An object
+        already in the class is left alone (one HEAD). A lost reply is decided by reading
+        back: a HEAD that finds the object in the class with the same size is success.
+
+        Args:
+            etag: Move only if the object is still this version (``CopySourceIfMatch``).
+            size: The object's size, when the caller has it (else one HEAD first).
+
+        Raises:
+            PreconditionFailedError: ``etag`` is given and the object changed.
+            ObjectNotFoundError: The object does not exist.
+            ConfigError: The store has no storage classes (not S3).
+        """
+        ...
+
+    def put_object_tags(self, key: str, tags: Mapping[str, str]) -> None:
+        """Replace ``key``'s tag set with ``tags`` (S3 ``PutObjectTagging``): how a
+        lifecycle rule on a tag is told to move an object.
+
+        Raises:
+            ConfigError: The store has no tags (not S3).
+        """
+        ...
+
+    def restore_object(self, key: str, *, days: int, tier: str = "Standard") -> RestoreState:
+        """Ask for a temporary copy of an archived object for ``days`` days (S3
+        ``RestoreObject``; ``tier``: ``Standard``, ``Bulk`` or ``Expedited``).
+
+        Returns ``STARTED``, ``IN_PROGRESS``, ``RESTORED`` (a copy is readable; asking
+        again extended it) or ``NOT_ARCHIVED`` (nothing to restore).
+
+        Raises:
+            ConfigError: The store has no storage classes (not S3).
+        """
         ...

@@ -5,7 +5,8 @@ Multipart uploads are streamed into one open fsspec file: parts may arrive out o
 (they are uploaded in parallel), so early ones wait in memory until their turn; the
 writer's in-flight bound caps that at ``TransferConfig.max_inflight_bytes``. Conditional
 puts are a check-then-write here (fsspec has no atomic If-None-Match): safe against an
-earlier checkpoint, not against two writers racing on one prefix.
+earlier checkpoint, not against two writers racing on one prefix. Storage classes, tags
+and restores are S3's: asked of this store they are a ``ConfigError`` naming the URL.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -24,12 +25,14 @@ from s3ckpt.errors import (
     PreconditionFailedError,
     StoreError,
 )
+from s3ckpt.store._archive import refuse
 from s3ckpt.store.base import (
     Buffer,
     CompletedPart,
     DeleteFailure,
     DeleteFailures,
     ObjectInfo,
+    RestoreState,
     UploadInfo,
 )
 
@@ -331,6 +334,20 @@ class FsspecStore:
             key = self._key(str(path)).removesuffix(".s3ckpt-partial")
             if key.startswith(prefix):
                 yield UploadInfo(key, uid, None)
+
+    def set_storage_class(
+        self, key: str, storage_class: str, *, etag: str | None = None, size: int | None = None
+    ) -> ObjectInfo:
+        """Refused: storage classes are an S3 feature (``ConfigError`` naming the URL)."""
+        raise refuse(self, key, "set_storage_class")
+
+    def put_object_tags(self, key: str, tags: Mapping[str, str]) -> None:
+        """Refused: object tags are an S3 feature (``ConfigError`` naming the URL)."""
+        raise refuse(self, key, "put_object_tags")
+
+    def restore_object(self, key: str, *, days: int, tier: str = "Standard") -> RestoreState:
+        """Refused: there is nothing archived to restore here (``ConfigError``)."""
+        raise refuse(self, key, "restore_object")
 
 
 _HEAD_MD5_LIMIT = 1 << 20

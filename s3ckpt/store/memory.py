@@ -1,5 +1,11 @@
 """MemoryStore: an in-process object store with fault injection, for fast unit tests
-(ours and users')."""
+(ours and users').
+
+Storage classes are kept per object as S3 keeps them: a move replaces the object's class
+(its ETag and bytes stay), a read of an object in an archive class fails with
+:class:`~s3ckpt.errors.ArchivedObjectError` until a restore is asked for and
+``restore_seconds`` (of the store's clock) have passed.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import hashlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from s3ckpt.errors import (
@@ -17,14 +23,19 @@ from s3ckpt.errors import (
     StoreError,
     UnsupportedOperationError,
 )
+from s3ckpt.store._archive import archived_error, same_class
 from s3ckpt.store.base import (
+    ARCHIVE_CLASSES,
     MAX_DELETE_BATCH,
     Buffer,
     CompletedPart,
     DeleteFailure,
     DeleteFailures,
     ObjectInfo,
+    RestoreState,
     UploadInfo,
+    check_restore_args,
+    restore_state,
 )
 
 __all__ = ["MemoryStore", "Fault"]
@@ -47,6 +58,9 @@ class _Obj:
     data: bytes
     etag: str
     mtime: float
+    storage_class: str | None = None  # None: STANDARD (as a HEAD says)
+    restore_until: float | None = None  # when a restore asked for completes
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -64,6 +78,8 @@ class MemoryStore:
         conditional_deletes: Support :meth:`delete_if_match` (else it answers 501
             ``NotImplemented``, as a store without conditional deletes).
         list_uploads: Support :meth:`list_multipart_uploads` (else 501 ``NotImplemented``).
+        restore_seconds: How long after :meth:`restore_object` an archived object's
+            temporary copy is readable (by ``clock``).
     """
 
     url_scheme = "memory"
@@ -76,12 +92,14 @@ class MemoryStore:
         ignore_conditions: bool = False,
         conditional_deletes: bool = True,
         list_uploads: bool = True,
+        restore_seconds: float = 0.0,
     ) -> None:
         self._bucket = bucket
         self._clock = clock
         self._ignore_conditions = ignore_conditions
         self._conditional_deletes = conditional_deletes
         self._list_uploads = list_uploads
+        self._restore_seconds = restore_seconds
         self._lock = threading.Lock()
         self.objects: dict[str, _Obj] = {}
         self.uploads: dict[str, tuple[str, dict[int, bytes], float]] = {}
@@ -225,6 +243,7 @@ class MemoryStore:
             obj = self.objects.get(key)
         if obj is None:
             raise ObjectNotFoundError("object not found", bucket=self._bucket, key=key)
+        self._check_readable(key, obj)
         end = len(obj.data) if length is None else min(len(obj.data), start + length)
         return _MemoryRange(memoryview(obj.data)[start:end] if start < end else memoryview(b""))
 
@@ -235,6 +254,7 @@ class MemoryStore:
             obj = self.objects.get(key)
         if obj is None:
             raise ObjectNotFoundError("object not found", bucket=self._bucket, key=key)
+        self._check_readable(key, obj)
         return obj.data
 
     def head(self, key: str) -> ObjectInfo | None:
@@ -244,7 +264,7 @@ class MemoryStore:
             obj = self.objects.get(key)
         if obj is None:
             return None
-        return ObjectInfo(key, len(obj.data), obj.etag, obj.mtime)
+        return self._info(key, obj)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """See :meth:`ObjectStore.list`."""
@@ -252,7 +272,7 @@ class MemoryStore:
         with self._lock:
             items = sorted((k, o) for k, o in self.objects.items() if k.startswith(prefix))
         for k, o in items:
-            yield ObjectInfo(k, len(o.data), o.etag, o.mtime)
+            yield ObjectInfo(k, len(o.data), o.etag, o.mtime, o.storage_class)
 
     def list_prefixes(
         self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
@@ -325,6 +345,70 @@ class MemoryStore:
             ups = [(uid, k, t) for uid, (k, _, t) in self.uploads.items() if k.startswith(prefix)]
         for uid, k, t in sorted(ups, key=lambda u: (u[1], u[0])):
             yield UploadInfo(k, uid, t)
+
+    # -- storage classes -----------------------------------------------------------------------
+    def _info(self, key: str, obj: _Obj) -> ObjectInfo:
+        restore = None
+        if obj.restore_until is not None:
+            ongoing = "true" if self._clock() < obj.restore_until else "false"
+            restore = f'ongoing-request="{ongoing}"'
+        return ObjectInfo(key, len(obj.data), obj.etag, obj.mtime, obj.storage_class, restore)
+
+    def _check_readable(self, key: str, obj: _Obj) -> None:
+        if restore_state(self._info(key, obj)) in (RestoreState.ARCHIVED, RestoreState.IN_PROGRESS):
+            raise archived_error(
+                scheme="s3",
+                bucket=self._bucket,
+                key=key,
+                storage_class=obj.storage_class,
+                operation="get",
+            )
+
+    def _object(self, key: str) -> _Obj:
+        obj = self.objects.get(key)
+        if obj is None:
+            raise ObjectNotFoundError(
+                "object not found", bucket=self._bucket, key=key, code="NoSuchKey"
+            )
+        return obj
+
+    def set_storage_class(
+        self, key: str, storage_class: str, *, etag: str | None = None, size: int | None = None
+    ) -> ObjectInfo:
+        """See :meth:`ObjectStore.set_storage_class`: the object keeps its bytes and ETag;
+        an archived one being restored loses its temporary copy (as a copy on S3 does)."""
+        self._enter("set_storage_class", key)
+        with self._lock:
+            obj = self._object(key)
+            if etag is not None and obj.etag != etag and not self._ignore_conditions:
+                raise PreconditionFailedError(
+                    "object changed", bucket=self._bucket, key=key, code="PreconditionFailed"
+                )
+            if not same_class(obj.storage_class, storage_class):
+                obj.storage_class = None if storage_class == "STANDARD" else storage_class
+                obj.restore_until = None
+                obj.mtime = self._clock()
+            return self._info(key, obj)
+
+    def put_object_tags(self, key: str, tags: Mapping[str, str]) -> None:
+        """See :meth:`ObjectStore.put_object_tags`."""
+        self._enter("put_object_tags", key)
+        with self._lock:
+            self._object(key).tags = dict(tags)
+
+    def restore_object(self, key: str, *, days: int, tier: str = "Standard") -> RestoreState:
+        """See :meth:`ObjectStore.restore_object`: the copy is readable ``restore_seconds``
+        after the first request."""
+        check_restore_args(days, tier)
+        self._enter("restore", key)
+        with self._lock:
+            obj = self._object(key)
+            if (obj.storage_class or "STANDARD") not in ARCHIVE_CLASSES:
+                return RestoreState.NOT_ARCHIVED
+            if obj.restore_until is None:
+                obj.restore_until = self._clock() + self._restore_seconds
+                return RestoreState.STARTED
+            return restore_state(self._info(key, obj))  # in progress or restored
 
     def __getstate__(self) -> dict[str, object]:
         raise TypeError(

@@ -16,9 +16,8 @@ Throttling is met by an adaptive limiter (:mod:`s3ckpt.store._adaptive`, on unle
 talk to one (endpoint, bucket) share a congestion window that halves on ``503 SlowDown``
 and grows back on success; :meth:`S3Store.throttle_stats` reports it.
 
-Stores of one process with equal settings share one boto3 client, whatever their bucket;
-:func:`~s3ckpt.store._client.shared_client` says the key, and how the region and profile
-are resolved.
+Storage-class moves, tags and restores come from the mixin
+:class:`~s3ckpt.store._archive.StorageClassRequests`, through the same ``_call``.
 
 botocore errors become s3ckpt errors in :func:`s3ckpt.store._errors.map_error`, by error
 *code* and HTTP status through one table, never by message text. Request bodies are
@@ -37,7 +36,7 @@ from typing import Any, TypeVar
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.store import _reply, _wire
+from s3ckpt.store import _archive, _reply, _wire
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._body import BufferBody
 from s3ckpt.store._client import profile_attempts, shared_client
@@ -59,13 +58,13 @@ __all__ = ["S3Store", "shared_client"]
 T = TypeVar("T")
 
 
-class S3Store:
+class S3Store(_archive.StorageClassRequests):
     """:class:`~s3ckpt.store.base.ObjectStore` over boto3 for S3 and S3-compatible stores.
 
     The boto3 client is fetched lazily, once per process, from :func:`shared_client` (the
     store pickles without it and fetches one again after ``fork`` or ``spawn``): stores of
     one process with equal settings share one client, whose connection pool is sized to
-    ``TransferConfig.concurrency`` (stores busy at once share that pool). Stores of one
+    ``TransferConfig.read_concurrency`` (stores busy at once share that pool). Stores of one
     process and (endpoint, bucket) share one adaptive limiter the same way
     (:meth:`throttle_stats`).
 
@@ -156,7 +155,7 @@ class S3Store:
         pid = os.getpid()
         if bound is None or bound[0] != pid:
             limiter = shared_limiter(
-                self.endpoint_url, self._bucket, self.transfer_config.concurrency
+                self.endpoint_url, self._bucket, self.transfer_config.read_concurrency
             )
             bound = self._limiter_bound = (pid, limiter)
         return bound[1]
@@ -370,6 +369,8 @@ class S3Store:
             size=int(resp["ContentLength"]),
             etag=resp["ETag"],
             last_modified=resp["LastModified"].timestamp(),
+            storage_class=resp.get("StorageClass"),
+            restore=resp.get("Restore"),
         )
 
     def _head_checked(self, args: dict[str, Any]) -> Any:

@@ -19,11 +19,13 @@ Each ``s3ckpt`` command has a function here returning a typed, frozen result (wi
 
     html = build_report(store, root, policy=load_policy("pretraining"))  # no torch
     doctor = run_doctor("s3://bucket/runs/")                         # no torch needed
+    restore_checkpoint("s3://b/run/step_100", days=3, wait=True)    # GLACIER: no torch
+    scrub = check("s3://bucket/runs/", read_data="5%")               # no torch needed
 
-Everything here but the report and the doctor needs torch (the retention layer never
-imports it). Those names are imported on first use, so ``s3ckpt report``, ``s3ckpt doctor``
-and :func:`build_report` work in an image without torch; any other name raises
-``ImportError`` there (naming torch).
+Everything here but the report, the doctor, the check and the restore needs torch (the
+retention layer never imports it). Those names are imported on first use, so ``s3ckpt
+report``, ``s3ckpt doctor``, ``s3ckpt check``, ``s3ckpt restore`` and :func:`build_report`
+work in an image without torch; any other name raises ``ImportError`` there (naming torch).
 
 The report is the subpackage :mod:`s3ckpt.tools.report` (prices, the model, collecting, the
 page); the names users call are here too. An inspect result is an :class:`InspectResult`
@@ -38,7 +40,11 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.errors import IncompleteRestoreError
+from s3ckpt.tools._check import check, parse_read_data
+from s3ckpt.tools._check_record import CheckEntry, CheckRecord, check_marks, read_check_record
+from s3ckpt.tools._check_result import CheckpointCheck, CheckResult, Finding, SkippedCheckpoint
 from s3ckpt.tools._doctor import Check, CheckStatus, DoctorReport, run_doctor
+from s3ckpt.tools._restore import RestoreResult, restore_checkpoint
 from s3ckpt.tools.report import (
     CheckpointRow,
     PriceTable,
@@ -152,13 +158,18 @@ __all__ = [
     "SCHEMA_KEY",
     "TORCH_TO_ST",
     "Check",
+    "CheckEntry",
+    "CheckRecord",
+    "CheckResult",
     "CheckStatus",
+    "CheckpointCheck",
     "CheckpointRow",
     "Converter",
     "DiffResult",
     "DoctorReport",
     "ExportResult",
     "ExportedFile",
+    "Finding",
     "ImportResult",
     "InspectResult",
     "IncompleteRestoreError",
@@ -166,12 +177,16 @@ __all__ = [
     "PriceTable",
     "Problem",
     "Report",
+    "RestoreResult",
     "RunReport",
+    "SkippedCheckpoint",
     "SkippedItem",
     "TensorDiff",
     "TensorSummary",
     "VerifyResult",
     "build_report",
+    "check",
+    "check_marks",
     "check_restored",
     "collect_report",
     "compare_tensors",
@@ -184,7 +199,10 @@ __all__ = [
     "inspect_checkpoint",
     "load_converter",
     "load_verified",
+    "parse_read_data",
+    "read_check_record",
     "render_html",
+    "restore_checkpoint",
     "run_doctor",
     "unflatten_state_dict",
     "verify_checkpoint",

@@ -5,7 +5,8 @@
   write-only stream one object is written through; :func:`pack` balances items over
   objects.
 * Reads: :func:`coalesce` merges byte ranges of one object into :class:`Request` s, and
-  :class:`RangeWalk` reads them with parallel ranged GETs, handing each span to its
+  :class:`RangeWalk` reads them with parallel ranged GETs (a load's requests sized by
+  :func:`read_piece_size` so that every connection has work), handing each span to its
   caller through a :class:`SpanReader` (the DCP reader and ``s3ckpt verify`` share it).
 
 Sits beside :mod:`s3ckpt.store` and below :mod:`s3ckpt.dcp` and :mod:`s3ckpt.tools`;
@@ -14,12 +15,14 @@ imports no torch.
 
 from __future__ import annotations
 
-from s3ckpt.transfer._plan import Request, coalesce, pack
+from s3ckpt.transfer._plan import Request, coalesce, pack, read_piece_size
 from s3ckpt.transfer._pool import PartPool
-from s3ckpt.transfer._upload import ObjectSink, Uploader, format_leftovers
+from s3ckpt.transfer._sink import ItemCrc, ObjectSink
+from s3ckpt.transfer._upload import Uploader, format_leftovers
 from s3ckpt.transfer._walk import RangeWalk, ReadFailure, Span, SpanReader
 
 __all__ = [
+    "ItemCrc",
     "ObjectSink",
     "PartPool",
     "RangeWalk",
@@ -31,4 +34,5 @@ __all__ = [
     "coalesce",
     "format_leftovers",
     "pack",
+    "read_piece_size",
 ]

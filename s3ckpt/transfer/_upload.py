@@ -14,8 +14,6 @@ completed, so a failed save leaves nothing behind.
 
 from __future__ import annotations
 
-import ctypes
-import io
 import logging
 import threading
 from collections.abc import Callable
@@ -27,55 +25,11 @@ from s3ckpt.errors import ObjectNotFoundError, S3CkptError
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store.base import CompletedPart, ObjectStore
 from s3ckpt.transfer._pool import PartPool
+from s3ckpt.transfer._sink import ObjectSink, PartCrc
 
-__all__ = ["ObjectSink", "Uploader", "format_leftovers"]
+__all__ = ["Uploader", "format_leftovers"]
 
 log = logging.getLogger(__name__)
-
-
-class _PyBuffer(ctypes.Structure):
-    """CPython's ``Py_buffer`` (the buffer protocol's view), to read a buffer's address."""
-
-    _fields_ = (
-        ("buf", ctypes.c_void_p),
-        ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_void_p),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p),
-        ("internal", ctypes.c_void_p),
-    )
-
-
-# Prototypes of our own: argtypes set on ctypes.pythonapi's would change them process-wide.
-_get_buffer = ctypes.PYFUNCTYPE(
-    ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int
-)(("PyObject_GetBuffer", ctypes.pythonapi))
-_release_buffer = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_PyBuffer))(
-    ("PyBuffer_Release", ctypes.pythonapi)
-)
-_PYBUF_SIMPLE = 0  # a contiguous buffer of bytes, read-only allowed
-
-
-def _address(view: memoryview) -> int:
-    """The address of the first byte of a C-contiguous ``view`` (0 for an empty one).
-
-    Read through the buffer protocol, so read-only buffers (``bytes``, a read-only mmap)
-    work as well as writable ones.
-    """
-    if not view.nbytes:
-        return 0
-    buf = _PyBuffer()
-    # PyObject_GetBuffer raises (through ctypes.pythonapi) for a non-contiguous view.
-    _get_buffer(view, ctypes.byref(buf), _PYBUF_SIMPLE)
-    try:
-        return buf.buf or 0
-    finally:
-        _release_buffer(ctypes.byref(buf))
 
 
 class _Aborted(S3CkptError):
@@ -170,17 +124,25 @@ class Uploader:
             self._open_uploads[key] = upload_id
         return upload_id
 
+    def begin_upload(self, key: str) -> Future[str]:
+        """CreateMultipartUpload for ``key`` in the background (:meth:`start_upload`): the
+        upload id, which the object's parts wait for. Queued before them, so it starts
+        first; a creation that fails, is skipped or cancelled fails them too."""
+        return self.submit(lambda: self.start_upload(key))
+
     def send_part(
         self,
         key: str,
-        upload_id: str,
+        upload: Future[str],
         part_no: int,
         body: memoryview,
         *,
         buffer: bytearray | None = None,
         hold: object | None = None,
+        crc: PartCrc | None = None,
     ) -> Future[CompletedPart]:
-        """Upload ``body`` as part ``part_no`` in the background, with its CRC32C.
+        """Upload ``body`` as part ``part_no`` of ``upload`` (:meth:`begin_upload`) in the
+        background, with its CRC32C (also stored in ``crc`` when given).
 
         ``buffer`` (the pool buffer ``body`` lies in) goes back to the pool once the part
         is sent; ``hold`` (the owner of borrowed memory) is kept alive until then.
@@ -188,9 +150,11 @@ class Uploader:
 
         def send(_owner: object | None = hold) -> CompletedPart:
             try:
-                part = self.store.upload_part(
-                    key, upload_id, part_no, body, crc32c=_crc.crc32c(body)
-                )
+                upload_id = upload.result()
+                value = _crc.crc32c(body)
+                if crc is not None:
+                    crc.value = value
+                part = self.store.upload_part(key, upload_id, part_no, body, crc32c=value)
                 self._count(body.nbytes)
                 return part
             finally:
@@ -216,12 +180,13 @@ class Uploader:
         return self.submit(put)
 
     def send_complete(
-        self, key: str, upload_id: str, parts: list[Future[CompletedPart]]
+        self, key: str, upload: Future[str], parts: list[Future[CompletedPart]]
     ) -> Future[None]:
         """CompleteMultipartUpload once every part in ``parts`` is sent (background)."""
 
         def complete() -> None:
             wait(parts)
+            upload_id = upload.result()
             done = []
             for f in parts:
                 exc = f.exception()
@@ -293,189 +258,6 @@ class Uploader:
         self._pool.shutdown(wait=True)
         self._completer.shutdown(wait=True)
         self._buffers.clear()
-
-
-class ObjectSink(io.RawIOBase):
-    """A write-only stream uploading one object in parts; ``torch.save`` writes into it.
-
-    Tracks CRC32C of the current *item* (a byte range the caller brackets with
-    :meth:`begin_item` / :meth:`end_item`) and where a watched buffer (a tensor's storage)
-    lands in the object.
-
-    Bytes are copied into the uploader's part buffers, except a watched buffer of at least
-    two parts whose owner the caller hands over (``hold``): after topping up the current
-    part, whole parts of it are uploaded straight from its memory, without a copy, and
-    ``hold`` is kept alive until each of those parts is sent. The caller must not change
-    that memory until the upload finishes (``dcp.save`` blocks its caller; an async save
-    writes from its own staged copy).
-    """
-
-    def __init__(self, uploader: Uploader, key: str) -> None:
-        super().__init__()
-        self._up = uploader
-        self.key = key
-        self._buf: bytearray | None = None
-        self._buf_view = memoryview(b"")
-        self._fill = 0
-        self._pos = 0
-        self._part_no = 0
-        self._upload_id: str | None = None
-        self._parts: list[Future[CompletedPart]] = []
-        self._item_crc = 0
-        self._in_item = False
-        self._crc_from = 0  # offset in the current buffer where the item's unfolded bytes start
-        self._watch: tuple[int, int] | None = None
-        self._watch_pos: int | None = None
-        self._hold: object | None = None
-        self.completion: Future[Any] | None = None
-
-    # io.RawIOBase protocol
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        n = view.nbytes
-        watch = self._watch
-        if (
-            watch is not None
-            and n == watch[1]
-            and self._watch_pos is None
-            and _address(view) == watch[0]
-        ):
-            self._watch_pos = self._pos
-            if self._hold is not None and n >= 2 * self._up.part_size:
-                self._write_borrowed(view, self._hold)
-                self._pos += n
-                return n
-        fill = self._fill
-        if self._buf is not None and n < len(self._buf) - fill:
-            # The common case (torch's zip writer makes ~40 small writes per item): one copy,
-            # no part boundary. The item CRC is folded later over the buffer, in one call per
-            # item or part instead of one per write.
-            self._buf_view[fill : fill + n] = view
-            self._fill = fill + n
-        else:
-            self._copy(view)
-        self._pos += n
-        return n
-
-    def _copy(self, view: memoryview) -> None:
-        """Copy ``view`` into part buffers, flushing each one that fills."""
-        n = view.nbytes
-        off = 0
-        while off < n:
-            if self._buf is None:
-                self._buf = self._up.take_buffer()
-                self._buf_view = memoryview(self._buf)
-                self._fill = 0
-                self._crc_from = 0
-            take = min(n - off, len(self._buf) - self._fill)
-            # Through a memoryview: ``bytearray[a:b] = view`` first copies ``view`` into a
-            # temporary bytearray (CPython), a second copy of every byte saved into freshly
-            # allocated (page-faulting) memory.
-            self._buf_view[self._fill : self._fill + take] = view[off : off + take]
-            self._fill += take
-            off += take
-            if self._fill == len(self._buf):
-                self._flush_part()
-
-    def _write_borrowed(self, view: memoryview, hold: object) -> None:
-        """Upload whole parts of ``view`` from its own memory (see the class docs)."""
-        part_size = self._up.part_size
-        n = view.nbytes
-        off = 0
-        if self._buf is not None and self._fill:
-            off = len(self._buf) - self._fill  # top up the current part first
-            self._copy(view[:off])
-        while n - off >= part_size:
-            segment = view[off : off + part_size]
-            if self._in_item:
-                self._item_crc = _crc.crc32c(segment, self._item_crc)
-            self._submit_part(segment, hold=hold)
-            off += part_size
-        if off < n:
-            self._copy(view[off:])
-
-    def _fold_crc(self) -> None:
-        """Add the item's bytes written into the current buffer since the last fold."""
-        if self._in_item and self._fill > self._crc_from:
-            pending = self._buf_view[self._crc_from : self._fill]
-            self._item_crc = _crc.crc32c(pending, self._item_crc)
-        self._crc_from = self._fill
-
-    # item bracketing
-    def begin_item(
-        self, watch_ptr: int | None = None, watch_nbytes: int = 0, hold: object | None = None
-    ) -> int:
-        """Start an item at the current offset; optionally watch for a buffer at
-        ``watch_ptr`` of ``watch_nbytes`` bytes being written, which may be uploaded from
-        its own memory if ``hold`` (the object owning it) is given. Returns the offset."""
-        self._item_crc = 0
-        self._in_item = True
-        self._crc_from = self._fill
-        self._watch = (watch_ptr, watch_nbytes) if watch_ptr else None
-        self._watch_pos = None
-        self._hold = hold if watch_ptr else None
-        return self._pos
-
-    def end_item(self) -> tuple[int, int | None]:
-        """CRC32C of the item's bytes and the offset of the watched buffer (or None)."""
-        self._fold_crc()
-        self._in_item = False
-        self._watch = None
-        self._hold = None
-        return self._item_crc, self._watch_pos
-
-    # parts
-    def _flush_part(self) -> None:
-        self._fold_crc()
-        buf, fill = self._buf, self._fill
-        assert buf is not None
-        self._buf = None
-        self._buf_view = memoryview(b"")
-        self._fill = 0
-        self._submit_part(memoryview(buf)[:fill], buffer=buf)
-
-    def _submit_part(
-        self, body: memoryview, *, buffer: bytearray | None = None, hold: object | None = None
-    ) -> None:
-        """Upload ``body`` as the next part; ``buffer`` goes back to the pool afterwards."""
-        if self._upload_id is None:
-            self._upload_id = self._up.start_upload(self.key)
-        self._part_no += 1
-        self._parts.append(
-            self._up.send_part(
-                self.key, self._upload_id, self._part_no, body, buffer=buffer, hold=hold
-            )
-        )
-
-    def close(self) -> None:
-        """Finish the object: one PUT if it fit in a buffer, else the last part and a
-        background CompleteMultipartUpload."""
-        if self.closed:
-            return
-        super().close()
-        self._buf_view = memoryview(b"")
-        up = self._up
-        up.raise_if_failed()
-        if self._upload_id is None:
-            buf, fill = self._buf, self._fill
-            self._buf = None
-            self.completion = up.send_object(self.key, buf, fill)
-            return
-        if self._fill:
-            self._flush_part()
-        elif self._buf is not None:
-            up.give_buffer(self._buf)
-            self._buf = None
-        self.completion = up.send_complete(self.key, self._upload_id, list(self._parts))
 
 
 def _complete(store: ObjectStore, key: str, upload_id: str, parts: list[CompletedPart]) -> None:

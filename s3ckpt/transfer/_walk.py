@@ -186,7 +186,7 @@ class RangeWalk(Generic[T]):
         store: Where the objects are.
         key_of: The store key of an object name.
         config: ``coalesce_gap``, ``read_request_size``, ``read_chunk_size``,
-            ``concurrency``.
+            ``read_concurrency``.
         on_span: Called (from worker threads) with each span and a :class:`SpanReader`
             positioned at its first byte; what it leaves unread is skipped.
         on_failure: Called with each failed request; without it the first failure is
@@ -223,25 +223,31 @@ class RangeWalk(Generic[T]):
         self._lock = threading.Lock()
 
     def plan(
-        self, spans_by_object: Mapping[str, Iterable[tuple[int, int, T]]]
+        self,
+        spans_by_object: Mapping[str, Iterable[tuple[int, int, T]]],
+        *,
+        max_size: int | None = None,
     ) -> list[tuple[str, Request[T]]]:
-        """The requests that read every span, largest first (ties in object order)."""
+        """The requests that read every span, largest first (ties in object order), each
+        at most ``max_size`` bytes (default ``read_request_size``) unless one span is
+        larger."""
         tc = self.config
+        limit = tc.read_request_size if max_size is None else max_size
         jobs = [
             (name, req)
             for name, spans in spans_by_object.items()
-            for req in coalesce(list(spans), tc.coalesce_gap, tc.read_request_size)
+            for req in coalesce(list(spans), tc.coalesce_gap, limit)
         ]
         jobs.sort(key=lambda j: -j[1].size)
         return jobs
 
     def run(self, jobs: Sequence[tuple[str, Request[T]]]) -> None:
-        """Make every request of ``jobs``, ``config.concurrency`` at a time."""
+        """Make every request of ``jobs``, ``config.read_concurrency`` at a time."""
         if len(jobs) <= 1:
             for i, (name, req) in enumerate(jobs):
                 self.fetch(name, req, job=i)
             return
-        workers = min(self.config.concurrency, len(jobs))
+        workers = min(self.config.read_concurrency, len(jobs))
         with ThreadPoolExecutor(workers, thread_name_prefix=self.thread_name_prefix) as pool:
             fetch = in_context(self.fetch)  # requests count for the caller's load (metrics)
             futures = [pool.submit(fetch, n, r, job=i) for i, (n, r) in enumerate(jobs)]

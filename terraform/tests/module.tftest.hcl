@@ -208,6 +208,8 @@ run "defaults" {
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/.metadata",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.check.json",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.check.json",
       ])
     ])
     error_message = "the pruner needs an explicit Deny on s3:Put* for everything but its lease keys and the stock .metadata copies"
@@ -216,10 +218,10 @@ run "defaults" {
   assert {
     condition = alltrue([
       for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
-      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata")])
+      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json")])
       if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
     ])
-    error_message = "the pruner's only allowed PutObject must be on lease keys and stock .metadata copies"
+    error_message = "the pruner's only allowed PutObject must be on lease keys, stock .metadata copies and check records"
   }
 
   assert {
@@ -274,6 +276,92 @@ run "defaults" {
       if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
     ] == [["arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.pin.json"]]
     error_message = "pin_policy_json may write pin keys and nothing else"
+  }
+}
+
+run "tiers" {
+  command = plan
+
+  variables {
+    tier_storage_classes = ["STANDARD_IA", "GLACIER_IR", "GLACIER"]
+    pruner_tier_method   = "tag"
+  }
+
+  assert {
+    condition = {
+      for r in aws_s3_bucket_lifecycle_configuration.this.rule : r.id => [
+        r.filter[0].and[0].prefix, r.filter[0].and[0].tags["s3ckpt-tier"],
+        one(r.transition).storage_class, one(r.transition).days,
+      ] if startswith(r.id, "s3ckpt-tier-")
+      } == {
+      "s3ckpt-tier-standard_ia" = ["checkpoints/", "STANDARD_IA", "STANDARD_IA", 30]
+      "s3ckpt-tier-glacier_ir"  = ["checkpoints/", "GLACIER_IR", "GLACIER_IR", 0]
+      "s3ckpt-tier-glacier"     = ["checkpoints/", "GLACIER", "GLACIER", 0]
+    }
+    error_message = "one rule per tier class: objects under the prefix tagged s3ckpt-tier = CLASS move to CLASS (IA after S3's 30 days)"
+  }
+
+  assert {
+    condition = anytrue([
+      for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
+      s.Effect == "Allow" && toset(flatten([s.Action])) == toset(["s3:GetObjectTagging", "s3:PutObjectTagging"]) && try(s.Resource, null) == "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*"
+    ])
+    error_message = "with pruner_tier_method = tag the pruner may tag checkpoint objects"
+  }
+
+  assert {
+    condition = anytrue([
+      for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
+      s.Effect == "Deny" && contains(flatten([s.Action]), "s3:PutObject") && contains(flatten([s.Action]), "s3:RestoreObject") && toset(try(s.NotResource, [])) == toset([
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/.metadata",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.check.json",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.check.json",
+      ])
+    ])
+    error_message = "a tagging pruner must still be denied every object write under the prefix but its lease and .metadata copies"
+  }
+
+  assert {
+    condition = alltrue([
+      for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
+      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json")])
+      if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
+    ])
+    error_message = "tagging gives the pruner no PutObject on checkpoint data"
+  }
+
+  assert {
+    condition = [
+      for s in jsondecode(output.restore_policy_json).Statement : flatten([s.Action])
+      if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:RestoreObject")
+    ] == [["s3:GetObject", "s3:RestoreObject"]]
+    error_message = "restore_policy_json restores and reads checkpoint objects"
+  }
+}
+
+run "copy_tiers" {
+  command = plan
+
+  variables {
+    pruner_tier_method = "copy"
+  }
+
+  assert {
+    condition = anytrue([
+      for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
+      s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject") && try(s.Resource, null) == "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*"
+      ]) && anytrue([
+      for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
+      s.Effect == "Deny" && s.Action == "s3:PutObject" && try(s.Resource, null) == ["arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.pin.json"]
+    ])
+    error_message = "copy tiers: the pruner may copy checkpoint objects (PutObject under the prefix) and still never write pins"
+  }
+
+  assert {
+    condition     = length([for r in aws_s3_bucket_lifecycle_configuration.this.rule : r if startswith(r.id, "s3ckpt-tier-")]) == 0
+    error_message = "no tier lifecycle rules unless tier_storage_classes names classes"
   }
 }
 

@@ -72,10 +72,10 @@ def test_a_save_under_slowdown_completes_and_the_window_narrows(
 def test_the_pool_is_sized_from_the_derived_concurrency(bucket: str, moto_endpoint: str) -> None:
     cfg = S3Config(endpoint_url=moto_endpoint)
     derived = S3Store(bucket, cfg)
-    assert TransferConfig().concurrency == 14
-    assert derived.client.meta.config.max_pool_connections == 14 + 4
+    assert TransferConfig().concurrency == 14 and TransferConfig().read_concurrency == 28
+    assert derived.client.meta.config.max_pool_connections == 28 + 4  # a load's connections
     slow = S3Store(bucket, cfg, TransferConfig(target_throughput_gbps=1.0))
-    assert slow.client.meta.config.max_pool_connections == 2 + 4
+    assert slow.client.meta.config.max_pool_connections == 4 + 4
     pinned = S3Store(bucket, cfg, TransferConfig(max_concurrency=5, target_throughput_gbps=1.0))
     assert pinned.client.meta.config.max_pool_connections == 5 + 4
     slow.put("k", b"x")  # and the client works

@@ -498,6 +498,17 @@ def test_pruner_may_restore_a_stock_metadata_copy(
     assert s3.get_object(Bucket=deployment.bucket, Key=f"{STEP}.metadata")["Body"].read() == b"copy"
 
 
+def test_pruner_may_record_what_a_check_found(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    """`s3ckpt check` (the cron image's scrub) writes {run}/s3ckpt.check.json, which `ls` reads."""
+    s3 = role_clients["pruner"]
+    s3.put_object(Bucket=deployment.bucket, Key=f"{RUN}s3ckpt.check.json", Body=b"{}")
+    assert s3.get_object(Bucket=deployment.bucket, Key=f"{RUN}s3ckpt.check.json")["Body"].read()
+    with _fails_with("AccessDenied"):  # only the record's own name
+        s3.put_object(Bucket=deployment.bucket, Key=f"{RUN}s3ckpt.check.json.bak", Body=b"{}")
+
+
 def test_destroy_removes_everything(deployment: Deployment) -> None:
     deployment.destroy()
     s3 = deployment.client("s3")

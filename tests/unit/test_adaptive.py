@@ -360,7 +360,7 @@ def test_adaptive_off_means_no_limiter() -> None:
     assert store.limiter is None and store.throttle_stats() is None
     on = S3Store("bkt", S3Config(endpoint_url="http://127.0.0.1:1"))
     stats = on.throttle_stats()
-    assert stats is not None and stats.ceiling == TransferConfig().concurrency
+    assert stats is not None and stats.ceiling == TransferConfig().read_concurrency
 
 
 # -- the request loop -------------------------------------------------------------------------
@@ -449,12 +449,19 @@ def test_time_queued_for_the_limiter_does_not_count_towards_the_deadline() -> No
 
 
 # -- connections from a throughput target -----------------------------------------------------
-def test_the_default_throughput_target_derives_14_connections_within_256_mib() -> None:
+def test_the_default_throughput_target_derives_14_connections_within_160_mib() -> None:
     tc = TransferConfig()
     assert tc.target_throughput_gbps == 10.0
     assert tc.concurrency == tc.max_concurrency == math.ceil(10e9 / 8 / 90e6) == 14
-    assert tc.max_inflight_bytes == 14 * 16 * MiB and tc.max_inflight_parts == 14
-    assert tc.max_inflight_bytes + tc.part_size == 240 * MiB <= UPLOAD_MEMORY_BOUND
+    assert tc.read_concurrency == 28  # loads: twice the connections, no buffers
+    assert tc.max_inflight_bytes == 9 * 16 * MiB and tc.max_inflight_parts == 9
+    assert tc.max_inflight_bytes + tc.part_size == 160 * MiB == UPLOAD_MEMORY_BOUND
+
+
+def test_an_explicit_concurrency_is_also_the_read_concurrency() -> None:
+    assert TransferConfig(max_concurrency=5).read_concurrency == 5
+    assert TransferConfig(target_throughput_gbps=1.0).read_concurrency == 4  # 2 x 2
+    assert TransferConfig(target_throughput_gbps=400.0).read_concurrency == MAX_DERIVED_CONCURRENCY
 
 
 @pytest.mark.parametrize("gbps", [0.01, 1.0, 5.0, 25.0, 100.0, 400.0])
@@ -463,7 +470,8 @@ def test_derived_buffers_stay_within_the_bound(gbps: float, part_mib: int) -> No
     tc = TransferConfig(target_throughput_gbps=gbps, part_size=part_mib * MiB)
     assert 1 <= tc.concurrency <= MAX_DERIVED_CONCURRENCY
     assert tc.part_size <= tc.max_inflight_bytes
-    assert tc.max_inflight_bytes + tc.part_size <= UPLOAD_MEMORY_BOUND
+    # Parts over half the bound: one in flight and one filling.
+    assert tc.max_inflight_bytes + tc.part_size <= max(UPLOAD_MEMORY_BOUND, 2 * tc.part_size)
     assert tc.max_inflight_parts <= tc.concurrency  # never more parts than connections
 
 
@@ -475,7 +483,7 @@ def test_explicit_values_win_and_replace_derives_again() -> None:
     tc = TransferConfig()
     assert dataclasses.replace(tc, target_throughput_gbps=1.0).concurrency == 2
     assert dataclasses.replace(tc, target_throughput_gbps=100.0).concurrency == 64
-    assert dataclasses.replace(tc, part_size=64 * MiB).max_inflight_bytes == 3 * 64 * MiB
+    assert dataclasses.replace(tc, part_size=64 * MiB).max_inflight_bytes == 64 * MiB  # bound
     pinned = dataclasses.replace(tc, max_concurrency=5)
     assert dataclasses.replace(pinned, target_throughput_gbps=100.0).concurrency == 5
     back = pickle.loads(pickle.dumps(tc))

@@ -348,7 +348,8 @@ def test_errors_about_a_local_path_name_it_as_a_file_url(
 def test_every_command_that_prints_results_has_json_and_long_ones_no_progress() -> None:
     parser = build_parser()
     sub: Any = next(a for a in parser._actions if a.dest == "command")
-    long_running = {"ls", "prune", "gc", "verify", "diff", "export", "import", "report"}
+    long_running = {"ls", "prune", "gc", "verify", "diff", "export", "import", "report", "restore"}
+    long_running.add("check")
     for name, p in sub.choices.items():
         if name == "demo":
             continue

@@ -12,7 +12,7 @@ import pytest
 from s3ckpt._crc import crc32c
 from s3ckpt.store.memory import MemoryStore
 from s3ckpt.transfer import ObjectSink, Uploader
-from s3ckpt.transfer._upload import _address
+from s3ckpt.transfer._sink import _address
 
 MiB = 1 << 20
 
@@ -75,7 +75,7 @@ def test_a_held_read_only_buffer_is_uploaded_from_its_own_memory() -> None:
         sink.close()
         up.finish()
         data = store.get("obj")
-        assert data == b"header" + source and crc == crc32c(data)
+        assert data == b"header" + source and crc.value() == crc32c(data)
         assert watched_at == len(b"header")
         inside = [lo <= store.addresses[n] < lo + len(source) for n in sorted(store.addresses)]
         assert inside == [False, True, True, False], inside

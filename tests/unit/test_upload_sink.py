@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from s3ckpt._crc import crc32c
 from s3ckpt.store.memory import MemoryStore
-from s3ckpt.transfer import ObjectSink, Uploader
+from s3ckpt.transfer import ItemCrc, ObjectSink, Uploader
 
 MiB = 1 << 20
 
@@ -63,6 +63,7 @@ def test_item_crcs_and_bytes_across_part_boundaries(
     try:
         sink = ObjectSink(up, "obj")
         everything = bytearray()
+        item_crcs: list[tuple[ItemCrc, int]] = []  # whole once the parts are sent
         counter = seed
 
         def chunk(n: int) -> bytes:
@@ -90,7 +91,7 @@ def test_item_crcs_and_bytes_across_part_boundaries(
                 assert sink.write(memoryview(view)) == source.nbytes
                 item += source.tobytes()
             crc, watched_at = sink.end_item()
-            assert crc == crc32c(bytes(item))
+            item_crcs.append((crc, crc32c(bytes(item))))
             assert watched_at == (at if source is not None else None)
             everything += item
             for n in gap_sizes:  # bytes outside any item count for no item
@@ -103,6 +104,7 @@ def test_item_crcs_and_bytes_across_part_boundaries(
         sink.completion.result()
         up.finish()
         assert up.store.get("obj") == bytes(everything)
+        assert [crc.value() for crc, _ in item_crcs] == [want for _, want in item_crcs]
     finally:
         up.close()
 
@@ -128,7 +130,9 @@ class _RecordingStore(MemoryStore):
         return super().upload_part(key, upload_id, part_number, data, crc32c=crc32c)
 
 
-def _watched_write(sink: ObjectSink, source: np.ndarray, hold: object | None) -> tuple[int, int]:
+def _watched_write(
+    sink: ObjectSink, source: np.ndarray, hold: object | None
+) -> tuple[ItemCrc, int]:
     """One item: a small header, then ``source`` as the watched buffer, written as torch's
     zip writer writes a tensor: a view over its memory that does not own it."""
     sink.begin_item(source.ctypes.data, source.nbytes, hold=hold)
@@ -152,7 +156,7 @@ def test_a_large_held_buffer_is_uploaded_from_its_own_memory() -> None:
         data = store.get("obj")
         assert data == b"header" + source.tobytes()
         assert watched_at == len(b"header")
-        assert crc == crc32c(data)
+        assert crc.value() == crc32c(data)
         # Part 1 is a pool buffer (header + top-up); parts 2-4 point into ``source`` itself;
         # the tail is copied into a pool buffer again.
         lo, hi = source.ctypes.data, source.ctypes.data + source.nbytes

@@ -25,10 +25,12 @@ from s3ckpt.retention import (
     Policy,
     PolicyFile,
     RetentionOptions,
+    Transition,
     check_policy,
     format_duration,
     plan,
     scan,
+    survey_plan,
 )
 from s3ckpt.store import Location, LocationLike, skew_note, store_time
 from s3ckpt.store.base import ObjectStore
@@ -173,16 +175,24 @@ def collect_report(
             if source is None
             else plan(cat.checkpoints, source, now, options=opts, run=cat.run)
         )
+        if p is not None and p.transitions:  # list what the tiers would move (a LIST each)
+            p = survey_plan(where, p, grace)
         decisions = {d.checkpoint.name: d for d in p.decisions} if p is not None else {}
+        moves = {t.name: t for t in p.transitions if t.skipped is None} if p is not None else {}
         rows = []
         for c in cat.checkpoints:
             d = decisions.get(c.name)
+            move = moves.get(c.name)
             rows.append(
                 CheckpointRow(
                     info=c,
                     action=d.action if d is not None else None,
                     reasons=d.reasons if d is not None else (),
                     cost=prices.monthly_cost(storage_bytes(c), str(c.url)),
+                    cost_after=(
+                        None if move is None else prices.monthly_cost(_moved(c, move), str(c.url))
+                    ),
+                    storage_class_after=None if move is None else move.storage_class,
                 )
             )
         metric, mode = _chart_metric(cat.checkpoints, rule)
@@ -207,3 +217,13 @@ def collect_report(
         include_foreign=opts.include_foreign,
         notes=tuple(notes),
     )
+
+
+def _moved(c: CheckpointInfo, t: Transition) -> dict[str, int]:
+    """``c``'s bytes by class once transition ``t`` is done (a tag-method tier too: the
+    lifecycle rule it relies on moves the same objects)."""
+    out = dict(storage_bytes(c))
+    for cls, n in t.from_classes.items():
+        out[cls] = max(out.get(cls, 0) - n, 0)
+    out[t.storage_class] = out.get(t.storage_class, 0) + (t.bytes or 0)
+    return out

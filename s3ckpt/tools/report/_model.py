@@ -38,12 +38,17 @@ class CheckpointRow:
         action: ``keep`` / ``delete`` / ``skip`` from the plan; None without a policy.
         reasons: The plan's reasons (``s3ckpt prune``'s), empty without a policy.
         cost: Storage cost in USD per month.
+        cost_after: USD per month once a storage tier has moved it (the plan's
+            transition, its objects listed); None when no tier moves it (``cost`` stays).
+        storage_class_after: The class a tier moves it to, or None.
     """
 
     info: CheckpointInfo
     action: str | None
     reasons: tuple[str, ...]
     cost: float
+    cost_after: float | None = None
+    storage_class_after: str | None = None
 
     @property
     def bytes_by_class(self) -> Mapping[str, int]:
@@ -113,8 +118,17 @@ class RunReport:
 
     @property
     def cost_after(self) -> float:
-        """USD per month once the plan's deletions are done."""
-        return sum(r.cost for r in self.rows if r.action != "delete")
+        """USD per month once the plan's deletions and storage-tier transitions are done."""
+        return sum(
+            r.cost if r.cost_after is None else r.cost_after
+            for r in self.rows
+            if r.action != "delete"
+        )
+
+    @property
+    def bytes_to_move(self) -> int:
+        """Bytes the plan's storage tiers move to another class; 0 without one."""
+        return self.plan.bytes_to_move if self.plan is not None else 0
 
     def counts(self) -> dict[str, int]:
         """Checkpoints by state (every state, zeros included), ``pinned`` and, with a plan,
@@ -155,6 +169,7 @@ class RunReport:
                 objects_deleted=self.objects_deleted,
                 cost_month_after=self.cost_after,
                 cost_saved=self.cost - self.cost_after,
+                bytes_to_move=self.bytes_to_move,
             )
         return doc
 

@@ -1,0 +1,158 @@
+"""Large items read in pieces: parallel ranged GETs within one stored item.
+
+One connection to S3 carries about 85 MB/s, so an item of hundreds of MB read by one GET
+keeps one connection busy while the rank's others idle: a rank loading five large tensors
+would use five. :func:`split_spans` cuts every item longer than the load's piece size
+(:func:`s3ckpt.transfer.read_piece_size`: the bytes to load spread over twice the
+connections, 8 MiB at least) into near-equal pieces. Each piece is a span of its own in the
+range walk, so the pieces of one item are fetched by several threads at once, and each lands
+straight in its place:
+
+* an item that streams directly (:meth:`~s3ckpt.dcp._decode.SpanDecoder.direct`: a CPU
+  destination, contiguous, of the saved dtype and shape) lands in the destination tensor's
+  memory; its zip framing in two small buffers. No copy, no buffer of the item's size.
+* any other item (a GPU destination, a resharded slice, a non-tensor item) lands in one
+  buffer of the item's length, allocated when its first piece starts, decoded once its last
+  piece arrives (:meth:`~s3ckpt.dcp._decode.SpanDecoder.decode_buffer`), as a whole read
+  would.
+
+Checksums: each piece's CRC32C is computed as its bytes arrive; when the last piece of an
+item is in, the pieces' CRCs are combined in order (:func:`s3ckpt._crc.crc32c_combine`,
+no byte read twice) and the item is checked against ``s3ckpt.json`` exactly as a whole read
+is: the same checks, the same errors, naming the object, the item and the rank.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch.distributed.checkpoint.planner import LoadPlanner
+
+from s3ckpt._crc import crc32c_combine
+from s3ckpt.dcp._decode import DirectTarget, ItemSpan, SpanDecoder, SpansByObject
+from s3ckpt.transfer import SpanReader
+
+__all__ = ["Piece", "SplitItem", "split_spans"]
+
+WalkSpans = dict[str, list[tuple[int, int, "ItemSpan | Piece"]]]
+"""Spans for :meth:`~s3ckpt.transfer.RangeWalk.plan`: ``(start, end, payload)`` by object."""
+
+
+class SplitItem:
+    """One stored item read as several pieces, and where their bytes land."""
+
+    def __init__(
+        self,
+        span: ItemSpan,
+        key: str,
+        decoder: SpanDecoder,
+        direct: DirectTarget | None,
+        planner: LoadPlanner,
+        lock: threading.Lock,
+        n_pieces: int,
+    ) -> None:
+        self.span = span
+        self.key = key
+        self.fqn = span.reads[0].storage_index.fqn
+        self._decoder = decoder
+        self._direct = direct
+        self._planner = planner
+        self._planner_lock = lock
+        self._lock = threading.Lock()
+        self._crcs: list[tuple[int, int] | None] = [None] * n_pieces  # (crc, length)
+        self._left = n_pieces
+        self._head = bytearray(direct.head_len if direct else 0)
+        self._tail = bytearray(direct.tail_len if direct else 0)
+        self._buf: bytearray | None = None
+        self._regions: list[tuple[int, memoryview]] | None = None
+
+    def regions(self) -> list[tuple[int, memoryview]]:
+        """``(offset in the item, writable view)`` covering the item's bytes, in order."""
+        with self._lock:
+            if self._regions is None:
+                d = self._direct
+                if d is not None:
+                    self._regions = [
+                        (0, memoryview(self._head)),
+                        (d.head_len, d.data() if d.nbytes else memoryview(b"")),
+                        (d.head_len + d.nbytes, memoryview(self._tail)),
+                    ]
+                else:
+                    self._buf = bytearray(self.span.info.length)
+                    self._regions = [(0, memoryview(self._buf))]
+            return self._regions
+
+    def piece_done(self, index: int, crc: int, length: int) -> None:
+        """Record piece ``index``; the last one checks and commits the whole item."""
+        with self._lock:
+            self._crcs[index] = (crc, length)
+            self._left -= 1
+            if self._left:
+                return
+        total = 0
+        for part in self._crcs:
+            assert part is not None
+            total = crc32c_combine(total, part[0], part[1])
+        planner, lock = self._planner, self._planner_lock
+        if self._direct is not None:
+            self._decoder.finish_direct(
+                self.span, self.key, self._direct, self._head, self._tail, total, planner, lock
+            )
+        else:
+            buf, self._buf, self._regions = self._buf, None, None
+            assert buf is not None
+            self._decoder.decode_buffer(self.span, self.key, buf, total, planner, lock)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes ``[start, end)`` of a :class:`SplitItem` (offsets within the item)."""
+
+    item: SplitItem
+    index: int
+    start: int
+    end: int
+
+    def read(self, reader: SpanReader) -> None:
+        """Read this piece from ``reader`` (positioned at its first byte) into its place."""
+        crc = 0
+        for at, view in self.item.regions():
+            lo, hi = max(self.start, at), min(self.end, at + len(view))
+            if lo < hi:
+                crc = reader.readinto_all(view[lo - at : hi - at], self.item.fqn, crc)
+        self.item.piece_done(self.index, crc, self.end - self.start)
+
+
+def split_spans(
+    per_object: SpansByObject,
+    decoder: SpanDecoder,
+    planner: LoadPlanner,
+    lock: threading.Lock,
+    *,
+    piece_size: int,
+    key_of: Callable[[str], str],
+) -> WalkSpans:
+    """The walk's spans of ``per_object``: each item as one span, or, when longer than
+    ``piece_size``, as near-equal :class:`Piece` spans of at most ``piece_size`` bytes.
+    ``key_of`` maps an object name to its store key (errors name the key)."""
+    out: WalkSpans = {}
+    for name, spans in per_object.items():
+        key = key_of(name)
+        walk: list[tuple[int, int, ItemSpan | Piece]] = []
+        for span in spans.values():
+            start, length = span.info.offset, span.info.length
+            if length <= piece_size:
+                walk.append((start, start + length, span))
+                continue
+            n = math.ceil(length / piece_size)
+            direct = decoder.direct(span, key, planner, lock)
+            item = SplitItem(span, key, decoder, direct, planner, lock, n)
+            bounds = [length * i // n for i in range(n + 1)]  # n < piece_size <= length / n
+            for i in range(n):
+                lo, hi = bounds[i], bounds[i + 1]
+                walk.append((start + lo, start + hi, Piece(item, i, lo, hi)))
+        out[name] = walk
+    return out

@@ -1,0 +1,174 @@
+"""The shallow scan's walk: find runs and checkpoint prefixes with delimited listings, and
+read each committed checkpoint's marker (one GET) instead of listing its keys.
+
+A deep scan (:mod:`s3ckpt.retention._scan`) lists every key under the prefix: at 1,000
+runs x 100 checkpoints x 4,096 ranks that is 6.6 M LIST requests (docs/scale.md). The
+shallow walk visits folders instead:
+
+1. A folder is listed with ``Delimiter="/"`` (:func:`s3ckpt.store.folder.list_folder`):
+   its direct objects and its sub-folders, one page per 1,000.
+2. A sub-folder whose name gives a step (:func:`s3ckpt._step_names.checkpoint_step`, or the
+   run's ``step_pattern``) is probed: one GET of its ``s3ckpt.json``, which also returns the
+   marker's size, ETag and LastModified. Found: a committed checkpoint, never listed;
+   what the marker records (step, metrics, objects and sizes, shard keys of hashed
+   prefixes) describes it. Absent: the sub-folder is walked like any other.
+3. A folder whose direct objects declare a checkpoint (:func:`~s3ckpt.retention._listing.
+   ckpt_dir`: a marker, a ``.metadata``, per-save names...) is a checkpoint the probe did
+   not prove committed (being written, abandoned, foreign, failed, or not step-named): it
+   is listed deeply, exactly as a deep scan sees it. Only those.
+4. ``s3ckpt-shards/`` is never walked (its keys are in the markers), nor is anything inside
+   a committed checkpoint.
+
+Decisions. A name decides only whether a folder is *probed*, never what it is: a committed
+checkpoint with an odd name is listed and recognised by its marker as before, at the deep
+cost. What the walk cannot know (pins, an overwrite in progress, failure records, storage
+classes, nested keys, the shards of an uncommitted hashed save) is left unknown on the
+record (:attr:`~s3ckpt.retention.CheckpointInfo.shallow`); a prune lists what it would
+delete before deleting it (:mod:`s3ckpt.retention._recheck`), and gc and rm always list
+deeply. Markers are read 16 at a time (``READ_WORKERS``), like a deep scan's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from s3ckpt._step_names import checkpoint_step
+from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
+from s3ckpt.format import LEASE_NAME, MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, Manifest
+from s3ckpt.metrics.instrument import expecting, in_context
+from s3ckpt.retention._catalog import READ_WORKERS
+from s3ckpt.retention._listing import ckpt_dir
+from s3ckpt.retention._options import StepPatternLike
+from s3ckpt.store.base import ObjectInfo, ObjectStore
+from s3ckpt.store.folder import get_info, list_folder
+from s3ckpt.uri import StoreURL
+
+__all__ = ["Marker", "Walk", "committed_keys", "find_runs", "walk"]
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A commit marker read by the walk: what it says (or why it cannot be read) and the
+    object as the GET saw it (size, ETag, LastModified)."""
+
+    manifest: Manifest | str
+    info: ObjectInfo
+
+
+@dataclass
+class Walk:
+    """What a shallow walk found: every object it listed (direct objects of the folders it
+    visited, and every key of the checkpoints it listed deeply), and the markers of the
+    committed checkpoints it did not list, by checkpoint prefix."""
+
+    objects: list[ObjectInfo] = field(default_factory=list)
+    markers: dict[str, Marker] = field(default_factory=dict)
+    requests: int = 0
+
+
+def _name(folder: str) -> str:
+    return folder[:-1].rpartition("/")[2]
+
+
+def _probe(store: ObjectStore, folder: str) -> Marker | None:
+    """The marker of ``folder`` (one GET), or None when it has none."""
+    key = folder + MANIFEST_NAME
+    try:
+        with expecting("not_found"):  # most probes of a run's folders find none
+            raw, info = get_info(store, key, MAX_MANIFEST_BYTES)
+    except ObjectNotFoundError:
+        return None
+    if raw is None:
+        why = f"{key} is {info.size} bytes, more than the {MAX_MANIFEST_BYTES} a commit marker "
+        return Marker(why + "may have; not read", info)
+    try:
+        return Marker(Manifest.from_json(raw, where=key), info)
+    except CorruptCheckpointError as exc:
+        return Marker(exc.message, info)
+
+
+def _visit(store: ObjectStore, folder: str) -> tuple[list[ObjectInfo], list[str]]:
+    objs: list[ObjectInfo] = []
+    subs: list[str] = []
+    for entry in list_folder(store, folder):
+        if isinstance(entry, str):
+            subs.append(entry)
+        else:
+            objs.append(entry)
+    return objs, subs
+
+
+def _is_checkpoint(folder: str, objs: list[ObjectInfo]) -> bool:
+    return any(ckpt_dir(o.key) == folder for o in objs)
+
+
+def walk(store: ObjectStore, root: StoreURL, pattern: StepPatternLike | None) -> Walk:
+    """Walk ``root`` (see the module docstring).
+
+    Request cost: one delimited LIST per 1,000 entries of every folder visited (the root,
+    runs, grouping folders, uncommitted checkpoints), one GET per step-named sub-folder (a
+    committed checkpoint's marker, or a 404), and a full listing of each checkpoint found
+    uncommitted (its keys, as a deep scan lists them).
+    """
+    out = Walk()
+    queue: deque[str] = deque([root.prefix])
+    probe = in_context(lambda d: _probe(store, d))
+    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
+        while queue:
+            folder = queue.popleft()
+            objs, subs = _visit(store, folder)
+            out.objects.extend(objs)
+            if _is_checkpoint(folder, objs):
+                for sub in subs:  # nested keys of an uncommitted checkpoint: as deep
+                    out.objects.extend(store.list(sub))
+                continue
+            subs = [s for s in subs if _name(s) != SHARDS_DIR]
+            stepped = [s for s in subs if checkpoint_step(_name(s), pattern) is not None]
+            for sub, marker in zip(stepped, pool.map(probe, stepped), strict=True):
+                if marker is None:
+                    queue.append(sub)
+                else:
+                    out.markers[sub] = marker
+            queue.extend(s for s in subs if s not in out.markers and s not in stepped)
+    return out
+
+
+def find_runs(store: ObjectStore, root: StoreURL, pattern: StepPatternLike | None) -> list[str]:
+    """The run prefixes under ``root`` (itself included), found by delimited listings
+    alone: a folder is a run when it holds a lease, a sub-folder whose name gives a step, or
+    a sub-folder whose own objects declare a checkpoint. Step-named sub-folders are taken
+    for checkpoints without a request (each run's prune probes them); any other folder is
+    walked. A run nested under a step-named folder is found only by a deep scan.
+
+    Request cost: one delimited LIST per 1,000 entries of the root, of every run and of
+    every other folder above the checkpoints.
+    """
+    runs: set[str] = set()
+    queue: deque[str] = deque([root.prefix])
+    while queue:
+        folder = queue.popleft()
+        objs, subs = _visit(store, folder)
+        if _is_checkpoint(folder, objs):
+            parent = folder[:-1].rpartition("/")[0]
+            if parent and (parent + "/").startswith(root.prefix):
+                runs.add(parent + "/")
+            continue
+        if any(o.key == folder + LEASE_NAME for o in objs):
+            runs.add(folder)
+        for sub in subs:
+            name = _name(sub)
+            if name == SHARDS_DIR or checkpoint_step(name, pattern) is not None:
+                runs.add(folder)
+            else:
+                queue.append(sub)
+    return sorted(runs)
+
+
+def committed_keys(prefix: str, manifest: Manifest) -> Iterator[tuple[str, int]]:
+    """The keys a marker commits (the marker aside) with their sizes."""
+    yield prefix + manifest.metadata_key, manifest.metadata_size
+    for o in manifest.objects:
+        yield manifest.object_key(prefix, o.name), o.size

@@ -1,0 +1,270 @@
+"""Storage tiers: which S3 storage class a kept checkpoint should be in, chosen by policy.
+
+A :class:`Tier` names a storage class for the checkpoints its ``rule`` selects (a rule in
+the same vocabulary as a policy's ``[keep]``: ``KeepEvery(1000)``, ``KeepBest(3, "loss")``),
+once ``after`` has passed since their commit. :func:`plan_tiers` gives, for every checkpoint a
+plan KEEPS, the first tier (in the order given) that selects it and whose ``after`` has
+passed: a :class:`Transition`. Pure: no store, no clock (``now`` is the store's time the run
+judges by, as for every other rule).
+
+Decisions taken here:
+
+* Only committed, readable checkpoints the plan keeps are candidates; never one being written
+  into (an overwrite in progress), never an uncommitted, abandoned, failed, foreign or
+  damaged one, never one the plan deletes (its copies would be wasted requests).
+* The rules see the same catalog as ``[keep]`` (the committed, readable checkpoints), so
+  ``best = {metric = "loss", n = 3}`` means the same three in both places.
+* A checkpoint no tier selects stays where it is: nothing moves back to STANDARD. A move
+  back would be a paid copy that resets the minimum storage duration (30 days for the IA
+  classes, 90 for GLACIER_IR and GLACIER, 180 for DEEP_ARCHIVE) and is charged as an early
+  deletion of the class it leaves; a rule that stops selecting (``best`` when a better
+  checkpoint arrives) would otherwise bounce a checkpoint between classes.
+* STANDARD is not a tier's class (see above). GLACIER and DEEP_ARCHIVE are allowed, but a
+  load of such a checkpoint needs ``s3ckpt restore`` first (it fails at once with
+  :class:`~s3ckpt.errors.ArchivedObjectError`).
+* ``method="tag"`` does not copy: it tags the objects ``s3ckpt-tier=<CLASS>`` and leaves
+  the move to a bucket lifecycle rule on that tag (docs/retention.md, "The lifecycle
+  alternative").
+
+What moves and what stays (:func:`movable_keys`) is decided in
+:mod:`s3ckpt.retention._transition`, which carries the transitions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from s3ckpt.errors import PolicyError
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
+from s3ckpt.retention._duration import MAX_DURATION, format_duration
+from s3ckpt.retention._policy import KeepPinned, Policy, Selection
+
+__all__ = [
+    "ARCHIVE_CLASSES",
+    "STORAGE_CLASSES",
+    "TIER_TAG",
+    "Tier",
+    "TierMethod",
+    "Tiered",
+    "Transition",
+    "plan_tiers",
+]
+
+STORAGE_CLASSES = (
+    "STANDARD_IA",
+    "ONEZONE_IA",
+    "INTELLIGENT_TIERING",
+    "GLACIER_IR",
+    "GLACIER",
+    "DEEP_ARCHIVE",
+)
+"""The S3 storage classes a tier may name (STANDARD is where objects start: never a tier)."""
+
+ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
+"""Classes whose objects need a restore (``s3ckpt restore``) before a load can read them."""
+
+TIER_TAG = "s3ckpt-tier"
+"""The object tag ``method="tag"`` sets (value: the class); a lifecycle rule on it moves."""
+
+TierMethod = Literal["copy", "tag"]
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Keep what ``rule`` selects in ``storage_class``, once ``after`` has passed.
+
+    Example::
+
+        Tier(KeepEvery(1000), "GLACIER_IR", after=timedelta(days=7))
+        Tier(KeepBest(3, "loss"), "STANDARD_IA")
+
+    Attributes:
+        rule: Which kept checkpoints the tier selects: any retention rule (``|`` and ``&``
+            combine), evaluated over the same catalog as the policy's rules.
+        storage_class: One of :data:`STORAGE_CLASSES`. ``GLACIER`` and ``DEEP_ARCHIVE``
+            need a restore before a load.
+        after: How long after its commit (in the store's time) a checkpoint may move;
+            None: at once.
+        method: ``"copy"`` (CopyObject onto itself with the new class, done by the pruner)
+            or ``"tag"`` (tag the objects ``s3ckpt-tier=<CLASS>`` and let a lifecycle rule
+            move them).
+
+    Raises:
+        PolicyError: An unknown class or method, a rule that is not a retention rule (or
+            holds only ``pinned``), or ``after`` negative or longer than 100 years.
+    """
+
+    rule: Policy
+    storage_class: str
+    after: timedelta | None = None
+    method: TierMethod = "copy"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rule, Policy):
+            raise PolicyError(f"Tier.rule must be a retention rule, got {self.rule!r}")
+        if not [r for r in self.rule.rules() if not isinstance(r, KeepPinned)]:
+            raise PolicyError(
+                "Tier.rule has no rule besides pinned: name one of last, every, within, "
+                "best, calendar"
+            )
+        if self.storage_class not in STORAGE_CLASSES:
+            raise PolicyError(
+                f"Tier.storage_class {self.storage_class!r} is not a storage class a tier may "
+                f"name; use one of {', '.join(STORAGE_CLASSES)}"
+            )
+        after = self.after
+        if after is not None and (
+            not isinstance(after, timedelta) or after < timedelta(0) or after > MAX_DURATION
+        ):
+            raise PolicyError(
+                f"Tier.after must be a duration from 0 to {MAX_DURATION.days} days, got {after!r}"
+            )
+        if self.method not in ("copy", "tag"):
+            raise PolicyError(f"Tier.method must be 'copy' or 'tag', got {self.method!r}")
+
+    @property
+    def archive(self) -> bool:
+        """Whether a load of what this tier moves needs a restore first."""
+        return self.storage_class in ARCHIVE_CLASSES
+
+    def describe(self) -> str:
+        """``every 1000 steps -> GLACIER_IR after 7d`` (``(tag)`` for the tag method)."""
+        text = f"{self.rule.describe()} -> {self.storage_class}"
+        if self.after:
+            text += f" after {format_duration(self.after)}"
+        return text + (" (tag)" if self.method == "tag" else "")
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One checkpoint a tier moves: which, where to, why, and (once its objects were
+    listed, :mod:`s3ckpt.retention._transition`) what it moves.
+
+    Attributes:
+        checkpoint: The kept checkpoint.
+        tier: The tier's index in the policy (file order, 0 first).
+        storage_class: The target class.
+        method: ``"copy"`` or ``"tag"``.
+        reasons: Why the tier selects it (the rule's reasons, and the age after ``after``).
+        objects: Objects not yet in the class (None: not listed yet).
+        bytes: Their bytes (None: not listed yet).
+        from_classes: Their bytes by the class they are in now.
+        skipped: Why it is not moved by this run (being written into, changed since the
+            scan), or None.
+        resumed: Finishing a move a pruner that died left half-done (its intent log).
+    """
+
+    checkpoint: CheckpointInfo
+    tier: int
+    storage_class: str
+    method: TierMethod = "copy"
+    reasons: tuple[str, ...] = ()
+    objects: int | None = None
+    bytes: int | None = None
+    from_classes: Mapping[str, int] = field(default_factory=dict)
+    skipped: str | None = None
+    resumed: bool = False
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's name."""
+        return self.checkpoint.name
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (``s3ckpt prune --json``, ``transitions``)."""
+        return {
+            "checkpoint": self.checkpoint.name,
+            "url": str(self.checkpoint.url),
+            "step": self.checkpoint.step,
+            "tier": self.tier,
+            "storage_class": self.storage_class,
+            "method": self.method,
+            "from_classes": dict(self.from_classes),
+            "objects": self.objects,
+            "bytes": self.bytes,
+            "reasons": list(self.reasons),
+            "skipped": self.skipped,
+            "resumed": self.resumed,
+        }
+
+
+def plan_tiers(
+    eligible: Sequence[CheckpointInfo],
+    kept: Mapping[str, object],
+    tiers: Sequence[Tier],
+    now: datetime,
+) -> tuple[Transition, ...]:
+    """The transitions of one run's kept checkpoints, in catalog order.
+
+    Args:
+        eligible: The catalog the policy's rules saw (committed, readable; oldest first).
+        kept: Names the plan keeps (anything else is never moved).
+        tiers: The policy's tiers, in order: the first that selects a checkpoint and whose
+            ``after`` has passed wins.
+        now: The store's time the run judges by.
+
+    Cost: one ``select`` per tier over ``eligible``; no I/O.
+    """
+    if not tiers:
+        return ()
+    picks = [t.rule.select(eligible, now) for t in tiers]
+    out: list[Transition] = []
+    for c in eligible:
+        if c.name not in kept or not _movable(c):
+            continue
+        for i, (tier, pick) in enumerate(zip(tiers, picks, strict=True)):
+            reasons = pick.get(c.name)
+            if reasons is None or not _old_enough(c, tier.after, now):
+                continue
+            why = tuple(reasons)
+            if tier.after:
+                age = now - c.committed_at if c.committed_at is not None else timedelta(0)
+                why += (
+                    f"committed {format_duration(max(age, timedelta(0)))} ago (after "
+                    f"{format_duration(tier.after)})",
+                )
+            out.append(Transition(c, i, tier.storage_class, tier.method, why))
+            break
+    return tuple(out)
+
+
+def _movable(c: CheckpointInfo) -> bool:
+    # live_tags is empty for nearly every checkpoint: test it before the property.
+    return (
+        c.state is CheckpointState.COMMITTED
+        and not c.damaged
+        and not (c.live_tags and c.overwrite_in_progress)
+    )
+
+
+def _old_enough(c: CheckpointInfo, after: timedelta | None, now: datetime) -> bool:
+    if not after:
+        return True
+    return c.committed_at is not None and c.committed_at + after <= now
+
+
+@dataclass(frozen=True)
+class Tiered(Policy):
+    """Rules with the storage tiers of their policy file, as one Policy: what
+    :func:`~s3ckpt.retention.load_policy` (and ``Checkpointer(policy="file.toml")``) give for
+    a file with ``[[tier]]`` tables, so callers that hand a Policy to ``prune`` keep the
+    tiers. It selects as ``policy`` does; ``prune`` takes it apart
+    (:meth:`~s3ckpt.retention.PolicyFile.of`)."""
+
+    policy: Policy
+    tiers: tuple[Tier, ...]
+
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        return self.policy.select(checkpoints, now)
+
+    def describe(self) -> str:
+        return self.policy.describe()
+
+    def rules(self) -> tuple[Policy, ...]:
+        return self.policy.rules()

@@ -1,0 +1,101 @@
+"""Folder-at-a-time reads for a retention scan: one delimited listing of a prefix, and one
+GET that returns an object's bytes with its LastModified.
+
+A shallow retention scan (:mod:`s3ckpt.retention._shallow`) walks a bucket one "folder" at a
+time instead of listing every key, and reads each commit marker with the store's time it was
+written. :class:`~s3ckpt.store.ObjectStore` has neither request: on an
+:class:`~s3ckpt.store.s3.S3Store` (or a store wrapping one, such as the CLI's counting
+store) these functions send ``ListObjectsV2`` with ``Delimiter="/"`` and one ``GetObject``
+through the store's own retry policy and request accounting (``_call``); on any other
+store they fall back to the protocol's requests (a full listing of the prefix, filtered;
+GET then HEAD), which give the same answers at the old cost. Decisions: kept out of
+``store/s3.py`` (its size), and duck-typed rather than added to the protocol, so the
+stores and test doubles that implement :class:`~s3ckpt.store.ObjectStore` need nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from s3ckpt.errors import ObjectNotFoundError
+from s3ckpt.store import _reply
+from s3ckpt.store._request import sse_args
+from s3ckpt.store.base import ObjectInfo, ObjectStore
+from s3ckpt.store.s3 import S3Store
+
+__all__ = ["get_info", "list_folder"]
+
+
+def _s3(store: ObjectStore) -> S3Store | None:
+    inner: Any = store
+    for _ in range(4):  # a wrapper (CountingStore) keeps its store as ``wrapped``
+        if isinstance(inner, S3Store):
+            return inner
+        inner = getattr(inner, "wrapped", None)
+        if inner is None:
+            return None
+    return None
+
+
+def list_folder(store: ObjectStore, prefix: str) -> Iterator[ObjectInfo | str]:
+    """The objects directly under ``prefix`` (:class:`ObjectInfo`) and its immediate
+    sub-folders (``str``, ending in ``/``). On S3: ``ceil((objects + folders) / 1000)``
+    LIST requests with ``Delimiter="/"``; elsewhere one full listing of the prefix."""
+    s3 = _s3(store)
+    if s3 is None:
+        seen: set[str] = set()
+        for obj in store.list(prefix):
+            rest = obj.key[len(prefix) :]
+            if "/" in rest:
+                sub = prefix + rest.split("/", 1)[0] + "/"
+                if sub not in seen:
+                    seen.add(sub)
+                    yield sub
+            else:
+                yield obj
+        return
+    for page in s3._paginate("list_objects_v2", prefix, Delimiter="/"):
+        for obj in page.get("Contents", []) or []:
+            lm = obj.get("LastModified")
+            yield ObjectInfo(
+                key=obj["Key"],
+                size=int(obj.get("Size", 0)),
+                etag=obj.get("ETag"),
+                last_modified=lm.timestamp() if lm is not None else None,
+                storage_class=obj.get("StorageClass"),
+            )
+        for cp in page.get("CommonPrefixes", []) or []:
+            yield str(cp["Prefix"])
+
+
+def get_info(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes | None, ObjectInfo]:
+    """``key``'s bytes (None when it is larger than ``max_bytes``: not read) and its size,
+    ETag and LastModified. On S3 one GET; elsewhere a HEAD, then a GET.
+
+    Raises:
+        ObjectNotFoundError: No such object.
+    """
+    s3 = _s3(store)
+    if s3 is None:
+        info = store.head(key)
+        if info is None:
+            raise ObjectNotFoundError("object not found", bucket=store.bucket, key=key)
+        return (None if info.size > max_bytes else store.get(key)), info
+    args = {"Bucket": s3.bucket, "Key": key, **sse_args(s3.s3_config, upload=False)}
+
+    def fetch() -> tuple[bytes | None, ObjectInfo]:
+        resp = s3.client.get_object(**args)
+        _reply.check_body(resp, bucket=s3.bucket, key=key)
+        size = int(resp.get("ContentLength", 0))
+        body: bytes | None = None
+        if size > max_bytes:
+            resp["Body"].close()
+        else:
+            body = bytes(resp["Body"].read())
+        lm = resp.get("LastModified")
+        stamp = lm.timestamp() if lm is not None else None
+        return body, ObjectInfo(key, size, resp.get("ETag"), stamp)
+
+    result: tuple[bytes | None, ObjectInfo] = s3._call("get", key, fetch)
+    return result

@@ -1,0 +1,288 @@
+"""``{run}/s3ckpt.check.json``: what ``s3ckpt check`` found in a run, kept for ``s3ckpt ls``.
+
+One control object per run (:data:`~s3ckpt.format.CHECK_NAME`), written by the check when it
+has checked the run's checkpoints (``--no-record`` writes none) and read by ``ls`` (one GET
+per run). Retention never takes it for a checkpoint nor deletes it: it lies beside the
+run's checkpoints, as the lease does, and is no name a checkpoint is declared by.
+
+Document (JSON, ``format`` ``s3ckpt-check``, ``version`` 1)::
+
+    {"format": "s3ckpt-check", "version": 1, "checked_at": "2025-03-01T12:00:00Z",
+     "read_data": "5%",
+     "checkpoints": [{"name": "step_000000100", "checked_at": "...", "damaged": false,
+                      "marker_digest": "sha256:...", "marker_etag": "\\"...\\"",
+                      "tag": "0a1b2c3d"}, ...],
+     "damaged": [{"name": "step_000000200", "checked_at": "...", "marker_digest": ...,
+                  "marker_etag": ..., "tag": ..., "problems": [{"kind": "checksum",
+                  "object": "__0_0.0a1b2c3d.distcp", "item": "model.w", "expected": ...,
+                  "found": ..., "message": ...}], "more_problems": 0}, ...]}
+
+Decisions:
+
+* **Merge, never replace.** A check updates the entries of the checkpoints it checked: a
+  damaged one gets (or replaces) its ``damaged`` entry; one that passed loses it. A check that
+  could not finish a checkpoint (a read error, skipped) leaves its entries as they were. A
+  check of a whole run (its URL is the run or above) also drops the entries of checkpoints
+  the run no longer holds; a check of one checkpoint touches only that one.
+* **Stale marks are not shown.** ``ls`` shows a checkpoint as damaged only while its commit
+  marker is the one the check read: same ETag in the listing (an ETag changes with every
+  rewrite of the marker: a re-save into the prefix, ``attach_metrics``), or, where a store
+  gives no ETags, the same save tag. The marker's digest is recorded too, for people.
+* **Bounded.** At most :data:`MAX_PROBLEMS` problems per checkpoint (the rest counted); a
+  record over :data:`MAX_RECORD_BYTES` or malformed is read as no record (a bucket's
+  contents are not trusted) and the next check rewrites it.
+* **Last writer wins.** Two checks of one run at once each write what they found; no lock
+  is taken (nothing is deleted on the strength of the record).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from s3ckpt.errors import ObjectNotFoundError, S3CkptError
+from s3ckpt.format import CHECK_NAME
+from s3ckpt.metrics.instrument import expecting, in_context
+from s3ckpt.retention import CheckpointInfo, RunCatalog
+from s3ckpt.store import ObjectStore
+from s3ckpt.uri import StoreURL
+
+__all__ = [
+    "MAX_PROBLEMS",
+    "MAX_RECORD_BYTES",
+    "CheckEntry",
+    "CheckRecord",
+    "check_marks",
+    "read_check_record",
+]
+
+RECORD_FORMAT = "s3ckpt-check"
+RECORD_VERSION = 1
+MAX_PROBLEMS = 20
+"""Problems a record keeps per damaged checkpoint (``more_problems`` counts the rest)."""
+MAX_RECORD_BYTES = 8 * 1024 * 1024
+"""The largest record read; a larger one is ignored (and rewritten by the next check)."""
+_READERS = 16  # GETs of records in parallel (ls)
+
+
+@dataclass(frozen=True)
+class CheckEntry:
+    """What a check found about one checkpoint.
+
+    Attributes:
+        name: The checkpoint's name in its run (``step_000000100``).
+        checked_at: When the check read it (ISO-8601, ``Z``).
+        marker_digest: The commit marker's ``digest`` (``sha256:...``); None when the marker
+            itself could not be read.
+        marker_etag: The marker's ETag in the listing the check made (None: the store gives
+            none).
+        tag: The committed save's tag (None: the marker could not be read).
+        damaged: Whether it found damage.
+        problems: What is wrong (``kind``, ``object``, ``item``, ``expected``, ``found``,
+            ``message``), at most :data:`MAX_PROBLEMS`.
+        more_problems: Problems found beyond those.
+    """
+
+    name: str
+    checked_at: str
+    marker_digest: str | None
+    marker_etag: str | None
+    tag: str | None
+    damaged: bool
+    problems: tuple[Mapping[str, Any], ...] = ()
+    more_problems: int = 0
+
+    def same_marker(self, c: CheckpointInfo) -> bool:
+        """Whether ``c``'s current commit marker is the one this entry describes (ETags when
+        both sides have one, else save tags)."""
+        if self.marker_etag is not None and c.marker_etag is not None:
+            return self.marker_etag == c.marker_etag
+        return self.tag is not None and self.tag == c.tag
+
+    @property
+    def reason(self) -> str:
+        """The first problem's message, and how many more there are."""
+        if not self.problems:
+            return "damaged"
+        more = len(self.problems) - 1 + self.more_problems
+        return str(self.problems[0].get("message", "")) + (f" (+{more} more)" if more else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (as in the record; ``problems`` only where there are some)."""
+        d: dict[str, Any] = {
+            "name": self.name,
+            "checked_at": self.checked_at,
+            "damaged": self.damaged,
+            "marker_digest": self.marker_digest,
+            "marker_etag": self.marker_etag,
+            "tag": self.tag,
+        }
+        if self.problems or self.more_problems:
+            d["problems"] = [dict(p) for p in self.problems]
+            d["more_problems"] = self.more_problems
+        return d
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> CheckEntry:
+        """Parse one entry (raises KeyError, TypeError or ValueError on a malformed one)."""
+
+        def opt(key: str) -> str | None:
+            v = doc.get(key)
+            if v is not None and not isinstance(v, str):
+                raise TypeError(f"{key} is not a string")
+            return v
+
+        name, at = doc["name"], doc["checked_at"]
+        if not isinstance(name, str) or not isinstance(at, str) or "/" in name:
+            raise ValueError("name and checked_at must be strings, name one segment")
+        problems = tuple(
+            {k: (v if isinstance(v, str | int | None) else str(v)) for k, v in p.items()}
+            for p in doc.get("problems") or ()
+            if isinstance(p, dict)
+        )
+        return cls(
+            name=name,
+            checked_at=at,
+            marker_digest=opt("marker_digest"),
+            marker_etag=opt("marker_etag"),
+            tag=opt("tag"),
+            damaged=bool(doc.get("damaged", bool(problems))),
+            problems=problems[:MAX_PROBLEMS],
+            more_problems=int(doc.get("more_problems") or 0) + max(0, len(problems) - MAX_PROBLEMS),
+        )
+
+
+@dataclass(frozen=True)
+class CheckRecord:
+    """One run's ``s3ckpt.check.json`` (see the module docs).
+
+    Attributes:
+        checked_at: When the check that wrote it finished.
+        read_data: That check's ``--read-data`` (``0``, ``5%``, ``all``).
+        checkpoints: The last verdict on each checkpoint checked, by name.
+        damaged: The damaged ones (with their problems), by name.
+    """
+
+    checked_at: str
+    read_data: str = "0"
+    checkpoints: Mapping[str, CheckEntry] = field(default_factory=dict)
+    damaged: Mapping[str, CheckEntry] = field(default_factory=dict)
+
+    def merge(
+        self,
+        found: Iterable[CheckEntry],
+        *,
+        checked_at: str,
+        read_data: str,
+        present: Collection[str] | None = None,
+    ) -> CheckRecord:
+        """This record updated with a later check's ``found`` entries.
+
+        Args:
+            found: The checkpoints that check finished (clean or damaged).
+            checked_at: When it finished.
+            read_data: Its ``--read-data``.
+            present: The run's checkpoint names, when that check covered the whole run:
+                entries of any other name are dropped. None keeps them.
+        """
+        checkpoints = dict(self.checkpoints)
+        damaged = dict(self.damaged)
+        if present is not None:
+            keep = set(present)
+            checkpoints = {k: v for k, v in checkpoints.items() if k in keep}
+            damaged = {k: v for k, v in damaged.items() if k in keep}
+        for e in found:
+            checkpoints[e.name] = replace(e, problems=(), more_problems=0)
+            if e.damaged:
+                damaged[e.name] = e
+            else:
+                damaged.pop(e.name, None)
+        return CheckRecord(checked_at, read_data, checkpoints, damaged)
+
+    def to_json(self) -> bytes:
+        """The document (sorted by name)."""
+        doc = {
+            "format": RECORD_FORMAT,
+            "version": RECORD_VERSION,
+            "checked_at": self.checked_at,
+            "read_data": self.read_data,
+            "checkpoints": [self.checkpoints[k].to_dict() for k in sorted(self.checkpoints)],
+            "damaged": [self.damaged[k].to_dict() for k in sorted(self.damaged)],
+        }
+        return json.dumps(doc, indent=1, sort_keys=True).encode("utf-8")
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> CheckRecord | None:
+        """Parse a record; None for anything that is not one (too large, not JSON, another
+        format or version, malformed entries)."""
+        if len(raw) > MAX_RECORD_BYTES:
+            return None
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+            if doc.get("format") != RECORD_FORMAT or doc.get("version") != RECORD_VERSION:
+                return None
+            checkpoints = [CheckEntry.from_dict(d) for d in doc.get("checkpoints") or ()]
+            damaged = [CheckEntry.from_dict(d) for d in doc.get("damaged") or ()]
+            return cls(
+                checked_at=str(doc["checked_at"]),
+                read_data=str(doc.get("read_data", "0")),
+                checkpoints={e.name: e for e in checkpoints},
+                damaged={e.name: replace(e, damaged=True) for e in damaged},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return None
+
+
+def read_check_record(store: ObjectStore, run: StoreURL) -> CheckRecord | None:
+    """The run's record, or None (none written, or unreadable: see the module docs).
+
+    Raises:
+        StoreError: The GET failed for another reason than a missing object.
+
+    Request cost: one GET.
+    """
+    try:
+        with expecting("not_found"):
+            raw = store.get(run.key(CHECK_NAME))
+    except ObjectNotFoundError:
+        return None
+    return CheckRecord.from_json(raw)
+
+
+def check_marks(
+    store: ObjectStore, catalogs: Sequence[RunCatalog]
+) -> tuple[dict[str, CheckEntry], list[str]]:
+    """What ``ls`` marks: the damaged entries of each run's record whose checkpoint still
+    has the marker the check read (see :meth:`CheckEntry.same_marker`), by checkpoint URL;
+    and a note per run whose record could not be read.
+
+    Request cost: one GET per run (16 at a time).
+    """
+    runs = [cat for cat in catalogs if any(c.is_committed for c in cat.checkpoints)]
+    marks: dict[str, CheckEntry] = {}
+    notes: list[str] = []
+    if not runs:
+        return marks, notes
+
+    def read(cat: RunCatalog) -> CheckRecord | S3CkptError | None:
+        try:
+            return read_check_record(store, cat.run)
+        except S3CkptError as exc:
+            return exc
+
+    with ThreadPoolExecutor(min(_READERS, len(runs))) as pool:
+        records = list(pool.map(in_context(read), runs))
+    for cat, rec in zip(runs, records, strict=True):
+        if isinstance(rec, S3CkptError):
+            notes.append(f"could not read {cat.run.key(CHECK_NAME)}: {rec}")
+            continue
+        if rec is None:
+            continue
+        for c in cat.checkpoints:
+            e = rec.damaged.get(c.name)
+            if e is not None and c.is_committed and e.same_marker(c):
+                marks[str(c.url)] = e
+    return marks, notes

@@ -1,0 +1,317 @@
+"""``s3ckpt restore`` as a library: :func:`restore_checkpoint` asks S3 for a temporary copy
+of every archived object (``GLACIER``, ``DEEP_ARCHIVE``) of a checkpoint, or of every
+committed checkpoint of a run, and can wait until each copy is readable.
+
+Decisions:
+
+* **Which objects.** A committed checkpoint's objects are the ones its marker names, and
+  its ``.metadata`` copies (plain and per-save); a checkpoint without a marker (stock DCP)
+  is its listing. The marker itself and the control objects are never archived by a tier,
+  so they are read at once. A URL with neither a marker nor a ``.metadata`` is a run:
+  every committed checkpoint under it with archived bytes
+  (:func:`~s3ckpt.retention.list_checkpoints`).
+* **Which requests.** One LIST of the checkpoint's prefix gives the classes of what lies
+  under it; an object elsewhere (a hashed-prefix shard) costs a HEAD. RestoreObject goes
+  to every archived object, several at a time; each answer is a
+  :class:`~s3ckpt.store.base.RestoreState` (asking again is harmless: S3 answers "in
+  progress", or extends a finished copy to ``days`` from now). ``wait`` then HEADs the
+  objects still being restored every ``poll_seconds`` until each says
+  ``ongoing-request="false"``.
+* **Failures are per object.** A refused restore (a tier the class does not offer, ...) is
+  recorded on its object and the rest go on (``s3ckpt restore`` exits 1); a store that
+  refuses everything (credentials, bucket, endpoint) ends the call.
+
+No torch: the retention image runs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.errors import (
+    AccessDeniedError,
+    CheckpointNotFoundError,
+    EndpointError,
+    NoSuchBucketError,
+    StoreError,
+)
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from s3ckpt.metrics.instrument import in_context
+from s3ckpt.retention import CheckpointState, list_checkpoints
+from s3ckpt.store import Location, LocationLike, ObjectInfo, ObjectStore
+from s3ckpt.store.base import ARCHIVE_CLASSES, RestoreState, check_restore_args, restore_state
+from s3ckpt.tools._open import as_location
+from s3ckpt.uri import StoreURL
+
+__all__ = ["CheckpointRestore", "ObjectRestore", "RestoreResult", "restore_checkpoint"]
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)`` in bytes of archived objects: asked for, then (``wait``)
+restored."""
+
+_FATAL = (AccessDeniedError, NoSuchBucketError, EndpointError)
+_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class ObjectRestore:
+    """One object of a checkpoint and where its restore stands."""
+
+    key: str
+    size: int
+    storage_class: str | None
+    """As the listing or a HEAD said (None: ``STANDARD``)."""
+    state: RestoreState
+    error: str | None = None
+    """Why the restore request failed (``state`` is then ``ARCHIVED``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable JSON keys."""
+        return {
+            "key": self.key,
+            "size": self.size,
+            "storage_class": self.storage_class or "STANDARD",
+            "state": self.state.value,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointRestore:
+    """One checkpoint's objects."""
+
+    url: str
+    objects: tuple[ObjectRestore, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable JSON keys."""
+        return {"url": self.url, "objects": [o.to_dict() for o in self.objects]}
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What :func:`restore_checkpoint` asked for and where each object stands."""
+
+    url: str
+    days: int
+    tier: str
+    checkpoints: tuple[CheckpointRestore, ...]
+    waited: bool
+    seconds: float
+
+    @property
+    def objects(self) -> list[ObjectRestore]:
+        """Every object of every checkpoint."""
+        return [o for c in self.checkpoints for o in c.objects]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Objects per state (``started``, ``in_progress``, ``restored``, ``not_archived``,
+        ``archived``: a request that failed)."""
+        out = {s.value: 0 for s in RestoreState}
+        for o in self.objects:
+            out[o.state.value] += 1
+        return out
+
+    @property
+    def bytes(self) -> dict[str, int]:
+        """Bytes per state, as :attr:`counts`."""
+        out = {s.value: 0 for s in RestoreState}
+        for o in self.objects:
+            out[o.state.value] += o.size
+        return out
+
+    @property
+    def failed(self) -> list[ObjectRestore]:
+        """The objects whose restore request failed."""
+        return [o for o in self.objects if o.error is not None]
+
+    @property
+    def readable(self) -> bool:
+        """Whether every object reads now (restored or never archived)."""
+        ready = (RestoreState.RESTORED, RestoreState.NOT_ARCHIVED)
+        return all(o.state in ready for o in self.objects)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Stable JSON keys (``s3ckpt restore --json``)."""
+        return {
+            "url": self.url,
+            "days": self.days,
+            "tier": self.tier,
+            "waited": self.waited,
+            "seconds": round(self.seconds, 3),
+            "readable": self.readable,
+            "counts": self.counts,
+            "bytes": self.bytes,
+            "failed": [o.to_dict() for o in self.failed],
+            "checkpoints": [c.to_dict() for c in self.checkpoints],
+        }
+
+
+def restore_checkpoint(
+    target: LocationLike,
+    *,
+    days: int = 7,
+    tier: str = "Standard",
+    wait: bool = False,
+    poll_seconds: float = 300.0,
+    progress: Progress | None = None,
+    s3_config: S3Config | None = None,
+    transfer_config: TransferConfig | None = None,
+    store: ObjectStore | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> RestoreResult:
+    """Restore every archived object of the checkpoint (or run) at ``target`` for
+    ``days`` days, at retrieval ``tier`` (``Standard``, ``Bulk``, ``Expedited``).
+
+    Args:
+        wait: Poll (HEAD) the objects being restored every ``poll_seconds`` until each is
+            readable (S3 Standard takes hours; Ctrl-C stops waiting, the restores go on).
+        progress: ``progress(done, total)``, bytes of archived objects.
+
+    Raises:
+        ConfigError: ``days`` < 1 or an unknown ``tier`` (before any request), or a store
+            without storage classes.
+        CheckpointNotFoundError: Nothing at ``target``: no checkpoint, no run.
+        StoreError: The store refused (credentials, bucket, endpoint).
+
+    Request cost: a GET of the marker, a HEAD of ``.metadata``, a LIST per checkpoint (a run:
+    its listing and a GET per marker first), a HEAD per object outside the checkpoint's prefix,
+    one RestoreObject per archived object, and with ``wait`` a HEAD per object being restored
+    per poll.
+    """
+    check_restore_args(days, tier)
+    if not poll_seconds > 0:
+        raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
+    started = time.monotonic()
+    location = as_location(
+        target, s3_config=s3_config, transfer_config=transfer_config, store=store
+    )
+    urls = _checkpoints(location)
+    checkpoints = [_objects(location.at(u)) for u in urls]
+    total = sum(o.size for c in checkpoints for o in c.objects if _archived(o))
+    done = [0]
+
+    def ask(obj: ObjectRestore) -> ObjectRestore:
+        if not _archived(obj):
+            return obj
+        try:
+            state = location.store.restore_object(obj.key, days=days, tier=tier)
+            out = replace(obj, state=state)
+        except _FATAL:
+            raise
+        except StoreError as exc:
+            out = replace(obj, error=str(exc))
+        done[0] += obj.size
+        if progress is not None:
+            progress(done[0], total)
+        return out
+
+    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="s3ckpt-restore") as pool:
+        checkpoints = [
+            replace(c, objects=tuple(pool.map(in_context(ask), c.objects))) for c in checkpoints
+        ]
+    if wait:
+        checkpoints = _wait(location.store, checkpoints, poll_seconds, progress, sleep)
+    return RestoreResult(
+        url=str(location.url),
+        days=days,
+        tier=tier,
+        checkpoints=tuple(checkpoints),
+        waited=wait,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _archived(obj: ObjectRestore) -> bool:
+    return (obj.storage_class or "STANDARD") in ARCHIVE_CLASSES and obj.error is None
+
+
+def _pending(obj: ObjectRestore) -> bool:
+    return obj.error is None and obj.state in (
+        RestoreState.STARTED,
+        RestoreState.IN_PROGRESS,
+        RestoreState.ARCHIVED,
+    )
+
+
+def _checkpoints(location: Location) -> list[StoreURL]:
+    """The checkpoint URLs at ``location``: itself when it holds a marker or a
+    ``.metadata``, else every committed checkpoint of the run with archived bytes."""
+    store, url = location.store, location.url
+    for name in (MANIFEST_NAME, METADATA_NAME):
+        if store.head(url.key(name)) is not None:
+            return [url]
+    found = list_checkpoints(location)
+    if not found:
+        raise CheckpointNotFoundError(
+            f"nothing to restore at {url}: no checkpoint (no {MANIFEST_NAME} or "
+            f"{METADATA_NAME}) and no run with checkpoints; check the URL (`s3ckpt ls` lists "
+            "runs and checkpoints)",
+            bucket=store.bucket,
+            key=url.prefix,
+        )
+    return [
+        c.url
+        for c in found
+        if c.state is CheckpointState.COMMITTED
+        and any(cls in ARCHIVE_CLASSES for cls, n in c.bytes_by_class.items() if n)
+    ]
+
+
+def _objects(location: Location) -> CheckpointRestore:
+    """The checkpoint's objects, each with its class (listing, or HEAD outside it)."""
+    store, url = location.store, location.url
+    listed = {i.key: i for i in store.list(url.prefix)}
+    manifest = None
+    marker = listed.get(url.key(MANIFEST_NAME))
+    if marker is not None:
+        manifest = Manifest.from_json(store.get(marker.key), where=marker.key)
+    if manifest is None:
+        keys: Iterable[str] = sorted(listed)
+    else:
+        names = {url.key(METADATA_NAME), url.key(manifest.metadata_key)}
+        names |= {manifest.object_key(url.prefix, o.name) for o in manifest.objects}
+        keys = sorted(names)
+    objects = []
+    for key in keys:
+        info: ObjectInfo | None = listed.get(key) or store.head(key)  # a shard: a HEAD
+        if info is None:
+            continue  # a .metadata copy that is not there (the plain one of an old save)
+        objects.append(ObjectRestore(key, info.size, info.storage_class, restore_state(info)))
+    return CheckpointRestore(str(url), tuple(objects))
+
+
+def _wait(
+    store: ObjectStore,
+    checkpoints: list[CheckpointRestore],
+    poll_seconds: float,
+    progress: Progress | None,
+    sleep: Callable[[float], None],
+) -> list[CheckpointRestore]:
+    """HEAD the objects still being restored every ``poll_seconds`` until none is."""
+    asked = [o for c in checkpoints for o in c.objects if o.state is not RestoreState.NOT_ARCHIVED]
+    total = sum(o.size for o in asked if o.error is None)
+    states = {o.key: o for o in asked}
+
+    def poll(obj: ObjectRestore) -> ObjectRestore:
+        info = store.head(obj.key)
+        return obj if info is None else replace(obj, state=restore_state(info))
+
+    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="s3ckpt-restore") as pool:
+        while True:
+            pending = [o for o in states.values() if _pending(o)]
+            done = total - sum(o.size for o in pending)
+            if progress is not None:
+                progress(done, total)
+            if not pending:
+                break
+            sleep(poll_seconds)
+            for obj in pool.map(in_context(poll), pending):
+                states[obj.key] = obj
+    return [replace(c, objects=tuple(states.get(o.key, o) for o in c.objects)) for c in checkpoints]

@@ -1,0 +1,334 @@
+"""The write side of one object: :class:`ObjectSink`, the stream ``torch.save`` writes an
+object's items into, cut into parts for the :class:`~s3ckpt.transfer.Uploader`, and the
+CRC32C of each item it brackets (:class:`ItemCrc`).
+
+CPU on the writing thread is the save's critical path (it serialises every item), so the
+sink keeps off it what can run elsewhere: a large tensor's whole parts are sent from the
+tensor's own memory (no copy), their CRC32C is computed by the upload thread once for both
+the part's checksum and the item's (:class:`PartCrc`, combined into the item's by
+:func:`s3ckpt._crc.crc32c_combine` when the save has finished sending), and the object's
+multipart upload is created in the background.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from s3ckpt import _crc
+from s3ckpt.store.base import CompletedPart
+
+__all__ = ["ItemCrc", "ObjectSink", "PartCrc", "Uploads"]
+
+
+class PartCrc:
+    """The CRC32C of one part, set by the thread that uploads it (before the request)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: int | None = None
+
+
+class ItemCrc:
+    """An item's CRC32C from its pieces in order: ``(crc, length)``, where a part sent from
+    the item's own memory has its :class:`PartCrc` (filled by its upload thread)."""
+
+    __slots__ = ("_pieces",)
+
+    def __init__(self, pieces: Sequence[tuple[int | PartCrc, int]]) -> None:
+        self._pieces = tuple(pieces)
+
+    @property
+    def pending(self) -> bool:
+        """Whether some piece is a part's CRC (whole only once the uploads finished)."""
+        return any(isinstance(c, PartCrc) for c, _ in self._pieces)
+
+    def value(self) -> int:
+        """The item's CRC32C; every part of it must have been sent."""
+        total = 0
+        for crc, length in self._pieces:
+            if isinstance(crc, PartCrc):
+                if crc.value is None:
+                    raise RuntimeError("an item's CRC32C was read before its parts were sent")
+                crc = crc.value
+            total = _crc.crc32c_combine(total, crc, length)
+        return total
+
+
+class Uploads(Protocol):
+    """What a sink asks of its :class:`~s3ckpt.transfer.Uploader`."""
+
+    part_size: int
+
+    def take_buffer(self) -> bytearray: ...
+    def give_buffer(self, buf: bytearray) -> None: ...
+    def raise_if_failed(self) -> None: ...
+    def begin_upload(self, key: str) -> Future[str]: ...
+    def send_part(
+        self,
+        key: str,
+        upload: Future[str],
+        part_no: int,
+        body: memoryview,
+        *,
+        buffer: bytearray | None = None,
+        hold: object | None = None,
+        crc: PartCrc | None = None,
+    ) -> Future[CompletedPart]: ...
+    def send_object(self, key: str, buffer: bytearray | None, size: int) -> Future[None]: ...
+    def send_complete(
+        self, key: str, upload: Future[str], parts: list[Future[CompletedPart]]
+    ) -> Future[None]: ...
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (the buffer protocol's view), to read a buffer's address."""
+
+    _fields_ = (
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_void_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    )
+
+
+# Prototypes of our own: argtypes set on ctypes.pythonapi's would change them process-wide.
+_get_buffer = ctypes.PYFUNCTYPE(
+    ctypes.c_int, ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int
+)(("PyObject_GetBuffer", ctypes.pythonapi))
+_release_buffer = ctypes.PYFUNCTYPE(None, ctypes.POINTER(_PyBuffer))(
+    ("PyBuffer_Release", ctypes.pythonapi)
+)
+_PYBUF_SIMPLE = 0  # a contiguous buffer of bytes, read-only allowed
+
+
+def _address(view: memoryview) -> int:
+    """The address of the first byte of a C-contiguous ``view`` (0 for an empty one).
+
+    Read through the buffer protocol, so read-only buffers (``bytes``, a read-only mmap)
+    work as well as writable ones.
+    """
+    if not view.nbytes:
+        return 0
+    buf = _PyBuffer()
+    # PyObject_GetBuffer raises (through ctypes.pythonapi) for a non-contiguous view.
+    _get_buffer(view, ctypes.byref(buf), _PYBUF_SIMPLE)
+    try:
+        return buf.buf or 0
+    finally:
+        _release_buffer(ctypes.byref(buf))
+
+
+class ObjectSink(io.RawIOBase):
+    """A write-only stream uploading one object in parts; ``torch.save`` writes into it.
+
+    Tracks CRC32C of the current *item* (a byte range the caller brackets with
+    :meth:`begin_item` / :meth:`end_item`) and where a watched buffer (a tensor's storage)
+    lands in the object.
+
+    Bytes are copied into the uploader's part buffers, except a watched buffer of at least
+    one part whose owner the caller hands over (``hold``): after topping up the current
+    part, whole parts of it are uploaded straight from its memory, without a copy, and
+    ``hold`` is kept alive until each of those parts is sent. The caller must not change
+    that memory until the upload finishes (``dcp.save`` blocks its caller; an async save
+    writes from its own staged copy). The CRC32C of such a part is computed once, by the
+    thread that uploads it, and serves both the part's checksum and the item's: the
+    item's CRC is then an :class:`ItemCrc`, whole once the uploader finished.
+
+    The object's multipart upload is created in the background when its first part is
+    sent (:meth:`Uploader.begin_upload`): the writer goes on filling the next part instead
+    of waiting for CreateMultipartUpload's round trip.
+    """
+
+    def __init__(self, uploader: Uploads, key: str) -> None:
+        super().__init__()
+        self._up = uploader
+        self.key = key
+        self._buf: bytearray | None = None
+        self._buf_view = memoryview(b"")
+        self._fill = 0
+        self._pos = 0
+        self._part_no = 0
+        self._upload: Future[str] | None = None
+        self._parts: list[Future[CompletedPart]] = []
+        self._item_crc = 0
+        self._item_run = 0  # bytes folded into _item_crc since the item's last borrowed part
+        self._item_pieces: list[tuple[int | PartCrc, int]] = []
+        self._in_item = False
+        self._crc_from = 0  # offset in the current buffer where the item's unfolded bytes start
+        self._watch: tuple[int, int] | None = None
+        self._watch_pos: int | None = None
+        self._hold: object | None = None
+        self.completion: Future[Any] | None = None
+
+    # io.RawIOBase protocol
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = view.nbytes
+        watch = self._watch
+        if (
+            watch is not None
+            and n == watch[1]
+            and self._watch_pos is None
+            and _address(view) == watch[0]
+        ):
+            self._watch_pos = self._pos
+            if self._hold is not None and n >= self._up.part_size:
+                self._write_borrowed(view, self._hold)
+                self._pos += n
+                return n
+        fill = self._fill
+        if self._buf is not None and n < len(self._buf) - fill:
+            # The common case (torch's zip writer makes ~40 small writes per item): one copy,
+            # no part boundary. The item CRC is folded later over the buffer, in one call per
+            # item or part instead of one per write.
+            self._buf_view[fill : fill + n] = view
+            self._fill = fill + n
+        else:
+            self._copy(view)
+        self._pos += n
+        return n
+
+    def _copy(self, view: memoryview) -> None:
+        """Copy ``view`` into part buffers, flushing each one that fills."""
+        n = view.nbytes
+        off = 0
+        while off < n:
+            if self._buf is None:
+                self._buf = self._up.take_buffer()
+                self._buf_view = memoryview(self._buf)
+                self._fill = 0
+                self._crc_from = 0
+            take = min(n - off, len(self._buf) - self._fill)
+            # Through a memoryview: ``bytearray[a:b] = view`` first copies ``view`` into a
+            # temporary bytearray (CPython), a second copy of every byte saved into freshly
+            # allocated (page-faulting) memory.
+            self._buf_view[self._fill : self._fill + take] = view[off : off + take]
+            self._fill += take
+            off += take
+            if self._fill == len(self._buf):
+                self._flush_part()
+
+    def _write_borrowed(self, view: memoryview, hold: object) -> None:
+        """Upload whole parts of ``view`` from its own memory (see the class docs)."""
+        part_size = self._up.part_size
+        n = view.nbytes
+        off = 0
+        if self._buf is not None and self._fill:
+            off = len(self._buf) - self._fill  # top up the current part first
+            self._copy(view[:off])
+        while n - off >= part_size:
+            segment = view[off : off + part_size]
+            crc = PartCrc()
+            if self._in_item:
+                self._fold_crc()
+                self._item_pieces += [(self._item_crc, self._item_run), (crc, part_size)]
+                self._item_crc = self._item_run = 0
+            self._submit_part(segment, hold=hold, crc=crc)
+            off += part_size
+        if off < n:
+            self._copy(view[off:])
+
+    def _fold_crc(self) -> None:
+        """Add the item's bytes written into the current buffer since the last fold."""
+        if self._in_item and self._fill > self._crc_from:
+            pending = self._buf_view[self._crc_from : self._fill]
+            self._item_crc = _crc.crc32c(pending, self._item_crc)
+            self._item_run += self._fill - self._crc_from
+        self._crc_from = self._fill
+
+    # item bracketing
+    def begin_item(
+        self, watch_ptr: int | None = None, watch_nbytes: int = 0, hold: object | None = None
+    ) -> int:
+        """Start an item at the current offset; optionally watch for a buffer at
+        ``watch_ptr`` of ``watch_nbytes`` bytes being written, which may be uploaded from
+        its own memory if ``hold`` (the object owning it) is given. Returns the offset."""
+        self._item_crc = self._item_run = 0
+        self._item_pieces = []
+        self._in_item = True
+        self._crc_from = self._fill
+        self._watch = (watch_ptr, watch_nbytes) if watch_ptr else None
+        self._watch_pos = None
+        self._hold = hold if watch_ptr else None
+        return self._pos
+
+    def end_item(self) -> tuple[ItemCrc, int | None]:
+        """CRC32C of the item's bytes (an :class:`ItemCrc`: read :meth:`ItemCrc.value`
+        once the uploader finished) and the offset of the watched buffer (or None)."""
+        self._fold_crc()
+        self._in_item = False
+        self._watch = None
+        self._hold = None
+        pieces = [*self._item_pieces, (self._item_crc, self._item_run)]
+        self._item_pieces = []
+        return ItemCrc(pieces), self._watch_pos
+
+    # parts
+    def _flush_part(self) -> None:
+        self._fold_crc()
+        buf, fill = self._buf, self._fill
+        assert buf is not None
+        self._buf = None
+        self._buf_view = memoryview(b"")
+        self._fill = 0
+        self._submit_part(memoryview(buf)[:fill], buffer=buf)
+
+    def _submit_part(
+        self,
+        body: memoryview,
+        *,
+        buffer: bytearray | None = None,
+        hold: object | None = None,
+        crc: PartCrc | None = None,
+    ) -> None:
+        """Upload ``body`` as the next part; ``buffer`` goes back to the pool afterwards."""
+        if self._upload is None:
+            self._upload = self._up.begin_upload(self.key)
+        self._part_no += 1
+        self._parts.append(
+            self._up.send_part(
+                self.key, self._upload, self._part_no, body, buffer=buffer, hold=hold, crc=crc
+            )
+        )
+
+    def close(self) -> None:
+        """Finish the object: one PUT if it fit in a buffer, else the last part and a
+        background CompleteMultipartUpload."""
+        if self.closed:
+            return
+        super().close()
+        self._buf_view = memoryview(b"")
+        up = self._up
+        up.raise_if_failed()
+        if self._upload is None:
+            buf, fill = self._buf, self._fill
+            self._buf = None
+            self.completion = up.send_object(self.key, buf, fill)
+            return
+        if self._fill:
+            self._flush_part()
+        elif self._buf is not None:
+            up.give_buffer(self._buf)
+            self._buf = None
+        self.completion = up.send_complete(self.key, self._upload, list(self._parts))
