@@ -215,7 +215,7 @@ def decide(
             states.add(CheckpointState.FOREIGN)
         seen = [d.checkpoint for d in p.decisions]
         eligible = [c for c in seen if c.state in states and not c.damaged]
-        moves = plan_tiers(eligible, p.keep, options.tiers, now)
+        moves = plan_tiers(eligible, p.keep, options.tiers, now, resume=newest(eligible))
         return dataclasses.replace(p, transitions=moves)
 
 

@@ -14,6 +14,13 @@ Decisions taken here:
   damaged one, never one the plan deletes (its copies would be wasted requests).
 * The rules see the same catalog as ``[keep]`` (the committed, readable checkpoints), so
   ``best = {metric = "loss", n = 3}`` means the same three in both places.
+* The run's resume points never go to an archive class: its newest committed checkpoint and
+  its most recently committed one (the two that deletion never touches either,
+  :func:`~s3ckpt.retention._plan.newest`) skip a GLACIER or DEEP_ARCHIVE tier until a newer
+  one is committed (a later tier may still take them). A job that restarts loads
+  ``step="latest"`` at once, and from an archive class that load would fail until a restore
+  finished, hours later. Classes that read at once (the IA classes, GLACIER_IR) take them as
+  the policy says.
 * A checkpoint no tier selects stays where it is: nothing moves back to STANDARD. A move
   back would be a paid copy that resets the minimum storage duration (30 days for the IA
   classes, 90 for GLACIER_IR and GLACIER, 180 for DEEP_ARCHIVE) and is charged as an early
@@ -32,7 +39,7 @@ What moves and what stays (:func:`movable_keys`) is decided in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
@@ -199,6 +206,8 @@ def plan_tiers(
     kept: Mapping[str, object],
     tiers: Sequence[Tier],
     now: datetime,
+    *,
+    resume: Collection[str] = (),
 ) -> tuple[Transition, ...]:
     """The transitions of one run's kept checkpoints, in catalog order.
 
@@ -208,6 +217,8 @@ def plan_tiers(
         tiers: The policy's tiers, in order: the first that selects a checkpoint and whose
             ``after`` has passed wins.
         now: The store's time the run judges by.
+        resume: Names of the run's resume points (its newest and most recently committed
+            checkpoints): never moved to an archive class.
 
     Cost: one ``select`` per tier over ``eligible``; no I/O.
     """
@@ -222,6 +233,8 @@ def plan_tiers(
             reasons = pick.get(c.name)
             if reasons is None or not _old_enough(c, tier.after, now):
                 continue
+            if tier.archive and c.name in resume:
+                continue  # a resume point must load without a restore
             why = tuple(reasons)
             if tier.after:
                 age = now - c.committed_at if c.committed_at is not None else timedelta(0)

@@ -25,7 +25,7 @@ LAYERS: list[set[str]] = [
     {"checkpointer", "tools"},  # siblings: the training loop's API and the people's tools
     {"lightning", "accelerate", "torchtitan", "testing"},  # framework glue; the testing kit
     {"demo"},  # the main job: a small training run on the Checkpointer
-    {"_cli"},  # the command line (``cli.py`` is its entry point)
+    {"_cli"},  # the command line (``cli.py`` is its entry point, ``__main__.py`` runs it)
 ]
 RANK = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
 
@@ -34,7 +34,7 @@ def _unit(module: str) -> str:
     """``s3ckpt.dcp.reader`` -> ``dcp``; ``s3ckpt`` -> ``""`` (the package face)."""
     parts = module.split(".")
     unit = parts[1] if len(parts) > 1 else ""
-    return "_cli" if unit == "cli" else unit
+    return "_cli" if unit in ("cli", "__main__") else unit
 
 
 def _modules() -> list[tuple[str, Path]]:

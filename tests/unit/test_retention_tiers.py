@@ -195,7 +195,7 @@ def test_dry_run_explains_each_transition_and_moves_nothing(
 
 
 def test_tag_method_tags_instead_of_copying(store: MemoryStore, clock: Clock) -> None:
-    fill(store, clock, [1000])
+    fill(store, clock, [1000, 2000])  # step 2000, the resume point, stays out of GLACIER
     sent: list[tuple[str, dict[str, str]]] = []
     orig = store.put_object_tags
 
@@ -209,6 +209,24 @@ def test_tag_method_tags_instead_of_copying(store: MemoryStore, clock: Clock) ->
     assert r.ok and r.objects_moved == 4 and len(sent) == 4
     assert all(tags == {TIER_TAG: "GLACIER"} for _, tags in sent)
     assert set(classes(store, RUN.prefix).values()) == {"STANDARD"}  # the lifecycle moves
+    assert all("step_000001000/" in key for key, _ in sent)
+
+
+@pytest.mark.parametrize(("cls", "moved"), [("GLACIER", False), ("GLACIER_IR", True)])
+def test_the_resume_point_never_goes_to_an_archive_class(
+    store: MemoryStore, clock: Clock, cls: str, moved: bool
+) -> None:
+    """A restarting job loads the newest checkpoint at once: an archive class would need a
+    restore first, a class that reads at once is fine."""
+    fill(store, clock, [1000, 2000])
+    tiers = (Tier(KeepEvery(1000), cls),)
+    r = prune(store, RUN, KeepLast(3), apply=True, now=later(clock, 1), tiers=tiers)
+    assert r.ok
+    newest = {k: v for k, v in classes(store, RUN.prefix).items() if "step_000002000/" in k}
+    data = [v for k, v in newest.items() if k.endswith(".distcp")]
+    assert data and all(v == (cls if moved else "STANDARD") for v in data)
+    older = [v for k, v in classes(store, RUN.prefix).items() if "step_000001000/" in k]
+    assert cls in older  # the older one moves either way
 
 
 def test_a_save_starting_between_plan_and_apply_is_skipped(
