@@ -54,7 +54,7 @@ parts go from its own memory. Measured on s3sim's S3 shaping (1 GiB, 5 large and
 tensors, 16 cores): 144 MiB in flight saves as fast as 224 and 240 (``benchmarks/``,
 docs/performance.md), with a peak RSS well under 256 MiB above the state dict."""
 
-READ_CONNECTIONS_PER_CONNECTION = 2
+READ_CONCURRENCY_FACTOR = 2
 """A load's ranged GETs run on this many times the derived connections
 (:attr:`TransferConfig.read_concurrency`)."""
 
@@ -418,7 +418,7 @@ class TransferConfig:
         40 at ~1,600; saves gain nothing past 14 (their bottleneck is the writing thread),
         so they keep :attr:`concurrency`."""
         if type(self.max_concurrency) is _Derived:
-            doubled = READ_CONNECTIONS_PER_CONNECTION * int(self.max_concurrency)
+            doubled = READ_CONCURRENCY_FACTOR * int(self.max_concurrency)
             return max(int(self.max_concurrency), min(MAX_DERIVED_CONCURRENCY, doubled))
         return int(self.max_concurrency)
 

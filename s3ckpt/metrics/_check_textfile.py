@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from s3ckpt.metrics._events import totals
+from s3ckpt.metrics._prometheus import registry_of
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -160,14 +161,9 @@ class _CheckInvocation:
             )
 
     def write(self, path: str) -> None:
-        try:
-            from prometheus_client import CollectorRegistry, write_to_textfile
-        except ImportError as exc:  # a core dependency; only a broken install lacks it
-            raise ImportError(
-                "--metrics-file needs prometheus-client (pip install prometheus-client)"
-            ) from exc
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # a Collector by its collect()
+        registry = registry_of(self)
+        from prometheus_client import write_to_textfile
+
         write_to_textfile(path, registry)
 
 

@@ -26,7 +26,14 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
-__all__ = ["MetricsFile", "RunMetrics", "TextfileValues", "render_textfile", "write_textfile"]
+__all__ = [
+    "MetricsFile",
+    "RunMetrics",
+    "TextfileValues",
+    "registry_of",
+    "render_textfile",
+    "write_textfile",
+]
 
 Command = Literal["prune", "gc"]
 
@@ -217,15 +224,7 @@ class _Invocation:
         yield from (f for f in (counts, sizes, latest, step) if f.samples)
 
     def _registry(self) -> CollectorRegistry:
-        try:
-            from prometheus_client import CollectorRegistry
-        except ImportError as exc:  # a core dependency; only a broken install lacks it
-            raise ImportError(
-                "--metrics-file needs prometheus-client (pip install prometheus-client)"
-            ) from exc
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # a Collector by its collect()
-        return registry
+        return registry_of(self)
 
     def render(self) -> str:
         """The Prometheus text exposition."""
@@ -307,3 +306,17 @@ class MetricsFile:
             not_found=after.not_found - before.not_found,
             precondition_failed=after.precondition_failed - before.precondition_failed,
         ).write(self.path)
+
+
+def registry_of(collector: object) -> CollectorRegistry:
+    """A registry holding ``collector`` alone (an object with ``collect()``), for one
+    text exposition or one textfile write."""
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError as exc:  # a core dependency; only a broken install lacks it
+        raise ImportError(
+            "--metrics-file needs prometheus-client (pip install prometheus-client)"
+        ) from exc
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]  # a Collector by its collect()
+    return registry

@@ -48,6 +48,7 @@ from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._duration import MAX_DURATION, format_duration
 from s3ckpt.retention._policy import KeepPinned, Policy, Selection
+from s3ckpt.store.base import ARCHIVE_CLASSES
 
 __all__ = [
     "ARCHIVE_CLASSES",
@@ -69,9 +70,6 @@ STORAGE_CLASSES = (
     "DEEP_ARCHIVE",
 )
 """The S3 storage classes a tier may name (STANDARD is where objects start: never a tier)."""
-
-ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
-"""Classes whose objects need a restore (``s3ckpt restore``) before a load can read them."""
 
 TIER_TAG = "s3ckpt-tier"
 """The object tag ``method="tag"`` sets (value: the class); a lifecycle rule on it moves."""

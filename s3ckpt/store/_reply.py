@@ -30,6 +30,7 @@ from typing import Any
 
 from s3ckpt import _crc
 from s3ckpt.errors import TransientStoreError
+from s3ckpt.store.base import ObjectInfo
 
 __all__ = [
     "IncompleteReplyError",
@@ -43,6 +44,7 @@ __all__ = [
     "check_uploads_page",
     "check_written",
     "composite_crc32c",
+    "listed_object",
 ]
 
 
@@ -211,6 +213,18 @@ def check_list_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> Non
     count = resp.get("KeyCount")
     if count is not None and count != len(contents) + len(prefixes):
         raise w.fail(f"KeyCount {count}, but {len(contents) + len(prefixes)} entries")
+
+
+def listed_object(obj: Mapping[str, Any]) -> ObjectInfo:
+    """One ``Contents`` entry of a ListObjectsV2 page (checked by :func:`check_list_page`)."""
+    lm = obj.get("LastModified")
+    return ObjectInfo(
+        key=obj["Key"],
+        size=int(obj.get("Size", 0)),
+        etag=obj.get("ETag"),
+        last_modified=lm.timestamp() if lm is not None else None,
+        storage_class=obj.get("StorageClass"),
+    )
 
 
 def check_uploads_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> None:

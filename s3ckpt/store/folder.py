@@ -57,14 +57,7 @@ def list_folder(store: ObjectStore, prefix: str) -> Iterator[ObjectInfo | str]:
         return
     for page in s3._paginate("list_objects_v2", prefix, Delimiter="/"):
         for obj in page.get("Contents", []) or []:
-            lm = obj.get("LastModified")
-            yield ObjectInfo(
-                key=obj["Key"],
-                size=int(obj.get("Size", 0)),
-                etag=obj.get("ETag"),
-                last_modified=lm.timestamp() if lm is not None else None,
-                storage_class=obj.get("StorageClass"),
-            )
+            yield _reply.listed_object(obj)
         for cp in page.get("CommonPrefixes", []) or []:
             yield str(cp["Prefix"])
 

@@ -431,14 +431,7 @@ class S3Store(_archive.StorageClassRequests):
         """See :meth:`ObjectStore.list`."""
         for page in self._paginate("list_objects_v2", prefix):
             for obj in page.get("Contents", []) or []:
-                lm = obj.get("LastModified")
-                yield ObjectInfo(
-                    key=obj["Key"],
-                    size=int(obj.get("Size", 0)),
-                    etag=obj.get("ETag"),
-                    last_modified=lm.timestamp() if lm is not None else None,
-                    storage_class=obj.get("StorageClass"),
-                )
+                yield _reply.listed_object(obj)
 
     def list_prefixes(
         self, prefix: str, delimiter: str = "/", *, start_after: str | None = None

@@ -3,7 +3,8 @@
 For a checkpoint the catalog lists as committed, in order:
 
 1. **Listing** (one LIST of its prefix): the marker is still there, and no object is in an
-   archive class (:data:`ARCHIVE_CLASSES`: such a checkpoint is skipped, not read).
+   archive class (:data:`~s3ckpt.store.base.ARCHIVE_CLASSES`: such a checkpoint is skipped,
+   not read).
 2. **Marker**: ``s3ckpt.json`` parses and matches its own ``digest``
    (:meth:`~s3ckpt.format.Manifest.from_json`).
 3. **Objects**: every data object the marker names exists with the recorded size, from the
@@ -51,14 +52,11 @@ from s3ckpt.format import (
 from s3ckpt.metrics.instrument import expecting, in_context, record_checksum_failure
 from s3ckpt.retention import CheckpointInfo
 from s3ckpt.store import ObjectStore
-from s3ckpt.store.base import ObjectInfo
+from s3ckpt.store.base import ARCHIVE_CLASSES, ObjectInfo
 from s3ckpt.tools._check_result import CheckpointCheck, Finding, SkippedCheckpoint
 from s3ckpt.transfer import RangeWalk, ReadFailure, Span, SpanReader
 
-__all__ = ["ARCHIVE_CLASSES", "check_checkpoint", "sample_items"]
-
-ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
-"""Storage classes whose objects cannot be read without a restore: never read by a check."""
+__all__ = ["check_checkpoint", "sample_items"]
 
 _ORDER = {k: n for n, k in enumerate(("marker", "missing_object", "object_size", "metadata"))}
 """Findings sort by kind (these first, the rest after), then object and item."""

@@ -42,11 +42,6 @@ class ItemCrc:
     def __init__(self, pieces: Sequence[tuple[int | PartCrc, int]]) -> None:
         self._pieces = tuple(pieces)
 
-    @property
-    def pending(self) -> bool:
-        """Whether some piece is a part's CRC (whole only once the uploads finished)."""
-        return any(isinstance(c, PartCrc) for c, _ in self._pieces)
-
     def value(self) -> int:
         """The item's CRC32C; every part of it must have been sent."""
         total = 0
