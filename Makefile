@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= 2
 # slowest module first and --no-loadscope-reorder keeps that order.
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
-.PHONY: install browser demo test test-terraform check-terraform check-wheel check-deploy docs lint typecheck unit integration bench clean
+.PHONY: install browser npm-stores demo test test-terraform check-terraform check-wheel check-deploy docs lint typecheck unit integration bench clean
 
 # torch is pinned to 2.13.0 (the test extra and constraints.txt). From PyPI alone that is, on
 # Linux x86_64, the CUDA build (several GB with its nvidia-* wheels). For the CPU build, name
@@ -88,10 +88,12 @@ bg_status() {  # show the background phases that finished; fail if one of them f
 }
 bg_start check-terraform          # needs no project venv
 bg_start browser                  # Debian's Chromium for the report's browser tests
+bg_start npm-stores               # Azurite and s3rver for the azurite/s3rver tiers
 rc=0
 for step in install lint typecheck check-wheel pytest; do
     if [[ "$$step" == pytest ]]; then
         bg_wait browser || { rc=1; break; }
+        bg_wait npm-stores || { rc=1; break; }
         phase pytest $(PY) -m pytest -q -m "not packaging" $(PYTEST_XDIST) --durations=25 || rc=1
     else
         phase "$$step" $(MAKE) --no-print-directory "$$step" || rc=1
@@ -125,6 +127,30 @@ test:
 ## headless through Playwright: installed with apt-get when missing (as root; else it says how).
 browser:
 	bash scripts/install-browser.sh
+
+## Azurite 3.35.0 and s3rver 3.7.1 from npm into build/npm-stores (tests/_npm.py; ~20 s, and
+## each server answers in about a second): the `azurite` and `s3rver` test tiers.
+## The versions are tests/_npm.py's PACKAGES. Node.js and npm come from Debian where missing,
+## as root (apt-get waits for the lock `make browser` may hold, a phase beside it in `make
+## test`, and tries again); anyone else is told the command, and the tiers then skip (fail
+## under CI=true).
+APT_WAIT := -o DPkg::Lock::Timeout=600
+npm-stores:
+	@if ! command -v npm >/dev/null; then \
+	    if [[ "$$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then \
+	        echo "no npm: install Node.js and npm (sudo apt-get install nodejs npm) for the azurite/s3rver tiers"; \
+	        exit 0; \
+	    fi; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    get() { apt-get $(APT_WAIT) install -y -qq --no-install-recommends nodejs npm >/dev/null; }; \
+	    for try in 1 2 3 4 5; do \
+	        get || { apt-get $(APT_WAIT) update -qq && get; } && break; \
+	        ((try < 5)) || { echo "apt-get install nodejs npm failed"; exit 1; }; \
+	        sleep 15; \
+	    done; \
+	fi; \
+	echo "node $$(node --version), npm $$(npm --version)"; \
+	npm install --prefix build/npm-stores --no-audit --no-fund azurite@3.35.0 s3rver@3.7.1
 
 ## terraform/: fmt -check, validate, terraform test (mock provider) and checkov (in .venv-checkov,
 ## from requirements/checkov.txt). Prints SKIP and succeeds where there is no terraform binary.

@@ -35,7 +35,12 @@ import time
 from dataclasses import asdict, dataclass
 
 from s3ckpt import _crc
-from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, S3CkptError
+from s3ckpt.errors import (
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    ObjectNotFoundError,
+    S3CkptError,
+)
 from s3ckpt.format import (
     HEARTBEAT_INTERVAL,
     MANIFEST_NAME,
@@ -60,6 +65,7 @@ __all__ = [
     "describe_failure",
     "failure_reason",
     "identity",
+    "lost_race_error",
     "metadata_matches",
     "process_gone",
     "process_start",
@@ -67,6 +73,7 @@ __all__ = [
     "record_failure",
     "restore_stock_metadata",
     "writer_gone",
+    "writer_record",
 ]
 
 log = logging.getLogger(__name__)
@@ -166,6 +173,47 @@ def identity() -> Identity:
     return Identity(socket.gethostname(), boot_id(), pid_namespace(), pid, process_start(pid))
 
 
+JOB_VARIABLES = ("S3CKPT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+"""Where a writer's job id comes from, the first one set (``Manifest.writer["job"]``)."""
+
+
+def writer_record() -> dict[str, str]:
+    """Who commits a marker: ``host``, ``pid`` and ``job`` (from :data:`JOB_VARIABLES`)."""
+    job = next((os.environ[v] for v in JOB_VARIABLES if os.environ.get(v)), "")
+    return {"host": socket.gethostname(), "pid": str(os.getpid()), "job": job}
+
+
+def lost_race_error(
+    url: StoreURL, winner: Manifest | None, why: str, *, bucket: str, rank: int | None
+) -> CheckpointExistsError:
+    """The error of a save that found another save's marker at ``url`` (``winner``, when
+    read): who committed it, and what to do. Only a marker this job wrote (same job id, or
+    this very process) is the user's own checkpoint that ``overwrite=True`` replaces."""
+    me, them = writer_record(), dict(winner.writer) if winner is not None else {}
+    key = url.key(MANIFEST_NAME)
+    if them and _job(them) == _job(me):
+        return CheckpointExistsError(
+            f"this job already committed {url} ({why}); this save was discarded. Pass "
+            "overwrite=True to replace it, or save under another step",
+            bucket=bucket,
+            key=key,
+            rank=rank,
+        )
+    who = ", ".join(f"{k} {v!r}" for k, v in them.items() if v) or "an unknown writer"
+    return CheckpointExistsError(
+        f"another writer committed {url} first ({why}: {who}); this save was discarded and "
+        "the other checkpoint is untouched. Two jobs are saving to one run: stop the other "
+        "job, or save under another run URL or step",
+        bucket=bucket,
+        key=key,
+        rank=rank,
+    )
+
+
+def _job(record: dict[str, str]) -> str:
+    return record.get("job") or f"{record.get('host')}:{record.get('pid')}"
+
+
 def heartbeat_body(tag: str, rank: int, step: int | None) -> bytes:
     """What a heartbeat object holds: liveness is its LastModified; host, boot id, PID
     namespace, pid and start time let :func:`writer_gone` prove a killed writer dead at
@@ -184,9 +232,9 @@ def heartbeat_body(tag: str, rank: int, step: int | None) -> bytes:
 def writer_gone(raw: bytes) -> bool:
     """Whether the heartbeat body ``raw`` names a writing process that is provably gone.
 
-    A save whose rank died can never commit (the coordinator's gather waits for every
-    rank; a dead coordinator commits nothing), so one such heartbeat proves the save dead.
-    Anything unreadable proves nothing.
+    A dead coordinator commits nothing, so its heartbeat proves the save dead
+    (:func:`s3ckpt.retention._liveness.dead_saves` reads only the coordinator's). Anything
+    unreadable proves nothing.
     """
     try:
         doc = json.loads(raw.decode("utf-8"))

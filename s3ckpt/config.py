@@ -309,19 +309,36 @@ class TransferConfig:
     connections are *not* retried."""
 
     read_timeout: float = 20.0
-    """Seconds without a byte from the server before the attempt is abandoned (and retried
-    while :attr:`request_deadline` allows). A healthy S3 answers in well under a second and
-    streams continuously; raise it only for links that really pause this long."""
+    """Seconds to the first byte of the reply (and the most seconds without a byte) before
+    the attempt is abandoned and retried while :attr:`request_deadline` allows. A healthy
+    S3 answers in well under a second; raise it only for links that really pause this long.
+
+    Every attempt also has a **total** deadline: ``read_timeout + bytes / min_rate`` for
+    the bytes it sends and receives (:meth:`attempt_timeout`). A reply that drips a byte
+    at a time (which a per-read timeout never ends) is cut there and retried."""
+
+    min_rate: float = 256 * KiB
+    """The slowest transfer, in bytes per second per connection, that counts as progress.
+    An attempt moving ``n`` bytes (a part uploaded, a ranged GET's body) may take
+    ``read_timeout + n / min_rate`` seconds in all: a 16 MiB part gets 84 s, a 4 KiB
+    commit marker 20 s; a large transfer on a slow but healthy link is never cut. Lower
+    it for links slower than this per connection."""
 
     request_deadline: float = 50.0
     """Seconds one request may spend across all its attempts (and the back-off between them).
 
     What it buys: a dead or black-holed endpoint (one that accepts connections and never
-    answers) fails with a clear :class:`~s3ckpt.errors.TransientStoreError` in under a minute
-    instead of ``max_attempts x read_timeout``. It only decides whether to *start* another
-    attempt: an attempt that is transferring bytes is never cut, and after a timeout no new
-    attempt is started that could not itself time out before the deadline. Raise it together
-    with :attr:`read_timeout` for slow links."""
+    answers, or drops them) fails with a clear :class:`~s3ckpt.errors.TransientStoreError`
+    in under a minute instead of ``max_attempts x read_timeout``. It decides whether to
+    *start* another attempt: after a timeout no new attempt is started that could not
+    itself time out before the deadline; each attempt is bounded by its own total deadline
+    (:attr:`read_timeout` + bytes / :attr:`min_rate`).
+
+    Bounded time for a whole command: once a request to an endpoint and bucket gave up
+    with nothing answered, the endpoint counts as silent and every later request to it
+    (until one is answered) gets one short budget, :attr:`cleanup_timeout`, as do cleanup
+    requests (a lease release, aborting a failed save's uploads, its failure record). So
+    with the defaults every command ends within 60 s of the endpoint going silent."""
 
     target_throughput_gbps: float = 10.0
     """Network throughput one rank aims for, in Gbit/s (the AWS CRT's
@@ -375,6 +392,21 @@ class TransferConfig:
             raise bad("connect_timeout", "connect_timeout > 0 and read_timeout > 0")
         if not self.request_deadline > 0:  # also refuses NaN
             raise bad("request_deadline", "> 0 (seconds)")
+        if not self.min_rate > 0:
+            raise bad("min_rate", "> 0 (bytes per second)")
+
+    def attempt_timeout(self, nbytes: int = 0) -> float:
+        """The total deadline of one attempt that moves ``nbytes``: :attr:`read_timeout` +
+        ``nbytes`` / :attr:`min_rate` seconds."""
+        return self.read_timeout + max(nbytes, 0) / self.min_rate
+
+    @property
+    def cleanup_timeout(self) -> float:
+        """Seconds the requests of one cleanup share (releasing a lease, aborting a failed
+        save's uploads, its failure record), and the budget of each request to an endpoint
+        that went silent: :attr:`connect_timeout` (5 s by default, at most
+        :attr:`request_deadline`), enough for an endpoint that answers at all."""
+        return min(self.request_deadline, self.connect_timeout)
 
     @property
     def attempts_from_profile(self) -> bool:

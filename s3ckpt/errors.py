@@ -33,8 +33,9 @@
     └── ClockSkewError               this host's clock and the store's differ by more than
                                      the grace period: gc, prune and rm refuse to act
 
-Lower-layer exceptions (botocore, fsspec, OSError) are mapped to these at exactly one
-edge each (``s3ckpt.store._errors`` and ``s3ckpt.store.fsspec_store``).
+Lower-layer exceptions are mapped to these at exactly one edge each: botocore, fsspec and
+OSError in ``s3ckpt.store``, torch's ``CheckpointException`` by
+:func:`unwrap_checkpoint_exception`.
 
 All errors derive from :class:`Exception` (not ``BaseException``) and pickle with their
 attributes, because ``torch.distributed.checkpoint`` gathers per-rank exceptions across
@@ -43,6 +44,7 @@ processes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -76,6 +78,7 @@ __all__ = [
     "UnsupportedOperationError",
     "find_interrupt",
     "find_s3ckpt_error",
+    "unwrap_checkpoint_exception",
 ]
 
 
@@ -228,9 +231,8 @@ class CheckpointExistsError(CheckpointError):
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """There is no checkpoint (no commit marker and no ``.metadata``) at the prefix.
 
-    Also a :class:`FileNotFoundError`, as a missing checkpoint file is to Lightning's
-    ``CheckpointIO`` contract and to code written against local checkpoints (its
-    ``errno``, ``strerror`` and ``filename`` are None; the location is in the message).
+    Also a :class:`FileNotFoundError` (Lightning's ``CheckpointIO`` contract; ``errno``,
+    ``strerror`` and ``filename`` are None: the location is in the message).
     """
 
 
@@ -266,8 +268,7 @@ class ChecksumMismatchError(CorruptCheckpointError):
 class IncompleteRestoreError(CheckpointError):
     """A load did not restore every entry of the destination state dict.
 
-    Raised by :func:`s3ckpt.tools.check_restored` (and ``load(..., verify_complete=True)``)
-    after floating-point destinations were filled with NaN and loaded.
+    Raised by :func:`s3ckpt.tools.check_restored` (``load(..., verify_complete=True)``).
 
     Attributes:
         items: Every state-dict key (flattened, as DCP names it) that was not restored.
@@ -291,10 +292,8 @@ class IncompleteRestoreError(CheckpointError):
 
 
 class StateMismatchError(CheckpointError):
-    """The checkpoint does not fit the state dict it is loaded into: a tensor was saved
-    with another shape, the destination has keys the checkpoint lacks (missing), or the
-    checkpoint's model has keys the destination lacks (unexpected). Raised before any byte
-    is read where it can be seen up front, so the model is left as it was.
+    """The checkpoint does not fit the state dict it is loaded into (shapes, missing or
+    unexpected keys); raised before any byte is read where it can be, model untouched.
 
     Attributes:
         item: The first key named (a shape mismatch first, then a missing key).
@@ -331,9 +330,7 @@ class SaveInProgressError(CheckpointError):
 
 
 class DeleteRefusedError(CheckpointError):
-    """A checkpoint was not deleted because deleting it could lose one: it is pinned, a save
-    is still writing it, it is the run's newest committed checkpoint, or it is not an s3ckpt
-    checkpoint (stock DCP, or a dead save's leftovers); nothing was deleted.
+    """A checkpoint was not deleted (nor anything else) because deleting it could lose one.
 
     Attributes:
         reason: Why, as a word: ``pinned``, ``in_progress``, ``newest``, ``changed`` (a
@@ -404,9 +401,8 @@ class LeaseLostError(LeaseHeldError):
 class ClockSkewError(S3CkptError):
     """This host's clock and the store's differ by more than the grace period in use.
 
-    Every age s3ckpt judges (grace, lease expiry, ``within``) is measured in the store's
-    time, but a skew that large means the host is misconfigured (fix NTP): gc, prune and
-    rm refuse to delete anything rather than act on it.
+    Ages are measured in the store's time, but a skew that large means the host is
+    misconfigured (fix NTP): gc, prune and rm refuse to delete anything.
 
     Attributes:
         local: This host's clock (seconds since the epoch) when the store was asked.
@@ -433,67 +429,72 @@ class ClockSkewError(S3CkptError):
         self.limit = limit
 
 
-def find_s3ckpt_error(exc: BaseException) -> S3CkptError | None:
-    """Return the s3ckpt error inside ``exc``, if any.
-
-    ``torch.distributed.checkpoint`` wraps every exception raised by a storage layer in a
-    ``CheckpointException`` holding ``{rank: (exception, traceback)}``; this digs the first
-    s3ckpt error out of such a wrapper (or its ``__cause__`` chain) so callers can branch
-    on the type.
-    """
+def _inside(exc: BaseException, context: bool) -> Iterator[tuple[BaseException, int | None]]:
+    """``exc`` and what it wraps, depth first, each once, with its rank when known: DCP's
+    per-rank ``failures`` (``{rank: (exception, traceback)}``, the lowest rank first),
+    ``__cause__`` and, with ``context``, ``__context__``."""
     seen: set[int] = set()
-    stack: list[BaseException] = [exc]
+    stack: list[tuple[BaseException, int | None]] = [(exc, None)]
     while stack:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        if isinstance(cur, S3CkptError):
-            return cur
-        failures = getattr(cur, "failures", None)
-        if isinstance(failures, dict):
-            for _rank, value in sorted(failures.items()):
+        cur, rank = stack.pop()
+        if id(cur) not in seen:
+            seen.add(id(cur))
+            yield cur, rank
+            failures = getattr(cur, "failures", None)
+            for failed, value in sorted(failures.items() if failures else (), reverse=True):
                 inner = value[0] if isinstance(value, tuple) else value
                 if isinstance(inner, BaseException):
-                    stack.append(inner)
-        for nxt in (cur.__cause__, cur.__context__):
-            if nxt is not None:
-                stack.append(nxt)
-    return None
+                    stack.append((inner, int(failed)))
+            stack += [(e, rank) for e in (cur.__cause__, context and cur.__context__) if e]
+
+
+def find_s3ckpt_error(exc: BaseException) -> S3CkptError | None:
+    """The s3ckpt error inside ``exc`` (DCP's ``CheckpointException``, a ``__cause__`` or
+    ``__context__`` chain), if any; :func:`unwrap_checkpoint_exception` makes one."""
+    return next((e for e, _ in _inside(exc, context=True) if isinstance(e, S3CkptError)), None)
 
 
 def find_interrupt(exc: BaseException) -> KeyboardInterrupt | SystemExit | None:
     """Return the ``KeyboardInterrupt`` or ``SystemExit`` that ``exc`` is or wraps, if any.
 
-    ``torch.distributed.checkpoint`` catches every ``BaseException`` a storage layer raises
-    and wraps it in its ``CheckpointException``, so a Ctrl-C during ``dcp.save`` or
-    ``dcp.load`` reaches the caller as that wrapper. The Checkpointer re-raises the
-    interrupt itself; around a plain ``dcp.save`` do the same::
+    DCP wraps a Ctrl-C during ``dcp.save`` / ``dcp.load`` in its ``CheckpointException``.
+    Never searches ``__context__`` (an error raised while handling an interrupt that was
+    then dealt with is not one).
+    """
+    found = (e for e, _ in _inside(exc, context=False))
+    return next((e for e in found if isinstance(e, (KeyboardInterrupt, SystemExit))), None)
+
+
+def unwrap_checkpoint_exception(
+    exc: BaseException,
+    what: str = "the checkpoint operation",
+    *,
+    bucket: str | None = None,
+    key: str | None = None,
+    rank: int | None = None,
+) -> S3CkptError | KeyboardInterrupt | SystemExit:
+    """What to raise for ``exc``: the one edge where torch's ``CheckpointException`` (a
+    ``BaseException``) becomes an s3ckpt error. A Ctrl-C or ``SystemExit`` inside it comes
+    back as itself; else the first rank's s3ckpt error (``__cause__``: ``exc``, unless it
+    had one); else a :class:`CheckpointError` naming ``what`` and the rank, the original
+    as its ``__cause__``. ``dcp.load`` / ``dcp.save`` wrap every failure of a reader or
+    writer (only its constructor's reach you bare), so around a plain ``dcp.load``::
 
         try:
-            dcp.save(state_dict, storage_writer=S3StorageWriter(url))
+            dcp.load(state_dict, storage_reader=S3StorageReader(url))
         except BaseException as exc:
-            raise find_interrupt(exc) or exc
-
-    Searches the wrapper's per-rank failures and ``__cause__`` chains, never
-    ``__context__`` (an error raised while handling an interrupt that was then dealt with
-    is not one).
+            raise unwrap_checkpoint_exception(exc, f"the load of {url}")
     """
-    seen: set[int] = set()
-    stack: list[BaseException] = [exc]
-    while stack:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        if isinstance(cur, (KeyboardInterrupt, SystemExit)):
-            return cur
-        failures = getattr(cur, "failures", None)
-        if isinstance(failures, dict):
-            for _rank, value in sorted(failures.items(), reverse=True):
-                inner = value[0] if isinstance(value, tuple) else value
-                if isinstance(inner, BaseException):
-                    stack.append(inner)
-        if cur.__cause__ is not None:
-            stack.append(cur.__cause__)
-    return None
+    found = find_interrupt(exc) or find_s3ckpt_error(exc)
+    if found is not None:
+        if isinstance(found, S3CkptError) and found is not exc and found.__cause__ is None:
+            found.__cause__ = exc
+        found.__suppress_context__ |= found is not exc  # no "during handling of" the wrapper
+        return found
+    ranked = (e_r for e_r in _inside(exc, context=False) if e_r[1] is not None)
+    cause, failed = next(ranked, (exc, rank))
+    err = CheckpointError(
+        f"{what} failed: {type(cause).__name__}: {cause}", bucket=bucket, key=key, rank=failed
+    )
+    err.__cause__ = cause
+    return err

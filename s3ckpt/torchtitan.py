@@ -27,8 +27,10 @@ What changes against torchtitan's own ``CheckpointManager`` when ``checkpoint.fo
 * **Resume**: the latest step is the newest ``step-N`` whose commit marker exists, found by
   one listing on rank 0 and broadcast (stock torchtitan lists on every rank and takes any
   folder with a ``.metadata`` for finished, so a save killed after its ``.metadata``, or one
-  still uploading, can be picked). An explicit ``load_step`` must name a committed
-  checkpoint. Every item read is checked against its CRC32C.
+  still uploading, can be picked). A step ``s3ckpt check`` found damaged is skipped, and a
+  step whose read fails verification falls back to the newest good one, each with a WARNING
+  naming it (``load_fallback=False``: raise instead). An explicit ``load_step`` must name a
+  committed checkpoint and is read as asked. Every item read is checked against its CRC32C.
 * **Retention**: after a checkpoint commits (for async saves: when its upload finishes),
   rank 0 runs :func:`s3ckpt.retention.prune` in a background thread, with
   ``KeepLast(keep_latest_k)`` or the ``retention_policy`` named in the config, instead of
@@ -60,8 +62,9 @@ from torchtitan.tools import filesystem
 from torchtitan.tools.utils import GarbageCollection
 
 from s3ckpt._step_names import checkpoint_step
-from s3ckpt.checkpointer import RetentionRunner, resolve_policy
+from s3ckpt.checkpointer import Candidate, RetentionRunner, load_newest_good, resolve_policy
 from s3ckpt.dcp import S3StorageReader, S3StorageWriter
+from s3ckpt.errors import CheckpointNotFoundError, unwrap_checkpoint_exception
 from s3ckpt.retention import DEFAULT_GRACE, KeepLast, Policy, PruneResult, list_checkpoints
 from s3ckpt.store import Location
 
@@ -101,11 +104,18 @@ class S3CheckpointManager(CheckpointManager):
         built-in policy name (pretraining, keep-last-3, ...) or a policy TOML file. Default:
         keep the last keep_latest_k committed checkpoints (all of them when it is 0)."""
 
+        load_fallback: bool = True
+        """Resuming from the newest step of an s3:// folder (no load_step): skip a step
+        s3ckpt check found damaged, or whose read fails verification (a checksum, a missing
+        object), with a WARNING naming it, and load the newest good one. False: raise
+        s3ckpt's CorruptCheckpointError instead. An explicit load_step is always strict."""
+
     def __init__(self, config: S3CheckpointManager.Config, **kwargs: Any) -> None:
         self._retention: RetentionRunner | None = None  # set iff the folder is s3://
         self._group: dist.ProcessGroup | None = None
         self._location: Location | None = None  # set iff the folder is s3://
         self.policy: Policy | None = None
+        self.load_fallback = config.load_fallback
         super().__init__(config, **kwargs)
         if not self.enable or not _is_s3(self.folder):
             return
@@ -157,7 +167,11 @@ class S3CheckpointManager(CheckpointManager):
                 async_stager=self.stager,
             )
         else:
-            ret = dcp.save(state_dict, storage_writer=writer)
+            try:
+                ret = dcp.save(state_dict, storage_writer=writer)
+            except BaseException as exc:  # DCP's CheckpointException: an s3ckpt error
+                err = unwrap_checkpoint_exception(exc, f"the save of {checkpoint_id}")
+                raise err from err.__cause__
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
         return ret
@@ -192,19 +206,19 @@ class S3CheckpointManager(CheckpointManager):
             log.info("s3ckpt: no retention pass after the last save (manager closed)")
 
     # -- load ---------------------------------------------------------------------------------
-    def _committed_steps(self) -> list[int]:
-        """Steps whose ``step-N`` checkpoint is committed, ascending: one listing on rank 0,
-        broadcast to the others (so all ranks load the same step)."""
+    def _committed(self) -> list[Candidate]:
+        """The committed ``step-N`` checkpoints, newest first, as the catalog judged them
+        (damage included): one listing on rank 0, broadcast to the others (so all ranks
+        load the same step)."""
         assert self._retention is not None and self._location is not None
         run = self._location
-        answer: list[int] | BaseException = []
+        answer: list[Candidate] | BaseException = []
         if _rank() == 0:
             try:
-                answer = sorted(
-                    info.step
+                answer = Candidate.newest_first(
+                    info
                     for info in list_checkpoints(run.store, run.url)
-                    if info.is_committed
-                    and info.step is not None
+                    if info.step is not None
                     and info.name == posixpath.basename(self._create_checkpoint_id(info.step))
                 )
             except Exception as exc:  # raised on every rank, not only here
@@ -218,28 +232,36 @@ class S3CheckpointManager(CheckpointManager):
         return answer
 
     def _find_load_step(self, folder: str = "") -> int:
-        """The newest committed step in ``folder`` (default: the checkpoint folder), or -1."""
+        """The newest good committed step in ``folder`` (default: the checkpoint folder;
+        damaged steps skipped), or -1."""
         if self._retention is None or (folder and folder != self.folder):
             return super()._find_load_step(folder)
-        return max(self._committed_steps(), default=-1)
+        return next((c.step for c in self._committed() if not c.damage and c.step is not None), -1)
 
     @torch.no_grad()
     def _load(self, step: int = -1) -> bool:
-        """Stock ``load``: resume from ``step`` (-1: the newest), else the initial load;
-        with only committed checkpoints of an ``s3://`` folder counting."""
+        """Stock ``load``: resume from ``step`` (-1: the newest good one, falling back past
+        damage: ``load_fallback``), else the initial load; with only committed checkpoints
+        of an ``s3://`` folder counting."""
         if self._retention is None:
             return super()._load(step)
         from_hf = from_quantized = False
-        committed = self._committed_steps()
-        if step == -1 and committed:
-            step = committed[-1]
+        committed = self._committed()
+        if step == -1 and committed:  # resume (fault tolerance): initial_* ignored, as stock
+            assert self._location is not None
+            load_newest_good(
+                committed,
+                lambda c: self._read(c.url, model_only=c.step == 0),
+                fallback=self.load_fallback,
+                run=self._location.url,
+            )
+            return True
         if step != -1:
-            # Resume (fault tolerance): the initial_* options are ignored, as in stock.
             checkpoint_id = self._create_checkpoint_id(step)
-            if step not in committed:
-                raise FileNotFoundError(
+            if step not in (steps := sorted(c.step for c in committed if c.step is not None)):
+                raise CheckpointNotFoundError(
                     f"--checkpoint.load_step={step}: {checkpoint_id} is not a committed "
-                    f"checkpoint (no s3ckpt.json); committed steps: {committed or 'none'}"
+                    f"checkpoint (no s3ckpt.json); committed steps: {steps or 'none'}"
                 )
             model_only = step == 0
         elif self.initial_load_path:
@@ -258,6 +280,17 @@ class S3CheckpointManager(CheckpointManager):
         else:
             log.info("s3ckpt: no committed checkpoint in %s; a fresh start", self.folder)
             return False
+        self._read(checkpoint_id, model_only, from_hf=from_hf, from_quantized=from_quantized)
+        return True
+
+    def _read(
+        self,
+        checkpoint_id: str,
+        model_only: bool,
+        *,
+        from_hf: bool = False,
+        from_quantized: bool = False,
+    ) -> None:
         log.info("s3ckpt: loading the checkpoint %s", checkpoint_id)
         begin = time.monotonic()
         self.dcp_load(
@@ -268,7 +301,6 @@ class S3CheckpointManager(CheckpointManager):
         )
         GarbageCollection.collect("GC collection for checkpoint loading.")
         log.info("s3ckpt: loaded %s in %.2f s", checkpoint_id, time.monotonic() - begin)
-        return True
 
     def dcp_load(
         self,
@@ -283,7 +315,11 @@ class S3CheckpointManager(CheckpointManager):
         if from_hf or not _is_s3(checkpoint_id):
             super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
             return
-        dcp.load(state_dict, storage_reader=S3StorageReader(checkpoint_id))
+        try:
+            dcp.load(state_dict, storage_reader=S3StorageReader(checkpoint_id))
+        except BaseException as exc:  # DCP's CheckpointException: an s3ckpt error
+            err = unwrap_checkpoint_exception(exc, f"the load of {checkpoint_id}")
+            raise err from err.__cause__
         # As in stock: the model's entries are flattened into state_dict.
         if MODEL in self.states:
             self.states[MODEL].load_state_dict(state_dict)

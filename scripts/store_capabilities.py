@@ -10,6 +10,16 @@ what AWS S3 documents. docs/compatibility.md's measured columns come from this s
 rerun it against a store to regenerate a row. Credentials come from boto3's default chain
 (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``); retries are off so an unsupported
 operation answers at once.
+
+Then the checks no single request can answer, made with s3ckpt's own store and the very
+probes ``s3ckpt doctor`` runs (the ``s3ckpt`` package must be importable: run it from the
+checkout's venv): ``--pairs`` races each of conditional create (two ``PUT If-None-Match: *``),
+If-Match replace (two ``PUT If-Match``) and conditional delete (``DELETE If-Match`` against
+``PUT If-Match``) of one key at the same instant (:func:`s3ckpt.store._race.race`); an open
+upload made by another process must be listed by ``ListMultipartUploads``; and a run laid
+out as s3ckpt writes it (checkpoint folders, a marker, a shard folder) must list with
+``Delimiter=/``, two keys a page, every folder and object exactly once
+(:mod:`s3ckpt.tools._doctor_probes`).
 """
 
 from __future__ import annotations
@@ -45,6 +55,22 @@ class Result:
     ok: bool | None  # None: informative, no verdict
 
 
+_RACED = {
+    "create": "PUT If-None-Match:* x2",
+    "replace": "PUT If-Match x2",
+    "delete": "DELETE If-Match vs PUT If-Match",
+}
+
+
+def _location(args: argparse.Namespace, bucket: str) -> Any:
+    """The bucket as an s3ckpt Location, path-style as the raw client."""
+    from s3ckpt.config import S3Config
+    from s3ckpt.store import Location
+
+    config = S3Config(endpoint_url=args.endpoint, region=args.region, addressing_style="path")
+    return Location.of(f"s3://{bucket}/", s3_config=config)
+
+
 def _b64crc(data: bytes) -> str:
     return base64.b64encode(crc32c.crc32c(data).to_bytes(4, "big")).decode()
 
@@ -58,11 +84,14 @@ def _status(exc: ClientError) -> str:
 class Probe:
     """Runs the checks against ``bucket`` under a fresh scratch prefix."""
 
-    def __init__(self, client: Any, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str, s3ckpt: Any = None, pairs: int = 8) -> None:
         self.c = client
         self.bucket = bucket
         self.prefix = f"s3ckpt-capabilities-{uuid.uuid4().hex[:8]}/"
         self.results: list[Result] = []
+        # An s3ckpt Location of the scratch prefix, for the races and doctor's probes.
+        self.s3ckpt = s3ckpt.child(self.prefix) if s3ckpt is not None else None
+        self.pairs = pairs
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -322,6 +351,27 @@ class Probe:
             f"{s}, {'has' if want in prefixes else 'MISSING'} {want[len(self.prefix) :]}",
             want in prefixes,
         )
+        if resp is not None and "KeyCount" in resp:
+            objects = len(resp.get("Contents", []) or [])
+            count, both = resp["KeyCount"], objects + len(prefixes)
+            # Informative: s3ckpt accepts either count (s3ckpt/store/_reply.py).
+            said = {both: "objects + prefixes", objects: "objects only"}.get(count, "neither")
+            self.add(
+                "ListObjectsV2 Delimiter=/ KeyCount",
+                "objects + prefixes",
+                f"{count} ({said}: {objects} objects, {len(prefixes)} prefixes)",
+                None,
+            )
+
+    def abort(self) -> None:
+        k = self.key("abort")
+        up, s = self._try(lambda: self.c.create_multipart_upload(Bucket=self.bucket, Key=k))
+        if up is not None:
+            uid = up["UploadId"]
+            _, s = self._try(
+                lambda: self.c.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=uid)
+            )
+        self.add("AbortMultipartUpload", "204", s, s == "204")
 
     def cleanup(self) -> None:
         try:
@@ -343,17 +393,55 @@ class Probe:
         for k in keys:
             self._try(partial(self.c.delete_object, Bucket=self.bucket, Key=k))
 
+    def races(self) -> None:
+        """``pairs`` races of each conditional request, through s3ckpt's store."""
+        from s3ckpt.errors import S3CkptError
+        from s3ckpt.store._race import race
+
+        store = self.s3ckpt.store
+        for kind in ("create", "replace", "delete"):
+            name = f"race: {_RACED[kind]}, {self.pairs} pairs"
+            try:
+                raced = race(store, self.key(f"race-{kind}"), kind, pairs=self.pairs)
+            except S3CkptError as exc:
+                self.add(name, "one winner each time", f"request failed: {exc.code}", False)
+                continue
+            seen = raced.describe().rsplit(": ", 1)[1]
+            self.add(name, "one winner each time", seen, raced.atomic)
+
+    def doctor_probes(self) -> None:
+        """Another process's upload listed, and a run listed folder by folder, paged: the
+        rows of ``s3ckpt doctor`` (:mod:`s3ckpt.tools._doctor_probes`)."""
+        from s3ckpt.tools._doctor_checks import Scratch
+        from s3ckpt.tools._doctor_probes import LISTING_PAGE, listing_row, other_upload_row
+        from s3ckpt.tools._doctor_report import CheckStatus
+
+        for name, expected, row in (
+            ("ListMultipartUploads, another process's upload", "listed", other_upload_row),
+            (
+                f"nested-prefix listing, Delimiter=/, MaxKeys={LISTING_PAGE}",
+                "each folder and object once",
+                listing_row,
+            ),
+        ):
+            check = row(Scratch(self.s3ckpt))
+            ok = {CheckStatus.OK: True, CheckStatus.SKIP: None}.get(check.status, False)
+            self.add(name, expected, check.detail, ok)
+
     def run(self) -> list[Result]:
         checks = [
             self.conditional_put,
             self.conditional_delete,
             self.checksums,
             self.multipart,
+            self.abort,
             self.delete_objects,
             self.ranged_get,
             self.list_delimiter,
             self.clock,
         ]
+        if self.s3ckpt is not None:
+            checks += [self.races, self.doctor_probes]
         try:
             for check in checks:
                 try:
@@ -382,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--region", default="us-east-1")
     ap.add_argument("--label", default="observed", help="the store's name in the table")
     ap.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    ap.add_argument("--pairs", type=int, default=8, help="races of each conditional request")
+    ap.add_argument(
+        "--raw-only", action="store_true", help="only the raw boto3 checks (no s3ckpt import)"
+    )
     args = ap.parse_args(argv)
     client = boto3.client(
         "s3",
@@ -399,7 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.bucket is None or args.create_bucket:
         client.create_bucket(Bucket=bucket)
     try:
-        results = Probe(client, bucket).run()
+        where = None if args.raw_only else _location(args, bucket)
+        results = Probe(client, bucket, where, args.pairs).run()
     finally:
         if args.bucket is None:  # ours: leave nothing behind
             try:

@@ -18,6 +18,8 @@
 #   CopyObject onto itself, UploadPartCopy (a tier's move)                 s3:GetObject + s3:PutObject
 #   PutObjectTagging, GetObjectTagging (lifecycle tiers; a copy's tags)    s3:PutObjectTagging, s3:GetObjectTagging
 #   RestoreObject (`s3ckpt restore`, an operator: output restore_policy_json) s3:RestoreObject
+#   GetBucketVersioning, GetBucketLifecycleConfiguration (prune/ls/report)  s3:GetBucketVersioning, s3:GetLifecycleConfiguration
+#   ListObjectVersions (noncurrent bytes under a run; versioned buckets)    s3:ListBucketVersions
 #
 # Policies are plain jsonencode() documents rather than aws_iam_policy_document data sources,
 # so `terraform test` with a mock provider can read and assert on them (tests/*.tftest.hcl).
@@ -245,6 +247,14 @@ locals {
         Resource = local.bucket_arn
       },
       {
+        # prune, ls and report say what a versioned bucket keeps as noncurrent versions and
+        # when the lifecycle rule expires them (read only; the pruner deletes no versions).
+        Sid      = "ReadVersioningAndLifecycle"
+        Effect   = "Allow"
+        Action   = ["s3:GetBucketVersioning", "s3:GetLifecycleConfiguration"]
+        Resource = local.bucket_arn
+      },
+      {
         # Commit markers (s3ckpt.json) to plan from, pins to honour, the lease to check.
         Sid      = "ReadCheckpointObjects"
         Effect   = "Allow"
@@ -255,8 +265,9 @@ locals {
       # the lease when released.
       local.delete_statement,
       {
-        # The lease, and the stock .metadata copy gc restores from the committed
-        # .metadata.<tag> after an interrupted commit (checked against the marker first).
+        # The lease, the stock .metadata copy gc restores from the committed .metadata.<tag>
+        # after an interrupted commit (checked against the marker first), check records, and
+        # commit markers: the tombstone that fences a checkpoint before its deletion.
         Sid      = "WriteLeaseAndStockMetadata"
         Effect   = "Allow"
         Action   = "s3:PutObject"

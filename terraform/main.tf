@@ -29,7 +29,10 @@ locals {
     "${local.bucket_arn}/${local.prefix}s3ckpt.check.json",
     "${local.bucket_arn}/${local.prefix}*/s3ckpt.check.json",
   ]
-  pruner_write_arns = concat(local.lease_arns, local.stock_metadata_arns, local.check_record_arns)
+  # gc, prune and rm fence a checkpoint before deleting any of it: a tombstone PUT on its commit
+  # marker (If-Match / If-None-Match; gc also rewrites a marker to record reaped saves).
+  marker_arns       = ["${local.bucket_arn}/${local.prefix}*/s3ckpt.json"]
+  pruner_write_arns = concat(local.lease_arns, local.stock_metadata_arns, local.check_record_arns, local.marker_arns)
   # Pins ({checkpoint}/s3ckpt.pin.json, written by `s3ckpt pin`) are an operator action: neither
   # role may write them (docs/operations.md, "Pins").
   pin_arns = ["${local.bucket_arn}/${local.prefix}*/s3ckpt.pin.json"]

@@ -8,6 +8,7 @@ inherit. Each test gets a fresh bucket, so tests never see each other's objects.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -106,3 +107,13 @@ def seaweedfs_endpoint() -> Iterator[str]:
         yield server.endpoint_url
     finally:
         server.stop()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Importing ``torch.testing._internal.common_utils`` (tests/upstream/ does, to run torch's
+    own DCP tests) calls ``torch.backends.disable_global_flags()`` for the whole process, and
+    every later ``torch.backends.cudnn.benchmark = ...`` (Lightning's Trainer sets it) raises.
+    Collection imported it in every worker: put the process back as torch starts it."""
+    backends = sys.modules.get("torch.backends")
+    if backends is not None:  # the flag lives in flags_frozen's globals (not the module's)
+        backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True

@@ -92,8 +92,9 @@ WHAT_TO_DO: dict[str, str] = {
     "UnsupportedOperationError": (
         "The store answered 501 `NotImplemented`: it lacks this S3 request (s3rver has no "
         "ListMultipartUploads, some stores no conditional DeleteObject). s3ckpt degrades "
-        "where it can (listings skip open uploads with one warning; rm and prune delete "
-        "markers through a tombstone); elsewhere use a store that implements the request."
+        "where it can (listings skip open uploads with one warning; gc, prune and rm delete "
+        "their own tombstone unconditionally, under the run's lease); elsewhere use a store "
+        "that implements the request."
     ),
     "EndpointError": (
         "Check the endpoint URL and that it is reachable from this machine (DNS, firewall, "
@@ -371,7 +372,9 @@ def render_troubleshooting() -> str:
         "(an `Exception` that pickles, so `torch.distributed.checkpoint` can gather it from "
         "every rank). The message names the bucket, key and rank involved and what to check. "
         "`torch.distributed.checkpoint` wraps a storage error in its own "
-        "`CheckpointException`; `s3ckpt.errors.find_s3ckpt_error(exc)` digs it out.\n\n"
+        "`CheckpointException` (a `BaseException`); the Checkpointer and the plug-ins raise "
+        "the s3ckpt error, and around a plain `dcp.load` "
+        "`raise s3ckpt.errors.unwrap_checkpoint_exception(exc)` does the same.\n\n"
         "The `s3ckpt` command prints one line, `s3ckpt: error: <message>`, and exits with the "
         "code given for each error below (see [exit codes](reference/cli.md#exit-codes)).\n\n",
         "| error | exit code | what it means |\n|---|---:|---|\n",

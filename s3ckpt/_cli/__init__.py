@@ -12,7 +12,7 @@ Exit codes (stable; cron jobs and scripts act on them):
 0     done (a dry run that planned, a verify that found nothing wrong, a ``doctor`` whose
       checks all passed, warnings allowed, ...)
 1     done in part: some deletes failed, a verify found bad data, a check found a damaged
-      checkpoint (or could not check one in full), a diff found differences
+      checkpoint, a diff found differences
       when ``--exit-code`` was asked for, a checkpoint is unreadable (``ls``, ``prune``,
       ``gc`` and ``report`` list a damaged one as its own row, warn on stderr and process
       the rest); the message names each failure; ``doctor``: a check failed, the store
@@ -22,7 +22,8 @@ Exit codes (stable; cron jobs and scripts act on them):
       not installed, ``rm`` of a checkpoint it refuses to delete (pinned, the newest, in
       progress, foreign); nothing was changed
 3     the store refused or could not be reached (credentials, bucket, endpoint;
-      ``doctor`` before its first row)
+      ``doctor`` before its first row); ``verify`` or ``check`` could not read what it
+      checks ("could not read ...": no bad data found, run it again)
 4     busy: another pruner holds the lease on a run; try again later
 5     clock skew: this host's clock and the store's differ by more than the grace period,
       so ``gc``, ``prune --apply`` and ``rm`` refused to delete anything; fix the host's

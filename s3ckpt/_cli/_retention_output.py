@@ -13,21 +13,25 @@ import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
-from s3ckpt._cli._damaged import DAMAGED_STATE, printable, state_label, warn_damaged
+from s3ckpt._cli._damaged import printable, state_label, warn_damaged
 from s3ckpt._cli._output import print_json, print_table
 from s3ckpt._units import format_bytes, plural
-from s3ckpt.retention import CheckpointInfo, DeleteResult, GcResult, PruneResult, RunCatalog
+from s3ckpt.retention import (
+    CheckEntry,
+    CheckpointInfo,
+    DeleteResult,
+    GcResult,
+    PruneResult,
+    RunCatalog,
+)
+from s3ckpt.store import Versions
 from s3ckpt.store.base import DeleteFailure
 from s3ckpt.uri import StoreURL
 
-if TYPE_CHECKING:
-    from s3ckpt.tools import CheckEntry  # the type only (ls imports s3ckpt.tools when it runs)
-
 __all__ = [
-    "check_damaged_code",
     "check_note",
     "class_label",
     "columns",
@@ -40,6 +44,8 @@ __all__ = [
     "print_prune",
     "print_rm",
     "print_transitions",
+    "versions_json",
+    "versions_line",
     "when",
 ]
 
@@ -144,11 +150,14 @@ def print_transitions(result: PruneResult) -> None:
 
 
 def print_ls(
-    root: StoreURL, catalogs: Sequence[RunCatalog], checks: Mapping[str, CheckEntry] | None = None
+    root: StoreURL,
+    catalogs: Sequence[RunCatalog],
+    versions: Versions | None = None,
 ) -> None:
     """``ls``: each run's line and table of checkpoints, and its saves in progress; a
-    checkpoint ``s3ckpt check`` found damaged (``checks``, by URL) shows as ``damaged``."""
-    checks = checks or {}
+    damaged checkpoint (its marker unreadable, or ``s3ckpt check`` found it damaged: the
+    catalog's :attr:`~s3ckpt.retention.CheckpointInfo.damaged`) shows as ``damaged``;
+    the bytes a versioned bucket keeps as noncurrent versions (``versions``) under each run."""
     if not catalogs:
         print(f"no checkpoints under {root}")
         return
@@ -160,6 +169,8 @@ def print_ls(
         total = sum(c.size for c in ck)
         count = plural(len(ck), "checkpoint")
         print(f"{cat.run}  ({count}, {committed} committed, {format_bytes(total)})")
+        if versions is not None and versions.counted:
+            versions_line(versions, cat.run)
         if not ck:
             continue
         head = ["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "CLASS", "OBJECTS", "METRICS"]
@@ -167,38 +178,49 @@ def print_ls(
         for c in ck:
             row = [*columns(c), class_label(c), str(c.num_objects), metric_values(c.metrics)]
             row.append(c.pinned or "-")
-            if str(c.url) in checks:
-                row[2] = DAMAGED_STATE
             rows.append(row)
         print_table(rows, right=(1, 4, 6), indent="  ")
         for c in ck:
             line = saves(c)
             if line:
                 print(f"  {c.name}: {line}")
-            mark = checks.get(str(c.url))
-            if mark is not None:
-                print(f"  {c.name}: damaged ({check_note(mark)})")
+            if c.check is not None:
+                print(f"  {c.name}: damaged ({check_note(c.check)})")
+    if versions is not None and not versions.counted and versions.sentence():
+        print(versions.sentence())  # once: the same for every run
+
+
+def versions_line(versions: Versions | None, run: StoreURL) -> None:
+    """What a versioned bucket keeps under ``run`` as noncurrent versions, or why it could
+    not be counted (nothing where nothing stays behind)."""
+    line = versions.sentence(run.prefix) if versions is not None else ""
+    if line:
+        print(f"  {line}")
+
+
+def versions_json(versions: Versions | None, run: StoreURL) -> dict[str, Any]:
+    """A run's noncurrent-version fields (:meth:`~s3ckpt.store.Versions.to_dict`)."""
+    return versions.to_dict(run.prefix) if versions is not None else {}
 
 
 def ls_json(
-    root: StoreURL, catalogs: Sequence[RunCatalog], checks: Mapping[str, CheckEntry] | None = None
+    root: StoreURL,
+    catalogs: Sequence[RunCatalog],
+    versions: Versions | None = None,
 ) -> dict[str, Any]:
-    """``ls --json``'s document; a checkpoint ``s3ckpt check`` found damaged (``checks``)
-    has ``"damaged": true`` and ``"check"``: the check's entry, with its problems."""
-    checks = checks or {}
-
-    def doc(c: CheckpointInfo) -> dict[str, Any]:
-        d = c.to_dict()
-        mark = checks.get(str(c.url))
-        if mark is not None:
-            d["damaged"] = True
-            d["check"] = mark.to_dict()
-        return d
+    """``ls --json``'s document: each checkpoint's record (a damaged one has ``"damaged":
+    true``, ``"life": "damaged"``, ``"damage"`` and, when ``s3ckpt check`` found it,
+    ``"check"``: the check's entry with its problems); each run its noncurrent-version
+    fields (``versions``: ``noncurrent_bytes`` ...)."""
 
     return {
         "root": str(root),
         "runs": [
-            {"run": str(cat.run), "checkpoints": [doc(c) for c in cat.checkpoints]}
+            {
+                "run": str(cat.run),
+                **versions_json(versions, cat.run),
+                "checkpoints": [c.to_dict() for c in cat.checkpoints],
+            }
             for cat in catalogs
         ],
     }
@@ -209,24 +231,14 @@ def check_note(mark: CheckEntry) -> str:
     return f"s3ckpt check at {printable(mark.checked_at)}: {printable(mark.reason)}"
 
 
-def check_damaged_code(marks: Mapping[str, CheckEntry]) -> int:
-    """Warn about each checkpoint ``s3ckpt check`` found damaged: exit 1 when any is."""
-    for url, mark in sorted(marks.items()):
-        print(
-            f"s3ckpt ls: warning: damaged checkpoint {printable(url)} ({check_note(mark)}); "
-            "do not load it (s3ckpt check --read-data all checks it again)",
-            file=sys.stderr,
-        )
-    return EXIT_PARTIAL if marks else EXIT_OK
-
-
 def damaged_code(command: str, checkpoints: Iterable[CheckpointInfo]) -> int:
     """Warn about each damaged checkpoint on stderr: exit 1 (done in part) when any is."""
     return EXIT_PARTIAL if warn_damaged(command, checkpoints) else EXIT_OK
 
 
-def print_prune(result: PruneResult) -> None:
-    """One run's plan (and with ``--apply`` what was deleted), as a table."""
+def print_prune(result: PruneResult, versions: Versions | None = None) -> None:
+    """One run's plan (and with ``--apply`` what was deleted), as a table; what a versioned
+    bucket keeps of it as noncurrent versions (``versions``)."""
     p = result.plan
     print(f"{result.run}  policy: {p.policy}")
     if p.decisions:
@@ -247,6 +259,7 @@ def print_prune(result: PruneResult) -> None:
             "pass --apply to delete"
             + (f"; would move {move} to their tiers' classes" if p.transitions else "")
         )
+        versions_line(versions, result.run)
         return
     if result.resumed:
         freed = (
@@ -263,6 +276,7 @@ def print_prune(result: PruneResult) -> None:
         f"  deleted {len(result.deleted)} of {result.targets} ({freed}) in "
         f"{plural(result.delete_requests, 'DeleteObjects request')}, {counts}{deferred}{resumed}"
     )
+    versions_line(versions, result.run)
     print_failures(result.failures)
     if p.transitions or result.resumed_moves:
         resumed = f" ({len(result.resumed_moves)} for an interrupted prune)"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, open_location
+from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, EXIT_STORE, EXIT_USAGE, error, open_location
 from s3ckpt._cli._args import add_metrics_file, counted, duration, nonneg_int
 from s3ckpt._cli._damaged import printable
 from s3ckpt._cli._output import add_output_options, print_json
@@ -121,7 +121,8 @@ def _check(args: argparse.Namespace) -> int:
         raise
     finally:
         counter.close()
-    code = EXIT_OK if result.ok else EXIT_PARTIAL
+    # Damage is bad data (1); only read failures is "could not read" (3): retry, or fix access.
+    code = EXIT_OK if result.ok else EXIT_PARTIAL if result.damaged else EXIT_STORE
     if report is not None:
         fraction = parse_read_data(result.read_data)[0]
         values = CheckValues(
@@ -139,6 +140,11 @@ def _check(args: argparse.Namespace) -> int:
         print_json({**result.to_dict(), "exit_code": code}, allow_nan=False, default=str)
     else:
         print_result(result)
+    if code == EXIT_STORE:
+        error(
+            f"could not read {plural(len(result.incomplete), 'checkpoint')} in full (no damage "
+            "found in what was read): check access to the store and run the check again"
+        )
     return code
 
 

@@ -53,7 +53,6 @@ from s3ckpt._cli._args import (
 from s3ckpt._cli._damaged import warn_damaged
 from s3ckpt._cli._output import ProgressCounter, add_output_options
 from s3ckpt._cli._retention_output import (
-    check_damaged_code,
     damaged_code,
     dump,
     ls_json,
@@ -61,6 +60,7 @@ from s3ckpt._cli._retention_output import (
     print_ls,
     print_prune,
     print_rm,
+    versions_json,
 )
 from s3ckpt._units import plural
 from s3ckpt.errors import LeaseHeldError, S3CkptError
@@ -72,6 +72,7 @@ from s3ckpt.retention import (
     MIN_GRACE,
     PolicyFile,
     RetentionOptions,
+    RunCatalog,
     delete_checkpoint,
     format_duration,
     gc,
@@ -80,7 +81,7 @@ from s3ckpt.retention import (
     scan,
     unpin,
 )
-from s3ckpt.store import Location
+from s3ckpt.store import Location, noncurrent_versions
 
 __all__ = ["register"]
 
@@ -270,21 +271,26 @@ def _ls(args: argparse.Namespace) -> int:
         # gc would use (its floor), and only warned about.
         judged, notes = RetentionOptions(grace=max(args.grace, MIN_GRACE)).resolve(location)
         _warn(notes, counter)
+        # The catalog: each checkpoint's state, what s3ckpt check found included.
         catalogs = scan(location, options=options.replace(now=judged.now))
-        # What s3ckpt check found (one GET per run of its s3ckpt.check.json); no torch.
-        from s3ckpt.tools import check_marks
-
-        checks, check_notes = check_marks(location.store, catalogs)
-        _warn(check_notes, counter)
+        _warn(check_notes(catalogs), counter)
+        # What a versioned bucket keeps as noncurrent versions under each run.
+        versions = noncurrent_versions(location.store, [cat.run.prefix for cat in catalogs])
     finally:
         counter.close()
     checkpoints = [c for cat in catalogs for c in cat.checkpoints]
     if args.json:
-        dump(ls_json(location.url, catalogs, checks))
+        dump(ls_json(location.url, catalogs, versions))
     else:
-        print_ls(location.url, catalogs, checks)
+        print_ls(location.url, catalogs, versions)
         sys.stdout.flush()  # the table before the warnings on stderr
-    return max(damaged_code("ls", checkpoints), check_damaged_code(checks))
+    return damaged_code("ls", checkpoints)
+
+
+def check_notes(catalogs: Iterable[RunCatalog]) -> list[str]:
+    """A note per run whose ``s3ckpt.check.json`` could not be read: what a check found
+    there is unknown."""
+    return [cat.check_error for cat in catalogs if cat.check_error is not None]
 
 
 # -- prune -------------------------------------------------------------------------------------
@@ -350,12 +356,14 @@ def _prune_runs(
             code = EXIT_PARTIAL
         if warn_damaged("prune", (d.checkpoint for d in result.plan.decisions)):
             code = EXIT_PARTIAL  # listed and skipped, the rest pruned: done in part
-        docs.append(result.to_dict())
+        # What the deletes left as noncurrent versions (a versioned bucket keeps the bytes).
+        versions = noncurrent_versions(location.store, [result.run.prefix])
+        docs.append({**result.to_dict(), **versions_json(versions, result.run)})
         if not args.json:
             counter.clear()
             if i:
                 print()
-            print_prune(result)
+            print_prune(result, versions)
             sys.stdout.flush()  # before the progress line is drawn again on stderr
     if args.json:
         dump({"root": str(location.url), "applied": args.apply, "exit_code": code, "runs": docs})

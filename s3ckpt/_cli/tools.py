@@ -13,10 +13,12 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from s3ckpt._cli import (
     EXIT_OK,
     EXIT_PARTIAL,
+    EXIT_STORE,
     EXIT_USAGE,
     CommandError,
     error,
@@ -24,6 +26,7 @@ from s3ckpt._cli import (
     s3_config_from_args,
     transfer_config_from_args,
 )
+from s3ckpt._cli._damaged import printable
 from s3ckpt._cli._output import (
     ProgressBar,
     add_output_options,
@@ -34,6 +37,9 @@ from s3ckpt._cli._output import (
 )
 from s3ckpt._time import utc
 from s3ckpt._units import format_bytes, plural
+
+if TYPE_CHECKING:
+    from s3ckpt.tools import InspectResult
 
 __all__ = ["register"]
 
@@ -181,13 +187,16 @@ def _inspect(args: argparse.Namespace) -> int:
         if args.summary:  # totals only: no per-tensor / per-object lists
             doc = {k: v for k, v in doc.items() if k not in ("tensors", "objects")}
         print_json(doc)
-        return EXIT_OK
+        return _damaged(info)
     fmt = (
         "s3ckpt (committed; CRC32C per item)"
         if info.checksums
         else "dcp (no s3ckpt.json: no checksums)"
     )
     head = [["checkpoint", info.url], ["format", fmt]]
+    if info.life is not None:
+        life = f"{info.life}: {printable(info.damage)}" if info.damage else info.life
+        head.append(["life", life])
     if info.step is not None:
         head.append(["step", str(info.step)])
     if info.created is not None:
@@ -218,7 +227,7 @@ def _inspect(args: argparse.Namespace) -> int:
     )
     print_table(head)
     if args.summary:
-        return EXIT_OK
+        return _damaged(info)
     print()
     rows = [["name", "dtype", "shape", "size", "chunks", "objects"]]
     for t in info.tensors:
@@ -226,7 +235,19 @@ def _inspect(args: argparse.Namespace) -> int:
         objs = t.objects[0] if len(t.objects) == 1 else f"{len(t.objects)} objects"
         rows.append([t.name, t.dtype or t.kind, format_shape(t.shape), size, str(t.chunks), objs])
     print_table(rows, right={3, 4})
-    return EXIT_OK
+    return _damaged(info)
+
+
+def _damaged(info: InspectResult) -> int:
+    """Exit 1 with a warning naming the damage when the catalog calls it damaged, as ``ls``."""
+    if info.damage is None:
+        return EXIT_OK
+    print(
+        f"s3ckpt inspect: warning: damaged checkpoint {printable(info.url)}: "
+        f"{printable(info.damage)}; load(step='latest') skips it (docs/troubleshooting.md)",
+        file=sys.stderr,
+    )
+    return EXIT_PARTIAL
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -259,6 +280,12 @@ def _verify(args: argparse.Namespace) -> int:
             print(f"bad objects: {', '.join(res.bad_objects) or '-'}")
     if res.ok:
         return EXIT_OK
+    if all(p.kind == "read_error" for p in res.problems):  # no bad data, only failed reads
+        error(
+            f"could not read {plural(len(res.problems), 'item')} (no bad data found in what "
+            f"was read): {res.problems[0].message}; check access to the store and run it again"
+        )
+        return EXIT_STORE
     error(
         f"{plural(len(res.problems), 'problem')}: {plural(len(res.bad_items), 'bad tensor')} in "
         f"{plural(len(res.bad_objects), 'object')}; restore the objects or use another checkpoint"

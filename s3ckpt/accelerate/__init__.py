@@ -9,8 +9,7 @@
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     ckpt = use_s3ckpt(accelerator, policy="pretraining", step=lambda: step)   # every rank
     run = "s3://bucket/runs/llama"
-    if (url := ckpt.latest(run)) is not None:
-        accelerator.load_state(url)             # a fresh process resumes exactly
+    ckpt.load_latest(run)       # the newest good checkpoint, if any: a fresh process resumes
     for step in range(...):
         ...
         accelerator.save_state(f"{run}/step_{step}")   # one DCP checkpoint, committed
@@ -72,6 +71,7 @@ def use_s3ckpt(
     safe_globals: Sequence[SafeGlobal] = (),
     allow_unsafe_pickle: bool = False,
     retention_grace: timedelta = DEFAULT_GRACE,
+    fallback: bool = True,
 ) -> S3Checkpointing:
     """Make ``accelerator.save_state`` / ``load_state`` store URLs through s3ckpt.
 
@@ -102,6 +102,11 @@ def use_s3ckpt(
             you trust); by default they load with torch's ``weights_only`` rules.
         retention_grace: Prefixes without a commit marker younger than this are saves in
             progress to retention and to :meth:`S3Checkpointing.latest`.
+        fallback: When loading the newest checkpoint (:meth:`S3Checkpointing.load_latest`,
+            ``load_state()`` with automatic naming), skip one ``s3ckpt check`` found damaged
+            or whose read fails verification (a checksum, a missing object), with a WARNING
+            naming it, and load the newest good one. ``False``: such a checkpoint raises
+            :class:`~s3ckpt.errors.CorruptCheckpointError`. A URL given is always strict.
 
     Returns:
         The installed :class:`S3Checkpointing` (``latest``, ``wait``, ``remove``).
@@ -119,4 +124,5 @@ def use_s3ckpt(
         safe_globals=safe_globals,
         allow_unsafe_pickle=allow_unsafe_pickle,
         retention_grace=retention_grace,
+        fallback=fallback,
     )

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from s3ckpt.dcp import quiet_dcp
-from s3ckpt.errors import CheckpointError, ConfigError, S3CkptError, find_s3ckpt_error
+from s3ckpt.errors import ConfigError, unwrap_checkpoint_exception
 from s3ckpt.uri import StoreURL
 
 __all__ = ["dcp_call", "entry_name", "is_url", "owner_of", "version"]
@@ -50,36 +50,14 @@ def owner_of(
 
 @contextmanager
 def dcp_call(what: str, url: StoreURL, rank: int) -> Iterator[None]:
-    """DCP's logging quietened, and every failure an s3ckpt error (an ``Exception``):
-    the s3ckpt error inside DCP's ``CheckpointException`` (a ``BaseException``, which
-    ``except Exception`` misses), else a :class:`~s3ckpt.errors.CheckpointError` naming
-    the checkpoint, the rank and torch's own words. ``KeyboardInterrupt`` and
-    ``SystemExit`` pass unchanged."""
+    """DCP's logging quietened, and every failure an s3ckpt error (an ``Exception``) in
+    place of DCP's ``CheckpointException``, naming the checkpoint and the rank
+    (:func:`~s3ckpt.errors.unwrap_checkpoint_exception`)."""
     try:
         with quiet_dcp():
             yield
-    except (KeyboardInterrupt, SystemExit, S3CkptError):
-        raise
     except BaseException as exc:
-        found = find_s3ckpt_error(exc)
-        if found is not None:
-            raise found from exc
-        failed_rank, cause = _first_failure(exc, rank)
-        raise CheckpointError(
-            f"{what} of {url} failed: {type(cause).__name__}: {cause}",
-            bucket=url.bucket,
-            key=url.prefix,
-            rank=failed_rank,
-        ) from exc
-
-
-def _first_failure(exc: BaseException, rank: int) -> tuple[int, BaseException]:
-    """The first rank's exception inside DCP's ``CheckpointException`` (``failures``:
-    ``{rank: exception or (exception, traceback)}``), else ``exc`` on this rank."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict):
-        for failed, value in sorted(failures.items()):
-            inner = value[0] if isinstance(value, tuple) else value
-            if isinstance(inner, BaseException):
-                return int(failed), inner
-    return rank, exc
+        err = unwrap_checkpoint_exception(
+            exc, f"{what} of {url}", bucket=url.bucket, key=url.prefix, rank=rank
+        )
+        raise err from err.__cause__

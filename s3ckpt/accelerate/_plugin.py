@@ -32,7 +32,7 @@ from s3ckpt.accelerate._state import (
     set_rng_state,
     watch_epochs,
 )
-from s3ckpt.checkpointer import RetentionRecord, RetentionRunner
+from s3ckpt.checkpointer import Candidate, RetentionRecord, RetentionRunner, load_newest_good
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageReader, S3StorageWriter, SafeGlobal
 from s3ckpt.errors import (
@@ -42,7 +42,7 @@ from s3ckpt.errors import (
     ConfigError,
 )
 from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.retention import CheckpointState, KeepLast, list_checkpoints
+from s3ckpt.retention import KeepLast, list_checkpoints
 from s3ckpt.retention import load_policy as load_policy_file
 from s3ckpt.store import Location
 from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
@@ -97,6 +97,7 @@ class S3Checkpointing:
         safe_globals: Sequence[SafeGlobal],
         allow_unsafe_pickle: bool,
         retention_grace: timedelta,
+        fallback: bool = True,
     ) -> None:
         from accelerate.utils import DistributedType
 
@@ -113,6 +114,7 @@ class S3Checkpointing:
         self.safe_globals = tuple(safe_globals)
         self.allow_unsafe_pickle = allow_unsafe_pickle
         self.retention_grace = retention_grace
+        self.fallback = fallback
         self.last_saved: str | None = None
         self._step_fn = step
         self._runners: dict[StoreURL, RetentionRunner] = {}
@@ -174,8 +176,9 @@ class S3Checkpointing:
         **load_model_func_kwargs: Any,
     ) -> None:
         """``Accelerator.load_state``: a URL (or, with automatic naming under a URL
-        ``project_dir`` and no ``input_dir``, the newest committed ``checkpoint_{i}``)
-        loads through s3ckpt; anything else is accelerate's own ``load_state``.
+        ``project_dir`` and no ``input_dir``, the newest good ``checkpoint_{i}``, as
+        :meth:`load_latest` finds it) loads through s3ckpt; anything else is accelerate's
+        own ``load_state``.
 
         Tensors load into the prepared objects where they are (``map_location`` and
         ``load_kwargs`` do not apply to URLs). With automatic naming the next save goes to
@@ -186,18 +189,38 @@ class S3Checkpointing:
             CheckpointError: the checkpoint lacks state this accelerator has (another
                 number of models, optimizers, schedulers or registered objects).
         """
-        target = self._load_target(input_dir)
-        if target is None:
+        acc = self.accelerator
+        automatic = acc.project_configuration.automatic_checkpoint_naming
+        if input_dir is None and automatic and is_url(acc.project_dir):
+            run = self._at(str(acc.project_dir)).child("checkpoints")
+            if self._load_newest(run, automatic=True) is None:
+                raise CheckpointNotFoundError(
+                    f"no committed checkpoint under {run} to resume from (automatic "
+                    "checkpoint naming); save one first, or pass input_dir",
+                    bucket=run.bucket,
+                    key=run.url.prefix,
+                )
+        elif input_dir is not None and is_url(input_dir):
+            ckpt = self._at(str(input_dir))
+            self._load(_Target(ckpt, ckpt.parent))
+        else:
             self._original_load(input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
-            return
-        self._load(target)
 
     def latest(self, run: str) -> str | None:
-        """The URL of the newest committed checkpoint under ``run`` (by step, then commit
-        time), or ``None``. Collective: the main process lists, every rank gets the answer.
-        """
-        where = self._at(run)
-        return self._agree(lambda: self._latest(where))
+        """The URL of the newest good committed checkpoint under ``run`` (by step, then
+        commit time; damaged ones skipped), or ``None``. Collective: the main process
+        lists, every rank gets the answer."""
+        good = [c for c in self._agree(lambda: self._candidates(self._at(run))) if not c.damage]
+        return good[0].url if good else None
+
+    def load_latest(self, run: str) -> str | None:
+        """Load the newest good checkpoint under ``run``; its URL (``None``, nothing
+        changed, when ``run`` holds no committed checkpoint). Collective. With
+        ``fallback`` (:func:`~s3ckpt.accelerate.use_s3ckpt`) one known damaged, or whose
+        read fails verification, is skipped with a WARNING naming it, and every tensor and
+        entry is then the older good checkpoint's; else it raises
+        :class:`~s3ckpt.errors.CorruptCheckpointError` (also when none is good)."""
+        return self._load_newest(self._at(run), automatic=False)
 
     @property
     def last_retention(self) -> PruneResult | BaseException | None:
@@ -297,25 +320,23 @@ class S3Checkpointing:
         ckpt = self._at(str(output_dir))
         return _Target(ckpt, ckpt.parent)
 
-    def _load_target(self, input_dir: str | None) -> _Target | None:
-        acc = self.accelerator
-        if input_dir is not None:
-            if not is_url(input_dir):
-                return None
-            ckpt = self._at(str(input_dir))
-            return _Target(ckpt, ckpt.parent)
-        if not acc.project_configuration.automatic_checkpoint_naming or not is_url(acc.project_dir):
-            return None
-        run = self._at(str(acc.project_dir)).child("checkpoints")
-        found = self._agree(lambda: self._latest(run))
-        if found is None:
-            raise CheckpointNotFoundError(
-                f"no committed checkpoint under {run} to resume from (automatic checkpoint "
-                "naming); save one first, or pass input_dir",
-                bucket=run.bucket,
-                key=run.url.prefix,
-            )
-        return _Target(run.at(found), run, automatic=True)
+    def _candidates(self, run: Location) -> list[Candidate]:
+        """The committed checkpoints under ``run``, newest first, as the catalog judged
+        them (main process)."""
+        return Candidate.newest_first(
+            list_checkpoints(run.store, run.url, grace=self.retention_grace)
+        )
+
+    def _load_newest(self, run: Location, *, automatic: bool) -> str | None:
+        """Every rank: load the newest good checkpoint under ``run``; its URL, or None."""
+        candidates = self._agree(lambda: self._candidates(run))
+        found = load_newest_good(
+            candidates,
+            lambda c: self._load(_Target(run.at(c.url), run, automatic=automatic)),
+            fallback=self.fallback,
+            run=run.url,
+        )
+        return None if found is None else found[0].url
 
     # -- save -----------------------------------------------------------------------------------
     def _save(self, target: _Target) -> str:
@@ -460,11 +481,6 @@ class S3Checkpointing:
     def _at(self, target: str) -> Location:
         """``target`` in the process's shared store for this plug-in's settings."""
         return Location.of(target, s3_config=self.s3_config, transfer_config=self.transfer_config)
-
-    def _latest(self, run: Location) -> str | None:
-        infos = list_checkpoints(run.store, run.url, grace=self.retention_grace)
-        committed = [c for c in infos if c.state == CheckpointState.COMMITTED]
-        return str(committed[-1].url) if committed else None
 
     def _schedule_retention(self, target: _Target, step: int) -> None:
         policy = self.policy

@@ -2,14 +2,14 @@
 
 ::
 
-    ckpt = Checkpointer("s3://bucket/runs/llama", policy="pretraining")
-    start = ckpt.load(model, optimizer, train_state) or 0      # None: nothing to resume
-    for step in range(start + 1, total + 1):
-        ...
-        if step % 100 == 0:
-            handle = ckpt.async_save(step, model, optimizer, train_state)
-            handle.staged.result()      # before the next optimizer.step() mutates parameters
-    ckpt.close()                        # waits for the last save
+    with Checkpointer("s3://bucket/runs/llama", policy="pretraining") as ckpt:
+        start = ckpt.load(model, optimizer, train_state) or 0  # None: nothing to resume
+        for step in range(start + 1, total + 1):
+            ...
+            if step % 100 == 0:
+                handle = ckpt.async_save(step, model, optimizer, train_state)
+                handle.staged.result()  # before the next optimizer.step() changes parameters
+    # leaving the block (also by an exception) waits for the last save: close()
 
 Layout under the run prefix ``path``::
 
@@ -43,11 +43,11 @@ background thread; its failures are logged and kept in :attr:`Checkpointer.last_
 (and every pass, with the step that triggered it, in :attr:`Checkpointer.retention_history`)
 but never fail training.
 
-Requests: the Checkpointer, the writers and readers it makes and any other
+Requests: the Checkpointer, its writers and readers and any other
 :class:`~s3ckpt.store.S3Store` of the process with the same settings share one boto3
-client. A save reads ``s3ckpt.json`` once to fail fast (construction of its writer) and
-once in its commit; a load reads the ``latest`` pointer once (a GET), checks the marker it
-names (a HEAD) and reads ``s3ckpt.json`` and ``.metadata`` once each.
+client. A save reads ``s3ckpt.json`` once to fail fast and once in its commit; a load
+reads the ``latest`` pointer, the run's ``s3ckpt.check.json`` and the marker the pointer
+names (GETs, to judge it), then ``s3ckpt.json`` and ``.metadata`` once each to read it.
 
 Metrics (:mod:`s3ckpt.metrics`): every save, async save and load publishes one event on
 every rank when it ends: a save when it commits or fails (with ``blocked_s``, the time the
@@ -72,7 +72,7 @@ import torch.distributed as dist
 from s3ckpt.checkpointer._async import SaveHandle, SaveQueue
 from s3ckpt.checkpointer._attach import attach_to_marker
 from s3ckpt.checkpointer._latest import LatestPointer
-from s3ckpt.checkpointer._load import read_checkpoint
+from s3ckpt.checkpointer._load import Candidate, load_newest_good, load_resolved, read_checkpoint  # noqa: F401 (plug-ins)
 from s3ckpt.checkpointer._ranks import RankGroup
 from s3ckpt.checkpointer._retention import (
     RETENTION_HISTORY,
@@ -84,11 +84,7 @@ from s3ckpt.checkpointer._state import apply_state_dict, collect_state_dict
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import SafeGlobal
 from s3ckpt.dcp.writer import S3StorageWriter
-from s3ckpt.errors import (
-    ConfigError,
-    find_interrupt,
-    find_s3ckpt_error,
-)
+from s3ckpt.errors import ConfigError
 from s3ckpt.format import (
     MANIFEST_NAME,
     HashedPrefixes,
@@ -296,11 +292,12 @@ class Checkpointer(AtLocation):
         allow_unsafe_pickle: bool = False,
         fan_out: bool = False,
         strict: bool = True,
+        fallback: bool = True,
     ) -> int | None:
         """Restore ``model`` (and ``optimizer``, ``train_state``) from a checkpoint.
 
         Args:
-            step: ``"latest"`` (the newest committed checkpoint) or a step number.
+            step: ``"latest"`` (the newest good committed checkpoint) or a step number.
             verify_complete: Fill floating-point destinations with NaN before loading and
                 raise :class:`~s3ckpt.errors.IncompleteRestoreError` naming every tensor
                 the checkpoint did not restore.
@@ -317,20 +314,26 @@ class Checkpointer(AtLocation):
             strict: Refuse a checkpoint whose keys differ from the state dict's (the
                 model's both ways). ``False`` loads the keys both have, as
                 ``Module.load_state_dict(strict=False)``; shapes must match either way.
+            fallback: With ``step="latest"``, skip a checkpoint known damaged (``s3ckpt
+                check`` found it, or its marker is unreadable) or whose read fails
+                verification (checksum, missing object, corrupt ``.metadata``), with a
+                WARNING naming it, and load the newest good one: every tensor is then the
+                good checkpoint's (docs/checkpointer.md). ``False``: a damaged newest
+                checkpoint raises :class:`~s3ckpt.errors.CorruptCheckpointError`.
 
         Returns:
             The step loaded, or ``None`` when ``step="latest"`` and the run has no
             committed checkpoint (the model is left untouched; a WARNING names the runs
             near the URL when it holds nothing, a misspelt name).
 
-        Raises:
+        Raises (all :class:`~s3ckpt.errors.S3CkptError`; never DCP's ``CheckpointException``):
             CheckpointNotFoundError: ``step`` was a number with no committed checkpoint.
             ConfigError: the URL is a checkpoint's, not a run's (the message says which).
             StateMismatchError: the checkpoint does not fit (shapes, keys); nothing changed.
-            CheckpointException: DCP's wrapper of what failed while reading, for example an
-                :class:`~s3ckpt.errors.UnsafeCheckpointError` for a value that needs a
-                class outside the allow-list (:func:`~s3ckpt.errors.find_s3ckpt_error`
-                digs it out).
+            CorruptCheckpointError: no good checkpoint left, or the one read (a numbered
+                step, ``fallback=False``) is damaged: ChecksumMismatchError among them.
+            UnsafeCheckpointError: a value needs a class outside the allow-list.
+            StoreError: the store failed (ObjectNotFoundError: an object is missing).
         """
         self._check_open()
         recorder = self._recorder("load", step if isinstance(step, int) else None)
@@ -348,12 +351,10 @@ class Checkpointer(AtLocation):
                     allow_unsafe_pickle=allow_unsafe_pickle,
                     fan_out=fan_out,
                     strict=strict,
+                    fallback=fallback,
                 )
-        except BaseException as exc:
-            interrupt = find_interrupt(exc)  # Ctrl-C stays KeyboardInterrupt, not DCP's wrapper
-            recorder.finish(interrupt or find_s3ckpt_error(exc) or exc)
-            if interrupt is not None and interrupt is not exc:
-                raise interrupt from None
+        except BaseException as exc:  # an s3ckpt error or Ctrl-C: load_resolved unwraps DCP's
+            recorder.finish(exc)
             raise
         recorder.finish(step=resolved)
         return resolved
@@ -371,35 +372,34 @@ class Checkpointer(AtLocation):
         allow_unsafe_pickle: bool,
         fan_out: bool,
         strict: bool,
+        fallback: bool,
     ) -> int | None:
-        resolved = self._latest.resolve(step, self.retention_grace)
-        if resolved is None:
-            return None
-        url = self._step_url(resolved)
-        recorder.url, recorder.step = str(url), resolved
-        sd = collect_state_dict(model, optimizer, train_state)
-        read_checkpoint(
-            sd,
-            self.location.child(checkpoint_name(resolved)),
-            verify_checksums=self.verify_checksums,
-            safe_globals=safe_globals,
-            allow_unsafe_pickle=allow_unsafe_pickle,
-            fan_out=fan_out,
-            process_group=self._pg,
-            verify_complete=verify_complete,
-            strict=strict,
-        )
-        apply_state_dict(sd, model, optimizer, train_state)
-        log.info("s3ckpt: loaded step %d from %s", resolved, url)
-        return resolved
+        def read(resolved: int) -> None:
+            recorder.url, recorder.step = str(self._step_url(resolved)), resolved
+            sd = collect_state_dict(model, optimizer, train_state)
+            read_checkpoint(
+                sd,
+                self.location.child(checkpoint_name(resolved)),
+                verify_checksums=self.verify_checksums,
+                safe_globals=safe_globals,
+                allow_unsafe_pickle=allow_unsafe_pickle,
+                fan_out=fan_out,
+                process_group=self._pg,
+                verify_complete=verify_complete,
+                strict=strict,
+            )
+            apply_state_dict(sd, model, optimizer, train_state)
+            log.info("s3ckpt: loaded step %d from %s", resolved, recorder.url)
+
+        grace = self.retention_grace
+        return load_resolved(self._latest, step, read, grace=grace, fallback=fallback)
 
     def latest(self) -> int | None:
-        """The step of the newest committed checkpoint, or ``None``.
-
-        The coordinator reads the ``s3ckpt.latest.json`` pointer and trusts it only if the
-        commit marker it names exists; otherwise it lists the run. Other ranks receive the
-        answer by broadcast (call it on every rank). A checkpoint's URL raises ConfigError.
-        """
+        """The step of the newest good committed checkpoint (damaged ones skipped, each
+        named in a WARNING), or ``None``. The coordinator reads the ``s3ckpt.latest.json``
+        pointer and trusts it only if the marker it names is good; else it lists the run.
+        Other ranks receive the answer by broadcast (call it on every rank). A checkpoint's
+        URL raises ConfigError."""
         self._check_open()
         self._saves.settle(self.on_busy)  # the upload thread may be using the process group
         return self._latest.latest(self.retention_grace)

@@ -10,32 +10,69 @@ more, from the next call that settles the queue.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from s3ckpt.dcp.writer import S3StorageWriter
-from s3ckpt.errors import (
-    CheckpointError,
-    SaveInProgressError,
-    find_interrupt,
-    find_s3ckpt_error,
-)
+from s3ckpt.errors import SaveInProgressError, unwrap_checkpoint_exception
 from s3ckpt.metrics import instrument
 
-__all__ = ["SaveHandle", "SaveQueue", "save_error"]
+__all__ = ["EXIT_WAIT_SECONDS", "SaveHandle", "SaveQueue"]
 
 log = logging.getLogger("s3ckpt")
+
+EXIT_WAIT_SECONDS = 600.0
+"""How long, at most, an interpreter that exits without ``Checkpointer.close()`` waits for
+the async save still uploading (and the retention pass after it), logged at WARNING. A save
+that then fails, is abandoned (Ctrl-C) or outlasts it is named in an ERROR and the process
+exits with status 1 (130 after a Ctrl-C), never 0 with the step silently lost."""
+
+
+def wait_at_exit(part: Any) -> None:
+    """Call ``part.drain_at_exit(deadline)`` (the steps it lost, as text) when the
+    interpreter exits: from ``threading``'s exit hooks, which run in reverse order of
+    registration, so before ``concurrent.futures`` refuses new work (its hook was registered
+    when it was imported, before this one)."""
+    with _EXIT_LOCK:
+        if not _EXIT_PARTS:
+            getattr(threading, "_register_atexit", atexit.register)(_at_exit)
+        _EXIT_PARTS[:] = [ref for ref in _EXIT_PARTS if ref() is not None]
+        _EXIT_PARTS.append(weakref.ref(part))
+
+
+_EXIT_LOCK = threading.Lock()
+_EXIT_PARTS: list[weakref.ref[Any]] = []
+_CTRL_C = "abandoned by Ctrl-C"
+
+
+def _at_exit() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_SECONDS
+    lost: list[str] = []
+    for ref in list(_EXIT_PARTS):
+        part = ref()
+        if part is not None:  # after a Ctrl-C here, nothing more is waited for
+            lost += part.drain_at_exit(time.monotonic() if _CTRL_C in str(lost) else deadline)
+    if lost:
+        interrupted = isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
+        code = 130 if interrupted or _CTRL_C in str(lost) else 1
+        log.error("s3ckpt: exiting with status %d: %s", code, "; ".join(lost))
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)  # the only way to change the status once the main module returned
 
 
 @dataclass
@@ -74,27 +111,6 @@ class SaveHandle:
         return self.committed.done()
 
 
-def save_error(exc: BaseException, step: int, url: str) -> BaseException:
-    """The error to raise for a failed ``dcp.save`` of ``step`` to ``url``.
-
-    DCP wraps per-rank failures in ``CheckpointException`` (a ``BaseException``): callers
-    get the s3ckpt error inside it (naming bucket, key and rank), or a
-    :class:`CheckpointError` that says which save failed. A Ctrl-C (``KeyboardInterrupt``)
-    or ``SystemExit``, bare or inside the wrapper, comes back as itself, never as an error
-    (a program stopped by Ctrl-C must stop, not handle a ``CheckpointError``). Other
-    exceptions pass through unchanged.
-    """
-    interrupt = find_interrupt(exc)
-    if interrupt is not None:
-        return interrupt
-    found = find_s3ckpt_error(exc)
-    if found is not None:
-        return found
-    if isinstance(exc, Exception) and not isinstance(exc, CheckpointException):
-        return exc
-    return CheckpointError(f"the save of step {step} to {url} failed: {exc}")
-
-
 class SaveQueue:
     """Runs saves one at a time: synchronously, or staged now and uploaded in the background.
 
@@ -115,8 +131,10 @@ class SaveQueue:
         )
         self._uploads = ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-upload")
         self._inflight: SaveHandle | None = None
+        self._upload: Future[None] | None = None
         self._failed: tuple[int, BaseException] | None = None
         self._lock = threading.Lock()
+        wait_at_exit(self)
 
     @property
     def inflight(self) -> SaveHandle | None:
@@ -164,7 +182,9 @@ class SaveQueue:
             try:
                 dcp.save(sd, storage_writer=writer, process_group=process_group)
             except BaseException as exc:
-                _raise_save_error(exc, handle.step, handle.url)
+                what = f"the save of step {handle.step} to {handle.url}"
+                err = unwrap_checkpoint_exception(exc, what)
+                raise err from err.__cause__
             after_commit(handle.step)
         except BaseException as exc:
             handle.staged.set_exception(exc)
@@ -215,8 +235,8 @@ class SaveQueue:
         staging.add_done_callback(on_staged)
         with self._lock:
             self._inflight = handle
-        self._uploads.submit(
-            self._upload,
+        self._upload = self._uploads.submit(
+            self._run_upload,
             handle,
             staging,
             writer,
@@ -233,7 +253,34 @@ class SaveQueue:
         self._uploads.shutdown(wait=True)
         self._stager.close()
 
-    def _upload(
+    def drain_at_exit(self, deadline: float) -> list[str]:
+        """At interpreter exit: wait (until ``deadline``, ``time.monotonic()``) for the
+        upload in flight; the save lost, as text, if it fails, is abandoned or outlasts the
+        wait. (A save that failed earlier was logged at ERROR when it failed.)"""
+        handle, upload = self._inflight, self._upload
+        if handle is None or upload is None or upload.done():
+            return []
+        if handle.done():  # its outcome is out: only what runs after it is left
+            wait([upload], timeout=max(0.0, deadline - time.monotonic()))
+            return []
+        what = f"the async save of step {handle.step} to {handle.url}"
+        log.warning(
+            "s3ckpt: the interpreter is exiting while %s uploads: waiting up to %.0fs for it "
+            "to commit (Ctrl-C abandons it; Checkpointer.close() or `with Checkpointer(...)` "
+            "waits for it in your code)",
+            what,
+            max(0.0, deadline - time.monotonic()),
+        )
+        try:
+            wait([upload], timeout=max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            return [f"{what} was {_CTRL_C}"]
+        if not upload.done():
+            return [f"{what} did not commit within {EXIT_WAIT_SECONDS:.0f}s"]
+        failed = handle.committed.exception() if handle.committed.done() else None
+        return [] if failed is None else [f"{what} failed: {failed}"]
+
+    def _run_upload(
         self,
         handle: SaveHandle,
         staging: Future[Any],
@@ -250,7 +297,9 @@ class SaveQueue:
                 with instrument.bound(recorder):
                     dcp.save(staged_sd, storage_writer=writer, process_group=process_group)
             except BaseException as exc:
-                _raise_save_error(exc, handle.step, handle.url)
+                what = f"the save of step {handle.step} to {handle.url}"
+                err = unwrap_checkpoint_exception(exc, what)
+                raise err from err.__cause__
             with instrument.bound(recorder):
                 after_commit(handle.step)
         except BaseException as exc:
@@ -277,17 +326,6 @@ class SaveQueue:
             recorder.finish(blocked_s=_blocked(handle))
         handle.committed.set_result(None)
         on_committed()
-
-
-def _raise_save_error(exc: BaseException, step: int, url: str) -> NoReturn:
-    """Raise :func:`save_error` of ``exc``: chained to DCP's wrapper, except an interrupt,
-    which is raised as itself (its own traceback, no wrapper in front of it)."""
-    err = save_error(exc, step, url)
-    if err is exc:
-        raise exc
-    if isinstance(err, (KeyboardInterrupt, SystemExit)):
-        raise err from None
-    raise err from exc
 
 
 def _blocked(handle: SaveHandle) -> float | None:

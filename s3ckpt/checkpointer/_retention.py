@@ -1,7 +1,10 @@
 """Retention after a commit: the policy runs on the coordinator in a background thread.
 
-Its failures are logged and kept (``Checkpointer.last_retention``, and every pass in
-``Checkpointer.retention_history``), never raised into training.
+Each deletion is logged at INFO with its reason; failures are logged and kept
+(``Checkpointer.last_retention``, and every pass in ``Checkpointer.retention_history``),
+never raised into training. Deletes the store refuses (403 ``AccessDenied``: terraform's
+trainer role without ``trainer_may_prune``) are one WARNING naming the cron route, and
+the job's later passes are skipped: every checkpoint is kept.
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from s3ckpt.checkpointer._async import wait_at_exit
+from s3ckpt.errors import AccessDeniedError
 from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -95,7 +100,9 @@ class RetentionRunner:
         self._future: Future[Any] | None = None
         self._lock = threading.Lock()
         self._history: deque[RetentionRecord] = deque(maxlen=RETENTION_HISTORY)
+        self._denied = False
         self.last: PruneResult | BaseException | None = None
+        wait_at_exit(self)
 
     @property
     def history(self) -> tuple[RetentionRecord, ...]:
@@ -106,7 +113,10 @@ class RetentionRunner:
 
     def schedule(self, policy: Policy, grace: timedelta, step: int | None = None) -> None:
         """Queue a pass of ``policy`` (after the passes already queued), recorded as
-        triggered by the commit of ``step``."""
+        triggered by the commit of ``step``. Nothing once the store refused a delete."""
+        if self._denied:
+            log.debug("s3ckpt: no retention pass after step %s: deletes are denied", step)
+            return
         self._future = self._pool.submit(self._run, policy, grace, step)
 
     def wait(self) -> None:
@@ -119,6 +129,17 @@ class RetentionRunner:
         """Wait for queued passes and release the thread."""
         self._pool.shutdown(wait=True)
 
+    def drain_at_exit(self, deadline: float) -> list[str]:
+        """At interpreter exit: wait (until ``deadline``, ``time.monotonic()``) for the pass
+        in flight. Nothing is lost if it is cut short (the next prune finishes it)."""
+        fut = self._future
+        if fut is not None and not fut.done():
+            log.warning(
+                "s3ckpt: the interpreter is exiting: waiting for retention on %s", self._url
+            )
+            wait([fut], timeout=max(0.0, deadline - time.monotonic()))
+        return []
+
     def _run(self, policy: Policy, grace: timedelta, step: int | None) -> None:
         from s3ckpt.retention import prune
 
@@ -127,9 +148,52 @@ class RetentionRunner:
             result = prune(self._store, self._url, policy, apply=True, grace=grace)
         except Exception as exc:
             record = RetentionRecord(step, started, time.perf_counter() - t0, error=exc)
-            log.warning("s3ckpt: retention on %s failed (training continues): %s", self._url, exc)
+            if isinstance(exc, AccessDeniedError):
+                self._deny(str(exc))
+            else:
+                log.warning(
+                    "s3ckpt: retention on %s failed (training continues): %s", self._url, exc
+                )
         else:
             record = RetentionRecord(step, started, time.perf_counter() - t0, result=result)
+            _log_deletions(result)
+            if denied := [f for f in result.failures if f.code == "AccessDenied"]:
+                self._deny(f"AccessDenied on {denied[0].key}: {denied[0].message}")
         with self._lock:
             self._history.append(record)
             self.last = record.outcome
+
+    def _deny(self, why: str) -> None:
+        self._denied = True
+        log.warning(
+            "s3ckpt: in-job retention on %s may not delete (%s): every checkpoint is kept and "
+            "training continues; this job runs no more retention passes. Prune from a cron "
+            "with the pruner role instead (`s3ckpt prune %s --policy POLICY --apply`, "
+            "docs/operations.md), or give the trainer deletes (terraform: trainer_may_prune "
+            "= true)",
+            self._url,
+            why,
+            self._url,
+        )
+
+
+def _log_deletions(result: PruneResult) -> None:
+    """One INFO line per checkpoint a pass deleted, with why; one WARNING for the keys it
+    could not delete."""
+    reasons = {d.checkpoint.name: d.reasons for d in result.plan.decisions}
+    for name in result.deleted:
+        why = "; ".join(reasons.get(name, ())) or "finishing an interrupted prune"
+        log.info(
+            "s3ckpt: retention deleted %s (%s, policy %s)",
+            result.run.child(name),
+            why,
+            result.plan.policy,
+        )
+    if result.failures:
+        log.warning(
+            "s3ckpt: retention could not delete %d key(s) under %s (first: %s %s)",
+            len(result.failures),
+            result.run,
+            result.failures[0].key,
+            result.failures[0].code,
+        )

@@ -15,7 +15,11 @@ the destination's shape.
 Decoding, per span: a tensor whose one destination is contiguous, on the CPU and of the
 saved dtype and shape is streamed straight into the destination's memory (the zip header
 and tail go through two small buffers); anything else is read whole into one buffer (the
-item's length) and decoded from it, then copied into each destination.
+item's length) and decoded from it, then copied into each destination. An item saved
+through stream transforms (``.metadata``'s ``transform_descriptors``: a writer's
+``_extensions``, e.g. ``ZStandard``) is always read whole and its transforms undone
+(:meth:`SpanDecoder.untransform`, the reader's extension registry) before it is decoded,
+tensor or bytes alike; its CRC32C is checked over the bytes stored, before that.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -42,6 +46,7 @@ from s3ckpt.dcp._safe import (
 from s3ckpt.dcp._torch import StorageInfo, transform_load_stream
 from s3ckpt.errors import (
     ChecksumMismatchError,
+    ConfigError,
     CorruptCheckpointError,
     StateMismatchError,
     UnsafeCheckpointError,
@@ -55,6 +60,9 @@ from s3ckpt.format import (
 )
 from s3ckpt.metrics import instrument
 from s3ckpt.uri import StoreURL
+
+if TYPE_CHECKING:
+    from s3ckpt.dcp._torch import ExtensionRegistry
 
 __all__ = [
     "ByteSource",
@@ -129,6 +137,8 @@ class SpanDecoder:
         allow_unsafe_pickle: Skip the safe loader for non-tensor items.
         safe_globals: The reader's own globals, on top of :data:`~s3ckpt.dcp.SAFE_GLOBALS`.
         recorder: The load's metrics recorder (checksum failures are counted there).
+        extension_registry: Where stream transforms are looked up (``None``: torch's
+            default registry).
     """
 
     url: StoreURL
@@ -142,6 +152,7 @@ class SpanDecoder:
     allow_unsafe_pickle: bool
     safe_globals: Sequence[SafeGlobal]
     recorder: instrument.Recorder | None
+    extension_registry: ExtensionRegistry | None = None
 
     # -- a plan as spans ----------------------------------------------------------------------
     def group(self, plan: LoadPlan) -> SpansByObject:
@@ -266,14 +277,15 @@ class SpanDecoder:
         fqn = span.reads[0].storage_index.fqn
         if record is not None:
             self._check(crc, record, key, fqn)
+        data = self.untransform(span, key, buf)
         first = span.reads[0]
         if first.type == LoadItemType.BYTE_IO:
-            self._check_safe(buf, key, fqn)
+            self._check_safe(data, key, fqn)
             for read in span.reads:
                 with lock:
-                    planner.load_bytes(read, io.BytesIO(buf))
+                    planner.load_bytes(read, io.BytesIO(data))
             return
-        tensor = self._decode_tensor(buf, span, key)
+        tensor = self._decode_tensor(data, span, key)
         for read in span.reads:
             piece = _narrow(tensor, read.storage_offsets, read.lengths)
             with lock:
@@ -346,7 +358,7 @@ class SpanDecoder:
                 rank=self.rank,
             )
 
-    def _check_safe(self, buf: bytearray, key: str, fqn: str) -> None:
+    def _check_safe(self, buf: bytes | bytearray, key: str, fqn: str) -> None:
         if self.allow_unsafe_pickle:
             return
         allowed = (*SAFE_GLOBALS, *self.safe_globals)
@@ -379,8 +391,42 @@ class SpanDecoder:
             return ""
         return " and safe_globals=[" + ", ".join(map(global_name, self.safe_globals)) + "]"
 
-    # -- a whole item's bytes as a tensor ---------------------------------------------------
-    def _decode_tensor(self, buf: bytearray, span: ItemSpan, key: str) -> torch.Tensor:
+    # -- a whole item's bytes ----------------------------------------------------------------
+    def untransform(self, span: ItemSpan, key: str, buf: bytearray) -> bytes | bytearray:
+        """The item's bytes with its stream transforms undone (``buf`` itself without any)."""
+        descriptors = span.info.transform_descriptors
+        if not descriptors:
+            return buf
+        read = span.reads[0]
+        fqn = read.storage_index.fqn
+        try:
+            stream = transform_load_stream(
+                read, descriptors, io.BytesIO(buf), self.extension_registry
+            )
+        except ValueError as exc:  # a descriptor the registry does not know, or cannot serve
+            raise ConfigError(
+                f"{fqn}: saved through stream transforms {list(descriptors)}, which this reader "
+                f"cannot undo ({exc}). Install what the extension needs (ZStandard: the "
+                "zstandard package), or pass _extension_registry= with its class registered "
+                "(ExtensionRegistry().register(cls))",
+                bucket=self.bucket,
+                key=key,
+                rank=self.rank,
+            ) from exc
+        try:
+            return cast(bytes, stream.read(-1))
+        except Exception as exc:
+            raise CorruptCheckpointError(
+                f"{fqn}: cannot undo its stream transforms {list(descriptors)} "
+                f"({type(exc).__name__}: {exc}); the stored bytes are damaged. Load an "
+                "earlier checkpoint",
+                bucket=self.bucket,
+                key=key,
+                rank=self.rank,
+            ) from exc
+
+    def _decode_tensor(self, buf: bytes | bytearray, span: ItemSpan, key: str) -> torch.Tensor:
+        """``buf``, an item's bytes with its transforms undone, as the saved tensor."""
         read = span.reads[0]
         record = span.record
         chunk = self.chunks.get(item_key(read.storage_index))
@@ -407,12 +453,9 @@ class SpanDecoder:
             )
             flat = torch.frombuffer(buf, dtype=dtype, count=numel, offset=record.data_offset)
             return flat.view(tuple(sizes))
-        stream: IO[bytes] = io.BytesIO(buf)
-        if span.info.transform_descriptors:
-            stream = transform_load_stream(read, span.info.transform_descriptors, stream)
-            stream = io.BytesIO(stream.read())
         try:
-            return cast(torch.Tensor, torch.load(stream, map_location="cpu", weights_only=True))
+            loaded = torch.load(io.BytesIO(buf), map_location="cpu", weights_only=True)
+            return cast(torch.Tensor, loaded)
         except Exception as exc:
             raise CorruptCheckpointError(
                 f"{read.storage_index.fqn}: cannot decode the saved tensor ({type(exc).__name__}: "

@@ -20,9 +20,15 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.storage import WriteResult
 
 from s3ckpt import _crc
-from s3ckpt._commit import Heartbeat, read_marker, restore_stock_metadata
+from s3ckpt._commit import (
+    Heartbeat,
+    lost_race_error,
+    read_marker,
+    restore_stock_metadata,
+    writer_record,
+)
 from s3ckpt._gc_pause import gc_paused
-from s3ckpt._tombstone import being_deleted, is_tombstone
+from s3ckpt._tombstone import Tombstone, fenced_error, read_tombstone
 from s3ckpt._version import __version__
 from s3ckpt.dcp._torch import StorageInfo
 from s3ckpt.dcp._verify import verify_marker, verify_objects, verify_wanted
@@ -113,6 +119,7 @@ class SaveCommit:
         self.layout = layout
         self.url = url
         self.save_id = save_id
+        self.tag = save_tag(save_id)
         self.overwrite = overwrite
         self.rank = rank
         self.step = step
@@ -133,7 +140,7 @@ class SaveCommit:
         # every object in the process (see s3ckpt._gc_pause).
         with gc_paused():
             meta_bytes, objects, items = self._describe(metadata, results, storage_meta)
-        tag = save_tag(self.save_id)
+        tag = self.tag
         world = len(results)
         meta_name = metadata_name(tag)
         heartbeats = [self.url.key(heartbeat_name(tag, r)) for r in range(world)]
@@ -152,6 +159,7 @@ class SaveCommit:
             metrics=self.metrics,
             user=self.user,
             versions={"s3ckpt": __version__, "torch": torch.__version__},
+            writer=writer_record(),
             format_version=FORMAT_VERSION if self.layout is None else LAYOUT_FORMAT_VERSION,
             layout=self.layout,
         )
@@ -249,12 +257,14 @@ class SaveCommit:
 
         An overwrite of a checkpoint whose marker cannot be parsed (damaged, forged)
         still replaces it, by its ETag, but removes none of its objects: only names a
-        readable manifest lists are ever deleted (gc reclaims the rest by their tags).
-        """
+        readable manifest lists are ever deleted (gc reclaims the rest by their tags). Any
+        save replaces a finished tombstone by its ETag (:mod:`s3ckpt._tombstone`)."""
         try:
             found: tuple[Manifest | None, str | None] | None = read_marker(self.store, self.url)
         except CorruptCheckpointError as exc:
-            self._refuse_tombstone(exc)
+            gone = self._refuse_tombstone(exc)
+            if gone is not None:
+                return (None, gone)
             if not self.overwrite:
                 raise
             info = self.store.head(self.url.key(MANIFEST_NAME))
@@ -262,22 +272,26 @@ class SaveCommit:
                 return None
             log.warning("s3ckpt: replacing %s, whose marker is unreadable: %s", self.url, exc)
             found = (None, info.etag)
+        if found is not None and found[0] is not None and self.tag in found[0].reaped:
+            raise self._fenced(Tombstone("", "gc", (self.tag,)))
         if found is not None and not self.overwrite:
-            raise self._exists_error("another save committed it first")
+            raise self._exists_error("another save committed it first", found[0])
         return found
 
-    def _refuse_tombstone(self, cause: BaseException) -> None:
-        """Never compare-and-swap over a tombstone (:mod:`s3ckpt._tombstone`): a deleter
-        owns the marker until it is gone."""
-        key = self.url.key(MANIFEST_NAME)
-        try:
-            raw: bytes | None = self.store.get(key)
-        except ObjectNotFoundError:
-            raw = None
-        if is_tombstone(raw):
-            raise being_deleted(
-                self.url, bucket=self.store.bucket, key=key, rank=self.rank
-            ) from cause
+    def _fenced(self, tomb: Tombstone) -> CheckpointError:
+        where = {"bucket": self.store.bucket, "key": self.url.key(MANIFEST_NAME)}
+        return fenced_error(self.url, tomb, self.tag, self.step, **where, rank=self.rank)
+
+    def _refuse_tombstone(self, cause: BaseException) -> str | None:
+        """Never compare-and-swap over an unfinished tombstone (:mod:`s3ckpt._tombstone`):
+        a deleter owns the marker until it is done. Returns the ETag of a finished one
+        this save may replace; None when the marker is no tombstone."""
+        found = read_tombstone(self.store, self.url.key(MANIFEST_NAME))
+        if found is None:
+            return None
+        if found[0].done and self.tag not in found[0].reaped and found[1]:
+            return found[1]
+        raise self._fenced(found[0]) from cause
 
     def _retract_stock_metadata(self, previous: tuple[Manifest | None, str | None] | None) -> bool:
         """Before an overwrite's marker: empty the plain ``.metadata`` copy of the save
@@ -305,14 +319,9 @@ class SaveCommit:
         except S3CkptError as exc:
             log.warning("s3ckpt: could not put %s/.metadata back (%s); gc will", self.url, exc)
 
-    def _exists_error(self, why: str) -> CheckpointExistsError:
-        return CheckpointExistsError(
-            f"a committed checkpoint already exists at {self.url} ({why}); this save was "
-            "discarded. Pass overwrite=True to replace it, or save to a new prefix",
-            bucket=self.store.bucket,
-            key=self.url.key(MANIFEST_NAME),
-            rank=self.rank,
-        )
+    def _exists_error(self, why: str, winner: Manifest | None = None) -> CheckpointExistsError:
+        """A lost race: who won (the marker's writer) and what to do (:mod:`s3ckpt._commit`)."""
+        return lost_race_error(self.url, winner, why, bucket=self.store.bucket, rank=self.rank)
 
     def _commit_marker(
         self,
@@ -352,25 +361,17 @@ class SaveCommit:
             # found it); a transient failure may have been applied. Read back to decide.
             try:
                 found = read_marker(self.store, self.url)
-            except CorruptCheckpointError as exc:
-                try:
-                    self._refuse_tombstone(exc)  # a deleter swapped the marker first: lost
-                except CheckpointError:
-                    self._discard(own)
-                    raise
-                raise CheckpointError(
-                    f"the commit of {self.url} has an unknown outcome: the marker PUT failed "
-                    f"({failure}) and the marker read back is unreadable ({exc}). This "
-                    "save's objects were kept; `s3ckpt ls` shows whether it committed, and "
-                    "`s3ckpt gc` removes them if it did not",
-                    bucket=self.store.bucket,
-                    key=marker,
-                    rank=self.rank,
-                ) from failure
             except S3CkptError as exc:
+                if isinstance(exc, CorruptCheckpointError):
+                    try:  # a deleter fenced the prefix first: this save lost
+                        if self._refuse_tombstone(exc) is not None:
+                            raise self._exists_error("a deleter fenced it meanwhile") from exc
+                    except CheckpointError:
+                        self._discard(own)
+                        raise
                 raise CheckpointError(
                     f"the commit of {self.url} has an unknown outcome: the marker PUT failed "
-                    f"({failure}) and reading it back failed too ({exc}). This save's "
+                    f"({failure}) and reading it back gave no answer ({exc}). This save's "
                     "objects were kept; `s3ckpt ls` shows whether it committed, and "
                     "`s3ckpt gc` removes them if it did not",
                     bucket=self.store.bucket,
@@ -380,6 +381,9 @@ class SaveCommit:
             if found is not None and found[0].save_id == self.save_id:
                 log.info("s3ckpt: commit of %s confirmed by reading the marker back", self.url)
                 return
+            if found is not None and self.tag in found[0].reaped:
+                self._discard(own)  # gc took this save for dead and deleted its objects
+                raise self._fenced(Tombstone("", "gc", (self.tag,))) from failure
             if isinstance(failure, TransientStoreError):
                 # Not there now, but the PUT may still be applied: keep our objects (gc
                 # removes them once the save's heartbeats are old and no marker names them).
@@ -389,7 +393,9 @@ class SaveCommit:
                 continue
             break
         self._discard(own)  # someone else's marker is there: we lost, provably
-        raise self._exists_error("a concurrent save committed first") from failure
+        raise self._exists_error(
+            "a concurrent save committed first", found and found[0]
+        ) from failure
 
     def _after_commit(
         self,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 
 from s3ckpt._commit import check_metadata, metadata_matches, read_marker
+from s3ckpt._tombstone import Tombstone, deleted_error
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ObjectNotFoundError,
@@ -45,7 +46,9 @@ def locate(
     and a PUT when rolling forward); without a marker, one LIST of the prefix first.
 
     Raises:
-        CheckpointNotFoundError: neither a marker nor a ``.metadata`` at ``url``.
+        CheckpointNotFoundError: neither a marker nor a ``.metadata`` at ``url``, or the
+            marker key holds a tombstone (the step was deleted, or is being deleted:
+            :mod:`s3ckpt._tombstone`).
         UncommittedCheckpointError: an s3ckpt save without its marker is at ``url`` and
             not ``allow_uncommitted``.
         CorruptCheckpointError: the marker is malformed, or no ``.metadata`` copy is the
@@ -55,7 +58,11 @@ def locate(
     manifest: Manifest | None = None
     try:
         with expecting("not_found"):  # no marker: a stock DCP checkpoint, or uncommitted
-            manifest = Manifest.from_json(store.get(marker_key), where=marker_key)
+            raw_marker = store.get(marker_key)
+        tomb = Tombstone.parse(raw_marker)
+        if tomb is not None:  # pruned, gc'd or removed: deleted, not damaged
+            raise deleted_error(url, tomb, bucket=store.bucket, key=marker_key)
+        manifest = Manifest.from_json(raw_marker, where=marker_key)
     except ObjectNotFoundError:
         pass
     if manifest is None:

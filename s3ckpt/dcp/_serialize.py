@@ -14,19 +14,45 @@ That needs two private torch names (``torch._C.PyTorchFileWriter`` and
 ``torch.load``; on a torch where they differ the writer falls back to plain
 ``torch.save``. ``torch.serialization.set_crc32_options`` is not used because it is
 process-wide: flipping it would change other threads' ``torch.save`` output.
+
+:func:`write_item` writes one DCP item (a tensor or a bytes item) into the object's
+sink, through the writer's stream transforms (``_extensions``, as torch's
+``FileSystemWriter`` takes them: ``ZStandard`` compression, ...) when it has any. A
+transformed item's stored bytes are not the tensor's bytes: it is never uploaded from the
+tensor's memory and records no ``data_offset``, so readers decode it whole (its CRC32C
+is over the bytes stored, as every item's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import math
 import pickle
 import threading
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 
-__all__ = ["fast_path_available", "save_item"]
+from s3ckpt.dcp._finish import S3StorageInfo
+from s3ckpt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from s3ckpt.dcp._torch import StreamTransformExtension
+    from s3ckpt.transfer import ItemCrc, ObjectSink
+
+__all__ = [
+    "check_extensions",
+    "estimate_size",
+    "fast_path_available",
+    "save_item",
+    "write_item",
+]
+
+# torch.save framing around a tensor's bytes is ~1.5 KiB; used only to size objects.
+_ITEM_OVERHEAD = 2048
 
 _lock = threading.Lock()
 _fast: bool | None = None
@@ -81,3 +107,143 @@ def save_item(obj: Any, f: Any) -> None:
         _save_without_crc(obj, f)
     else:
         torch.save(obj, f)
+
+
+# --- one DCP item into an object's sink ------------------------------------------------
+
+
+def check_extensions(extensions: Sequence[Any] | None) -> tuple[StreamTransformExtension, ...]:
+    """The writer's ``_extensions`` as a tuple: at most one, a stream transform
+    (``transform_to`` and ``get_descriptor``, as torch's ``StreamTransformExtension``).
+
+    Two or more are refused: torch 2.13 chains them on write so that the last one listed
+    runs first, and its reader undoes them in the same order (not the reverse), so a
+    checkpoint of two transforms that do not commute (``Rot13Example`` and ``ZStandard``)
+    loads with no reader, stock or s3ckpt."""
+    out = tuple(extensions or ())
+    if len(out) > 1:
+        raise ConfigError(
+            f"_extensions holds {len(out)} stream transforms; pass at most one: torch's "
+            "readers undo several in the order they were applied, not the reverse, so the "
+            "checkpoint would not load (see docs/dcp.md, 'Stream transforms')"
+        )
+    for ext in out:
+        if not (
+            callable(getattr(ext, "transform_to", None))
+            and callable(getattr(ext, "get_descriptor", None))
+        ):
+            raise ConfigError(
+                f"_extensions holds {ext!r}, which is not a stream transform; pass instances of "
+                "torch.distributed.checkpoint._extension.StreamTransformExtension (e.g. "
+                "ZStandard())"
+            )
+    return out
+
+
+class _Unclosed(io.RawIOBase):
+    """The object's sink as the innermost transform sees it: closing the transforms
+    finishes the item's stream (ZStandard ends its frame) and leaves the object open for the
+    next item. After a failure it takes nothing more (a transform collected later that
+    flushes must not write into a dead upload)."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self.raw: Any = raw
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        if self.raw is None:
+            raise ValueError("the item's stream was abandoned")
+        return self.raw.write(b)
+
+    def close(self) -> None:
+        self.raw = None
+        super().close()
+
+
+@contextlib.contextmanager
+def _through(sink: Any, extensions: Sequence[StreamTransformExtension]) -> Iterator[Any]:
+    """``sink``, or the stream that writes into it through ``extensions`` (chained as
+    torch's ``_StorageWriterTransforms`` chains them); the transforms are closed (flushed
+    into ``sink``) when the item is written."""
+    if not extensions:
+        yield sink
+        return
+    inner = _Unclosed(sink)
+    out: Any = inner
+    for ext in extensions:
+        out = ext.transform_to(out)
+    try:
+        yield out
+    except BaseException:
+        inner.close()
+        raise
+    out.close()
+
+
+def _tensor_for_save(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor whose storage holds exactly its bytes (torch.save writes whole storages)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
+        t = t.clone()
+    return t
+
+
+def estimate_size(item: WriteItem) -> int:
+    """About how many bytes ``item`` stores (untransformed): to size the objects."""
+    if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
+        return _ITEM_OVERHEAD
+    props = item.tensor_data.properties
+    numel = math.prod(item.tensor_data.size)
+    return numel * torch.empty((), dtype=props.dtype).element_size() + _ITEM_OVERHEAD
+
+
+def write_item(
+    sink: ObjectSink,
+    planner: SavePlanner,
+    item: WriteItem,
+    name: str,
+    rank: int,
+    extensions: Sequence[StreamTransformExtension] = (),
+) -> tuple[S3StorageInfo, ItemCrc]:
+    """Write ``item`` into ``sink`` (object ``name``), through ``extensions``: its storage
+    info and its CRC32C (whole once the uploader finished: the upload threads compute the
+    parts sent from a tensor's own memory)."""
+    data = planner.resolve_data(item)
+    if item.type == WriteItemType.BYTE_IO:
+        start = sink.begin_item()
+        with _through(sink, extensions) as out:
+            out.write(data.getbuffer() if isinstance(data, io.BytesIO) else data)
+        crc, data_offset = sink.end_item()
+    else:
+        tensor = _tensor_for_save(data)
+        nbytes = tensor.numel() * tensor.element_size()
+        # A tensor that is the caller's own memory (no device copy, no contiguous copy)
+        # may be uploaded from that memory: the caller is blocked in dcp.save (or this is
+        # an async save's staged copy) until write_data returns, which waits for every
+        # part. A copy made here goes through the part buffers like any other bytes, so
+        # memory stays bounded by the pool. A transformed tensor is not stored as its
+        # bytes: nothing is watched, so no data_offset is recorded.
+        own = tensor.data_ptr() == data.data_ptr() and data.device.type == "cpu"
+        watch = tensor.data_ptr() if nbytes and not extensions else None
+        start = sink.begin_item(watch, nbytes, hold=tensor if own else None)
+        with _through(sink, extensions) as out:
+            save_item(tensor, out)
+        crc, data_offset = sink.end_item()
+        del tensor
+    descriptors = [ext.get_descriptor() for ext in reversed(extensions)]
+    info = S3StorageInfo(
+        relative_path=name,
+        offset=start,
+        length=sink.tell() - start,
+        transform_descriptors=descriptors or None,  # left out without any, as torch does
+        data_offset=None if data_offset is None else data_offset - start,
+        rank=rank,
+    )
+    return info, crc

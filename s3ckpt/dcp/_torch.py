@@ -12,8 +12,10 @@ private names (the zip writer without CRC-32) the same way.
 - ``local_chunks``: ``DTensor.__create_chunk_list__``; without it, an own computation
   from the DTensor's public mesh and placements.
 - ``transform_load_stream``: ``_extension.ExtensionRegistry`` and
-  ``filesystem._StorageReaderTransforms``; without them, an error, raised only for an
-  item saved with stream transforms (an item without needs neither).
+  ``filesystem._StorageReaderTransforms`` (over the reader's ``_extension_registry``, or
+  torch's default one); without them, an error, raised only for an item saved with stream
+  transforms (an item without needs neither). The writer's side needs no private name: it
+  only calls the user's extensions (``dcp/_serialize.py``).
 
 The pinned torch (see ``pyproject.toml``) has all four; the fallbacks serve other
 versions and are tested by taking the private names away (``tests/unit/test_torch_compat.py``).
@@ -85,6 +87,12 @@ def _storage_info() -> type:
 
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint._extension import (
+        ExtensionRegistry as ExtensionRegistry,
+    )
+    from torch.distributed.checkpoint._extension import (
+        StreamTransformExtension as StreamTransformExtension,
+    )
     from torch.distributed.checkpoint.filesystem import _StorageInfo as StorageInfo
 else:
     StorageInfo = _storage_info()
@@ -225,14 +233,19 @@ def _reader_transforms() -> Any:
 
 
 def transform_load_stream(
-    read_item: ReadItem, transform_descriptors: Sequence[str] | None, stream: IO[bytes]
+    read_item: ReadItem,
+    transform_descriptors: Sequence[str] | None,
+    stream: IO[bytes],
+    registry: ExtensionRegistry | None = None,
 ) -> IO[bytes]:
-    """``stream`` with the item's stream transforms (e.g. compression) undone; ``stream``
-    itself when the item has none, which needs no private torch API at all.
+    """``stream`` with the item's stream transforms (e.g. compression) undone, each looked
+    up in ``registry`` (``None``: torch's default one, which knows ``ZStandard``);
+    ``stream`` itself when the item has none, which needs no private torch API at all.
 
     Raises:
         S3CkptError: the item has transforms and this torch lacks the private API that
             undoes them.
+        ValueError: a descriptor the registry does not know (torch's own error).
     """
     if not transform_descriptors:
         return stream
@@ -246,4 +259,6 @@ def transform_load_stream(
             f"{type(transforms).__name__}: {transforms}); load this checkpoint with torch's "
             f"own FileSystemReader, or use torch {_TESTED} (the version s3ckpt is tested with)"
         ) from transforms
+    if registry is not None:
+        transforms = type(transforms)(registry)
     return transforms.transform_load_stream(read_item, transform_descriptors, stream)

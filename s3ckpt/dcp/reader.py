@@ -30,7 +30,9 @@ Call sequence (torch's ``StorageReader`` contract):
 
 Reads checkpoints from other DCP writers too (torch's FileSystemWriter/FsspecWriter,
 s3torchconnector): without ``s3ckpt.json`` there are no checksums to check, and items go
-through the same safe loader.
+through the same safe loader. Items saved through stream transforms (a writer's
+``_extensions``, e.g. ZStandard) are read whole and undone with the reader's
+``_extension_registry`` before they are decoded, tensors and non-tensor items alike.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -70,6 +72,9 @@ from s3ckpt.metrics import instrument
 from s3ckpt.store import Location, LocationLike, ObjectStore
 from s3ckpt.transfer import RangeWalk, Request, SpanReader, read_piece_size
 from s3ckpt.transfer import Span as WalkSpan
+
+if TYPE_CHECKING:
+    from s3ckpt.dcp._torch import ExtensionRegistry
 
 __all__ = ["S3StorageReader"]
 
@@ -124,6 +129,12 @@ class S3StorageReader(Located, StorageReader):
         fan_out_piece_size: The most bytes one broadcast carries (and an owning rank
             reads in one go); pieces are smaller when the shared bytes spread over the
             ranks need less.
+        _extension_registry: Where the stream transforms an item was saved through
+            (``.metadata``'s ``transform_descriptors``) are looked up, as torch's
+            ``FileSystemReader`` takes it: ``None`` is torch's default registry (which
+            knows ``ZStandard``); register your own extension classes on an
+            ``ExtensionRegistry`` and pass it. Transformed items (tensors and non-tensor
+            items alike) are read whole and undone before they are checked and loaded.
 
     Non-tensor items (anything in the state dict that is not a tensor) are loaded by DCP's
     planner with full pickle, so each one is first loaded with torch's restricted
@@ -173,8 +184,10 @@ class S3StorageReader(Located, StorageReader):
         fan_out: bool = False,
         process_group: dist.ProcessGroup | None = None,
         fan_out_piece_size: int = DEFAULT_PIECE_SIZE,
+        _extension_registry: ExtensionRegistry | None = None,
     ) -> None:
         super().__init__()
+        self.extension_registry = _extension_registry
         if fan_out_piece_size < MIN_PIECE_SIZE:
             raise ConfigError(
                 f"fan_out_piece_size must be >= {MIN_PIECE_SIZE} bytes, got {fan_out_piece_size}"
@@ -309,6 +322,7 @@ class S3StorageReader(Located, StorageReader):
             allow_unsafe_pickle=self.allow_unsafe_pickle,
             safe_globals=self.safe_globals,
             recorder=self._report.recorder,
+            extension_registry=self.extension_registry,
         )
 
     def _fan_out(

@@ -17,7 +17,8 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
 4. ``write_data`` (all ranks): pack the rank's items into a few objects balanced by size
    and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
    item and per part; whole parts of a large contiguous CPU tensor are sent from its own
-   memory, see :class:`~s3ckpt.transfer.ObjectSink`), beating the rank's heartbeat
+   memory, see :class:`~s3ckpt.transfer.ObjectSink`, unless ``_extensions`` transform
+   the items: :func:`~s3ckpt.dcp._serialize.write_item`), beating the rank's heartbeat
    every 15 s meanwhile. On any failure (Ctrl-C included): abort open uploads, delete
    completed objects; where anything of the save may be left (a delete failed, or other
    ranks uploaded), record the failure (``s3ckpt.failed.{tag}.{rank}``, best effort;
@@ -56,29 +57,26 @@ Checkpointer re-raises it as ``KeyboardInterrupt``).
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, SupportsFloat
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
-import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from s3ckpt._commit import Heartbeat, heartbeat_body, record_failure
+from s3ckpt._commit import Heartbeat, heartbeat_body, lost_race_error, read_marker, record_failure
+from s3ckpt._tombstone import step_taken
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
 from s3ckpt.dcp._located import Located
-from s3ckpt.dcp._serialize import save_item
+from s3ckpt.dcp._serialize import check_extensions, estimate_size, write_item
 from s3ckpt.errors import (
-    CheckpointExistsError,
     ConfigError,
-    ObjectNotFoundError,
     S3CkptError,
 )
 from s3ckpt.format import (
@@ -98,12 +96,12 @@ from s3ckpt.metrics import instrument
 from s3ckpt.store import Location, LocationLike, ObjectStore, require_conditional_writes
 from s3ckpt.transfer import ItemCrc, Uploader, format_leftovers, pack
 
+if TYPE_CHECKING:
+    from s3ckpt.dcp._torch import StreamTransformExtension
+
 __all__ = ["S3StorageWriter"]
 
 log = logging.getLogger(__name__)
-
-# torch.save framing around a tensor's bytes is ~1.5 KiB; used only to size objects.
-_ITEM_OVERHEAD = 2048
 
 
 @dataclass(frozen=True)
@@ -116,37 +114,6 @@ class _RankPlan:
     """Where data objects go: the coordinator's choice, so every rank follows one layout."""
     world: int = 1
     """Ranks in the save (a failing rank records the failure when others may leave data)."""
-
-
-def _exists(store: ObjectStore, key: str) -> bool:
-    """Whether ``key`` exists, by a 1-byte ranged GET.
-
-    Unlike HEAD (whose 404 has no body), a GET tells a missing key from a missing bucket,
-    so a wrong bucket name fails here with NoSuchBucketError, and it needs only
-    s3:GetObject.
-    """
-    try:
-        with instrument.expecting("not_found"):  # a probe: 404 is the usual answer
-            reader = store.open_range(key, 0, 1)
-            try:
-                reader.readinto(memoryview(bytearray(1)))
-            finally:
-                reader.close()
-    except ObjectNotFoundError:
-        return False
-    return True
-
-
-def _tensor_for_save(tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor whose storage holds exactly its bytes (torch.save writes whole storages)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        t = t.clone()
-    return t
 
 
 class S3StorageWriter(Located, StorageWriter):
@@ -180,6 +147,12 @@ class S3StorageWriter(Located, StorageWriter):
             (``{run}/s3ckpt-shards/{h}/{ckpt}/``) for saves of many ranks that S3 would
             otherwise throttle. Such a checkpoint is read through its ``s3ckpt.json`` (by
             s3ckpt only, not by stock DCP readers); see docs/dcp.md, "Hashed prefixes".
+        _extensions: Stream transforms every item is written through, as torch's
+            ``FileSystemWriter`` takes them (EXPERIMENTAL there too): e.g.
+            ``[ZStandard()]`` from ``torch.distributed.checkpoint._extension``. Each
+            item's ``.metadata`` record names them, so any reader undoes them (stock
+            readers included); such items are stored compressed, uploaded through the part
+            buffers and decoded whole on load (see docs/dcp.md, "Stream transforms").
 
     The settings in force are the location's (``writer.location``: its store's, or those
     given with a store of your own); ``url``, ``store``, ``s3_config`` and
@@ -197,6 +170,7 @@ class S3StorageWriter(Located, StorageWriter):
         CheckpointExistsError: at construction, if ``path`` is committed and not
             ``overwrite``.
         ConfigError: ``prefix_strategy`` is not ``None`` or a :class:`HashedPrefixes`, or
+            an ``_extensions`` entry is not a stream transform, or
             ``path`` lies in a folder named ``s3ckpt-shards`` (reserved), or is the bucket's
             root with hashed prefixes.
     """
@@ -213,9 +187,11 @@ class S3StorageWriter(Located, StorageWriter):
         user_metadata: dict[str, Any] | None = None,
         store: ObjectStore | None = None,
         prefix_strategy: HashedPrefixes | None = None,
+        _extensions: Sequence[StreamTransformExtension] | None = None,
     ) -> None:
         super().__init__()
         self.prefix_strategy = check_prefix_strategy(prefix_strategy)
+        self.extensions = check_extensions(_extensions)
         self.overwrite = overwrite
         self.step = step
         self.metrics = check_metrics(metrics)
@@ -253,13 +229,16 @@ class S3StorageWriter(Located, StorageWriter):
         self._report.end(error, rank=self.rank)
 
     def _refuse_if_committed(self) -> None:
-        if _exists(self.store, self.url.key(MANIFEST_NAME)):
-            raise CheckpointExistsError(
-                f"a committed checkpoint already exists at {self.url}; pass overwrite=True "
-                "to replace it, or save to a new prefix",
-                bucket=self.store.bucket,
-                key=self.url.key(MANIFEST_NAME),
-            )
+        if not step_taken(self.store, self.url.key(MANIFEST_NAME)):  # a finished tombstone: free
+            return
+        try:  # who committed it: the error says (only this job's own marker means overwrite)
+            found = read_marker(self.store, self.url)
+        except S3CkptError:
+            found = None
+        winner = found[0] if found is not None else None
+        raise lost_race_error(
+            self.url, winner, "found before the save started", bucket=self.store.bucket, rank=None
+        )
 
     def _restart(self) -> None:
         """A new save at the same location (``reset`` to it): nothing is read."""
@@ -318,7 +297,7 @@ class S3StorageWriter(Located, StorageWriter):
     def _write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         rank_plan: _RankPlan = plan.storage_data
         tc = self.location.transfer_config  # the store's, as given to Location.of
-        sizes = [self._estimate(item) for item in plan.items]
+        sizes = [estimate_size(item) for item in plan.items]
         total = sum(sizes)
         n_objects = max(1, min(len(plan.items), math.ceil(total / tc.target_object_size)))
         bins = pack(sizes, n_objects) if plan.items else []
@@ -344,7 +323,9 @@ class S3StorageWriter(Located, StorageWriter):
                 infos: list[S3StorageInfo] = []
                 for idx in indices:
                     item = plan.items[idx]
-                    info, crc = self._write_item(sink, planner, item, name, rank_plan.rank)
+                    info, crc = write_item(
+                        sink, planner, item, name, rank_plan.rank, self.extensions
+                    )
                     crcs.append((info, crc))
                     infos.append(info)
                     results.append(WriteResult(item.index, info.length, info))
@@ -377,51 +358,6 @@ class S3StorageWriter(Located, StorageWriter):
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
-
-    @staticmethod
-    def _estimate(item: Any) -> int:
-        if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
-            return _ITEM_OVERHEAD
-        props = item.tensor_data.properties
-        numel = math.prod(item.tensor_data.size)
-        return numel * torch.empty((), dtype=props.dtype).element_size() + _ITEM_OVERHEAD
-
-    @staticmethod
-    def _write_item(
-        sink: Any, planner: SavePlanner, item: Any, name: str, rank: int
-    ) -> tuple[S3StorageInfo, ItemCrc]:
-        """Write ``item`` into ``sink``: its storage info and its CRC32C (whole once the
-        uploader finished: the upload threads compute the parts sent from a tensor's own
-        memory)."""
-        data = planner.resolve_data(item)
-        if item.type == WriteItemType.BYTE_IO:
-            start = sink.begin_item()
-            sink.write(data.getbuffer() if isinstance(data, io.BytesIO) else data)
-            crc, data_offset = sink.end_item()
-        else:
-            tensor = _tensor_for_save(data)
-            nbytes = tensor.numel() * tensor.element_size()
-            # A tensor that is the caller's own memory (no device copy, no contiguous
-            # copy) may be uploaded from that memory: the caller is blocked in dcp.save (or
-            # this is an async save's staged copy) until write_data returns, which waits
-            # for every part. A copy made here goes through the part buffers like any
-            # other bytes, so memory stays bounded by the pool.
-            own = tensor.data_ptr() == data.data_ptr() and data.device.type == "cpu"
-            start = sink.begin_item(
-                tensor.data_ptr() if nbytes else None, nbytes, hold=tensor if own else None
-            )
-            save_item(tensor, sink)
-            crc, data_offset = sink.end_item()
-            del tensor
-        length = sink.tell() - start
-        info = S3StorageInfo(
-            relative_path=name,
-            offset=start,
-            length=length,
-            data_offset=None if data_offset is None else data_offset - start,
-            rank=rank,
-        )
-        return info, crc
 
     # -- commit -------------------------------------------------------------------------------
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:

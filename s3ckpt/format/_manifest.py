@@ -126,6 +126,13 @@ class Manifest:
     """Where the data objects are (``None``: directly under the checkpoint prefix); needs
     ``format_version`` :data:`LAYOUT_FORMAT_VERSION`, so older readers refuse the manifest
     instead of looking for the objects in the wrong place."""
+    reaped: tuple[str, ...] = ()
+    """Tags of other saves gc reaped in this prefix (their objects deleted) while this
+    marker was committed: gc rewrites the marker with them (``If-Match``) before deleting,
+    which changes its ETag, so a paused overwrite's compare-and-swap fails and its writer
+    reads this field back. Readers ignore it."""
+    writer: Mapping[str, str] = field(default_factory=dict)
+    """Who committed it (``host``, ``pid``, ``job``): named to a writer that lost the race."""
 
     def __post_init__(self) -> None:
         if (self.layout is not None) != (self.format_version >= LAYOUT_FORMAT_VERSION):
@@ -187,6 +194,8 @@ class Manifest:
                 ]
                 for i in self.items
             ],
+            **({"reaped": list(self.reaped)} if self.reaped else {}),
+            **({"writer": dict(self.writer)} if self.writer else {}),
         }
         if self.format_version >= 2:
             doc["digest"] = manifest_digest(doc)
@@ -301,6 +310,8 @@ class Manifest:
             byteorder=as_str(doc.get("byteorder", "little")),
             format_version=version,
             layout=layout,
+            reaped=tuple(as_str(t) for t in doc.get("reaped") or ()),
+            writer={as_str(k)[:32]: as_str(v)[:128] for k, v in (doc.get("writer") or {}).items()},
         )
 
     def item_index(self) -> dict[tuple[str, tuple[int, ...] | None], ItemRecord]:

@@ -13,7 +13,7 @@ import torch
 from fsspec.core import split_protocol
 
 from s3ckpt.dcp import quiet_dcp
-from s3ckpt.errors import find_s3ckpt_error
+from s3ckpt.errors import unwrap_checkpoint_exception
 
 log = logging.getLogger("s3ckpt.lightning")
 
@@ -49,19 +49,15 @@ def _metrics_of(checkpoint: Mapping[str, Any]) -> dict[str, float]:
 
 
 @contextmanager
-def _dcp_call() -> Iterator[None]:
-    """DCP's logging quietened, and the s3ckpt error (naming the object and rank) raised
-    instead of DCP's ``CheckpointException`` wrapper around it."""
+def _dcp_call(what: str = "a checkpoint save or load") -> Iterator[None]:
+    """DCP's logging quietened, and every failure an s3ckpt error (an ``Exception``) in
+    place of DCP's ``CheckpointException`` (:func:`~s3ckpt.errors.unwrap_checkpoint_exception`)."""
     try:
         with quiet_dcp():
             yield
-    except (KeyboardInterrupt, SystemExit):
-        raise
     except BaseException as exc:
-        found = find_s3ckpt_error(exc)
-        if found is None or found is exc:
-            raise
-        raise found from exc
+        err = unwrap_checkpoint_exception(exc, what)
+        raise err from err.__cause__
 
 
 def _to_device(obj: Any, map_location: Any) -> Any:

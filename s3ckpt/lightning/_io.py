@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.plugins.io import CheckpointIO
 
-from s3ckpt.checkpointer import RetentionRecord, RetentionRunner, resolve_policy
+from s3ckpt.checkpointer import (
+    Candidate,
+    RetentionRecord,
+    RetentionRunner,
+    load_newest_good,
+    resolve_policy,
+)
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageWriter
 from s3ckpt.errors import CheckpointError
@@ -24,6 +30,8 @@ from s3ckpt.lightning._tracked import Tracking, protect
 from s3ckpt.retention import DEFAULT_GRACE, Policy, delete_checkpoint
 from s3ckpt.store import Location
 from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
+
+_T = TypeVar("_T")
 
 
 class S3CheckpointIO(CheckpointIO):
@@ -50,6 +58,11 @@ class S3CheckpointIO(CheckpointIO):
             also replace s3fs (or the other) in this process.
         retention_grace: A prefix without a commit marker younger than this is a save in
             progress for retention and ``remove_checkpoint`` (never deleted).
+        fallback: ``ckpt_path="last"`` on an object store skips a checkpoint known damaged
+            (``s3ckpt check`` found it) and, when the chosen one fails verification while
+            loading (a checksum, a missing object), loads the newest good one before it (an
+            older ``last*.ckpt``, else the folder's newest committed checkpoint), each with
+            a WARNING naming it. ``False``: raise :class:`~s3ckpt.errors.CorruptCheckpointError`.
 
     Works inside Lightning's ``AsyncCheckpointIO``: see :meth:`remove_checkpoint`.
     """
@@ -66,6 +79,7 @@ class S3CheckpointIO(CheckpointIO):
         verify_checksums: bool = True,
         register_filesystem: bool | None = None,
         retention_grace: timedelta = DEFAULT_GRACE,
+        fallback: bool = True,
     ) -> None:
         super().__init__()
         self.s3_config = s3_config or S3Config()
@@ -74,6 +88,8 @@ class S3CheckpointIO(CheckpointIO):
         self.safe_globals = tuple(safe_globals)
         self.verify_checksums = verify_checksums
         self.retention_grace = retention_grace
+        self.fallback = fallback
+        self._resume: list[Candidate] = []  # ckpt_path="last": the chosen one, then fallbacks
         self._runners: dict[str, RetentionRunner] = {}
         self._lock = threading.Lock()
         self._local: CheckpointIO | None = None
@@ -134,11 +150,12 @@ class S3CheckpointIO(CheckpointIO):
         """
         if not _is_remote(path):
             return self._torch_io().load_checkpoint(path, map_location, weights_only)
-        return load_remote(
-            self._open(path),
-            self._settings(),
-            map_location=map_location,
-            weights_only=weights_only,
+        settings = self._settings()
+        return self._resumed(
+            path,
+            lambda here: load_remote(
+                here, settings, map_location=map_location, weights_only=weights_only
+            ),
         )
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -202,7 +219,38 @@ class S3CheckpointIO(CheckpointIO):
                 :class:`S3ModelParallelStrategy` (one this plug-in saved in one process, or
                 a stock Lightning file): the strategy cannot resume from it.
         """
-        reader = open_reader(self._open(path), self._settings(), weights_only)
+        return self._resumed(
+            path, lambda here: self._load_sharded(sharded, here, process_group, weights_only)
+        )
+
+    def resume_from(self, chain: Sequence[Candidate]) -> None:
+        """The next load of ``chain[0]`` is ``ckpt_path="last"`` resolved
+        (:mod:`s3ckpt.lightning._last`): with ``fallback``, it goes on along ``chain`` past
+        a checkpoint whose read fails verification."""
+        self._resume = list(chain)
+
+    # -- internals -------------------------------------------------------------------------
+    def _resumed(self, path: Any, read: Callable[[Location], _T]) -> _T:
+        """``read`` the checkpoint at ``path``; when it is the one ``ckpt_path="last"``
+        chose, falling back along the chain (:meth:`resume_from`)."""
+        here = self._open(path)
+        chain, self._resume = self._resume, []
+        if not chain or self._open(chain[0].url).url != here.url:
+            return read(here)
+        found = load_newest_good(
+            chain, lambda c: read(self._open(c.url)), fallback=self.fallback, run=here.url.parent
+        )
+        assert found is not None
+        return found[1]
+
+    def _load_sharded(
+        self,
+        sharded: dict[str, Any],
+        here: Location,
+        process_group: dist.ProcessGroup | None,
+        weights_only: bool | None,
+    ) -> dict[str, Any]:
+        reader = open_reader(here, self._settings(), weights_only)
         rest = packed_destinations(reader.metadata, _REST)
         if rest is None:
             raise CheckpointError(
@@ -219,7 +267,6 @@ class S3CheckpointIO(CheckpointIO):
         out: dict[str, Any] = unpack_state(state[_REST])
         return out
 
-    # -- internals -------------------------------------------------------------------------
     def _torch_io(self) -> CheckpointIO:
         if self._local is None:
             from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO

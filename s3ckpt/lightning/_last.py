@@ -17,6 +17,13 @@ things break on S3:
   object's own, for a single-file checkpoint), and hands Lightning the chosen path. Local
   candidates keep Lightning's ``fs.modified``.
 
+The resume heals (:func:`resume_chain`): a candidate the catalog knows damaged (``s3ckpt
+check`` found it, or its marker is unreadable) is skipped with a WARNING, and the chain of
+what to fall back to (the older candidates, then every committed checkpoint of the
+candidates' folders, newest first) goes to the trainer's :class:`S3CheckpointIO`, whose
+load falls back along it when the chosen checkpoint fails verification while loading
+(``S3CheckpointIO(fallback=False)``: both raise instead).
+
 Both are installed by :func:`s3ckpt.lightning.install` (when the package is imported;
 idempotent); they change nothing for local folders.
 """
@@ -31,12 +38,21 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks.model_checkpoint import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from s3ckpt.checkpointer import Candidate, load_newest_good
+from s3ckpt.errors import S3CkptError
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.lightning._common import _is_remote, log
 from s3ckpt.lightning._stores import location_for
+from s3ckpt.retention import list_checkpoints
 from s3ckpt.store import Location
 
-__all__ = ["fix_find_last_checkpoints", "fix_parse_ckpt_path", "checkpoint_mtime", "newest_last"]
+__all__ = [
+    "checkpoint_mtime",
+    "fix_find_last_checkpoints",
+    "fix_parse_ckpt_path",
+    "newest_last",
+    "resume_chain",
+]
 
 
 def fix_find_last_checkpoints() -> None:
@@ -118,13 +134,60 @@ def last_candidates(trainer: Any) -> list[str]:
 
 
 def newest_last(trainer: Any, candidates: list[str]) -> str | None:
-    """The candidate with the newest modification time (None when none exists)."""
+    """The good candidate with the newest modification time (None when none exists): the
+    head of :func:`resume_chain`, which the trainer's plug-in is told for its load."""
+    chain = resume_chain(trainer, candidates)
+    remote = [c.url for c in chain if _is_remote(c.url)]
+    if not remote:
+        return chain[0].url if chain else None
+    io = _plugin(trainer)
+    fallback = True if io is None else bool(io.fallback)
+    run = _location(remote[0], trainer).url.parent
+    found = load_newest_good(chain, lambda c: None, fallback=fallback, run=run)  # known damage
+    assert found is not None
+    good = chain[chain.index(found[0]) :]
+    if io is not None:
+        io.resume_from(good)
+    return good[0].url
+
+
+def resume_chain(trainer: Any, candidates: list[str]) -> list[Candidate]:
+    """What ``ckpt_path="last"`` may load, in order: the candidates that exist, newest
+    first by modification time, then the other committed checkpoints of the remote
+    candidates' folders, newest first (by step, then commit time); each with the catalog's
+    verdict on it (:attr:`~s3ckpt.retention.CheckpointInfo.damage`).
+
+    Request cost: a candidate's HEADs (:func:`modified`), and one catalog per remote folder
+    (:func:`~s3ckpt.retention.list_checkpoints`)."""
     stamps: dict[str, float] = {}
     for path in candidates:
         stamp = modified(path, trainer)
         if stamp is not None:
             stamps[path] = stamp
-    return max(stamps, key=stamps.__getitem__) if stamps else None
+    ordered = sorted(stamps, key=stamps.__getitem__, reverse=True)
+    folders: dict[str, list[Candidate]] = {}
+    urls: dict[str, str] = {}  # a remote candidate's path: its URL as the catalog spells it
+    for path in ordered:
+        try:
+            here = _location(path, trainer) if _is_remote(path) else None
+            if here is not None and str(here.url.parent) not in folders:
+                folders[str(here.url.parent)] = Candidate.newest_first(
+                    list_checkpoints(here.parent)
+                )
+        except S3CkptError as exc:  # what is known about damage is then unknown: loads verify
+            log.warning(
+                "s3ckpt: cannot list the folder of %s (%s); no fallback beyond it", path, exc
+            )
+            continue
+        if here is not None:
+            urls[path] = str(here.url)
+    known = {c.url: c for found in folders.values() for c in found}
+    chain = []
+    for path in ordered:
+        c = known.pop(urls.get(path, ""), None)
+        chain.append(Candidate(path, c.step, c.damage) if c is not None else Candidate(path))
+    rest = [c for found in folders.values() for c in found if c.url in known]
+    return chain + [Candidate(c.url.rstrip("/"), c.step, c.damage) for c in rest]
 
 
 def modified(path: str, trainer: Any = None) -> float | None:
@@ -163,12 +226,18 @@ def checkpoint_mtime(location: Location) -> float | None:
     return None
 
 
-def _location(path: str, trainer: Any) -> Location:
-    """``path`` in the trainer's s3ckpt plug-in's store (its endpoint and credentials),
-    else with the settings registered for its bucket (:mod:`s3ckpt.lightning._stores`)."""
+def _plugin(trainer: Any) -> Any:
+    """The trainer's :class:`S3CheckpointIO`, inside Lightning's wrappers; None without."""
     io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
     while io is not None and not getattr(io, "_s3ckpt_plugin", False):
         io = getattr(io, "checkpoint_io", None)  # Lightning's wrappers (AsyncCheckpointIO)
+    return io
+
+
+def _location(path: str, trainer: Any) -> Location:
+    """``path`` in the trainer's s3ckpt plug-in's store (its endpoint and credentials),
+    else with the settings registered for its bucket (:mod:`s3ckpt.lightning._stores`)."""
+    io = _plugin(trainer)
     if io is not None:
         found: Location = io._open(path)
         return found

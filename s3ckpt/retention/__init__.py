@@ -47,7 +47,8 @@ from s3ckpt.errors import DeleteRefusedError, LeaseHeldError, LeaseLostError, Po
 from s3ckpt.format import LATEST_NAME, LEASE_NAME, PIN_NAME
 from s3ckpt.retention._abandoned import DEFAULT_GC_AGE, gc
 from s3ckpt.retention._calendar import KeepCalendar
-from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, Life, RunCatalog
+from s3ckpt.retention._check_record import CheckEntry, CheckRecord, read_check_record
 from s3ckpt.retention._delete_checkpoint import delete_checkpoint
 from s3ckpt.retention._duration import format_duration, parse_duration
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease, LeaseRecord
@@ -66,6 +67,7 @@ from s3ckpt.retention._policy import (
     Policy,
     StepPattern,
 )
+from s3ckpt.retention._probe import probe_checkpoint
 from s3ckpt.retention._prune import prune
 from s3ckpt.retention._results import DeleteResult, GcResult, PruneResult
 from s3ckpt.retention._runs import PruneRuns, RunOutcome, prune_runs
@@ -87,6 +89,8 @@ __all__ = [
     "TIER_TAG",
     "AllOf",
     "AnyOf",
+    "CheckEntry",
+    "CheckRecord",
     "CheckpointInfo",
     "CheckpointState",
     "Decision",
@@ -103,6 +107,7 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "LeaseRecord",
+    "Life",
     "Plan",
     "Policy",
     "PolicyError",
@@ -128,8 +133,10 @@ __all__ = [
     "parse_policy",
     "pin",
     "plan",
+    "probe_checkpoint",
     "prune",
     "prune_runs",
+    "read_check_record",
     "scan",
     "survey_plan",
     "unpin",

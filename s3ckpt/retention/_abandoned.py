@@ -9,6 +9,7 @@ dead, aborts their open uploads, rolls a committed checkpoint's missing or stale
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,11 +17,18 @@ from datetime import timedelta
 from typing import Unpack
 
 from s3ckpt._commit import restore_stock_metadata
-from s3ckpt.errors import LeaseHeldError, S3CkptError
-from s3ckpt.format import METADATA_NAME
+from s3ckpt.errors import (
+    LeaseHeldError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+    S3CkptError,
+    TransientStoreError,
+)
+from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
 from s3ckpt.metrics import instrument
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
-from s3ckpt.retention._deleter import Deleter, leftover_keys, leftover_uploads
+from s3ckpt.retention._deleter import Deleter, leftover_keys, leftover_uploads, tag_of
 from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._options import GcOverrides, RetentionOptions
@@ -53,6 +61,9 @@ class _Survey:
     leftovers: list[str] = field(default_factory=list)
     stale: list[CheckpointInfo] = field(default_factory=list)
     settling: list[CheckpointInfo] = field(default_factory=list)
+    reap: list[CheckpointInfo] = field(default_factory=list)
+    """Committed prefixes holding names of another save not proven gone (only past its grace
+    period): fenced by :func:`_mark_reaped`."""
 
     def add(self, c: CheckpointInfo, cutoff: float, settled: float) -> None:
         # A failure recorded moments ago may follow a commit whose outcome the writer could
@@ -68,8 +79,15 @@ class _Survey:
         if c.state is CheckpointState.ABANDONED and (keys or ups):
             self.abandoned.append(c)
             self.abandoned_keys[c.name] = keys
-        else:
+        elif c.is_committed:
             self.leftovers.extend(keys)
+            if any(tag_of(c, k) not in (None, c.tag, *c.dead_tags) for k in keys):
+                self.reap.append(c)
+        else:
+            # Beside a live save (or in a stock checkpoint) the prefix cannot be fenced
+            # without ending that claim: only names of saves proven gone go (a failure
+            # record, a vanished pid: such a writer never PUTs its marker); the rest wait.
+            self.leftovers.extend(k for k in keys if tag_of(c, k) in c.dead_tags)
         # Roll forward only with no save live in the prefix: a concurrent overwrite writes
         # its own plain .metadata after its marker, which ours must never replace.
         if c.is_committed and c.metadata_stale and c.tag is not None and not c.live_tags:
@@ -94,13 +112,42 @@ def _restore_metadata(store: ObjectStore, c: CheckpointInfo) -> DeleteFailure | 
     manifest = read_manifest(store, c.url.prefix)
     if isinstance(manifest, str):
         return DeleteFailure(key, "CorruptCheckpoint", manifest)
-    if manifest.tag != c.tag:
+    if not isinstance(manifest, Manifest) or manifest.tag != c.tag:
         return DeleteFailure(key, "Changed", "the commit marker changed since it was listed")
     try:
         restore_stock_metadata(store, c.url, manifest)
     except S3CkptError as exc:
         return DeleteFailure(key, getattr(exc, "code", None) or type(exc).__name__, str(exc))
     return None
+
+
+def _being_deleted(checkpoints: Iterable[CheckpointInfo]) -> list[str]:
+    return [c.name for c in checkpoints if c.state is CheckpointState.BEING_DELETED]
+
+
+def _mark_reaped(deleter: Deleter, c: CheckpointInfo) -> bool:
+    """Fence a committed prefix before gc deletes another, dead save's names in it: rewrite
+    its marker ``If-Match`` the listed ETag with those saves' tags recorded
+    (``Manifest.reaped``). The ETag changes, so a paused overwrite's compare-and-swap fails
+    and its writer finds its tag there. A lost reply is decided by reading back; False when
+    the marker changed since the listing (nothing of the prefix is then deleted)."""
+    store, key = deleter.store, c.url.key(MANIFEST_NAME)
+    found = (tag_of(c, k) for k in leftover_keys(c))
+    tags = {t for t in found if t is not None and t not in (c.tag, *c.dead_tags)}
+    if tags <= set(c.reaped):
+        return True  # an earlier gc recorded them (its deletes failed): fenced already
+    manifest = read_manifest(store, c.url.prefix)
+    if not isinstance(manifest, Manifest) or manifest.tag != c.tag or not c.marker_etag:
+        return False
+    marked = dataclasses.replace(manifest, reaped=tuple(sorted({*manifest.reaped, *tags})))
+    deleter.requests += 1
+    try:
+        with expecting("precondition_failed", "not_found"):
+            store.put(key, marked.to_json(), if_match=c.marker_etag)
+    except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError):
+        again = read_manifest(store, c.url.prefix)  # our rewrite, its reply lost?
+        return isinstance(again, Manifest) and again.tag == c.tag and tags <= set(again.reaped)
+    return True
 
 
 def gc(
@@ -195,7 +242,11 @@ def _gc(
     )
     damaged = tuple(c for cat in found_runs for c in cat.checkpoints if c.damaged)
     intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in found_runs}
-    pending = tuple(str(cat.run.child(n)) for cat in found_runs for n in intents[cat.run.prefix])
+    pending = tuple(
+        str(cat.run.child(n))
+        for cat in found_runs
+        for n in dict.fromkeys([*intents[cat.run.prefix], *_being_deleted(cat.checkpoints)])
+    )
     if not apply:
         recorder.finish(dry_run=True)
         return GcResult(
@@ -210,7 +261,7 @@ def _gc(
             damaged=damaged,
         )
 
-    deleter = Deleter(store, None, options)
+    deleter = Deleter(store, None, options, by="gc")
     removed: list[str] = []
     skipped: list[str] = []
     busy: list[str] = []
@@ -220,7 +271,7 @@ def _gc(
     lease_wait = 0.0
     for cat in found_runs:
         mine = _survey(cat.checkpoints, cutoff, settled)
-        if mine.empty and not intents[cat.run.prefix]:
+        if mine.empty and not intents[cat.run.prefix] and not _being_deleted(cat.checkpoints):
             continue
         waited = time.monotonic()
         try:
@@ -245,14 +296,17 @@ def _gc(
             work = _survey(
                 (c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff, settled
             )
-            keys = [k for ks in work.abandoned_keys.values() for k in ks] + work.leftovers
+            # Fence first: a tombstone on each abandoned prefix, the reaped tags recorded in
+            # each committed marker; a prefix whose fence failed keeps its names.
+            unfenced = {k for c in work.reap if not _mark_reaped(deleter, c) for k in c.keys}
+            keys = [k for k in work.leftovers if k not in unfenced]
             bad = deleter.delete(keys, "leftovers")
-            leftovers_deleted += sum(1 for k in work.leftovers if k not in bad)
+            leftovers_deleted += sum(1 for k in keys if k not in bad)
+            cleared = deleter.delete_checkpoints(work.abandoned, leftover_keys, lambda c: [])
             bad_ups = deleter.abort(work.uploads)
             for c in work.abandoned:
-                ok_keys = not any(k in bad for k in work.abandoned_keys[c.name])
                 ok_ups = not any(u.upload_id in bad_ups for u in work.uploads if u in c.uploads)
-                if ok_keys and ok_ups:
+                if c.name in cleared and ok_ups:
                     removed.append(str(c.url))
             for c in work.stale:
                 lease.renew_if_due()

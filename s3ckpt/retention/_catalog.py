@@ -19,6 +19,43 @@ States:
   names of dead tags in it).
 * ``ABANDONED`` — no marker, no ``.metadata``, nothing live: a save that died. Only ``gc``
   removes these, and only the names s3ckpt wrote.
+* ``BEING_DELETED`` — the marker key holds an unfinished tombstone
+  (:mod:`s3ckpt._tombstone`): gc, prune or rm fenced the prefix and has not finished (or
+  died, or had deletes refused). The next prune, gc or rm finishes it; no writer replaces
+  it. Never damaged, never a live save, never planned.
+* ``GONE`` — a finished tombstone and nothing of a save left: a deleted step whose fence
+  stays because a reaped save may still be paused. Dropped from the catalog (not listed,
+  planned or counted) until a new save of the step writes there (then ``IN_PROGRESS``, or
+  ``ABANDONED`` when it died) and replaces the tombstone by its commit.
+
+The state machine of a prefix, and the ONE conditional write on the marker key behind each
+transition that ends a claim (the request that decides; everything else follows it):
+
+======================================  ===================================================
+transition                              the write
+======================================  ===================================================
+writing -> committed                    the writer's marker PUT ``If-None-Match: *`` (or
+                                        ``If-Match`` the finished tombstone of a gone step)
+committed -> committed (overwrite)      the writer's marker PUT ``If-Match`` the old ETag
+writing -> failed / abandoned           none: no claim ends (the save died or said so)
+abandoned -> being deleted (gc)         tombstone ``If-None-Match: *`` (``If-Match`` a
+                                        finished tombstone's ETag), ``keep``: its save may
+                                        be paused
+committed -> being deleted (prune, rm)  tombstone ``If-Match`` the planned marker ETag
+committed -> committed (gc reaps a      the marker rewritten ``If-Match`` with the reaped
+dead overwrite's objects)               tags recorded (``reaped``): a new ETag
+being deleted -> (nothing)              the deleter's last delete of its tombstone (no
+                                        other save's names were in the prefix)
+being deleted -> gone                   the tombstone rewritten ``done`` ``If-Match`` its
+                                        ETag (``keep``)
+gone -> writing -> committed            the new save's marker PUT ``If-Match`` the
+                                        tombstone's ETag
+committed <-> archived, damaged         none on the marker: storage classes; ``s3ckpt
+                                        check``'s record (``check``)
+======================================  ===================================================
+
+A writer paused past any of these fails its own conditional PUT, reads the marker back and
+raises :class:`s3ckpt._tombstone.SaveFencedError`.
 
 A save that s3ckpt saw fail (its marker PUT kept failing, a rank's upload failed, Ctrl-C)
 and that may have left objects behind records so, best effort
@@ -29,6 +66,14 @@ failed saves left is ``ABANDONED`` straight away (:attr:`CheckpointInfo.failed`,
 (``FAILURE_SETTLE``, a minute). A record names one save: any other save of the prefix
 keeps its own state, and a commit marker wins over every record (a marker PUT whose reply
 was lost may have been applied).
+
+Life. :attr:`CheckpointInfo.life` names the one state of a checkpoint's life
+(:class:`Life`: writing, committed, damaged, failed, abandoned, being deleted, gone,
+archived), decided here from what the scan read: the marker, heartbeats, failure records,
+storage classes and what ``s3ckpt check`` recorded (:mod:`s3ckpt.retention._check_record`).
+*Damaged* is a committed checkpoint whose marker cannot be read (``error``) or that the
+run's check record found damaged, for the marker it has now (``check``). Every command reads
+it from here: plans never delete nor count a damaged checkpoint, ``latest`` skips it.
 
 Order is by step, then commit time, then name; never by the mtime of any other object (a
 copied or restored bucket rewrites every mtime).
@@ -47,6 +92,7 @@ for display.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Mapping
@@ -54,7 +100,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from s3ckpt._time import iso_z, utc
-from s3ckpt.store.base import UploadInfo
+from s3ckpt._tombstone import Tombstone
+from s3ckpt.retention._check_record import CheckEntry, CheckRecord
+from s3ckpt.store.base import ARCHIVE_CLASSES, UploadInfo
 from s3ckpt.uri import StoreURL
 
 __all__ = [
@@ -62,6 +110,7 @@ __all__ = [
     "READ_WORKERS",
     "CheckpointInfo",
     "CheckpointState",
+    "Life",
     "RunCatalog",
 ]
 
@@ -80,6 +129,25 @@ class CheckpointState(str, enum.Enum):
     IN_PROGRESS = "in_progress"
     ABANDONED = "abandoned"
     FOREIGN = "foreign"
+    BEING_DELETED = "being_deleted"
+    GONE = "gone"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Life(str, enum.Enum):
+    """The one state of a checkpoint's life (:attr:`CheckpointInfo.life`): what every
+    command reads. ``FOREIGN`` checkpoints (stock DCP) count as ``COMMITTED``."""
+
+    WRITING = "writing"
+    COMMITTED = "committed"
+    DAMAGED = "damaged"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    ARCHIVED = "archived"
+    BEING_DELETED = "being_deleted"
+    GONE = "gone"
 
     def __str__(self) -> str:
         return self.value
@@ -136,12 +204,21 @@ class CheckpointInfo:
             overwrite or an earlier attempt that failed.
         failure: What that record says went wrong (``"rank 0: TransientStoreError: ..."``);
             None with ``failed_at``.
+        check: What ``s3ckpt check`` recorded as damaged about this checkpoint's current
+            marker (:mod:`s3ckpt.retention._check_record`); None when the run's record names
+            no damage of it (or of the marker it has now).
         shallow: Built by a shallow scan from the commit marker alone
             (:mod:`s3ckpt.retention._shallow`): ``size``, ``num_objects`` and ``keys`` are
             what the marker commits; ``committed_at`` is the marker's LastModified (never
             earlier than the commit); ``bytes_by_class`` is unknown (empty, ``null`` in
             JSON); pins, live saves, failure records and a stale ``.metadata`` are not
             seen. A prune re-checks what it would delete by listing it.
+        tombstone: The tombstone at the marker key (:mod:`s3ckpt._tombstone`): a deleter
+            fenced the prefix (``BEING_DELETED`` until it is done, then ``GONE``).
+        reaped: Tags of saves gc reaped in this committed prefix (the marker records them):
+            such a save may be paused, so deleting the checkpoint keeps its tombstone.
+        dead_tags: Tags whose writer is proven gone (same host, pid gone) or that recorded
+            their failure: such a save can never resume, so reaping it needs no lasting fence.
     """
 
     url: StoreURL
@@ -167,6 +244,10 @@ class CheckpointInfo:
     failed_at: datetime | None = None
     failure: str | None = field(default=None, compare=False)
     shallow: bool = field(default=False, compare=False)
+    tombstone: Tombstone | None = field(default=None, compare=False)
+    reaped: tuple[str, ...] = field(default=(), compare=False)
+    dead_tags: frozenset[str] = field(default=frozenset(), compare=False)
+    check: CheckEntry | None = field(default=None, compare=False)
 
     @property
     def is_committed(self) -> bool:
@@ -176,14 +257,42 @@ class CheckpointInfo:
     @property
     def damaged(self) -> bool:
         """Committed, but its commit marker cannot be read (``error`` says why: not JSON, a
-        field out of range, too large, changed after it was written...).
+        field out of range, too large, changed after it was written...), or ``s3ckpt
+        check`` found it damaged (``check``: a checksum mismatch, a missing object...).
 
         A damaged checkpoint is listed as its own row and never deleted by a plan: no
-        policy sees it, so it never counts as the newest committed checkpoint either (the
-        newest readable one is kept). ``gc`` deletes nothing in its prefix but dead saves'
-        uploads; ``rm`` deletes it when asked by name.
+        policy sees it, so it never counts as the newest committed checkpoint nor toward
+        keep-last-K (the newest good one is kept). ``gc`` deletes nothing in its prefix but
+        dead saves' uploads; ``rm`` deletes it when asked by name; ``latest`` skips it.
         """
-        return self.is_committed and self.error is not None
+        return self.is_committed and (self.error is not None or self.check is not None)
+
+    @property
+    def damage(self) -> str | None:
+        """Why it is damaged (None when it is not): the marker's error, else the check's
+        first problem (``s3ckpt check at <time>: <problem>``)."""
+        if not self.is_committed:
+            return None
+        if self.error is not None:
+            return self.error
+        if self.check is not None:
+            return f"s3ckpt check at {self.check.checked_at}: {self.check.reason}"
+        return None
+
+    @property
+    def life(self) -> Life:
+        """The state of its life (:class:`Life`), decided from this record alone."""
+        if self.damaged:
+            return Life.DAMAGED
+        if self.state is CheckpointState.IN_PROGRESS:
+            return Life.WRITING
+        if self.state in (CheckpointState.BEING_DELETED, CheckpointState.GONE):
+            return Life(self.state.value)
+        if self.state is CheckpointState.ABANDONED:
+            return Life.FAILED if self.failed_at is not None else Life.ABANDONED
+        if any(self.bytes_by_class.get(c) for c in ARCHIVE_CLASSES):
+            return Life.ARCHIVED
+        return Life.COMMITTED
 
     @property
     def failed(self) -> bool:
@@ -202,6 +311,15 @@ class CheckpointInfo:
         """Committed, and another save is writing into the same prefix."""
         return self.is_committed and self.live_saves > 0
 
+    def checked(self, record: CheckRecord | str | None) -> CheckpointInfo:
+        """This checkpoint with the verdict of its run's check record (``record``; a str
+        or None: unreadable or none, no verdict): damaged when the record's entry for it
+        found damage in the marker it has now (:meth:`CheckEntry.applies`)."""
+        entry = record.damaged.get(self.name) if isinstance(record, CheckRecord) else None
+        if entry is None or not self.is_committed or not entry.applies(self.marker_etag, self.tag):
+            return self
+        return dataclasses.replace(self, check=entry)
+
     def sort_key(self) -> tuple[int, int, datetime, str]:
         """(has a step, step, commit time, name): the catalog's order, oldest first.
 
@@ -217,6 +335,7 @@ class CheckpointInfo:
             "name": self.name,
             "step": self.step,
             "state": self.state.value,
+            "life": self.life.value,
             "committed_at": iso_z(self.committed_at),
             "created": iso_z(self.created),
             "size": self.size,
@@ -226,6 +345,8 @@ class CheckpointInfo:
             "last_activity": iso_z(self.last_activity),
             "error": self.error,
             "damaged": self.damaged,
+            "damage": self.damage,
+            "check": self.check.to_dict() if self.check is not None else None,
             "failed": self.failed,
             "failed_at": iso_z(self.failed_at),
             "failure": self.failure,
@@ -247,12 +368,16 @@ class RunCatalog:
         lease_modified: The LastModified of the run's lease object (store time, seconds
             since the epoch) when it has one and the listing gave it: its expiry is judged
             from it (:meth:`~s3ckpt.retention.LeaseRecord.expiry`).
+        check_error: Why the run's ``s3ckpt.check.json`` could not be read (a store error),
+            when it could not: what a check found is then unknown (no checkpoint is marked
+            damaged by it); ``ls`` and ``prune`` warn.
     """
 
     run: StoreURL
     checkpoints: tuple[CheckpointInfo, ...]
     has_lease: bool = False
     lease_modified: float | None = None
+    check_error: str | None = None
 
     def by_name(self) -> dict[str, CheckpointInfo]:
         """Checkpoints by name."""

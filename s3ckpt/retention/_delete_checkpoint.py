@@ -180,7 +180,7 @@ def _delete(
         intent = [*carry, *(c.name for c in targets)]
         lease.record_intent(intent, planned_markers(targets))
         emit("intent", names=intent)
-        deleter = Deleter(store, lease, options)
+        deleter = Deleter(store, lease, options, by="rm")
         done = deleter.delete_checkpoints(targets)
         lease.release([n for n in intent if n not in {*done, *deleter.changed}])
         notes += deleter.changed_notes()

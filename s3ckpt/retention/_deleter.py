@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tenacity import retry_if_result
 
-from s3ckpt._tombstone import tombstone_body
+from s3ckpt._tombstone import Tombstone, read_tombstone
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import (
     ObjectNotFoundError,
@@ -39,6 +39,7 @@ __all__ = [
     "checkpoint_uploads",
     "leftover_keys",
     "leftover_uploads",
+    "tag_of",
 ]
 
 _BACKOFF = TransferConfig(retry_initial_delay=0.1, retry_max_delay=5.0)
@@ -72,6 +73,13 @@ def _own_name(c: CheckpointInfo, key: str) -> tuple[str, str | None, bool] | Non
     return None
 
 
+def tag_of(c: CheckpointInfo, key: str) -> str | None:
+    """The save tag ``key`` carries as a name of checkpoint ``c`` (a shard in the run's
+    shard folder included); None for untagged names and keys that are not ``c``'s."""
+    own = _own_name(c, key)
+    return own[1] if own is not None else None
+
+
 def _other_live(c: CheckpointInfo) -> set[str]:
     return {t for t in c.live_tags if t != c.tag}
 
@@ -82,21 +90,25 @@ def checkpoint_keys(c: CheckpointInfo) -> list[str]:
     progress in the same prefix, an overwrite, is left alone); for an uncommitted
     checkpoint also stock DCP data names. Never a file s3ckpt or DCP did not write. The data
     objects of hashed-prefix saves in the run's shard folder count as the checkpoint's own
-    per-save names."""
+    per-save names. Behind a tombstone (being deleted) the untagged names are only those the
+    tombstone planned (:attr:`s3ckpt._tombstone.Tombstone.names`)."""
     live = _other_live(c)
+    tomb = c.tombstone
     out: list[str] = []
     for k in c.keys:
         own = _own_name(c, k)
         if own is None:
             continue
         n, t, _ = own
-        if k in c.committed_keys or n in (MANIFEST_NAME, METADATA_NAME):
+        if k in c.committed_keys or n == MANIFEST_NAME:
             out.append(k)
-            continue
-        if t is not None:
+        elif t is not None:
             if t not in live:
                 out.append(k)
-        elif not c.is_committed and _DCP_DATA.fullmatch(n):
+        elif tomb is not None:
+            if n in tomb.names:
+                out.append(k)
+        elif n == METADATA_NAME or (not c.is_committed and _DCP_DATA.fullmatch(n)):
             out.append(k)
     return out
 
@@ -171,6 +183,8 @@ class Deleter:
     store: ObjectStore
     lease: Lease | None
     options: RetentionOptions
+    by: str = "prune"
+    """Who fences (``prune``, ``gc`` or ``rm``): named in the tombstone, for the writer."""
     requests: int = 0
     deleted_keys: int = 0
     aborted: int = 0
@@ -178,6 +192,10 @@ class Deleter:
     changed: list[str] = field(default_factory=list)
     """Checkpoints skipped because their marker changed after the scan."""
     _conditional: bool | None = field(default=None, repr=False)
+    _fences: dict[str, tuple[Tombstone, str | None] | None] = field(
+        default_factory=dict, repr=False
+    )
+    """Each fenced checkpoint's tombstone and its ETag (None: no fence was needed)."""
 
     def delete(self, keys: Sequence[str], phase: str) -> set[str]:
         """Delete ``keys``; return the keys that failed for good.
@@ -233,52 +251,100 @@ class Deleter:
                 self.options.on_progress("delete", {"phase": phase, "keys": len(chunk)})
         return retry
 
-    def _delete_marker(self, key: str, etag: str) -> bool:
-        """Delete the marker ``key`` if its ETag is still ``etag``: True when it is gone,
-        False when it changed (an overwrite committed after the scan).
+    def fence(self, c: CheckpointInfo, keys: Sequence[str]) -> bool:
+        """Claim ``c``'s prefix before deleting any of it: ONE conditional PUT of a
+        tombstone on its marker key (:mod:`s3ckpt._tombstone`), replacing only the ETag
+        planned on (a committed marker, a finished tombstone) or created only if absent.
+        True: fenced (an unfinished tombstone already there is finished as it is); False:
+        the marker changed since it was listed (an overwrite committed, a save of a gone
+        step committed): nothing of ``c`` may be deleted. A 412 or a lost reply is decided
+        by reading the tombstone back. No fence at all where every name to delete is of a
+        save proven gone (:attr:`CheckpointInfo.dead_tags`: a failure record, a vanished
+        pid) in an uncommitted prefix: such a writer never reaches its marker PUT."""
+        key = c.url.key(MANIFEST_NAME)
+        if c.tombstone is not None and not c.tombstone.done:
+            self._fences[c.name] = (c.tombstone, c.marker_etag)
+            return True
+        tags = {tag_of(c, k) for k in keys}
+        if not c.is_committed and tags and tags <= c.dead_tags:
+            self._fences[c.name] = None  # only saves proven gone: no claim left to end
+            return True
+        reaped = sorted(t for t in tags if t is not None and t != c.tag)
+        names = {n for k in keys if (n := _direct_name(c, k)) and owned_tag(n) is None}
+        tomb = Tombstone(
+            self.lease.owner if self.lease is not None else uuid.uuid4().hex,
+            by=self.by,
+            reaped=tuple(reaped),
+            names=tuple(sorted(names - {MANIFEST_NAME})),
+            keep=bool(set(reaped) - c.dead_tags or c.reaped),
+            tag=c.tag,
+        )
+        planned = c.marker_etag
+        if planned is None and key in c.keys:  # a store whose listings carry no ETags
+            info = self.store.head(key)
+            planned = info.etag if info is not None else None
+        self._count("marker")
+        try:
+            with expecting("not_found", "precondition_failed"):
+                etag = self.store.put(
+                    key, tomb.to_json(), if_match=planned, if_none_match=not planned
+                )
+        except ObjectNotFoundError:
+            return False  # If-Match on a marker gone since the listing
+        except (PreconditionFailedError, TransientStoreError) as exc:
+            found = read_tombstone(self.store, key)  # our PUT, its reply lost?
+            if found is None or found[0] != tomb:
+                if isinstance(exc, TransientStoreError):
+                    raise
+                return False
+            etag = found[1] or ""
+        self._fences[c.name] = (tomb, etag)
+        return True
 
-        ``DeleteObject If-Match`` where the store enforces it; elsewhere a tombstone is
-        swapped in first (``PUT If-Match``, :mod:`s3ckpt._tombstone`), which no overwrite
-        replaces, and then deleted. A 404 or 412 (a retry of our own applied request
-        among them) is decided by reading the marker back.
-        """
-        if self.lease is not None:
-            self.lease.renew_if_due()
-        self.requests += 1
-        if self.options.on_progress is not None:
-            self.options.on_progress("delete", {"phase": "marker", "keys": 1})
-        # A 404 or 412 is the marker changed or gone since the scan, decided below.
-        if self._conditional_delete():
+    def unfence(self, c: CheckpointInfo) -> None:
+        """After every key of ``c`` is gone: delete its tombstone (only while it is still
+        ours, where the store has ``DeleteObject If-Match``), or, when it must stay (a
+        reaped save may be paused: ``keep``), rewrite it ``done``: the prefix is gone."""
+        fence = self._fences.pop(c.name)
+        if fence is None:
+            return
+        tomb, etag = fence
+        key = c.url.key(MANIFEST_NAME)
+        self._count("marker")
+        if tomb.keep:
+            done = tomb.finished()
+            try:
+                with expecting("precondition_failed"):
+                    self.store.put(key, done.to_json(), if_match=etag or None)
+            except (PreconditionFailedError, TransientStoreError):
+                found = read_tombstone(self.store, key)
+                if found is None or found[0] != done:
+                    raise
+            return
+        if etag and self._conditional_delete():
             try:
                 with expecting("not_found", "precondition_failed"):
                     self.store.delete_if_match(key, etag)
                 self.deleted_keys += 1
-                return True
+                return
             except UnsupportedOperationError:
-                self._conditional = False  # fall back to the tombstone from here on
-            except (PreconditionFailedError, ObjectNotFoundError):
-                return self._gone(key)
-        body = tombstone_body(self.lease.owner if self.lease is not None else uuid.uuid4().hex)
-        try:
-            with expecting("not_found", "precondition_failed"):
-                self.store.put(key, body, if_match=etag)
-        except ObjectNotFoundError:
-            return self._gone(key)
-        except (PreconditionFailedError, TransientStoreError) as exc:
-            try:
-                ours = self.store.get(key) == body  # our swap, its reply lost?
-            except ObjectNotFoundError:
-                return True
-            if not ours:
-                if isinstance(exc, TransientStoreError):
-                    raise  # not applied (yet): a failure, not a change
-                return False
-        self.requests += 1
+                self._conditional = False
+            except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError):
+                if self.store.head(key) is None:  # ours, its reply lost: gone
+                    self.deleted_keys += 1
+                    return
+                raise
         errs = self.store.delete([key])
         if errs:
             raise StoreError(errs[0].message, key=key, code=errs[0].code, operation="delete")
         self.deleted_keys += 1
-        return True
+
+    def _count(self, phase: str) -> None:
+        if self.lease is not None:
+            self.lease.renew_if_due()
+        self.requests += 1
+        if self.options.on_progress is not None:
+            self.options.on_progress("delete", {"phase": phase, "keys": 1})
 
     def changed_notes(self) -> tuple[str, ...]:
         """One note per checkpoint skipped because it changed after the scan."""
@@ -287,10 +353,6 @@ class Deleter:
             "skipped, nothing of it deleted"
             for name in self.changed
         )
-
-    def _gone(self, key: str) -> bool:
-        """After a 404/412 of a conditional request: gone (True) or changed (False)."""
-        return self.store.head(key) is None
 
     def _conditional_delete(self) -> bool:
         """Whether the store enforces ``DeleteObject If-Match`` (probed with the lease)."""
@@ -315,37 +377,51 @@ class Deleter:
                 self.failures.append(DeleteFailure(u.key, exc.code or type(exc).__name__, str(exc)))
         return bad
 
-    def delete_checkpoints(self, targets: Sequence[CheckpointInfo]) -> tuple[str, ...]:
-        """Marker first (only while it is the one planned: :meth:`_delete_marker`), then
-        the plain and committed ``.metadata``, then the rest and the uploads; return the
-        names fully deleted (every key s3ckpt may delete is gone). A checkpoint whose
-        marker changed since the scan goes to :attr:`changed`, and nothing of it is deleted."""
-        keys = {c.name: checkpoint_keys(c) for c in targets}
+    def delete_checkpoints(
+        self,
+        targets: Sequence[CheckpointInfo],
+        keys_of: Callable[[CheckpointInfo], list[str]] = checkpoint_keys,
+        uploads_of: Callable[[CheckpointInfo], list[UploadInfo]] = checkpoint_uploads,
+    ) -> tuple[str, ...]:
+        """Fence every target first (:meth:`fence`), then delete the plain and committed
+        ``.metadata``, then the rest and the uploads, then lift or finish each fence
+        (:meth:`unfence`); return the names fully deleted (every key s3ckpt may delete is
+        gone). A checkpoint whose marker changed since the scan goes to :attr:`changed`,
+        and nothing of it is deleted; one whose keys could not all be deleted keeps its
+        unfinished tombstone (being deleted: the next prune, gc or rm finishes it). gc passes
+        its own ``keys_of`` and ``uploads_of`` (what it may delete of a dead save)."""
+        keys = {c.name: keys_of(c) for c in targets}
         markers = {c.name: c.url.key(MANIFEST_NAME) for c in targets}
-        present = [c for c in targets if markers[c.name] in keys[c.name]]
-        unknown = [markers[c.name] for c in present if c.marker_etag is None]
-        bad = self.delete(unknown, "marker")  # a store that lists no ETags: as before
-        for c in present:
-            if c.marker_etag is None:
-                continue
+        alive: list[CheckpointInfo] = []
+        bad: set[str] = set()
+        for c in targets:
             try:
-                if not self._delete_marker(markers[c.name], c.marker_etag):
+                if self.fence(c, keys[c.name]):
+                    alive.append(c)
+                else:
                     self.changed.append(c.name)
             except StoreError as exc:
                 bad.add(markers[c.name])
                 code = exc.code or type(exc).__name__
                 self.failures.append(DeleteFailure(markers[c.name], code, str(exc)))
-        alive = [c for c in targets if markers[c.name] not in bad and c.name not in self.changed]
         metas = [k for c in alive for k in keys[c.name] if _is_first_metadata(c, k)]
         bad |= self.delete(metas, "metadata")
-        first = {markers[c.name] for c in present} | set(metas)
+        first = {markers[c.name] for c in targets} | set(metas)
         data = [k for c in alive for k in keys[c.name] if k not in first]
         bad |= self.delete(data, "data")
-        ups = {c.name: checkpoint_uploads(c) for c in alive}
+        ups = {c.name: uploads_of(c) for c in alive}
         bad_ups = self.abort([u for c in alive for u in ups[c.name]])
-        return tuple(
-            c.name
-            for c in alive
-            if not any(k in bad for k in keys[c.name])
-            and not any(u.upload_id in bad_ups for u in ups[c.name])
-        )
+        done = []
+        for c in alive:
+            if any(k in bad for k in keys[c.name] if k != markers[c.name]):
+                continue
+            if any(u.upload_id in bad_ups for u in ups[c.name]):
+                continue
+            try:
+                self.unfence(c)
+            except StoreError as exc:
+                code = exc.code or type(exc).__name__
+                self.failures.append(DeleteFailure(markers[c.name], code, str(exc)))
+                continue
+            done.append(c.name)
+        return tuple(done)

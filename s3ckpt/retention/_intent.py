@@ -18,9 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import datetime
 
-from s3ckpt._tombstone import is_tombstone
 from s3ckpt.errors import S3CkptError
-from s3ckpt.format import LEASE_NAME, MANIFEST_NAME
+from s3ckpt.format import LEASE_NAME
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._lease import Lease, LeaseRecord
 from s3ckpt.retention._tiers import STORAGE_CLASSES, Transition
@@ -34,17 +33,6 @@ def planned_markers(targets: Sequence[CheckpointInfo]) -> dict[str, str]:
     return {c.name: c.marker_etag for c in targets if c.is_committed and c.marker_etag}
 
 
-def _tombstoned(store: ObjectStore, c: CheckpointInfo) -> bool:
-    """Whether ``c``'s marker is a tombstone (a deleter swapped it in and died: only a
-    deleter ever writes one, and nothing replaces it, so finishing it deletes no commit)."""
-    if not c.damaged:
-        return False
-    try:
-        return is_tombstone(store.get(c.url.key(MANIFEST_NAME)))
-    except S3CkptError:
-        return False
-
-
 def finish_previous(
     lease: Lease, catalog: Sequence[CheckpointInfo]
 ) -> tuple[list[CheckpointInfo], list[str], list[CheckpointInfo]]:
@@ -52,32 +40,33 @@ def finish_previous(
     rest)``. ``resume``: checkpoints to finish now; ``carry``: names to keep in the intent
     log for a later run; ``rest``: the catalog without both.
 
-    A name in the log whose marker is still the one the dead holder planned to delete
-    (the ETag its log recorded), or a tombstone a deleter swapped in, is finished: its
-    marker is deleted only while it has that ETag (:class:`~s3ckpt.retention._delete._Deleter`).
-    One whose marker is another (an overwrite committed since), or present without a
-    recorded ETag (a record of an older version), or that is pinned is left to the plan.
-    One that shows a live save is not finished now but carried forward. Anything else
-    (abandoned- or foreign-looking leftovers) is finished. Used by prune, rm and gc:
-    whoever takes over the lease finishes the work.
+    Every checkpoint being deleted (an unfinished tombstone: a deleter fenced it and died,
+    or had deletes refused) is finished, whether the log names it or not. A name in the log
+    whose marker is still the one the dead holder planned to delete (the ETag its log
+    recorded) is finished too: its marker is fenced only while it has that ETag
+    (:meth:`~s3ckpt.retention._deleter.Deleter.fence`). One whose marker is another (an
+    overwrite committed since), or present without a recorded ETag (a record of an older
+    version), or that is pinned is left to the plan. One that shows a live save is not
+    finished now but carried forward. Anything else (abandoned- or foreign-looking leftovers
+    of an older version's deletion) is finished. Used by prune, rm and gc: whoever takes
+    over the lease finishes the work.
     """
     previous: LeaseRecord | None = lease.previous
-    if previous is None or not previous.deleting:
-        return [], [], list(catalog)
-    wanted = set(previous.deleting)
+    wanted = set(previous.deleting) if previous is not None else set()
     resume: list[CheckpointInfo] = []
     carry: list[str] = []
     for c in catalog:
-        if c.name not in wanted or c.pinned:
+        if c.state is CheckpointState.BEING_DELETED:
+            resume.append(c)
+        elif c.name not in wanted or c.pinned:
             continue
-        if c.is_committed:
-            etag = previous.planned.get(c.name)
-            if c.marker_etag is not None and (etag == c.marker_etag or _tombstoned(lease.store, c)):
+        elif c.is_committed:
+            etag = previous.planned.get(c.name) if previous is not None else None
+            if c.marker_etag is not None and etag == c.marker_etag:
                 resume.append(c)
-            continue
-        if c.state is CheckpointState.IN_PROGRESS:
+        elif c.state is CheckpointState.IN_PROGRESS:
             carry.append(c.name)
-        else:
+        elif c.tombstone is None:
             resume.append(c)
     names = {c.name for c in resume} | set(carry)
     return resume, carry, [c for c in catalog if c.name not in names]

@@ -45,6 +45,7 @@ If-None-Match / If-Match), and reads it (GetObject, HeadObject).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -60,13 +61,17 @@ from s3ckpt.errors import (
     LeaseLostError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    S3CkptError,
     TransientStoreError,
 )
 from s3ckpt.format import LEASE_NAME
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import require_conditional_writes, store_time
 from s3ckpt.store.base import ObjectStore
+from s3ckpt.store.retry import cleanup
 from s3ckpt.uri import StoreURL
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseRecord"]
 
@@ -419,6 +424,10 @@ class Lease:
     ) -> None:
         """Mark the lease released (conditional; a lease already lost is left alone).
 
+        Its requests share one short budget (:func:`~s3ckpt.store.retry.cleanup`); a store
+        that cannot be reached leaves the lease to expire by itself, logged as a WARNING
+        naming the time.
+
         Args:
             deleting: Checkpoints whose deletion did not finish (per-key failures, an
                 exception): kept in the released lease so the next pruner finishes them.
@@ -426,10 +435,22 @@ class Lease:
         """
         if self._etag is None:
             return
+        expires = self._record.expires if self._record is not None else None
         try:
-            self._swap(self._new_record(deleting, released=True, moving=moving or {}))
+            with cleanup():  # a short budget: a store that went silent is not waited for again
+                self._swap(self._new_record(deleting, released=True, moving=moving or {}))
         except LeaseLostError:
             pass
+        except S3CkptError as exc:  # never masks the error that ends the pass
+            until = f" at {iso_z_seconds(expires)}" if expires else " after its TTL"
+            log.warning(
+                "s3ckpt: could not release the lease on %s (%s); it expires by itself%s, "
+                "and the next %s finishes what its intent log names",
+                self.run,
+                exc,
+                until,
+                self.operation,
+            )
         self._etag = None
 
     def __enter__(self) -> Lease:

@@ -50,9 +50,6 @@ DEFAULT_GRACE = timedelta(hours=2)
 MIN_GRACE = timedelta(seconds=MIN_GRACE_SECONDS)
 """The floor prune and gc raise a shorter grace period to (four missed heartbeats)."""
 
-HEARTBEATS_CHECKED = 4
-"""Heartbeats read per live-looking save (its lowest ranks, the coordinator among them)."""
-
 K = TypeVar("K", bound=Hashable)
 
 
@@ -107,17 +104,15 @@ def dead_saves(store: ObjectStore, heartbeats: Mapping[K, Sequence[str]]) -> set
     """The saves among ``heartbeats`` (heartbeat keys of each live-looking save, by any key
     the caller names a save with) whose writer process is provably gone.
 
-    A save that lost a rank never commits, so one heartbeat whose writer is gone on this
-    host proves the save dead; elsewhere nothing is provable and the grace period decides.
+    Only the coordinator's heartbeat (rank 0: DCP's coordinator) can prove it: a save whose
+    coordinator process is gone on this host commits nothing more, while one that lost
+    another rank after the gather of the write results may still be committed by its
+    coordinator (a paused one included). Elsewhere nothing is provable and the grace period
+    decides.
 
-    Request cost: one GET for each of at most :data:`HEARTBEATS_CHECKED` heartbeats per
-    save, the lowest ranks first (16 in parallel).
+    Request cost: one GET per save (16 in parallel).
     """
-    todo = [
-        (save, key)
-        for save, keys in heartbeats.items()
-        for key in sorted(keys, key=_rank_of)[:HEARTBEATS_CHECKED]
-    ]
+    todo = [(save, key) for save, keys in heartbeats.items() for key in keys if _rank_of(key) == 0]
     if not todo:
         return set()
 

@@ -14,9 +14,10 @@ Pure: no store, no clock. The invariants are enforced here, on top of any policy
    :attr:`~s3ckpt.retention.CheckpointInfo.overwrite_in_progress`) is not deleted now: the
    overwrite commits with a compare-and-swap on the marker it replaces, which a deletion
    would make fail. It is deferred (``skip``) to a run after the overwrite;
-7. a damaged checkpoint (committed, its marker unreadable:
-   :attr:`~s3ckpt.retention.CheckpointInfo.damaged`) is skipped, never deleted, and no
-   policy sees it: it cannot be kept as "the newest" in place of the newest readable one.
+7. a damaged checkpoint (committed, its marker unreadable or ``s3ckpt check`` found damage
+   in it: :attr:`~s3ckpt.retention.CheckpointInfo.damaged`) is skipped, never deleted, and
+   no policy sees it: it never counts toward keep-last-K nor is kept as "the newest" in
+   place of the newest good one (so the newest good one is always kept).
 
 With storage tiers (``RetentionOptions.tiers``) the plan also says which kept checkpoints
 move to which storage class (:attr:`Plan.transitions`, :func:`~s3ckpt.retention._tiers.plan_tiers`):
@@ -295,7 +296,7 @@ def newest(eligible: Sequence[CheckpointInfo]) -> dict[str, str]:
     ones, and foreign ones when they are included); the foreign ones count only when none is
     committed. ``delete_checkpoint`` refuses the same ones.
     """
-    eligible = [c for c in eligible if not c.damaged]  # an unreadable marker is no newest
+    eligible = [c for c in eligible if not c.damaged]  # a damaged checkpoint is no newest
     committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or list(eligible)
     if not committed:
         return {}
@@ -315,7 +316,7 @@ def newest(eligible: Sequence[CheckpointInfo]) -> dict[str, str]:
 
 def _skip_reason(c: CheckpointInfo) -> str:
     if c.damaged:
-        return f"damaged, never deleted by a plan (s3ckpt rm deletes it): {c.error}"
+        return f"damaged, never deleted by a plan (s3ckpt rm deletes it): {c.damage}"
     if c.pinned:
         return f"{c.state.value.replace('_', ' ')}; pinned: {c.pinned}"
     if c.state is CheckpointState.IN_PROGRESS:

@@ -11,11 +11,15 @@ period) is ever deleted or aborted, except the committed save's own objects by a
 
 Deletion order (per checkpoint, and batched across the checkpoints of a run):
 
-1. every commit marker (``s3ckpt.json``) — from here on a reader sees "not committed",
-   never a committed checkpoint with missing data;
-2. the plain ``.metadata`` and the marker's ``metadata_key`` of those whose marker is gone;
+1. every commit marker (``s3ckpt.json``) is fenced: replaced by a tombstone ``If-Match``
+   its planned ETag (:mod:`s3ckpt._tombstone`) — from here on a reader sees "not
+   committed", never a committed checkpoint with missing data, and a paused writer's
+   conditional marker PUT fails;
+2. the plain ``.metadata`` and the marker's ``metadata_key`` of those fenced;
 3. every other object, in ``DeleteObjects`` requests of at most 1000 keys, then the
-   prefixes' open uploads of per-save names are aborted.
+   prefixes' open uploads of per-save names are aborted;
+4. each tombstone is deleted, or kept finished (``done``) where another save's names were
+   reaped (it may be paused: the fence must outlive the pause).
 
 Every per-key error is checked. Throttling and 5xx per-key errors are retried with
 exponential back-off; other errors are reported (a checkpoint whose marker could not be
@@ -51,16 +55,17 @@ from typing import Any, Unpack, overload
 
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.metrics import instrument
+from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._deleter import Deleter
 from s3ckpt.retention._intent import finish_previous, planned_markers, previous_moves
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._options import PruneOverrides, RetentionOptions
-from s3ckpt.retention._plan import check_policy, decide
+from s3ckpt.retention._plan import Decision, Plan, check_policy, decide
 from s3ckpt.retention._policy import Policy
-from s3ckpt.retention._recheck import confirm
+from s3ckpt.retention._recheck import _deep, confirm
 from s3ckpt.retention._recheck import replanner as _replan
 from s3ckpt.retention._results import PruneResult
-from s3ckpt.retention._scan import run_checkpoints
+from s3ckpt.retention._scan import catalogs
 from s3ckpt.retention._target import locate_policy
 from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.retention._transition import Mover, intent_of, survey
@@ -168,19 +173,51 @@ def prune_location(
 
     if not apply:
         with instrument.operation("prune", str(run)) as recorder:
-            catalog = run_checkpoints(store, run, options, shallow=options.scan == "shallow")
+            catalog, held = _catalog(store, run, options)
             p = decide(catalog, source.policy, now, options, run, describe)
             rules = source.policy
             p = confirm(store, run, options, rules, p, _replan(rules, now, options, run, describe))
+            p = _hold(p, held)
             if p.transitions:
                 moves, _ = survey(store, p.transitions, _cutoff(now, options))
                 p = dataclasses.replace(p, transitions=moves)
             emit("plan", delete=len(p.delete), move=len(p.transitions))
             recorder.finish(dry_run=True)
-        return PruneResult(run=run, plan=p, applied=False, notes=notes)
+        notes += (held,) if held else ()
+        return PruneResult(run=run, plan=p, applied=False, notes=notes, held=held)
 
     with instrument.operation("prune", str(run)) as recorder:
         return _apply(recorder, emit, location, source.policy, describe, options, now, notes)
+
+
+def _catalog(
+    store: ObjectStore, run: StoreURL, options: RetentionOptions
+) -> tuple[list[CheckpointInfo], str | None]:
+    """The run's checkpoints, and why its deletions are held back: its ``s3ckpt.check.json``
+    could not be read, so whether ``s3ckpt check`` found its newest checkpoint damaged is
+    unknown, and the plan would count it as the newest good one (None: nothing held)."""
+    for cat in catalogs(store, run, options, shallow=options.scan == "shallow"):
+        if cat.run.prefix == run.prefix:
+            held = cat.check_error and (
+                f"deletions held back: {cat.check_error}; what s3ckpt check found there is "
+                "unknown, so the newest checkpoint kept may be damaged. Fix access to it (or "
+                "delete it to forget the findings) and prune again"
+            )
+            return list(cat.checkpoints), held or None
+    return [], None
+
+
+def _hold(p: Plan, held: str | None) -> Plan:
+    """``p`` with every deletion turned into a skip saying why (``held``), when held."""
+    if held is None:
+        return p
+    decisions = tuple(
+        Decision(d.checkpoint, "skip", ("held back: the run's check record is unreadable",))
+        if d.action == "delete"
+        else d
+        for d in p.decisions
+    )
+    return dataclasses.replace(p, decisions=decisions)
 
 
 def _cutoff(now: datetime, options: RetentionOptions) -> float:
@@ -214,11 +251,15 @@ def _apply(
         k: dict(v) for k, v in (lease.previous.moving if lease.previous else {}).items()
     }
     try:
-        catalog = run_checkpoints(store, run, options, shallow=options.scan == "shallow")
+        catalog, held = _catalog(store, run, options)
         resume, carry, rest = finish_previous(lease, catalog)
+        # What a shallow record does not know (the plain .metadata, other saves' names) is
+        # what a finished deletion must not leave behind: list each one deeply.
+        resume = [d for c in resume if (d := _deep(store, options, c) if c.shallow else c)]
         p = decide(rest, rules, now, options, run, describe)
         # Shallow: what p deletes is listed and the plan made again (_recheck).
         p = confirm(store, run, options, rules, p, _replan(rules, now, options, run, describe))
+        p = _hold(p, held)
         old_moves, carry_moves = previous_moves(
             lease, rest, {c.name for c in p.delete} | {t.name for t in p.transitions}
         )
@@ -259,13 +300,17 @@ def _apply(
             applied=True,
             deleted=deleted,
             resumed=tuple(c.name for c in resume),
+            held=held,
             failures=tuple(deleter.failures),
             delete_requests=deleter.requests,
             keys_deleted=deleter.deleted_keys,
             aborted=deleter.aborted,
             resumed_bytes=sum(c.size for c in resume),
             resumed_objects=sum(c.num_objects for c in resume),
-            notes=notes + deleter.changed_notes() + mover.changed_notes(),
+            notes=notes
+            + ((held,) if held else ())
+            + deleter.changed_notes()
+            + mover.changed_notes(),
             transitioned=tuple(n for n in moved if n in pending),
             resumed_moves=tuple(m.name for m in old_moves if m.name in moved and m.name in pending),
             objects_moved=mover.objects,

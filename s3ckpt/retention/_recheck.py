@@ -103,13 +103,16 @@ def _deep(
     store: ObjectStore, options: RetentionOptions, c: CheckpointInfo
 ) -> CheckpointInfo | None:
     """``c`` as a deep scan of its own prefix sees it (None: gone since). A root inside a
-    checkpoint does not see the run's shard folder: the marker's shard keys are added."""
-    for cat in catalogs(store, c.url, options):
+    checkpoint does not see the run's shard folder: the marker's shard keys are added; the
+    run's check record was read by the first scan (its verdict is carried)."""
+    for cat in catalogs(store, c.url, options, check_record=False):
         for found in cat.checkpoints:
             if found.name == c.name:
                 shards = tuple(k for k in c.keys if in_shard_tree(k) and k not in found.keys)
+                same = c.marker_etag == found.marker_etag
+                check = c.check if same else None
                 return dataclasses.replace(
-                    found, keys=found.keys + shards, size=max(found.size, c.size)
+                    found, keys=found.keys + shards, size=max(found.size, c.size), check=check
                 )
     return None
 

@@ -39,6 +39,8 @@ class PruneResult:
         resumed_bytes: Bytes under the resumed checkpoints (on top of ``plan.bytes_freed``).
         resumed_objects: Objects under the resumed checkpoints.
         notes: Adjustments made to the arguments (a grace period raised to its floor).
+        held: Why the plan's deletions were held back (the run's ``s3ckpt.check.json``
+            could not be read), or None; a held run is not :attr:`ok`.
         transitioned: Checkpoints whose every object a tier moved is now in its class (or
             tagged, for ``method="tag"``); resumed ones included.
         resumed_moves: Of those, transitions a pruner that died left half-done.
@@ -60,6 +62,7 @@ class PruneResult:
     resumed_bytes: int = 0
     resumed_objects: int = 0
     notes: tuple[str, ...] = ()
+    held: str | None = None
     transitioned: tuple[str, ...] = ()
     resumed_moves: tuple[str, ...] = ()
     objects_moved: int = 0
@@ -69,8 +72,8 @@ class PruneResult:
 
     @property
     def ok(self) -> bool:
-        """No delete and no transition failed."""
-        return not self.failures and not self.transition_failures
+        """No delete and no transition failed, and no deletion was held back."""
+        return not self.failures and not self.transition_failures and self.held is None
 
     @property
     def targets(self) -> int:
@@ -92,6 +95,7 @@ class PruneResult:
             "resumed_bytes": self.resumed_bytes,
             "resumed_objects": self.resumed_objects,
             "notes": list(self.notes),
+            "held": self.held,
             "transitioned": list(self.transitioned),
             "resumed_moves": list(self.resumed_moves),
             "objects_moved": self.objects_moved,

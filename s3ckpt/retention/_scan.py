@@ -6,7 +6,7 @@ objects*, which are never checkpoints and never deleted by retention:
 
 * ``{run}/s3ckpt.latest.json`` — the Checkpointer's pointer to the latest checkpoint;
 * ``{run}/s3ckpt.lease`` — the pruner's lease (:mod:`s3ckpt.retention._lease`);
-* ``{run}/s3ckpt.check.json`` — what ``s3ckpt check`` found (:mod:`s3ckpt.tools._check_record`);
+* ``{run}/s3ckpt.check.json`` — what ``s3ckpt check`` found (:mod:`s3ckpt.retention._check_record`);
 * ``{ckpt}/s3ckpt.pin.json`` — a pin on one checkpoint (``s3ckpt pin``).
 
 A sub-prefix counts as a checkpoint when it holds (as an object or as an open multipart
@@ -46,6 +46,7 @@ from typing import Unpack
 
 from s3ckpt._step_names import checkpoint_step
 from s3ckpt._time import utc
+from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
 from s3ckpt.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, METADATA_NAME, PIN_NAME, Manifest
 from s3ckpt.metrics.instrument import expecting, in_context
@@ -57,6 +58,7 @@ from s3ckpt.retention._catalog import (
     commit_time,
     writer_time,
 )
+from s3ckpt.retention._check_record import read_check_records
 from s3ckpt.retention._listing import Group, group_listing
 from s3ckpt.retention._listing import ckpt_dir as _ckpt_dir  # noqa: F401  (tests use it here)
 from s3ckpt.retention._liveness import (
@@ -137,11 +139,13 @@ def catalogs(
     *,
     include_uploads: bool = True,
     shallow: bool = False,
+    check_record: bool = True,
 ) -> list[RunCatalog]:
     """:func:`scan` below its entry point (``options.step_pattern`` compiled already).
 
     ``shallow``: walk folders and read markers instead of listing every key
-    (:mod:`s3ckpt.retention._shallow`); gc and rm never ask for it."""
+    (:mod:`s3ckpt.retention._shallow`); gc and rm never ask for it. ``check_record``: read
+    each run's ``s3ckpt.check.json`` (:meth:`CheckpointInfo.checked`; one GET per run)."""
     grace, pattern = options.grace, options.step_pattern
     now, _ = judge_time(store, root, options.now, grace, refuse=None)
     known: dict[str, Marker] = {}
@@ -182,19 +186,24 @@ def catalogs(
         f = failed[d]
         if f is not None:  # the newest failed save here (never the committed one)
             info = dataclasses.replace(info, failed_at=utc(f[1]), failure=why[d])
-        by_run.setdefault(run, []).append(info)
+        if info.state is not CheckpointState.GONE:  # a finished fence: never listed
+            by_run.setdefault(run, []).append(info)
     for run_prefix in runs_with_lease:
         if run_prefix.startswith(root.prefix):
             by_run.setdefault(run_prefix, [])
+    runs = [r for r, ckpts in by_run.items() if any(c.is_committed for c in ckpts)]
+    records = read_check_records(store, root, runs) if check_record else {}
     out = []
     for run_prefix in sorted(by_run):
-        ckpts = sorted(by_run[run_prefix], key=CheckpointInfo.sort_key)
+        record = records.get(run_prefix)
+        ckpts = sorted((c.checked(record) for c in by_run[run_prefix]), key=CheckpointInfo.sort_key)
         out.append(
             RunCatalog(
                 StoreURL(root.scheme, root.bucket, run_prefix),
                 tuple(ckpts),
                 has_lease=run_prefix in runs_with_lease,
                 lease_modified=runs_with_lease.get(run_prefix),
+                check_error=record if isinstance(record, str) else None,
             )
         )
     return out
@@ -202,12 +211,12 @@ def catalogs(
 
 def _read_controls(
     store: ObjectStore, groups: Mapping[str, Group], known: Mapping[str, Marker]
-) -> tuple[dict[str, Manifest | str], dict[str, str]]:
+) -> tuple[dict[str, Manifest | Tombstone | str], dict[str, str]]:
     """The commit markers (or why each cannot be read; ``known``: read already) and the
     pins' reasons, by prefix."""
     markers = [d for d, g in groups.items() if g.marker and d not in known]
     pins = [d for d, g in groups.items() if g.pin]
-    manifests: dict[str, Manifest | str] = {d: m.manifest for d, m in known.items()}
+    manifests: dict[str, Manifest | Tombstone | str] = {d: m.manifest for d, m in known.items()}
     reasons: dict[str, str] = {}
     if markers or pins:
         # in_context: the reads count for the caller's operation (a prune's event).
@@ -223,10 +232,12 @@ def _read_controls(
     return manifests, reasons
 
 
-def read_manifest(store: ObjectStore, prefix: str, *, size: int | None = None) -> Manifest | str:
-    """The commit marker under ``prefix``, or why it cannot be read (a damaged marker:
-    anything :meth:`Manifest.from_json` refuses, or more than
-    :data:`~s3ckpt.format.MAX_MANIFEST_BYTES`).
+def read_manifest(
+    store: ObjectStore, prefix: str, *, size: int | None = None
+) -> Manifest | Tombstone | str:
+    """The commit marker under ``prefix``, the tombstone there (:mod:`s3ckpt._tombstone`),
+    or why it cannot be read (a damaged marker: anything :meth:`Manifest.from_json`
+    refuses, or more than :data:`~s3ckpt.format.MAX_MANIFEST_BYTES`).
 
     ``size`` is the marker's size from a listing: a marker larger than the limit is not
     read at all, and no more than ``size`` bytes are read of one (one ranged GET), however
@@ -241,7 +252,7 @@ def read_manifest(store: ObjectStore, prefix: str, *, size: int | None = None) -
     try:
         with expecting("not_found"):  # deleted since the listing (a prune, an rm): a race
             raw = store.get(key) if size is None else _read_head(store, key, size)
-        return Manifest.from_json(raw, where=key)
+        return Tombstone.parse(raw) or Manifest.from_json(raw, where=key)
     except CorruptCheckpointError as exc:
         return exc.message
     except ObjectNotFoundError:
@@ -287,7 +298,7 @@ def _info(
     run: str,
     d: str,
     g: Group,
-    manifest: Manifest | str | None,
+    manifest: Manifest | Tombstone | str | None,
     pin: str | None,
     cutoff: float,
     pattern: StepPatternLike | None,
@@ -295,7 +306,10 @@ def _info(
     name = d[len(run) : -1]
     step = checkpoint_step(name, pattern)
     url = StoreURL(root.scheme, root.bucket, d)
-    live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff and t not in g.dead))
+    # The saves a tombstone covers are never live: its deletion finishes them (a writer of
+    # one that resumes meets the tombstone at its commit).
+    gone = g.dead | manifest.tags if isinstance(manifest, Tombstone) else g.dead
+    live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff and t not in gone))
     common = dict(
         url=url,
         name=name,
@@ -308,8 +322,9 @@ def _info(
         live_tags=live,
         uploads=tuple(g.uploads),
         marker_etag=g.marker.etag if g.marker is not None else None,
+        dead_tags=frozenset(g.dead),
     )
-    if g.marker is not None:
+    if g.marker is not None and not isinstance(manifest, Tombstone):
         if isinstance(manifest, Manifest):
             committed = frozenset(
                 [d + MANIFEST_NAME, d + manifest.metadata_key]
@@ -328,6 +343,7 @@ def _info(
                 tag=manifest.tag,
                 committed_keys=committed,
                 metadata_stale=_metadata_stale(g, manifest),
+                reaped=manifest.reaped,
                 **common,  # type: ignore[arg-type]
             )
         return CheckpointInfo(
@@ -337,6 +353,8 @@ def _info(
             error=manifest if isinstance(manifest, str) else "commit marker unreadable",
             **common,  # type: ignore[arg-type]
         )
+    if isinstance(manifest, Tombstone):
+        return _fenced(g, manifest, step, live, common)
     # Activity of a save proven dead does not count; anything untagged still does.
     young = bool(live) or (g.untagged is not None and g.untagged > cutoff)
     if young:
@@ -356,6 +374,23 @@ def _info(
     )
 
 
+def _fenced(
+    g: Group, tomb: Tombstone, step: int | None, live: tuple[str, ...], common: dict[str, object]
+) -> CheckpointInfo:
+    """A prefix whose marker key holds a tombstone: ``BEING_DELETED`` until it is done;
+    then ``IN_PROGRESS`` or ``ABANDONED`` when a new save of the step wrote there, else
+    ``GONE`` (see :mod:`s3ckpt.retention._catalog`)."""
+    if not tomb.done:
+        state = CheckpointState.BEING_DELETED
+    elif live:
+        state = CheckpointState.IN_PROGRESS
+    elif g.tags:
+        state = CheckpointState.ABANDONED
+    else:
+        state = CheckpointState.GONE
+    return CheckpointInfo(step=step, state=state, committed_at=None, tombstone=tomb, **common)  # type: ignore[arg-type]
+
+
 def _shallow_info(info: CheckpointInfo, d: str, marker: Marker) -> CheckpointInfo:
     """A committed checkpoint the walk did not list: its size, objects and keys are what
     the marker commits; the rest stays unknown (:attr:`CheckpointInfo.shallow`)."""
@@ -373,7 +408,7 @@ def _shallow_info(info: CheckpointInfo, d: str, marker: Marker) -> CheckpointInf
     )
 
 
-def _tag(manifest: Manifest | str | None) -> str | None:
+def _tag(manifest: Manifest | Tombstone | str | None) -> str | None:
     return manifest.tag if isinstance(manifest, Manifest) else None
 
 

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from s3ckpt._step_names import checkpoint_step
+from s3ckpt._tombstone import is_tombstone
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
 from s3ckpt.format import LEASE_NAME, MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, Manifest
 from s3ckpt.metrics.instrument import expecting, in_context
@@ -84,6 +85,8 @@ def _probe(store: ObjectStore, folder: str) -> Marker | None:
     if raw is None:
         why = f"{key} is {info.size} bytes, more than the {MAX_MANIFEST_BYTES} a commit marker "
         return Marker(why + "may have; not read", info)
+    if is_tombstone(raw):
+        return None  # fenced: listed like an uncommitted prefix (being deleted, or gone)
     try:
         return Marker(Manifest.from_json(raw, where=key), info)
     except CorruptCheckpointError as exc:

@@ -17,6 +17,7 @@ from s3ckpt.store._bucket import create_bucket
 from s3ckpt.store._capabilities import (
     Capabilities,
     cached_capabilities,
+    is_unsupported,
     list_open_uploads,
     lists_uploads,
     probe_capabilities,
@@ -25,6 +26,13 @@ from s3ckpt.store._capabilities import (
 from s3ckpt.store._clock import StoreTime, check_skew, skew_note, store_time
 from s3ckpt.store._counting import CountingStore
 from s3ckpt.store._location import AtLocation, Location, LocationLike
+from s3ckpt.store._versions import (
+    Noncurrent,
+    VersionedStore,
+    Versions,
+    bucket_versioning,
+    noncurrent_versions,
+)
 from s3ckpt.store.base import (
     CompletedPart,
     DeleteFailure,
@@ -51,16 +59,22 @@ __all__ = [
     "Location",
     "LocationLike",
     "MemoryStore",
+    "Noncurrent",
     "ObjectInfo",
     "ObjectStore",
     "RangeReader",
     "S3Store",
     "TRANSIENT_CODES",
     "UploadInfo",
+    "VersionedStore",
+    "Versions",
+    "bucket_versioning",
     "cached_capabilities",
     "create_bucket",
+    "is_unsupported",
     "list_open_uploads",
     "lists_uploads",
+    "noncurrent_versions",
     "require_conditional_writes",
     "StoreTime",
     "check_skew",

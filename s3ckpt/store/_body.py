@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import io
 import logging
+import socket
 import threading
 from typing import Any
 
@@ -31,7 +32,15 @@ from botocore.response import StreamingBody
 
 from s3ckpt.store.base import Buffer
 
-__all__ = ["BufferBody", "SocketBody", "shortcut_available", "socket_body"]
+__all__ = [
+    "SOCKET_ATTR",
+    "BufferBody",
+    "SocketBody",
+    "body_socket",
+    "shortcut_available",
+    "shutdown_socket",
+    "socket_body",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +50,7 @@ _AMOUNT_READ = "_amount_read"  # StreamingBody: bytes handed out so far (botocor
 _FP = "_fp"  # urllib3 HTTPResponse -> http.client.HTTPResponse (urllib3)
 _DECODED_BUFFER = "_decoded_buffer"  # urllib3 2: bytes held above the socket (urllib3)
 _RELEASE_CONN = "release_conn"  # urllib3 HTTPResponse: the connection back to the pool
+SOCKET_ATTR = "s3ckpt_socket"  # set by store/_client.py on each urllib3 response: its socket
 
 
 class BufferBody(io.RawIOBase):
@@ -222,3 +232,19 @@ def socket_body(body: Any, length: int) -> SocketBody | None:
     """A :class:`SocketBody` over ``body`` (a ranged GET's ``StreamingBody`` that should
     hold ``length`` bytes), or ``None`` when it must be read through ``body.read``."""
     return _wrap(body, length) if shortcut_available() else None
+
+
+def body_socket(body: Any) -> Any:
+    """The socket a response ``body`` (a ``StreamingBody``) is read from, or ``None``: the
+    one the S3 client's connection noted on the response (:data:`SOCKET_ATTR`), else its
+    urllib3 connection's (gone once a ``Connection: close`` reply took the socket over)."""
+    raw = getattr(body, _RAW_STREAM, None)
+    sock = getattr(raw, SOCKET_ATTR, None)
+    return sock if sock is not None else getattr(getattr(raw, "connection", None), "sock", None)
+
+
+def shutdown_socket(sock: Any) -> None:
+    """Shut ``sock`` down both ways, so a thread blocked reading or writing it wakes
+    (a reply that drips past its deadline, :class:`~s3ckpt.store._deadline.Watch`)."""
+    if sock is not None:
+        sock.shutdown(socket.SHUT_RDWR)

@@ -16,15 +16,20 @@ lease), so no new kind of object appears and a least-privilege role suffices:
 5. ``ListMultipartUploads`` on the key's folder: 501 ``NotImplemented`` means the store has
    none (liveness then comes from heartbeats and object times alone);
 6. every PUT of the probe that succeeded tells whether the store echoes the CRC32C it was
-   sent (S3 stores with checksums on only).
+   sent (S3 stores with checksums on only);
+7. a race (:mod:`s3ckpt.store._race`): a key that does not exist yet is created by two
+   ``PUT If-None-Match: *`` sent at once, both with the caller's body; both succeeding
+   means the store's condition is a check then a write (not atomic). ``s3ckpt doctor``
+   (``race_pairs``) races a few pairs of creates, replaces and deletes besides, on keys
+   next to its scratch key, and caches its answer for the process.
 
 Where a store fails 2 or 3 it only rewrote the caller's own object with the body it
 already held. :func:`require_conditional_writes` turns the answer into one
 :class:`~s3ckpt.errors.ConditionalWritesError`, unless ``S3Config.single_writer`` opts in
 (then one warning per process and endpoint).
 
-Request cost: HEAD + (GET or create PUT) + 2 PUTs + LIST (+ DELETE [+ PUT]) the first time
-per (endpoint, bucket) and process; nothing afterwards.
+Request cost: HEAD + (GET or 2 racing create PUTs + GET) + 2 PUTs + LIST (+ DELETE [+ PUT])
+the first time per (endpoint, bucket) and process; nothing afterwards.
 """
 
 from __future__ import annotations
@@ -48,12 +53,14 @@ from s3ckpt.errors import (
     UnsupportedOperationError,
 )
 from s3ckpt.metrics.instrument import expecting
+from s3ckpt.store._race import RaceKind, RaceResult, race
 from s3ckpt.store.base import ObjectStore, UploadInfo
 
 __all__ = [
     "Capabilities",
     "cached_capabilities",
     "clear_capabilities_cache",
+    "is_unsupported",
     "list_open_uploads",
     "lists_uploads",
     "note_no_list_uploads",
@@ -88,6 +95,8 @@ class Capabilities:
         endpoint: The endpoint probed (``https://s3.amazonaws.com`` for AWS).
         bucket: The bucket probed.
         delete_probed: Whether :attr:`conditional_delete` was probed.
+        races: The races run (:mod:`s3ckpt.store._race`); a kind whose race was not
+            atomic is False above.
     """
 
     conditional_create: bool
@@ -98,6 +107,12 @@ class Capabilities:
     endpoint: str
     bucket: str
     delete_probed: bool = True
+    races: tuple[RaceResult, ...] = ()
+
+    def race(self, kind: RaceKind) -> RaceResult | None:
+        """The race of ``kind`` that was run, if any (the largest)."""
+        runs = [r for r in self.races if r.kind == kind]
+        return max(runs, key=lambda r: r.pairs) if runs else None
 
     @property
     def conditional_writes(self) -> bool:
@@ -181,6 +196,18 @@ def _identity(store: ObjectStore) -> tuple[str, str]:
     return (f"{store_endpoint(store)}#{id(store)}", store.bucket)
 
 
+_UNSUPPORTED_CODES = frozenset({"NotImplemented", "501", "MethodNotAllowed", "405"})
+
+
+def is_unsupported(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store does not implement the request (501 ``NotImplemented``,
+    405 ``MethodNotAllowed``, as s3rver answers AbortMultipartUpload), not that the caller
+    may not send it (403)."""
+    return isinstance(exc, UnsupportedOperationError) or (
+        isinstance(exc, StoreError) and exc.code in _UNSUPPORTED_CODES
+    )
+
+
 def list_open_uploads(store: ObjectStore, prefix: str) -> list[UploadInfo] | None:
     """The open multipart uploads under ``prefix``, or None where the store does not
     implement ``ListMultipartUploads`` (501 ``NotImplemented``, as s3rver): then one
@@ -253,6 +280,11 @@ def _put(
     return str(resp.get("ETag", ""))
 
 
+def _putter(store: ObjectStore, echo: list[bool]) -> Callable[..., str]:
+    """:func:`_put` as the races send it."""
+    return lambda key, body, **kw: _put(store, key, body, echo, **kw)
+
+
 def _refused(action: Callable[[], object]) -> bool:
     """Whether ``action`` (a conditional request that must fail) answered 412."""
     try:
@@ -300,7 +332,12 @@ def _probe_list_uploads(store: ObjectStore, key: str) -> bool | None:
 
 
 def probe_capabilities(
-    store: ObjectStore, key: str, *, body: bytes | None = None, probe_delete: bool = True
+    store: ObjectStore,
+    key: str,
+    *,
+    body: bytes | None = None,
+    probe_delete: bool = True,
+    race_pairs: int = 0,
 ) -> Capabilities:
     """What ``store`` enforces, probed with requests on ``key`` (see the module docs);
     cached per (endpoint, bucket) and process.
@@ -313,6 +350,9 @@ def probe_capabilities(
             ``If-None-Match: *``); an existing object is re-sent with the body read back.
         probe_delete: Also probe conditional deletes (pruners; a trainer's role may not
             delete). A cached answer without it is completed when it is asked for.
+        race_pairs: Also race this many pairs of each conditional request on the keys
+            ``{key}.race-create.0`` ... (left there: for a caller that removes its scratch
+            prefix, as doctor). Never answered from the cache; the answer is cached.
 
     Raises:
         ValueError: ``key`` does not exist and no ``body`` was given.
@@ -320,19 +360,18 @@ def probe_capabilities(
 
     Request cost: see the module docs; none when cached.
     """
-    cached = _cache_get(store)
+    cached = None if race_pairs else _cache_get(store)
     if cached is not None and (cached.delete_probed or not probe_delete):
         return cached
     echo: list[bool] = []
+    races: list[RaceResult] = list(cached.races) if cached is not None else []
     info = store.head(key)
     if info is None:
         if body is None:
             raise ValueError(f"cannot probe {key!r}: it does not exist and no body was given")
-        try:
-            with expecting("precondition_failed"):
-                _put(store, key, body, echo, if_none_match=True)
-        except PreconditionFailedError:
-            pass  # created meanwhile (by the caller's own retry or another process)
+        created = race(store, key, "create", body=body, put=_putter(store, echo))
+        if not created.none_won:  # none: created meanwhile (a retry, another process)
+            races.append(created)
     if info is not None or body is None:
         try:
             body = store.get(key)
@@ -348,19 +387,30 @@ def probe_capabilities(
         replace_ = _refused(lambda: _put(store, key, current, echo, if_match=WRONG_ETAG))
         list_uploads = _probe_list_uploads(store, key)
     delete = _probe_delete(store, key, current, echo) if probe_delete else False
+    for kind, alone in (("create", create), ("replace", replace_), ("delete", delete)):
+        if race_pairs and alone:  # a condition ignored alone needs no race to fail
+            at = f"{key}.race-{kind}"
+            races.append(race(store, at, kind, pairs=race_pairs, put=_putter(store, echo)))  # type: ignore[arg-type]
+    atomic = {k: all(r.atomic for r in races if r.kind == k) for k in ("create", "replace")}
+    atomic["delete"] = all(r.atomic for r in races if r.kind == "delete")
+    enforces = getattr(store, "enforces", None)  # a store that knows its checks are not
+    if isinstance(enforces, frozenset):  # atomic (FsspecStore) says so: a 412 seen is no proof
+        create, replace_ = create and "create" in enforces, replace_ and "replace" in enforces
+        delete = delete and "delete" in enforces
     if cached is not None and cached.checksum_echo is not None:
         checksum_echo: bool | None = cached.checksum_echo
     else:
         checksum_echo = all(echo) if echo else None
     caps = Capabilities(
-        conditional_create=create,
-        conditional_replace=replace_,
-        conditional_delete=delete,
+        conditional_create=create and atomic["create"],
+        conditional_replace=replace_ and atomic["replace"],
+        conditional_delete=delete and atomic["delete"],
         checksum_echo=checksum_echo,
         list_uploads=list_uploads,
         endpoint=store_endpoint(store),
         bucket=store.bucket,
         delete_probed=probe_delete,
+        races=tuple(races),
     )
     _cache_put(store, caps)
     log.debug("s3ckpt: probed %s bucket %s: %s", caps.endpoint, caps.bucket, caps)

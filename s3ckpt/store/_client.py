@@ -15,10 +15,20 @@ The client's region follows the AWS CLI v2: ``S3Config.region``, ``AWS_REGION``,
 
 botocore's own retries are turned off (one attempt): s3ckpt retries every request itself
 (:mod:`s3ckpt.store.retry`), so the two never multiply.
+
+Every attempt has a total deadline (:class:`~s3ckpt.store._deadline.Watch`), which a socket's
+read timeout cannot give (it starts again with every byte). The client's connections
+register with the attempt running on their thread (:func:`_watch_connections`): the
+bytes they send and the reply's ``Content-Length`` extend its deadline at ``min_rate``,
+and at the deadline their socket is shut down, which wakes a thread blocked on a dripping
+reply. This needs botocore's private ``_endpoint.http_session._pool_classes_by_scheme``;
+where it differs, requests keep their per-read timeouts only (ranged GET bodies are
+still watched, :mod:`s3ckpt.store._range`) and a debug line says so.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -29,7 +39,11 @@ from botocore.exceptions import ProfileNotFound
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError
+from s3ckpt.store._body import SOCKET_ATTR, shutdown_socket
 from s3ckpt.store._cache import ProcessCache
+from s3ckpt.store._deadline import current_watch
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_SHARED_CLIENTS", "aws_environment", "profile_attempts", "shared_client"]
 
@@ -200,4 +214,67 @@ def _new_client(cfg: S3Config, tc: TransferConfig) -> Any:
         config=boto_cfg,
         verify=cfg.verify_tls,
     )
+    _watch_connections(client)
     return client
+
+
+def _header_length(headers: Any) -> int:
+    """The ``Content-Length`` in ``headers`` (any mapping), or 0."""
+    for name, value in (headers or {}).items():
+        if str(name).lower() == "content-length":
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return 0
+    return 0
+
+
+def _watched_pool(pool: Any) -> Any:
+    """A subclass of botocore's connection pool class ``pool`` whose connections register
+    with the attempt running on their thread (:func:`~s3ckpt.store._deadline.current_watch`)."""
+    base = pool.ConnectionCls
+
+    class WatchedConnection(base):  # type: ignore[misc, valid-type]
+        def request(
+            self,
+            method: Any,
+            url: Any,
+            body: Any = None,
+            headers: Any = None,
+            *args: Any,
+            **kwargs: Any,
+        ) -> Any:
+            watch = current_watch()
+            if watch is not None:
+                watch.guard(lambda: shutdown_socket(self.sock))
+                watch.add_bytes(_header_length(headers))
+            return super().request(method, url, body, headers, *args, **kwargs)
+
+        def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+            sock = self.sock  # the reply may take it over (Connection: close)
+            watch = current_watch()
+            if watch is not None:
+                watch.guard(lambda: shutdown_socket(sock))
+            response = super().getresponse(*args, **kwargs)
+            setattr(response, SOCKET_ATTR, sock)  # for a streamed body's reads (_range)
+            if watch is not None:
+                watch.add_bytes(_header_length(getattr(response, "headers", None)))
+            return response
+
+    return type(pool.__name__, (pool,), {"ConnectionCls": WatchedConnection})
+
+
+def _watch_connections(client: Any) -> bool:
+    """Make ``client``'s connections register with their thread's attempt (module docs);
+    ``False`` where botocore's private names differ (a debug line says so)."""
+    try:
+        classes = client._endpoint.http_session._pool_classes_by_scheme
+        watched = {scheme: _watched_pool(pool) for scheme, pool in classes.items()}
+    except (AttributeError, TypeError):
+        log.debug(
+            "botocore's HTTP session differs from what s3ckpt knows: requests are "
+            "bounded by their per-read timeouts only"
+        )
+        return False
+    classes.update(watched)  # the dict the pool managers read
+    return True

@@ -54,6 +54,11 @@ _TRANSIENT_HINTS: dict[str, str] = {
     "signed: check the network path (a proxy rewriting bodies, faulty hardware)",
 }
 
+_WRONG_REGION = (
+    "the bucket is in another region than the one requested: pass --region REGION or "
+    "S3Config(region=REGION) (or set AWS_REGION)"
+)
+
 # error code -> (s3ckpt error class, what to check). HTTP status is the fallback key.
 _ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
     "NoSuchBucket": (
@@ -101,6 +106,9 @@ _ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
         AccessDeniedError,
         "this machine's clock is off by more than 15 minutes: fix NTP",
     ),
+    "PermanentRedirect": (StoreError, _WRONG_REGION),
+    "301": (StoreError, _WRONG_REGION),
+    "AuthorizationHeaderMalformed": (StoreError, _WRONG_REGION),
 }
 
 # Exception type -> worth retrying. A refused connection or an unknown hostname
@@ -149,6 +157,16 @@ def _error_code(exc: bce.ClientError) -> tuple[str, int]:
     err = exc.response.get("Error", {}) or {}
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     return str(err.get("Code", "") or status), status
+
+
+def _bucket_region(exc: bce.ClientError) -> str | None:
+    """The bucket's region as S3 names it in a redirect: the ``x-amz-bucket-region``
+    header (a HEAD's 301 has no body), else the error's ``Region``; only a plausible name."""
+    headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
+    region = headers.get("x-amz-bucket-region") or (exc.response.get("Error") or {}).get("Region")
+    if isinstance(region, str) and 0 < len(region) <= 32 and region.replace("-", "").isalnum():
+        return region
+    return None
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -215,7 +233,8 @@ def map_error(
         limit = (
             f"connect_timeout={tc.connect_timeout:g} s"
             if timeout == "connect"
-            else f"read_timeout={tc.read_timeout:g} s"
+            else f"read_timeout={tc.read_timeout:g} s to the first byte and "
+            f"min_rate={tc.min_rate:g} B/s after it"
         )
         return TransientStoreError(
             f"{where}: the endpoint {endpoint or 'AWS S3'} did not answer within its "
@@ -223,7 +242,7 @@ def map_error(
             f"all; request_deadline={tc.request_deadline:g} s): the endpoint is stalled "
             "or black-holed, or the network is dropping packets. Check endpoint_url / "
             "AWS_ENDPOINT_URL, that the server is healthy and the network path to it; on a "
-            "slow link raise TransferConfig.read_timeout and request_deadline",
+            "slow link raise TransferConfig.read_timeout and request_deadline, or lower min_rate",
             bucket=bucket,
             key=key,
             operation=operation,
@@ -243,6 +262,11 @@ def map_error(
         cls, hint = _ERROR_TABLE.get(code) or _ERROR_TABLE.get(
             str(status), (StoreError, "unexpected error from the store")
         )
+        if hint is _WRONG_REGION and (region := _bucket_region(exc)):
+            hint = (
+                f"the bucket is in region {region}: pass --region {region} or "
+                f"S3Config(region={region!r}) (or set AWS_REGION={region})"
+            )
         tries = f" after {attempts} attempts" if cls is TransientStoreError else ""
         return cls(
             f"{operation} failed with {code} (HTTP {status}){tries}: {hint}",

@@ -12,7 +12,8 @@ from tenacity import RetryCallState, Retrying
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import StoreError
 from s3ckpt.metrics.instrument import record_retry
-from s3ckpt.store._body import SocketBody, socket_body
+from s3ckpt.store._body import SocketBody, body_socket, shutdown_socket, socket_body
+from s3ckpt.store._deadline import AttemptTimedOut, Watch, start_watch
 from s3ckpt.store._errors import map_error
 from s3ckpt.store.retry import RetryCall
 
@@ -50,7 +51,10 @@ class S3RangeReader:
     current offset. Attempts
     count over the whole stream; the deadline counts from the start of each
     :meth:`readinto` call, so a long transfer that keeps making progress is never cut by
-    it.
+    it. Each GET's body has a total deadline, ``read_timeout + bytes / min_rate`` from the
+    reply (:class:`~s3ckpt.store._deadline.Watch`: the body's socket is shut down when it
+    passes), so a body that drips a byte at a time ends in a timeout, resumed and then
+    reported like any other.
     """
 
     def __init__(self, store: _RangedStore, key: str, start: int, length: int | None) -> None:
@@ -60,12 +64,18 @@ class S3RangeReader:
         self._end = None if length is None else start + length  # exclusive
         self._body: Any = None
         self._direct: SocketBody | None = None  # set when reading the socket directly
+        self._watch: Watch | None = None  # the open body's total deadline
         self._failures = 0
 
     def _open(self) -> None:
         last = None if self._end is None else self._end - 1
         resp = self._store._get_object(self._key, self._pos, last)
         self._body = resp["Body"]
+        tc = self._store.transfer_config
+        length = resp.get("ContentLength") or 0
+        self._watch = start_watch(tc.read_timeout, tc.min_rate, nbytes=int(length))
+        body = self._body
+        self._watch.guard(lambda: shutdown_socket(body_socket(body)))
         self._check_range(resp.get("ContentRange"))
         if self._end is not None:
             self._direct = socket_body(self._body, self._end - self._pos)
@@ -114,12 +124,22 @@ class S3RangeReader:
         try:
             if self._body is None:
                 self._open()
-            if self._direct is not None:
-                n = self._direct.readinto(buffer[:want])
-            else:
-                chunk = self._body.read(want)
-                n = len(chunk)
-                buffer[:n] = chunk
+            try:
+                if self._direct is not None:
+                    n = self._direct.readinto(buffer[:want])
+                else:
+                    chunk = self._body.read(want)
+                    n = len(chunk)
+                    buffer[:n] = chunk
+            except Exception as exc:
+                watch = self._watch
+                if watch is not None and watch.expired:
+                    tc = self._store.transfer_config
+                    raise AttemptTimedOut(
+                        f"the body ({watch.nbytes} bytes) not read within {watch.limit:.1f} s "
+                        f"(read_timeout={tc.read_timeout:g} s + min_rate={tc.min_rate:g} B/s)"
+                    ) from exc
+                raise
         except StoreError:
             raise
         except Exception:
@@ -127,6 +147,9 @@ class S3RangeReader:
             self._failures += 1
             raise
         self._pos += n
+        if self._watch is not None and (n == 0 or self._pos == self._end):
+            self._watch.finish()  # read: its connection may serve another request now
+            self._watch = None
         return n
 
     def _resume(self, buffer: memoryview, want: int, failure: Exception, started: float) -> int:
@@ -176,6 +199,9 @@ class S3RangeReader:
     def close(self) -> None:
         """Close the GET in flight, if any."""
         self._direct = None
+        if self._watch is not None:
+            self._watch.finish()
+            self._watch = None
         if self._body is not None:
             try:
                 self._body.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,9 +19,10 @@ from s3ckpt.errors import ObjectNotFoundError, PreconditionFailedError
 from s3ckpt.metrics import Outcome
 from s3ckpt.metrics.instrument import expected_outcome, record_request
 from s3ckpt.store._adaptive import AdaptiveLimiter
+from s3ckpt.store._deadline import AttemptTimedOut, watching
 from s3ckpt.store._errors import is_throttle, is_transient, map_error, timeout_kind
 from s3ckpt.store.base import Buffer
-from s3ckpt.store.retry import RetryCall, retrying
+from s3ckpt.store.retry import RetryCall, cleanup_end, retrying
 
 __all__ = ["call", "checksum_args", "sse_args", "store_retrying"]
 
@@ -66,6 +68,48 @@ def store_retrying(config: TransferConfig, sleep: Callable[[float], None] | None
     )
 
 
+class _Silence:
+    """Endpoints (and buckets) that stopped answering: a request that gave up on timeouts
+    with no reply from the endpoint since it began marks it silent; any reply clears it.
+    While silent, requests get a short budget (:func:`_budget_end`) instead of a whole
+    ``request_deadline`` each, so the requests a failing command still makes (its cleanup)
+    end soon after."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since: dict[tuple[str | None, str], float] = {}  # first silent give-up
+        self._answered: dict[tuple[str | None, str], float] = {}  # last reply
+
+    def since(self, where: tuple[str | None, str]) -> float | None:
+        return self._since.get(where)
+
+    def answered(self, where: tuple[str | None, str]) -> None:
+        with self._lock:
+            self._answered[where] = time.monotonic()
+            self._since.pop(where, None)
+
+    def gave_up(self, where: tuple[str | None, str], started: float) -> None:
+        with self._lock:
+            if self._answered.get(where, float("-inf")) < started:
+                self._since.setdefault(where, time.monotonic())
+
+
+_SILENCE = _Silence()
+
+
+def _budget_end(config: TransferConfig, silent_since: float | None) -> float | None:
+    """When this request's short budget ends: a :func:`~s3ckpt.store.retry.cleanup` block
+    shares one; requests to a silent endpoint share the ``cleanup_timeout`` after it went
+    silent, and past that get a tenth of it each (one quick try that finds an endpoint
+    come back); ``None``: neither."""
+    shared = cleanup_end(config.cleanup_timeout)
+    if silent_since is None:
+        return shared
+    short = config.cleanup_timeout
+    own = max(silent_since + short, time.monotonic() + short / 10)
+    return own if shared is None else min(own, shared)
+
+
 def call(
     fn: Callable[[], T],
     *,
@@ -86,6 +130,12 @@ def call(
     waits for its slot (and for pacing, slept with ``sleep``) does not count towards
     ``config.request_deadline``.
 
+    Every attempt runs under a total deadline (:func:`~s3ckpt.store._deadline.watching`:
+    ``read_timeout`` to the first byte plus its bytes at ``min_rate``; the client's
+    connections register their sockets and byte counts, :mod:`s3ckpt.store._client`), cut
+    earlier by a short budget: a :func:`~s3ckpt.store.retry.cleanup` block, or an endpoint
+    that gave no reply to a request that gave up (:class:`_Silence`).
+
     Every request is counted once, when it ends, by
     :func:`~s3ckpt.metrics.instrument.record_request` (its attempts, how many were
     throttled, and its outcome), for the operation running in this context. A 404 or 412
@@ -96,6 +146,8 @@ def call(
         StoreError: The last failure, mapped by :func:`~s3ckpt.store._errors.map_error`.
     """
     started = time.monotonic()
+    where = (endpoint, bucket)
+    end = _budget_end(config, _SILENCE.since(where))
     throttled = [0]  # attempts answered with a throttling code (metrics)
     outcome: Outcome = "failed"
 
@@ -112,13 +164,30 @@ def call(
             state.attempt_number,
         )
 
+    def watched() -> T:
+        with watching(config.read_timeout, config.min_rate, end) as watch:
+            try:
+                result = fn()
+            except BaseException as exc:
+                if watch.expired:
+                    raise AttemptTimedOut(
+                        f"no complete reply within {watch.limit:.1f} s (read_timeout="
+                        f"{config.read_timeout:g} s + {watch.nbytes} bytes at min_rate="
+                        f"{config.min_rate:g} B/s)"
+                    ) from exc
+                if timeout_kind(exc) is None:
+                    _SILENCE.answered(where)
+                raise
+        _SILENCE.answered(where)
+        return result
+
     def attempt() -> T:
         if limiter is None:
-            return fn()
+            return watched()
         slot = limiter.acquire(sleep)
         request.queued += slot.queued  # read by the deadline
         try:
-            result = fn()
+            result = watched()
         except BaseException as exc:
             if is_throttle(exc):
                 limiter.throttled(slot)
@@ -128,7 +197,7 @@ def call(
         limiter.succeeded(slot)
         return result
 
-    request = RetryCall(attempt, before_sleep=before_sleep)
+    request = RetryCall(attempt, before_sleep=before_sleep, end=end)
     try:
         result: T = policy(request)
         outcome = "ok"
@@ -136,6 +205,8 @@ def call(
     except Exception as exc:  # mapped at this one edge
         if is_throttle(exc):  # the last attempt (before_sleep saw the others)
             throttled[0] += 1
+        if timeout_kind(exc) is not None:
+            _SILENCE.gave_up(where, started)
         mapped = map_error(
             exc,
             operation=operation,

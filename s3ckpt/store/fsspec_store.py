@@ -3,15 +3,18 @@
 
 Multipart uploads are streamed into one open fsspec file: parts may arrive out of order
 (they are uploaded in parallel), so early ones wait in memory until their turn; the
-writer's in-flight bound caps that at ``TransferConfig.max_inflight_bytes``. Conditional
-puts are a check-then-write here (fsspec has no atomic If-None-Match): safe against an
-earlier checkpoint, not against two writers racing on one prefix. Storage classes, tags
-and restores are S3's: asked of this store they are a ``ConfigError`` naming the URL.
+writer's in-flight bound caps that at ``TransferConfig.max_inflight_bytes``. Every change
+of a key goes through the backend's committer (:mod:`s3ckpt.store._fsspec_commit`), which
+makes conditional puts and deletes atomic with the backend's own primitive (``file://``,
+``memory://``, ``az://``, ``gs://``) and says which conditions it enforces
+(:attr:`FsspecStore.enforces`); elsewhere they are a check-then-write that the capability
+probe reports as ignored, so saves are refused unless single-writer mode is chosen.
+Storage classes, tags and restores are S3's: asked of this store they are a
+``ConfigError`` naming the URL.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,8 +27,10 @@ from s3ckpt.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
     StoreError,
+    UnsupportedOperationError,
 )
 from s3ckpt.store._archive import refuse
+from s3ckpt.store._fsspec_commit import Committer, Conflict, committer_for, md5_etag
 from s3ckpt.store.base import (
     Buffer,
     CompletedPart,
@@ -42,6 +47,20 @@ __all__ = ["FsspecStore"]
 def _map(exc: BaseException, operation: str, bucket: str, key: str) -> StoreError:
     if isinstance(exc, StoreError):
         return exc
+    if isinstance(exc, Conflict):
+        return PreconditionFailedError(
+            f"{operation}: the condition did not hold (another writer changed the object)",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+        )
+    if isinstance(exc, NotImplementedError):
+        return UnsupportedOperationError(
+            f"{operation}: {exc} is not supported by this store; s3ckpt never sends it",
+            bucket=bucket,
+            key=key,
+            operation=operation,
+        )
     if isinstance(exc, FileNotFoundError):
         return ObjectNotFoundError(
             f"{operation}: not found", bucket=bucket, key=key, operation=operation
@@ -62,8 +81,10 @@ def _map(exc: BaseException, operation: str, bucket: str, key: str) -> StoreErro
 
 
 class _Upload:
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, key: str, tmp: str) -> None:
         self.handle = handle
+        self.key = key
+        self.tmp = tmp
         self.next_part = 1
         self.pending: dict[int, bytes] = {}
         self.lock = threading.Lock()
@@ -83,6 +104,7 @@ class FsspecStore:
         self._bucket = bucket
         self._options = storage_options
         self._fs: Any = None
+        self._committer: Committer | None = None
         self._uploads: dict[str, _Upload] = {}
         self._lock = threading.Lock()
 
@@ -98,6 +120,19 @@ class FsspecStore:
             self._fs = fsspec.filesystem(self.url_scheme, **self._options)
         return self._fs
 
+    @property
+    def committer(self) -> Committer:
+        """How this backend changes a key (:mod:`s3ckpt.store._fsspec_commit`)."""
+        if self._committer is None:
+            self._committer = committer_for(self.url_scheme, self.fs)
+        return self._committer
+
+    @property
+    def enforces(self) -> frozenset[str]:
+        """The conditions this backend enforces atomically (``create``, ``replace``,
+        ``delete``): what the capability probe may report, whatever its requests saw."""
+        return self.committer.enforces
+
     def __getstate__(self) -> dict[str, Any]:
         return {"url_scheme": self.url_scheme, "_bucket": self._bucket, "_options": self._options}
 
@@ -110,9 +145,8 @@ class FsspecStore:
         return f"{self._bucket}/{key}" if self._bucket else key
 
     def _key(self, path: str) -> str:
-        path = path.lstrip("/") if self.url_scheme == "file" else path
+        path = path.lstrip("/")  # a local path, or a root marker (memory://)
         root = "" if self.url_scheme == "file" or not self._bucket else self._bucket + "/"
-        path = path.lstrip("/") if self.url_scheme == "memory" else path
         return path[len(root) :] if root and path.startswith(root) else path
 
     def _makedirs(self, key: str) -> None:
@@ -130,39 +164,29 @@ class FsspecStore:
         crc32c: int | None = None,
     ) -> str:
         """See :meth:`ObjectStore.put`. Conditional puts return (and ``if_match`` compares)
-        the quoted MD5 of the content, since fsspec has no ETags of its own; like
-        ``if_none_match`` here, ``if_match`` is a check-then-write, not atomic."""
+        the backend's ETag (Azure's; the generation on GCS; else the quoted MD5 of the
+        content), atomically where :attr:`enforces` says so."""
         conditional = if_none_match or if_match is not None
         try:
-            if if_none_match and self.fs.exists(self._path(key)):
-                raise PreconditionFailedError(
-                    "object already exists", bucket=self._bucket, key=key, operation="put"
-                )
-            if if_match is not None:
-                if not self.fs.exists(self._path(key)):
-                    raise ObjectNotFoundError(
-                        "put: not found", bucket=self._bucket, key=key, operation="put"
-                    )
-                if _md5_etag(self.fs.cat_file(self._path(key))) != if_match:
-                    raise PreconditionFailedError(
-                        "object changed", bucket=self._bucket, key=key, operation="put"
-                    )
             self._makedirs(key)
-            self.fs.pipe_file(self._path(key), bytes(data))
+            etag = self.committer.write(
+                self._path(key), bytes(data), if_none_match=if_none_match, if_match=if_match
+            )
         except Exception as exc:
             raise _map(exc, "put", self._bucket, key) from exc
-        return _md5_etag(bytes(data)) if conditional else ""
+        return etag if conditional else ""
 
     def create_multipart(self, key: str) -> str:
         """See :meth:`ObjectStore.create_multipart`."""
         try:
             self._makedirs(key)
-            handle = self.fs.open(self._path(key) + ".s3ckpt-partial", "wb")
+            upload_id = uuid.uuid4().hex
+            tmp = f"{self._path(key)}.{upload_id}.s3ckpt-partial"
+            handle = self.fs.open(tmp, "wb")
         except Exception as exc:
             raise _map(exc, "create_multipart", self._bucket, key) from exc
-        upload_id = uuid.uuid4().hex
         with self._lock:
-            self._uploads[upload_id] = _Upload(handle)
+            self._uploads[upload_id] = _Upload(handle, key, tmp)
         return upload_id
 
     def _upload(self, upload_id: str, key: str) -> _Upload:
@@ -206,9 +230,7 @@ class FsspecStore:
                         key=key,
                     )
                 up.handle.close()
-            if if_none_match and self.fs.exists(self._path(key)):
-                raise PreconditionFailedError("object already exists", bucket=self._bucket, key=key)
-            self.fs.mv(self._path(key) + ".s3ckpt-partial", self._path(key))
+            self.committer.commit_file(up.tmp, self._path(key), if_none_match=if_none_match)
         except Exception as exc:
             self.abort_multipart(key, upload_id)
             raise _map(exc, "complete_multipart", self._bucket, key) from exc
@@ -227,7 +249,7 @@ class FsspecStore:
         except Exception:  # the file is being discarded anyway
             pass
         try:
-            self.fs.rm_file(self._path(key) + ".s3ckpt-partial")
+            self.fs.rm_file(up.tmp)
         except FileNotFoundError:
             pass
         except Exception as exc:
@@ -260,13 +282,13 @@ class FsspecStore:
         if info.get("type") == "directory":
             return None
         size = int(info.get("size") or 0)
-        etag = info.get("ETag")
+        etag = self.committer.etag(info)
         if etag is None and size <= _HEAD_MD5_LIMIT:
             # No ETag of its own (a local file): the quoted MD5 that a conditional put
             # returns and compares, so a head-then-conditional-put (a lease takeover) and
             # the conditional puts after it agree.
             try:
-                etag = _md5_etag(self.fs.cat_file(self._path(key)))
+                etag = md5_etag(self.fs.cat_file(self._path(key)))
             except FileNotFoundError:
                 return None
             except Exception as exc:
@@ -284,7 +306,8 @@ class FsspecStore:
         for path, info in sorted(found.items()):
             key = self._key(path)
             if key.startswith(prefix) and not key.endswith(".s3ckpt-partial"):
-                yield ObjectInfo(key, int(info.get("size") or 0), info.get("ETag"), _mtime(info))
+                etag = self.committer.etag(info)
+                yield ObjectInfo(key, int(info.get("size") or 0), etag, _mtime(info))
 
     def list_prefixes(
         self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
@@ -302,7 +325,7 @@ class FsspecStore:
         failures: DeleteFailures = []
         for key in keys:
             try:
-                self.fs.rm_file(self._path(key))
+                self.committer.delete(self._path(key))
             except FileNotFoundError:
                 pass
             except Exception as exc:
@@ -310,18 +333,10 @@ class FsspecStore:
         return failures
 
     def delete_if_match(self, key: str, etag: str) -> None:
-        """See :meth:`ObjectStore.delete_if_match`. Compares the quoted MD5 of the content
-        (as :meth:`put` does): a check-then-delete, not atomic."""
+        """See :meth:`ObjectStore.delete_if_match`. Compares the ETag :meth:`put` returns,
+        atomically where :attr:`enforces` says so."""
         try:
-            if not self.fs.exists(self._path(key)):
-                raise ObjectNotFoundError(
-                    "delete: not found", bucket=self._bucket, key=key, operation="delete"
-                )
-            if _md5_etag(self.fs.cat_file(self._path(key))) != etag:
-                raise PreconditionFailedError(
-                    "object changed", bucket=self._bucket, key=key, operation="delete"
-                )
-            self.fs.rm_file(self._path(key))
+            self.committer.delete_if_match(self._path(key), etag)
         except Exception as exc:
             raise _map(exc, "delete", self._bucket, key) from exc
 
@@ -330,10 +345,8 @@ class FsspecStore:
         with self._lock:
             ups = list(self._uploads.items())
         for uid, up in ups:
-            path = getattr(up.handle, "path", "")
-            key = self._key(str(path)).removesuffix(".s3ckpt-partial")
-            if key.startswith(prefix):
-                yield UploadInfo(key, uid, None)
+            if up.key.startswith(prefix):
+                yield UploadInfo(up.key, uid, None)
 
     def set_storage_class(
         self, key: str, storage_class: str, *, etag: str | None = None, size: int | None = None
@@ -354,10 +367,6 @@ _HEAD_MD5_LIMIT = 1 << 20
 """Objects up to this size without an ETag of their own get the MD5 one from :meth:`head`
 (control objects: leases, markers, pins); a larger one has none, so a HEAD never costs the
 read of a data object."""
-
-
-def _md5_etag(data: bytes) -> str:
-    return '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
 
 
 def _mtime(info: dict[str, Any]) -> float | None:

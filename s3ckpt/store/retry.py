@@ -24,9 +24,11 @@ runs without either.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from tenacity import (
@@ -40,7 +42,15 @@ from tenacity.stop import stop_base
 
 from s3ckpt.config import TransferConfig
 
-__all__ = ["THROTTLE_CODES", "TRANSIENT_CODES", "RetryCall", "TimeoutKind", "retrying"]
+__all__ = [
+    "THROTTLE_CODES",
+    "TRANSIENT_CODES",
+    "RetryCall",
+    "TimeoutKind",
+    "cleanup",
+    "cleanup_end",
+    "retrying",
+]
 
 T = TypeVar("T")
 
@@ -101,6 +111,8 @@ class RetryCall(Generic[T]):
             on growing from where they left it.
         before_sleep: Called before each back-off of this call (a log line, a count); the
             policy's own ``before_sleep`` is not called for it then.
+        end: A :func:`time.monotonic` time past which no attempt starts (a short budget:
+            :func:`cleanup`, or an endpoint that went silent); ``None``: only the deadline.
 
     Attributes:
         queued: Seconds this call's attempts waited in the client's own queue (the
@@ -108,7 +120,7 @@ class RetryCall(Generic[T]):
         attempts: Attempts made so far.
     """
 
-    __slots__ = ("attempt", "attempts", "attempts_used", "before_sleep", "queued", "since")
+    __slots__ = ("attempt", "attempts", "attempts_used", "before_sleep", "end", "queued", "since")
 
     def __init__(
         self,
@@ -117,8 +129,10 @@ class RetryCall(Generic[T]):
         since: float | None = None,
         attempts_used: int = 0,
         before_sleep: Callable[[RetryCallState], None] | None = None,
+        end: float | None = None,
     ) -> None:
         self.attempt = attempt
+        self.end = end
         self.since = since
         self.attempts_used = attempts_used
         self.before_sleep = before_sleep
@@ -236,9 +250,12 @@ class _StopAtDeadline(stop_base):
             spent -= call.queued
         # upcoming_sleep: the back-off before the next attempt (tenacity >= 8.3 sets it
         # before asking stop; older versions leave it 0).
-        elapsed = spent + float(getattr(retry_state, "upcoming_sleep", 0.0) or 0.0)
+        upcoming = float(getattr(retry_state, "upcoming_sleep", 0.0) or 0.0)
+        elapsed = spent + upcoming
         if elapsed >= self.deadline:
             return True
+        if call is not None and call.end is not None and time.monotonic() + upcoming >= call.end:
+            return True  # a short budget is spent
         outcome = retry_state.outcome
         kind = self.timeout_kind(outcome.exception() if outcome is not None else None)
         if kind == "read":
@@ -315,3 +332,37 @@ def retrying(
         before_sleep=_before_sleep(before_sleep),
         sleep=sleep or _default_sleep,
     )
+
+
+# -- short budgets for cleanup ---------------------------------------------------------------
+
+_cleanup: contextvars.ContextVar[list[float | None] | None] = contextvars.ContextVar(
+    "s3ckpt_cleanup", default=None
+)
+
+
+@contextlib.contextmanager
+def cleanup() -> Iterator[None]:
+    """Requests made in the block (releasing a lease, aborting uploads, recording a
+    failure) share one short budget, ``TransferConfig.cleanup_timeout`` from the first of
+    them, instead of a whole ``request_deadline`` each: a store that cannot be reached is
+    not waited for again. A nested block shares the outer one's budget."""
+    if _cleanup.get() is not None:
+        yield
+        return
+    token = _cleanup.set([None])
+    try:
+        yield
+    finally:
+        _cleanup.reset(token)
+
+
+def cleanup_end(seconds: float) -> float | None:
+    """The end of the current :func:`cleanup` budget (started now, ``seconds`` long, by
+    the first request that asks); ``None`` outside one."""
+    box = _cleanup.get()
+    if box is None:
+        return None
+    if box[0] is None:
+        box[0] = time.monotonic() + seconds
+    return box[0]

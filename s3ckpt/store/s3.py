@@ -17,7 +17,9 @@ talk to one (endpoint, bucket) share a congestion window that halves on ``503 Sl
 and grows back on success; :meth:`S3Store.throttle_stats` reports it.
 
 Storage-class moves, tags and restores come from the mixin
-:class:`~s3ckpt.store._archive.StorageClassRequests`, through the same ``_call``.
+:class:`~s3ckpt.store._archive.StorageClassRequests`, the bucket's versioning and its
+noncurrent versions from :class:`~s3ckpt.store._versions.VersionRequests`, through the
+same ``_call``.
 
 botocore errors become s3ckpt errors in :func:`s3ckpt.store._errors.map_error`, by error
 *code* and HTTP status through one table, never by message text. Request bodies are
@@ -36,7 +38,7 @@ from typing import Any, TypeVar
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.store import _archive, _reply, _wire
+from s3ckpt.store import _archive, _reply, _versions, _wire
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._body import BufferBody
 from s3ckpt.store._client import profile_attempts, shared_client
@@ -58,7 +60,7 @@ __all__ = ["S3Store", "shared_client"]
 T = TypeVar("T")
 
 
-class S3Store(_archive.StorageClassRequests):
+class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
     """:class:`~s3ckpt.store.base.ObjectStore` over boto3 for S3 and S3-compatible stores.
 
     The boto3 client is fetched lazily, once per process, from :func:`shared_client` (the

@@ -49,6 +49,7 @@ IO_TIMEOUT = 120.0
 """Seconds per socket operation; frees the threads of abandoned connections."""
 
 _DRAIN_TIMEOUT = 2.0  # how long reset_mid_body waits for the partial body to leave
+DRIP_INTERVAL = 1.0  # seconds between the bytes of a dripped body
 _HOLD_POLL = 0.1  # how often a stalled connection checks for stop()
 # Headers a "cut_head" reply still carries: none of them says what the request did.
 _GENERIC_HEADERS = frozenset(
@@ -298,6 +299,8 @@ class Connection:
 
         if self.kind == "reset_mid_body" and not bodiless and length != 0:
             self._cut_body(resp, urfile, chunked, length)  # raises Closed
+        if self.kind == "drip" and not bodiless and length:
+            self._drip(resp, urfile, length)  # raises Closed
         self._settle(applied=False)  # no fault applicable: deliver normally
 
         self.cwrite(resp.serialize())
@@ -312,6 +315,18 @@ class Connection:
             self._close_upstream()
             return False  # keep it simple: one upstream connection per client
         return keep_alive
+
+    def _drip(self, resp: Head, urfile: io.BufferedReader, length: int) -> None:
+        """Send the head, then the body a byte every :data:`DRIP_INTERVAL` seconds."""
+        body = bytearray()
+        relay_exact(urfile, length, body.extend)
+        self._settle(applied=True)
+        self.cwrite(resp.serialize())
+        for i in range(len(body)):
+            if self.proxy._stopping.wait(DRIP_INTERVAL) or peer_closed(self.client):
+                break
+            self.client.sendall(body[i : i + 1])
+        raise Closed()
 
     def _cut_body(
         self,

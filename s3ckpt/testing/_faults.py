@@ -49,6 +49,14 @@ The kinds (:data:`ALL_FAULT_KINDS`; a proxy draws from :data:`FAULT_KINDS` by de
 ``"not_implemented"``
     ``501 NotImplemented`` with an S3 XML error body; not forwarded (arm it
     on ``ListMultipartUploads`` for a store without it, as s3rver).
+``"denied"``
+    ``403 AccessDenied`` with an S3 XML error body; not forwarded (a policy that refuses
+    the operation: arm it on ``DeleteObjects`` for a role without ``s3:DeleteObject``).
+``"drip"``
+    the request is forwarded and applied upstream; the response head is
+    relayed at once, then its body one byte per second (a reply that a
+    per-read timeout never ends) until it is all sent, the client closes
+    or the proxy stops. Only applies to responses with a body.
 
 Which fault a request gets is decided once, when its head is in (:meth:`Injector.decide`):
 an :class:`Arm` that matches it first, else the random draw. The draw comes from
@@ -91,10 +99,12 @@ ALL_FAULT_KINDS: tuple[str, ...] = (
     "flip_byte",
     "strip_conditions",
     "not_implemented",
+    "denied",
+    "drip",
 )
 """Every fault kind the proxy can inject."""
 
-LOCAL_FAULTS = frozenset({"slowdown", "internal", "reset", "stall", "not_implemented"})
+LOCAL_FAULTS = frozenset({"slowdown", "internal", "reset", "stall", "not_implemented", "denied"})
 """Faults answered without forwarding the request upstream."""
 
 REPLY_FAULTS = frozenset({"lost_reply", "stall_after", "cut_head"})

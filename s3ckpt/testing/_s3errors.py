@@ -1,8 +1,8 @@
 """The replies the fault proxy makes up itself: S3 XML error bodies and the head around them.
 
-``slowdown``, ``internal`` and ``not_implemented`` answer with the status, code and message
-S3 itself sends, in S3's XML error shape, so that botocore parses (and, for 503 and 500,
-retries) them as it would S3's own. Every made-up reply carries ``Server: FaultProxy``, a
+``slowdown``, ``internal``, ``not_implemented`` and ``denied`` answer with the status, code
+and message S3 itself sends, in S3's XML error shape, so that botocore parses (and, for 503
+and 500, retries) them as it would S3's own. Every made-up reply carries ``Server: FaultProxy``, a
 fresh request id and a ``Content-Length`` (also in reply to ``HEAD``, which gets no body).
 """
 
@@ -30,6 +30,7 @@ ERRORS: dict[str, tuple[int, str, str, str]] = {
         "NotImplemented",
         "A header you provided implies functionality that is not implemented.",
     ),
+    "denied": (403, "Forbidden", "AccessDenied", "Access Denied"),
 }
 """Fault kind -> ``(status, reason, S3 error code, message)`` of the error it answers with."""
 

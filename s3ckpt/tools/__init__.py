@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 from s3ckpt.errors import IncompleteRestoreError
 from s3ckpt.tools._check import check, parse_read_data
-from s3ckpt.tools._check_record import CheckEntry, CheckRecord, check_marks, read_check_record
 from s3ckpt.tools._check_result import CheckpointCheck, CheckResult, Finding, SkippedCheckpoint
 from s3ckpt.tools._doctor import Check, CheckStatus, DoctorReport, run_doctor
 from s3ckpt.tools._restore import RestoreResult, restore_checkpoint
@@ -158,8 +157,6 @@ __all__ = [
     "SCHEMA_KEY",
     "TORCH_TO_ST",
     "Check",
-    "CheckEntry",
-    "CheckRecord",
     "CheckResult",
     "CheckStatus",
     "CheckpointCheck",
@@ -186,7 +183,6 @@ __all__ = [
     "VerifyResult",
     "build_report",
     "check",
-    "check_marks",
     "check_restored",
     "collect_report",
     "compare_tensors",
@@ -200,7 +196,6 @@ __all__ = [
     "load_converter",
     "load_verified",
     "parse_read_data",
-    "read_check_record",
     "render_html",
     "restore_checkpoint",
     "run_doctor",

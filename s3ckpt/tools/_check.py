@@ -27,8 +27,8 @@ Decisions:
   at random from ``seed`` and the checkpoint's URL: the same seed draws the same items again
   (reproducing a finding), the default seed is new each time.
 * **Findings are recorded** per run in ``{run}/s3ckpt.check.json``
-  (:mod:`s3ckpt.tools._check_record`) for ``s3ckpt ls``; ``record=False`` makes the check
-  read-only.
+  (:mod:`s3ckpt.retention._check_record`), part of each checkpoint's state in the
+  catalog; ``record=False`` makes the check read-only.
 * **No torch.** The check reads the marker, never the ``.metadata`` pickle, so it runs in
   the retention cron's image.
 
@@ -50,10 +50,17 @@ from s3ckpt._time import iso_z
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError, S3CkptError
 from s3ckpt.format import CHECK_NAME
-from s3ckpt.retention import CheckpointInfo, CheckpointState, RetentionOptions, RunCatalog, scan
+from s3ckpt.retention import (
+    CheckpointInfo,
+    CheckpointState,
+    CheckRecord,
+    RetentionOptions,
+    RunCatalog,
+    read_check_record,
+    scan,
+)
 from s3ckpt.store import LocationLike, ObjectStore
 from s3ckpt.tools._check_one import check_checkpoint
-from s3ckpt.tools._check_record import CheckRecord, read_check_record
 from s3ckpt.tools._check_result import CheckpointCheck, CheckResult, Finding, SkippedCheckpoint
 from s3ckpt.tools._open import as_location
 
@@ -63,6 +70,7 @@ Outcome = CheckpointCheck | SkippedCheckpoint
 
 _NOT_COMMITTED = {
     CheckpointState.IN_PROGRESS: ("in_progress", "a save is writing it (not committed yet)"),
+    CheckpointState.BEING_DELETED: ("being_deleted", "fenced by a deleter (prune/gc/rm finish it)"),
     CheckpointState.ABANDONED: (
         "uncommitted",
         "no commit marker: what a dead save left (s3ckpt gc removes it)",
@@ -199,7 +207,7 @@ def _one(
     if c.state in _NOT_COMMITTED:
         reason, detail = _NOT_COMMITTED[c.state]
         return SkippedCheckpoint(str(c.url), run, c.name, reason, detail)
-    if c.overwrite_in_progress and not c.damaged:  # (a damaged marker names no tag)
+    if c.overwrite_in_progress and c.error is None:  # (an unreadable marker names no tag)
         return SkippedCheckpoint(
             str(c.url),
             run,

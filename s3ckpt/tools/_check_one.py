@@ -157,7 +157,7 @@ def check_checkpoint(
         if on_bytes is not None:
             on_bytes(n)
 
-    if info.damaged:  # the catalog could not read the marker: nothing else can be checked
+    if info.error is not None:  # the marker cannot be read: nothing else can be checked
         st.findings.append(
             Finding(
                 "marker", MANIFEST_NAME, None, "a readable marker", "unreadable", info.error or ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from s3ckpt.tools._check_record import MAX_PROBLEMS, CheckEntry
+from s3ckpt.retention import CheckEntry
 
 __all__ = ["SKIP_REASONS", "CheckResult", "CheckpointCheck", "Finding", "SkippedCheckpoint"]
 
@@ -101,15 +101,8 @@ class CheckpointCheck:
     def entry(self) -> CheckEntry:
         """This verdict as an ``s3ckpt.check.json`` entry."""
         damage = [f.to_dict() for f in self.findings if f.damage]
-        return CheckEntry(
-            name=self.name,
-            checked_at=self.checked_at,
-            marker_digest=self.marker_digest,
-            marker_etag=self.marker_etag,
-            tag=self.tag,
-            damaged=bool(damage),
-            problems=tuple(damage[:MAX_PROBLEMS]),
-            more_problems=max(0, len(damage) - MAX_PROBLEMS),
+        return CheckEntry.of(
+            self.name, self.checked_at, self.marker_digest, self.marker_etag, self.tag, damage
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,9 +13,13 @@ means for the user's checkpoints and what to do. In order:
    most (never a secret), the caller's ARN from STS where the endpoint is AWS's; the
    region, endpoint and addressing style the requests really used.
 3. **clock skew** against the store's ``Date`` (:func:`~s3ckpt.store.store_time`).
-4. **capabilities** (:func:`~s3ckpt.store.probe_capabilities`): conditional create
-   (If-None-Match), conditional replace (If-Match), conditional delete, checksum echo,
-   ListMultipartUploads.
+4. **capabilities** (:func:`~s3ckpt.store.probe_capabilities`, the probe every save and
+   lease runs, with ``race_pairs``): conditional create (If-None-Match), replace (If-Match)
+   and delete, each answered 412 alone and raced :data:`~s3ckpt.tools._doctor_store.
+   RACE_PAIRS` times from two threads (exactly one winner each time); checksum echo and
+   verification; then (:mod:`s3ckpt.tools._doctor_probes`) ListMultipartUploads listing an
+   upload another process opened, a run listed with ``Delimiter="/"`` two keys a page, and
+   the bucket's versioning.
 5. **permissions** the trainer and pruner roles need, each exercised for real, and a small
    **round trip** (``dcp.save`` / ``dcp.load`` with torch; a put and a multipart upload
    checked by CRC32C without): :mod:`s3ckpt.tools._doctor_checks`.
@@ -23,7 +27,8 @@ means for the user's checkpoints and what to do. In order:
    ``{prefix}s3ckpt-doctor-{random}/``, and is removed at the end, also when a check
    raises or the user presses Ctrl-C; the cleanup row says what is left, if anything.
 
-Cost: about 30 requests and 5 MiB uploaded (without torch; a few KiB with it).
+Cost: about 160 requests (about 100 of them the races) and 5 MiB uploaded (without torch;
+a few KiB with it), and one short-lived Python process (the other upload).
 Needs no torch: without it the round trip is the raw one and a row says so.
 """
 
@@ -52,6 +57,7 @@ from s3ckpt.tools._doctor_checks import (
     permission_rows,
     round_trip_rows,
 )
+from s3ckpt.tools._doctor_probes import listing_row, other_upload_row, versioning_row
 from s3ckpt.tools._doctor_report import Check, CheckStatus, DoctorReport
 from s3ckpt.tools._doctor_store import (
     WARN_SKEW,
@@ -145,6 +151,9 @@ def run_doctor(
         emit(clock_row(store, where.url.prefix))
         for check in capability_rows(store, work.key("capabilities")):
             emit(check)
+        emit(other_upload_row(work))
+        emit(listing_row(work))
+        emit(versioning_row(store))
         for check in permission_rows(work, list_denied=list_denied):
             emit(check)
         for check in round_trip_rows(work, use_torch=use_torch):

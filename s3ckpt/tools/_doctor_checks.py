@@ -19,11 +19,9 @@ from s3ckpt.errors import (
     AccessDeniedError,
     ConditionalWritesError,
     S3CkptError,
-    StoreError,
-    UnsupportedOperationError,
     find_s3ckpt_error,
 )
-from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store import Location, ObjectStore, is_unsupported
 from s3ckpt.tools._doctor_report import Check, CheckStatus
 from s3ckpt.uri import StoreURL
 
@@ -40,6 +38,8 @@ class Scratch:
 
     location: Location
     uploads: list[tuple[str, str]] = field(default_factory=list)
+    no_abort: bool = False
+    """The store answered an abort 405/501: it cannot abort uploads."""
 
     @property
     def store(self) -> ObjectStore:
@@ -86,6 +86,27 @@ _PERMISSIONS: dict[str, tuple[str, str]] = {
 }
 
 
+# check -> the request, as the store's documentation names it
+_OPERATIONS = {
+    "put": "PutObject",
+    "head": "HeadObject",
+    "get": "GetObject",
+    "list": "ListObjectsV2",
+    "multipart": "multipart uploads",
+    "list uploads": "ListMultipartUploads",
+    "abort": "AbortMultipartUpload",
+    "delete": "DeleteObjects",
+}
+# check -> what s3ckpt does on a store without it (the others it cannot do without)
+_UNSUPPORTED = {
+    "list uploads": "gc cannot see open uploads: saves in progress are told by their "
+    "heartbeats alone, and abandoned uploads stay (billed) until a bucket lifecycle rule "
+    "with AbortIncompleteMultipartUpload removes them (terraform/ sets one)",
+    "abort": "a failed save's uploads cannot be aborted: they stay (billed) until a bucket "
+    "lifecycle rule with AbortIncompleteMultipartUpload removes them (terraform/ sets one)",
+}
+
+
 def _denied(name: str, store: ObjectStore, url: StoreURL, exc: BaseException) -> Check:
     action, effect = _PERMISSIONS[name]
     where = f"arn:aws:s3:::{url.bucket}" + ("" if action == "s3:ListBucket" else f"/{url.prefix}*")
@@ -96,14 +117,14 @@ def _denied(name: str, store: ObjectStore, url: StoreURL, exc: BaseException) ->
         return Check(
             f"permission {name}", CheckStatus.FAIL, f"denied ({exc.code})", f"{effect}: {grant}"
         )
-    if isinstance(exc, UnsupportedOperationError) or (
-        isinstance(exc, StoreError) and exc.code in ("NotImplemented", "501")
-    ):
+    if is_unsupported(exc):
+        code = getattr(exc, "code", None) or "501"
+        then = _UNSUPPORTED.get(name)
         return Check(
             f"permission {name}",
-            CheckStatus.WARN,
-            "the store does not implement it (HTTP 501)",
-            f"{effect}; s3ckpt degrades where it can (see the capability rows)",
+            CheckStatus.FAIL if then is None else CheckStatus.WARN,
+            f"the store does not support {_OPERATIONS[name]} ({code}): not a permission",
+            then or f"s3ckpt needs {_OPERATIONS[name]}: use a store that implements it",
         )
     return Check(f"permission {name}", CheckStatus.FAIL, _message(exc), effect)
 
@@ -362,6 +383,7 @@ def clean_up(work: Scratch) -> tuple[Check, tuple[str, ...]]:
             store.abort_multipart(key, upload_id)
             work.finished(key, upload_id)
         except S3CkptError as exc:
+            work.no_abort = work.no_abort or is_unsupported(exc)
             problems.append(f"abort {key}: {exc.message}")
     try:
         for up in store.list_multipart_uploads(prefix):
@@ -409,10 +431,13 @@ def interrupted_cleanup(work: Scratch) -> Check:
 
 def _remove_hint(work: Scratch) -> str:
     if work.store.url_scheme == "s3":
-        return (
-            f"remove it when you can: aws s3 rm --recursive {work.url} (open uploads: "
-            "aws s3api abort-multipart-upload, or a lifecycle rule)"
+        uploads = (
+            "the store cannot abort uploads: a lifecycle rule with "
+            "AbortIncompleteMultipartUpload removes them"
+            if work.no_abort
+            else "aws s3api abort-multipart-upload, or a lifecycle rule"
         )
+        return f"remove it when you can: aws s3 rm --recursive {work.url} (open uploads: {uploads})"
     return f"remove everything under {work.url} when you can"
 
 

@@ -6,15 +6,22 @@ from __future__ import annotations
 import ipaddress
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from s3ckpt.errors import AccessDeniedError, S3CkptError, StoreError
 from s3ckpt.retention import MIN_GRACE
-from s3ckpt.store import ObjectStore, probe_capabilities, store_time
+from s3ckpt.store import Capabilities, ObjectStore, probe_capabilities, store_time
 from s3ckpt.tools._doctor_report import Check, CheckStatus
 
-__all__ = ["WARN_SKEW", "capability_rows", "clock_row", "identity_rows", "s3_client"]
+__all__ = [
+    "RACE_PAIRS",
+    "WARN_SKEW",
+    "capability_rows",
+    "clock_row",
+    "identity_rows",
+    "s3_client",
+]
 
 WARN_SKEW = timedelta(seconds=5)
 """A clock skew above this is a warning; above :data:`~s3ckpt.retention.MIN_GRACE` a
@@ -173,10 +180,17 @@ def clock_row(store: ObjectStore, prefix: str) -> Check:
 
 
 # -- capabilities ----------------------------------------------------------------------------
+RACE_PAIRS = 8
+"""Pairs raced per conditional request (:func:`~s3ckpt.store.probe_capabilities`'s
+``race_pairs``): enough to catch a check-then-write on most runs, about 100 requests."""
+
+
 def capability_rows(store: ObjectStore, key: str) -> list[Check]:
     started = time.monotonic()
     try:
-        caps = probe_capabilities(store, key, body=b"s3ckpt doctor: capability probe\n")
+        caps = probe_capabilities(
+            store, key, body=b"s3ckpt doctor: capability probe\n", race_pairs=RACE_PAIRS
+        )
     except AccessDeniedError as exc:
         why = f"not probed: {exc.message} (see the permission rows)"
         return [Check(n, CheckStatus.SKIP, why) for n in _CAPABILITY_NAMES]
@@ -192,7 +206,6 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
             for n in _CAPABILITY_NAMES
         ]
     took = time.monotonic() - started
-    yes, no = "answered 412, as required", "ignored (the write went through)"
     # With single-writer mode on, the user vouches that one process at a time writes a
     # prefix: saves go on, so a missing condition is a caveat of that promise, not a failure.
     single = bool(getattr(getattr(store, "s3_config", None), "single_writer", False))
@@ -205,41 +218,76 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
         "process at a time writes a prefix"
     )
     rows = [
-        Check(
-            "conditional create",
-            CheckStatus.OK if caps.conditional_create else missing,
-            f"If-None-Match {yes if caps.conditional_create else no}",
-            ""
-            if caps.conditional_create
-            else f"two saves of one prefix could both report success and one be lost; {opt_in}",
+        _conditional_row(
+            store,
+            caps,
+            "create",
+            "If-None-Match",
+            missing,
+            f"two saves of one prefix could both report success and one be lost; {opt_in}",
         ),
-        Check(
-            "conditional replace",
-            CheckStatus.OK if caps.conditional_replace else missing,
-            f"If-Match {yes if caps.conditional_replace else no}",
-            ""
-            if caps.conditional_replace
-            else "overwrites and the retention lease cannot exclude each other (two "
+        _conditional_row(
+            store,
+            caps,
+            "replace",
+            "If-Match",
+            missing,
+            "overwrites and the retention lease cannot exclude each other (two "
             f"pruners or two overwrites could both win); {opt_in}",
         ),
-        Check(
-            "conditional delete",
-            CheckStatus.OK if caps.conditional_delete else CheckStatus.WARN,
-            "DeleteObject If-Match " + ("honoured" if caps.conditional_delete else "not supported"),
-            ""
-            if caps.conditional_delete
-            else "rm and prune cannot delete a marker only if it is still the one they "
-            "planned in one request: they first swap it for a tombstone (PUT If-Match), "
-            "which an overwrite never replaces, then delete it (one more request each)",
+        _conditional_row(
+            store,
+            caps,
+            "delete",
+            "DeleteObject If-Match",
+            CheckStatus.WARN,
+            "gc, prune and rm fence a checkpoint with a tombstone (a conditional PUT) in "
+            "any case; only their last request, deleting their own tombstone, is then a "
+            "plain DELETE under the run's lease instead of one conditional on its ETag (a "
+            "deleter paused past its lease in that last moment could remove a marker "
+            "committed meanwhile)",
         ),
         _checksum_row(store, caps.checksum_echo),
         _verification_row(store, key),
-        _list_uploads_row(caps.list_uploads),
     ]
     note = f" (probed in {took:.1f} s)" if took >= 1 else ""
     first = rows[0]
     rows[0] = Check(first.name, first.status, first.detail + note, first.meaning)
     return rows
+
+
+def _conditional_row(
+    store: ObjectStore,
+    caps: Capabilities,
+    kind: Literal["create", "replace", "delete"],
+    header: str,
+    missing: CheckStatus,
+    meaning: str,
+) -> Check:
+    """One conditional request's row: answered 412 alone, and exactly one winner in every
+    race (:mod:`s3ckpt.store._race`)."""
+    name = f"conditional {kind}"
+    ok = getattr(caps, f"conditional_{kind}")
+    raced = caps.race(kind)
+    if ok:
+        alone = "honoured" if kind == "delete" else "answered 412, as required"
+        won = f"; one of two won each of {raced.pairs} races" if raced else ""
+        return Check(name, CheckStatus.OK, f"{header} {alone}{won}")
+    if raced is not None and not raced.atomic:
+        detail = f"{raced.describe()}: the store's {header} is a check then a write"
+        return Check(name, missing, detail, meaning)
+    enforces = getattr(store, "enforces", None)
+    if isinstance(enforces, frozenset) and kind not in enforces:
+        detail = (
+            f"{store.url_scheme}:// has no atomic primitive for it: its {header} is a check "
+            "then a write (single-writer)"
+        )
+        return Check(name, missing, detail, meaning)
+    if kind == "delete" and not caps.delete_probed:
+        return Check(name, CheckStatus.SKIP, "not probed")
+    if kind == "delete":
+        return Check(name, missing, f"{header} not supported (ignored, refused or 501)", meaning)
+    return Check(name, missing, f"{header} ignored (the write went through)", meaning)
 
 
 _CAPABILITY_NAMES = (
@@ -248,7 +296,6 @@ _CAPABILITY_NAMES = (
     "conditional delete",
     "checksum echo",
     "checksum verification",
-    "list uploads",
 )
 
 
@@ -293,18 +340,4 @@ def _verification_row(store: ObjectStore, key: str) -> Check:
         "the store accepted an upload whose CRC32C was wrong",
         "a byte flipped in transit would be stored: saves re-read every object against its "
         "CRC32C before the marker (verify_after_write, on by default here), one more read per save",
-    )
-
-
-def _list_uploads_row(supported: bool | None) -> Check:
-    if supported is None:
-        return Check("list uploads", CheckStatus.SKIP, "not probed")
-    if supported:
-        return Check("list uploads", CheckStatus.OK, "ListMultipartUploads works")
-    return Check(
-        "list uploads",
-        CheckStatus.WARN,
-        "ListMultipartUploads not implemented",
-        "gc cannot see open uploads: abandoned ones stay billed; add a lifecycle rule "
-        "with AbortIncompleteMultipartUpload (terraform/ sets one)",
     )

@@ -1,6 +1,9 @@
-"""``s3ckpt inspect``: what a checkpoint holds, from ``.metadata`` and ``s3ckpt.json`` alone.
+"""``s3ckpt inspect``: what a checkpoint holds, from ``.metadata`` and ``s3ckpt.json`` alone,
+and the state of its life as the catalog decides it (:func:`s3ckpt.retention.probe_checkpoint`
+with the run's ``s3ckpt.check.json``: committed, archived or damaged, and why).
 
-Cost: two GETs (the marker and the metadata); no tensor data is downloaded.
+Cost: four GETs (the run's check record, the marker to judge it, the marker and the
+metadata to read it); no tensor data is downloaded.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
+from s3ckpt.errors import StoreError
+from s3ckpt.retention import probe_checkpoint, read_check_record
 from s3ckpt.store import LocationLike, ObjectStore
 from s3ckpt.tools._common import NameFilter, dtype_name, index_checkpoint, open_reader
 from s3ckpt.tools._open import as_location
@@ -79,6 +84,13 @@ class InspectResult:
     layout: dict[str, Any] | None = None
     """Where the data objects are, as ``s3ckpt.json`` records it (hashed prefixes:
     ``{"prefix_strategy": "hashed", "fanout": ..., ...}``); ``None``: under the prefix."""
+    life: str | None = None
+    """The state of its life as the catalog decides it (:class:`s3ckpt.retention.Life`:
+    ``committed``, ``archived``, ``damaged``...; what ``ls`` shows); ``None`` without a
+    commit marker (another writer's checkpoint)."""
+    damage: str | None = None
+    """Why it is damaged (``s3ckpt check``'s finding, an unreadable marker); ``None`` when
+    it is not, or when the run's check record could not be read."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys)."""
@@ -109,6 +121,13 @@ def inspect_checkpoint(
             checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
         )
     reader = open_reader(checkpoint)
+    info = None
+    try:  # the catalog's verdict: the run's check record, then the marker judged with it
+        record = read_check_record(reader.store, reader.url.parent)
+    except StoreError:
+        record = None  # what a check found is unknown; the marker is still judged
+    if reader.manifest is not None:
+        info = probe_checkpoint(reader.store, reader.url.parent, reader.url.name, record)
     entries = index_checkpoint(reader)
     manifest = reader.manifest
     names = NameFilter.of(include, exclude)
@@ -165,4 +184,6 @@ def inspect_checkpoint(
         tensors=tensors,
         objects=objects,
         layout=manifest.layout.to_doc() if manifest is not None and manifest.layout else None,
+        life=info.life.value if info is not None else None,
+        damage=info.damage if info is not None else None,
     )

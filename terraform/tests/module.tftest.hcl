@@ -210,18 +210,19 @@ run "defaults" {
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/.metadata",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.check.json",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.check.json",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.json",
       ])
     ])
-    error_message = "the pruner needs an explicit Deny on s3:Put* for everything but its lease keys and the stock .metadata copies"
+    error_message = "the pruner needs an explicit Deny on s3:Put* for everything but its lease keys, the stock .metadata copies, check records and commit markers (fences)"
   }
 
   assert {
     condition = alltrue([
       for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
-      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json")])
+      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json") || endswith(r, "/*/s3ckpt.json")])
       if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
     ])
-    error_message = "the pruner's only allowed PutObject must be on lease keys, stock .metadata copies and check records"
+    error_message = "the pruner's only allowed PutObject must be on lease keys, stock .metadata copies, check records and commit markers (fences)"
   }
 
   assert {
@@ -229,6 +230,21 @@ run "defaults" {
       for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement : contains(flatten([s.Action]), "s3:DeleteObjectVersion") if s.Effect == "Allow"
     ]))
     error_message = "by default the pruner must not delete versions (versioning keeps prunes recoverable)"
+  }
+
+  assert {
+    condition = anytrue([
+      for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
+      s.Effect == "Allow" && toset(flatten([s.Action])) == toset(["s3:GetBucketVersioning", "s3:GetLifecycleConfiguration"]) && try(s.Resource, null) == "arn:aws:s3:::s3ckpt-unit-test"
+    ])
+    error_message = "the pruner must read the bucket's versioning and lifecycle (prune reports noncurrent bytes)"
+  }
+
+  assert {
+    condition = alltrue([
+      for r in aws_s3_bucket_lifecycle_configuration.this.rule : r.filter[0].prefix == "" if r.id == "expire-noncurrent-versions"
+    ]) && var.noncurrent_version_expiration_days == 7
+    error_message = "noncurrent versions of every object (checkpoints included) expire, after 7 days by default"
   }
 
   assert {
@@ -318,15 +334,16 @@ run "tiers" {
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/.metadata",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.check.json",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.check.json",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.json",
       ])
     ])
-    error_message = "a tagging pruner must still be denied every object write under the prefix but its lease and .metadata copies"
+    error_message = "a tagging pruner must still be denied every object write under the prefix but its lease, .metadata copies, check records and commit markers (fences)"
   }
 
   assert {
     condition = alltrue([
       for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
-      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json")])
+      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json") || endswith(r, "/*/s3ckpt.json")])
       if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
     ])
     error_message = "tagging gives the pruner no PutObject on checkpoint data"

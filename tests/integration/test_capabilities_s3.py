@@ -225,8 +225,8 @@ def test_an_overwrite_committed_while_a_deleters_request_is_held_survives(
     moto_endpoint: str, bucket: str, command: str, held: str
 ) -> None:
     """Chaos class 12's interleaving, at the HTTP request: the deleter's request is held at
-    the proxy while an overwrite of step 1 commits. ``marker``: the marker's conditional
-    DeleteObject, sent after the listing under the lease (412: skipped as changed).
+    the proxy while an overwrite of step 1 commits. ``marker``: the fence (the tombstone's
+    conditional PUT), sent after the listing under the lease (412: skipped as changed).
     ``probe``: the capability probe's DeleteObject on the lease, sent inside
     ``Lease.acquire`` before that listing, so the deleter plans with the overwrite
     committed: it is the run's most recently committed checkpoint, kept by prune and
@@ -238,8 +238,11 @@ def test_an_overwrite_committed_while_a_deleters_request_is_held_survives(
     seen: list[str] = []
 
     def hook(op: str, key: str, phase: str) -> None:
+        # ``marker``: the deleter's fence, the tombstone PUT If-Match (its first request on
+        # the marker key); ``probe``: the probe's DeleteObject on the lease.
         at = key.endswith(LEASE_NAME if held == "probe" else MANIFEST_NAME)
-        if op == "DeleteObject" and phase == "before" and at and not seen:
+        want = "DeleteObject" if held == "probe" else "PutObject"
+        if op == want and phase == "before" and at and not seen:
             seen.append(key)
             # The store's clock has whole seconds: commit the overwrite in a later second than
             # step 3, so it is the run's most recently committed checkpoint by the store's time.

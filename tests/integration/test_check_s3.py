@@ -128,7 +128,7 @@ def test_check_names_each_damage_and_ls_marks_it_until_a_check_passes(
     assert code == 0 and "OK: nothing damaged" in out
     code, out, err = cli(capsys, "ls", run, "--json")
     listed = {c["name"]: c for c in json.loads(out)["runs"][0]["checkpoints"]}
-    assert not listed["step_000000002"]["damaged"] and "check" not in listed["step_000000002"]
+    assert not listed["step_000000002"]["damaged"] and listed["step_000000002"]["check"] is None
     assert listed["step_000000003"]["damaged"] and err.count("damaged checkpoint") == 3
 
 

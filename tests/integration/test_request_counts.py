@@ -127,23 +127,24 @@ def test_one_client_per_process_for_a_checkpointer_and_a_separate_reader(
         "HeadObject": 1,
         "PutObject": 1,
     }
-    # The load: one GET of the latest pointer, one LIST after it, one HEAD of the marker it
-    # names (the pointer is a hint), then the reader's one GET of the marker and .metadata.
+    # The load: one GET of the latest pointer, one LIST after it, one GET of the run's
+    # s3ckpt.check.json (404) and one of the marker the pointer names (the pointer is a
+    # hint; the marker judged as the catalog judges it), then the reader's one GET of the
+    # marker and .metadata.
     assert load_requests[("GetObject", "ck/s3ckpt.latest.json")] == 1
+    assert load_requests[("GetObject", "ck/s3ckpt.check.json")] == 1
     assert ("HeadObject", "ck/s3ckpt.latest.json") not in load_requests
-    assert {op: n for (op, k), n in load_requests.items() if k == marker} == {
-        "HeadObject": 1,
-        "GetObject": 1,
-    }
+    assert {op: n for (op, k), n in load_requests.items() if k == marker} == {"GetObject": 2}
     assert load_requests[("GetObject", "ck/step_000000001/.metadata")] == 1
 
 
-def test_the_capability_probe_costs_five_requests_once_per_endpoint(
+def test_the_capability_probe_costs_seven_requests_once_per_endpoint(
     bucket: str, wire: tuple[Wire, S3Config]
 ) -> None:
     """The first save per (endpoint, bucket) and process probes conditional writes on its
     coordinator heartbeat (s3ckpt.store._capabilities): HEAD (404), the heartbeat created
-    with If-None-Match, If-None-Match again (412), If-Match with a wrong ETag (412), one
+    by two racing If-None-Match PUTs (exactly one may win) and read back (a GET: the
+    winner's bytes), If-None-Match again (412), If-Match with a wrong ETag (412), one
     ListMultipartUploads. The second save on the same endpoint makes none of them."""
     from s3ckpt.store._capabilities import clear_capabilities_cache
 
@@ -163,7 +164,8 @@ def test_the_capability_probe_costs_five_requests_once_per_endpoint(
     first, second = save(1), save(2)
     probe = {
         ("HeadObject", "heartbeat"): 1,
-        ("PutObject", "heartbeat"): 3,
+        ("PutObject", "heartbeat"): 4,
+        ("GetObject", "heartbeat"): 1,
         ("ListMultipartUploads", ""): 1,  # the proxy names no key: the prefix is a query
     }
     assert Counter(first) - Counter(second) == Counter(probe), (first, second)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from s3ckpt._tombstone import is_gone
 from s3ckpt.cli import main
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, data_name, heartbeat_name
@@ -277,7 +278,9 @@ def test_gc_aborts_stale_uploads_and_removes_abandoned_saves(
     r = gc(store, run, now=datetime.fromisoformat(future), apply=True)
     assert r.ok and r.aborted == 1 and len(r.removed) == 1
     assert open_uploads(s3_client, bucket, run.prefix) == []
-    assert keys_under(store, dead.prefix) == set()
+    # what stays is the fence of the reaped save (it may only be paused): a finished tombstone
+    assert keys_under(store, dead.prefix) == {dead.key(MANIFEST_NAME)}
+    assert is_gone(store, dead.key(MANIFEST_NAME))
     assert len(list_checkpoints(store, run)) == 2
     code, out, _ = cli(capsys, "gc", str(run), "--json")
     assert code == 0 and json.loads(out)["abandoned"] == []

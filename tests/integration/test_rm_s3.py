@@ -62,7 +62,8 @@ def test_rm_deletes_refuses_and_reports(
     doc = json.loads(captured.out)
     assert code == 2 and doc["exit_code"] == 2 and not doc["dry_run"]
     done, refused, also = doc["checkpoints"]
-    assert done["deleted"] and done["step"] == 100 and done["delete_requests"] == 3
+    # the fence (tombstone PUT), .metadata, the data, the tombstone's delete
+    assert done["deleted"] and done["step"] == 100 and done["delete_requests"] == 4
     assert done["kept"] == [run.child(NAMES[0]).key("hparams.yaml")]
     assert refused["exit_code"] == 2 and "newest" in refused["error"]
     assert also["deleted"] and also["step"] == 200
@@ -80,7 +81,8 @@ def test_rm_deletes_refuses_and_reports(
     assert out.startswith(f"deleted {newest} (step 300") and "note: it was the run's newest" in out
     assert store.head(run.child(NAMES[2]).key(MANIFEST_NAME)) is None
     assert main(["ls", str(run), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["runs"] == [{"run": str(run), "checkpoints": []}]
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [(r["run"], r["checkpoints"]) for r in runs] == [(str(run), [])]
 
 
 def test_rm_of_a_pinned_checkpoint_a_run_and_nothing_is_exit_2(

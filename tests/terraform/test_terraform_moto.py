@@ -474,7 +474,6 @@ def test_pruner_cannot_write_checkpoint_objects_nor_pins(
 ) -> None:
     s3 = role_clients["pruner"]
     for key in (
-        f"{RUN}step_000000300/s3ckpt.json",
         f"{RUN}step_000000300/__0_0.distcp",
         f"{RUN}step_000000300/.metadata.0123abcd",
         f"{RUN}s3ckpt.latest.json",
@@ -507,6 +506,16 @@ def test_pruner_may_record_what_a_check_found(
     assert s3.get_object(Bucket=deployment.bucket, Key=f"{RUN}s3ckpt.check.json")["Body"].read()
     with _fails_with("AccessDenied"):  # only the record's own name
         s3.put_object(Bucket=deployment.bucket, Key=f"{RUN}s3ckpt.check.json.bak", Body=b"{}")
+
+
+def test_pruner_may_fence_a_checkpoint(
+    deployment: Deployment, role_clients: dict[str, Any]
+) -> None:
+    """gc, prune and rm put a tombstone on a checkpoint's marker key before deleting any of it."""
+    s3 = role_clients["pruner"]
+    key = f"{RUN}step_000000400/s3ckpt.json"
+    s3.put_object(Bucket=deployment.bucket, Key=key, Body=b"{}", IfNoneMatch="*")
+    assert s3.get_object(Bucket=deployment.bucket, Key=key)["Body"].read() == b"{}"
 
 
 def test_destroy_removes_everything(deployment: Deployment) -> None:

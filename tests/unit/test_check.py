@@ -26,16 +26,20 @@ from s3ckpt.format import (
 )
 from s3ckpt.metrics import CheckMetricsFile, CheckValues
 from s3ckpt.metrics._check_textfile import last_success
-from s3ckpt.retention import KeepLast, gc, prune, scan
-from s3ckpt.store import Location, MemoryStore
-from s3ckpt.tools import (
+from s3ckpt.retention import (
     CheckEntry,
     CheckRecord,
-    check,
-    check_marks,
-    parse_read_data,
+    KeepLast,
+    Life,
+    RetentionOptions,
+    RunCatalog,
+    gc,
+    prune,
     read_check_record,
+    scan,
 )
+from s3ckpt.store import Location, MemoryStore
+from s3ckpt.tools import check, parse_read_data
 from s3ckpt.tools._check_one import sample_items
 from s3ckpt.uri import StoreURL
 
@@ -74,6 +78,14 @@ def write(store: MemoryStore, step: int, *, items: int = 4, seed: int = 0) -> Ma
     store.put(ckpt.key(MANIFEST_NAME), m.to_json())
     store.put(ckpt.key(METADATA_NAME), meta)
     return m
+
+
+def check_marks(
+    store: MemoryStore, catalogs: list[RunCatalog]
+) -> tuple[dict[str, CheckEntry], list[str]]:
+    """What the catalog marks damaged by the check record, by URL; the runs' notes."""
+    marks = {str(c.url): c.check for cat in catalogs for c in cat.checkpoints if c.check}
+    return marks, [cat.check_error for cat in catalogs if cat.check_error]
 
 
 def key(step: int, name: str) -> str:
@@ -290,6 +302,34 @@ def test_retention_never_takes_the_record_for_a_checkpoint_nor_deletes_it() -> N
     assert [k for k in store.objects if k.endswith(MANIFEST_NAME)] == [key(3, MANIFEST_NAME)]
     check(ROOT, store=store)  # a check of the whole run forgets the pruned checkpoints
     assert set(read_check_record(store, RUN).checkpoints) == {"step_000000003"}  # type: ignore[union-attr]
+
+
+def test_a_checkpoint_the_check_found_damaged_is_damaged_for_every_reader_of_the_catalog() -> None:
+    """check -> prune keep-last-1: the damaged newest is kept (never deleted by a plan) but
+    not counted: the newest good one is kept too, only the older one goes."""
+    store = MemoryStore("bkt")
+    write(store, 1), write(store, 2)
+    flip(store, 3, write(store, 3).items[-1])
+    assert not check(ROOT, store=store, read_data="all").ok
+    (cat,) = scan(Location.of(ROOT, store=store))
+    lives = {c.name: c.life for c in cat.checkpoints}
+    assert lives == {"step_000000001": Life.COMMITTED, "step_000000002": Life.COMMITTED,
+                     "step_000000003": Life.DAMAGED}  # fmt: skip
+    bad = cat.checkpoints[-1]
+    assert bad.damaged and bad.error is None and "the data changed" in (bad.damage or "")
+    doc = bad.to_dict()
+    assert doc["damaged"] is True and doc["life"] == "damaged" and doc["check"]["problems"]
+    shallow = scan(Location.of(ROOT, store=store), options=RetentionOptions(scan="shallow"))
+    shallow = shallow[0].checkpoints[-1]
+    assert shallow.shallow and shallow.life is Life.DAMAGED  # the shallow scan reads it too
+    result = prune(Location.of(str(RUN), store=store), KeepLast(1), apply=True)
+    actions = {d.checkpoint.name: d.action for d in result.plan.decisions}
+    assert actions == {"step_000000001": "delete", "step_000000002": "keep",
+                       "step_000000003": "skip"}  # fmt: skip
+    assert [k for k in store.objects if k.endswith(MANIFEST_NAME)] == [
+        key(2, MANIFEST_NAME),
+        key(3, MANIFEST_NAME),
+    ]
 
 
 # -- metrics ---------------------------------------------------------------------------------

@@ -246,27 +246,23 @@ def test_ctrl_c_while_waiting_for_an_upload_reaches_the_caller() -> None:
 def test_save_error_unwraps_dcp_checkpoint_exception_by_type() -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from s3ckpt.checkpointer._async import save_error
-    from s3ckpt.errors import CheckpointError
+    from s3ckpt.errors import CheckpointError, unwrap_checkpoint_exception
 
     def failed(rank: int, exc: BaseException) -> CheckpointException:
         return CheckpointException("save", {rank: (exc, traceback.StackSummary())})
 
     url = "s3://unit-bkt/run/step_000000003/"
+    what = f"the save of step 3 to {url}"
     inner = StoreError("boom", bucket="unit-bkt", key="run/step_000000003/s3ckpt.json")
-    assert save_error(failed(0, inner), 3, url) is inner
-    wrapped = save_error(failed(1, ValueError("rank 1 broke")), 3, url)
+    assert unwrap_checkpoint_exception(failed(0, inner), what) is inner
+    wrapped = unwrap_checkpoint_exception(failed(1, ValueError("rank 1 broke")), what)
     assert isinstance(wrapped, CheckpointError)
     assert str(wrapped).startswith(f"the save of step 3 to {url} failed:")
-
-    class CheckpointException2(ValueError):
-        """Not torch's: an ordinary error passes through unchanged."""
-
-    CheckpointException2.__name__ = "CheckpointException"
-    plain = CheckpointException2("mine")
-    assert save_error(plain, 3, url) is plain
+    # Every failure is an s3ckpt error now, a bare foreign one too (issue 37 item 4).
+    plain = ValueError("mine")
+    assert unwrap_checkpoint_exception(plain, what).__cause__ is plain
     interrupt = KeyboardInterrupt()
-    assert save_error(interrupt, 3, url) is interrupt
+    assert unwrap_checkpoint_exception(interrupt, what) is interrupt
 
 
 def test_a_given_store_and_a_parsed_url_open_no_other_store(
@@ -359,7 +355,7 @@ class TaggedState(State):
 def test_load_passes_safe_globals_to_the_reader() -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from s3ckpt.errors import UnsafeCheckpointError, find_s3ckpt_error
+    from s3ckpt.errors import UnsafeCheckpointError
 
     store = MemoryStore("unit-bkt")
     model, opt = _fresh()
@@ -367,10 +363,9 @@ def test_load_passes_safe_globals_to_the_reader() -> None:
     saved.note = "abc"
     with Checkpointer(URL, store=store) as ckpt:
         ckpt.save(5, model, opt, saved)
-        with pytest.raises(CheckpointException) as info:
-            ckpt.load(*_fresh(), TaggedState())
-        err = find_s3ckpt_error(info.value)
-        assert isinstance(err, UnsafeCheckpointError) and "Tagged" in str(err)
+        with pytest.raises(UnsafeCheckpointError, match="Tagged") as info:
+            ckpt.load(*_fresh(), TaggedState())  # an s3ckpt error, not DCP's wrapper
+        assert not isinstance(info.value, CheckpointException)
         restored = TaggedState()
         assert ckpt.load(*_fresh(), restored, safe_globals=[Tagged]) == 5
         assert (restored.step, restored.note) == (5, "abc")

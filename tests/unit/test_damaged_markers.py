@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import s3ckpt.format._manifest
 from s3ckpt._time import utc
+from s3ckpt._tombstone import Tombstone
 from s3ckpt.cli import main
 from s3ckpt.errors import CorruptCheckpointError, DeleteRefusedError, PolicyError
 from s3ckpt.format import MANIFEST_NAME, MAX_INT, Manifest, manifest_digest
@@ -271,7 +272,11 @@ def test_a_damaged_checkpoint_is_no_newest_for_rm_either() -> None:
     with pytest.raises(DeleteRefusedError, match="newest"):
         delete_checkpoint(store, RUN_A.child("step_000000002"), now=later)
     result = delete_checkpoint(store, RUN_A.child(BAD), now=later)
-    assert result.deleted and store.head(_marker_key()) is None
+    # A damaged marker names no committed save: every save's names there were reaped, so its
+    # fence stays, finished (gone: not listed)
+    tomb = Tombstone.parse(store.get(_marker_key()))
+    assert result.deleted and tomb is not None and tomb.done
+    assert BAD not in {c.name for c in list_checkpoints(store, RUN_A, now=later)}
 
 
 def test_gc_deletes_nothing_of_a_damaged_checkpoint_and_reports_it() -> None:

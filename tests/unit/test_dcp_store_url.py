@@ -66,8 +66,14 @@ def test_a_reset_to_the_same_location_reads_nothing_again() -> None:
     """``dcp.save/load(..., checkpoint_id=URL)`` with the writer's or reader's own URL,
     spelled without the trailing slash: the location is compared parsed."""
     store = MemoryStore("bkt")
+    # The store's capabilities are probed once per store (its race reads a key back): not
+    # what this test counts.
+    dcp.save(
+        {"w": torch.ones(3)}, storage_writer=S3StorageWriter("s3://bkt/run/step_0", store=store)
+    )
+    store.calls.clear()
     writer = S3StorageWriter(URL, store=store)
-    assert store.calls == {"get": 1}  # the fail-fast check of the marker (a 1-byte range)
+    assert store.calls == {"get": 1}  # the fail-fast check of the marker (a ranged GET)
     dcp.save({"w": torch.ones(3)}, checkpoint_id=URL, storage_writer=writer)
     assert store.calls["get"] == 1  # not again on reset, nor when planning
     store.calls.clear()
@@ -91,8 +97,12 @@ def test_a_writer_saving_again_checks_the_marker_when_planning() -> None:
     store.calls.clear()
     with pytest.raises(BaseException) as info:  # DCP's CheckpointException
         dcp.save({"w": torch.ones(3)}, storage_writer=writer)
-    assert isinstance(find_s3ckpt_error(info.value), CheckpointExistsError)
-    assert store.calls == {"get": 1}  # refused when planning: nothing uploaded
+    err = find_s3ckpt_error(info.value)
+    assert isinstance(err, CheckpointExistsError)
+    assert "this job already committed" in str(err)  # the marker's writer is this process
+    # Refused when planning, nothing uploaded: the first bytes of the marker, then the
+    # marker read whole (HEAD and GET) to name who committed it.
+    assert store.calls == {"get": 2, "head": 1}
 
 
 def test_a_reset_to_another_prefix_of_the_bucket_keeps_the_opened_store(
@@ -112,3 +122,20 @@ def test_a_reset_to_another_prefix_of_the_bucket_keeps_the_opened_store(
     writer.reset("s3://other-bkt/run/step_2")
     assert writer.store is not first and writer.store.bucket == "other-bkt"
     assert opened == ["s3://bkt/run/step_1/", "s3://other-bkt/run/step_2/"]
+
+
+def test_the_marker_check_tells_a_deleted_step_from_a_taken_one() -> None:
+    from s3ckpt._tombstone import Tombstone
+    from s3ckpt.errors import CheckpointExistsError
+    from s3ckpt.format import MANIFEST_NAME
+
+    store = MemoryStore("bkt")
+    key = parse_url(URL).key(MANIFEST_NAME)
+    store.put(key, Tombstone("a-deleter", by="gc", keep=True).to_json())  # being deleted
+    with pytest.raises(CheckpointExistsError):
+        S3StorageWriter(URL, store=store)
+    store.put(key, Tombstone("a-deleter", by="gc", keep=True, done=True).to_json())  # gone
+    dcp.save({"w": torch.ones(3)}, storage_writer=S3StorageWriter(URL, store=store))
+    out = {"w": torch.zeros(3)}
+    dcp.load(out, storage_reader=S3StorageReader(URL, store=store))
+    assert torch.equal(out["w"], torch.ones(3))

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from s3ckpt._tombstone import is_tombstone
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -88,12 +89,14 @@ def test_deletes_the_marker_first_then_what_s3ckpt_wrote_and_keeps_the_rest(
     store.delete_if_match = spy_if  # type: ignore[method-assign]
     r = rm(store, clock, 1)
     assert r.applied and r.deleted and r.ok and r.state is CheckpointState.COMMITTED
-    assert r.step == 1 and r.keys_deleted == 5 and r.delete_requests == 3
+    # The fence (a tombstone PUT on the marker) first, then .metadata, the data, and the
+    # tombstone last (no other save's names were there: it need not stay).
+    assert r.step == 1 and r.keys_deleted == 5 and r.delete_requests == 4
     assert requests == [
-        [MANIFEST_NAME],
         [METADATA_NAME],
-        sorted(requests[2]),  # the data
-    ] and all(n.endswith(".distcp") for n in requests[2])
+        sorted(requests[1]),  # the data
+        [MANIFEST_NAME],
+    ] and all(n.endswith(".distcp") for n in requests[1])
     assert r.kept == (c1.key("events.out.tfevents"),)
     assert keys_under(store, c1.prefix) == {c1.key("events.out.tfevents")}
     assert keys_under(store, RUN.child(ckpt_name(2)).prefix) == others
@@ -180,33 +183,31 @@ def test_lease_held_by_another_pruner(store: MemoryStore, clock: Clock) -> None:
     assert list_checkpoints(store, RUN, now=later(clock))[0].is_committed
 
 
-def test_a_lost_reply_of_the_marker_delete_converges_on_the_next_call(
+def test_a_lost_reply_of_the_fence_or_of_its_delete_is_decided_by_reading_back(
     store: MemoryStore, clock: Clock
 ) -> None:
-    """The DeleteObjects of the marker reaches the store, its reply is lost and the store
-    gives up: the marker is gone but rm cannot know, reports a failure and keeps the name in
-    the lease. The next rm of the same URL finishes it instead of refusing a checkpoint
-    that now looks foreign."""
+    """The tombstone PUT (the fence) and the tombstone's delete each reach the store, their
+    replies are lost and the retry meets their effect (412, 404): both are decided by
+    reading the marker back, and rm finishes in one call."""
     fill(store, clock, [1, 2])
-    real = store.delete_if_match
-    lost = [1]
+    real_put, real_if = store.put, store.delete_if_match
 
-    def lost_reply(key: str, etag: str) -> None:
-        real(key, etag)  # applied by the store...
-        if lost and key.endswith(MANIFEST_NAME):
-            lost.pop()
-            raise TransientStoreError("read timeout", key=key)  # ...and the reply lost
+    def put_twice(key: str, data: bytes, **kw: object) -> str:
+        etag = real_put(key, data, **kw)  # type: ignore[arg-type]
+        if key.endswith(MANIFEST_NAME) and is_tombstone(data):
+            real_put(key, data, **kw)  # type: ignore[arg-type]  # the retry: 412
+        return etag
 
-    store.delete_if_match = lost_reply  # type: ignore[method-assign]
-    first = rm(store, clock, 1)
-    assert not first.deleted and not first.ok and first.failures[0].key.endswith(MANIFEST_NAME)
-    c1 = RUN.child(ckpt_name(1))
-    assert store.head(c1.key(METADATA_NAME)) is not None, "nothing after the marker was sent"
-    rec = LeaseRecord.from_json(store.get(RUN.key(LEASE_NAME)))
-    assert rec is not None and rec.deleting == (ckpt_name(1),)
-    second = rm(store, clock, 1)
-    assert second.deleted and second.resumed == (ckpt_name(1),)
-    assert keys_under(store, c1.prefix) == set()
+    def delete_twice(key: str, etag: str) -> None:
+        real_if(key, etag)
+        if key.endswith(MANIFEST_NAME):
+            real_if(key, etag)  # the retry of an applied delete: 404
+
+    store.put = put_twice  # type: ignore[method-assign]
+    store.delete_if_match = delete_twice  # type: ignore[method-assign]
+    r = rm(store, clock, 1)
+    assert r.deleted and r.ok
+    assert keys_under(store, RUN.child(ckpt_name(1)).prefix) == set()
 
 
 def test_a_throttled_request_is_retried_within_the_call(store: MemoryStore, clock: Clock) -> None:
@@ -227,8 +228,10 @@ def test_a_crash_mid_way_is_finished_by_the_next_pruner(store: MemoryStore, cloc
     with pytest.raises(KeyboardInterrupt):
         rm(store, clock, 1, on_progress=crash)
     c1 = RUN.child(ckpt_name(1))
-    assert store.head(c1.key(MANIFEST_NAME)) is None and keys_under(store, c1.prefix)
-    # The next pruner (a prune here) finishes it from the lease's intent log.
+    assert is_tombstone(store.get(c1.key(MANIFEST_NAME))) and len(keys_under(store, c1.prefix)) > 1
+    state = {c.name: c.state for c in list_checkpoints(store, RUN, now=later(clock))}
+    assert state[ckpt_name(1)] is CheckpointState.BEING_DELETED
+    # The next pruner (a prune here) finishes it (it is being deleted, and in the intent log).
     r = prune(store, RUN, KeepLast(5), apply=True, now=later(clock))
     assert r.resumed == (ckpt_name(1),) and ckpt_name(1) in r.deleted
     assert keys_under(store, c1.prefix) == set()

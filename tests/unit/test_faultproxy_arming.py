@@ -93,3 +93,17 @@ def test_new_argument_validation() -> None:
         proxy.arm("PutObject", "reset", times=0)
     assert set(ALL_FAULT_KINDS) > set(FAULT_KINDS)
     assert FAULT_KINDS == ("slowdown", "internal", "reset", "reset_mid_body")
+
+
+def test_denied_answers_403_access_denied_without_forwarding(echo_url: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    with FaultProxy(echo_url, fault_rate=0.0) as proxy:
+        proxy.arm("*", "denied")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(proxy.endpoint_url + "/bucket/key", timeout=10)
+        body = info.value.read().decode()
+        assert get_statuses(proxy, 1, "/bucket/key") == [200]  # armed once: then forwarded
+    assert info.value.code == 403 and "<Code>AccessDenied</Code>" in body
+    assert info.value.headers["Server"] == "FaultProxy" and proxy.stats["denied"] == 1

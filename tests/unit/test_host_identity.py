@@ -188,3 +188,21 @@ def test_gc_keeps_a_save_whose_heartbeat_came_from_a_same_hostname_host(dead_pid
     assert result.ok
     left = {k.split("/")[1] for k in store.objects if "/step_" in k}
     assert left == {"step_1"}  # another host's live save stays; ours, killed, goes
+
+
+def test_only_the_coordinators_heartbeat_proves_a_save_dead(dead_pid: int) -> None:
+    """A rank that died after the gather of the write results does not stop a (paused)
+    coordinator from committing: only rank 0's heartbeat may prove the save gone."""
+    from s3ckpt.retention._liveness import dead_saves
+
+    store = MemoryStore("bkt")
+    url = parse_url("s3://bkt/run/step_1/")
+    me = process_start(os.getpid())
+    gone = body(dead_pid, boot=boot_id(), start=12345)
+    alive = body(os.getpid(), boot=boot_id(), start=me)
+    store.put(url.key(heartbeat_name("abcd0123", 0)), alive)
+    store.put(url.key(heartbeat_name("abcd0123", 1)), gone)
+    keys = {"abcd0123": [url.key(heartbeat_name("abcd0123", r)) for r in (0, 1)]}
+    assert dead_saves(store, keys) == set()  # rank 1 gone, the coordinator lives on
+    store.put(url.key(heartbeat_name("abcd0123", 0)), gone)
+    assert dead_saves(store, keys) == {"abcd0123"}

@@ -15,12 +15,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from s3ckpt import Checkpointer
 from s3ckpt._commit import record_failure
-from s3ckpt.checkpointer._async import save_error
 from s3ckpt.errors import (
     CheckpointError,
     StoreError,
     TransientStoreError,
     find_interrupt,
+    unwrap_checkpoint_exception,
 )
 from s3ckpt.format import (
     LATEST_NAME,
@@ -158,9 +158,9 @@ def test_interrupts_are_found_inside_dcp_wrappers_and_never_become_checkpoint_er
     ki = KeyboardInterrupt()
     url = "s3://unit-bkt/run/step_000000002/"
     assert find_interrupt(_wrapped(ki, 1)) is ki
-    assert save_error(_wrapped(ki), 2, url) is ki
+    assert unwrap_checkpoint_exception(_wrapped(ki), url) is ki
     bye = SystemExit(3)
-    assert save_error(_wrapped(bye), 2, url) is bye
+    assert unwrap_checkpoint_exception(_wrapped(bye), url) is bye
     cause = RuntimeError("outer")
     cause.__cause__ = _wrapped(ki)
     assert find_interrupt(cause) is ki
@@ -168,7 +168,7 @@ def test_interrupts_are_found_inside_dcp_wrappers_and_never_become_checkpoint_er
     handled.__context__ = ki
     assert find_interrupt(handled) is None
     assert find_interrupt(_wrapped(StoreError("x", bucket="b", key="k"))) is None
-    assert isinstance(save_error(_wrapped(ValueError("v")), 2, url), CheckpointError)
+    assert isinstance(unwrap_checkpoint_exception(_wrapped(ValueError("v")), url), CheckpointError)
 
 
 # -- failure records -----------------------------------------------------------------------------
@@ -262,6 +262,11 @@ def test_a_failure_record_never_touches_another_save_of_the_prefix() -> None:
     gc(store, RUN, apply=True, now=_settled())
     assert {owned_tag(k) for k in _keys(store, 2)} == {"bbbbbbbb"}
     assert "cccccccc" not in {owned_tag(k) for k in _keys(store, 1)}
+    # Both writers proven gone by their records: no fence was needed, the marker is untouched.
+    assert (
+        _by_step(store)[1].reaped == ()
+        and RUN.key("step_000000002/s3ckpt.json") not in store.objects
+    )
     with Checkpointer(URL, store=store, transfer_config=SMALL) as ckpt:
         _assert_step_1_intact(ckpt, store, pointer)
 

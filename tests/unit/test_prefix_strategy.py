@@ -28,6 +28,7 @@ from s3ckpt import (
     S3StorageWriter,
     UncommittedCheckpointError,
 )
+from s3ckpt._tombstone import Tombstone
 from s3ckpt.format import (
     FORMAT_VERSION,
     LATEST_NAME,
@@ -411,11 +412,14 @@ def test_prune_and_rm_delete_the_shards_after_the_marker(store: MemoryStore, clo
     )
     assert r.ok and r.deleted == ("step_000000001", "step_000000002")
     phases = [d["phase"] for e, d in events if e == "delete"]
-    # Each marker is its own conditional delete (only the one planned is removed), and
-    # every marker goes before any metadata or data: a kill never leaves a committed marker
-    # over missing shards.
-    assert phases == ["marker"] * 2 + sorted(phases[2:], key=["metadata", "data"].index)
-    assert set(phases[2:]) == {"metadata", "data"}
+    # Each marker is first fenced by its own conditional PUT (a tombstone replacing only the
+    # marker planned on), before any metadata or data goes: a kill never leaves a committed
+    # marker over missing shards. Each fence is lifted only after everything else is gone.
+    middle = phases[2:-2]
+    assert (
+        phases == ["marker"] * 2 + sorted(middle, key=["metadata", "data"].index) + ["marker"] * 2
+    )
+    assert set(middle) == {"metadata", "data"}
     assert {SHARD_KEY.fullmatch(k).group(2) for k in shard_keys(store) if k != foreign} == {  # type: ignore[union-attr]
         "step_000000003"
     }
@@ -455,7 +459,14 @@ def test_gc_removes_an_abandoned_hashed_save_after_grace_and_never_committed_sha
     assert c2.state is CheckpointState.ABANDONED
     r = gc(store, RUN, now=at(clock), apply=True)
     assert r.ok and r.removed == (str(ckpt),) and r.aborted == 1 and up not in store.uploads
-    assert set(store.objects) - {RUN.key(LEASE_NAME)} == committed | {unlisted}
+    # dead0001 was only past its grace period, not proven gone (it may be paused): its
+    # finished tombstone stays as the fence until a new save of step 2 replaces it.
+    fence = ckpt.key(MANIFEST_NAME)
+    assert set(store.objects) - {RUN.key(LEASE_NAME)} == committed | {unlisted, fence}
+    tomb = Tombstone.parse(store.objects[fence].data)
+    assert tomb is not None and tomb.done and tomb.keep and tomb.reaped == ("dead0001",)
+    assert doc(store, 1)["reaped"] == ["dead0002"]  # step 1's marker fenced the overwrite
+    assert [c.name for c in list_checkpoints(store, RUN, now=at(clock))] == ["step_000000001"]
     with pytest.raises(CheckpointNotFoundError, match="no checkpoint"):
         delete_checkpoint(store, ckpt, now=at(clock))
     assert verify_checkpoint(RUN.child("step_000000001"), store=store).ok

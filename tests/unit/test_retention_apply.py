@@ -95,8 +95,8 @@ def test_catalog_states_order_and_control_objects(store: MemoryStore, clock: Clo
         and c10.size == 3 * 64 + 4 + store.head(c10.url.key(MANIFEST_NAME)).size
     )  # type: ignore[union-attr]
     assert cat[1].committed_at is not None  # foreign: the .metadata mtime
-    # one LIST, one upload LIST, one GET per marker
-    assert store.calls["list"] == 1 and store.calls["get"] == 3
+    # one LIST, one upload LIST, one GET per marker, one of the run's s3ckpt.check.json
+    assert store.calls["list"] == 1 and store.calls["get"] == 3 + 1
 
 
 def test_open_multipart_upload_keeps_a_prefix_in_progress(store: MemoryStore, clock: Clock) -> None:
@@ -155,9 +155,9 @@ def test_apply_deletes_marker_then_metadata_then_data_in_batches(
     store.delete = spy  # type: ignore[method-assign]
     r = prune(store, RUN, KeepLast(3), apply=True, now=now_after(clock), batch_size=4)
     assert r.ok and r.applied and len(r.deleted) == 7
-    # 7 markers -> 7 conditional requests (DeleteObject If-Match), 7 metadata -> 2,
-    # 21 data -> 6
-    assert r.delete_requests == 15 and r.keys_deleted == 35
+    # 7 fences (a tombstone PUT If-Match each), 7 metadata -> 2, 21 data -> 6, then the 7
+    # tombstones (DeleteObject If-Match: no other save's names were there)
+    assert r.delete_requests == 22 and r.keys_deleted == 35
     assert store.calls["delete_if_match"] == 7 + 1  # and the lease's capability probe
     assert order[:2] == [".", "."]
     assert all(o.startswith("__") for o in order[2:])
@@ -174,7 +174,7 @@ def test_a_failed_marker_delete_keeps_the_whole_checkpoint(
     store: MemoryStore, clock: Clock
 ) -> None:
     fill(store, clock, [1, 2, 3, 4])
-    store.inject("delete_if_match", key_glob="*step_000000002/s3ckpt.json", times=100)
+    store.inject("put", key_glob="*step_000000002/s3ckpt.json", times=100)  # the fence
     r = prune(store, RUN, KeepLast(1), apply=True, now=now_after(clock), sleep=lambda s: None)
     assert not r.ok and [f.key.rpartition("/")[2] for f in r.failures] == [MANIFEST_NAME]
     assert set(r.deleted) == {ckpt_name(1), ckpt_name(3)}
@@ -202,7 +202,7 @@ def test_throttled_keys_are_retried_and_other_failures_reported(
     assert len(r.deleted) == 2
     # a whole request failing is reported per key, not raised, and the run goes on
     fill(store, clock, [4, 5])
-    store.inject("delete_if_match", key_glob="*/s3ckpt.json", times=2)  # both markers
+    store.inject("put", key_glob="*/s3ckpt.json", times=2)  # both fences
     r = prune(
         store, RUN, KeepLast(1), apply=True, now=now_after(clock), retries=1, sleep=sleeps.append
     )
@@ -350,15 +350,15 @@ def test_gc_aborts_old_uploads_and_removes_only_abandoned(store: MemoryStore, cl
     assert old_upload not in store.uploads and new_upload in store.uploads
     assert stock_upload in store.uploads
     states = {c.name: c.state for c in list_checkpoints(store, RUN, now=now)}
-    # step 3 still lists (the stock upload declares it), but holds nothing of s3ckpt's
+    # step 3 is gone: its fence (a finished tombstone) stays, as its save may be paused; the
+    # stock upload is not s3ckpt's
     assert states == {
         ckpt_name(1): CheckpointState.COMMITTED,
         ckpt_name(2): CheckpointState.COMMITTED,
-        ckpt_name(3): CheckpointState.ABANDONED,
         ckpt_name(4): CheckpointState.FOREIGN,
         ckpt_name(5): CheckpointState.IN_PROGRESS,
     }
-    assert keys_under(store, dead.prefix) == set()
+    assert keys_under(store, dead.prefix) == {dead.key(MANIFEST_NAME)}
     assert keys_under(store, RUN.child(ckpt_name(5)).prefix)
 
 

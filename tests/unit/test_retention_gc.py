@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from s3ckpt._tombstone import Tombstone
 from s3ckpt.cli import main
 from s3ckpt.format import (
     MANIFEST_NAME,
@@ -62,6 +63,14 @@ def at(clock: Clock, ahead: float = 0.0) -> datetime:
 
 def names(store: MemoryStore, ckpt: StoreURL) -> set[str]:
     return {k[len(ckpt.prefix) :] for k in keys_under(store, ckpt.prefix)}
+
+
+def fenced(store: MemoryStore, ckpt: StoreURL) -> set[str]:
+    """``names`` without the finished tombstone a deleter left as the fence of a reaped save
+    (which it must be: gone, not listed)."""
+    tomb = Tombstone.parse(store.get(ckpt.key(MANIFEST_NAME)))
+    assert tomb is not None and tomb.done and tomb.keep and tomb.reaped
+    return names(store, ckpt) - {MANIFEST_NAME}
 
 
 def run_cli(store: MemoryStore, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str]:
@@ -166,7 +175,7 @@ def test_gc_never_deletes_foreign_files_stock_dcp_or_plain_metadata(
     assert cat[ckpt_name(7)].state is CheckpointState.FOREIGN
     r = gc(store, RUN, now=now, apply=True)
     assert r.ok and r.removed == (str(dead),)
-    assert names(store, dead) == foreign
+    assert fenced(store, dead) == foreign
     assert names(store, only_foreign) == {"events.out.tfevents.2", "model.safetensors"}
     assert names(store, stock) == {"__0_0.distcp", METADATA_NAME}
 
@@ -184,7 +193,7 @@ def test_prune_deletes_a_committed_checkpoint_but_not_the_files_beside_it(
     clock.t += 3 * HOUR
     r = prune(store, RUN, KeepLast(1), now=at(clock), apply=True)
     assert r.ok and r.deleted == (ckpt_name(1),) and r.aborted == 1
-    assert names(store, old) == {"events.out.tfevents.1"}
+    assert fenced(store, old) == {"events.out.tfevents.1"}
     assert up not in store.uploads and stock_up in store.uploads
     assert [c.name for c in list_checkpoints(store, RUN, now=at(clock))] == [ckpt_name(2)]
 
@@ -224,7 +233,7 @@ def test_prune_defers_a_checkpoint_being_overwritten(store: MemoryStore, clock: 
     clock.t += 3 * HOUR
     r = prune(store, RUN, KeepLast(1), now=at(clock), apply=True)
     assert r.deleted == (ckpt_name(1),) and r.aborted == 1
-    assert names(store, old) == set() and up not in store.uploads
+    assert fenced(store, old) == set() and up not in store.uploads
 
 
 # -- 3. leftovers, uploads nobody knows, rolling .metadata forward -------------------------------
@@ -261,7 +270,9 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
             heartbeat_name("11111111", 1),
         )
     }
-    want_resave = {resave.key(data_name(i, 0, "33333333")) for i in range(3)}
+    # A dead save's names beside a live one wait: its prefix cannot be fenced without ending
+    # the live save's claim (they go once that save commits or dies).
+    want_resave: set[str] = set()
     assert set(dry.leftovers) == want_committed | want_resave
     assert [u.upload_id for u in dry.uploads] == [lost] and dry.abandoned == ()
     assert run_cli(store, monkeypatch, "gc", str(RUN), "--json")[0] == 0
@@ -278,7 +289,10 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
         metadata_name("11111111"),
         *(data_name(i, 0, "11111111") for i in range(3)),
     }
-    assert names(store, resave) == {heartbeat_name(live, 0)}
+    assert names(store, resave) == {
+        heartbeat_name(live, 0),
+        *(data_name(i, 0, "33333333") for i in range(3)),
+    }
     (c1, c2) = list_checkpoints(store, RUN, now=now)
     assert c1.is_committed and c2.state is CheckpointState.IN_PROGRESS and c2.live_saves == 1
 
@@ -389,8 +403,8 @@ def test_gc_taking_over_a_dead_pruners_lease_finishes_its_deletions(
     assert set(dry.resumed) == {str(RUN.child(ckpt_name(s))) for s in (1, 2)}
     r = gc(store, RUN, now=now, apply=True)
     assert r.ok and set(r.resumed) == set(dry.resumed)
-    for s in (1, 2):
-        assert keys_under(store, RUN.child(ckpt_name(s)).prefix) == set()
+    for s in (1, 2):  # an older version's deletion: fenced now, and its saves reaped
+        assert fenced(store, RUN.child(ckpt_name(s))) == set()
     assert [c.name for c in list_checkpoints(store, RUN, now=now)] == [
         ckpt_name(s) for s in (3, 4, 5)
     ]
@@ -455,7 +469,8 @@ def test_scan_lists_uploads_once_and_gc_reads_leases_only_where_they_are(
     assert store.calls["list_multipart_uploads"] == 1 and store.calls["list"] == 1
     gets = store.calls["get"]
     gc(store, RUN, now=at(clock))
-    assert store.calls["get"] == gets + 1  # the marker; there is no lease to read
+    # the marker and the run's s3ckpt.check.json (the catalog's); there is no lease to read
+    assert store.calls["get"] == gets + 2
 
 
 # -- 6. NaN / inf metrics from the markers --------------------------------------------------

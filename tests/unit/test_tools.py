@@ -97,7 +97,10 @@ def store() -> MemoryStore:
 def test_inspect_reads_only_marker_and_metadata(store: MemoryStore) -> None:
     store.calls.clear()
     info = inspect_checkpoint(URL, store=store)
-    assert store.calls == {"get": 2}  # s3ckpt.json and .metadata, no data
+    # The run's check record, s3ckpt.json judged (a HEAD and a GET here, one GET on S3) and
+    # read, .metadata; no data.
+    assert store.calls == {"get": 4, "head": 1}
+    assert info.life == "committed" and info.damage is None
     assert info.format == "s3ckpt" and info.checksums
     assert info.step == 1 and info.metrics == {"loss": 2.0} and info.world_size == 1
     by_name = {t.name: t for t in info.tensors}

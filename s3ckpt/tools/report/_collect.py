@@ -32,7 +32,7 @@ from s3ckpt.retention import (
     scan,
     survey_plan,
 )
-from s3ckpt.store import Location, LocationLike, skew_note, store_time
+from s3ckpt.store import Location, LocationLike, noncurrent_versions, skew_note, store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.tools.report._model import CheckpointRow, Report, RunReport, storage_bytes
 from s3ckpt.tools.report._prices import PriceTable
@@ -134,8 +134,10 @@ def collect_report(
         ConfigError: A bad ``step_pattern``, or a storage class the price table lacks.
 
     Request cost: that of :func:`~s3ckpt.retention.scan` over ``root`` (one LIST per 1000
-    objects, one GET per commit marker and pin), and without ``now`` one LIST of one key
-    for the store's time.
+    objects, one GET per commit marker and pin), without ``now`` one LIST of one key for
+    the store's time, and on S3 one GetBucketVersioning (cached per bucket and process);
+    on a versioned bucket one ListObjectVersions per 1000 versions of each run and one
+    GetBucketLifecycleConfiguration (:func:`~s3ckpt.store.noncurrent_versions`).
     """
     opts = RetentionOptions.fold(options, overrides, ReportOverrides, "collect_report")
     where: ObjectStore
@@ -169,7 +171,9 @@ def collect_report(
     opts = opts.replace(now=now, grace=grace)
     rule = _best_rule(None if source is None else source.policy)
     runs = []
-    for cat in scan(where, url, options=opts):
+    catalogs = list(scan(where, url, options=opts))
+    versions = noncurrent_versions(where, [cat.run.prefix for cat in catalogs])
+    for cat in catalogs:
         p = (
             None
             if source is None
@@ -204,6 +208,7 @@ def collect_report(
                 metric=metric,
                 mode=mode,
                 best=_best(cat.checkpoints, metric, mode),
+                versions=versions,
             )
         )
     return Report(
@@ -216,6 +221,7 @@ def collect_report(
         grace=grace,
         include_foreign=opts.include_foreign,
         notes=tuple(notes),
+        versions=versions,
     )
 
 

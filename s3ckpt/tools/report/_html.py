@@ -94,6 +94,10 @@ def _summary(doc: Mapping[str, object], has_plan: bool, scope: str) -> str:
             _dd("cost_month_after", number(after), f"{format_usd(after)}/mo", "after the plan")
         )
         out.append(_dd("cost_saved", number(saved), f"{format_usd(saved)}/mo", "saved"))
+    old = doc.get("noncurrent_bytes")
+    if isinstance(old, int) and doc.get("versioning") in ("Enabled", "Suspended"):
+        label = "noncurrent versions (billed until expired)"
+        out.append(_dd("noncurrent_bytes", old, format_bytes(old), label))
     out.append("</dl>")
     return "".join(out)
 
@@ -154,7 +158,7 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
         f'<td class="name">{esc(c.name)}</td>'
         f'<td class="n">{step or "-"}</td>'
         f'<td><span class="badge s-{c.state.value}"'
-        + (f' title="{esc(c.error or "")}">damaged' if c.damaged else f">{c.state.value}")
+        + (f' title="{esc(c.damage or "")}">damaged' if c.damaged else f">{c.state.value}")
         + "</span></td>"
         f'<td class="t">{esc(utc_text(c.committed_at)) or "-"}</td>'
         f'<td class="n">{esc(format_bytes(c.size))}<small class="b">{c.size} B</small>'
@@ -179,6 +183,9 @@ def _run_section(rr: RunReport, k: int) -> str:
         f'<h2><span class="runname">{esc(rr.run)}</span></h2>',
         _summary(rr.summary(), has_plan, str(rr.run)),
     ]
+    line = rr.versions.sentence(rr.run.prefix) if rr.versions is not None else ""
+    if line:
+        out.append(f'<p class="muted versions">{esc(line)}</p>')
     if rr.rows:
         no_step = sum(1 for r in rr.rows if r.info.step is None)
         note = f" · {no_step} without a step (shown on the time axis only)" if no_step else ""

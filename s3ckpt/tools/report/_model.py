@@ -20,6 +20,7 @@ from s3ckpt.retention import (
     Plan,
     format_duration,
 )
+from s3ckpt.store import Versions
 from s3ckpt.tools.report._prices import PriceTable
 from s3ckpt.uri import StoreURL
 
@@ -82,6 +83,8 @@ class RunReport:
         mode: ``min`` or ``max``: which end of ``metric`` is best.
         best: The name of the best checkpoint by ``metric`` (a finite value; ties go to the
             newer one), or None.
+        versions: The noncurrent versions a versioned bucket keeps (this run's are under
+            its prefix), or why they were not counted; None: not asked.
     """
 
     run: StoreURL
@@ -90,6 +93,7 @@ class RunReport:
     metric: str | None = None
     mode: str = "min"
     best: str | None = None
+    versions: Versions | None = None
 
     @property
     def total_size(self) -> int:
@@ -131,11 +135,13 @@ class RunReport:
         return self.plan.bytes_to_move if self.plan is not None else 0
 
     def counts(self) -> dict[str, int]:
-        """Checkpoints by state (every state, zeros included), ``pinned`` and, with a plan,
-        by action (``keep``, ``delete``, ``skip``)."""
+        """Checkpoints by state (every state, zeros included), ``damaged`` (the catalog's
+        :attr:`~s3ckpt.retention.CheckpointInfo.damaged`: also counted ``committed``),
+        ``pinned`` and, with a plan, by action (``keep``, ``delete``, ``skip``)."""
         out = dict.fromkeys(STATES, 0)
         for r in self.rows:
             out[r.info.state.value] += 1
+        out["damaged"] = sum(1 for r in self.rows if r.info.damaged)
         out["pinned"] = sum(1 for r in self.rows if r.info.pinned)
         if self.plan is not None:
             for action in ("keep", "delete", "skip"):
@@ -162,7 +168,14 @@ class RunReport:
             "cost_month": self.cost,
             "metric": self.metric,
             "best": self.best,
+            "damaged_checkpoints": [
+                {"name": r.info.name, "step": r.info.step, "damage": r.info.damage}
+                for r in self.rows
+                if r.info.damaged
+            ],
         }
+        if self.versions is not None:
+            doc.update(self.versions.to_dict(self.run.prefix))
         if self.plan is not None:
             doc.update(
                 bytes_freed=self.bytes_freed,
@@ -188,6 +201,8 @@ class Report:
         grace: The grace period the scan used.
         include_foreign: Whether the plan treated stock-DCP checkpoints as committed.
         notes: Things the reader should know (a grace raised to its floor, ...).
+        versions: The noncurrent versions a versioned bucket keeps under the runs, or why
+            they were not counted; None: not asked.
     """
 
     root: StoreURL
@@ -199,6 +214,7 @@ class Report:
     grace: timedelta = DEFAULT_GRACE
     include_foreign: bool = False
     notes: tuple[str, ...] = ()
+    versions: Versions | None = None
 
     @property
     def num_checkpoints(self) -> int:
@@ -209,7 +225,7 @@ class Report:
         """Totals over all runs (JSON-ready; the page's top ``data-field`` values)."""
         doc: dict[str, object] = {"runs": len(self.runs), "checkpoints": self.num_checkpoints}
         # Every count present, zeros included, when there is no run at all (an empty prefix).
-        counts: dict[str, int] = dict.fromkeys((*STATES, "pinned"), 0)
+        counts: dict[str, int] = dict.fromkeys((*STATES, "damaged", "pinned"), 0)
         if self.policy is not None:
             counts.update(dict.fromkeys(("keep", "delete", "skip"), 0))
         by_class: dict[str, int] = {}
@@ -225,6 +241,8 @@ class Report:
             bytes_by_class=by_class,
             cost_month=sum(r.cost for r in self.runs),
         )
+        if self.versions is not None:
+            doc.update(self.versions.to_dict())
         if self.policy is not None:
             after = sum(r.cost_after for r in self.runs)
             doc.update(

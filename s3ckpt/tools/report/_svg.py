@@ -135,8 +135,8 @@ def _title(r: CheckpointRow, metric: str | None) -> str:
     c = r.info
     lines = [f"{c.name} · step {'-' if c.step is None else c.step}"]
     state = c.state.value
-    if c.damaged:  # committed, its marker unreadable: never deleted by a plan
-        state += f" · damaged: {c.error}"
+    if c.damaged:  # marker unreadable, or check found damage: never deleted by a plan
+        state += f" · damaged: {c.damage}"
     if c.pinned:
         state += f" · pinned: {c.pinned}"
     lines.append(state)

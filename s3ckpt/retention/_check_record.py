@@ -1,9 +1,15 @@
-"""``{run}/s3ckpt.check.json``: what ``s3ckpt check`` found in a run, kept for ``s3ckpt ls``.
+"""``{run}/s3ckpt.check.json``: what ``s3ckpt check`` found in a run, part of each
+checkpoint's state.
 
-One control object per run (:data:`~s3ckpt.format.CHECK_NAME`), written by the check when it
-has checked the run's checkpoints (``--no-record`` writes none) and read by ``ls`` (one GET
-per run). Retention never takes it for a checkpoint nor deletes it: it lies beside the
-run's checkpoints, as the lease does, and is no name a checkpoint is declared by.
+One control object per run (:data:`~s3ckpt.format.CHECK_NAME`), written by the check
+(:mod:`s3ckpt.tools._check`) when it has checked the run's checkpoints (``--no-record``
+writes none) and read by the catalog (:func:`s3ckpt.retention._scan.catalogs`: one GET per
+run with a committed checkpoint): a checkpoint whose entry is damaged, for the marker it
+has now, is *damaged* (:attr:`~s3ckpt.retention.CheckpointInfo.damaged`) for every command
+that reads the catalog (``ls``, ``prune``, ``gc``, ``rm``, ``report``, tiers, ``check``,
+``Checkpointer.latest()`` and ``load()``). Retention never takes the record for a
+checkpoint nor deletes it: it lies beside the run's checkpoints, as the lease does, and is
+no name a checkpoint is declared by.
 
 Document (JSON, ``format`` ``s3ckpt-check``, ``version`` 1)::
 
@@ -24,15 +30,17 @@ Decisions:
   could not finish a checkpoint (a read error, skipped) leaves its entries as they were. A
   check of a whole run (its URL is the run or above) also drops the entries of checkpoints
   the run no longer holds; a check of one checkpoint touches only that one.
-* **Stale marks are not shown.** ``ls`` shows a checkpoint as damaged only while its commit
+* **Stale marks do not count.** A checkpoint is damaged by the record only while its commit
   marker is the one the check read: same ETag in the listing (an ETag changes with every
   rewrite of the marker: a re-save into the prefix, ``attach_metrics``), or, where a store
   gives no ETags, the same save tag. The marker's digest is recorded too, for people.
 * **Bounded.** At most :data:`MAX_PROBLEMS` problems per checkpoint (the rest counted); a
   record over :data:`MAX_RECORD_BYTES` or malformed is read as no record (a bucket's
-  contents are not trusted) and the next check rewrites it.
+  contents are not trusted) and the next check rewrites it. A record that cannot be read
+  (a store error) is noted on the run's catalog (:attr:`~s3ckpt.retention.RunCatalog.check_error`).
 * **Last writer wins.** Two checks of one run at once each write what they found; no lock
-  is taken (nothing is deleted on the strength of the record).
+  is taken. The record only ever *protects*: a damaged entry keeps a checkpoint from plans
+  and from ``latest``; nothing is deleted on its strength.
 """
 
 from __future__ import annotations
@@ -43,11 +51,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from s3ckpt.errors import ObjectNotFoundError, S3CkptError
+from s3ckpt.errors import ObjectNotFoundError, StoreError
 from s3ckpt.format import CHECK_NAME
 from s3ckpt.metrics.instrument import expecting, in_context
-from s3ckpt.retention import CheckpointInfo, RunCatalog
-from s3ckpt.store import ObjectStore
+from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = [
@@ -55,8 +62,8 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "CheckEntry",
     "CheckRecord",
-    "check_marks",
     "read_check_record",
+    "read_check_records",
 ]
 
 RECORD_FORMAT = "s3ckpt-check"
@@ -65,7 +72,7 @@ MAX_PROBLEMS = 20
 """Problems a record keeps per damaged checkpoint (``more_problems`` counts the rest)."""
 MAX_RECORD_BYTES = 8 * 1024 * 1024
 """The largest record read; a larger one is ignored (and rewritten by the next check)."""
-_READERS = 16  # GETs of records in parallel (ls)
+_READERS = 16  # GETs of records in parallel (a catalog of many runs)
 
 
 @dataclass(frozen=True)
@@ -95,12 +102,41 @@ class CheckEntry:
     problems: tuple[Mapping[str, Any], ...] = ()
     more_problems: int = 0
 
-    def same_marker(self, c: CheckpointInfo) -> bool:
-        """Whether ``c``'s current commit marker is the one this entry describes (ETags when
+    def same_marker(self, marker_etag: str | None, tag: str | None) -> bool:
+        """Whether a checkpoint whose commit marker now has ``marker_etag`` (from a listing)
+        and commits the save ``tag`` still has the marker this entry describes (ETags when
         both sides have one, else save tags)."""
-        if self.marker_etag is not None and c.marker_etag is not None:
-            return self.marker_etag == c.marker_etag
-        return self.tag is not None and self.tag == c.tag
+        if self.marker_etag is not None and marker_etag is not None:
+            return self.marker_etag == marker_etag
+        return self.tag is not None and self.tag == tag
+
+    def applies(self, marker_etag: str | None, tag: str | None) -> bool:
+        """Whether this entry makes that checkpoint damaged: it found damage, in the marker
+        the checkpoint has now."""
+        return self.damaged and self.same_marker(marker_etag, tag)
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        checked_at: str,
+        marker_digest: str | None,
+        marker_etag: str | None,
+        tag: str | None,
+        problems: Sequence[Mapping[str, Any]],
+    ) -> CheckEntry:
+        """A check's verdict: damaged when it found ``problems`` (at most
+        :data:`MAX_PROBLEMS` kept, the rest counted)."""
+        return cls(
+            name,
+            checked_at,
+            marker_digest,
+            marker_etag,
+            tag,
+            damaged=bool(problems),
+            problems=tuple(problems[:MAX_PROBLEMS]),
+            more_problems=max(0, len(problems) - MAX_PROBLEMS),
+        )
 
     @property
     def reason(self) -> str:
@@ -252,37 +288,22 @@ def read_check_record(store: ObjectStore, run: StoreURL) -> CheckRecord | None:
     return CheckRecord.from_json(raw)
 
 
-def check_marks(
-    store: ObjectStore, catalogs: Sequence[RunCatalog]
-) -> tuple[dict[str, CheckEntry], list[str]]:
-    """What ``ls`` marks: the damaged entries of each run's record whose checkpoint still
-    has the marker the check read (see :meth:`CheckEntry.same_marker`), by checkpoint URL;
-    and a note per run whose record could not be read.
+def read_check_records(
+    store: ObjectStore, root: StoreURL, runs: Sequence[str]
+) -> dict[str, CheckRecord | str | None]:
+    """Each run's record (``runs``: run prefixes in ``root``'s bucket), None where it has
+    none, or why it could not be read (a store error).
 
-    Request cost: one GET per run (16 at a time).
+    Request cost: one GET per run, 16 at a time.
     """
-    runs = [cat for cat in catalogs if any(c.is_committed for c in cat.checkpoints)]
-    marks: dict[str, CheckEntry] = {}
-    notes: list[str] = []
-    if not runs:
-        return marks, notes
 
-    def read(cat: RunCatalog) -> CheckRecord | S3CkptError | None:
+    def read(run: str) -> CheckRecord | str | None:
         try:
-            return read_check_record(store, cat.run)
-        except S3CkptError as exc:
-            return exc
+            return read_check_record(store, StoreURL(root.scheme, root.bucket, run))
+        except StoreError as exc:
+            return f"could not read {run}{CHECK_NAME}: {exc}"
 
-    with ThreadPoolExecutor(min(_READERS, len(runs))) as pool:
-        records = list(pool.map(in_context(read), runs))
-    for cat, rec in zip(runs, records, strict=True):
-        if isinstance(rec, S3CkptError):
-            notes.append(f"could not read {cat.run.key(CHECK_NAME)}: {rec}")
-            continue
-        if rec is None:
-            continue
-        for c in cat.checkpoints:
-            e = rec.damaged.get(c.name)
-            if e is not None and c.is_committed and e.same_marker(c):
-                marks[str(c.url)] = e
-    return marks, notes
+    if not runs:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(_READERS, len(runs))) as pool:
+        return dict(zip(runs, pool.map(in_context(read), runs), strict=True))

@@ -1,0 +1,172 @@
+"""The total deadline of one S3 request attempt, and of one streamed body.
+
+A socket's read timeout starts again with every byte, so a reply that drips a byte a
+second never times out. A :class:`Watch` gives an attempt a total deadline instead,
+``read_timeout + bytes / min_rate`` (``TransferConfig.attempt_timeout``), and one daemon
+thread per process shuts down the sockets of a watch whose deadline passed, which wakes
+the thread blocked on them. The S3 client's connections register with the watch of the
+attempt running on their thread (:func:`current_watch`, :mod:`s3ckpt.store._client`);
+:mod:`s3ckpt.store._request` runs every attempt under :func:`watching`, and
+:mod:`s3ckpt.store._range` watches each streamed body (:func:`start_watch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+__all__ = ["AttemptTimedOut", "Watch", "current_watch", "start_watch", "watching"]
+
+
+class AttemptTimedOut(TimeoutError):
+    """An attempt cut at its total deadline (:class:`Watch`): no reply within the first-byte
+    timeout, or a reply (or a request body) that moved slower than ``min_rate``. A
+    ``TimeoutError``, so it is retried and reported as a read timeout."""
+
+
+class Watch:
+    """The total deadline of one attempt (or one read of a streamed body): ``first_byte``
+    seconds plus ``nbytes / rate`` for the bytes it moves, cut at ``end`` (plus the same
+    transfer allowance) when a short budget holds. When it passes, every socket
+    registered with :meth:`guard` is shut down, so a thread blocked in ``recv``/``send``
+    on a reply that drips a byte at a time (which a per-``recv`` read timeout never
+    ends) wakes at once; its caller raises :class:`AttemptTimedOut`.
+
+    One process-wide daemon thread watches every live :class:`Watch`.
+    """
+
+    def __init__(
+        self, first_byte: float, rate: float, end: float | None = None, nbytes: int = 0
+    ) -> None:
+        self.started = time.monotonic()
+        self.first_byte = first_byte
+        self.rate = rate
+        self.end = end
+        self.nbytes = 0
+        self.expired = False
+        self._done = False
+        self._aborts: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self.add_bytes(nbytes)
+
+    @property
+    def deadline(self) -> float:
+        """The :func:`time.monotonic` time this watch expires."""
+        allowance = self.nbytes / self.rate
+        own = self.started + self.first_byte + allowance
+        return own if self.end is None else min(own, self.end + allowance)
+
+    @property
+    def limit(self) -> float:
+        """Seconds from the start to the deadline (for messages)."""
+        return self.deadline - self.started
+
+    def add_bytes(self, nbytes: int) -> None:
+        """Allow ``nbytes / rate`` more seconds: bytes this attempt sends or receives."""
+        if nbytes > 0:
+            with self._lock:
+                self.nbytes += nbytes
+
+    def guard(self, abort: Callable[[], None]) -> None:
+        """Call ``abort`` (shut a socket down) when the deadline passes; at once when it
+        already has."""
+        with self._lock:
+            if not self.expired:
+                self._aborts.append(abort)
+                return
+        _quietly(abort)
+
+    def _fire(self) -> bool:
+        """Expire now unless done or extended; ``True`` when it did (or is settled)."""
+        with self._lock:
+            if self._done:
+                return True
+            if time.monotonic() < self.deadline:
+                return False
+            self.expired = True
+            aborts, self._aborts = self._aborts, []
+        for abort in aborts:
+            _quietly(abort)
+        return True
+
+    def finish(self) -> None:
+        """The attempt ended: nothing is aborted after this."""
+        with self._lock:
+            self._done = True
+            self._aborts = []
+
+
+def _quietly(abort: Callable[[], None]) -> None:
+    try:
+        abort()
+    except Exception:  # a socket already closed: nothing left to wake
+        pass
+
+
+class _Watchdog:
+    """One daemon thread that fires :class:`Watch` objects at their deadlines."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Watch]] = []
+        self._order = itertools.count()
+        self._cond = threading.Condition()
+        self._pid = -1
+
+    def add(self, watch: Watch) -> None:
+        with self._cond:
+            if self._pid != os.getpid():  # first use, or a forked child: a thread of its own
+                self._pid = os.getpid()
+                self._heap = []
+                threading.Thread(target=self._run, name="s3ckpt-deadlines", daemon=True).start()
+            heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    _, _, watch = heapq.heappop(self._heap)
+                    if not watch._fire():  # extended meanwhile: watch on
+                        heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
+                wait = self._heap[0][0] - now if self._heap else None
+                self._cond.wait(wait)
+
+
+_WATCHDOG = _Watchdog()
+_current = threading.local()
+
+
+def start_watch(first_byte: float, rate: float, nbytes: int = 0) -> Watch:
+    """A :class:`Watch` that starts now, for a streamed body read outside any attempt;
+    :meth:`Watch.finish` it when the body is read or closed."""
+    watch = Watch(first_byte, rate, None, nbytes)
+    _WATCHDOG.add(watch)
+    return watch
+
+
+@contextlib.contextmanager
+def watching(
+    first_byte: float, rate: float, end: float | None = None, nbytes: int = 0
+) -> Iterator[Watch]:
+    """Run the block as one attempt under a :class:`Watch` (the thread's current one, which
+    the S3 client's connections register their sockets and byte counts with)."""
+    watch = Watch(first_byte, rate, end, nbytes)
+    outer = getattr(_current, "watch", None)
+    _current.watch = watch
+    _WATCHDOG.add(watch)
+    try:
+        yield watch
+    finally:
+        watch.finish()
+        _current.watch = outer
+
+
+def current_watch() -> Watch | None:
+    """The :class:`Watch` of the attempt running on this thread, if any."""
+    return getattr(_current, "watch", None)

@@ -1,0 +1,339 @@
+"""How :class:`~s3ckpt.store.fsspec_store.FsspecStore` changes a key, per backend: with the
+backend's own atomic primitive where it has one, and saying which conditions it enforces.
+
+A conditional write is a compare-and-swap only if the compare and the write are one step
+that no other writer can come between. Per fsspec protocol:
+
+- ``file://`` (:class:`_Local`): every change of a key (put, completed upload, delete) takes
+  an exclusive ``flock`` on the key's folder, so one host's processes and threads take turns;
+  a create-if-absent is ``os.link(temp, final)``, which fails where ``final`` exists whoever
+  wrote it, and a replace is ``os.replace`` (atomic) of a temp file written outside the lock.
+  Not guaranteed: ``flock`` across hosts on NFS, or any network file system whose locks and
+  hard links are not coherent across clients (use one host per folder there, or S3).
+- ``memory://`` (:class:`_Memory`): fsspec's ``MemoryFileSystem`` is one dict per process; a
+  process-wide lock makes check-and-write one step for threads. Single-process by nature.
+- ``az://`` / ``abfs://`` (:class:`_Azure`, adlfs): Put Blob with ``If-None-Match: *``
+  (``overwrite=False``) or ``If-Match: <ETag>``, Delete Blob with ``If-Match``: the service
+  decides. ETags are Azure's own.
+- ``gs://`` / ``gcs://`` (:class:`_Gcs`, gcsfs): uploads and deletes with
+  ``ifGenerationMatch`` (0 for create-if-absent); the ETag s3ckpt hands out is the object's
+  generation. From GCS's and gcsfs's documentation, not measured here.
+- anything else (:class:`Committer`): no atomic primitive, so a check followed by a write,
+  and :attr:`Committer.enforces` is empty: the store reports it ignores conditional writes,
+  and saves are refused unless single-writer mode is chosen, as on an S3 store without them.
+
+:data:`RACE_PAUSE` (seconds, 0 normally) is slept between a check and the write it allows,
+where the backend has such a gap: tests set it to force the race, and an atomic backend
+must still let only one writer win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+__all__ = ["CONDITIONS", "RACE_PAUSE", "Committer", "Conflict", "committer_for", "md5_etag"]
+
+CONDITIONS = frozenset({"create", "replace", "delete"})
+"""Conditional create (If-None-Match), replace (If-Match) and delete (If-Match)."""
+
+RACE_PAUSE = 0.0
+"""Seconds slept between a check and its write (tests force races with it)."""
+
+
+class Conflict(Exception):
+    """The condition did not hold (what S3 answers with 412)."""
+
+
+def md5_etag(data: bytes) -> str:
+    """The quoted MD5 of ``data``: the ETag where the backend has none of its own."""
+    return '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
+
+
+def _pause() -> None:
+    if RACE_PAUSE:
+        time.sleep(RACE_PAUSE)
+
+
+class Committer:
+    """No atomic primitive: check, then write. Enforces nothing (:attr:`enforces` empty);
+    the subclasses override what their backend does atomically."""
+
+    enforces: frozenset[str] = frozenset()
+    """The conditions this backend enforces atomically (a subset of :data:`CONDITIONS`)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+
+    def _guard(self, path: str) -> contextlib.AbstractContextManager[object]:
+        return contextlib.nullcontext()
+
+    def etag(self, info: dict[str, Any]) -> str | None:
+        """The backend's own ETag in a listing or info entry (None: use the MD5)."""
+        value = info.get("ETag")
+        return str(value) if value else None
+
+    def _check(self, path: str, if_none_match: bool, if_match: str | None) -> None:
+        if if_none_match and self.fs.exists(path):
+            raise Conflict(path)
+        if if_match is not None and md5_etag(self.fs.cat_file(path)) != if_match:
+            raise Conflict(path)  # (cat_file raises FileNotFoundError where it is gone)
+        _pause()
+
+    def write(
+        self, path: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        """Write ``data`` at ``path`` if the condition holds; its ETag."""
+        with self._guard(path):
+            self._check(path, if_none_match, if_match)
+            self.fs.pipe_file(path, data)
+        return md5_etag(data)
+
+    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
+        """Move a completed upload's file ``tmp`` to ``path`` (if absent, when asked)."""
+        with self._guard(path):
+            self._check(path, if_none_match, None)
+            self.fs.mv(tmp, path)
+
+    def delete(self, path: str) -> None:
+        """Delete ``path`` (FileNotFoundError where it is not there)."""
+        with self._guard(path):
+            self.fs.rm_file(path)
+
+    def delete_if_match(self, path: str, etag: str) -> None:
+        """Delete ``path`` if its ETag is ``etag``."""
+        with self._guard(path):
+            self._check(path, False, etag)
+            self.fs.rm_file(path)
+
+
+_PROCESS_LOCK = threading.Lock()
+
+
+class _Memory(Committer):
+    """fsspec's in-process memory file system: one lock for the whole process."""
+
+    enforces = CONDITIONS
+
+    def _guard(self, path: str) -> contextlib.AbstractContextManager[object]:
+        return _PROCESS_LOCK
+
+
+class _Local(Committer):
+    """A local folder: an exclusive ``flock`` on the key's folder around every change; a
+    create is a hard link, which no other writer can come between."""
+
+    enforces = CONDITIONS
+
+    @contextlib.contextmanager
+    def _guard(self, path: str) -> Iterator[object]:
+        import fcntl
+
+        folder = os.path.dirname(path) or "/"
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield fd
+        finally:
+            os.close(fd)  # releases the lock
+
+    def write(
+        self, path: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.s3ckpt-partial"
+        with open(tmp, "xb") as f:
+            f.write(data)
+            if if_none_match or if_match is not None:
+                os.fsync(f.fileno())  # a marker or a lease outlives a crash of the host
+        try:
+            self._commit(tmp, path, if_none_match, if_match)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return md5_etag(data)
+
+    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
+        self._commit(tmp, path, if_none_match, None)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # what a link left behind
+
+    def _commit(self, tmp: str, path: str, if_none_match: bool, if_match: str | None) -> None:
+        with self._guard(path):
+            if if_none_match:
+                _pause()
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise Conflict(path) from None
+                return
+            if if_match is not None:
+                with open(path, "rb") as f:
+                    if md5_etag(f.read()) != if_match:
+                        raise Conflict(path)
+                _pause()
+            os.replace(tmp, path)
+
+    def delete(self, path: str) -> None:
+        with self._guard(path):
+            os.unlink(path)
+
+    def delete_if_match(self, path: str, etag: str) -> None:
+        with self._guard(path):
+            with open(path, "rb") as f:
+                if md5_etag(f.read()) != etag:
+                    raise Conflict(path)
+            _pause()
+            os.unlink(path)
+
+
+def _quoted(etag: object) -> str:
+    return '"' + str(etag).strip('"') + '"'
+
+
+def _status_error(exc: Exception, path: str) -> Exception:
+    """An azure-core / gcsfs error by its HTTP status: 412 and 409 a Conflict, 404 gone."""
+    status = getattr(exc, "status_code", None) or getattr(exc, "code", None)
+    if status in (409, 412) or isinstance(exc, FileExistsError):
+        return Conflict(path)
+    if status == 404:
+        return FileNotFoundError(path)
+    return exc
+
+
+class _Azure(Committer):
+    """adlfs: Put Blob and Delete Blob with Azure's own ``If-None-Match`` / ``If-Match``."""
+
+    enforces = CONDITIONS
+
+    def etag(self, info: dict[str, Any]) -> str | None:
+        value = info.get("etag") or info.get("ETag")
+        return _quoted(value) if value else None
+
+    def write(
+        self, path: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        kwargs: dict[str, Any] = {"overwrite": not if_none_match}
+        if if_match is not None:
+            from azure.core import MatchConditions
+
+            kwargs.update(etag=if_match, match_condition=MatchConditions.IfNotModified)
+        try:
+            result = self.fs.pipe_file(path, data, **kwargs)
+        except Exception as exc:
+            raise _status_error(exc, path) from exc
+        return _quoted(result["etag"])
+
+    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
+        if if_none_match:  # a server-side copy has no If-None-Match here: not atomic
+            raise NotImplementedError("a conditional CompleteMultipartUpload on az://")
+        self.fs.mv(tmp, path)
+
+    def delete_if_match(self, path: str, etag: str) -> None:
+        from azure.core import MatchConditions
+        from fsspec.asyn import sync
+
+        container, blob, _ = self.fs.split_path(path)
+
+        async def delete() -> None:
+            async with self.fs.service_client.get_blob_client(container, blob) as client:
+                await client.delete_blob(etag=etag, match_condition=MatchConditions.IfNotModified)
+
+        try:
+            sync(self.fs.loop, delete)
+        except Exception as exc:
+            raise _status_error(exc, path) from exc
+        self.fs.invalidate_cache(path)
+
+
+class _Gcs(Committer):
+    """gcsfs: uploads and deletes with ``ifGenerationMatch``; the ETag is the generation."""
+
+    enforces = CONDITIONS
+
+    def etag(self, info: dict[str, Any]) -> str | None:
+        generation = info.get("generation")
+        return _quoted(generation) if generation else None
+
+    def write(
+        self, path: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+        params: dict[str, str] = {}
+        if if_none_match:
+            params["ifGenerationMatch"] = "0"
+        elif if_match is not None:
+            params["ifGenerationMatch"] = if_match.strip('"')
+        head = json.dumps({"name": key})
+        body = (
+            (
+                f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{head}\n"
+                "--==0==\nContent-Type: application/octet-stream\n\n"
+            ).encode()
+            + data
+            + b"\n--==0==--"
+        )
+        try:
+            out = sync(
+                self.fs.loop,
+                self.fs._call,
+                "POST",
+                f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+                uploadType="multipart",
+                headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+                data=body,
+                json_out=True,
+                **params,
+            )
+        except Exception as exc:
+            raise _status_error(exc, path) from exc
+        self.fs.invalidate_cache(path)
+        return _quoted(out["generation"])
+
+    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
+        if if_none_match:  # gcsfs's copy takes no generation condition: not atomic
+            raise NotImplementedError("a conditional CompleteMultipartUpload on gs://")
+        self.fs.mv(tmp, path)
+
+    def delete_if_match(self, path: str, etag: str) -> None:
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            sync(
+                self.fs.loop,
+                self.fs._call,
+                "DELETE",
+                "b/{}/o/{}",
+                bucket,
+                key,
+                ifGenerationMatch=etag.strip('"'),
+            )
+        except Exception as exc:
+            raise _status_error(exc, path) from exc
+        self.fs.invalidate_cache(path)
+
+
+def committer_for(protocol: str, fs: Any) -> Committer:
+    """The committer for ``fs`` (an fsspec file system opened for ``protocol``)."""
+    package = type(fs).__module__.split(".", 1)[0]
+    if protocol in ("file", "local") and package == "fsspec" and os.name == "posix":
+        return _Local(fs)
+    if protocol == "memory" and package == "fsspec":
+        return _Memory(fs)
+    if protocol in ("az", "abfs", "abfss") and package == "adlfs":
+        return _Azure(fs)
+    if protocol in ("gs", "gcs") and package == "gcsfs":
+        return _Gcs(fs)
+    return Committer(fs)
