@@ -110,9 +110,10 @@ class LifeClasses:
 
     def paused_writer_trial(self, j: int, kind: str, past_s: float) -> None:
         from s3ckpt.format import MIN_GRACE_SECONDS
-        from s3ckpt.retention import gc
+        from s3ckpt.retention import RetentionOptions, gc
         from s3ckpt.retention._liveness import MIN_GRACE
-        from s3ckpt.testing import FaultProxy
+        from s3ckpt.store import Location
+        from tests.faultproxy import FaultProxy
 
         t = self._trial(
             13,
@@ -155,7 +156,11 @@ class LifeClasses:
                         ahead = timedelta(seconds=MIN_GRACE_SECONDS + past_s)
                         store, run_url = self.store(f"s3://{b}/{run}")
                         when = datetime.now(UTC) + ahead
-                        res = gc(store, run_url, apply=True, grace=MIN_GRACE, now=when)
+                        res = gc(
+                            Location(run_url, store),
+                            apply=True,
+                            options=RetentionOptions(grace=MIN_GRACE, now=when),
+                        )
                         t.params["gc_removed"] = len(res.removed) + res.leftovers_deleted
                 finally:
                     release.set()  # the held PUT reaches the store now: it must meet the fence
@@ -250,7 +255,7 @@ class LifeClasses:
             self.drip_trial(j, op, glob)
 
     def drip_trial(self, j: int, op: str, glob: str) -> None:
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         t = self._trial(15, f"[{j + 1}] {op} {glob} drips 1 byte/s during load latest", {})
         cleanup: list[str] = []
@@ -275,7 +280,7 @@ class LifeClasses:
             self.black_hole_trial(j, what)
 
     def black_hole_trial(self, j: int, what: str) -> None:
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         t = self._trial(16, f"[{j + 1}] {what} against a black hole (defaults)", {"command": what})
         cleanup: list[str] = []
@@ -320,7 +325,8 @@ class LifeClasses:
 
     def refused_deletes_trial(self, j: int, op: str) -> None:
         from s3ckpt.retention import list_checkpoints
-        from s3ckpt.testing import FaultProxy
+        from s3ckpt.store import Location
+        from tests.faultproxy import FaultProxy
 
         t = self._trial(17, f"[{j + 1}] {op} refused (403) during prune --apply, then allowed", {})
         cleanup: list[str] = []
@@ -343,7 +349,7 @@ class LifeClasses:
             t.params["prune_rc"] = r.get("rc")
             store, run_url = self.store(url)
             committed: set[str] = set()
-            for c in list_checkpoints(store, run_url):
+            for c in list_checkpoints(Location(run_url, store)):
                 if c.is_committed and not c.damaged:
                     committed.add(c.url.prefix)
                 if c.damaged or c.live_saves or str(c.state) == "in_progress":

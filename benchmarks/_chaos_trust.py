@@ -134,7 +134,7 @@ class TrustClasses(StoreClasses):
         ``attack(step_prefix)`` while it is held (the save is live: heartbeat written, an
         upload open), then release it. Records ``live_save_touched`` when anything the
         save had written or opened vanished during the attack."""
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         at_part, release = threading.Event(), threading.Event()
 
@@ -289,10 +289,13 @@ class TrustClasses(StoreClasses):
 
     def _judge_steps(self, t: Any, b: str, run: str, want: set[int], r: dict[str, Any]) -> None:
         from s3ckpt.retention import CheckpointState, list_checkpoints
+        from s3ckpt.store import Location
 
         store, run_url = self.store(f"s3://{b}/{run}")
         have = {
-            c.step for c in list_checkpoints(store, run_url) if c.state is CheckpointState.COMMITTED
+            c.step
+            for c in list_checkpoints(Location(run_url, store))
+            if c.state is CheckpointState.COMMITTED
         }
         gone = sorted(want - have)
         t.outcome = f"kept {sorted(have & want)}"

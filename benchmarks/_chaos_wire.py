@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from s3ckpt.testing import ALL_FAULT_KINDS, FaultProxy
+from tests.faultproxy import ALL_FAULT_KINDS, FaultProxy
 
 __all__ = ["STRIP_KIND", "TRUNCATE_KIND", "open_proxy", "strip_kind", "truncate_kind"]
 

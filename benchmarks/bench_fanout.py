@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         del sd
         target = endpoint
         if not args.no_proxy:
-            from s3ckpt.testing import FaultProxy
+            from tests.faultproxy import FaultProxy
 
             proxy = FaultProxy(endpoint, fault_rate=0.0, hook=counter.hook)
             proxy.start()

@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._chromium import launch  # noqa: E402
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, PIN_NAME, Manifest, ObjectRecord  # noqa: E402
-from s3ckpt.retention import load_policy  # noqa: E402
-from s3ckpt.store import MemoryStore  # noqa: E402
+from s3ckpt.retention import RetentionOptions, load_policy  # noqa: E402
+from s3ckpt.store import Location, MemoryStore  # noqa: E402
 from s3ckpt.tools import collect_report, render_html  # noqa: E402
 from s3ckpt.uri import StoreURL  # noqa: E402
 
@@ -127,7 +127,7 @@ def main() -> None:
                 store, root = bucket(n)
                 t_collect, report = best(
                     lambda store=store, root=root: collect_report(
-                        store, root, policy=policy, now=now
+                        Location(root, store), policy=policy, options=RetentionOptions(now=now)
                     ),
                     args.repeat,
                 )

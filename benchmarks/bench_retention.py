@@ -42,11 +42,12 @@ from s3ckpt.retention import (  # noqa: E402
     KeepCalendar,
     KeepEvery,
     KeepLast,
+    RetentionOptions,
     load_policy,
     plan,
     prune,
 )
-from s3ckpt.store import MemoryStore  # noqa: E402
+from s3ckpt.store import Location, MemoryStore  # noqa: E402
 from s3ckpt.uri import StoreURL  # noqa: E402
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -147,7 +148,12 @@ def bench_prune(n: int, objects: int) -> None:
     store.calls.clear()
     keys_before = len(store.objects)
     t = time.perf_counter()
-    result = prune(store, run, KeepLast(3), apply=True, now=datetime.now(UTC))
+    result = prune(
+        Location(run, store),
+        KeepLast(3),
+        apply=True,
+        options=RetentionOptions(now=datetime.now(UTC)),
+    )
     wall = time.perf_counter() - t
     deleted_keys = keys_before - len(store.objects)
     per_phase = {

@@ -32,6 +32,7 @@ from s3ckpt.config import S3Config
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, ObjectRecord, data_name
 from s3ckpt.format import metadata_name as per_save_metadata
 from s3ckpt.retention import KeepLast, RetentionOptions, prune_runs
+from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 
@@ -85,7 +86,9 @@ def measure(sim: S3Sim, store: S3Store, keep: int, scan: str) -> dict[str, Any]:
     sim.reset_stats()
     t0 = time.perf_counter()
     root = StoreURL("s3", BUCKET, "fleet/")
-    outcomes = list(prune_runs(store, root, KeepLast(keep), options=RetentionOptions(scan=scan)))
+    outcomes = list(
+        prune_runs(Location(root, store), KeepLast(keep), options=RetentionOptions(scan=scan))
+    )
     seconds = time.perf_counter() - t0
     ops = {k: v["count"] for k, v in sim.stats()["ops"].items() if v.get("count")}
     deleted = sorted(

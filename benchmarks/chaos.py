@@ -1,6 +1,6 @@
 """Chaos harness: attack s3ckpt the way production fails, and count what happens.
 
-Runs a moto S3 server in its own process, puts s3ckpt.testing's FaultProxy (in this
+Runs a moto S3 server in its own process, puts tests/faultproxy's FaultProxy (in this
 process) in front of it, and runs every saver/loader under attack in a child process
 (benchmarks/_chaos_worker.py) so a SIGKILL is real. After every trial the bucket is
 inspected directly (no proxy) and the invariants are checked:
@@ -152,14 +152,14 @@ def keyclass(op: str, key: str) -> str:
 def gc_after_grace(store: Any, run_url: Any) -> Any:
     """``gc(apply=True)`` as it runs once every grace period is long past: the clock three
     days ahead, and every dead save's uploads aborted at once."""
-    from s3ckpt.retention import gc
+    from s3ckpt.retention import RetentionOptions, gc
+    from s3ckpt.store import Location
 
     return gc(
-        store,
-        run_url,
+        Location(run_url, store),
         apply=True,
         older_than=timedelta(0),
-        now=datetime.now(UTC) + timedelta(days=3),
+        options=RetentionOptions(now=datetime.now(UTC) + timedelta(days=3)),
     )
 
 
@@ -454,7 +454,7 @@ class Harness(TrustClasses, LifeClasses):
         import _chaos_state as state
         import torch
 
-        from s3ckpt.testing import OPERATIONS, FaultProxy  # noqa: F401  (fails early if missing)
+        from tests.faultproxy import OPERATIONS, FaultProxy  # noqa: F401  (fails early if missing)
 
         torch.set_num_threads(1)
         self.state = state
@@ -628,9 +628,10 @@ class Harness(TrustClasses, LifeClasses):
         ``require``: checkpoint name -> why it must still be committed.
         """
         from s3ckpt.retention import CheckpointState, list_checkpoints
+        from s3ckpt.store import Location
 
         store, run_url = self.store(f"s3://{bucket}/{run}")
-        catalog = list_checkpoints(store, run_url)
+        catalog = list_checkpoints(Location(run_url, store))
         committed = {c.name: c for c in catalog if c.state is CheckpointState.COMMITTED}
         for name, why in (require or {}).items():
             if name not in committed:
@@ -720,11 +721,12 @@ class Harness(TrustClasses, LifeClasses):
         """Only committed checkpoints' objects, control objects and planted files remain."""
         from s3ckpt.format import Manifest
         from s3ckpt.retention import CheckpointState, list_checkpoints
+        from s3ckpt.store import Location
 
         store, run_url = self.store(f"s3://{bucket}/{run}")
         keys = self.s3.keys(bucket)
         allowed = {f"{run}/s3ckpt.latest.json", f"{run}/s3ckpt.lease", *planted}
-        for c in list_checkpoints(store, run_url):
+        for c in list_checkpoints(Location(run_url, store)):
             if c.state is not CheckpointState.COMMITTED:
                 continue
             p = c.url.prefix
@@ -800,7 +802,7 @@ class Harness(TrustClasses, LifeClasses):
     # -- class 1 -----------------------------------------------------------------------------
     def record(self, kind: str) -> None:
         """One unfaulted save through a recording proxy: the request sequence to attack."""
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         b, _run, _planted = self.arena(kind)
         seq: list[tuple[str, str]] = []
@@ -837,7 +839,7 @@ class Harness(TrustClasses, LifeClasses):
         return pts
 
     def kill_trial(self, kind: str, point: dict[str, Any], name: str) -> Trial:
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         t = Trial(1, name, {"saver": kind, **point})
         t0 = time.monotonic()
@@ -996,7 +998,7 @@ class Harness(TrustClasses, LifeClasses):
         fresh_save: bool = False,
     ) -> None:
         """A save then a load through a faulting proxy, gc through it, then the invariants."""
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         b, run, planted = self.arena(kind)
         # A stale upload and an abandoned prefix for gc to clean up through the proxy.
@@ -1059,7 +1061,7 @@ class Harness(TrustClasses, LifeClasses):
         t.duration = time.monotonic() - t0
 
     def class2(self) -> None:
-        from s3ckpt.testing import OPERATIONS
+        from tests.faultproxy import OPERATIONS
 
         ops = [o for o in OPERATIONS if o != "Other"]
         seqs = {k: Counter(op for op, _ in self.recordings.get(k, [])) for k in ("ckpt", "writer")}
@@ -1171,7 +1173,7 @@ class Harness(TrustClasses, LifeClasses):
 
     def black_hole(self) -> None:
         """Default TransferConfig against an endpoint that never answers."""
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         t = Trial(
             3,
@@ -1216,8 +1218,9 @@ class Harness(TrustClasses, LifeClasses):
     def slow_save_trial(
         self, j: int, n: int, hold: float, grace_s: float, single: bool = False
     ) -> None:
-        from s3ckpt.retention import KeepLast, gc, prune
-        from s3ckpt.testing import FaultProxy
+        from s3ckpt.retention import KeepLast, RetentionOptions, gc, prune
+        from s3ckpt.store import Location
+        from tests.faultproxy import FaultProxy
 
         t = Trial(
             4,
@@ -1237,7 +1240,7 @@ class Harness(TrustClasses, LifeClasses):
         stop = threading.Event()
         loop_stats: Counter[str] = Counter()
         store, run_url = self.store(f"s3://{b}/{run}")
-        grace = timedelta(seconds=grace_s)
+        here, opts = Location(run_url, store), RetentionOptions(grace=timedelta(seconds=grace_s))
 
         def loop() -> None:
             end = time.monotonic() + 300
@@ -1245,11 +1248,9 @@ class Harness(TrustClasses, LifeClasses):
                 for what, fn in (
                     (
                         "gc",
-                        lambda: gc(
-                            store, run_url, apply=True, grace=grace, older_than=timedelta(0)
-                        ),
+                        lambda: gc(here, apply=True, older_than=timedelta(0), options=opts),
                     ),
-                    ("prune", lambda: prune(store, run_url, KeepLast(1), apply=True, grace=grace)),
+                    ("prune", lambda: prune(here, KeepLast(1), apply=True, options=opts)),
                 ):
                     try:
                         fn()
@@ -1692,7 +1693,7 @@ class Harness(TrustClasses, LifeClasses):
 
     # -- class 7 -----------------------------------------------------------------------------
     def class7(self) -> None:
-        from s3ckpt.testing import FaultProxy
+        from tests.faultproxy import FaultProxy
 
         j = 0
         for kind in ("ckpt",) if self.quick else ("ckpt", "writer"):

@@ -79,16 +79,15 @@ def loaders():  # type: ignore[no-untyped-def]
 
 def train(args: argparse.Namespace) -> None:
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from s3ckpt.lightning import S3CheckpointIO, S3ModelParallelStrategy
+    from s3ckpt.lightning import S3CheckpointIO, S3ModelCheckpoint, S3ModelParallelStrategy
     from s3ckpt.retention import KeepBest, KeepLast
 
     pl.seed_everything(0, workers=True)
     strategy: object = "auto" if args.devices == 1 else "ddp"
     if args.strategy == "model_parallel":
         strategy = S3ModelParallelStrategy(data_parallel_size=args.devices, tensor_parallel_size=1)
-    checkpoint = ModelCheckpoint(
+    checkpoint = S3ModelCheckpoint(  # ModelCheckpoint that needs no s3fs for s3://
         dirpath=args.url,
         monitor="val_loss",
         save_top_k=2,

@@ -217,7 +217,7 @@ class S3CheckpointManager(CheckpointManager):
             try:
                 answer = Candidate.newest_first(
                     info
-                    for info in list_checkpoints(run.store, run.url)
+                    for info in list_checkpoints(run)
                     if info.step is not None
                     and info.name == posixpath.basename(self._create_checkpoint_id(info.step))
                 )

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from s3ckpt.demo import demo_server
 from s3ckpt.retention import list_checkpoints
-from s3ckpt.store import open_store
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -69,8 +68,7 @@ def make_assets(folder: Path) -> tuple[Path, Path]:
 
 
 def committed_steps(url: str) -> list[int]:
-    store, run = open_store(url)
-    return [c.step for c in list_checkpoints(store, run) if c.is_committed and c.step is not None]
+    return [c.step for c in list_checkpoints(url) if c.is_committed and c.step is not None]
 
 
 def s3ckpt_ls(url: str) -> None:

@@ -208,12 +208,7 @@ def _report(args: argparse.Namespace) -> int:
     location, counter = open_counted(args, args.path, "report")
     try:
         report = collect_report(
-            location.store,
-            location.url,
-            policy=policy,
-            options=options,
-            prices=prices,
-            title=args.title,
+            location, policy=policy, options=options, prices=prices, title=args.title
         )
     finally:
         counter.close()

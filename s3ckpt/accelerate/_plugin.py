@@ -42,7 +42,7 @@ from s3ckpt.errors import (
     ConfigError,
 )
 from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.retention import KeepLast, list_checkpoints
+from s3ckpt.retention import KeepLast, RetentionOptions, list_checkpoints
 from s3ckpt.retention import load_policy as load_policy_file
 from s3ckpt.store import Location
 from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
@@ -324,7 +324,7 @@ class S3Checkpointing:
         """The committed checkpoints under ``run``, newest first, as the catalog judged
         them (main process)."""
         return Candidate.newest_first(
-            list_checkpoints(run.store, run.url, grace=self.retention_grace)
+            list_checkpoints(run, options=RetentionOptions(grace=self.retention_grace))
         )
 
     def _load_newest(self, run: Location, *, automatic: bool) -> str | None:

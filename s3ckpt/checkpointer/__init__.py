@@ -409,9 +409,11 @@ class Checkpointer(AtLocation):
 
         Local call: lists the bucket from whichever rank calls it.
         """
-        from s3ckpt.retention import list_checkpoints
+        from s3ckpt.retention import RetentionOptions, list_checkpoints
 
-        return list_checkpoints(self.store, self.url, grace=self.retention_grace)
+        return list_checkpoints(
+            Location(self.url, self.store), options=RetentionOptions(grace=self.retention_grace)
+        )
 
     def attach_metrics(self, step: int, metrics: Mapping[str, SupportsFloat]) -> None:
         """Merge ``metrics`` into the commit marker of ``step`` (evals often finish later).
@@ -486,15 +488,3 @@ class Checkpointer(AtLocation):
         if self.policy is None or not self.is_coordinator:
             return
         self._retention.schedule(self.policy, self.retention_grace, step)
-
-
-def __getattr__(name: str) -> Any:
-    # Layout names this face exported before issue 29: they warn, then work.
-    if name in ("LATEST_NAME", "checkpoint_name"):
-        import warnings
-
-        from s3ckpt import format as layout
-
-        warnings.warn(f"import {name} from s3ckpt.format", DeprecationWarning, stacklevel=2)
-        return getattr(layout, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -44,11 +44,12 @@ from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention import (
     CheckpointState,
     CheckRecord,
+    RetentionOptions,
     list_checkpoints,
     probe_checkpoint,
     read_check_record,
 )
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = ["LatestPointer"]
@@ -231,7 +232,9 @@ class LatestPointer:
     def _list_latest(self, grace: timedelta, found: _Found) -> int | None:
         committed = [
             c
-            for c in list_checkpoints(self._store, self._url, grace=grace)
+            for c in list_checkpoints(
+                Location(self._url, self._store), options=RetentionOptions(grace=grace)
+            )
             if c.state == CheckpointState.COMMITTED and c.step is not None
         ]
         for c in sorted(committed, key=lambda c: c.step or 0, reverse=True):

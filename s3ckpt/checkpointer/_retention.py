@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from s3ckpt.checkpointer._async import wait_at_exit
 from s3ckpt.errors import AccessDeniedError
-from s3ckpt.store import ObjectStore
+from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
@@ -141,11 +141,16 @@ class RetentionRunner:
         return []
 
     def _run(self, policy: Policy, grace: timedelta, step: int | None) -> None:
-        from s3ckpt.retention import prune
+        from s3ckpt.retention import RetentionOptions, prune
 
         started, t0 = time.time(), time.perf_counter()
         try:
-            result = prune(self._store, self._url, policy, apply=True, grace=grace)
+            result = prune(
+                Location(self._url, self._store),
+                policy,
+                apply=True,
+                options=RetentionOptions(grace=grace),
+            )
         except Exception as exc:
             record = RetentionRecord(step, started, time.perf_counter() - t0, error=exc)
             if isinstance(exc, AccessDeniedError):

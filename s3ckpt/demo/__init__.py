@@ -33,8 +33,6 @@ import argparse
 import os
 import sys
 import uuid
-import warnings
-from typing import Any
 
 from s3ckpt.demo._exit import fail_interrupted, require_torch
 from s3ckpt.demo._run import run
@@ -146,17 +144,3 @@ def _main(argv: list[str] | None) -> None:
             )
     if code:
         raise SystemExit(code)
-
-
-def __getattr__(name: str) -> Any:
-    """``local_s3``: the old name of :func:`demo_server` (it clashed with
-    :func:`s3ckpt.testing.local_s3`, another thing), deprecated."""
-    if name == "local_s3":
-        warnings.warn(
-            "s3ckpt.demo.local_s3 is deprecated: use s3ckpt.demo.demo_server (the testing "
-            "kit's server is s3ckpt.testing.local_s3)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return demo_server
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

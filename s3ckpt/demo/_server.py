@@ -73,7 +73,7 @@ def prepare(url: str, create_bucket: bool) -> bool:
         if run.url.scheme != "s3":
             raise ConfigError(f"S3CKPT_DEMO_URL must be an s3:// URL, got {url!r}")
         try:
-            list_checkpoints(run.store, run.url)
+            list_checkpoints(run)
         except NoSuchBucketError:
             if not create_bucket:
                 raise
@@ -81,7 +81,7 @@ def prepare(url: str, create_bucket: bool) -> bool:
                 create(run.store)
             except S3CkptError as exc:
                 fail(f"cannot create the demo's bucket {run.bucket!r}: {exc}", EXIT_STORE)
-            list_checkpoints(run.store, run.url)
+            list_checkpoints(run)
             return True
     except S3CkptError as exc:
         fail(str(exc), EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_STORE)

@@ -27,7 +27,7 @@ def print_checkpoints(run: Location) -> list[CheckpointInfo]:
     from s3ckpt._units import format_bytes
     from s3ckpt.retention import list_checkpoints, load_policy, plan
 
-    catalog = list_checkpoints(run.store, run.url)
+    catalog = list_checkpoints(run)
     reasons = dict(plan(catalog, load_policy(DEMO_POLICY), datetime.now(UTC)).keep)
     leftovers = False
     for c in catalog:

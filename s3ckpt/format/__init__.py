@@ -18,16 +18,12 @@ This face re-exports the names of its modules, one concept each:
 - ``_timing.py``: the heartbeat interval and the shortest grace retention accepts.
 
 Steps read from checkpoint names (``step-4``, ``epoch=0-step=4.ckpt``, a run's own pattern)
-are ``s3ckpt._step_names``; this package no longer re-exports them (the old names still
-resolve here, with a ``DeprecationWarning``).
+are ``s3ckpt._step_names``, not part of the format.
 
 This package needs neither torch nor boto3 (the retention cron imports it).
 """
 
 from __future__ import annotations
-
-import warnings
-from typing import TYPE_CHECKING, Any
 
 from s3ckpt.format._framing import FRAMING_HEAD, FRAMING_TAIL, tensor_framing_error
 from s3ckpt.format._hashed import (
@@ -123,25 +119,3 @@ __all__ = [
     "HEARTBEAT_INTERVAL",
     "MIN_GRACE_SECONDS",
 ]
-
-_MOVED_TO_STEP_NAMES = frozenset(
-    {"MAX_STEP_DIGITS", "STEP_NAME", "StepMatcher", "checkpoint_step", "compile_step_pattern"}
-)
-
-
-if not TYPE_CHECKING:  # hidden from type checkers: a typo must stay an error there
-
-    def __getattr__(name: str) -> Any:
-        """The step-name helpers this package used to re-export: still served, with a
-        ``DeprecationWarning`` (they are not part of the format)."""
-        if name in _MOVED_TO_STEP_NAMES:
-            from s3ckpt import _step_names
-
-            warnings.warn(
-                f"s3ckpt.format.{name} is deprecated and will be removed: step names are not "
-                "part of the format on the bucket",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return getattr(_step_names, name)
-        raise AttributeError(f"module 's3ckpt.format' has no attribute {name!r}")

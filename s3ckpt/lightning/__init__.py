@@ -3,11 +3,10 @@
 ::
 
     from lightning.pytorch import Trainer
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from s3ckpt.lightning import S3CheckpointIO
+    from s3ckpt.lightning import S3CheckpointIO, S3ModelCheckpoint
 
-    ckpt = ModelCheckpoint(dirpath="s3://bucket/runs/exp1", monitor="val_loss",
-                           save_top_k=2, save_last=True)
+    ckpt = S3ModelCheckpoint(dirpath="s3://bucket/runs/exp1", monitor="val_loss",
+                             save_top_k=2, save_last=True)
     trainer = Trainer(callbacks=[ckpt], plugins=[S3CheckpointIO(policy="pretraining")])
     trainer.fit(model, ckpt_path="last")          # resumes when there is a last.ckpt
 
@@ -49,28 +48,29 @@ What happens to Lightning's calls:
   ``kth_best_model_path``, ``last_model_path``, as the checkpoint being saved records
   them): the plug-in runs ``policy | KeepTracked(...)``.
 
-Importing this package calls :func:`install` (idempotent), which installs, for the whole
-process (no other module of the package does anything at import):
+Importing this package changes nothing in Lightning, fsspec or torch. What a Trainer using
+the plug-in needs is installed (idempotent, for the process) when an :class:`S3CheckpointIO`
+is constructed (:class:`S3ModelParallelStrategy` makes one when given none):
 
 * when s3fs is not installed (and no other file system is registered for ``s3://``), a
-  small s3ckpt-backed fsspec file system for ``s3://`` and ``s3a://``: a ``ModelCheckpoint``
-  is usually built before the Trainer and its plug-in and needs one then. It is complete
-  enough for ``ModelCheckpoint`` and Lightning's loggers (``CSVLogger("s3://...")``:
-  folders, ``metrics.csv`` appends, ``hparams.yaml``), see :mod:`s3ckpt.lightning._fs`.
-  s3fs, when installed, keeps ``s3://`` (``S3CheckpointIO(register_filesystem=True)``
-  replaces it);
+  small s3ckpt-backed fsspec file system for ``s3://`` and ``s3a://``, complete enough for
+  ``ModelCheckpoint`` and Lightning's loggers (``CSVLogger("s3://...")``: folders,
+  ``metrics.csv`` appends, ``hparams.yaml``), see :mod:`s3ckpt.lightning._fs`. s3fs, when
+  installed, keeps ``s3://`` (``S3CheckpointIO(register_filesystem=True)`` replaces it);
 * ``ckpt_path="last"`` for object-store folders, whichever file system owns the scheme:
   the candidates keep their scheme, and the newest is chosen by the store's time (an
   s3ckpt checkpoint's commit marker), since s3fs cannot time a prefix
   (:mod:`s3ckpt.lightning._last`);
 * ``AsyncCheckpointIO.teardown`` also tears the wrapped s3ckpt plug-in down (Lightning's
-  does not), so the last removals and retention passes finish with ``fit``;
-* ``MyModule.load_from_checkpoint("s3://.../epoch=0-step=16.ckpt")`` (and
-  ``LightningDataModule.load_from_checkpoint``): Lightning's ``pl_load`` is wrapped so that a
-  remote path holding an s3ckpt checkpoint (or, without s3fs, any ``s3://`` path) is read
-  as ``load_checkpoint`` reads it, ``map_location`` and ``weights_only`` honoured; everything
-  else goes to Lightning's own function (:mod:`s3ckpt.lightning._load`). Import
-  ``s3ckpt.lightning`` before calling it.
+  does not), so the last removals and retention passes finish with ``fit``.
+
+A ``ModelCheckpoint`` (or a logger) on ``s3://`` built *before* the plug-in needs the file
+system then: use :class:`S3ModelCheckpoint`, which registers it when constructed. Only
+:func:`install`, called explicitly, also hooks ``MyModule.load_from_checkpoint("s3://...")``
+(and ``LightningDataModule.load_from_checkpoint``): Lightning's ``pl_load`` is wrapped so
+that a remote path holding an s3ckpt checkpoint (or, without s3fs, any ``s3://`` path) is
+read as ``load_checkpoint`` reads it, ``map_location`` and ``weights_only`` honoured;
+everything else goes to Lightning's own function (:mod:`s3ckpt.lightning._load`).
 
 Stores are shared with the rest of the process (:meth:`s3ckpt.store.Location.of`). Where
 no plug-in is at hand (``load_from_checkpoint``, the file system), a bucket is opened with
@@ -88,28 +88,23 @@ from __future__ import annotations
 
 from s3ckpt.lightning._async import install_async_teardown
 from s3ckpt.lightning._fs import install_filesystem
-from s3ckpt.lightning._io import S3CheckpointIO
-from s3ckpt.lightning._last import fix_find_last_checkpoints, fix_parse_ckpt_path
+from s3ckpt.lightning._io import S3CheckpointIO, S3ModelCheckpoint
+from s3ckpt.lightning._last import fix_parse_ckpt_path
 from s3ckpt.lightning._load import install_load_hook
 from s3ckpt.lightning._strategy import S3ModelParallelStrategy
 
-__all__ = ["S3CheckpointIO", "S3ModelParallelStrategy", "install"]
+__all__ = ["S3CheckpointIO", "S3ModelCheckpoint", "S3ModelParallelStrategy", "install"]
 
 
 def install() -> None:
-    """Install what the package's docstring lists, for the whole process: the ``s3://``
-    file system when s3fs is missing, the ``ckpt_path="last"`` fixes, the
+    """Install everything the package's docstring lists, for the whole process: the
+    ``s3://`` file system when s3fs is missing, ``ckpt_path="last"`` by store time, the
     ``AsyncCheckpointIO`` teardown and the ``load_from_checkpoint`` hook.
 
-    Idempotent (each piece checks whether it is in place), and called when
-    ``s3ckpt.lightning`` is imported, which the docs promise is enough for
-    ``load_from_checkpoint``; call it again after replacing any of those Lightning
-    functions yourself."""
+    Never called at import: call it once before ``load_from_checkpoint("s3://...")`` (a
+    plug-in installs the rest when constructed). Idempotent; call it again after replacing
+    any of those Lightning functions yourself."""
     install_filesystem(None)
-    fix_find_last_checkpoints()
     fix_parse_ckpt_path()
     install_async_teardown()
     install_load_hook()
-
-
-install()

@@ -3,8 +3,9 @@
 ``ModelCheckpoint`` lists, checks and time-stamps its folder through fsspec, and is usually
 built before the Trainer and its plug-in; Lightning's loggers (``CSVLogger("s3://...")``)
 make folders, write, append to and delete small files through it. Without s3fs, fsspec has
-nothing for ``s3://``, so importing ``s3ckpt.lightning`` registers :class:`_S3CkptFileSystem`
-for ``s3://`` and ``s3a://`` for the whole process, and it is complete enough for both:
+nothing for ``s3://``, so :class:`~s3ckpt.lightning.S3ModelCheckpoint`, each plug-in and
+:func:`s3ckpt.lightning.install` register :class:`_S3CkptFileSystem` for ``s3://`` and
+``s3a://`` for the whole process (never the import), and it is complete enough for both:
 
 * a checkpoint is a directory; its modification time is its commit marker's (store time);
 * ``makedirs`` / ``mkdir`` remember the folder in this process (object stores have no
@@ -19,8 +20,7 @@ for ``s3://`` and ``s3a://`` for the whole process, and it is complete enough fo
 
 It is not registered when s3fs is installed, nor over a file system someone else
 registered for ``s3://`` (``S3CheckpointIO(register_filesystem=True)`` replaces either).
-Registering is :func:`install_filesystem`, called by :func:`s3ckpt.lightning.install`
-(when the package is imported) and by each plug-in; nothing here runs at import. Stores
+Registering is :func:`install_filesystem`; nothing here runs at import. Stores
 are opened with the settings :mod:`s3ckpt.lightning._stores` gives for the bucket (a
 plug-in's, else the environment's).
 """
@@ -72,9 +72,10 @@ def install_filesystem(register: bool | None) -> None:
     is missing and no other file system is registered for it; ``True``: in any case;
     ``False``: never). Idempotent.
 
-    Called by :func:`s3ckpt.lightning.install` (a ``ModelCheckpoint`` is usually built
-    before the Trainer and its plug-in, and needs a file system then) and by each
-    :class:`S3CheckpointIO` with its ``register_filesystem``."""
+    Called by :class:`~s3ckpt.lightning.S3ModelCheckpoint` (a ``ModelCheckpoint`` is
+    usually built before the Trainer and its plug-in, and needs a file system then),
+    :func:`s3ckpt.lightning.install`, and each :class:`S3CheckpointIO` with its
+    ``register_filesystem``."""
     if register is None:
         register = not _s3fs_installed() and not _owned_by_another()
     if not register:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from s3ckpt.checkpointer import (
@@ -21,17 +22,40 @@ from s3ckpt.checkpointer import (
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageWriter
 from s3ckpt.errors import CheckpointError
-from s3ckpt.lightning._async import Removals
+from s3ckpt.lightning._async import Removals, install_async_teardown
 from s3ckpt.lightning._common import _REST, _dcp_call, _is_remote, _metrics_of
 from s3ckpt.lightning._fs import install_filesystem
+from s3ckpt.lightning._last import find_last, fix_parse_ckpt_path
 from s3ckpt.lightning._load import LoadSettings, load_remote, open_reader
 from s3ckpt.lightning._stores import StoreSettings, remember
 from s3ckpt.lightning._tracked import Tracking, protect
-from s3ckpt.retention import DEFAULT_GRACE, Policy, delete_checkpoint
+from s3ckpt.retention import DEFAULT_GRACE, Policy, RetentionOptions, delete_checkpoint
 from s3ckpt.store import Location
 from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
 
 _T = TypeVar("_T")
+
+
+class S3ModelCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` for a folder on an object store (``s3://...``).
+
+    Constructing it registers s3ckpt's fsspec file system for ``s3://`` when s3fs is not
+    installed (a ``ModelCheckpoint`` lists its folder through fsspec and is usually built
+    before the Trainer's :class:`S3CheckpointIO`), and its ``last*.ckpt`` keep their URL
+    scheme for ``ckpt_path="last"`` (:func:`s3ckpt.lightning._last.find_last`). Arguments,
+    and the key of its state in a checkpoint, are ``ModelCheckpoint``'s."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        install_filesystem(None)
+        super().__init__(*args, **kwargs)
+
+    def _find_last_checkpoints(self, trainer: Any) -> set[str]:
+        return find_last(self, trainer, super()._find_last_checkpoints)
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key, so a checkpoint of either restores the other's state.
+        return "ModelCheckpoint" + super().state_key.removeprefix(type(self).__qualname__)
 
 
 class S3CheckpointIO(CheckpointIO):
@@ -97,7 +121,12 @@ class S3CheckpointIO(CheckpointIO):
         self._removals = Removals(self._tracking, self._delete)
         self._store_settings = StoreSettings(self.s3_config, self.transfer_config)
         remember(self._store_settings)
+        # What a Trainer using this plug-in needs, installed now (idempotent) rather than
+        # at import: the s3:// file system, ckpt_path="last" by store time, and
+        # AsyncCheckpointIO's teardown reaching this plug-in.
         install_filesystem(register_filesystem)
+        fix_parse_ckpt_path()
+        install_async_teardown()
 
     # -- Lightning's CheckpointIO ------------------------------------------------------------
     def save_checkpoint(
@@ -316,7 +345,7 @@ class S3CheckpointIO(CheckpointIO):
 
     def _delete(self, path: str) -> None:
         here = self._open(path)
-        delete_checkpoint(here.store, here.url, grace=self.retention_grace)
+        delete_checkpoint(here, options=RetentionOptions(grace=self.retention_grace))
 
     def _after_commit(self, here: Location, checkpoint: Mapping[str, Any]) -> None:
         """Rank 0, after a commit: the removals that waited for it, then a retention pass

@@ -7,8 +7,8 @@ things break on S3:
 
 * ``ModelCheckpoint._find_last_checkpoints`` passes fsspec's scheme-less names through
   ``os.path.normpath``, so ``s3://b/run/last.ckpt`` becomes ``b/run/last.ckpt``, a local
-  path that does not exist: "no last checkpoint". Fixed by :func:`fix_find_last_checkpoints`
-  (which also drops the file system's cached listings first: s3fs caches them forever, and
+  path that does not exist: "no last checkpoint". Fixed by :func:`find_last` (which also
+  drops the file system's cached listings first: s3fs caches them forever, and
   the checkpoints were written by s3ckpt, not through s3fs).
 * an s3ckpt checkpoint is a prefix, and s3fs's ``modified`` of a prefix raises
   ``IsADirectoryError``. :func:`fix_parse_ckpt_path` picks the newest candidate itself when
@@ -24,8 +24,12 @@ candidates' folders, newest first) goes to the trainer's :class:`S3CheckpointIO`
 load falls back along it when the chosen checkpoint fails verification while loading
 (``S3CheckpointIO(fallback=False)``: both raise instead).
 
-Both are installed by :func:`s3ckpt.lightning.install` (when the package is imported;
-idempotent); they change nothing for local folders.
+Nothing is patched at import. :func:`fix_parse_ckpt_path` is installed (for the process,
+idempotent) when an :class:`~s3ckpt.lightning.S3CheckpointIO` is constructed, or by
+:func:`s3ckpt.lightning.install`; it applies :func:`find_last` to every ``ModelCheckpoint``
+itself, so a stock ``ModelCheckpoint`` needs no patch. :class:`S3ModelCheckpoint` also
+finds its remote ``last*.ckpt`` when Lightning resolves "last" on its own (no plug-in).
+Both change nothing for local folders.
 """
 
 from __future__ import annotations
@@ -48,35 +52,27 @@ from s3ckpt.store import Location
 
 __all__ = [
     "checkpoint_mtime",
-    "fix_find_last_checkpoints",
+    "find_last",
     "fix_parse_ckpt_path",
     "newest_last",
     "resume_chain",
 ]
 
 
-def fix_find_last_checkpoints() -> None:
-    """Give ``ModelCheckpoint._find_last_checkpoints`` back its URL scheme for remote
-    folders, and a fresh listing (see module)."""
-    original = ModelCheckpoint._find_last_checkpoints
-    if getattr(original, "_s3ckpt_fixed", False):
-        return
-
-    def _find_last_checkpoints(self: ModelCheckpoint, trainer: Any) -> set[str]:
-        protocol, _ = split_protocol(str(self.dirpath or ""))
-        remote = protocol not in (None, "file", "local")
-        if remote:
-            invalidate = getattr(self._fs, "invalidate_cache", None)
-            if callable(invalidate):
-                invalidate()
-        found: set[str] = original(self, trainer)
-        if not remote:
-            return found
-        prefix = f"{protocol}://"
-        return {p if p.startswith(prefix) else prefix + p.replace(os.sep, "/") for p in found}
-
-    _find_last_checkpoints._s3ckpt_fixed = True  # type: ignore[attr-defined]
-    ModelCheckpoint._find_last_checkpoints = _find_last_checkpoints
+def find_last(cb: ModelCheckpoint, trainer: Any, find: Any) -> set[str]:
+    """``find(trainer)`` (Lightning's ``_find_last_checkpoints`` of ``cb``) with the URL
+    scheme given back to a remote folder's names, after a fresh listing (see module)."""
+    protocol, _ = split_protocol(str(cb.dirpath or ""))
+    remote = protocol not in (None, "file", "local")
+    if remote:
+        invalidate = getattr(cb._fs, "invalidate_cache", None)
+        if callable(invalidate):
+            invalidate()
+    found: set[str] = find(trainer)
+    if not remote:
+        return found
+    prefix = f"{protocol}://"
+    return {p if p.startswith(prefix) else prefix + p.replace(os.sep, "/") for p in found}
 
 
 def fix_parse_ckpt_path() -> None:
@@ -129,7 +125,7 @@ def last_candidates(trainer: Any) -> list[str]:
     }
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint):
-            found |= cb._find_last_checkpoints(trainer)
+            found |= find_last(cb, trainer, cb._find_last_checkpoints)
     return sorted(str(p) for p in found if p)
 
 

@@ -8,8 +8,11 @@ import torch.distributed as dist
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from s3ckpt.lightning._async import install_async_teardown
 from s3ckpt.lightning._common import _is_remote
+from s3ckpt.lightning._fs import install_filesystem
 from s3ckpt.lightning._io import S3CheckpointIO
+from s3ckpt.lightning._last import fix_parse_ckpt_path
 
 
 class S3ModelParallelStrategy(ModelParallelStrategy):
@@ -29,6 +32,13 @@ class S3ModelParallelStrategy(ModelParallelStrategy):
     """
 
     _s3ckpt_group: dist.ProcessGroup | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # What S3CheckpointIO installs when constructed, for a strategy given no plug-in.
+        install_filesystem(None)
+        fix_parse_ckpt_path()
+        install_async_teardown()
 
     def _s3ckpt_io(self) -> S3CheckpointIO:
         io_: CheckpointIO = self.checkpoint_io  # type: ignore[has-type]

@@ -13,17 +13,16 @@ store a caller passes in. Layers, each a pure function of the one before::
 A retention run's settings are one value, :class:`RetentionOptions` (grace, now, the step
 pattern, limits); a policy file is its rules and the settings it names, a
 :class:`PolicyFile`. Every entry point takes a :class:`~s3ckpt.store.Location` (or a URL)
-first, or, as before, a store and a URL in it.
+first and its settings as ``options=``.
 
 Modules: ``_catalog`` (the records and states), ``_liveness`` (grace, dead writers),
-``_listing`` / ``_scan`` (the listing), ``_options`` (the run's settings), ``_target``
-(a Location or a store and a URL), ``_policy`` / ``_calendar`` / ``_toml`` / ``_duration``
-(rules and policy files), ``_plan``, ``_lease`` (the run's lease), ``_intent`` (a dead
-pruner's intent log), ``_deleter`` (which keys may go, batched deletes), ``_prune`` (one
-run), ``_runs`` (every run under a prefix), ``_abandoned`` (gc), ``_pins``,
-``_delete_checkpoint`` (one checkpoint, by request), ``_tiers`` / ``_transition`` (storage
-tiers: the plan, then the copies) and ``_results`` (what prune, gc and
-delete_checkpoint report).
+``_listing`` / ``_scan`` (the listing), ``_options`` (the run's settings), ``_policy`` /
+``_calendar`` / ``_toml`` / ``_duration`` (rules and policy files), ``_plan``, ``_lease``
+(the run's lease), ``_intent`` (a dead pruner's intent log), ``_deleter`` (which keys may
+go, batched deletes), ``_prune`` (one run), ``_runs`` (every run under a prefix),
+``_abandoned`` (gc), ``_pins``, ``_delete_checkpoint`` (one checkpoint, by request),
+``_tiers`` / ``_transition`` (storage tiers: the plan, then the copies) and ``_results``
+(what prune, gc and delete_checkpoint report).
 
 Example::
 
@@ -65,7 +64,6 @@ from s3ckpt.retention._policy import (
     KeepPinned,
     KeepWithin,
     Policy,
-    StepPattern,
 )
 from s3ckpt.retention._probe import probe_checkpoint
 from s3ckpt.retention._prune import prune
@@ -118,7 +116,6 @@ __all__ = [
     "RetentionOptions",
     "RunCatalog",
     "RunOutcome",
-    "StepPattern",
     "Tier",
     "Transition",
     "check_policy",

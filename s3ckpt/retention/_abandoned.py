@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Unpack
 
 from s3ckpt._commit import restore_stock_metadata
 from s3ckpt.errors import (
@@ -31,13 +30,11 @@ from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._deleter import Deleter, leftover_keys, leftover_uploads, tag_of
 from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
 from s3ckpt.retention._lease import Lease
-from s3ckpt.retention._options import GcOverrides, RetentionOptions
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._results import GcResult
 from s3ckpt.retention._scan import catalogs, read_manifest, run_checkpoints
-from s3ckpt.retention._target import locate
 from s3ckpt.store import Location, LocationLike, lists_uploads
 from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
-from s3ckpt.uri import StoreURL
 
 __all__ = ["DEFAULT_GC_AGE", "gc"]
 
@@ -151,18 +148,14 @@ def _mark_reaped(deleter: Deleter, c: CheckpointInfo) -> bool:
 
 
 def gc(
-    where: LocationLike | ObjectStore,
-    root: StoreURL | None = None,
+    location: LocationLike,
     /,
     *,
     older_than: timedelta = DEFAULT_GC_AGE,
     apply: bool = False,
     options: RetentionOptions | None = None,
-    **overrides: Unpack[GcOverrides],
 ) -> GcResult:
     """Reclaim what dead saves and dead pruners left under a prefix.
-
-    ``gc(location)`` or, as before, ``gc(store, root)``.
 
     A dry run by default, like :func:`prune`. gc deletes only names s3ckpt wrote (see
     :func:`s3ckpt.format.owned_tag`) of saves that are dead — no object, heartbeat or open
@@ -183,9 +176,7 @@ def gc(
     lease, from a re-listing made under it.
 
     Args:
-        where: The prefix: a :class:`~s3ckpt.store.Location` (or a URL), or a store and
-            then ``root``, a URL in it.
-        root: With a store: the prefix.
+        location: The prefix: a :class:`~s3ckpt.store.Location` or a URL.
         older_than: An extra margin: abort uploads of dead saves only once they started
             this long ago (default 0: a dead save's uploads go at once). It never aborts an
             upload of a live save, however old.
@@ -194,20 +185,17 @@ def gc(
             (a save is live while any object, heartbeat or upload of its tag is younger
             than this; raised to ``MIN_GRACE_SECONDS``, 60 s, when shorter, with a note),
             ``now``, ``lease_ttl``, ``batch_size``, ``retries``, ``sleep``, ``on_progress``.
-        **overrides: ``grace``, ``now``, ``lease_ttl``, ``batch_size``, ``retries`` and
-            ``sleep`` as loose keyword arguments (the earlier signature): shorthand for
-            ``options.replace(...)``.
 
     Publishes one ``"gc"`` event (:mod:`s3ckpt.metrics`): saves removed, bytes freed,
     lease waits and busy runs, requests.
 
-    Request cost: one scan of ``root`` (see :func:`~s3ckpt.retention.scan`) and one GET per
+    Request cost: one scan of ``location`` (see :func:`~s3ckpt.retention.scan`) and one GET per
     run holding a lease; with ``apply``, per run with work a lease, a re-listing,
     ``ceil(keys / batch_size)`` DeleteObjects requests, one AbortMultipartUpload per upload
     and a GET + PUT (plus the marker's GET) per restored ``.metadata``.
     """
-    options = RetentionOptions.fold(options, overrides, GcOverrides, "gc")
-    location = locate("gc", where, root)
+    options = options if options is not None else RetentionOptions()
+    location = Location.of(location)
     with instrument.operation("gc", str(location.url)) as recorder:
         result = _gc(recorder, location, older_than, apply, options)
     return result

@@ -164,7 +164,7 @@ class CheckpointInfo:
         url: The checkpoint's prefix (``s3://bucket/run/step_000001000/``).
         name: The sub-prefix name under the run, without the slash (unique in a run).
         step: From the commit marker when there is one (and it records a step), else read
-            from the name (:func:`s3ckpt.format.checkpoint_step`: ``step_<n>``, ``step-<n>``,
+            from the name (:func:`s3ckpt._step_names.checkpoint_step`: ``step_<n>``, ``step-<n>``,
             ``epoch=<e>-step=<n>.ckpt``, ``global_step<n>``, ``checkpoint-<n>``, or the
             catalog's ``step_pattern``); None when neither gives one.
         state: See :class:`CheckpointState`.

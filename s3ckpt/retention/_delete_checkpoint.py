@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Unpack
+from typing import Any
 
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, DeleteRefusedError
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
@@ -49,38 +49,30 @@ from s3ckpt.retention._deleter import Deleter, checkpoint_keys
 from s3ckpt.retention._duration import format_duration
 from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
 from s3ckpt.retention._lease import Lease
-from s3ckpt.retention._options import DeleteOverrides, RetentionOptions
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._plan import newest
 from s3ckpt.retention._results import DeleteResult
 from s3ckpt.retention._scan import catalogs
-from s3ckpt.retention._target import locate
 from s3ckpt.store import Location, LocationLike
-from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = ["delete_checkpoint"]
 
 
 def delete_checkpoint(
-    where: LocationLike | ObjectStore,
-    checkpoint: StoreURL | None = None,
+    location: LocationLike,
     /,
     *,
     allow_newest: bool = False,
     dry_run: bool = False,
     options: RetentionOptions | None = None,
-    **overrides: Unpack[DeleteOverrides],
 ) -> DeleteResult:
     """Delete one checkpoint safely: under its run's lease, commit marker first, only the
     names s3ckpt wrote; refuse what could lose a checkpoint (see the module docs).
 
-    ``delete_checkpoint(location)`` or, as before, ``delete_checkpoint(store, checkpoint)``.
-
     Args:
-        where: The checkpoint's prefix (``s3://bucket/runs/a/step-4/``; its run is the
-            parent prefix): a :class:`~s3ckpt.store.Location` (or a URL), or a store and
-            then ``checkpoint``, a URL in it.
-        checkpoint: With a store: the checkpoint's prefix.
+        location: The checkpoint's prefix (``s3://bucket/runs/a/step-4/``; its run is the
+            parent prefix): a :class:`~s3ckpt.store.Location` or a URL.
         allow_newest: Delete the run's newest committed checkpoint (by step) or its most
             recently committed one too; by default they are refused, since a resume loads
             them.
@@ -96,9 +88,6 @@ def delete_checkpoint(
             when this host's clock is further from it than the grace period),
             ``step_pattern`` (for telling which checkpoint is newest), ``batch_size`` and
             ``on_progress`` (``lease``, ``intent``, ``delete``, ``done``).
-        **overrides: ``include_foreign``, ``grace``, ``lease_ttl``, ``retries``, ``sleep``,
-            ``now``, ``step_pattern`` and ``on_progress`` as loose keyword arguments (the
-            earlier signature): shorthand for ``options.replace(...)``.
 
     Returns:
         What was found and deleted. A per-key failure does not raise: it is in
@@ -108,8 +97,8 @@ def delete_checkpoint(
     Raises:
         DeleteRefusedError: Pinned, in progress, a dead save's leftovers, foreign without
             ``include_foreign``, or the newest without ``allow_newest``; nothing deleted.
-        CheckpointNotFoundError: No checkpoint at ``checkpoint`` in its run's catalog.
-        ConfigError: ``checkpoint`` is a run (or the bucket's root), or ``step_pattern``
+        CheckpointNotFoundError: No checkpoint at ``location`` in its run's catalog.
+        ConfigError: ``location`` is a run (or the bucket's root), or ``step_pattern``
             is not a regular expression with one capture group.
         LeaseHeldError: Another pruner holds the run's lease (nothing was changed).
         LeaseLostError: The lease was taken over mid-way; stopped before the next delete.
@@ -121,9 +110,8 @@ def delete_checkpoint(
     catalog under the lease, 3-4 lease PUTs (plus HEAD + GET to take over a released one),
     and one DeleteObjects request per phase (marker, metadata, the rest).
     """
-    options = RetentionOptions.fold(options, overrides, DeleteOverrides, "delete_checkpoint")
-    location = locate("delete_checkpoint", where, checkpoint)
-    return _delete(location, allow_newest, dry_run, options)
+    options = options if options is not None else RetentionOptions()
+    return _delete(Location.of(location), allow_newest, dry_run, options)
 
 
 def _delete(

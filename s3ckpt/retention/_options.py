@@ -3,15 +3,12 @@
 :func:`~s3ckpt.retention.prune`, :func:`~s3ckpt.retention.prune_runs`,
 :func:`~s3ckpt.retention.gc`, :func:`~s3ckpt.retention.delete_checkpoint`, the catalog
 (:func:`~s3ckpt.retention.scan`, :func:`~s3ckpt.retention.list_checkpoints`), the report and
-the CLI take one of these instead of a dozen loose keyword arguments. It is frozen and
+the CLI take one of these. It is frozen and
 validated at construction: a bad step pattern, batch size or delete limit is refused before
 any request, and the step pattern is compiled here, once per run, and handed down compiled.
 
-The loose keyword arguments of earlier releases (``prune(..., grace=...)``) still work: each
-entry point folds them into its options in one call, :meth:`RetentionOptions.fold`
-(``options.replace(grace=...)``). Their names, per entry point, are the ``*Overrides``
-typed dicts below. Below the entry points only the options value is passed, made concrete
-for the run by :meth:`RetentionOptions.resolve` (the grace period's floor, the store's time).
+Below the entry points only the options value is passed, made concrete for the run by
+:meth:`RetentionOptions.resolve` (the grace period's floor, the store's time).
 """
 
 from __future__ import annotations
@@ -19,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from s3ckpt._step_names import StepMatcher, compile_step_pattern
 from s3ckpt.errors import ConfigError, PolicyError
@@ -34,16 +31,7 @@ from s3ckpt.store.base import MAX_DELETE_BATCH
 if TYPE_CHECKING:
     from s3ckpt.store import Location
 
-__all__ = [
-    "DeleteOverrides",
-    "GcOverrides",
-    "PlanOverrides",
-    "ProgressCallback",
-    "PruneOverrides",
-    "RetentionOptions",
-    "ScanOverrides",
-    "step_matcher",
-]
+__all__ = ["ProgressCallback", "RetentionOptions", "step_matcher"]
 
 ProgressCallback = Callable[[str, dict[str, Any]], None]
 """``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
@@ -67,7 +55,7 @@ class RetentionOptions:
             the grace period). Must be timezone-aware.
         step_pattern: How checkpoint names give their steps: a regular expression with one
             capture group (a string is compiled here, once), or None for the built-in name
-            forms (:func:`s3ckpt.format.checkpoint_step`). A step recorded in a commit
+            forms (:func:`s3ckpt._step_names.checkpoint_step`). A step recorded in a commit
             marker always wins.
         include_foreign: Treat stock-DCP checkpoints (no marker) as committed; only their
             DCP names (``.metadata``, ``__{r}_{i}.distcp``) are deleted.
@@ -90,7 +78,7 @@ class RetentionOptions:
     Raises:
         ConfigError: A step pattern that is not a regular expression with one capture group,
             a batch size outside 1..1000 or negative retries. (A lease lifetime that is not
-            positive is refused when a lease is taken, as before: a dry run takes none.)
+            positive is refused when a lease is taken: a dry run takes none.)
         ValueError: A ``now`` without a timezone.
         PolicyError: ``max_delete`` that is not an integer >= 0.
     """
@@ -131,33 +119,6 @@ class RetentionOptions:
         """A copy with ``changes`` (validated again; a compiled pattern is not recompiled)."""
         return dataclasses.replace(self, **changes) if changes else self
 
-    @classmethod
-    def fold(
-        cls,
-        options: RetentionOptions | None,
-        overrides: Mapping[str, Any],
-        allowed: type,
-        caller: str,
-    ) -> RetentionOptions:
-        """``options`` (default: the defaults) with an entry point's loose keyword arguments
-        applied: ``prune(..., grace=g)`` is ``prune(..., options=options.replace(grace=g))``.
-
-        Args:
-            options: The caller's options, or None.
-            overrides: The keyword arguments given.
-            allowed: The entry point's ``*Overrides`` typed dict (which names it takes).
-            caller: The entry point's name, for the error.
-
-        Raises:
-            TypeError: A name the entry point does not take, as Python words it.
-        """
-        keys: frozenset[str] = getattr(allowed, "__optional_keys__", frozenset())
-        for name in overrides:
-            if name not in keys:
-                raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
-        base = options if options is not None else cls()
-        return base.replace(**overrides)
-
     def resolve(
         self, location: Location, *, refuse: str | None = None
     ) -> tuple[RetentionOptions, tuple[str, ...]]:
@@ -175,7 +136,7 @@ class RetentionOptions:
 
 
 def step_matcher(pattern: StepPatternLike) -> StepMatcher:
-    """``pattern`` compiled (:func:`~s3ckpt.format.compile_step_pattern`), or itself when it
+    """``pattern`` compiled (:func:`~s3ckpt._step_names.compile_step_pattern`), or itself when it
     is a matcher compiled already: copies of the options hand it on as it is, one compile
     per run. A ``re.Pattern`` is recompiled with RE2.
 
@@ -190,51 +151,3 @@ def step_matcher(pattern: StepPatternLike) -> StepMatcher:
     ):
         return pattern
     return compile_step_pattern(pattern)
-
-
-class ScanOverrides(TypedDict, total=False):
-    """The loose keyword arguments of :func:`~s3ckpt.retention.scan`,
-    :func:`~s3ckpt.retention.list_checkpoints` and :func:`~s3ckpt.retention.list_runs`."""
-
-    grace: timedelta
-    now: datetime | None
-    step_pattern: StepPatternLike | None
-
-
-class PlanOverrides(TypedDict, total=False):
-    """The loose keyword arguments of :func:`~s3ckpt.retention.plan`."""
-
-    max_delete: int | None
-    include_foreign: bool
-    tiers: tuple[Tier, ...]
-
-
-class _Deleting(TypedDict, total=False):
-    grace: timedelta
-    now: datetime | None
-    lease_ttl: timedelta
-    retries: int
-    sleep: Callable[[float], None]
-
-
-class GcOverrides(_Deleting, total=False):
-    """The loose keyword arguments of :func:`~s3ckpt.retention.gc`."""
-
-    batch_size: int
-
-
-class DeleteOverrides(_Deleting, total=False):
-    """The loose keyword arguments of :func:`~s3ckpt.retention.delete_checkpoint`."""
-
-    include_foreign: bool
-    step_pattern: StepPatternLike | None
-    on_progress: ProgressCallback | None
-
-
-class PruneOverrides(DeleteOverrides, total=False):
-    """The loose keyword arguments of :func:`~s3ckpt.retention.prune` and
-    :func:`~s3ckpt.retention.prune_runs`."""
-
-    max_delete: int | None
-    batch_size: int
-    tiers: tuple[Tier, ...]

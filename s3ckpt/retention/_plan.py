@@ -30,13 +30,13 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Unpack
+from typing import Literal
 
 from s3ckpt._gc_pause import gc_paused
 from s3ckpt._time import iso_z
 from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
-from s3ckpt.retention._options import PlanOverrides, RetentionOptions
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._policy import KeepPinned, Policy
 from s3ckpt.retention._tiers import Transition, plan_tiers
 from s3ckpt.retention._toml import PolicyFile
@@ -163,7 +163,6 @@ def plan(
     *,
     options: RetentionOptions | None = None,
     run: StoreURL | None = None,
-    **overrides: Unpack[PlanOverrides],
 ) -> Plan:
     """Decide, for every checkpoint of one run, keep / delete / skip, with reasons.
 
@@ -177,8 +176,6 @@ def plan(
             many, the oldest; the rest wait for the next run) and ``include_foreign``
             (treat ``FOREIGN`` checkpoints, stock DCP, as committed).
         run: The run, for display.
-        **overrides: ``max_delete``, ``include_foreign`` as loose keyword arguments (the
-            earlier signature): shorthand for ``options.replace(...)``.
 
     Raises:
         PolicyError: The policy is empty, or ``max_delete`` is not an integer >= 0.
@@ -186,9 +183,9 @@ def plan(
     Cost: ``O(n log n)`` in the number of checkpoints (``O(n)`` for a catalog already in
     order, as listed); no I/O.
     """
-    options = RetentionOptions.fold(options, overrides, PlanOverrides, "plan")
     source = PolicyFile.of(policy)
-    options = source.options(options)  # a policy file's tiers, unless the options name some
+    # a policy file's tiers, unless the options name some
+    options = source.options(options if options is not None else RetentionOptions())
     rules = source.policy
     check_policy(rules)
     return decide(checkpoints, rules, now, options, run, policy.describe())

@@ -18,25 +18,20 @@ planning idempotent: prune twice and the second run deletes nothing.
 
 Steps come from the catalog (the commit marker's, else the checkpoint's name). How names
 give steps is a setting of the run, not a rule: ``RetentionOptions(step_pattern=...)``, or a
-policy file's ``step_pattern`` (:class:`~s3ckpt.retention.PolicyFile`). :class:`StepPattern`,
-the rule-shaped wrapper that carried a pattern before, is deprecated: the entry points
-(``prune``, ``plan``, ``PolicyFile.of``) take it apart with :func:`split_step_pattern`
-before planning, and no planner walks it. The rule :class:`~s3ckpt.retention.KeepCalendar`
-lives in :mod:`s3ckpt.retention._calendar`.
+policy file's ``step_pattern`` (:class:`~s3ckpt.retention.PolicyFile`). The rule
+:class:`~s3ckpt.retention.KeepCalendar` lives in :mod:`s3ckpt.retention._calendar`.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from s3ckpt._step_names import compile_step_pattern
-from s3ckpt.errors import ConfigError, PolicyError
+from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._duration import MAX_DURATION, format_duration
 
@@ -50,8 +45,6 @@ __all__ = [
     "KeepWithin",
     "Policy",
     "Selection",
-    "StepPattern",
-    "split_step_pattern",
 ]
 
 Selection = dict[str, tuple[str, ...]]
@@ -72,24 +65,6 @@ class Policy:
     def rules(self) -> tuple[Policy, ...]:
         """The leaf rules (for emptiness checks)."""
         return (self,)
-
-    @property
-    def step_pattern(self) -> str | None:
-        """Deprecated (kept for one release): the pattern of the :class:`StepPattern`
-        wrappers in this policy, or None. A run's step pattern is one of its settings:
-        :attr:`RetentionOptions.step_pattern <s3ckpt.retention.RetentionOptions>`, or a
-        policy file's (:attr:`PolicyFile.step_pattern <s3ckpt.retention.PolicyFile>`).
-
-        Raises:
-            PolicyError: Rules combined with ``|`` / ``&`` carry different patterns.
-        """
-        warnings.warn(
-            "Policy.step_pattern is deprecated: a run's step pattern is a setting of the run "
-            "(RetentionOptions.step_pattern, or PolicyFile.step_pattern for a policy file)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return split_step_pattern(self)[1]
 
     def __or__(self, other: Policy) -> Policy:
         if not isinstance(other, Policy):
@@ -334,98 +309,3 @@ class KeepPinned(Policy):
 
     def describe(self) -> str:
         return "pinned"
-
-
-# -- deprecated: a step pattern wrapped as a rule ---------------------------------------------
-@dataclass(frozen=True)
-class StepPattern(Policy):
-    """Deprecated (kept for one release): the rules of ``policy`` with the step pattern of
-    the run they judge. Pass the pattern as a setting of the run instead:
-    ``prune(location, policy, step_pattern=...)`` /
-    ``RetentionOptions(step_pattern=...)``, or a policy file's ``step_pattern``
-    (:class:`~s3ckpt.retention.PolicyFile`).
-
-    Constructing one warns (:class:`DeprecationWarning`). The entry points take it apart
-    (:func:`split_step_pattern`): ``prune`` reads the run's steps with ``pattern`` unless the
-    run's options name one, and plans with ``policy``; no planner walks it. ``describe()``
-    still ends in ``(step_pattern PATTERN)``, as a plan's ``policy`` text did.
-
-    Raises:
-        PolicyError: ``pattern`` is not a valid regular expression with one capture group.
-    """
-
-    policy: Policy
-    pattern: str
-
-    def __post_init__(self) -> None:
-        self._check()
-        warnings.warn(
-            "StepPattern is deprecated: a step pattern is a setting of the run, not a rule; "
-            "pass step_pattern= to prune (RetentionOptions.step_pattern) or give it in the "
-            "policy file",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-
-    def _check(self) -> None:
-        if not isinstance(self.policy, Policy):
-            raise PolicyError(f"StepPattern needs a retention policy, got {self.policy!r}")
-        if isinstance(self.policy, StepPattern):
-            raise PolicyError("StepPattern of a StepPattern: give one pattern")
-        if not isinstance(self.pattern, str):
-            raise PolicyError(f"step_pattern must be a string, got {self.pattern!r}")
-        try:
-            compile_step_pattern(self.pattern)
-        except ConfigError as exc:
-            raise PolicyError(exc.message, field="step_pattern") from None
-
-    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        return self.policy.select(checkpoints, now)
-
-    def describe(self) -> str:
-        return f"{self.policy.describe()} (step_pattern {self.pattern})"
-
-    def rules(self) -> tuple[Policy, ...]:
-        return self.policy.rules()
-
-
-@dataclass(frozen=True)
-class FileStepPattern(StepPattern):
-    """What :func:`~s3ckpt.retention.load_policy` returns for a policy file that names a
-    ``step_pattern``, so that callers handing that Policy to ``prune`` (the Checkpointer,
-    the framework plug-ins) keep applying it: a :class:`StepPattern` that does not warn
-    (policy files are not deprecated; :class:`~s3ckpt.retention.PolicyFile` reads one
-    without any wrapper)."""
-
-    def __post_init__(self) -> None:
-        self._check()
-
-
-def split_step_pattern(policy: Policy) -> tuple[Policy, str | None]:
-    """``policy`` without its :class:`StepPattern` wrappers, and the one pattern they carried
-    (None when there is none; ``policy`` itself when it holds no wrapper).
-
-    Raises:
-        PolicyError: Wrappers combined with ``|`` / ``&`` carry different patterns.
-    """
-    found: set[str] = set()
-    rules = _unwrap(policy, found)
-    if len(found) > 1:
-        quoted = ", ".join(f"'{f}'" for f in sorted(found))
-        raise PolicyError(
-            f"rules combined with | or & read steps from names with different patterns "
-            f"({quoted}); a run has one naming: wrap the combined policy in one StepPattern"
-        )
-    return rules, (found.pop() if found else None)
-
-
-def _unwrap(policy: Policy, found: set[str]) -> Policy:
-    if isinstance(policy, StepPattern):
-        found.add(policy.pattern)
-        return _unwrap(policy.policy, found)
-    if isinstance(policy, (AnyOf, AllOf)):
-        parts = tuple(_unwrap(p, found) for p in policy.policies)
-        if all(a is b for a, b in zip(parts, policy.policies, strict=True)):
-            return policy
-        return type(policy)(parts)
-    return policy

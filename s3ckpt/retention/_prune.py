@@ -51,7 +51,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Unpack, overload
+from typing import Any
 
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.metrics import instrument
@@ -59,14 +59,13 @@ from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._deleter import Deleter
 from s3ckpt.retention._intent import finish_previous, planned_markers, previous_moves
 from s3ckpt.retention._lease import Lease
-from s3ckpt.retention._options import PruneOverrides, RetentionOptions
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._plan import Decision, Plan, check_policy, decide
 from s3ckpt.retention._policy import Policy
 from s3ckpt.retention._recheck import _deep, confirm
 from s3ckpt.retention._recheck import replanner as _replan
 from s3ckpt.retention._results import PruneResult
 from s3ckpt.retention._scan import catalogs
-from s3ckpt.retention._target import locate_policy
 from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.retention._transition import Mover, intent_of, survey
 from s3ckpt.store import Location, LocationLike
@@ -76,7 +75,6 @@ from s3ckpt.uri import StoreURL
 __all__ = ["prune", "prune_location"]
 
 
-@overload
 def prune(
     location: LocationLike,
     policy: Policy | PolicyFile,
@@ -84,38 +82,14 @@ def prune(
     *,
     apply: bool = False,
     options: RetentionOptions | None = None,
-    **overrides: Unpack[PruneOverrides],
-) -> PruneResult: ...
-@overload
-def prune(
-    store: ObjectStore,
-    run: StoreURL,
-    policy: Policy | PolicyFile,
-    /,
-    *,
-    apply: bool = False,
-    options: RetentionOptions | None = None,
-    **overrides: Unpack[PruneOverrides],
-) -> PruneResult: ...
-def prune(
-    where: LocationLike | ObjectStore,
-    second: StoreURL | Policy | PolicyFile,
-    third: Policy | PolicyFile | None = None,
-    /,
-    *,
-    apply: bool = False,
-    options: RetentionOptions | None = None,
-    **overrides: Unpack[PruneOverrides],
 ) -> PruneResult:
     """Plan retention for one run and, with ``apply=True``, carry the plan out.
 
-    ``prune(location, policy)`` or, as before, ``prune(store, run, policy)``. Safe to call
-    from a background thread of a training job (no global state; the lease keeps it from
-    racing a cron pruner on the same run).
+    Safe to call from a background thread of a training job (no global state; the lease keeps it
+    from racing a cron pruner on the same run).
 
     Args:
-        location: The run: a :class:`~s3ckpt.store.Location` or a URL (or a store, then the
-            run's URL in it).
+        location: The run: a :class:`~s3ckpt.store.Location` or a URL.
         policy: The rules (an empty policy is refused before any request), or a
             :class:`~s3ckpt.retention.PolicyFile` (its step pattern applies unless the
             options name one).
@@ -126,8 +100,6 @@ def prune(
             ``MIN_GRACE_SECONDS``, 60 s, when shorter, with a note in the result),
             ``max_delete``, ``lease_ttl``, ``include_foreign``, ``batch_size``, ``retries``,
             ``sleep``, ``on_progress`` and ``step_pattern``.
-        **overrides: Those settings as loose keyword arguments (the earlier signature):
-            shorthand for ``options.replace(...)``.
 
     Raises:
         LeaseHeldError: Another pruner holds the run's lease (nothing was changed).
@@ -142,11 +114,15 @@ def prune(
     in each of the three phases (plus retries), and one AbortMultipartUpload per open upload
     of a deleted checkpoint.
     """
-    options = RetentionOptions.fold(options, overrides, PruneOverrides, "prune")
-    location, policy = locate_policy("prune", where, second, third)
     source = PolicyFile.of(policy)
     check_policy(source.policy)
-    return prune_location(location, source, policy.describe(), apply=apply, options=options)
+    return prune_location(
+        Location.of(location),
+        source,
+        policy.describe(),
+        apply=apply,
+        options=options if options is not None else RetentionOptions(),
+    )
 
 
 def prune_location(
@@ -157,8 +133,8 @@ def prune_location(
     apply: bool,
     options: RetentionOptions,
 ) -> PruneResult:
-    """:func:`prune` below its entry points: one run, its options folded and its policy
-    checked already (``source.policy`` holds no step-pattern wrapper; ``describe`` is the
+    """:func:`prune` below its entry points: one run, its options given and its policy
+    checked already (``describe`` is the
     plan's ``policy`` text)."""
     store, run = location.store, location.url
     options, notes = source.options(options).resolve(

@@ -17,21 +17,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Unpack, overload
 
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.metrics import OperationMetrics, RunMetrics, capture
 from s3ckpt.retention._liveness import MIN_GRACE, judge_time
-from s3ckpt.retention._options import PruneOverrides, RetentionOptions
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._plan import check_policy
 from s3ckpt.retention._policy import Policy
 from s3ckpt.retention._prune import prune_location
 from s3ckpt.retention._results import PruneResult
 from s3ckpt.retention._scan import run_urls
-from s3ckpt.retention._target import locate_policy
 from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.store import Location, LocationLike
-from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = ["PruneRuns", "RunOutcome", "prune_runs"]
@@ -106,7 +103,6 @@ class PruneRuns:
             yield RunOutcome(run, result, event=mine[-1] if mine else None)
 
 
-@overload
 def prune_runs(
     location: LocationLike,
     policy: Policy | PolicyFile,
@@ -114,28 +110,6 @@ def prune_runs(
     *,
     apply: bool = False,
     options: RetentionOptions | None = None,
-    **overrides: Unpack[PruneOverrides],
-) -> PruneRuns: ...
-@overload
-def prune_runs(
-    store: ObjectStore,
-    root: StoreURL,
-    policy: Policy | PolicyFile,
-    /,
-    *,
-    apply: bool = False,
-    options: RetentionOptions | None = None,
-    **overrides: Unpack[PruneOverrides],
-) -> PruneRuns: ...
-def prune_runs(
-    where: LocationLike | ObjectStore,
-    second: StoreURL | Policy | PolicyFile,
-    third: Policy | PolicyFile | None = None,
-    /,
-    *,
-    apply: bool = False,
-    options: RetentionOptions | None = None,
-    **overrides: Unpack[PruneOverrides],
 ) -> PruneRuns:
     """:func:`~s3ckpt.retention.prune` for every run under a prefix (the prefix itself
     included when it is a run), one run at a time as the result is iterated::
@@ -157,8 +131,8 @@ def prune_runs(
     the prefix (:func:`~s3ckpt.retention.scan`) when the runs are first read; then, as it
     is iterated, one :func:`~s3ckpt.retention.prune` per run.
     """
-    options = RetentionOptions.fold(options, overrides, PruneOverrides, "prune_runs")
-    location, policy = locate_policy("prune_runs", where, second, third)
+    options = options if options is not None else RetentionOptions()
+    location = Location.of(location)
     source = PolicyFile.of(policy)
     check_policy(source.policy)  # once for every run, before any request
     root = location.url

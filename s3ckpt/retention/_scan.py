@@ -29,7 +29,7 @@ not see the run's shard folder: its sizes leave the shards out, and nothing ther
 deleted (a scan of the run or above sees them).
 
 A checkpoint's step is the one its commit marker records (``step``; the catalog reads every
-marker anyway), else the one its name gives (:func:`s3ckpt.format.checkpoint_step`: the
+marker anyway), else the one its name gives (:func:`s3ckpt._step_names.checkpoint_step`: the
 Checkpointer's ``step_000001000`` and the frameworks' ``step-4``, ``epoch=0-step=4.ckpt``,
 ``global_step4``, ``checkpoint-4``; or, with ``step_pattern``, the run's own naming).
 
@@ -42,7 +42,6 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Unpack
 
 from s3ckpt._step_names import checkpoint_step
 from s3ckpt._time import utc
@@ -67,10 +66,9 @@ from s3ckpt.retention._liveness import (
     judge_time,
     newest_failure,
 )
-from s3ckpt.retention._options import RetentionOptions, ScanOverrides, StepPatternLike
+from s3ckpt.retention._options import RetentionOptions, StepPatternLike
 from s3ckpt.retention._shallow import Marker, committed_keys, find_runs, walk
-from s3ckpt.retention._target import locate
-from s3ckpt.store import LocationLike, list_open_uploads
+from s3ckpt.store import Location, LocationLike, list_open_uploads
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL, split_prefix
 
@@ -86,13 +84,11 @@ __all__ = [
 
 
 def scan(
-    where: LocationLike | ObjectStore,
-    root: StoreURL | None = None,
+    location: LocationLike,
     /,
     *,
     options: RetentionOptions | None = None,
     include_uploads: bool = True,
-    **overrides: Unpack[ScanOverrides],
 ) -> list[RunCatalog]:
     """Every run under the location (itself included when it is a run), with its
     checkpoints, from one paged listing.
@@ -101,16 +97,12 @@ def scan(
     has only started multipart uploads lists as in progress.
 
     Args:
-        where: The prefix: a :class:`~s3ckpt.store.Location` (or a URL), or a store and
-            then ``root``, a URL in it (:mod:`s3ckpt.retention._target`).
-        root: With a store: the prefix.
+        location: The prefix: a :class:`~s3ckpt.store.Location` or a URL.
         options: The run's settings; the scan reads ``grace``, ``now`` (default: the
             store's time, :func:`~s3ckpt.store._clock.store_time`; the grace period is
             judged against it) and ``step_pattern`` (reads steps from checkpoint names the
             built-in forms do not; a step recorded in a commit marker wins over any name).
         include_uploads: List open multipart uploads too.
-        **overrides: ``grace``, ``now``, ``step_pattern`` as loose keyword arguments (the
-            earlier signature): shorthand for ``options.replace(...)``.
 
     Raises:
         ConfigError: A bad step pattern, before any request.
@@ -121,8 +113,8 @@ def scan(
     in parallel); without ``now``, one LIST of one key on S3 for the store's time.
     Nothing is HEADed.
     """
-    options = RetentionOptions.fold(options, overrides, ScanOverrides, "scan")
-    location = locate("scan", where, root)
+    options = options if options is not None else RetentionOptions()
+    location = Location.of(location)
     return catalogs(
         location.store,
         location.url,
@@ -430,33 +422,27 @@ def _metadata_stale(g: Group, manifest: Manifest) -> bool:
 
 
 def list_checkpoints(
-    where: LocationLike | ObjectStore,
-    run: StoreURL | None = None,
+    location: LocationLike,
     /,
     *,
     options: RetentionOptions | None = None,
-    **overrides: Unpack[ScanOverrides],
 ) -> list[CheckpointInfo]:
     """The checkpoints directly under a run, oldest first (by step, then commit time).
 
     Args:
-        where: The run: a :class:`~s3ckpt.store.Location` (or a URL), or a store and then
-            ``run``, a URL in it.
-        run: With a store: the run prefix.
+        location: The run: a :class:`~s3ckpt.store.Location` or a URL.
         options: The run's settings: ``grace`` (how long after its last activity, an
             object, a heartbeat or an upload's start, a save is still in progress), ``now``
             (the time to judge ``grace`` against; default: the store's time) and
             ``step_pattern`` (reads a step from names the built-in forms do not read, see
-            :func:`s3ckpt.format.checkpoint_step`; the marker's step still wins).
-        **overrides: ``grace``, ``now``, ``step_pattern`` as loose keyword arguments (the
-            earlier signature): shorthand for ``options.replace(...)``.
+            :func:`s3ckpt._step_names.checkpoint_step`; the marker's step still wins).
 
     Request cost: ``ceil(objects under run / 1000)`` LIST requests, one LIST of open
     multipart uploads per 1000 uploads, and one GET per committed checkpoint (its marker)
     and per pin, 16 at a time.
     """
-    options = RetentionOptions.fold(options, overrides, ScanOverrides, "list_checkpoints")
-    location = locate("list_checkpoints", where, run)
+    options = options if options is not None else RetentionOptions()
+    location = Location.of(location)
     return run_checkpoints(location.store, location.url, options, shallow=options.scan == "shallow")
 
 
@@ -471,20 +457,18 @@ def run_checkpoints(
 
 
 def list_runs(
-    where: LocationLike | ObjectStore,
-    root: StoreURL | None = None,
+    location: LocationLike,
     /,
     *,
     options: RetentionOptions | None = None,
-    **overrides: Unpack[ScanOverrides],
 ) -> list[StoreURL]:
     """The runs (prefixes holding checkpoints or a lease) under the location, itself
     included. Arguments as :func:`scan`'s.
 
     Same request cost as :func:`scan` over the location.
     """
-    options = RetentionOptions.fold(options, overrides, ScanOverrides, "list_runs")
-    location = locate("list_runs", where, root)
+    options = options if options is not None else RetentionOptions()
+    location = Location.of(location)
     return list(run_urls(location.store, location.url, options))
 
 

@@ -20,7 +20,7 @@ shallow walk visits folders instead:
    a committed checkpoint.
 
 Decisions. A name decides only whether a folder is *probed*, never what it is: a committed
-checkpoint with an odd name is listed and recognised by its marker as before, at the deep
+checkpoint with an odd name is listed and recognised by its marker, at the deep
 cost. What the walk cannot know (pins, an overwrite in progress, failure records, storage
 classes, nested keys, the shards of an uncommitted hashed save) is left unknown on the
 record (:attr:`~s3ckpt.retention.CheckpointInfo.shallow`); a prune lists what it would

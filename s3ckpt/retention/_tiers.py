@@ -262,20 +262,23 @@ def _old_enough(c: CheckpointInfo, after: timedelta | None, now: datetime) -> bo
 
 @dataclass(frozen=True)
 class Tiered(Policy):
-    """Rules with the storage tiers of their policy file, as one Policy: what
-    :func:`~s3ckpt.retention.load_policy` (and ``Checkpointer(policy="file.toml")``) give for
-    a file with ``[[tier]]`` tables, so callers that hand a Policy to ``prune`` keep the
-    tiers. It selects as ``policy`` does; ``prune`` takes it apart
-    (:meth:`~s3ckpt.retention.PolicyFile.of`)."""
+    """Rules with the settings of their policy file (storage tiers, step pattern), as one
+    Policy: what :func:`~s3ckpt.retention.load_policy` (and
+    ``Checkpointer(policy="file.toml")``) give for a file with ``[[tier]]`` tables or a
+    ``step_pattern``, so callers that hand a Policy to ``prune`` keep them. It selects as
+    ``policy`` does; ``prune`` takes it apart (:meth:`~s3ckpt.retention.PolicyFile.of`)."""
 
     policy: Policy
-    tiers: tuple[Tier, ...]
+    tiers: tuple[Tier, ...] = ()
+    step_pattern: str | None = None
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
         return self.policy.select(checkpoints, now)
 
     def describe(self) -> str:
-        return self.policy.describe()
+        if self.step_pattern is None:
+            return self.policy.describe()
+        return f"{self.policy.describe()} (step_pattern {self.step_pattern})"
 
     def rules(self) -> tuple[Policy, ...]:
         return self.policy.rules()

@@ -35,8 +35,7 @@ is kept if any rule keeps it, like restic's ``forget``)::
 name) and the tiers are settings of the run: :meth:`PolicyFile.options` hands them to the
 run's :class:`~s3ckpt.retention.RetentionOptions` (what the run names itself wins).
 :func:`load_policy` and :func:`parse_policy` return the rules as one
-:class:`~s3ckpt.retention.Policy`, wrapped with the file's pattern
-(:class:`~s3ckpt.retention._policy.FileStepPattern`, for one release) and tiers
+:class:`~s3ckpt.retention.Policy`, wrapped with the file's pattern and tiers
 (:class:`~s3ckpt.retention._tiers.Tiered`), so that callers handing it to ``prune`` (the
 Checkpointer, the framework plug-ins) keep both.
 
@@ -50,7 +49,6 @@ as well as paths (see :func:`builtin_policies`).
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,14 +64,12 @@ from s3ckpt.retention._duration import DURATION_HELP, parse_duration
 from s3ckpt.retention._options import RetentionOptions, step_matcher
 from s3ckpt.retention._policy import (
     AnyOf,
-    FileStepPattern,
     KeepBest,
     KeepEvery,
     KeepLast,
     KeepPinned,
     KeepWithin,
     Policy,
-    split_step_pattern,
 )
 from s3ckpt.retention._tiers import STORAGE_CLASSES, Tier, Tiered
 
@@ -229,20 +225,19 @@ class PolicyFile:
 
     @classmethod
     def of(cls, policy: Policy | PolicyFile) -> PolicyFile:
-        """``policy`` as a PolicyFile: itself, or a Policy with no settings (the step pattern
-        of deprecated :class:`~s3ckpt.retention.StepPattern` wrappers taken out of it).
+        """``policy`` as a PolicyFile: itself, a file's rules and settings given as one
+        Policy (:meth:`as_policy`), or a Policy with no settings.
 
         Raises:
-            PolicyError: ``policy`` is neither; or its wrappers carry different patterns.
+            PolicyError: ``policy`` is neither.
         """
         if isinstance(policy, PolicyFile):
             return policy
-        if isinstance(policy, Tiered):  # a file's rules and tiers, as one Policy
-            return dataclasses.replace(cls.of(policy.policy), tiers=policy.tiers)
+        if isinstance(policy, Tiered):  # a file's rules and settings, as one Policy
+            return cls(policy.policy, policy.step_pattern, "<policy>", policy.tiers)
         if not isinstance(policy, Policy):
             raise PolicyError(f"not a retention policy: {policy!r}")
-        rules, pattern = split_step_pattern(policy)
-        return cls(rules, pattern, "<policy>")
+        return cls(policy, None, "<policy>")
 
     def options(self, options: RetentionOptions | None = None) -> RetentionOptions:
         """``options`` (default: the defaults) with this file's step pattern, unless they
@@ -265,12 +260,11 @@ class PolicyFile:
 
     def as_policy(self) -> Policy:
         """The rules as one Policy for callers that take no settings: wrapped with the
-        file's step pattern (for one release, a :class:`~s3ckpt.retention.StepPattern` that
-        does not warn) and its tiers (``Tiered``), which ``prune`` takes apart again."""
-        rules = self.policy
-        if self.step_pattern is not None:
-            rules = FileStepPattern(self.policy, _text(self.step_pattern))
-        return Tiered(rules, self.tiers) if self.tiers else rules
+        file's step pattern and tiers (``Tiered``), which ``prune`` takes apart again."""
+        if self.step_pattern is None and not self.tiers:
+            return self.policy
+        pattern = None if self.step_pattern is None else _text(self.step_pattern)
+        return Tiered(self.policy, self.tiers, pattern)
 
     def __str__(self) -> str:
         return self.describe()

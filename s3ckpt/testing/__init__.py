@@ -1,8 +1,7 @@
 """``s3ckpt.testing``: test a training job's save and resume against a real S3 API.
 
 An embedded S3 server (moto, on 127.0.0.1) with a fresh bucket and the environment pointed
-at it; the fault-injecting proxy s3ckpt's own tests run behind (lost replies, connection
-resets, 503 SlowDown); and assertions on what a run prefix holds. Install with
+at it, and assertions on what a run prefix holds. Install with
 ``pip install "s3ckpt[testing]"``; the guide is ``docs/testing.md``::
 
     from s3ckpt import Checkpointer
@@ -14,18 +13,12 @@ resets, 503 SlowDown); and assertions on what a run prefix holds. Install with
             ckpt.save(4, model, optimizer)
         assert_committed(url, step=4)            # committed, every CRC32C re-read
 
-    with local_s3() as s3, s3.fault_proxy() as proxy:
-        proxy.arm("CompleteMultipartUpload", "lost_reply")   # applied, reply lost
-        ...
-
-With pytest the same comes as fixtures (``s3ckpt_server``, ``s3ckpt_s3``, ``s3ckpt_url``,
-``s3ckpt_fault_proxy``), registered by s3ckpt's entry point: see
+With pytest the same comes as fixtures (``s3ckpt_server``, ``s3ckpt_s3``, ``s3ckpt_url``),
+registered by s3ckpt's entry point: see
 :mod:`s3ckpt.testing.pytest_plugin`.
 
-Modules: ``_server`` (the embedded server and the environment); the proxy in
-``_faultproxy`` (the server, ``FaultProxy``), ``_connection`` (one connection), ``_http1``
-(framing), ``_sockets``, ``_s3ops`` (``classify``), ``_faults`` (kinds, arms, the draw) and
-``_s3errors`` (made-up error replies); ``_asserts`` (the assertions) and ``pytest_plugin``.
+Modules: ``_server`` (the embedded server and the environment), ``_asserts`` (the
+assertions) and ``pytest_plugin``.
 Importing this package imports neither moto nor torch; a server start imports moto,
 ``assert_committed`` with ``verify=True`` imports torch.
 """
@@ -41,9 +34,6 @@ if TYPE_CHECKING:
         assert_no_partial_uploads,
         committed_steps,
     )
-    from s3ckpt.testing._faultproxy import FaultProxy
-    from s3ckpt.testing._faults import ALL_FAULT_KINDS, FAULT_KINDS, Arm, Hook
-    from s3ckpt.testing._s3ops import OPERATIONS, classify
     from s3ckpt.testing._server import LocalS3, local_s3
 
 # Imported on first use: the pytest plugin (s3ckpt.testing.pytest_plugin) loads this package
@@ -53,13 +43,6 @@ _HOME = {
     "assert_committed": "_asserts",
     "assert_no_partial_uploads": "_asserts",
     "committed_steps": "_asserts",
-    "ALL_FAULT_KINDS": "_faults",
-    "FAULT_KINDS": "_faults",
-    "OPERATIONS": "_s3ops",
-    "Arm": "_faults",
-    "FaultProxy": "_faultproxy",
-    "Hook": "_faults",
-    "classify": "_s3ops",
     "LocalS3": "_server",
     "local_s3": "_server",
 }
@@ -81,17 +64,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "ALL_FAULT_KINDS",
-    "FAULT_KINDS",
-    "OPERATIONS",
-    "Arm",
-    "FaultProxy",
-    "Hook",
     "LocalS3",
     "assert_clean",
     "assert_committed",
     "assert_no_partial_uploads",
-    "classify",
     "committed_steps",
     "local_s3",
 ]

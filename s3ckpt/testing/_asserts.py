@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag, shard_owner
 from s3ckpt.retention import CheckpointInfo, list_checkpoints, scan
-from s3ckpt.store import ObjectStore, open_store
+from s3ckpt.store import Location, ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
 
 __all__ = ["assert_clean", "assert_committed", "assert_no_partial_uploads", "committed_steps"]
@@ -77,7 +77,7 @@ def assert_committed(
             names them, the damaged tensors and objects).
     """
     store, where = _open(url, store)
-    catalogs = scan(store, where)
+    catalogs = scan(Location(where, store))
     found = [c for cat in catalogs for c in cat.checkpoints]
     itself = [c for c in found if c.url.prefix == where.prefix]
     if itself:  # ``url`` is a checkpoint prefix
@@ -142,7 +142,9 @@ def committed_steps(run_url: str | StoreURL, *, store: ObjectStore | None = None
     """
     store, run = _open(run_url, store)
     return sorted(
-        c.step for c in list_checkpoints(store, run) if c.is_committed and c.step is not None
+        c.step
+        for c in list_checkpoints(Location(run, store))
+        if c.is_committed and c.step is not None
     )
 
 
@@ -208,7 +210,7 @@ def assert_clean(
     uploads = list(store.list_multipart_uploads(run.prefix))
     problems += sorted(f"open multipart upload: {u.key}" for u in uploads)
     committed: list[CheckpointInfo] = []
-    for cat in scan(store, run, include_uploads=False):
+    for cat in scan(Location(run, store), include_uploads=False):
         for c in cat.checkpoints:
             if not c.is_committed or c.error:
                 problems.append(f"not committed: {c.url}: {_describe(c)}")

@@ -10,12 +10,9 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
-
-from s3ckpt.testing._faultproxy import FaultProxy
-from s3ckpt.testing._faults import FAULT_KINDS, Hook
 
 __all__ = ["INSTALL", "LocalS3", "local_s3", "patched_env", "server_env"]
 
@@ -153,8 +150,8 @@ class LocalS3:
         }
 
     def client(self) -> Any:
-        """A new boto3 S3 client on the server itself (never through a fault proxy), for
-        arranging and inspecting a test's objects."""
+        """A new boto3 S3 client on the server itself (never through a proxy the
+        environment may point at), for arranging and inspecting a test's objects."""
         import boto3
 
         return boto3.client(
@@ -169,42 +166,6 @@ class LocalS3:
         """Create another bucket on the same server (a random name when ``name`` is None)
         and return it. It lives as long as the server."""
         return _new_bucket(self._server, name, self.region)
-
-    @contextmanager
-    def fault_proxy(
-        self,
-        *,
-        fault_rate: float = 0.0,
-        faults: Sequence[str] = FAULT_KINDS,
-        seed: int = 0,
-        max_faults: int | None = None,
-        ops: Sequence[str] | None = None,
-        hook: Hook | None = None,
-    ) -> Iterator[FaultProxy]:
-        """A :class:`~s3ckpt.testing.FaultProxy` in front of the server, with
-        ``AWS_ENDPOINT_URL`` pointed at it for the block (restored after).
-
-        The arguments are :class:`~s3ckpt.testing.FaultProxy`'s, except that ``fault_rate``
-        defaults to 0: nothing fails until you :meth:`~s3ckpt.testing.FaultProxy.arm` a
-        fault or raise the rate.
-
-        Open the stores and Checkpointers that should go through the proxy inside the block:
-        a store keeps the client it made first, on the endpoint then in force. :meth:`client`
-        still talks to the server directly.
-        """
-        with (
-            FaultProxy(
-                self.endpoint_url,
-                fault_rate=fault_rate,
-                faults=faults,
-                seed=seed,
-                max_faults=max_faults,
-                ops=ops,
-                hook=hook,
-            ) as proxy,
-            patched_env({"AWS_ENDPOINT_URL": proxy.endpoint_url}),
-        ):
-            yield proxy
 
 
 def _new_bucket(server: _Server, name: str | None, region: str) -> LocalS3:

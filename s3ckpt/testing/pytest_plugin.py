@@ -21,12 +21,6 @@ Fixtures:
 ``s3ckpt_url`` (function)
     ``"s3://{fresh bucket}/run"``: a run prefix for a :class:`~s3ckpt.Checkpointer`, in the
     bucket of ``s3ckpt_s3``.
-``s3ckpt_fault_proxy`` (function)
-    A :class:`~s3ckpt.testing.FaultProxy` in front of the server, with ``AWS_ENDPOINT_URL``
-    pointed at the proxy for the test. It injects nothing until the test arms a fault
-    (``s3ckpt_fault_proxy.arm("CompleteMultipartUpload", "lost_reply")``) or raises the rate
-    (``s3ckpt_fault_proxy.set_fault_rate(0.2)``). Open the Checkpointer in the test, so that
-    its requests go through the proxy.
 
 Child processes a test starts (``subprocess``, ``torch.multiprocessing`` spawn) inherit the
 environment, and so reach the same server.
@@ -40,10 +34,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from s3ckpt.testing._faultproxy import FaultProxy
     from s3ckpt.testing._server import LocalS3
 
-__all__ = ["s3ckpt_fault_proxy", "s3ckpt_s3", "s3ckpt_server", "s3ckpt_url"]
+__all__ = ["s3ckpt_s3", "s3ckpt_server", "s3ckpt_url"]
 
 
 @pytest.fixture(scope="session")
@@ -71,11 +64,3 @@ def s3ckpt_s3(s3ckpt_server: LocalS3) -> Iterator[LocalS3]:
 def s3ckpt_url(s3ckpt_s3: LocalS3) -> str:
     """``s3://{fresh bucket}/run``: a run prefix in the bucket of ``s3ckpt_s3``."""
     return s3ckpt_s3.url_for("run")
-
-
-@pytest.fixture
-def s3ckpt_fault_proxy(s3ckpt_s3: LocalS3) -> Iterator[FaultProxy]:
-    """A fault proxy in front of the server (no faults until armed), with
-    ``AWS_ENDPOINT_URL`` pointed at it for the test."""
-    with s3ckpt_s3.fault_proxy() as proxy:
-        yield proxy

@@ -17,7 +17,7 @@ Each ``s3ckpt`` command has a function here returning a typed, frozen result (wi
 
     load_verified(state_dict, "s3://b/run/step_100")               # NaN-fill, load, check
 
-    html = build_report(store, root, policy=load_policy("pretraining"))  # no torch
+    html = build_report("s3://bucket/runs/", policy=load_policy("pretraining"))  # no torch
     doctor = run_doctor("s3://bucket/runs/")                         # no torch needed
     restore_checkpoint("s3://b/run/step_100", days=3, wait=True)    # GLACIER: no torch
     scrub = check("s3://bucket/runs/", read_data="5%")               # no torch needed
@@ -29,14 +29,12 @@ work in an image without torch; any other name raises ``ImportError`` there (nam
 
 The report is the subpackage :mod:`s3ckpt.tools.report` (prices, the model, collecting, the
 page); the names users call are here too. An inspect result is an :class:`InspectResult`
-(``CheckpointInfo`` here is a deprecated alias for one release:
-:class:`s3ckpt.retention.CheckpointInfo` is another thing, a catalog record).
+(:class:`s3ckpt.retention.CheckpointInfo` is another thing, a catalog record).
 """
 
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.errors import IncompleteRestoreError
@@ -110,36 +108,8 @@ _LAZY: dict[str, str] = {
 }
 
 
-# Names this face held before that users do not call, or call by another name: each still
-# resolves for one release, with a DeprecationWarning saying where it lives now.
-_REPORT = "s3ckpt.tools.report"
-_INTERNAL = "an internal helper: export_checkpoint and diff_checkpoints take strings"
-_DEPRECATED: dict[str, tuple[str, str, str]] = {
-    # old name: (module, name there, what the warning says to do)
-    "CheckpointInfo": (
-        "s3ckpt.tools._inspect",
-        "InspectResult",
-        "use s3ckpt.tools.InspectResult, the same class (s3ckpt.retention.CheckpointInfo is "
-        "another thing, a catalog record)",
-    ),
-    "GIB": (_REPORT, "GIB", f"import it from {_REPORT}"),
-    "format_usd": (_REPORT, "format_usd", f"import it from {_REPORT}"),
-    "parse_price": (_REPORT, "parse_price", f"import it from {_REPORT}"),
-    "DEFAULT_PRICES": (_REPORT, "DEFAULT_PRICES", f"import it from {_REPORT}"),
-    "NameFilter": ("s3ckpt.tools._common", "NameFilter", _INTERNAL),
-    "parse_size": ("s3ckpt.tools._common", "parse_size", _INTERNAL),
-    "parse_dtype": ("s3ckpt.tools._common", "parse_dtype", _INTERNAL),
-}
-
-
 def __getattr__(name: str) -> Any:
-    """Import a torch-needing name on first access (PEP 562); a deprecated name warns."""
-    if name in _DEPRECATED:
-        home, new, advice = _DEPRECATED[name]
-        warnings.warn(
-            f"s3ckpt.tools.{name} is deprecated: {advice}", DeprecationWarning, stacklevel=2
-        )
-        return getattr(importlib.import_module(home), new)
+    """Import a torch-needing name on first access (PEP 562)."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

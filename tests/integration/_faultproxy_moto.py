@@ -19,7 +19,7 @@ import urllib3.exceptions
 from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
-from s3ckpt.testing._connection import IO_TIMEOUT
+from tests.faultproxy._connection import IO_TIMEOUT
 
 __all__ = [
     "BODY_ERRORS",

@@ -12,7 +12,8 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from s3ckpt.retention import KeepBest, KeepEvery, KeepLast, Policy, prune
+from s3ckpt.retention import KeepBest, KeepEvery, KeepLast, Policy, RetentionOptions, prune
+from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 
@@ -28,13 +29,12 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"event": event, **details}), flush=True)
 
     result = prune(
-        store,
-        run,
+        Location.of(run, store=store),
         POLICY,
         apply=True,
-        now=datetime.fromisoformat(now_iso),
-        batch_size=int(batch),
-        on_progress=progress,
+        options=RetentionOptions(
+            now=datetime.fromisoformat(now_iso), batch_size=int(batch), on_progress=progress
+        ),
     )
     print(json.dumps({"event": "result", "deleted": list(result.deleted), "ok": result.ok}))
     return 0 if result.ok else 1

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from s3ckpt.store import Location
 from tests._http import free_port
 from tests._spawn import run_ranks
 from tests.integration import _accelerate_workers as workers
@@ -54,7 +55,9 @@ def _committed(run: str) -> dict[str, int | None]:
 
     store, url = open_store(run)
     return {
-        c.name: c.step for c in list_checkpoints(store, url) if c.state == CheckpointState.COMMITTED
+        c.name: c.step
+        for c in list_checkpoints(Location.of(url, store=store))
+        if c.state == CheckpointState.COMMITTED
     }
 
 

@@ -21,8 +21,8 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt import S3Config, S3StorageReader, S3StorageWriter, TransferConfig
 from s3ckpt.config import MiB
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from tests._helpers import assert_same, open_uploads, seeded, zeros_like_state
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from s3ckpt import Checkpointer, S3Config, TransferConfig
 from s3ckpt.cli import main
 from s3ckpt.errors import S3CkptError
 from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.testing import FaultProxy
+from tests.faultproxy import FaultProxy
 from tests.integration._faulted_saves import TC
 
 pytestmark = pytest.mark.integration

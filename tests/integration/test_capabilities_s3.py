@@ -29,12 +29,13 @@ from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.cli import main
 from s3ckpt.errors import ConditionalWritesError, DeleteRefusedError, find_s3ckpt_error
 from s3ckpt.format import LATEST_NAME, LEASE_NAME, MANIFEST_NAME
-from s3ckpt.retention import KeepLast, delete_checkpoint, prune
+from s3ckpt.retention import KeepLast, RetentionOptions, delete_checkpoint, prune
+from s3ckpt.store import Location
 from s3ckpt.store._capabilities import cached_capabilities, clear_capabilities_cache
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from s3ckpt.uri import StoreURL
 from tests._helpers import SMALL, list_keys
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 
@@ -191,10 +192,18 @@ def _racing_overwrite(
             done.append(event)
 
     if command == "prune":
-        r = prune(store, run, KeepLast(2), apply=True, on_progress=hook)
+        r = prune(
+            Location.of(run, store=store),
+            KeepLast(2),
+            apply=True,
+            options=RetentionOptions(on_progress=hook),
+        )
         assert r.deleted == () and any("changed after it was planned" in n for n in r.notes)
     else:
-        res = delete_checkpoint(store, run.child(f"step_{1:09d}"), on_progress=hook)
+        res = delete_checkpoint(
+            Location.of(run.child(f"step_{1:09d}"), store=store),
+            options=RetentionOptions(on_progress=hook),
+        )
         assert not res.deleted and any("changed after it was planned" in n for n in res.notes)
     assert done
     caps = cached_capabilities(store)
@@ -253,14 +262,14 @@ def test_an_overwrite_committed_while_a_deleters_request_is_held_survives(
         store = S3Store(bucket, s3_config=S3Config(endpoint_url=proxy.endpoint_url))
         run = StoreURL("s3", bucket, "run/")
         if command == "prune":
-            r = prune(store, run, KeepLast(2), apply=True)
+            r = prune(Location.of(run, store=store), KeepLast(2), apply=True)
             assert ("step_000000001" in r.plan.keep) if held == "probe" else r.deleted == ()
         elif held == "probe":
             with pytest.raises(DeleteRefusedError) as ei:
-                delete_checkpoint(store, run.child(f"step_{1:09d}"))
+                delete_checkpoint(Location.of(run.child(f"step_{1:09d}"), store=store))
             assert ei.value.reason == "newest"
         else:
-            res = delete_checkpoint(store, run.child(f"step_{1:09d}"))
+            res = delete_checkpoint(Location.of(run.child(f"step_{1:09d}"), store=store))
             assert not res.deleted and any("changed after it was planned" in n for n in res.notes)
         lease = json.loads(store.get(run.key(LEASE_NAME)))
     assert seen and lease["released"] and lease["deleting"] == []
@@ -335,7 +344,9 @@ def test_rm_deletes_only_the_version_it_first_listed(moto_endpoint: str, bucket:
     with FaultProxy(moto_endpoint, fault_rate=0.0, hook=hook) as proxy:
         store = S3Store(bucket, s3_config=S3Config(endpoint_url=proxy.endpoint_url))
         run = StoreURL("s3", bucket, "run/")
-        res = delete_checkpoint(store, run.child(f"step_{1:09d}"), allow_newest=True)
+        res = delete_checkpoint(
+            Location.of(run.child(f"step_{1:09d}"), store=store), allow_newest=True
+        )
         lease = json.loads(store.get(run.key(LEASE_NAME)))
     assert held and not res.deleted
     assert any("changed after it was planned" in n for n in res.notes), res.notes

@@ -20,7 +20,7 @@ import pytest
 # The slice's module fixture runs the harness (~3 min here, mostly waiting out stalls and
 # timeouts, not CPU): the first test pays for it, so the suite-wide 300 s would cut it on a
 # slow host. The subprocess's own 900 s is the hang guard.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(960)]
+pytestmark = [pytest.mark.integration, pytest.mark.bench, pytest.mark.timeout(960)]
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = range(1, 13)

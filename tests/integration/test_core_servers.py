@@ -44,11 +44,12 @@ from s3ckpt.config import MiB
 from s3ckpt.errors import LeaseHeldError, find_s3ckpt_error
 from s3ckpt.format import MANIFEST_NAME, Manifest, data_name, heartbeat_name
 from s3ckpt.retention import KeepLast, Lease, list_checkpoints
+from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from s3ckpt.uri import StoreURL
 from tests._helpers import SMALL, assert_same, list_keys, open_uploads, zeros_like_state
 from tests._retention_util import ckpt_name, keys_under, write_checkpoint
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 
@@ -226,7 +227,10 @@ def test_cli_prune_and_gc_apply(
     policy.write_text("[keep]\nlast = 2\n")
     code, out = _cli(server, capsys, "prune", str(run), "--policy", str(policy), "--apply")
     assert code == 0, out
-    assert [c.step for c in list_checkpoints(store, run) if c.is_committed] == [3, 4]
+    assert [c.step for c in list_checkpoints(Location.of(run, store=store)) if c.is_committed] == [
+        3,
+        4,
+    ]
 
     # step 9: a save whose writer was killed (its heartbeat names a process that has exited)
     dead = write_checkpoint(

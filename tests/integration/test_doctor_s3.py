@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from s3ckpt.cli import main
-from s3ckpt.testing import FaultProxy
 from tests._helpers import list_keys, open_uploads
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

@@ -22,12 +22,12 @@ from s3ckpt import Checkpointer, S3Config
 from s3ckpt.cli import main
 from s3ckpt.errors import TransientStoreError
 from s3ckpt.format import FAILED_PREFIX, LATEST_NAME, MANIFEST_NAME
-from s3ckpt.retention import gc
+from s3ckpt.retention import RetentionOptions, gc
 from s3ckpt.retention._abandoned import FAILURE_SETTLE
-from s3ckpt.store import open_store
-from s3ckpt.testing import FaultProxy
+from s3ckpt.store import Location, open_store
 from s3ckpt.uri import parse_url
 from tests._helpers import list_keys, open_uploads
+from tests.faultproxy import FaultProxy
 from tests.integration._faulted_saves import TC
 
 pytestmark = pytest.mark.integration
@@ -80,7 +80,11 @@ def test_a_marker_put_that_keeps_failing_is_failed_at_once_and_gc_removes_it(
     assert [k for k in list_keys(s3_client, bucket) if k.startswith("run/step_000000002/")]
     store, _ = open_store(run + "/")
     settled = datetime.now(UTC) + FAILURE_SETTLE + timedelta(seconds=5)
-    gc(store, parse_url(run + "/"), apply=True, now=settled)
+    gc(
+        Location.of(parse_url(run + "/"), store=store),
+        apply=True,
+        options=RetentionOptions(now=settled),
+    )
     assert not [k for k in list_keys(s3_client, bucket) if k.startswith("run/step_000000002/")]
     assert open_uploads(s3_client, bucket) == []
     assert set(_ls(run + "/", capsys)) == {1}

@@ -23,9 +23,9 @@ import torch.distributed.checkpoint as dcp
 
 from s3ckpt import S3StorageReader, S3StorageWriter, TransferConfig
 from s3ckpt.config import KiB
-from s3ckpt.testing import FaultProxy
 from tests._http import free_port
 from tests._spawn import run_ranks
+from tests.faultproxy import FaultProxy
 from tests.integration import _fanout_workers as fw
 from tests.integration import _workers
 

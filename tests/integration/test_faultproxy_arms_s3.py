@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import botocore.exceptions as bexc
 import pytest
 
-from s3ckpt.testing import FaultProxy
+from tests.faultproxy import FaultProxy
 from tests.integration._faultproxy_moto import (
     CONNECTION_ERRORS,
     PROMPT,

@@ -24,7 +24,7 @@ import botocore.retries.standard
 import crc32c
 import pytest
 
-from s3ckpt.testing import FAULT_KINDS, FaultProxy
+from tests.faultproxy import FAULT_KINDS, FaultProxy
 from tests.integration._faultproxy_moto import (
     BODY_ERRORS,
     CONNECTION_ERRORS,

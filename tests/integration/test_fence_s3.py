@@ -21,7 +21,7 @@ from s3ckpt import Checkpointer, S3StorageReader, S3StorageWriter
 from s3ckpt._tombstone import SaveFencedError
 from s3ckpt.dcp._finish import SaveCommit
 from s3ckpt.errors import find_s3ckpt_error
-from s3ckpt.retention import gc, list_checkpoints
+from s3ckpt.retention import RetentionOptions, gc, list_checkpoints
 
 pytestmark = [pytest.mark.integration]
 
@@ -57,7 +57,9 @@ def test_a_checkpointer_save_paused_past_gc_is_fenced_and_latest_stays(
     ckpt = Checkpointer(url)
     try:
         ckpt.save(1, model)
-        _pause_commit(monkeypatch, lambda: gc(url + "/", apply=True, now=LATER))
+        _pause_commit(
+            monkeypatch, lambda: gc(url + "/", apply=True, options=RetentionOptions(now=LATER))
+        )
         with torch.no_grad():
             model.weight.add_(1.0)
         with pytest.raises(BaseException) as err:
@@ -70,7 +72,7 @@ def test_a_checkpointer_save_paused_past_gc_is_fenced_and_latest_stays(
         assert all(torch.equal(fresh.state_dict()[k], v) for k, v in saved.items())
     finally:
         ckpt.close()
-    assert [c.step for c in list_checkpoints(url + "/", now=LATER)] == [1]
+    assert [c.step for c in list_checkpoints(url + "/", options=RetentionOptions(now=LATER))] == [1]
 
 
 def test_an_overwrite_paused_past_gc_is_fenced_and_the_committed_state_loads(
@@ -78,7 +80,10 @@ def test_an_overwrite_paused_past_gc_is_fenced_and_the_committed_state_loads(
 ) -> None:
     url = f"s3://{bucket}/ow/ckpt"
     dcp.save({"t": torch.ones(8)}, storage_writer=S3StorageWriter(url))
-    _pause_commit(monkeypatch, lambda: gc(f"s3://{bucket}/ow/", apply=True, now=LATER))
+    _pause_commit(
+        monkeypatch,
+        lambda: gc(f"s3://{bucket}/ow/", apply=True, options=RetentionOptions(now=LATER)),
+    )
     with pytest.raises(BaseException) as err:
         dcp.save({"t": torch.zeros(8)}, storage_writer=S3StorageWriter(url, overwrite=True))
     _fenced(err.value)

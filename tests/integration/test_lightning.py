@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 import torch
 
+from s3ckpt.store import Location
+
 pytest.importorskip("lightning")  # the `lightning` extra; the test extra installs it
 
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from s3ckpt.errors import UnsafeCheckpointError
-from s3ckpt.lightning import S3CheckpointIO
+from s3ckpt.lightning import S3CheckpointIO, S3ModelCheckpoint
 from s3ckpt.retention import KeepLast, list_checkpoints
 from s3ckpt.store import open_store
 from tests._http import free_port
@@ -100,7 +101,7 @@ def test_save_load_is_exact_and_records_step_and_metric(run: str) -> None:
     back = io.load_checkpoint(f"{run}/epoch=1-step=12.ckpt")
     assert same(ckpt, back)  # int keys, tuples, Path and every tensor as saved
     store, url = open_store(run)
-    (info,) = list_checkpoints(store, url)
+    (info,) = list_checkpoints(Location.of(url, store=store))
     assert info.name == "epoch=1-step=12.ckpt" and info.step == 12
     assert info.metrics == {"val_loss": 0.25}
 
@@ -128,7 +129,7 @@ def test_resave_is_a_safe_overwrite(run: str) -> None:
     io.save_checkpoint(second, f"{run}/last.ckpt")
     assert same(io.load_checkpoint(f"{run}/last.ckpt"), second)
     store, url = open_store(run)
-    (info,) = list_checkpoints(store, url)
+    (info,) = list_checkpoints(Location.of(url, store=store))
     assert info.step == 20
 
 
@@ -142,12 +143,16 @@ def test_remove_deletes_through_s3ckpt_and_keeps_the_newest(
         io.save_checkpoint(ckpt, f"{run}/epoch=0-step={step}.ckpt")
     io.remove_checkpoint(f"{run}/epoch=0-step=4.ckpt")
     store, url = open_store(run)
-    assert [c.name for c in list_checkpoints(store, url)] == ["epoch=0-step=8.ckpt"]
+    assert [c.name for c in list_checkpoints(Location.of(url, store=store))] == [
+        "epoch=0-step=8.ckpt"
+    ]
     assert not list(store.list(url.key("epoch=0-step=4.ckpt/")))
     with caplog.at_level(logging.WARNING, logger="s3ckpt.lightning"):
         io.remove_checkpoint(f"{run}/epoch=0-step=8.ckpt")  # the newest: refused, kept
     assert "left" in caplog.text
-    assert [c.name for c in list_checkpoints(store, url)] == ["epoch=0-step=8.ckpt"]
+    assert [c.name for c in list_checkpoints(Location.of(url, store=store))] == [
+        "epoch=0-step=8.ckpt"
+    ]
 
 
 def test_policy_prunes_after_each_commit_and_keeps_a_history(run: str) -> None:
@@ -158,7 +163,7 @@ def test_policy_prunes_after_each_commit_and_keeps_a_history(run: str) -> None:
         io.save_checkpoint(ckpt, f"{run}/step={step}.ckpt")
         io.teardown()
     store, url = open_store(run)
-    assert [c.step for c in list_checkpoints(store, url)] == [3, 4]
+    assert [c.step for c in list_checkpoints(Location.of(url, store=store))] == [3, 4]
     history = io.retention_history
     assert [r.step for r in history] == [1, 2, 3, 4] and all(r.ok for r in history)
     assert [len(r.result.deleted) for r in history if r.result] == [0, 0, 1, 1]
@@ -170,7 +175,7 @@ def test_model_checkpoint_sees_an_s3_folder_and_finds_last(run: str) -> None:
     with pytest.raises(ImportError):
         import s3fs  # noqa: F401  (blocked: the point is that nothing needs it)
     io = S3CheckpointIO()
-    mc = ModelCheckpoint(dirpath=run, save_last=True)  # uses fsspec for s3://
+    mc = S3ModelCheckpoint(dirpath=run, save_last=True)  # uses fsspec for s3://
     assert not mc._fs.exists(f"{run}/last.ckpt")
     io.save_checkpoint(lightning_like(), f"{run}/epoch=0-step=4.ckpt")
     io.save_checkpoint(lightning_like(), f"{run}/last.ckpt")
@@ -230,7 +235,7 @@ def test_resume_in_a_fresh_process_is_exact(
     assert compare(str(tmp_path / "whole.pt"), str(tmp_path / "resumed.pt")) == 0
     assert compare(str(tmp_path / "half.pt"), str(tmp_path / "resumed.pt")) > 0  # it trained on
     store, url = open_store(f"{run}/resumed")
-    kept = {c.name: c.step for c in list_checkpoints(store, url)}
+    kept = {c.name: c.step for c in list_checkpoints(Location.of(url, store=store))}
     # 8 batches an epoch on one rank, 4 on each of two; 2 epochs.
     last = 2 * (8 // world)
     assert kept.get("last.ckpt") == last and f"epoch=1-step={last}.ckpt" in kept, kept

@@ -39,7 +39,7 @@ from s3ckpt.errors import (
     CheckpointNotFoundError,
     UnsafeCheckpointError,
 )
-from s3ckpt.lightning import S3CheckpointIO
+from s3ckpt.lightning import S3CheckpointIO, install
 from s3ckpt.lightning._legacy import load_object
 from s3ckpt.store import MemoryStore
 from s3ckpt.tools import flatten_state_dict, unflatten_state_dict
@@ -55,6 +55,12 @@ class HParamsData(pl.LightningDataModule):
     def __init__(self, batch_size: int = 1, root: Path = Path("/nowhere")) -> None:
         super().__init__()
         self.save_hyperparameters()
+
+
+@pytest.fixture(autouse=True)
+def load_hook() -> None:
+    """The documented opt-in for ``load_from_checkpoint("s3://...")`` (idempotent)."""
+    install()
 
 
 @pytest.fixture(params=["s3fs", "no_s3fs"])

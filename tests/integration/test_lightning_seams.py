@@ -28,6 +28,8 @@ from typing import Any
 import pytest
 import torch
 
+from s3ckpt.store import Location
+
 pytest.importorskip("lightning")  # the `lightning` extra; the test extra installs it
 
 import lightning.pytorch as pl
@@ -83,7 +85,7 @@ def no_s3fs(monkeypatch: pytest.MonkeyPatch, fsspec_registry: None) -> Iterator[
     monkeypatch.setitem(sys.modules, "s3fs", None)
     module_available.cache_clear()
     package_available.cache_clear()
-    install_filesystem(None)  # what the import does (s3ckpt.lightning.install)
+    install_filesystem(None)  # what S3ModelCheckpoint / S3CheckpointIO construction does
     yield
     module_available.cache_clear()
     package_available.cache_clear()
@@ -169,7 +171,7 @@ def _tracked(mc: ModelCheckpoint) -> set[str]:
 
 def _names(run: str) -> set[str]:
     store, url = open_store(run)
-    return {c.name for c in list_checkpoints(store, url)}
+    return {c.name for c in list_checkpoints(Location.of(url, store=store))}
 
 
 def _loads(io: S3CheckpointIO, run: str, names: set[str]) -> None:

@@ -22,8 +22,8 @@ import pytest
 from s3ckpt.config import MiB, S3Config, TransferConfig
 from s3ckpt.errors import StoreError, TransientStoreError
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from tests._http import serve
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

@@ -175,7 +175,7 @@ def test_verify_and_check_tell_a_read_failure_from_bad_data(
     command: str,
 ) -> None:
     from s3ckpt.cli import main
-    from s3ckpt.testing import FaultProxy
+    from tests.faultproxy import FaultProxy
 
     url = f"s3://{bucket}/run/step_000000001"
     g = torch.Generator().manual_seed(1)

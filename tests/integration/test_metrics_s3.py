@@ -24,10 +24,11 @@ import s3ckpt.metrics as metrics
 from s3ckpt import Checkpointer, S3Config, S3StorageReader, S3StorageWriter, TransferConfig
 from s3ckpt.cli import main
 from s3ckpt.errors import ChecksumMismatchError
+from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from s3ckpt.uri import StoreURL
 from tests._retention_util import write_checkpoint
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 
@@ -283,7 +284,7 @@ def test_a_metrics_file_that_cannot_be_written_is_a_clear_error_never_a_tracebac
 def _committed(store: S3Store, run: StoreURL) -> list[Any]:
     from s3ckpt.retention import list_checkpoints
 
-    return [c for c in list_checkpoints(store, run) if c.is_committed]
+    return [c for c in list_checkpoints(Location.of(run, store=store)) if c.is_committed]
 
 
 def test_a_healthy_job_has_no_failed_requests_only_expected_404s_and_412s(

@@ -19,7 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from s3ckpt import Checkpointer, S3Config, S3StorageReader, S3StorageWriter
-from s3ckpt.testing import FaultProxy
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

@@ -26,10 +26,12 @@ from s3ckpt.retention import (
     CheckpointState,
     KeepLast,
     Lease,
+    RetentionOptions,
     list_checkpoints,
     plan,
     prune,
 )
+from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._helpers import list_keys, open_uploads
@@ -141,7 +143,10 @@ def test_cli_ls_prune_pin_unpin_over_many_runs(
     assert code == 0 and "unpinned" in out
     code, out, _ = cli(capsys, "prune", f"s3://{bucket}/runs/a/", "--policy", policy, "--apply")
     assert code == 0 and "deleted 1 of 1" in out
-    assert [c.step for c in list_checkpoints(store, StoreURL("s3", bucket, "runs/a/"))] == [3, 4, 5]
+    assert [
+        c.step
+        for c in list_checkpoints(Location.of(StoreURL("s3", bucket, "runs/a/"), store=store))
+    ] == [3, 4, 5]
 
 
 def test_cli_exit_codes_for_bad_input(
@@ -201,14 +206,21 @@ def test_a_second_pruner_is_refused_while_the_first_works(
             go_on.wait(30)
 
     def first() -> None:
-        results.append(prune(store, run, KeepLast(2), apply=True, on_progress=slow))
+        results.append(
+            prune(
+                Location.of(run, store=store),
+                KeepLast(2),
+                apply=True,
+                options=RetentionOptions(on_progress=slow),
+            )
+        )
 
     t = threading.Thread(target=first)
     t.start()
     assert in_apply.wait(60)
     try:
         with pytest.raises(LeaseHeldError):
-            prune(store, run, KeepLast(5), apply=True)
+            prune(Location.of(run, store=store), KeepLast(5), apply=True)
         policy = tmp_path / "p.toml"
         policy.write_text("[keep]\nlast = 5\n")
         code, _, err = cli(capsys, "prune", str(run), "--policy", str(policy), "--apply")
@@ -219,7 +231,7 @@ def test_a_second_pruner_is_refused_while_the_first_works(
     (r,) = results
     assert r.deleted == tuple(ckpt_name(s) for s in range(1, 7))  # type: ignore[attr-defined]
     # the lease is free again, and there is nothing left to do
-    assert prune(store, run, KeepLast(2), apply=True).deleted == ()
+    assert prune(Location.of(run, store=store), KeepLast(2), apply=True).deleted == ()
 
 
 # -- a save in progress ------------------------------------------------------------------------
@@ -247,14 +259,14 @@ def test_a_save_in_progress_is_untouched_by_prune_and_gc(
     # the upload is older than --older-than, but it belongs to a save in progress
     assert keys_under(store, live.prefix) == before
     assert open_uploads(s3_client, bucket, live.prefix) == [big]
-    cats = {c.name: c for c in list_checkpoints(store, run)}
+    cats = {c.name: c for c in list_checkpoints(Location.of(run, store=store))}
     assert [n for n, c in cats.items() if c.is_committed] == [ckpt_name(s) for s in (3, 4, 5)]
     assert cats[ckpt_name(6)].state is CheckpointState.IN_PROGRESS
 
     # ... and the save still commits
     store.complete_multipart(big, upload_id, [part])
     write_checkpoint(store, run, 6, created=time.time(), data_objects=0, metadata=False)
-    assert list_checkpoints(store, run)[-1].state is CheckpointState.COMMITTED
+    assert list_checkpoints(Location.of(run, store=store))[-1].state is CheckpointState.COMMITTED
     assert big in list_keys(s3_client, bucket, live.prefix)
 
 
@@ -273,15 +285,21 @@ def test_gc_aborts_stale_uploads_and_removes_abandoned_saves(
     # call the library with `now` instead.
     from s3ckpt.retention import gc
 
-    dry = gc(store, run, now=datetime.fromisoformat(future))
+    dry = gc(
+        Location.of(run, store=store), options=RetentionOptions(now=datetime.fromisoformat(future))
+    )
     assert [c.name for c in dry.abandoned] == [ckpt_name(3)] and len(dry.uploads) == 1
-    r = gc(store, run, now=datetime.fromisoformat(future), apply=True)
+    r = gc(
+        Location.of(run, store=store),
+        apply=True,
+        options=RetentionOptions(now=datetime.fromisoformat(future)),
+    )
     assert r.ok and r.aborted == 1 and len(r.removed) == 1
     assert open_uploads(s3_client, bucket, run.prefix) == []
     # what stays is the fence of the reaped save (it may only be paused): a finished tombstone
     assert keys_under(store, dead.prefix) == {dead.key(MANIFEST_NAME)}
     assert is_gone(store, dead.key(MANIFEST_NAME))
-    assert len(list_checkpoints(store, run)) == 2
+    assert len(list_checkpoints(Location.of(run, store=store))) == 2
     code, out, _ = cli(capsys, "gc", str(run), "--json")
     assert code == 0 and json.loads(out)["abandoned"] == []
 
@@ -312,7 +330,7 @@ def test_gc_reclaims_dead_saves_leftovers_and_restores_metadata_on_s3(
     later = datetime.now(UTC) + timedelta(days=2)
     from s3ckpt.retention import gc
 
-    r = gc(store, run, now=later, apply=True)
+    r = gc(Location.of(run, store=store), apply=True, options=RetentionOptions(now=later))
     assert r.ok and r.aborted == 2 and r.restored == (str(ckpt),)
     assert set(r.leftovers) == {
         ckpt.key(data_name(0, 0, "dead0002")),
@@ -383,7 +401,7 @@ def test_pruner_killed_at_random_points_converges_and_keeps_what_it_must(bucket:
     now = datetime.now(UTC) + timedelta(days=1)
     from tests.integration._retention_worker import POLICY
 
-    catalog = list_checkpoints(store, run, now=now)
+    catalog = list_checkpoints(Location.of(run, store=store), options=RetentionOptions(now=now))
     expected = plan(catalog, POLICY, now)
     keep = set(expected.keep)
     assert 8 <= len(expected.delete) < 20
@@ -398,14 +416,17 @@ def test_pruner_killed_at_random_points_converges_and_keeps_what_it_must(bucket:
         now_keys = {o.key for o in store.list(run.prefix)}
         for name in keep:  # a kept checkpoint never loses a single object
             assert original[name] <= now_keys, f"{name} lost objects after a kill at {seen}"
-        for c in list_checkpoints(store, run, now=now):
+        for c in list_checkpoints(Location.of(run, store=store), options=RetentionOptions(now=now)):
             if c.name in keep:
                 assert c.state is CheckpointState.COMMITTED
     assert kills >= 3, "the kills should land while the pruner works"
 
     code, _ = _run_worker(bucket, run, now, None, rng)
     assert code == 0
-    final = {c.name: c for c in list_checkpoints(store, run, now=now)}
+    final = {
+        c.name: c
+        for c in list_checkpoints(Location.of(run, store=store), options=RetentionOptions(now=now))
+    }
     assert set(final) == keep
     for name in keep:
         assert set(final[name].keys) == original[name]
@@ -415,7 +436,12 @@ def test_pruner_killed_at_random_points_converges_and_keeps_what_it_must(bucket:
         assert not (original[c.name] & left), f"{c.name} was not fully deleted"
     assert store.head(run.key("s3ckpt.lease")) is not None
     # converged: another prune has nothing to do
-    assert prune(store, run, POLICY, apply=True, now=now).deleted == ()
+    assert (
+        prune(
+            Location.of(run, store=store), POLICY, apply=True, options=RetentionOptions(now=now)
+        ).deleted
+        == ()
+    )
     assert all(store.head(run.child(n).key(MANIFEST_NAME)) for n in keep)
 
 

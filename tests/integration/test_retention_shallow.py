@@ -14,6 +14,7 @@ from s3ckpt.cli import main
 from s3ckpt.format import MANIFEST_NAME, PIN_NAME, heartbeat_name
 from s3ckpt.retention import KeepLast, KeepWithin, RetentionOptions, prune, scan
 from s3ckpt.retention._shallow import find_runs, walk
+from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._retention_util import write_checkpoint
@@ -61,8 +62,8 @@ def _view(cats: list) -> list[tuple]:  # type: ignore[type-arg]
 
 def test_shallow_catalog_agrees_with_deep_and_lists_no_committed_keys(bucket: str) -> None:
     store, root = _fleet(bucket)
-    deep = scan(store, root, options=DEEP)
-    shallow = scan(store, root, options=SHALLOW)
+    deep = scan(Location.of(root, store=store), options=DEEP)
+    shallow = scan(Location.of(root, store=store), options=SHALLOW)
     assert _view(shallow) == _view(deep)
     by = {c.name: c for cat in shallow for c in cat.checkpoints}
     assert by["step_000000001"].shallow and not by["step_000000005"].shallow
@@ -82,7 +83,7 @@ def test_prune_shallow_rechecks_pins_and_overwrites(bucket: str) -> None:
     store.put(run.child("step_000000002").key(heartbeat_name("0badc0de", 0)), b"")  # overwrite
     plans = {}
     for opts in (DEEP, SHALLOW):
-        p = prune(store, run, KeepLast(1), options=opts).plan
+        p = prune(Location.of(run, store=store), KeepLast(1), options=opts).plan
         plans[opts.scan] = [(d.checkpoint.name, d.action) for d in p.decisions]
     assert plans["shallow"] == plans["deep"]
     assert ("step_000000001", "keep") in plans["deep"]
@@ -97,7 +98,12 @@ def test_prune_shallow_apply_deletes_what_deep_deletes(bucket: str) -> None:
         run = StoreURL("s3", bucket, f"{mode}/run/")
         _fill(store, run, [1, 2, 3, 4], heartbeats=2)
         store.put(run.key("step_000000002/notes.txt"), b"keep me")  # foreign: never deleted
-        res = prune(store, run, KeepLast(2), apply=True, options=RetentionOptions(scan=mode))
+        res = prune(
+            Location.of(run, store=store),
+            KeepLast(2),
+            apply=True,
+            options=RetentionOptions(scan=mode),
+        )
         assert res.deleted == ("step_000000001", "step_000000002")
         keys = (o.key.split("/", 1)[1] for o in store.list(f"{mode}/"))
         left[mode] = sorted(re.sub(r"\.[0-9a-f]{8}\b", ".TAG", k) for k in keys)
@@ -120,7 +126,7 @@ def test_rewritten_marker_time_does_not_move_keep_within(bucket: str) -> None:
     plans = {
         o.scan: [
             (d.checkpoint.name, d.action)
-            for d in prune(store, run, policy, options=o).plan.decisions
+            for d in prune(Location.of(run, store=store), policy, options=o).plan.decisions
         ]
         for o in (DEEP, SHALLOW)
     }

@@ -32,7 +32,7 @@ from botocore.exceptions import ClientError
 from benchmarks.s3sim import Options, S3Sim, Shaping, Throttle
 from benchmarks.s3sim._store import Store, successor
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.bench]
 
 MIB = 1024 * 1024
 #: Response fields that differ by design or are opaque (see README.md, "Differences").

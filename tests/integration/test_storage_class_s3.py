@@ -23,9 +23,9 @@ from s3ckpt.format import MANIFEST_NAME
 from s3ckpt.store import _archive
 from s3ckpt.store.base import RestoreState, restore_state
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from tests import _helpers
 from tests._helpers import assert_same, list_keys, open_uploads, zeros_like_state
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

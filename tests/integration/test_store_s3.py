@@ -26,9 +26,9 @@ from s3ckpt import (
 )
 from s3ckpt.config import MiB
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from tests._helpers import SMALL, assert_same, list_keys, open_uploads, zeros_like_state
 from tests._http import free_port
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

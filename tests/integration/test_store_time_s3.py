@@ -15,8 +15,8 @@ import pytest
 from s3ckpt._commit import boot_id, pid_namespace
 from s3ckpt.config import S3Config
 from s3ckpt.format import data_name, heartbeat_name
-from s3ckpt.retention import KeepWithin, gc, list_checkpoints, prune
-from s3ckpt.store import store_time
+from s3ckpt.retention import KeepWithin, RetentionOptions, gc, list_checkpoints, prune
+from s3ckpt.store import Location, store_time
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._retention_util import write_checkpoint
@@ -73,7 +73,11 @@ def test_gc_keeps_a_live_save_of_a_same_hostname_host(moto_endpoint: str, bucket
         }
         store.put(f"run/{name}/{data_name(0, 0, tag)}", b"x" * 10)
         store.put(f"run/{name}/{heartbeat_name(tag, 0)}", json.dumps(body).encode())
-    result = gc(store, StoreURL("s3", bucket, "run/"), grace=timedelta(hours=2), apply=True)
+    result = gc(
+        Location.of(StoreURL("s3", bucket, "run/"), store=store),
+        apply=True,
+        options=RetentionOptions(grace=timedelta(hours=2)),
+    )
     assert result.ok
     left = {o.key.split("/")[1] for o in store.list("run/step_")}
     assert left == {"step_1"}
@@ -90,10 +94,10 @@ def test_a_fast_writer_does_not_make_within_delete_newer_steps(
         fast = 2 * DAY if step <= 2 else 0.0
         ckpt = write_checkpoint(store, run, step, created=now + fast, per_save_metadata=True)
         _backdate(bucket, ckpt.prefix, (4 - step) * HOUR)
-    ckpts = list_checkpoints(store, run)
+    ckpts = list_checkpoints(Location.of(run, store=store))
     assert [c.step for c in ckpts] == [1, 2, 3, 4]
     assert ckpts[0].created is not None and ckpts[0].committed_at is not None
     assert ckpts[0].created - ckpts[0].committed_at > timedelta(days=2)
-    r = prune(store, run, KeepWithin(timedelta(minutes=90)), apply=True)
+    r = prune(Location.of(run, store=store), KeepWithin(timedelta(minutes=90)), apply=True)
     assert r.ok and set(r.deleted) == {"step_000000001", "step_000000002"}
-    assert [c.step for c in list_checkpoints(store, run)] == [3, 4]
+    assert [c.step for c in list_checkpoints(Location.of(run, store=store))] == [3, 4]

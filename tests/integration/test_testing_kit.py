@@ -1,6 +1,7 @@
-"""s3ckpt.testing in process: ``local_s3`` and its environment, the fault proxy in front of
-it, Checkpointer saves and loads under lost replies and 503s, and the assertion helpers on
-good, uncommitted, wrong-step, corrupted and untidy prefixes.
+"""s3ckpt.testing in process: ``local_s3`` and its environment, the repository's fault proxy
+(``tests.faultproxy.fault_proxy``) in front of it, Checkpointer saves and loads under lost
+replies and 503s, and the assertion helpers on good, uncommitted, wrong-step, corrupted and
+untidy prefixes.
 
 The pytest plugin and the docs page are tested through a pytest subprocess in
 ``test_testing_docs.py``.
@@ -31,6 +32,7 @@ from s3ckpt.testing import (
     local_s3,
 )
 from tests._helpers import list_keys, open_uploads
+from tests.faultproxy import fault_proxy
 
 pytestmark = pytest.mark.integration
 
@@ -117,12 +119,15 @@ def test_local_s3_sets_the_environment_and_restores_it_exactly(
 
 def test_fault_proxy_points_the_environment_at_it_and_back(s3: LocalS3) -> None:
     url = s3.url_for("run")
-    with s3.fault_proxy() as proxy:
+    with fault_proxy(s3) as proxy:
         assert os.environ["AWS_ENDPOINT_URL"] == proxy.endpoint_url != s3.endpoint_url
         store, parsed = open_store(url)
         store.put(parsed.key("through-proxy"), b"x")
         assert proxy.stats["op:PutObject"] == 1
         assert proxy.stats["faults"] == 0  # fault_rate 0 unless asked
+        child = "import os; print(os.environ['AWS_ENDPOINT_URL'])"
+        out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True)
+        assert out.stdout.strip() == proxy.endpoint_url  # children go through it too
     assert os.environ["AWS_ENDPOINT_URL"] == s3.endpoint_url
     # A store opened now gets a client on the server (the cached one is keyed by endpoint):
     # the proxy is gone, so a request through it would fail.
@@ -146,7 +151,7 @@ def test_new_bucket_is_empty_and_on_the_same_server(s3: LocalS3) -> None:
 )
 def test_save_under_a_lost_reply_commits_and_loads_equal(s3: LocalS3, op: str, glob: str) -> None:
     url = s3.url_for("run")
-    with s3.fault_proxy() as proxy:
+    with fault_proxy(s3) as proxy:
         armed = proxy.arm(op, "lost_reply", key_glob=glob)
         models = _save(url, 3, rows=2048)  # 8 MiB: two parts
         assert armed.hits == 1
@@ -158,7 +163,7 @@ def test_save_under_a_lost_reply_commits_and_loads_equal(s3: LocalS3, op: str, g
 
 def test_save_and_resume_under_503s(s3: LocalS3) -> None:
     url = s3.url_for("run")
-    with s3.fault_proxy(fault_rate=0.3, faults=("slowdown",), seed=2) as proxy:
+    with fault_proxy(s3, fault_rate=0.3, faults=("slowdown",), seed=2) as proxy:
         models = _save(url, 1, 2)
         step, loaded = _load(url)
     assert proxy.stats["slowdown"] > 0

@@ -20,6 +20,7 @@ from s3ckpt.cli import main
 from s3ckpt.config import MiB
 from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.retention import KeepEvery, KeepLast, RetentionOptions, Tier, list_checkpoints, prune
+from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.tools.report import PriceTable, collect_report
 from s3ckpt.uri import StoreURL
@@ -80,9 +81,19 @@ def test_a_tiered_prune_moves_the_selected_and_loads_stay_bit_exact(
     run = StoreURL("s3", bucket, "run/")
     tiers = (Tier(KeepEvery(1000), cls, after=timedelta(days=7)),)
     # Not old enough yet: nothing moves.
-    r = prune(store, run, KeepLast(5), apply=True, now=_later(1), tiers=tiers)
+    r = prune(
+        Location.of(run, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=_later(1), tiers=tiers),
+    )
     assert r.plan.transitions == () and r.transition_requests == 0
-    r = prune(store, run, KeepLast(5), apply=True, now=_later(8), tiers=tiers)
+    r = prune(
+        Location.of(run, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=_later(8), tiers=tiers),
+    )
     assert r.ok and set(r.transitioned) == {"step_000001000", "step_000002000"}
     for step in (1000, 2000):
         _moved_right(_classes(s3_client, bucket, f"run/step_{step:09d}/"), cls)
@@ -93,9 +104,16 @@ def test_a_tiered_prune_moves_the_selected_and_loads_stay_bit_exact(
         dcp.load(out, storage_reader=S3StorageReader(url, transfer_config=SMALL))
         assert_same(sd, out)
     # ls shows the class; a converged run sends no copy.
-    (c1000,) = [c for c in list_checkpoints(store, run) if c.name == "step_000001000"]
+    (c1000,) = [
+        c for c in list_checkpoints(Location.of(run, store=store)) if c.name == "step_000001000"
+    ]
     assert max(c1000.bytes_by_class, key=lambda k: c1000.bytes_by_class[k]) == cls
-    again = prune(store, run, KeepLast(5), apply=True, now=_later(9), tiers=tiers)
+    again = prune(
+        Location.of(run, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=_later(9), tiers=tiers),
+    )
     assert again.transition_requests == 0 and again.objects_moved == 0
 
 
@@ -122,7 +140,12 @@ def test_a_transition_killed_half_way_converges_on_the_next_run(
     store.set_storage_class = copy_then_die  # type: ignore[method-assign]
     tiers = (Tier(KeepLast(5), "STANDARD_IA"),)
     with pytest.raises(Killed):
-        prune(store, run, KeepLast(5), apply=True, options=RetentionOptions(tiers=tiers))
+        prune(
+            Location.of(run, store=store),
+            KeepLast(5),
+            apply=True,
+            options=RetentionOptions(tiers=tiers),
+        )
     store.set_storage_class = copy  # type: ignore[method-assign]
     half = _classes(s3_client, bucket, "run/")
     movable = [
@@ -130,7 +153,12 @@ def test_a_transition_killed_half_way_converges_on_the_next_run(
     ]
     done = [k for k in movable if half[k] == "STANDARD_IA"]
     assert 3 <= len(done) < len(movable)
-    r = prune(store, run, KeepLast(5), apply=True, options=RetentionOptions(tiers=tiers))
+    r = prune(
+        Location.of(run, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(tiers=tiers),
+    )
     assert r.ok and r.objects_moved == len(movable) - len(done)
     for step in STEPS:
         _moved_right(_classes(s3_client, bucket, f"run/step_{step:09d}/"), "STANDARD_IA")
@@ -151,7 +179,9 @@ def test_cli_explains_applies_and_the_report_costs_move_as_planned(
     url = f"s3://{bucket}/run/"
     store = S3Store(bucket, S3Config(endpoint_url=moto_endpoint))
     prices = PriceTable()
-    before = collect_report(store, StoreURL("s3", bucket, "run/"), policy=_load(policy))
+    before = collect_report(
+        Location.of(StoreURL("s3", bucket, "run/"), store=store), policy=_load(policy)
+    )
     (rr,) = before.runs
     assert rr.cost_after < rr.cost and rr.bytes_to_move > 0
     assert main(["prune", url, "--policy", str(policy), "--json"]) == 0
@@ -168,7 +198,7 @@ def test_cli_explains_applies_and_the_report_costs_move_as_planned(
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert "GLACIER_IR" in rows["step_000001000"] and "STANDARD" in rows["step_000001500"]
     # The report after the move costs what the plan said it would.
-    after = collect_report(store, StoreURL("s3", bucket, "run/"), prices=prices)
+    after = collect_report(Location.of(StoreURL("s3", bucket, "run/"), store=store), prices=prices)
     assert after.runs[0].cost == pytest.approx(rr.cost_after, rel=1e-9)
 
 

@@ -20,8 +20,8 @@ from s3ckpt import S3Config, S3StorageWriter
 from s3ckpt.errors import ChecksumMismatchError, CorruptCheckpointError, find_s3ckpt_error
 from s3ckpt.format import MANIFEST_NAME, Manifest
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from tests._helpers import list_keys, open_uploads
+from tests.faultproxy import FaultProxy
 from tests.integration._faulted_saves import TC, assert_loads, small_state
 
 pytestmark = pytest.mark.integration

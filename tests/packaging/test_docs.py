@@ -236,13 +236,6 @@ for step, name in [(100, "epoch=0-step=100"), (200, "epoch=0-step=200"), (300, "
         {"model": model.state_dict()}, storage_writer=s3ckpt.S3StorageWriter(url, step=step)
     )
 """,
-    "docs/testing.md": """\
-import os
-
-from s3ckpt.testing import FaultProxy
-
-proxy = FaultProxy(os.environ["AWS_ENDPOINT_URL"]).__enter__()  # what s3ckpt_fault_proxy gives
-""",
     "docs/tools.md": """\
 import torch
 

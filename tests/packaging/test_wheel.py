@@ -51,6 +51,13 @@ def test_the_wheel_holds_the_package_license_py_typed_and_policies(
     }
     assert modules <= names, f"missing from the wheel: {sorted(modules - names)}"
     assert not [n for n in names if n.startswith(("tests/", "policies/", "benchmarks/"))]
+    # The testing kit is the embedded server, the assertions and the fixtures; the fault proxy
+    # is the repository's (tests/faultproxy/), never the wheel's.
+    kit = {"__init__", "_server", "_asserts", "pytest_plugin"}
+    assert {n for n in names if n.startswith("s3ckpt/testing/")} == {
+        f"s3ckpt/testing/{m}.py" for m in kit
+    }
+    assert not [n for n in names if "faultproxy" in n.lower()]
     meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0" in meta
     assert "Requires-Python: >=3.11" in meta

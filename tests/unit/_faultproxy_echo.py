@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from s3ckpt.testing import FaultProxy
 from tests._http import serve
+from tests.faultproxy import FaultProxy
 
 __all__ = ["MiB", "EchoHandler", "connect", "echo_server", "get_statuses", "port"]
 

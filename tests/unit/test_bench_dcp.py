@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.bench
+
 _BENCH = str(Path(__file__).resolve().parents[2] / "benchmarks")
 if _BENCH not in sys.path:
     sys.path.insert(0, _BENCH)  # bench_dcp.py imports its _dcp_* modules by bare name

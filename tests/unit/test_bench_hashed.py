@@ -15,6 +15,8 @@ from benchmarks.bench_hashed import (
     summarise,
 )
 
+pytestmark = pytest.mark.bench
+
 
 def _partition(prefix: str, writes: int, throttled: int = 0, reads: int = 0) -> dict[str, Any]:
     return {

@@ -16,8 +16,8 @@ from s3ckpt._tombstone import is_tombstone, tombstone_body
 from s3ckpt.config import S3Config
 from s3ckpt.errors import CheckpointError, ConditionalWritesError, find_s3ckpt_error
 from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.retention import Lease, delete_checkpoint, gc, list_checkpoints
-from s3ckpt.store import MemoryStore
+from s3ckpt.retention import Lease, RetentionOptions, delete_checkpoint, gc, list_checkpoints
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.store._capabilities import (
     clear_capabilities_cache,
     probe_capabilities,
@@ -105,7 +105,8 @@ def _rm_racing_an_overwrite(store: MemoryStore) -> Any:
             store.put(marker, store.get(marker) + b" ")  # a new commit, another ETag
 
     return delete_checkpoint(
-        store, RUN.child(ckpt_name(1)), now=_later(), on_progress=overwrite, sleep=lambda s: None
+        Location.of(RUN.child(ckpt_name(1)), store=store),
+        options=RetentionOptions(now=_later(), on_progress=overwrite, sleep=lambda s: None),
     )
 
 
@@ -119,7 +120,12 @@ def test_rm_never_deletes_a_marker_that_changed_after_the_scan(conditional_delet
     assert keys_under(store, RUN.child(ckpt_name(1)).prefix) == before or not before
     marker = RUN.child(ckpt_name(1)).key(MANIFEST_NAME)
     assert not is_tombstone(store.get(marker))
-    names = {c.name for c in list_checkpoints(store, RUN, now=_later())}
+    names = {
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=_later())
+        )
+    }
     assert ckpt_name(1) in names
 
 
@@ -127,7 +133,10 @@ def test_rm_never_deletes_a_marker_that_changed_after_the_scan(conditional_delet
 def test_rm_deletes_an_unchanged_checkpoint_either_way(conditional_deletes: bool) -> None:
     store = MemoryStore("b", conditional_deletes=conditional_deletes)
     _fill(store, [1, 2])
-    r = delete_checkpoint(store, RUN.child(ckpt_name(1)), now=_later(), sleep=lambda s: None)
+    r = delete_checkpoint(
+        Location.of(RUN.child(ckpt_name(1)), store=store),
+        options=RetentionOptions(now=_later(), sleep=lambda s: None),
+    )
     assert r.deleted and r.ok
     assert keys_under(store, RUN.child(ckpt_name(1)).prefix) == set()
     assert store.calls.get("delete_if_match", 0) >= 1  # probed (and used where supported)
@@ -144,7 +153,10 @@ def test_a_lost_reply_of_a_conditional_delete_is_decided_by_reading_back() -> No
             real(key, etag)  # the retry of an applied delete: 404
 
     store.delete_if_match = applied_then_404  # type: ignore[method-assign]
-    r = delete_checkpoint(store, RUN.child(ckpt_name(1)), now=_later(), sleep=lambda s: None)
+    r = delete_checkpoint(
+        Location.of(RUN.child(ckpt_name(1)), store=store),
+        options=RetentionOptions(now=_later(), sleep=lambda s: None),
+    )
     assert r.deleted and r.ok and keys_under(store, RUN.child(ckpt_name(1)).prefix) == set()
 
 
@@ -164,9 +176,27 @@ def test_no_list_multipart_uploads_scans_with_one_warning_and_gc_says_so() -> No
     _fill(store, [1, 2])
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert len(list_checkpoints(store, RUN, now=_later())) == 2
-        assert len(list_checkpoints(store, RUN, now=_later())) == 2
-        r = gc(store, RUN, apply=True, now=_later(), sleep=lambda s: None)
+        assert (
+            len(
+                list_checkpoints(
+                    Location.of(RUN, store=store), options=RetentionOptions(now=_later())
+                )
+            )
+            == 2
+        )
+        assert (
+            len(
+                list_checkpoints(
+                    Location.of(RUN, store=store), options=RetentionOptions(now=_later())
+                )
+            )
+            == 2
+        )
+        r = gc(
+            Location.of(RUN, store=store),
+            apply=True,
+            options=RetentionOptions(now=_later(), sleep=lambda s: None),
+        )
     ours = [w for w in seen if "ListMultipartUploads" in str(w.message)]
     assert len(ours) == 1
     assert r.ok and r.aborted == 0

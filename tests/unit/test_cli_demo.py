@@ -142,11 +142,3 @@ def test_the_resume_proof_without_a_resume() -> None:
     assert resume_proof(losses((1, 7.5)), losses((1, 7.5)))[0] is False
     exact, text = resume_proof(losses((1, 7.5)), losses((2, 7.0), resumed=1))
     assert exact and "no losses to compare" in text
-
-
-def test_the_old_name_of_the_demo_server_still_works_with_a_warning() -> None:
-    import s3ckpt.demo
-
-    with pytest.warns(DeprecationWarning, match="demo_server"):
-        old = s3ckpt.demo.local_s3
-    assert old is s3ckpt.demo.demo_server

@@ -36,7 +36,7 @@ from s3ckpt.format import (
     manifest_digest,
     owned_tag,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import verify_checkpoint
 from tests._helpers import assert_same
 from tests._helpers import zeros_like_state as zeros
@@ -379,7 +379,7 @@ def test_gc_reclaims_a_killed_writers_save_at_once_on_the_same_host() -> None:
         store.put(f"run/{name}/{data_name(0, 0, 'abcd0123')}", b"x" * 10)
         body = {"host": host, "boot": boot_id(), "pidns": pid_namespace(), "pid": pid}
         store.put(f"run/{name}/{heartbeat_name('abcd0123', 0)}", json.dumps(body).encode())
-    result = gc(store, parse_url("s3://bkt/run/"), apply=True)
+    result = gc(Location.of(parse_url("s3://bkt/run/"), store=store), apply=True)
     assert result.ok
     left = {k.split("/")[1] for k in store.objects if "/step_" in k}
     assert left == {"step_2", "step_3"}

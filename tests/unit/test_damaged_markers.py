@@ -23,6 +23,7 @@ from s3ckpt.format import MANIFEST_NAME, MAX_INT, Manifest, manifest_digest
 from s3ckpt.retention import (
     KeepLast,
     KeepWithin,
+    RetentionOptions,
     delete_checkpoint,
     gc,
     list_checkpoints,
@@ -32,7 +33,7 @@ from s3ckpt.retention import (
     prune,
     scan,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import write_checkpoint
 
@@ -136,7 +137,10 @@ def test_the_scan_does_not_read_a_marker_over_the_limit(monkeypatch: pytest.Monk
     monkeypatch.setattr(
         store, "open_range", lambda k, s=0, n=None: reads.append(k) or real_range(k, s, n)
     )
-    by_name = {c.name: c for c in list_checkpoints(store, RUN_A, now=T0)}
+    by_name = {
+        c.name: c
+        for c in list_checkpoints(Location.of(RUN_A, store=store), options=RetentionOptions(now=T0))
+    }
     assert by_name[BAD].damaged and "4096 bytes" in (by_name[BAD].error or "")
     assert _marker_key() not in reads
     assert not by_name["step_000000002"].damaged
@@ -145,7 +149,10 @@ def test_the_scan_does_not_read_a_marker_over_the_limit(monkeypatch: pytest.Monk
 def _check_scan(store: MemoryStore) -> None:
     """The scan of a root with one hostile marker: every row there, run b untouched, the
     damaged row committed with its error, JSON-ready, and never deleted or kept as newest."""
-    cats = {c.run.prefix: c for c in scan(store, ROOT, now=T0)}
+    cats = {
+        c.run.prefix: c
+        for c in scan(Location.of(ROOT, store=store), options=RetentionOptions(now=T0))
+    }
     assert [c.name for c in cats[RUN_B.prefix].checkpoints] == ["step_000000001", "step_000000002"]
     assert not any(c.damaged for c in cats[RUN_B.prefix].checkpoints)
     rows = cats[RUN_A.prefix].checkpoints
@@ -249,16 +256,24 @@ def test_each_hostile_marker_is_one_damaged_row(body: bytes) -> None:
     store = _store()
     _damage(store, body)
     _check_scan(store)
-    bad = {c.name: c for c in list_checkpoints(store, RUN_A, now=T0)}[BAD]
+    bad = {
+        c.name: c
+        for c in list_checkpoints(Location.of(RUN_A, store=store), options=RetentionOptions(now=T0))
+    }[BAD]
     assert bad.damaged and bad.to_dict()["damaged"] is True
 
 
 def test_prune_apply_never_deletes_the_damaged_one_nor_the_real_newest() -> None:
     store = _store()
     _damage(store, HOSTILE["created 1e20"])
-    result = prune(store, RUN_A, KeepLast(1), apply=True, now=T0)
+    result = prune(
+        Location.of(RUN_A, store=store), KeepLast(1), apply=True, options=RetentionOptions(now=T0)
+    )
     assert result.deleted == ("step_000000001",), result.deleted
-    left = {c.name: c for c in list_checkpoints(store, RUN_A, now=T0)}
+    left = {
+        c.name: c
+        for c in list_checkpoints(Location.of(RUN_A, store=store), options=RetentionOptions(now=T0))
+    }
     assert set(left) == {"step_000000002", BAD} and left[BAD].damaged
     assert store.head(_marker_key()) is not None
 
@@ -270,20 +285,34 @@ def test_a_damaged_checkpoint_is_no_newest_for_rm_either() -> None:
     _damage(store, HOSTILE["non-dict JSON (list)"])
     later = T0 + timedelta(days=1)  # past the grace period: no save is live
     with pytest.raises(DeleteRefusedError, match="newest"):
-        delete_checkpoint(store, RUN_A.child("step_000000002"), now=later)
-    result = delete_checkpoint(store, RUN_A.child(BAD), now=later)
+        delete_checkpoint(
+            Location.of(RUN_A.child("step_000000002"), store=store),
+            options=RetentionOptions(now=later),
+        )
+    result = delete_checkpoint(
+        Location.of(RUN_A.child(BAD), store=store), options=RetentionOptions(now=later)
+    )
     # A damaged marker names no committed save: every save's names there were reaped, so its
     # fence stays, finished (gone: not listed)
     tomb = Tombstone.parse(store.get(_marker_key()))
     assert result.deleted and tomb is not None and tomb.done
-    assert BAD not in {c.name for c in list_checkpoints(store, RUN_A, now=later)}
+    assert BAD not in {
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN_A, store=store), options=RetentionOptions(now=later)
+        )
+    }
 
 
 def test_gc_deletes_nothing_of_a_damaged_checkpoint_and_reports_it() -> None:
     store = _store()
     _damage(store, HOSTILE["bad UTF-8"])
     before = {o.key for o in store.list(RUN_A.child(BAD).prefix)}
-    result = gc(store, ROOT, apply=True, now=T0 + timedelta(days=30))
+    result = gc(
+        Location.of(ROOT, store=store),
+        apply=True,
+        options=RetentionOptions(now=T0 + timedelta(days=30)),
+    )
     assert [str(c.url) for c in result.damaged] == [str(RUN_A.child(BAD))]
     assert {o.key for o in store.list(RUN_A.child(BAD).prefix)} == before
     assert result.to_dict()["damaged"][0]["url"] == str(RUN_A.child(BAD))

@@ -24,12 +24,13 @@ from s3ckpt.retention import (
     KeepLast,
     Lease,
     LeaseRecord,
+    RetentionOptions,
     delete_checkpoint,
     list_checkpoints,
     pin,
     prune,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.store.base import DeleteFailures
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
@@ -61,7 +62,12 @@ def rm(store: MemoryStore, clock: Clock, step_or_name: int | str, **kw: object) 
     name = ckpt_name(step_or_name) if isinstance(step_or_name, int) else step_or_name
     kw.setdefault("now", later(clock))
     kw.setdefault("sleep", lambda s: None)
-    return delete_checkpoint(store, RUN.child(name), **kw)  # type: ignore[arg-type]
+    per_call = {k: kw.pop(k) for k in ("allow_newest", "dry_run") if k in kw}
+    return delete_checkpoint(
+        Location.of(RUN.child(name), store=store),
+        options=RetentionOptions(**kw),  # type: ignore[arg-type]
+        **per_call,  # type: ignore[arg-type]
+    )
 
 
 def test_deletes_the_marker_first_then_what_s3ckpt_wrote_and_keeps_the_rest(
@@ -100,7 +106,12 @@ def test_deletes_the_marker_first_then_what_s3ckpt_wrote_and_keeps_the_rest(
     assert r.kept == (c1.key("events.out.tfevents"),)
     assert keys_under(store, c1.prefix) == {c1.key("events.out.tfevents")}
     assert keys_under(store, RUN.child(ckpt_name(2)).prefix) == others
-    names = [c.name for c in list_checkpoints(store, RUN, now=later(clock))]
+    names = [
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=later(clock))
+        )
+    ]
     assert names == [ckpt_name(2), ckpt_name(3)]
     rec = LeaseRecord.from_json(store.get(RUN.key(LEASE_NAME)))
     assert rec is not None and rec.released and rec.deleting == () and rec.operation == "rm"
@@ -138,7 +149,9 @@ def test_refusals_name_the_url_and_change_nothing(store: MemoryStore, clock: Clo
     ]
     for name, reason, text in cases:
         with pytest.raises(DeleteRefusedError) as info:
-            delete_checkpoint(store, RUN.child(name), now=now)
+            delete_checkpoint(
+                Location.of(RUN.child(name), store=store), options=RetentionOptions(now=now)
+            )
         msg = str(info.value)
         assert info.value.reason == reason, msg
         assert msg.startswith(f"refusing to delete {RUN.child(name)}: ") and text in msg, msg
@@ -151,16 +164,25 @@ def test_refusals_name_the_url_and_change_nothing(store: MemoryStore, clock: Clo
         (StoreURL("memory", "b", ""), ConfigError),  # the bucket's root
     ]:
         with pytest.raises(error) as err:
-            delete_checkpoint(store, url, now=now)
+            delete_checkpoint(Location.of(url, store=store), options=RetentionOptions(now=now))
         assert str(url) in str(err.value)
         assert nothing_written(store, before), url
     # what the refusals were about can still be deleted when asked
-    r = delete_checkpoint(store, RUN.child("foreign"), now=now, include_foreign=True)
+    r = delete_checkpoint(
+        Location.of(RUN.child("foreign"), store=store),
+        options=RetentionOptions(now=now, include_foreign=True),
+    )
     assert r.deleted and r.state is CheckpointState.FOREIGN
-    r = delete_checkpoint(store, RUN.child(ckpt_name(5)), now=now, allow_newest=True)
+    r = delete_checkpoint(
+        Location.of(RUN.child(ckpt_name(5)), store=store),
+        allow_newest=True,
+        options=RetentionOptions(now=now),
+    )
     assert r.deleted and any("newest" in n for n in r.notes)
     with pytest.raises(DeleteRefusedError, match="newest committed"):
-        delete_checkpoint(store, RUN.child(ckpt_name(4)), now=now)  # 4 is the newest now
+        delete_checkpoint(
+            Location.of(RUN.child(ckpt_name(4)), store=store), options=RetentionOptions(now=now)
+        )  # 4 is the newest now
 
 
 def test_the_most_recently_committed_is_refused_after_a_rollback(
@@ -180,7 +202,9 @@ def test_lease_held_by_another_pruner(store: MemoryStore, clock: Clock) -> None:
     Lease(store, RUN, owner="cron").acquire()
     with pytest.raises(LeaseHeldError):
         rm(store, clock, 1)
-    assert list_checkpoints(store, RUN, now=later(clock))[0].is_committed
+    assert list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=later(clock))
+    )[0].is_committed
 
 
 def test_a_lost_reply_of_the_fence_or_of_its_delete_is_decided_by_reading_back(
@@ -229,10 +253,20 @@ def test_a_crash_mid_way_is_finished_by_the_next_pruner(store: MemoryStore, cloc
         rm(store, clock, 1, on_progress=crash)
     c1 = RUN.child(ckpt_name(1))
     assert is_tombstone(store.get(c1.key(MANIFEST_NAME))) and len(keys_under(store, c1.prefix)) > 1
-    state = {c.name: c.state for c in list_checkpoints(store, RUN, now=later(clock))}
+    state = {
+        c.name: c.state
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=later(clock))
+        )
+    }
     assert state[ckpt_name(1)] is CheckpointState.BEING_DELETED
     # The next pruner (a prune here) finishes it (it is being deleted, and in the intent log).
-    r = prune(store, RUN, KeepLast(5), apply=True, now=later(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=later(clock)),
+    )
     assert r.resumed == (ckpt_name(1),) and ckpt_name(1) in r.deleted
     assert keys_under(store, c1.prefix) == set()
 
@@ -245,7 +279,12 @@ def test_rm_finishes_a_dead_pruners_deletions_too(store: MemoryStore, clock: Clo
     clock.t += 600  # its lease object is older than the TTL, in the store's time
     r = rm(store, clock, 2)
     assert r.deleted and r.resumed == (ckpt_name(1),)
-    assert [c.name for c in list_checkpoints(store, RUN, now=later(clock))] == [ckpt_name(3)]
+    assert [
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=later(clock))
+        )
+    ] == [ckpt_name(3)]
 
 
 def test_framework_names_and_a_step_pattern_tell_the_newest(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from s3ckpt.testing import ALL_FAULT_KINDS, FAULT_KINDS, FaultProxy
+from tests.faultproxy import ALL_FAULT_KINDS, FAULT_KINDS, FaultProxy
 from tests.unit._faultproxy_echo import echo_server, get_statuses
 
 # Validation only: a proxy that is never started never connects to its upstream.

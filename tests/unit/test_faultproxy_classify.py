@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from s3ckpt.testing import OPERATIONS, classify
+from tests.faultproxy import OPERATIONS, classify
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from s3ckpt.testing import FaultProxy
+from tests.faultproxy import FaultProxy
 from tests.unit._faultproxy_echo import MiB, connect, echo_server
 
 

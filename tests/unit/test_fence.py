@@ -32,7 +32,7 @@ from s3ckpt.retention import (
     list_checkpoints,
     prune,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import Clock, ckpt_name, keys_under, write_checkpoint
 from tests.unit._memory_dcp import load, save
@@ -71,7 +71,10 @@ def _fenced(err: pytest.ExceptionInfo[BaseException], by: str) -> SaveFencedErro
 
 def test_a_fresh_save_paused_past_gcs_grace_is_fenced_and_the_step_can_be_saved_again() -> None:
     store = MemoryStore("bkt")
-    ran = _pause_before_marker(store, lambda: gc(store, RUN, apply=True, now=LATER))
+    ran = _pause_before_marker(
+        store,
+        lambda: gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=LATER)),
+    )
     with pytest.raises(BaseException) as err:  # DCP wraps what a storage layer raises
         save(store, {"t": torch.ones(4)}, url=str(STEP))
     assert ran and ran[0].removed == (str(STEP),)  # type: ignore[attr-defined]
@@ -79,7 +82,9 @@ def test_a_fresh_save_paused_past_gcs_grace_is_fenced_and_the_step_can_be_saved_
     tomb = Tombstone.parse(store.get(STEP.key(MANIFEST_NAME)))
     assert tomb is not None and tomb.done and tomb.keep and tomb.by == "gc"
     assert keys_under(store, STEP.prefix) == {STEP.key(MANIFEST_NAME)}
-    assert list_checkpoints(store, RUN, now=LATER) == []  # gone: not listed
+    assert (
+        list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=LATER)) == []
+    )  # gone: not listed
     # A new save of the step replaces the finished fence (If-Match its ETag) and loads.
     save(store, {"t": torch.full((4,), 2.0)}, url=str(STEP))
     out = {"t": torch.zeros(4)}
@@ -97,9 +102,18 @@ def test_an_overwrite_paused_past_a_deleter_is_fenced_and_the_previous_commit_st
     if deleter != "gc":  # prune and rm keep the newest: a step 2 makes step 1 deletable
         save(store, {"t": torch.ones(4)}, url=str(newer))
     act: dict[str, Callable[[], object]] = {
-        "gc": lambda: gc(store, RUN, apply=True, now=LATER),
-        "prune": lambda: prune(store, RUN, KeepLast(1), apply=True, now=LATER),
-        "rm": lambda: delete_checkpoint(store, STEP, now=LATER),
+        "gc": lambda: gc(
+            Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=LATER)
+        ),
+        "prune": lambda: prune(
+            Location.of(RUN, store=store),
+            KeepLast(1),
+            apply=True,
+            options=RetentionOptions(now=LATER),
+        ),
+        "rm": lambda: delete_checkpoint(
+            Location.of(STEP, store=store), options=RetentionOptions(now=LATER)
+        ),
     }
     _pause_before_marker(store, act[deleter])
     with pytest.raises(BaseException) as err:
@@ -109,12 +123,17 @@ def test_an_overwrite_paused_past_a_deleter_is_fenced_and_the_previous_commit_st
         out = {"t": torch.zeros(4)}
         load(store, out, url=str(STEP))
         assert torch.equal(out["t"], torch.ones(4))
-        (c,) = list_checkpoints(store, RUN, now=LATER)
+        (c,) = list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=LATER))
         assert c.is_committed and not c.damaged and c.live_saves == 0
     else:  # deleted as asked; the fence of the reaped overwrite stays (gone)
         tomb = Tombstone.parse(store.get(STEP.key(MANIFEST_NAME)))
         assert tomb is not None and tomb.done and tomb.keep and tomb.reaped
-        assert [c.name for c in list_checkpoints(store, RUN, now=LATER)] == ["step_2"]
+        assert [
+            c.name
+            for c in list_checkpoints(
+                Location.of(RUN, store=store), options=RetentionOptions(now=LATER)
+            )
+        ] == ["step_2"]
 
 
 # -- (b) a prune killed at each point converges ----------------------------------------------
@@ -159,13 +178,23 @@ def test_a_prune_killed_at_any_point_converges_on_the_next_shallow_run(
     event: str, phase: str | None
 ) -> None:
     clean = _run()
-    prune(clean, RUN, KeepLast(2), apply=True, now=NOW)
+    prune(Location.of(RUN, store=clean), KeepLast(2), apply=True, options=RetentionOptions(now=NOW))
     store = _run()
     with pytest.raises(Killed):
-        prune(store, RUN, KeepLast(2), apply=True, now=NOW, on_progress=_kill_at(event, phase))
+        prune(
+            Location.of(RUN, store=store),
+            KeepLast(2),
+            apply=True,
+            options=RetentionOptions(now=NOW, on_progress=_kill_at(event, phase)),
+        )
     # the lease of the dead pruner is stale by now; the re-run is the CLI's (shallow scan)
     again = NOW + timedelta(hours=1)
-    prune(store, RUN, KeepLast(2), apply=True, options=RetentionOptions(scan="shallow", now=again))
+    prune(
+        Location.of(RUN, store=store),
+        KeepLast(2),
+        apply=True,
+        options=RetentionOptions(scan="shallow", now=again),
+    )
     assert _objects(store) == _objects(clean)
     for s in (1, 2, 3):  # no lone .metadata a stock DCP reader would take for a checkpoint
         assert keys_under(store, RUN.child(ckpt_name(s)).prefix) == set()
@@ -174,24 +203,35 @@ def test_a_prune_killed_at_any_point_converges_on_the_next_shallow_run(
 # -- (c) deletes refused, then allowed ---------------------------------------------------------
 def test_refused_deletes_then_allowed_converge_and_never_show_damage_or_a_live_save() -> None:
     clean = _run()
-    prune(clean, RUN, KeepLast(2), apply=True, now=NOW)
+    prune(Location.of(RUN, store=clean), KeepLast(2), apply=True, options=RetentionOptions(now=NOW))
     store = _run()
 
     def denied(key: str) -> BaseException:
         return StoreError("Access Denied", key=key, code="AccessDenied", operation="delete")
 
     fault = store.inject("delete_key", denied, key_glob="*.distcp", times=10**6)
-    r = prune(store, RUN, KeepLast(2), apply=True, now=NOW, sleep=lambda s: None)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(2),
+        apply=True,
+        options=RetentionOptions(now=NOW, sleep=lambda s: None),
+    )
     assert not r.ok and r.deleted == ()
-    cat = {c.name: c for c in list_checkpoints(store, RUN, now=NOW)}
+    cat = {
+        c.name: c
+        for c in list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=NOW))
+    }
     for s in (1, 2, 3):
         c = cat[ckpt_name(s)]
         assert c.state is CheckpointState.BEING_DELETED
         assert not c.damaged and not c.overwrite_in_progress and c.live_saves == 0
         assert c.life.value == "being_deleted"
-    assert gc(store, RUN, now=NOW).damaged == ()
+    assert gc(Location.of(RUN, store=store), options=RetentionOptions(now=NOW)).damaged == ()
     store.faults.remove(fault)  # the denial is lifted
-    done = delete_checkpoint(store, RUN.child(ckpt_name(1)), now=NOW + timedelta(hours=1))
+    done = delete_checkpoint(
+        Location.of(RUN.child(ckpt_name(1)), store=store),
+        options=RetentionOptions(now=NOW + timedelta(hours=1)),
+    )
     assert done.deleted  # rm of a checkpoint being deleted finishes it (and the others)
     assert _objects(store) == _objects(clean)
     for s in (1, 2, 3):

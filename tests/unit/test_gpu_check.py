@@ -20,6 +20,8 @@ import torch
 from benchmarks import gpu_check
 from benchmarks._gpu_budget import WATCHDOG_EXIT, Budget, Run
 
+pytestmark = pytest.mark.bench
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 

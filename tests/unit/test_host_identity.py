@@ -27,7 +27,7 @@ from s3ckpt.errors import LeaseHeldError
 from s3ckpt.format import LEASE_NAME, data_name, heartbeat_name
 from s3ckpt.retention import gc
 from s3ckpt.retention._lease import Lease, LeaseRecord
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL, parse_url
 
 if not (boot_id() and pid_namespace() and process_start(os.getpid())):
@@ -184,7 +184,7 @@ def test_gc_keeps_a_save_whose_heartbeat_came_from_a_same_hostname_host(dead_pid
     for name, boot in (("step_1", OTHER_BOOT), ("step_2", boot_id())):
         store.put(f"run/{name}/{data_name(0, 0, 'abcd0123')}", b"x" * 10)
         store.put(f"run/{name}/{heartbeat_name('abcd0123', 0)}", body(dead_pid, boot=boot))
-    result = gc(store, parse_url("s3://bkt/run/"), apply=True)
+    result = gc(Location.of(parse_url("s3://bkt/run/"), store=store), apply=True)
     assert result.ok
     left = {k.split("/")[1] for k in store.objects if "/step_" in k}
     assert left == {"step_1"}  # another host's live save stays; ours, killed, goes

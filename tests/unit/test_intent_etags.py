@@ -21,12 +21,13 @@ from s3ckpt.retention import (
     CheckpointState,
     KeepLast,
     LeaseRecord,
+    RetentionOptions,
     delete_checkpoint,
     gc,
     list_checkpoints,
     prune,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
     Clock,
@@ -72,7 +73,12 @@ def die_after_intent(store: MemoryStore, clock: Clock, keep: int) -> None:
             raise Crash
 
     with pytest.raises(Crash):
-        prune(store, RUN, KeepLast(keep), apply=True, now=now(clock), on_progress=hook)
+        prune(
+            Location.of(RUN, store=store),
+            KeepLast(keep),
+            apply=True,
+            options=RetentionOptions(now=now(clock), on_progress=hook),
+        )
 
 
 def overwrite(store: MemoryStore, clock: Clock, s: int) -> str:
@@ -111,11 +117,21 @@ def test_an_overwrite_after_a_dead_pruners_intent_survives_its_successor(
     die_after_intent(store, clock, keep=2)  # planned: step 1
     new = overwrite(store, clock, 1)
     # the successor keeps everything: only the dead pruner's log could delete step 1
-    r = prune(store, RUN, KeepLast(10), apply=True, now=now(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(10),
+        apply=True,
+        options=RetentionOptions(now=now(clock)),
+    )
     assert r.resumed == () and r.deleted == ()
     info = store.head(marker(1))
     assert info is not None and info.etag == new
-    cat = {c.name: c for c in list_checkpoints(store, RUN, now=now(clock))}
+    cat = {
+        c.name: c
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=now(clock))
+        )
+    }
     assert cat[ckpt_name(1)].state is CheckpointState.COMMITTED and not cat[ckpt_name(1)].damaged
     assert lease_doc(store)["deleting"] == []  # the log is settled: nothing carried forward
 
@@ -123,7 +139,12 @@ def test_an_overwrite_after_a_dead_pruners_intent_survives_its_successor(
 def test_a_marker_still_as_planned_is_finished(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock, [1, 2, 3])
     die_after_intent(store, clock, keep=2)  # planned: step 1, nothing deleted yet
-    r = prune(store, RUN, KeepLast(10), apply=True, now=now(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(10),
+        apply=True,
+        options=RetentionOptions(now=now(clock)),
+    )
     assert r.resumed == (ckpt_name(1),) and r.deleted == (ckpt_name(1),)
     assert keys_under(store, RUN.child(ckpt_name(1)).prefix) == set()
 
@@ -136,9 +157,12 @@ def test_rm_and_gc_finish_only_the_planned_marker(
     die_after_intent(store, clock, keep=2)  # planned: steps 1 and 2
     new = overwrite(store, clock, 1)
     if successor == "rm":
-        delete_checkpoint(store, RUN.child(ckpt_name(3)), now=now(clock))
+        delete_checkpoint(
+            Location.of(RUN.child(ckpt_name(3)), store=store),
+            options=RetentionOptions(now=now(clock)),
+        )
     else:
-        gc(store, RUN, apply=True, now=now(clock))
+        gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=now(clock)))
     if successor == "rm":
         assert store.head(marker(1)).etag == new  # type: ignore[union-attr]
     else:  # gc fenced the replaced save's leftovers: the overwrite's marker, reaped recorded
@@ -160,12 +184,22 @@ def test_an_overwrite_between_the_successors_listing_and_its_delete_survives(
         if event == "intent" and not new:  # the successor planned to finish step 1
             new.append(overwrite(store, clock, 1))
 
-    r = prune(store, RUN, KeepLast(10), apply=True, now=now(clock), on_progress=hook)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(10),
+        apply=True,
+        options=RetentionOptions(now=now(clock), on_progress=hook),
+    )
     assert r.resumed == (ckpt_name(1),) and r.deleted == ()
     assert any("changed after it was planned" in n for n in r.notes)
     info = store.head(marker(1))
     assert info is not None and info.etag == new[0]
-    cat = {c.name: c for c in list_checkpoints(store, RUN, now=now(clock))}
+    cat = {
+        c.name: c
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=now(clock))
+        )
+    }
     assert cat[ckpt_name(1)].state is CheckpointState.COMMITTED and not cat[ckpt_name(1)].damaged
 
 
@@ -176,7 +210,12 @@ def test_a_record_without_etags_replans_present_markers(store: MemoryStore, cloc
     store.put(RUN.key(LEASE_NAME), dead.to_json())  # an older version's log: no "planned"
     assert "planned" not in json.loads(dead.to_json()) or not dead.planned
     clock.t += 600
-    r = prune(store, RUN, KeepLast(10), apply=True, now=now(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(10),
+        apply=True,
+        options=RetentionOptions(now=now(clock)),
+    )
     assert r.resumed == (ckpt_name(2),)  # no marker: finished
     assert store.head(marker(1)) is not None  # present, no recorded ETag: the plan keeps it
 
@@ -199,10 +238,20 @@ def test_a_dead_deleters_tombstone_is_finished(clock: Clock) -> None:
     )
     store.put(RUN.key(LEASE_NAME), dead.to_json())
     clock.t += 600
-    r = prune(store, RUN, KeepLast(10), apply=True, now=now(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(10),
+        apply=True,
+        options=RetentionOptions(now=now(clock)),
+    )
     assert r.resumed == (ckpt_name(1),) and r.deleted == (ckpt_name(1),)
     assert keys_under(store, RUN.child(ckpt_name(1)).prefix) == set()
-    assert [c.name for c in list_checkpoints(store, RUN, now=now(clock))] == [
+    assert [
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=now(clock))
+        )
+    ] == [
         ckpt_name(2),
         ckpt_name(3),
     ]

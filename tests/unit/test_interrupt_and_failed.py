@@ -30,7 +30,7 @@ from s3ckpt.format import (
     heartbeat_name,
     owned_tag,
 )
-from s3ckpt.retention import CheckpointInfo, CheckpointState, gc, list_checkpoints
+from s3ckpt.retention import CheckpointInfo, CheckpointState, RetentionOptions, gc, list_checkpoints
 from s3ckpt.retention._abandoned import FAILURE_SETTLE
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL, parse_url
@@ -47,7 +47,7 @@ def _model(seed: int) -> torch.nn.Module:
 
 
 def _by_step(store: MemoryStore) -> dict[int | None, CheckpointInfo]:
-    return {c.step: c for c in list_checkpoints(store, RUN)}
+    return {c.step: c for c in list_checkpoints(Location.of(RUN, store=store))}
 
 
 def _keys(store: MemoryStore, step: int) -> set[str]:
@@ -101,7 +101,7 @@ def test_ctrl_c_in_a_save_is_keyboard_interrupt_and_leaves_the_previous_checkpoi
             assert step2.state is CheckpointState.ABANDONED and step2.failed
             assert step2.failure is not None
             assert "interrupted (KeyboardInterrupt)" in step2.failure
-            gc(store, RUN, apply=True, now=_settled())
+            gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=_settled()))
             assert _keys(store, 2) == set()
         _assert_step_1_intact(ckpt, store, pointer)
         # The same step saves again: the failure record is that one save's, not the prefix's.
@@ -194,10 +194,12 @@ def test_a_save_whose_marker_put_keeps_failing_is_failed_at_once_and_gc_takes_it
         assert step2.to_dict()["failed"] is True
         assert any(k.endswith(".distcp") for k in _keys(store, 2))  # kept: the PUT may land
         # Not at once: the failed marker PUT could still land for a moment (FAILURE_SETTLE).
-        early = gc(store, RUN, apply=True)
+        early = gc(Location.of(RUN, store=store), apply=True)
         assert early.removed == () and any("a save failed there" in n for n in early.notes)
         assert any(k.endswith(".distcp") for k in _keys(store, 2))
-        result = gc(store, RUN, apply=True, now=_settled())
+        result = gc(
+            Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=_settled())
+        )
         assert [str(u) for u in result.removed] == [str(step2.url)]
         assert _keys(store, 2) == set()
         store.faults.clear()
@@ -214,7 +216,7 @@ def test_without_its_failure_record_a_failed_save_waits_out_the_grace_period() -
             ckpt.save(2, _model(2))
     step2 = _by_step(store)[2]
     assert step2.state is CheckpointState.IN_PROGRESS and step2.failed_at is None
-    assert gc(store, RUN, apply=True).removed == ()
+    assert gc(Location.of(RUN, store=store), apply=True).removed == ()
 
 
 def _settled() -> datetime:
@@ -240,7 +242,7 @@ def test_a_commit_marker_wins_over_a_failure_record_of_its_own_save() -> None:
         assert record_failure(store, c1.url, c1.tag, 0, 1, TimeoutError("reply lost"))
         c1 = _by_step(store)[1]
         assert c1.is_committed and not c1.failed and c1.failed_at is None
-        gc(store, RUN, apply=True, now=_settled())
+        gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=_settled()))
         assert failure_name(c1.tag, 0) not in _keys(store, 1)  # the stale record went
         _assert_step_1_intact(ckpt, store, pointer)
 
@@ -259,7 +261,7 @@ def test_a_failure_record_never_touches_another_save_of_the_prefix() -> None:
     assert by[2].state is CheckpointState.IN_PROGRESS and by[2].live_tags == ("bbbbbbbb",)
     assert not by[2].failed and by[2].failed_at is not None  # said, but not its state
     assert by[1].is_committed and not by[1].overwrite_in_progress and by[1].failed_at
-    gc(store, RUN, apply=True, now=_settled())
+    gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=_settled()))
     assert {owned_tag(k) for k in _keys(store, 2)} == {"bbbbbbbb"}
     assert "cccccccc" not in {owned_tag(k) for k in _keys(store, 1)}
     # Both writers proven gone by their records: no fence was needed, the marker is untouched.

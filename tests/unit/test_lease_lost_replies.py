@@ -18,8 +18,8 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.retention._lease import Lease
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.testing import FaultProxy
 from s3ckpt.uri import parse_url
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 

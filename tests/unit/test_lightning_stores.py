@@ -1,6 +1,7 @@
 """s3ckpt.lightning without a plug-in at hand: which settings open a bucket, one store per
-settings across the process, and ``install()`` (what importing the package does) is
-idempotent. No requests are made: stores are only opened."""
+settings across the process, and ``install()`` (the explicit opt-in; importing the package
+installs nothing, tests/unit/test_lightning_import.py) is idempotent. No requests are made:
+stores are only opened."""
 
 from __future__ import annotations
 
@@ -63,9 +64,9 @@ def test_install_is_idempotent() -> None:
     from lightning.pytorch.core import saving
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
+    install()
     before = (saving.pl_load, ModelCheckpoint._find_last_checkpoints, AsyncCheckpointIO.teardown)
     install()
-    install()
     after = (saving.pl_load, ModelCheckpoint._find_last_checkpoints, AsyncCheckpointIO.teardown)
-    assert after == before  # the import installed them once; nothing is wrapped twice
+    assert after == before  # nothing is wrapped twice
     assert getattr(saving.pl_load, "_s3ckpt_hook", False)

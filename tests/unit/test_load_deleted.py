@@ -12,7 +12,7 @@ from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, find_s3ckpt_error
 from s3ckpt.format import MANIFEST_NAME
 from s3ckpt.retention import delete_checkpoint
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import parse_url
 
 STEP = parse_url("s3://bkt/run/step_000000007/")
@@ -41,7 +41,7 @@ def test_a_step_whose_deletion_was_cut_short_loads_as_being_deleted() -> None:
     store = MemoryStore("bkt")
     dcp.save({"w": torch.ones(3)}, storage_writer=S3StorageWriter(STEP, store=store))
     store.inject("delete", key_glob="*.distcp", times=100)  # deletes of its data refused
-    res = delete_checkpoint(store, STEP, allow_newest=True)
+    res = delete_checkpoint(Location.of(STEP, store=store), allow_newest=True)
     assert not res.deleted and any(k.endswith(".distcp") for k in store.objects)
     err = _load(store)
     assert isinstance(err, CheckpointNotFoundError) and "step 7" in str(err)

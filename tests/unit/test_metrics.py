@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 import s3ckpt.metrics as metrics
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.metrics import instrument
-from s3ckpt.retention import KeepLast, Lease, gc, prune
-from s3ckpt.store import MemoryStore
+from s3ckpt.retention import KeepLast, Lease, RetentionOptions, gc, prune
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import Clock, clock_and_store_fixtures, write_checkpoint
 
@@ -144,8 +144,15 @@ def test_a_bound_recorder_counts_on_another_thread_and_finishes_once() -> None:
 def test_prune_event_counts_deleted_checkpoints_and_bytes(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock, [10, 20, 30, 40])
     with metrics.capture() as events:
-        dry = prune(store, RUN, KeepLast(1), now=later(clock))
-        r = prune(store, RUN, KeepLast(1), apply=True, now=later(clock))
+        dry = prune(
+            Location.of(RUN, store=store), KeepLast(1), options=RetentionOptions(now=later(clock))
+        )
+        r = prune(
+            Location.of(RUN, store=store),
+            KeepLast(1),
+            apply=True,
+            options=RetentionOptions(now=later(clock)),
+        )
     planned, applied = events
     assert planned.dry_run and planned.deleted == 0 and planned.ok
     assert applied.kind == "prune" and applied.url == str(RUN) and not applied.dry_run
@@ -158,7 +165,12 @@ def test_a_busy_lease_is_a_failed_prune_event(store: MemoryStore, clock: Clock) 
     fill(store, clock, [10, 20])
     Lease(store, RUN, owner="someone-else").acquire()
     with metrics.capture() as events, pytest.raises(LeaseHeldError):
-        prune(store, RUN, KeepLast(1), apply=True, now=later(clock))
+        prune(
+            Location.of(RUN, store=store),
+            KeepLast(1),
+            apply=True,
+            options=RetentionOptions(now=later(clock)),
+        )
     (e,) = events
     assert (e.ok, e.error, e.lease_busy, e.deleted) == (False, "LeaseHeldError", 1, 0)
 
@@ -168,7 +180,11 @@ def test_gc_publishes_one_event(store: MemoryStore, clock: Clock) -> None:
     write_checkpoint(store, RUN, 20, created=clock.t, commit=False, metadata=False)  # killed
     clock.t += 86400
     with metrics.capture() as events:
-        r = gc(store, RUN, apply=True, now=datetime.fromtimestamp(clock.t, UTC))
+        r = gc(
+            Location.of(RUN, store=store),
+            apply=True,
+            options=RetentionOptions(now=datetime.fromtimestamp(clock.t, UTC)),
+        )
     (e,) = events
     assert e.kind == "gc" and e.deleted == len(r.removed) == 1 and e.bytes_freed > 0
 

@@ -48,6 +48,7 @@ from s3ckpt.format import (
 from s3ckpt.retention import (
     CheckpointState,
     KeepLast,
+    RetentionOptions,
     delete_checkpoint,
     gc,
     list_checkpoints,
@@ -55,7 +56,7 @@ from s3ckpt.retention import (
     prune,
 )
 from s3ckpt.retention._scan import _ckpt_dir
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import export_checkpoint, verify_checkpoint
 from s3ckpt.uri import parse_url
 from tests._helpers import assert_same, zeros_like_state
@@ -382,7 +383,7 @@ def test_scan_attributes_shards_to_their_checkpoint_and_never_takes_the_folder_f
     foreign.append(f"runs/a/{SHARDS_DIR}/0/step_000000009/__0_0.distcp")
     for k in foreign:
         store.put(k, b"x")
-    cat = list_checkpoints(store, RUN, now=at(clock))
+    cat = list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=at(clock)))
     assert [c.name for c in cat] == ["step_000000001", "step_000000002"]
     for c in cat:
         own = {k for k in store.objects if c.name in k and k not in foreign}
@@ -392,7 +393,7 @@ def test_scan_attributes_shards_to_their_checkpoint_and_never_takes_the_folder_f
         assert {k for k in c.committed_keys if SHARDS_DIR in k} == {
             k for k in own if SHARDS_DIR in k
         }
-    assert list_runs(store, parse_url("s3://bkt/")) == [RUN]
+    assert list_runs(Location.of(parse_url("s3://bkt/"), store=store)) == [RUN]
 
 
 def test_prune_and_rm_delete_the_shards_after_the_marker(store: MemoryStore, clock: Clock) -> None:
@@ -403,12 +404,10 @@ def test_prune_and_rm_delete_the_shards_after_the_marker(store: MemoryStore, clo
     store.put(foreign, b"x")
     events: list[tuple[str, dict[str, Any]]] = []
     r = prune(
-        store,
-        RUN,
+        Location.of(RUN, store=store),
         KeepLast(1),
-        now=at(clock),
         apply=True,
-        on_progress=lambda e, d: events.append((e, d)),
+        options=RetentionOptions(now=at(clock), on_progress=lambda e, d: events.append((e, d))),
     )
     assert r.ok and r.deleted == ("step_000000001", "step_000000002")
     phases = [d["phase"] for e, d in events if e == "delete"]
@@ -423,7 +422,11 @@ def test_prune_and_rm_delete_the_shards_after_the_marker(store: MemoryStore, clo
     assert {SHARD_KEY.fullmatch(k).group(2) for k in shard_keys(store) if k != foreign} == {  # type: ignore[union-attr]
         "step_000000003"
     }
-    res = delete_checkpoint(store, RUN.child("step_000000003"), allow_newest=True, now=at(clock))
+    res = delete_checkpoint(
+        Location.of(RUN.child("step_000000003"), store=store),
+        allow_newest=True,
+        options=RetentionOptions(now=at(clock)),
+    )
     assert res.deleted and any(SHARDS_DIR in k for k in res.keys)
     assert set(store.objects) - {RUN.key(LEASE_NAME)} == {foreign}
 
@@ -449,15 +452,19 @@ def test_gc_removes_an_abandoned_hashed_save_after_grace_and_never_committed_sha
     store.put(overwrite, b"x")
     store.put(unlisted, b"x")
     clock.t += 10 * 60
-    (_, c2) = list_checkpoints(store, RUN, now=at(clock))
+    (_, c2) = list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=at(clock))
+    )
     assert c2.name == "step_000000002" and c2.state is CheckpointState.IN_PROGRESS
     assert c2.live_tags == ("dead0001",) and len(c2.uploads) == 1
-    r = gc(store, RUN, now=at(clock), apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=at(clock)))
     assert r.removed == () and all(k in store.objects for k in keys) and up in store.uploads
     clock.t += 3 * HOUR
-    (_, c2) = list_checkpoints(store, RUN, now=at(clock))
+    (_, c2) = list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=at(clock))
+    )
     assert c2.state is CheckpointState.ABANDONED
-    r = gc(store, RUN, now=at(clock), apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=at(clock)))
     assert r.ok and r.removed == (str(ckpt),) and r.aborted == 1 and up not in store.uploads
     # dead0001 was only past its grace period, not proven gone (it may be paused): its
     # finished tombstone stays as the fence until a new save of step 2 replaces it.
@@ -466,9 +473,14 @@ def test_gc_removes_an_abandoned_hashed_save_after_grace_and_never_committed_sha
     tomb = Tombstone.parse(store.objects[fence].data)
     assert tomb is not None and tomb.done and tomb.keep and tomb.reaped == ("dead0001",)
     assert doc(store, 1)["reaped"] == ["dead0002"]  # step 1's marker fenced the overwrite
-    assert [c.name for c in list_checkpoints(store, RUN, now=at(clock))] == ["step_000000001"]
+    assert [
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=at(clock))
+        )
+    ] == ["step_000000001"]
     with pytest.raises(CheckpointNotFoundError, match="no checkpoint"):
-        delete_checkpoint(store, ckpt, now=at(clock))
+        delete_checkpoint(Location.of(ckpt, store=store), options=RetentionOptions(now=at(clock)))
     assert verify_checkpoint(RUN.child("step_000000001"), store=store).ok
 
 
@@ -477,7 +489,11 @@ def test_rm_refuses_a_shard_folder_for_a_checkpoint(store: MemoryStore, clock: C
     (key,) = shard_keys(store)[:1]
     folder = parse_url("s3://bkt/" + key.rpartition("/")[0])
     with pytest.raises(CheckpointNotFoundError, match="no checkpoint"):
-        delete_checkpoint(store, folder, allow_newest=True, now=at(clock))
+        delete_checkpoint(
+            Location.of(folder, store=store),
+            allow_newest=True,
+            options=RetentionOptions(now=at(clock)),
+        )
     assert key in store.objects
 
 

@@ -11,8 +11,8 @@ from s3ckpt import Checkpointer
 from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import StoreError
 from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.retention import CheckpointState, KeepLast, list_checkpoints, prune
-from s3ckpt.store import MemoryStore
+from s3ckpt.retention import CheckpointState, KeepLast, RetentionOptions, list_checkpoints, prune
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import parse_url
 
 URL = "s3://bkt/run"
@@ -34,16 +34,21 @@ def test_a_prune_whose_deletes_were_refused_is_finished_by_the_next_one_at_once(
         return StoreError("Access Denied", key=key, code="AccessDenied", operation="delete")
 
     fault = store.inject("delete_key", denied, key_glob="*.distcp", times=10**6)
-    r = prune(store, RUN, KeepLast(1), apply=True, sleep=lambda s: None)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(sleep=lambda s: None),
+    )
     assert not r.ok and r.deleted == ()
     tomb = Tombstone.parse(store.objects[RUN.child("step_000000001").key(MANIFEST_NAME)].data)
     assert tomb is not None and not tomb.done and tomb.tag is not None  # the committed save's
-    by = {c.step: c for c in list_checkpoints(store, RUN)}
+    by = {c.step: c for c in list_checkpoints(Location.of(RUN, store=store))}
     assert by[1].state is CheckpointState.BEING_DELETED and by[1].live_saves == 0
     store.faults.remove(fault)  # the denial is lifted, minutes (not hours) later
-    again = prune(store, RUN, KeepLast(1), apply=True)
+    again = prune(Location.of(RUN, store=store), KeepLast(1), apply=True)
     assert again.ok
     assert _keys(store, 1) == _keys(store, 2) == set()
-    assert [(c.step, c.state) for c in list_checkpoints(store, RUN)] == [
+    assert [(c.step, c.state) for c in list_checkpoints(Location.of(RUN, store=store))] == [
         (3, CheckpointState.COMMITTED)
     ]

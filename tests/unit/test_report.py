@@ -144,13 +144,15 @@ def test_the_plan_overlay_is_prunes_dry_run_and_costs_add_up() -> None:
     store, root = memory_bucket()
     policy = KeepLast(2) | KeepBest(3, "acc", mode="max")
     now = datetime.now(UTC)
-    report = collect_report(store, root, policy=policy, now=now)
+    report = collect_report(
+        Location.of(root, store=store), policy=policy, options=RetentionOptions(now=now)
+    )
     assert [str(r.run) for r in report.runs] == [
         "s3://b/runs/<script>alert(1)</script>/",
         "s3://b/runs/a/",
     ]
     a = report.runs[1]
-    dry = prune(store, a.run, policy, now=now)
+    dry = prune(Location.of(a.run, store=store), policy, options=RetentionOptions(now=now))
     assert [(r.info.name, r.action, r.reasons) for r in a.rows] == [
         (d.checkpoint.name, d.action, d.reasons) for d in dry.plan.decisions
     ]
@@ -169,7 +171,11 @@ def test_the_plan_overlay_is_prunes_dry_run_and_costs_add_up() -> None:
 
 def test_bucket_data_is_escaped_everywhere() -> None:
     store, root = memory_bucket()
-    page = build_report(store, root, policy=KeepLast(1), now=datetime.now(UTC))
+    page = build_report(
+        Location.of(root, store=store),
+        policy=KeepLast(1),
+        options=RetentionOptions(now=datetime.now(UTC)),
+    )
     assert page.count("<script") == 1  # ours; the run named <script> is text
     assert "<img" not in page and "<svg onload" not in page
     assert html.escape("runs/<script>alert(1)</script>/") in page
@@ -189,7 +195,7 @@ def test_bucket_data_is_escaped_everywhere() -> None:
 
 def test_without_a_policy_there_is_no_plan_on_the_page() -> None:
     store, root = memory_bucket()
-    report = collect_report(store, root)
+    report = collect_report(Location.of(root, store=store))
     assert report.policy is None and all(r.plan is None for r in report.runs)
     assert all(row.action is None and row.reasons == () for r in report.runs for row in r.rows)
     page = render_html(report)
@@ -199,51 +205,40 @@ def test_without_a_policy_there_is_no_plan_on_the_page() -> None:
 
 def test_a_short_grace_is_raised_to_the_floor_as_prune_does() -> None:
     store, root = memory_bucket()
-    report = collect_report(store, root, policy=KeepLast(1), grace=timedelta(seconds=1))
+    report = collect_report(
+        Location.of(root, store=store),
+        policy=KeepLast(1),
+        options=RetentionOptions(grace=timedelta(seconds=1)),
+    )
     assert report.grace == MIN_GRACE and "raised" in report.notes[0]
     with pytest.raises(PolicyError, match="no keep rule"):
-        collect_report(store, root, policy=KeepPinned())
+        collect_report(Location.of(root, store=store), policy=KeepPinned())
 
 
-def test_options_are_one_value_and_the_old_keywords_are_shorthand_for_replace() -> None:
+def test_options_are_one_value() -> None:
     store, root = memory_bucket()
     now = datetime.now(UTC)
     policy = KeepLast(2) | KeepBest(3, "acc", mode="max")
     options = RetentionOptions(now=now, max_delete=1, include_foreign=True)
-    by_options = collect_report(store, root, policy=policy, options=options)
-    assert by_options == collect_report(
-        store, root, policy=policy, now=now, max_delete=1, include_foreign=True
-    )
+    location = Location(root, store)
+    by_options = collect_report(location, policy=policy, options=options)
     assert by_options.include_foreign and by_options.now == now
     assert all(len(r.plan.delete) <= 1 for r in by_options.runs if r.plan is not None)
-    # A keyword overrides that field of options and leaves the others.
-    other = collect_report(store, root, policy=policy, options=options, max_delete=None)
+    # A copy with one field changed leaves the others.
+    other = collect_report(location, policy=policy, options=options.replace(max_delete=None))
     assert other.include_foreign and sum(r.objects_deleted for r in other.runs) > sum(
         r.objects_deleted for r in by_options.runs
     )
-    assert build_report(store, root, policy=policy, options=options) == render_html(by_options)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'lease_ttl'"):
-        collect_report(store, root, lease_ttl=timedelta(minutes=1))  # type: ignore[call-arg]
-
-
-def test_a_location_is_the_store_and_root_in_one_value() -> None:
-    store, root = memory_bucket()
-    options = RetentionOptions(now=datetime.now(UTC))
-    pair = collect_report(store, root, policy=KeepLast(1), options=options)
-    location = Location(root, store)
-    assert collect_report(location, policy=KeepLast(1), options=options) == pair
-    assert build_report(location, policy=KeepLast(1), options=options) == render_html(pair)
-    with pytest.raises(TypeError, match="a Location"):
-        collect_report(store)
-    with pytest.raises(TypeError, match="a Location"):
-        collect_report(location, root)
+    assert build_report(location, policy=policy, options=options) == render_html(by_options)
 
 
 def test_a_bad_step_pattern_is_refused_before_any_request() -> None:
     store, root = memory_bucket()
     store.calls.clear()
     with pytest.raises(ConfigError, match="capture group"):
-        collect_report(store, root, step_pattern="step_\\d+")
+        collect_report(
+            Location.of(root, store=store), options=RetentionOptions(step_pattern="step_\\d+")
+        )
     assert store.calls == {}
 
 
@@ -256,20 +251,32 @@ def test_the_step_pattern_comes_from_options_else_from_the_policy() -> None:
         )
     pattern = r"ckpt_e\d+_s(\d+)"
     now = datetime.now(UTC)
-    steps = [r.info.step for r in collect_report(store, run, now=now).runs[0].rows]
+    steps = [
+        r.info.step
+        for r in collect_report(Location.of(run, store=store), options=RetentionOptions(now=now))
+        .runs[0]
+        .rows
+    ]
     assert steps == [None, None, None]
-    by_options = collect_report(store, run, options=RetentionOptions(now=now, step_pattern=pattern))
+    by_options = collect_report(
+        Location.of(run, store=store), options=RetentionOptions(now=now, step_pattern=pattern)
+    )
     assert sorted(r.info.step for r in by_options.runs[0].rows) == [0, 10, 20]
     text = f"step_pattern = '{pattern}'\n[keep]\nlast = 1\n"
     for policy in (PolicyFile.parse(text), parse_policy(text)):  # the file's pattern applies
-        by_policy = collect_report(store, run, policy=policy, now=now)
+        by_policy = collect_report(
+            Location.of(run, store=store), policy=policy, options=RetentionOptions(now=now)
+        )
         assert sorted(r.info.step for r in by_policy.runs[0].rows) == [0, 10, 20]
         assert [r.action for r in by_policy.runs[0].rows].count("keep") == 1
         assert by_policy.policy == f"last 1 (step_pattern {pattern})"
     # A pattern the run names wins over the file's.
     mine = RetentionOptions(now=now, step_pattern=r"ckpt_e(\d+)_s\d+")
     named = {
-        r.info.step for r in collect_report(store, run, policy=policy, options=mine).runs[0].rows
+        r.info.step
+        for r in collect_report(Location.of(run, store=store), policy=policy, options=mine)
+        .runs[0]
+        .rows
     }
     assert named == {1}
 
@@ -309,7 +316,7 @@ def test_a_page_of_ten_thousand_checkpoints_stays_small_and_whole() -> None:
 def test_collect_raises_for_a_storage_class_without_a_price() -> None:
     store, root = memory_bucket()
     with pytest.raises(ConfigError, match="'STANDARD'"):
-        collect_report(store, root, prices=PriceTable({"GLACIER": 0.0036}))
+        collect_report(Location.of(root, store=store), prices=PriceTable({"GLACIER": 0.0036}))
 
 
 # -- the CLI -------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from s3ckpt.retention import (
     KeepLast,
     Lease,
     LeaseRecord,
+    RetentionOptions,
     gc,
     list_checkpoints,
     list_runs,
@@ -38,7 +39,7 @@ from s3ckpt.retention import (
     scan,
     unpin,
 )
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
     Clock,
@@ -77,7 +78,9 @@ def test_catalog_states_order_and_control_objects(store: MemoryStore, clock: Clo
     clock.t += 3600 * 3
     write_checkpoint(store, RUN, 40, created=clock.t, commit=False)  # the save in progress
     now = datetime.fromtimestamp(clock.t + 60, UTC)
-    cat = list_checkpoints(store, RUN, now=now, grace=timedelta(hours=2))
+    cat = list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=now, grace=timedelta(hours=2))
+    )
     # without a step: by commit time (none for the abandoned one, so it sorts first)
     assert [(c.name, c.state) for c in cat] == [
         ("old", CheckpointState.ABANDONED),
@@ -104,14 +107,17 @@ def test_open_multipart_upload_keeps_a_prefix_in_progress(store: MemoryStore, cl
     clock.t += 5 * 3600
     store.create_multipart(RUN.child(ckpt_name(7)).key(data_name(1, 0, "abcdef01")))
     now = datetime.fromtimestamp(clock.t, UTC)
-    assert list_checkpoints(store, RUN, now=now)[0].state is CheckpointState.IN_PROGRESS
+    assert (
+        list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=now))[0].state
+        is CheckpointState.IN_PROGRESS
+    )
 
 
 def test_marker_step_wins_and_corrupt_marker_is_still_committed(store: MemoryStore) -> None:
     write_checkpoint(store, RUN, 77, created=T0.timestamp(), name="step_000000001")
     write_checkpoint(store, RUN, 2, created=T0.timestamp(), commit=False)
     store.put(RUN.child(ckpt_name(2)).key(MANIFEST_NAME), b"{not json")
-    cat = list_checkpoints(store, RUN, now=T0)
+    cat = list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=T0))
     assert [(c.name, c.step) for c in cat] == [("step_000000002", 2), ("step_000000001", 77)]
     assert cat[0].state is CheckpointState.COMMITTED and "not valid JSON" in (cat[0].error or "")
 
@@ -120,14 +126,19 @@ def test_list_runs_finds_every_run_under_a_prefix(store: MemoryStore, clock: Clo
     root = StoreURL("memory", "b", "")
     for name in ("runs/a/", "runs/b/", "team/x/runs/c/"):
         fill(store, clock, [1, 2], StoreURL("memory", "b", name))
-    assert [r.prefix for r in list_runs(store, root, now=T0)] == [
+    assert [
+        r.prefix
+        for r in list_runs(Location.of(root, store=store), options=RetentionOptions(now=T0))
+    ] == [
         "runs/a/",
         "runs/b/",
         "team/x/runs/c/",
     ]
-    assert [r.prefix for r in list_runs(store, RUN, now=T0)] == ["runs/a/"]
+    assert [
+        r.prefix for r in list_runs(Location.of(RUN, store=store), options=RetentionOptions(now=T0))
+    ] == ["runs/a/"]
     # a checkpoint URL lists as its run with one checkpoint
-    cats = scan(store, RUN.child(ckpt_name(1)), now=T0)
+    cats = scan(Location.of(RUN.child(ckpt_name(1)), store=store), options=RetentionOptions(now=T0))
     assert [(c.run.prefix, len(c.checkpoints)) for c in cats] == [("runs/a/", 1)]
 
 
@@ -135,7 +146,9 @@ def test_list_runs_finds_every_run_under_a_prefix(store: MemoryStore, clock: Clo
 def test_dry_run_changes_nothing_and_takes_no_lease(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock, list(range(1, 8)))
     before = dict(store.objects)
-    r = prune(store, RUN, KeepLast(2), now=now_after(clock))
+    r = prune(
+        Location.of(RUN, store=store), KeepLast(2), options=RetentionOptions(now=now_after(clock))
+    )
     assert not r.applied and len(r.plan.delete) == 5
     assert store.objects.keys() == before.keys()
     assert store.calls.get("delete", 0) == 0 and store.calls.get("put", 0) == 7 * 5
@@ -153,7 +166,12 @@ def test_apply_deletes_marker_then_metadata_then_data_in_batches(
         return real(keys)
 
     store.delete = spy  # type: ignore[method-assign]
-    r = prune(store, RUN, KeepLast(3), apply=True, now=now_after(clock), batch_size=4)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(3),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock), batch_size=4),
+    )
     assert r.ok and r.applied and len(r.deleted) == 7
     # 7 fences (a tombstone PUT If-Match each), 7 metadata -> 2, 21 data -> 6, then the 7
     # tombstones (DeleteObject If-Match: no other save's names were there)
@@ -161,13 +179,26 @@ def test_apply_deletes_marker_then_metadata_then_data_in_batches(
     assert store.calls["delete_if_match"] == 7 + 1  # and the lease's capability probe
     assert order[:2] == [".", "."]
     assert all(o.startswith("__") for o in order[2:])
-    left = {c.name for c in list_checkpoints(store, RUN, now=now_after(clock))}
+    left = {
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=now_after(clock))
+        )
+    }
     assert left == {ckpt_name(s) for s in (8, 9, 10)}
     assert not any(k.startswith(RUN.child(ckpt_name(1)).prefix) for k in store.objects)
     rec = LeaseRecord.from_json(store.get(RUN.key(LEASE_NAME)))
     assert rec is not None and rec.released and rec.deleting == ()
     # prune again: nothing to do
-    assert prune(store, RUN, KeepLast(3), apply=True, now=now_after(clock)).deleted == ()
+    assert (
+        prune(
+            Location.of(RUN, store=store),
+            KeepLast(3),
+            apply=True,
+            options=RetentionOptions(now=now_after(clock)),
+        ).deleted
+        == ()
+    )
 
 
 def test_a_failed_marker_delete_keeps_the_whole_checkpoint(
@@ -175,10 +206,20 @@ def test_a_failed_marker_delete_keeps_the_whole_checkpoint(
 ) -> None:
     fill(store, clock, [1, 2, 3, 4])
     store.inject("put", key_glob="*step_000000002/s3ckpt.json", times=100)  # the fence
-    r = prune(store, RUN, KeepLast(1), apply=True, now=now_after(clock), sleep=lambda s: None)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock), sleep=lambda s: None),
+    )
     assert not r.ok and [f.key.rpartition("/")[2] for f in r.failures] == [MANIFEST_NAME]
     assert set(r.deleted) == {ckpt_name(1), ckpt_name(3)}
-    cat = {c.name: c for c in list_checkpoints(store, RUN, now=now_after(clock))}
+    cat = {
+        c.name: c
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=now_after(clock))
+        )
+    }
     assert cat[ckpt_name(2)].state is CheckpointState.COMMITTED
     assert cat[ckpt_name(2)].num_objects == 5  # all its data is still there
     # the unfinished name stays in the released lease's intent log
@@ -197,18 +238,31 @@ def test_throttled_keys_are_retried_and_other_failures_reported(
         times=3,
     )
     sleeps: list[float] = []
-    r = prune(store, RUN, KeepLast(1), apply=True, now=now_after(clock), sleep=sleeps.append)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock), sleep=sleeps.append),
+    )
     assert r.ok and throttle.hits == 3 and sleeps, "throttled keys must be retried with back-off"
     assert len(r.deleted) == 2
     # a whole request failing is reported per key, not raised, and the run goes on
     fill(store, clock, [4, 5])
     store.inject("put", key_glob="*/s3ckpt.json", times=2)  # both fences
     r = prune(
-        store, RUN, KeepLast(1), apply=True, now=now_after(clock), retries=1, sleep=sleeps.append
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock), retries=1, sleep=sleeps.append),
     )
     assert not r.ok and r.deleted == ()
     assert all("injected" in f.message for f in r.failures) and len(r.failures) == 2
-    states = {c.name: c.state for c in list_checkpoints(store, RUN, now=now_after(clock))}
+    states = {
+        c.name: c.state
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=now_after(clock))
+        )
+    }
     assert set(states) == {ckpt_name(3), ckpt_name(4), ckpt_name(5)}
     assert set(states.values()) == {CheckpointState.COMMITTED}
 
@@ -216,24 +270,47 @@ def test_throttled_keys_are_retried_and_other_failures_reported(
 def test_max_delete_and_empty_policy(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock, list(range(1, 8)))
     with pytest.raises(PolicyError):
-        prune(store, RUN, AnyOf(()), apply=True)
+        prune(Location.of(RUN, store=store), AnyOf(()), apply=True)
     assert store.calls.get("put", 0) == 35, "an empty policy is refused before any request"
-    r = prune(store, RUN, KeepLast(1), apply=True, max_delete=2, now=now_after(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(max_delete=2, now=now_after(clock)),
+    )
     assert r.deleted == (ckpt_name(1), ckpt_name(2)) and r.plan.deferred == 4
     with pytest.raises(ConfigError):
-        prune(store, RUN, KeepLast(1), apply=True, batch_size=1001)
+        prune(
+            Location.of(RUN, store=store),
+            KeepLast(1),
+            apply=True,
+            options=RetentionOptions(batch_size=1001),
+        )
 
 
 def test_pins_block_deletion_and_unpin_releases(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock, [1, 2, 3])
     c1 = RUN.child(ckpt_name(1))
     pin(store, c1, "paper figure 3")
-    assert list_checkpoints(store, RUN, now=T0)[0].pinned == "paper figure 3"
-    r = prune(store, RUN, KeepLast(1), apply=True, now=now_after(clock))
+    assert (
+        list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=T0))[0].pinned
+        == "paper figure 3"
+    )
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock)),
+    )
     assert r.deleted == (ckpt_name(2),)
     assert r.plan.keep[ckpt_name(1)] == ("pinned: paper figure 3",)
     assert unpin(store, c1) and not unpin(store, c1)
-    r = prune(store, RUN, KeepLast(1), apply=True, now=now_after(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock)),
+    )
     assert r.deleted == (ckpt_name(1),)
     with pytest.raises(CheckpointNotFoundError):
         pin(store, RUN.child("nope"), "x")
@@ -306,13 +383,21 @@ def test_a_new_pruner_finishes_a_dead_pruners_deletions(store: MemoryStore, cloc
     dead = LeaseRecord("dead", "other-host", 1, "x", 0, 0.0, deleting=(ckpt_name(1), ckpt_name(2)))
     store.put(RUN.key(LEASE_NAME), dead.to_json())
     clock.t += 600  # its lease object is older than the TTL, in the store's time
-    r = prune(store, RUN, KeepLast(4), apply=True, now=now_after(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(4),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock)),
+    )
     # 1 and 2 look uncommitted now (abandoned / foreign) but are finished from the intent log
     assert set(r.resumed) == {ckpt_name(1), ckpt_name(2)}
     assert set(r.deleted) == {ckpt_name(1), ckpt_name(2)}
-    assert sorted(c.name for c in list_checkpoints(store, RUN, now=now_after(clock))) == [
-        ckpt_name(s) for s in (3, 4, 5)
-    ]
+    assert sorted(
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=now_after(clock))
+        )
+    ) == [ckpt_name(s) for s in (3, 4, 5)]
 
 
 def test_intent_of_a_checkpoint_that_is_committed_again_is_not_blindly_finished(
@@ -322,7 +407,12 @@ def test_intent_of_a_checkpoint_that_is_committed_again_is_not_blindly_finished(
     dead = LeaseRecord("dead", "other-host", 1, "x", 0, 0.0, deleting=(ckpt_name(1),))
     store.put(RUN.key(LEASE_NAME), dead.to_json())
     clock.t += 600  # its lease object is older than the TTL, in the store's time
-    r = prune(store, RUN, KeepBest(3, "loss"), apply=True, now=now_after(clock))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepBest(3, "loss"),
+        apply=True,
+        options=RetentionOptions(now=now_after(clock)),
+    )
     assert r.resumed == () and r.deleted == ()  # its marker survived: the plan keeps it
 
 
@@ -341,15 +431,18 @@ def test_gc_aborts_old_uploads_and_removes_only_abandoned(store: MemoryStore, cl
     )
     new_upload = store.create_multipart(live.key(data_name(9, 0, "1e1e1e1e")))
     now = datetime.fromtimestamp(clock.t + 60, UTC)
-    dry = gc(store, RUN, now=now)
+    dry = gc(Location.of(RUN, store=store), options=RetentionOptions(now=now))
     assert not dry.applied and [c.name for c in dry.abandoned] == [ckpt_name(3)]
     assert [u.upload_id for u in dry.uploads] == [old_upload]
     assert old_upload in store.uploads  # dry run
-    r = gc(store, RUN, now=now, apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=now))
     assert r.ok and r.aborted == 1 and r.removed == (str(RUN.child(ckpt_name(3))),)
     assert old_upload not in store.uploads and new_upload in store.uploads
     assert stock_upload in store.uploads
-    states = {c.name: c.state for c in list_checkpoints(store, RUN, now=now)}
+    states = {
+        c.name: c.state
+        for c in list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=now))
+    }
     # step 3 is gone: its fence (a finished tombstone) stays, as its save may be paused; the
     # stock upload is not s3ckpt's
     assert states == {

@@ -32,6 +32,7 @@ from s3ckpt.retention import (
     KeepLast,
     Lease,
     LeaseRecord,
+    RetentionOptions,
     gc,
     list_checkpoints,
     prune,
@@ -101,10 +102,15 @@ def test_a_save_uploading_one_big_object_past_grace_is_live_through_its_heartbea
     clock.t += 3 * HOUR  # the big upload has run 3 h: older than --grace and --older-than
     store.put(ckpt.key(heartbeat_name(tag, 2)), b"")  # rank 2 still beats
     now = at(clock, 5)
-    (c,) = list_checkpoints(store, RUN, now=now, grace=timedelta(hours=2))
+    (c,) = list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=now, grace=timedelta(hours=2))
+    )
     assert c.state is CheckpointState.IN_PROGRESS and c.live_tags == (tag,)
     r = gc(
-        store, RUN, now=now, grace=timedelta(hours=2), older_than=timedelta(seconds=1), apply=True
+        Location.of(RUN, store=store),
+        older_than=timedelta(seconds=1),
+        apply=True,
+        options=RetentionOptions(now=now, grace=timedelta(hours=2)),
     )
     assert r.ok and r.uploads == () and r.abandoned == () and r.leftovers == ()
     assert up in store.uploads and len(names(store, ckpt)) == 6
@@ -122,10 +128,15 @@ def test_an_overwrite_in_a_committed_prefix_keeps_its_old_upload(
     clock.t += 2 * 86400
     store.put(ckpt.key(heartbeat_name(new, 0)), b"")  # still writing, 2 days in
     now = at(clock, 10)
-    r = gc(store, RUN, now=now, older_than=timedelta(days=1), apply=True)
+    r = gc(
+        Location.of(RUN, store=store),
+        older_than=timedelta(days=1),
+        apply=True,
+        options=RetentionOptions(now=now),
+    )
     assert r.ok and r.aborted == 0 and up in store.uploads
     assert heartbeat_name(new, 0) in names(store, ckpt)
-    (c,) = list_checkpoints(store, RUN, now=now)
+    (c,) = list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=now))
     assert c.overwrite_in_progress and c.live_saves == 1 and c.tag == "c0c0c0c0"
 
 
@@ -139,10 +150,20 @@ def test_grace_below_the_floor_is_raised_and_said(
     live = write_checkpoint(store, RUN, 2, created=clock.t, commit=False, metadata=False, tag=tag)
     clock.t += 30  # 30 s since the save's last heartbeat: live under the 60 s floor
     now = at(clock)
-    r = gc(store, RUN, now=now, grace=grace, older_than=timedelta(0), apply=True)
+    r = gc(
+        Location.of(RUN, store=store),
+        older_than=timedelta(0),
+        apply=True,
+        options=RetentionOptions(now=now, grace=grace),
+    )
     assert r.ok and r.removed == () and len(names(store, live)) == 3
     assert r.notes and "1m" in r.notes[0]
-    p = prune(store, RUN, KeepLast(1), now=now, grace=grace, apply=True)
+    p = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=now, grace=grace),
+    )
     assert p.notes == r.notes
     assert p.plan.skipped[ckpt_name(2)] == ("in progress (no commit marker, recent activity)",)
     assert MIN_GRACE_SECONDS == 60
@@ -169,11 +190,14 @@ def test_gc_never_deletes_foreign_files_stock_dcp_or_plain_metadata(
     store.put(stock.key(METADATA_NAME), b"x")
     clock.t += 3 * HOUR
     now = at(clock)
-    cat = {c.name: c for c in list_checkpoints(store, RUN, now=now)}
+    cat = {
+        c.name: c
+        for c in list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=now))
+    }
     assert set(cat) == {ckpt_name(5), ckpt_name(7)}
     assert cat[ckpt_name(5)].state is CheckpointState.ABANDONED
     assert cat[ckpt_name(7)].state is CheckpointState.FOREIGN
-    r = gc(store, RUN, now=now, apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=now))
     assert r.ok and r.removed == (str(dead),)
     assert fenced(store, dead) == foreign
     assert names(store, only_foreign) == {"events.out.tfevents.2", "model.safetensors"}
@@ -191,11 +215,21 @@ def test_prune_deletes_a_committed_checkpoint_but_not_the_files_beside_it(
     clock.t += HOUR
     write_checkpoint(store, RUN, 2, created=clock.t)
     clock.t += 3 * HOUR
-    r = prune(store, RUN, KeepLast(1), now=at(clock), apply=True)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=at(clock)),
+    )
     assert r.ok and r.deleted == (ckpt_name(1),) and r.aborted == 1
     assert fenced(store, old) == {"events.out.tfevents.1"}
     assert up not in store.uploads and stock_up in store.uploads
-    assert [c.name for c in list_checkpoints(store, RUN, now=at(clock))] == [ckpt_name(2)]
+    assert [
+        c.name
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=at(clock))
+        )
+    ] == [ckpt_name(2)]
 
 
 def test_prune_of_a_foreign_checkpoint_deletes_only_dcp_names(
@@ -207,7 +241,12 @@ def test_prune_of_a_foreign_checkpoint_deletes_only_dcp_names(
     clock.t += HOUR
     write_checkpoint(store, RUN, 2, created=clock.t)
     clock.t += 3 * HOUR
-    r = prune(store, RUN, KeepLast(1), now=at(clock), include_foreign=True, apply=True)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=at(clock), include_foreign=True),
+    )
     assert r.ok and r.deleted == (ckpt_name(1),)
     assert names(store, stock) == {"config.json"}
 
@@ -223,7 +262,12 @@ def test_prune_defers_a_checkpoint_being_overwritten(store: MemoryStore, clock: 
     store.put(old.key(data_name(0, 0, new)), b"x")
     up = store.create_multipart(old.key(data_name(1, 0, new)))
     before = names(store, old)
-    r = prune(store, RUN, KeepLast(1), now=at(clock, 1), apply=True)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=at(clock, 1)),
+    )
     assert r.deleted == () and r.plan.delete == () and r.plan.deferred == 0
     assert r.plan.skipped[ckpt_name(1)] == (
         "deferred: an overwrite is in progress (a live save is re-writing it)",
@@ -231,7 +275,12 @@ def test_prune_defers_a_checkpoint_being_overwritten(store: MemoryStore, clock: 
     assert names(store, old) == before and up in store.uploads
     # the overwrite died: its leftovers go with the checkpoint once it is dead
     clock.t += 3 * HOUR
-    r = prune(store, RUN, KeepLast(1), now=at(clock), apply=True)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=at(clock)),
+    )
     assert r.deleted == (ckpt_name(1),) and r.aborted == 1
     assert fenced(store, old) == set() and up not in store.uploads
 
@@ -259,7 +308,7 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
     store.put(resave.key(heartbeat_name(live, 0)), b"")
     now = at(clock, 1)
 
-    dry = gc(store, RUN, now=now)
+    dry = gc(Location.of(RUN, store=store), options=RetentionOptions(now=now))
     want_committed = {
         committed.key(n)
         for n in (
@@ -280,7 +329,7 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
     doc = json.loads(out)
     assert set(doc["leftovers"]) == set(dry.leftovers) and doc["applied"] is False
 
-    r = gc(store, RUN, now=now, apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=now))
     assert r.ok and r.leftovers_deleted == len(want_committed | want_resave) and r.aborted == 1
     assert lost not in store.uploads and live_up in store.uploads
     assert names(store, committed) == {
@@ -293,7 +342,7 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
         heartbeat_name(live, 0),
         *(data_name(i, 0, "33333333") for i in range(3)),
     }
-    (c1, c2) = list_checkpoints(store, RUN, now=now)
+    (c1, c2) = list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=now))
     assert c1.is_committed and c2.state is CheckpointState.IN_PROGRESS and c2.live_saves == 1
 
 
@@ -329,10 +378,10 @@ def test_gc_rolls_forward_a_missing_or_stale_plain_metadata(
     store.put(busy.key(heartbeat_name("6b6b6b6b", 0)), b"")  # an overwrite is live: wait
     now = at(clock, 1)
 
-    dry = gc(store, RUN, now=now)
+    dry = gc(Location.of(RUN, store=store), options=RetentionOptions(now=now))
     stale = {str(missing), str(wrong), str(older)}
     assert set(dry.stale_metadata) == stale and calls == []
-    r = gc(store, RUN, now=now, apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=now))
     assert r.ok and set(r.restored) == stale
     assert sorted(calls) == [
         (missing.prefix, "1a1a1a1a"),
@@ -340,7 +389,7 @@ def test_gc_rolls_forward_a_missing_or_stale_plain_metadata(
         (older.prefix, "3b3b3b3b"),
     ]
     assert fine.prefix not in {c[0] for c in calls} and legacy.prefix not in {c[0] for c in calls}
-    assert gc(store, RUN, now=now).stale_metadata == ()
+    assert gc(Location.of(RUN, store=store), options=RetentionOptions(now=now)).stale_metadata == ()
 
 
 def test_gc_rolls_forward_with_the_real_helper(store: MemoryStore, clock: Clock) -> None:
@@ -348,7 +397,7 @@ def test_gc_rolls_forward_with_the_real_helper(store: MemoryStore, clock: Clock)
     ckpt = write_checkpoint(store, RUN, 1, created=clock.t, per_save_metadata=True)
     store.delete([ckpt.key(METADATA_NAME)])
     clock.t += 3 * HOUR
-    r = gc(store, RUN, now=at(clock), apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=at(clock)))
     assert r.ok and r.restored == (str(ckpt),)
     assert store.get(ckpt.key(METADATA_NAME)) == b"meta"
 
@@ -363,7 +412,10 @@ def test_ls_shows_upload_only_saves_and_overwrites(
     store.create_multipart(RUN.child(ckpt_name(2)).key(data_name(0, 0, "88888888")))
     store.put(committed.key(heartbeat_name("99999999", 0)), b"")
     now = at(clock, 1)
-    cat = {c.name: c for c in list_checkpoints(store, RUN, now=now)}
+    cat = {
+        c.name: c
+        for c in list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=now))
+    }
     c2 = cat[ckpt_name(2)]
     assert c2.state is CheckpointState.IN_PROGRESS and c2.num_objects == 0
     assert c2.live_saves == 1 and len(c2.uploads) == 1
@@ -399,15 +451,16 @@ def test_gc_taking_over_a_dead_pruners_lease_finishes_its_deletions(
 ) -> None:
     _crashed_prune(store, clock)
     now = at(clock)
-    dry = gc(store, RUN, now=now)
+    dry = gc(Location.of(RUN, store=store), options=RetentionOptions(now=now))
     assert set(dry.resumed) == {str(RUN.child(ckpt_name(s))) for s in (1, 2)}
-    r = gc(store, RUN, now=now, apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=now))
     assert r.ok and set(r.resumed) == set(dry.resumed)
     for s in (1, 2):  # an older version's deletion: fenced now, and its saves reaped
         assert fenced(store, RUN.child(ckpt_name(s))) == set()
-    assert [c.name for c in list_checkpoints(store, RUN, now=now)] == [
-        ckpt_name(s) for s in (3, 4, 5)
-    ]
+    assert [
+        c.name
+        for c in list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=now))
+    ] == [ckpt_name(s) for s in (3, 4, 5)]
     rec = LeaseRecord.from_json(store.get(RUN.key(LEASE_NAME)))
     assert rec is not None and rec.released and rec.deleting == ()
 
@@ -416,7 +469,7 @@ def test_gc_carries_an_intent_it_cannot_finish_yet(store: MemoryStore, clock: Cl
     _crashed_prune(store, clock)
     # step 2 is being saved again right now: not finished, but not forgotten either
     store.put(RUN.child(ckpt_name(2)).key(heartbeat_name("abababab", 0)), b"")
-    r = gc(store, RUN, now=at(clock, 1), apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=at(clock, 1)))
     assert r.resumed == (str(RUN.child(ckpt_name(1))),)
     rec = LeaseRecord.from_json(store.get(RUN.key(LEASE_NAME)))
     assert rec is not None and rec.deleting == (ckpt_name(2),)
@@ -426,7 +479,7 @@ def test_a_gc_that_dies_keeps_the_intent_log(store: MemoryStore, clock: Clock) -
     _crashed_prune(store, clock)
     store.inject("list", key_glob=RUN.prefix, times=2)  # the re-listing under the lease fails
     with pytest.raises(Exception, match="injected"):
-        gc(store, RUN, now=at(clock), apply=True)
+        gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=at(clock)))
     rec = LeaseRecord.from_json(store.get(RUN.key(LEASE_NAME)))
     assert rec is not None and set(rec.deleting) == {ckpt_name(1), ckpt_name(2)}
 
@@ -438,7 +491,7 @@ def test_gc_reports_a_busy_run_as_skipped_not_removed(
     dead = write_checkpoint(store, RUN, 1, created=clock.t, commit=False, metadata=False)
     clock.t += 3 * HOUR
     holder = Lease(store, RUN, ttl=timedelta(hours=1), owner="cron").acquire()
-    r = gc(store, RUN, now=at(clock), apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(now=at(clock)))
     assert r.removed == () and r.skipped == (str(dead),) and r.busy_runs == (str(RUN),)
     assert len(names(store, dead)) == 3
     code, out = run_cli(store, monkeypatch, "gc", str(RUN), "--apply")
@@ -465,10 +518,10 @@ def test_scan_lists_uploads_once_and_gc_reads_leases_only_where_they_are(
     store: MemoryStore, clock: Clock
 ) -> None:
     write_checkpoint(store, RUN, 1, created=clock.t)
-    scan(store, RUN, now=at(clock))
+    scan(Location.of(RUN, store=store), options=RetentionOptions(now=at(clock)))
     assert store.calls["list_multipart_uploads"] == 1 and store.calls["list"] == 1
     gets = store.calls["get"]
-    gc(store, RUN, now=at(clock))
+    gc(Location.of(RUN, store=store), options=RetentionOptions(now=at(clock)))
     # the marker and the run's s3ckpt.check.json (the catalog's); there is no lease to read
     assert store.calls["get"] == gets + 2
 
@@ -481,12 +534,18 @@ def test_nan_and_inf_metrics_from_markers_rank_in_keep_best(
     for i, loss in enumerate(losses):
         write_checkpoint(store, RUN, i + 1, created=clock.t + i, metrics={"loss": loss})
     clock.t += 3 * HOUR
-    cat = list_checkpoints(store, RUN, now=at(clock))
+    cat = list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=at(clock)))
     assert [c.metrics["loss"] for c in cat][1:4] == [math.inf, 0.5, -math.inf]
     assert math.isnan(cat[0].metrics["loss"])
-    p = prune(store, RUN, KeepBest(2, "loss"), now=at(clock))
+    p = prune(
+        Location.of(RUN, store=store), KeepBest(2, "loss"), options=RetentionOptions(now=at(clock))
+    )
     assert set(p.plan.keep) == {ckpt_name(4), ckpt_name(3), ckpt_name(5)}  # 5: newest
-    p = prune(store, RUN, KeepBest(2, "loss", mode="max"), now=at(clock))
+    p = prune(
+        Location.of(RUN, store=store),
+        KeepBest(2, "loss", mode="max"),
+        options=RetentionOptions(now=at(clock)),
+    )
     assert set(p.plan.keep) == {ckpt_name(2), ckpt_name(3), ckpt_name(5)}
     _, out = run_cli(store, monkeypatch, "ls", str(RUN), "--json")
     (run,) = json.loads(out)["runs"]

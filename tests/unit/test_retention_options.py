@@ -1,5 +1,5 @@
-"""A retention run is one value: RetentionOptions (the old keyword arguments as overrides),
-a Location or the (store, url) pair in the same place, the policy checked and the step
+"""A retention run is one value: RetentionOptions, a Location first in every entry point,
+the policy checked and the step
 pattern compiled once per run, prune_runs over every run, the counting store and the
 metrics file of the CLI as library values."""
 
@@ -80,35 +80,21 @@ def test_the_step_pattern_is_compiled_once_and_handed_on() -> None:
         RetentionOptions(step_pattern=re.compile(r"x"))
 
 
-def test_old_keywords_are_overrides_and_unknown_ones_are_refused() -> None:
-    base = RetentionOptions(max_delete=3)
-    folded = RetentionOptions.fold(base, {"grace": timedelta(1)}, options_mod.PruneOverrides, "p")
-    assert folded == base.replace(grace=timedelta(1)) and folded.max_delete == 3
-    assert RetentionOptions.fold(None, {}, options_mod.GcOverrides, "gc") == RetentionOptions()
-    with pytest.raises(TypeError, match=r"gc\(\) got an unexpected keyword argument 'max_delete'"):
-        gc(MemoryStore("b"), ROOT, max_delete=1)  # type: ignore[call-arg]
-
-
-# -- a Location, or a store and a URL ----------------------------------------------------------
-def test_a_location_and_the_store_url_pair_are_the_same_call(
-    store: MemoryStore, clock: Clock
-) -> None:
+# -- a Location -----------------------------------------------------------------------------------
+def test_every_entry_point_takes_a_location(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock)
-    now = at(clock)
+    opts = RetentionOptions(now=at(clock))
     loc = Location(RUN, store)
-    assert list_checkpoints(loc, now=now) == list_checkpoints(store, RUN, now=now)
-    assert scan(Location(ROOT, store), now=now) == scan(store, ROOT, now=now)
-    assert list_runs(Location(ROOT, store), now=now) == [RUN]
-    a = prune(loc, KeepLast(1), options=RetentionOptions(now=now))
-    b = prune(store, RUN, KeepLast(1), now=now)
-    assert a == b and len(a.plan.delete) == 3
-    dry = delete_checkpoint(loc.child(ckpt_name(100)), dry_run=True, now=now)
+    assert [c.url for c in list_checkpoints(loc, options=opts)] == [
+        RUN.child(ckpt_name(s * 100)) for s in range(1, 5)
+    ]
+    assert [cat.run for cat in scan(Location(ROOT, store), options=opts)] == [RUN]
+    assert list_runs(Location(ROOT, store), options=opts) == [RUN]
+    a = prune(loc, KeepLast(1), options=opts)
+    assert len(a.plan.delete) == 3
+    dry = delete_checkpoint(loc.child(ckpt_name(100)), dry_run=True, options=opts)
     assert dry.checkpoint == RUN.child(ckpt_name(100)) and not dry.applied
-    assert gc(Location(ROOT, store), now=now).root == ROOT
-    with pytest.raises(TypeError, match="without a URL"):
-        list_checkpoints(store)
-    with pytest.raises(TypeError, match="missing the policy"):
-        prune(store, RUN)  # type: ignore[call-overload]
+    assert gc(Location(ROOT, store), options=opts).root == ROOT
 
 
 def test_prune_checks_the_policy_once_and_compiles_the_pattern_once(
@@ -128,7 +114,12 @@ def test_prune_checks_the_policy_once_and_compiles_the_pattern_once(
     monkeypatch.setattr(plan_mod, "check_policy", counting("plan", plan_mod.check_policy))
     compile_ = options_mod.compile_step_pattern
     monkeypatch.setattr(options_mod, "compile_step_pattern", counting("compile", compile_))
-    prune(store, RUN, KeepLast(1), apply=True, now=at(clock), step_pattern=r"step_(\d+)")
+    prune(
+        Location.of(RUN, store=store),
+        KeepLast(1),
+        apply=True,
+        options=RetentionOptions(now=at(clock), step_pattern=r"step_(\d+)"),
+    )
     assert calls == {"check": 1, "compile": 1}
 
 
@@ -137,7 +128,9 @@ def test_prune_runs_prunes_each_run_and_skips_a_busy_one(store: MemoryStore, clo
     fill(store, clock, ROOT.child("a"))
     fill(store, clock, ROOT.child("b"))
     Lease(store, ROOT.child("b"), owner="someone-else").acquire()  # another pruner, alive
-    runs = prune_runs(Location(ROOT, store), KeepLast(1), apply=True, now=at(clock))
+    runs = prune_runs(
+        Location(ROOT, store), KeepLast(1), apply=True, options=RetentionOptions(now=at(clock))
+    )
     assert runs.notes == () and runs.runs == (ROOT.child("a"), ROOT.child("b"))
     done, busy = list(runs)
     assert done.result is not None and len(done.result.deleted) == 3 and done.busy is None
@@ -151,7 +144,7 @@ def test_prune_runs_prunes_each_run_and_skips_a_busy_one(store: MemoryStore, clo
 def test_prune_runs_refuses_an_empty_policy_before_any_request() -> None:
     store = MemoryStore("b")
     with pytest.raises(PolicyError, match="no keep rule"):
-        prune_runs(store, ROOT, PolicyFile(KeepPinned()), apply=True)
+        prune_runs(Location.of(ROOT, store=store), PolicyFile(KeepPinned()), apply=True)
     assert store.calls == {}
 
 

@@ -21,6 +21,7 @@ from s3ckpt.retention import (
     KeepLast,
     KeepPinned,
     KeepWithin,
+    RetentionOptions,
     format_duration,
     load_policy,
     parse_duration,
@@ -215,7 +216,7 @@ def test_plan_keeps_newest_pinned_and_never_touches_uncommitted() -> None:
     # decisions are in catalog order (step, commit time) whatever the input order
     assert [d.checkpoint.step for d in p.decisions] == sorted(c.step for c in ck)  # type: ignore[type-var]
     # foreign ones join in when asked (and the newest committed is still the s3ckpt one)
-    p2 = plan(ck, KeepLast(1), NOW, include_foreign=True)
+    p2 = plan(ck, KeepLast(1), NOW, options=RetentionOptions(include_foreign=True))
     assert "step_000000990" in p2.keep and "step_000000500" in p2.keep
 
 
@@ -230,13 +231,13 @@ def test_plan_protects_the_most_recently_committed_after_a_rollback() -> None:
 
 def test_plan_max_delete_defers_the_newest_deletions() -> None:
     ck = series(10)
-    p = plan(ck, KeepLast(2), NOW, max_delete=3)
+    p = plan(ck, KeepLast(2), NOW, options=RetentionOptions(max_delete=3))
     assert [c.step for c in p.delete] == [100, 200, 300]
     assert p.deferred == 5
     assert all("max_delete" in r[0] for r in p.skipped.values())
-    assert plan(ck, KeepLast(2), NOW, max_delete=0).delete == ()
+    assert plan(ck, KeepLast(2), NOW, options=RetentionOptions(max_delete=0)).delete == ()
     with pytest.raises(PolicyError):
-        plan(ck, KeepLast(2), NOW, max_delete=-1)
+        plan(ck, KeepLast(2), NOW, options=RetentionOptions(max_delete=-1))
 
 
 def test_empty_policies_are_refused() -> None:

@@ -18,6 +18,7 @@ from s3ckpt.retention import (
     KeepPinned,
     KeepWithin,
     Policy,
+    RetentionOptions,
     plan,
 )
 from s3ckpt.uri import StoreURL
@@ -134,7 +135,9 @@ def _eligible(c: CheckpointInfo, foreign: bool) -> bool:
 def test_invariants_hold_for_any_catalog_and_policy(
     cat: list[CheckpointInfo], policy: Policy, max_delete: int | None, foreign: bool
 ) -> None:
-    p = plan(cat, policy, NOW, max_delete=max_delete, include_foreign=foreign)
+    p = plan(
+        cat, policy, NOW, options=RetentionOptions(max_delete=max_delete, include_foreign=foreign)
+    )
     deleted = {c.name for c in p.delete}
     # every checkpoint gets exactly one decision
     assert sorted(d.checkpoint.name for d in p.decisions) == sorted(c.name for c in cat)
@@ -159,17 +162,22 @@ def test_invariants_hold_for_any_catalog_and_policy(
     if max_delete is not None:
         assert len(deleted) <= max_delete
     # the plan does not depend on the catalog's input order
-    again = plan(list(reversed(cat)), policy, NOW, max_delete=max_delete, include_foreign=foreign)
+    again = plan(
+        list(reversed(cat)),
+        policy,
+        NOW,
+        options=RetentionOptions(max_delete=max_delete, include_foreign=foreign),
+    )
     assert again.decisions == p.decisions
 
 
 @PROPS
 @given(catalogs, safe_policies, st.booleans())
 def test_planning_is_idempotent(cat: list[CheckpointInfo], policy: Policy, foreign: bool) -> None:
-    first = plan(cat, policy, NOW, include_foreign=foreign)
+    first = plan(cat, policy, NOW, options=RetentionOptions(include_foreign=foreign))
     gone = {c.name for c in first.delete}
     rest = [c for c in cat if c.name not in gone]
-    second = plan(rest, policy, NOW, include_foreign=foreign)
+    second = plan(rest, policy, NOW, options=RetentionOptions(include_foreign=foreign))
     assert second.delete == ()
     # What the first run kept stays kept. The second may keep *more*: a checkpoint the first
     # run skipped (e.g. no step) can fall inside a rank-based rule (KeepLast) once the
@@ -182,10 +190,23 @@ def test_planning_is_idempotent(cat: list[CheckpointInfo], policy: Policy, forei
 def test_adding_a_keep_rule_never_deletes_more(
     cat: list[CheckpointInfo], policy: Policy, extra: Policy, foreign: bool
 ) -> None:
-    base = {c.name for c in plan(cat, policy, NOW, include_foreign=foreign).delete}
-    more = {c.name for c in plan(cat, policy | extra, NOW, include_foreign=foreign).delete}
+    base = {
+        c.name
+        for c in plan(cat, policy, NOW, options=RetentionOptions(include_foreign=foreign)).delete
+    }
+    more = {
+        c.name
+        for c in plan(
+            cat, policy | extra, NOW, options=RetentionOptions(include_foreign=foreign)
+        ).delete
+    }
     assert more <= base
-    assert {c.name for c in plan(cat, extra | policy, NOW, include_foreign=foreign).delete} == more
+    assert {
+        c.name
+        for c in plan(
+            cat, extra | policy, NOW, options=RetentionOptions(include_foreign=foreign)
+        ).delete
+    } == more
 
 
 @PROPS
@@ -194,7 +215,7 @@ def test_max_delete_takes_the_oldest_of_the_full_plan(
     cat: list[CheckpointInfo], policy: Policy, cap: int
 ) -> None:
     full = plan(cat, policy, NOW).delete
-    capped = plan(cat, policy, NOW, max_delete=cap)
+    capped = plan(cat, policy, NOW, options=RetentionOptions(max_delete=cap))
     assert capped.delete == full[:cap]
     assert capped.deferred == max(0, len(full) - cap)
 

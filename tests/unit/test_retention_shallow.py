@@ -11,6 +11,7 @@ from s3ckpt.errors import ConfigError
 from s3ckpt.format import PIN_NAME
 from s3ckpt.retention import KeepCalendar, KeepLast, RetentionOptions, prune, scan
 from s3ckpt.retention._shallow import find_runs, walk
+from s3ckpt.store import Location
 from s3ckpt.store.memory import MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import write_checkpoint
@@ -38,8 +39,8 @@ def test_scan_knob_is_validated() -> None:
 
 def test_shallow_catalog_matches_deep() -> None:
     store, root = _store()
-    deep = scan(store, root, options=RetentionOptions(scan="deep"))
-    shallow = scan(store, root, options=RetentionOptions(scan="shallow"))
+    deep = scan(Location.of(root, store=store), options=RetentionOptions(scan="deep"))
+    shallow = scan(Location.of(root, store=store), options=RetentionOptions(scan="shallow"))
     view = [
         [(c.name, c.step, c.state, c.tag, c.committed_keys) for c in cat.checkpoints]
         for cat in deep
@@ -60,7 +61,7 @@ def test_shallow_prune_finds_the_pin_before_deleting(policy: object) -> None:
     store.put("r/a/step_000000001/" + PIN_NAME, b'{"reason": "keep"}')
     plans = {}
     for mode in ("deep", "shallow"):
-        p = prune(store, run, policy, options=RetentionOptions(scan=mode)).plan  # type: ignore[arg-type]
+        p = prune(Location.of(run, store=store), policy, options=RetentionOptions(scan=mode)).plan  # type: ignore[arg-type]
         plans[mode] = [(d.checkpoint.name, d.action) for d in p.decisions]
     assert plans["shallow"] == plans["deep"]
     assert ("step_000000001", "keep") in plans["deep"]

@@ -23,7 +23,7 @@ from s3ckpt.retention import (
     prune,
 )
 from s3ckpt.retention._transition import movable_keys
-from s3ckpt.store import MemoryStore
+from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import Clock, clock_and_store_fixtures, new_tag, write_checkpoint
 
@@ -130,7 +130,9 @@ def test_plan_picks_the_first_tier_whose_rule_selects_and_whose_after_passed(
     store: MemoryStore, clock: Clock
 ) -> None:
     fill(store, clock, [1000, 1500, 2000, 2100, 2200])
-    cat = list_checkpoints(store, RUN, now=later(clock, 1))
+    cat = list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=later(clock, 1))
+    )
     f = PolicyFile.parse(TIERED)
     early = plan(cat, f.policy, later(clock, 1), options=f.options())
     # Not 7 days yet: the every-1000 ones are not moved; the best (2200, newest) goes to IA.
@@ -152,9 +154,17 @@ def test_plan_never_moves_a_checkpoint_being_overwritten(store: MemoryStore, clo
     fill(store, clock, [1000, 2000])
     ckpt = RUN.child("step_000001000")
     store.put(ckpt.key(heartbeat_name(new_tag(), 0)), b"")  # a save writing into it now
-    cat = list_checkpoints(store, RUN, now=datetime.fromtimestamp(clock.t + 60, UTC))
+    cat = list_checkpoints(
+        Location.of(RUN, store=store),
+        options=RetentionOptions(now=datetime.fromtimestamp(clock.t + 60, UTC)),
+    )
     tiers = (Tier(KeepEvery(1000), "GLACIER_IR"),)
-    p = plan(cat, KeepLast(5), datetime.fromtimestamp(clock.t + 60, UTC), tiers=tiers)
+    p = plan(
+        cat,
+        KeepLast(5),
+        datetime.fromtimestamp(clock.t + 60, UTC),
+        options=RetentionOptions(tiers=tiers),
+    )
     assert [t.name for t in p.transitions] == ["step_000002000"]
 
 
@@ -163,10 +173,20 @@ def test_apply_moves_data_and_metadata_and_leaves_the_marker_and_controls(
     store: MemoryStore, clock: Clock
 ) -> None:
     fill(store, clock, [1000, 2000])
-    at = {c.name: c.committed_at for c in list_checkpoints(store, RUN, now=later(clock, 1))}
+    at = {
+        c.name: c.committed_at
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=later(clock, 1))
+        )
+    }
     clock.t += 3600
     tiers = (Tier(KeepEvery(1000), "GLACIER_IR"),)
-    r = prune(store, RUN, KeepLast(5), apply=True, now=later(clock, 1), tiers=tiers)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=later(clock, 1), tiers=tiers),
+    )
     assert r.ok and set(r.transitioned) == {"step_000001000", "step_000002000"}
     got = classes(store, RUN.child("step_000001000").prefix)
     stays = {MANIFEST_NAME} | {n for n in got if n.startswith(METADATA_NAME + ".")}
@@ -176,9 +196,19 @@ def test_apply_moves_data_and_metadata_and_leaves_the_marker_and_controls(
     assert r.objects_moved == 2 * 4 and r.transition_requests == 8
     assert r.bytes_moved == sum(t.bytes or 0 for t in r.plan.transitions)
     # The commit time did not move: the catalog orders and ages as before.
-    assert {c.name: c.committed_at for c in list_checkpoints(store, RUN, now=later(clock, 1))} == at
+    assert {
+        c.name: c.committed_at
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=later(clock, 1))
+        )
+    } == at
     # A converged run sends no copy.
-    again = prune(store, RUN, KeepLast(5), apply=True, now=later(clock, 2), tiers=tiers)
+    again = prune(
+        Location.of(RUN, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=later(clock, 2), tiers=tiers),
+    )
     assert again.transition_requests == 0 and again.plan.objects_to_move == 0
 
 
@@ -187,7 +217,7 @@ def test_dry_run_explains_each_transition_and_moves_nothing(
 ) -> None:
     fill(store, clock, [1000])
     f = PolicyFile(KeepLast(3), tiers=(Tier(KeepEvery(1000), "GLACIER_IR"),))
-    r = prune(store, RUN, f, now=later(clock, 1))
+    r = prune(Location.of(RUN, store=store), f, options=RetentionOptions(now=later(clock, 1)))
     (t,) = r.plan.transitions
     assert (t.objects, t.from_classes, t.storage_class) == (4, {"STANDARD": t.bytes}, "GLACIER_IR")
     assert r.to_dict()["transitions"][0]["reasons"] == ["every 1000 steps (step 1000)"]
@@ -205,7 +235,12 @@ def test_tag_method_tags_instead_of_copying(store: MemoryStore, clock: Clock) ->
 
     store.put_object_tags = spy  # type: ignore[method-assign]
     tiers = (Tier(KeepEvery(1000), "GLACIER", method="tag"),)
-    r = prune(store, RUN, KeepLast(3), apply=True, now=later(clock, 1), tiers=tiers)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(3),
+        apply=True,
+        options=RetentionOptions(now=later(clock, 1), tiers=tiers),
+    )
     assert r.ok and r.objects_moved == 4 and len(sent) == 4
     assert all(tags == {TIER_TAG: "GLACIER"} for _, tags in sent)
     assert set(classes(store, RUN.prefix).values()) == {"STANDARD"}  # the lifecycle moves
@@ -220,7 +255,12 @@ def test_the_resume_point_never_goes_to_an_archive_class(
     restore first, a class that reads at once is fine."""
     fill(store, clock, [1000, 2000])
     tiers = (Tier(KeepEvery(1000), cls),)
-    r = prune(store, RUN, KeepLast(3), apply=True, now=later(clock, 1), tiers=tiers)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(3),
+        apply=True,
+        options=RetentionOptions(now=later(clock, 1), tiers=tiers),
+    )
     assert r.ok
     newest = {k: v for k, v in classes(store, RUN.prefix).items() if "step_000002000/" in k}
     data = [v for k, v in newest.items() if k.endswith(".distcp")]
@@ -244,7 +284,7 @@ def test_a_save_starting_between_plan_and_apply_is_skipped(
     )
     # The heartbeat lands after the scan: the survey (listing again) sees it.
     clock.t += 1
-    r = prune(store, RUN, KeepLast(3), apply=True, options=opts)
+    r = prune(Location.of(RUN, store=store), KeepLast(3), apply=True, options=opts)
     assert r.objects_moved == 0 and r.transitioned == ()
     (t,) = r.plan.transitions
     assert t.skipped is not None and "started writing" in t.skipped
@@ -271,7 +311,12 @@ def test_a_transition_killed_half_way_converges_on_the_next_run(
     store.set_storage_class = copy_then_die  # type: ignore[method-assign]
     tiers = (Tier(KeepEvery(1000), "STANDARD_IA"),)
     with pytest.raises(Killed):
-        prune(store, RUN, KeepLast(5), apply=True, now=later(clock, 1), tiers=tiers)
+        prune(
+            Location.of(RUN, store=store),
+            KeepLast(5),
+            apply=True,
+            options=RetentionOptions(now=later(clock, 1), tiers=tiers),
+        )
     store.set_storage_class = copy  # type: ignore[method-assign]
     left = [o for o in store.list(RUN.prefix) if (o.storage_class or "STANDARD") == "STANDARD"]
     done = [o for o in store.list(RUN.prefix) if o.storage_class == "STANDARD_IA"]
@@ -285,14 +330,24 @@ def test_a_transition_killed_half_way_converges_on_the_next_run(
     }
     lease.release(moving=lease.previous.moving)  # hand the log on, untouched
     # The next run, with no tiers at all, still finishes the recorded transitions.
-    r = prune(store, RUN, KeepLast(5), apply=True, now=later(clock, 1))
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=later(clock, 1)),
+    )
     assert r.ok and set(r.resumed_moves) <= set(r.transitioned)
     assert r.objects_moved == 12 - len(done)
     for c in ("step_000001000", "step_000002000", "step_000003000"):
         got = classes(store, RUN.child(c).prefix)
         assert sorted(got.values()).count("STANDARD_IA") == 4, got
     # And the log is empty now: a third run sends nothing.
-    third = prune(store, RUN, KeepLast(5), apply=True, now=later(clock, 1), tiers=tiers)
+    third = prune(
+        Location.of(RUN, store=store),
+        KeepLast(5),
+        apply=True,
+        options=RetentionOptions(now=later(clock, 1), tiers=tiers),
+    )
     assert third.transition_requests == 0 and third.resumed_moves == ()
 
 
@@ -300,7 +355,9 @@ def test_movable_keys_exclude_the_marker_and_per_save_metadata(
     store: MemoryStore, clock: Clock
 ) -> None:
     fill(store, clock, [1000])
-    (c,) = list_checkpoints(store, RUN, now=later(clock, 1))
+    (c,) = list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=later(clock, 1))
+    )
     names = {k.rpartition("/")[2] for k in movable_keys(c)}
     assert METADATA_NAME in names and MANIFEST_NAME not in names
     assert not any(n.startswith(METADATA_NAME + ".") for n in names)
@@ -326,7 +383,12 @@ def test_the_ready_made_tiered_policy_loads_with_its_tiers(
     fill(store, clock, [10000, 20000])
     policy = resolve_policy(str(POLICIES / "pretraining-tiered.toml"))
     assert policy is not None
-    r = prune(store, RUN, policy, apply=True, now=later(clock, 8))
+    r = prune(
+        Location.of(RUN, store=store),
+        policy,
+        apply=True,
+        options=RetentionOptions(now=later(clock, 8)),
+    )
     assert set(r.transitioned) == {"step_000010000", "step_000020000"}
     assert {o.storage_class for o in store.list(RUN.child("step_000010000").prefix)} == {
         None,
@@ -340,7 +402,9 @@ def test_ls_class_column_names_the_data_class_or_mixed(store: MemoryStore, clock
     from s3ckpt._cli._retention_output import class_label
 
     fill(store, clock, [1000])
-    (c,) = list_checkpoints(store, RUN, now=later(clock, 1))
+    (c,) = list_checkpoints(
+        Location.of(RUN, store=store), options=RetentionOptions(now=later(clock, 1))
+    )
 
     def with_classes(by: dict[str, int]) -> str:
         return class_label(dataclasses.replace(c, bytes_by_class=by, size=sum(by.values())))

@@ -14,6 +14,8 @@ from benchmarks.s3sim._shaping import (
     TokenBucket,
 )
 
+pytestmark = pytest.mark.bench
+
 # -- config -----------------------------------------------------------------------------------
 
 

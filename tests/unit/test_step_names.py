@@ -21,14 +21,12 @@ from s3ckpt.retention import (
     KeepLast,
     PolicyFile,
     RetentionOptions,
-    StepPattern,
     list_checkpoints,
     load_policy,
     parse_policy,
-    plan,
     prune,
 )
-from s3ckpt.store import MemoryStore, open_store
+from s3ckpt.store import Location, MemoryStore, open_store
 from s3ckpt.uri import StoreURL, parse_location
 from tests._retention_util import write_checkpoint
 
@@ -174,8 +172,8 @@ def test_policy_file_step_pattern_is_a_setting_of_the_run(tmp_path: Path) -> Non
 
 
 def test_load_policy_of_a_file_with_a_pattern_still_carries_it(tmp_path: Path) -> None:
-    """For one release, callers that hand load_policy's Policy to prune (the Checkpointer,
-    the plug-ins) keep the file's pattern: a StepPattern that does not warn."""
+    """Callers that hand load_policy's Policy to prune (the Checkpointer, the plug-ins) keep
+    the file's pattern."""
     text = f"step_pattern = '{PATTERN}'\n[keep]\nlast = 2\nevery = 500\n"
     f = tmp_path / "p.toml"
     f.write_text(text)
@@ -183,10 +181,9 @@ def test_load_policy_of_a_file_with_a_pattern_still_carries_it(tmp_path: Path) -
         warnings.simplefilter("error")
         policy = load_policy(f)
         assert parse_policy(text) == policy
-    assert isinstance(policy, StepPattern) and policy.pattern == PATTERN
     assert policy.rules() == (KeepLast(2), KeepEvery(500))
     assert f"(step_pattern {PATTERN})" in policy.describe()
-    assert PolicyFile.of(policy) == PolicyFile(policy.policy, PATTERN, "<policy>")
+    assert PolicyFile.of(policy) == PolicyFile(KeepLast(2) | KeepEvery(500), PATTERN, "<policy>")
     assert parse_policy("[keep]\nlast = 2\n") == KeepLast(2)
 
 
@@ -205,46 +202,6 @@ def test_policy_file_bad_step_pattern_names_file_and_key(value: str, message: st
     assert str(info.value).startswith("pol.toml: step_pattern: ") and message in str(info.value)
 
 
-def test_the_deprecated_step_pattern_wrapper_warns_validates_and_combines() -> None:
-    with pytest.raises(PolicyError, match="capture groups"):
-        StepPattern(KeepLast(1), "x")
-    with pytest.raises(PolicyError):
-        StepPattern(KeepLast(1), re.compile(PATTERN))  # type: ignore[arg-type]
-    with pytest.warns(DeprecationWarning, match="StepPattern is deprecated"):
-        combined = StepPattern(KeepLast(1), PATTERN) | KeepEvery(10)
-    with pytest.warns(DeprecationWarning, match="Policy.step_pattern is deprecated"):
-        assert combined.step_pattern == PATTERN
-    assert PolicyFile.of(combined) == PolicyFile(KeepLast(1) | KeepEvery(10), PATTERN, "<policy>")
-    with pytest.warns(DeprecationWarning):
-        clash = StepPattern(KeepLast(1), PATTERN) & StepPattern(KeepEvery(10), r"s(\d+)")
-    with pytest.raises(PolicyError, match="different patterns"), pytest.warns(DeprecationWarning):
-        _ = clash.step_pattern
-    store = MemoryStore("b")
-    with pytest.raises(PolicyError):
-        prune(store, RUN, clash, apply=True)
-    assert store.calls == {}, "refused before any request"
-
-
-def test_the_planner_never_walks_a_step_pattern_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Entry points take the wrapper apart: plan and prune see the rules, the plan's text
-    still names the pattern."""
-    store = MemoryStore("b")
-    lightning_run(store, [(f"ckpt_e0_s{s}", s) for s in (100, 500, 1000)])
-
-    def walked(self: StepPattern, *args: object) -> None:
-        raise AssertionError("the planner walked the wrapper")
-
-    monkeypatch.setattr(StepPattern, "select", walked)
-    with pytest.warns(DeprecationWarning):
-        wrapped = StepPattern(KeepEvery(500), PATTERN)
-    now = T0 + timedelta(days=1)
-    r = prune(store, RUN, wrapped, now=now)
-    assert set(r.plan.keep) == {"ckpt_e0_s500", "ckpt_e0_s1000"}
-    assert r.plan.policy == f"every 500 steps (step_pattern {PATTERN})"
-    p = plan(list_checkpoints(store, RUN, now=now, step_pattern=PATTERN), wrapped, now)
-    assert p.policy == r.plan.policy and p.keep == r.plan.keep
-
-
 # -- the catalog -------------------------------------------------------------------------------
 def lightning_run(store: MemoryStore, names: list[tuple[str, int]]) -> None:
     for i, (name, step) in enumerate(names):
@@ -258,12 +215,22 @@ def test_the_marker_step_wins_over_the_name() -> None:
     write_checkpoint(store, RUN, 7, created=T0.timestamp(), name="epoch=0-step=4.ckpt")
     write_checkpoint(store, RUN, 9, created=T0.timestamp(), name="ckpt_e0_s1")
     lightning_run(store, [("epoch=0-step=5.ckpt", 5)])
-    by_name = {c.name: c.step for c in list_checkpoints(store, RUN, now=T0)}
+    by_name = {
+        c.name: c.step
+        for c in list_checkpoints(Location.of(RUN, store=store), options=RetentionOptions(now=T0))
+    }
     assert by_name == {"epoch=0-step=4.ckpt": 7, "ckpt_e0_s1": 9, "epoch=0-step=5.ckpt": 5}
-    by_name = {c.name: c.step for c in list_checkpoints(store, RUN, now=T0, step_pattern=PATTERN)}
+    by_name = {
+        c.name: c.step
+        for c in list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=T0, step_pattern=PATTERN)
+        )
+    }
     assert by_name == {"epoch=0-step=4.ckpt": 7, "ckpt_e0_s1": 9, "epoch=0-step=5.ckpt": None}
     with pytest.raises(ConfigError):
-        list_checkpoints(store, RUN, now=T0, step_pattern="nogroup")
+        list_checkpoints(
+            Location.of(RUN, store=store), options=RetentionOptions(now=T0, step_pattern="nogroup")
+        )
 
 
 def test_keep_every_and_keep_last_see_framework_steps() -> None:
@@ -275,7 +242,11 @@ def test_keep_every_and_keep_last_see_framework_steps() -> None:
         + [("epoch=0-step=300.ckpt", 300)],
     )
     now = T0 + timedelta(days=1)
-    r = prune(store, RUN, KeepEvery(500) | KeepLast(2), now=now)
+    r = prune(
+        Location.of(RUN, store=store),
+        KeepEvery(500) | KeepLast(2),
+        options=RetentionOptions(now=now),
+    )
     keep = r.plan.keep
     assert "every 500 steps (step 500)" in keep["epoch=1-step=500.ckpt"]
     assert "last 2" in keep["epoch=2-step=1000.ckpt"] and "last 2" in keep["epoch=1-step=500.ckpt"]
@@ -292,14 +263,20 @@ def test_prune_takes_the_policy_files_pattern_and_an_explicit_one_wins() -> None
     lightning_run(store, [(f"ckpt_e0_s{s}", s) for s in (100, 500, 700, 1000)])
     now = T0 + timedelta(days=1)
     policy = parse_policy(f"step_pattern = '{PATTERN}'\n[keep]\nevery = 500\n")
-    r = prune(store, RUN, policy, now=now)
+    r = prune(Location.of(RUN, store=store), policy, options=RetentionOptions(now=now))
     assert set(r.plan.keep) == {"ckpt_e0_s500", "ckpt_e0_s1000"}
     assert [d.checkpoint.step for d in r.plan.decisions] == [100, 500, 700, 1000]
-    r = prune(store, RUN, policy, now=now, step_pattern=r"ckpt_e(\d+)_s\d+")
+    r = prune(
+        Location.of(RUN, store=store),
+        policy,
+        options=RetentionOptions(now=now, step_pattern=r"ckpt_e(\d+)_s\d+"),
+    )
     assert all(d.checkpoint.step == 0 for d in r.plan.decisions)
-    r = prune(store, RUN, KeepEvery(500), now=now)  # no pattern: no steps, KeepEvery keeps none
+    r = prune(
+        Location.of(RUN, store=store), KeepEvery(500), options=RetentionOptions(now=now)
+    )  # no pattern: no steps, KeepEvery keeps none
     assert list(r.plan.keep) == ["ckpt_e0_s1000"]  # the newest committed (by time) only
-    r = prune(store, RUN, policy, apply=True, now=now)
+    r = prune(Location.of(RUN, store=store), policy, apply=True, options=RetentionOptions(now=now))
     assert set(r.deleted) == {"ckpt_e0_s100", "ckpt_e0_s700"}
 
 
@@ -308,11 +285,11 @@ def test_prune_takes_a_policy_file_and_options() -> None:
     lightning_run(store, [(f"ckpt_e0_s{s}", s) for s in (100, 500, 700, 1000)])
     now = T0 + timedelta(days=1)
     source = PolicyFile.parse(f"step_pattern = '{PATTERN}'\n[keep]\nevery = 500\n")
-    r = prune(store, RUN, source, options=RetentionOptions(now=now))
+    r = prune(Location.of(RUN, store=store), source, options=RetentionOptions(now=now))
     assert set(r.plan.keep) == {"ckpt_e0_s500", "ckpt_e0_s1000"}
     assert r.plan.policy == f"every 500 steps (step_pattern {PATTERN})"
     other = RetentionOptions(now=now, step_pattern=r"ckpt_e(\d+)_s\d+")
-    r = prune(store, RUN, source, options=other)
+    r = prune(Location.of(RUN, store=store), source, options=other)
     assert all(d.checkpoint.step == 0 for d in r.plan.decisions)
 
 

@@ -18,6 +18,7 @@ from s3ckpt.retention import (
     KeepCalendar,
     KeepLast,
     KeepWithin,
+    RetentionOptions,
     delete_checkpoint,
     gc,
     list_checkpoints,
@@ -90,9 +91,9 @@ def test_gc_on_a_fast_host_keeps_a_live_save(store: MemoryStore, clock: Clock, h
     store.put(live.key(heartbeat_name(tag, 0)), b"")
     clock.t += 30 * 60
     host[0] = 90 * 60
-    r = gc(store, RUN, apply=True)
+    r = gc(Location.of(RUN, store=store), apply=True)
     assert r.ok and r.abandoned == () and len(keys_under(store, live.prefix)) == 4
-    (c,) = list_checkpoints(store, RUN)
+    (c,) = list_checkpoints(Location.of(RUN, store=store))
     assert c.live_tags == (tag,)
 
 
@@ -107,17 +108,36 @@ def test_apply_refuses_a_host_clock_further_off_than_the_grace(
     before = set(store.objects)
     host[0] = offset
     with pytest.raises(ClockSkewError, match="NTP"):
-        gc(store, RUN, grace=grace, apply=True)
+        gc(Location.of(RUN, store=store), apply=True, options=RetentionOptions(grace=grace))
     with pytest.raises(ClockSkewError):
-        prune(store, RUN, KeepLast(1), grace=grace, apply=True)
+        prune(
+            Location.of(RUN, store=store),
+            KeepLast(1),
+            apply=True,
+            options=RetentionOptions(grace=grace),
+        )
     with pytest.raises(ClockSkewError):
-        delete_checkpoint(store, RUN.child(ckpt_name(1)), allow_newest=True, grace=grace)
+        delete_checkpoint(
+            Location.of(RUN.child(ckpt_name(1)), store=store),
+            allow_newest=True,
+            options=RetentionOptions(grace=grace),
+        )
     assert set(store.objects) == before  # nothing deleted, no lease taken
     # Dry runs plan in the store's time and say so; an explicit now is the caller's.
-    assert any("NTP" in n for n in gc(store, RUN, grace=grace).notes)
-    assert any("NTP" in n for n in prune(store, RUN, KeepLast(1), grace=grace).notes)
+    assert any(
+        "NTP" in n
+        for n in gc(Location.of(RUN, store=store), options=RetentionOptions(grace=grace)).notes
+    )
+    assert any(
+        "NTP" in n
+        for n in prune(
+            Location.of(RUN, store=store), KeepLast(1), options=RetentionOptions(grace=grace)
+        ).notes
+    )
     now = datetime.fromtimestamp(clock.t, UTC)
-    assert gc(store, RUN, grace=grace, apply=True, now=now).ok
+    assert gc(
+        Location.of(RUN, store=store), apply=True, options=RetentionOptions(grace=grace, now=now)
+    ).ok
 
 
 def test_the_cli_exits_5_on_skew_and_ls_only_warns(
@@ -151,7 +171,7 @@ def test_ls_and_prune_default_to_the_store_time(
     store: MemoryStore, clock: Clock, host: list[float]
 ) -> None:
     write_checkpoint(store, RUN, 1, created=clock.t)
-    r = prune(store, RUN, KeepLast(1))
+    r = prune(Location.of(RUN, store=store), KeepLast(1))
     assert r.plan.now == T0 and r.notes == ()
     assert StoreTime(T0, T0).skew == timedelta(0)
 
@@ -211,7 +231,7 @@ def _skewed_run(store: MemoryStore, clock: Clock) -> None:
 
 def test_committed_at_is_the_stores_and_created_the_writers(store: MemoryStore, clock: Clock):
     _skewed_run(store, clock)
-    c1 = list_checkpoints(store, RUN)[0]
+    c1 = list_checkpoints(Location.of(RUN, store=store))[0]
     assert c1.committed_at == T0 + timedelta(hours=1)
     assert c1.created == T0 + timedelta(days=2, hours=1)
     d = c1.to_dict()
@@ -230,11 +250,11 @@ def test_a_fast_writer_does_not_make_retention_keep_older_steps(
     store: MemoryStore, clock: Clock, host: list[float], policy: object, kept: set[int]
 ) -> None:
     _skewed_run(store, clock)
-    ckpts = list_checkpoints(store, RUN)
+    ckpts = list_checkpoints(Location.of(RUN, store=store))
     p = plan(ckpts, policy, datetime.fromtimestamp(clock.t, UTC))  # type: ignore[arg-type]
     assert {int(n[-3:]) for n in p.keep} == kept
-    r = prune(store, RUN, policy, apply=True)  # type: ignore[arg-type]
-    assert {c.step for c in list_checkpoints(store, RUN)} == kept
+    r = prune(Location.of(RUN, store=store), policy, apply=True)  # type: ignore[arg-type]
+    assert {c.step for c in list_checkpoints(Location.of(RUN, store=store))} == kept
     assert r.ok
 
 
@@ -247,7 +267,7 @@ def test_rewriting_the_marker_does_not_move_the_commit_time(
     clock.t += 5 * HOUR
     for ckpt in (new, old):
         store.put(ckpt.key(MANIFEST_NAME), store.get(ckpt.key(MANIFEST_NAME)))
-    by_name = {c.name: c for c in list_checkpoints(store, RUN)}
+    by_name = {c.name: c for c in list_checkpoints(Location.of(RUN, store=store))}
     assert by_name[ckpt_name(1)].committed_at == T0
     assert by_name["format1"].committed_at == T0 + timedelta(hours=5)  # the marker's
 

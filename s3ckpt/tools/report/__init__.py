@@ -8,7 +8,7 @@ scripts).
 
 Pipeline, all pure but the listing::
 
-    scan(store, root)            one paged listing, like ``s3ckpt ls``
+    scan(location)               one paged listing, like ``s3ckpt ls``
     plan(run, policy, now)       per run, like ``s3ckpt prune`` (a dry run: no lease, no delete)
     PriceTable.monthly_cost      bytes per storage class -> USD per month
     render_html(Report)          the page
@@ -22,12 +22,10 @@ data. Needs no torch (the retention cron image can run it).
 
 Example::
 
-    from s3ckpt.retention import RetentionOptions, load_policy
-    from s3ckpt.store import open_store
+    from s3ckpt.retention import load_policy
     from s3ckpt.tools.report import build_report
 
-    store, root = open_store("s3://bucket/runs/")
-    page = build_report(store, root, policy=load_policy("pretraining"))
+    page = build_report("s3://bucket/runs/", policy=load_policy("pretraining"))
 """
 
 from __future__ import annotations

@@ -3,19 +3,14 @@ dry-run plan (:func:`collect_report`).
 
 A pure dry run, like ``s3ckpt prune`` without ``--apply``: no lease is taken and nothing is
 written or deleted. The run's settings are one :class:`~s3ckpt.retention.RetentionOptions`
-(its step pattern compiled once, there); the loose keyword arguments of earlier releases
-(``now``, ``grace``, ``step_pattern``, ``include_foreign``, ``max_delete``) are still
-accepted for one release, as shorthand for ``options.replace(...)``.
+(its step pattern compiled once, there).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Sequence
-from datetime import datetime, timedelta
-from typing import TypedDict, Unpack
 
 from s3ckpt._time import aware_now
 from s3ckpt.retention import (
@@ -33,26 +28,10 @@ from s3ckpt.retention import (
     survey_plan,
 )
 from s3ckpt.store import Location, LocationLike, noncurrent_versions, skew_note, store_time
-from s3ckpt.store.base import ObjectStore
 from s3ckpt.tools.report._model import CheckpointRow, Report, RunReport, storage_bytes
 from s3ckpt.tools.report._prices import PriceTable
-from s3ckpt.uri import StoreURL, parse_location
 
-_LOCATION_LIKE = (Location, str, os.PathLike, StoreURL)
-
-__all__ = ["ReportOverrides", "collect_report"]
-
-
-class ReportOverrides(TypedDict, total=False):
-    """The keyword arguments :func:`collect_report` and
-    :func:`~s3ckpt.tools.report.build_report` took before :class:`RetentionOptions`: each,
-    when given, replaces that field of ``options`` (kept for one release)."""
-
-    now: datetime | None
-    grace: timedelta
-    step_pattern: str | None
-    include_foreign: bool
-    max_delete: int | None
+__all__ = ["collect_report"]
 
 
 _MAX_IS_BETTER = re.compile(
@@ -97,14 +76,13 @@ def _best(ckpts: Sequence[CheckpointInfo], metric: str | None, mode: str) -> str
 
 
 def collect_report(
-    store: ObjectStore | LocationLike,
-    root: StoreURL | str | None = None,
+    location: LocationLike,
+    /,
     *,
     policy: Policy | PolicyFile | None = None,
     options: RetentionOptions | None = None,
     prices: PriceTable | None = None,
     title: str | None = None,
-    **overrides: Unpack[ReportOverrides],
 ) -> Report:
     """The numbers of the page: a scan of ``root`` and, with a policy, each run's plan.
 
@@ -112,9 +90,8 @@ def collect_report(
     what they mean for ``s3ckpt prune`` (and without a policy, for ``s3ckpt ls``).
 
     Args:
-        store: A :class:`~s3ckpt.store.Location` (or a URL) of a run or a prefix holding
-            runs; or, as in earlier releases, the store holding ``root``.
-        root: With a store first: a run, or a prefix holding runs, in that store.
+        location: A :class:`~s3ckpt.store.Location` (or a URL) of a run or a prefix
+            holding runs.
         policy: Overlay this policy's plan (keep / delete / skip with reasons): a
             :class:`~s3ckpt.retention.Policy`, or a :class:`~s3ckpt.retention.PolicyFile`
             (its ``step_pattern`` applies unless ``options`` names one).
@@ -125,9 +102,6 @@ def collect_report(
             and ``max_delete`` (per run, as ``prune --max-delete``).
         prices: Storage prices (default: :data:`DEFAULT_PRICES`).
         title: The page's title (default: ``s3ckpt report: ROOT``).
-        **overrides: ``now``, ``grace``, ``step_pattern``, ``include_foreign``,
-            ``max_delete`` as loose keyword arguments (earlier releases' signature, kept for
-            one release): shorthand for ``options.replace(...)``.
 
     Raises:
         PolicyError: The policy is empty.
@@ -139,15 +113,9 @@ def collect_report(
     on a versioned bucket one ListObjectVersions per 1000 versions of each run and one
     GetBucketLifecycleConfiguration (:func:`~s3ckpt.store.noncurrent_versions`).
     """
-    opts = RetentionOptions.fold(options, overrides, ReportOverrides, "collect_report")
-    where: ObjectStore
-    if root is None and isinstance(store, _LOCATION_LIKE):
-        location = Location.of(store)
-        where, url = location.store, location.url
-    elif root is not None and not isinstance(store, _LOCATION_LIKE):
-        where, url = store, root if isinstance(root, StoreURL) else parse_location(root)
-    else:
-        raise TypeError("collect_report() takes a Location (or a URL), or a store and a root")
+    opts = options if options is not None else RetentionOptions()
+    here = Location.of(location)
+    where, url = here.store, here.url
     source = None if policy is None else PolicyFile.of(policy)
     if source is not None:
         check_policy(source.policy)  # an empty policy: refused before any request
@@ -171,7 +139,7 @@ def collect_report(
     opts = opts.replace(now=now, grace=grace)
     rule = _best_rule(None if source is None else source.policy)
     runs = []
-    catalogs = list(scan(where, url, options=opts))
+    catalogs = list(scan(here, options=opts))
     versions = noncurrent_versions(where, [cat.run.prefix for cat in catalogs])
     for cat in catalogs:
         p = (

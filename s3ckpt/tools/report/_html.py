@@ -19,20 +19,17 @@ import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from importlib import resources
-from typing import Unpack
 
 from s3ckpt._time import iso_z
 from s3ckpt._units import format_bytes
 from s3ckpt._version import __version__
 from s3ckpt.retention import Policy, PolicyFile, RetentionOptions, format_duration
 from s3ckpt.store import LocationLike
-from s3ckpt.store.base import ObjectStore
-from s3ckpt.tools.report._collect import ReportOverrides, collect_report
+from s3ckpt.tools.report._collect import collect_report
 from s3ckpt.tools.report._model import STATES, CheckpointRow, Report, RunReport
 from s3ckpt.tools.report._prices import PriceTable, format_usd
 from s3ckpt.tools.report._svg import ANCHOR_HI, ANCHOR_LO, chart
 from s3ckpt.tools.report._text import esc, metric_text, number, utc_text
-from s3ckpt.uri import StoreURL
 
 __all__ = ["build_report", "render_html"]
 
@@ -353,33 +350,29 @@ def render_html(report: Report) -> str:
 
 
 def build_report(
-    store: ObjectStore | LocationLike,
-    root: StoreURL | str | None = None,
+    location: LocationLike,
+    /,
     *,
     policy: Policy | PolicyFile | None = None,
     options: RetentionOptions | None = None,
     prices: PriceTable | None = None,
     title: str | None = None,
-    **overrides: Unpack[ReportOverrides],
 ) -> str:
-    """The report page of ``root`` as one self-contained HTML document.
+    """The report page of ``location`` as one self-contained HTML document.
 
     :func:`~s3ckpt.tools.report.collect_report` then :func:`render_html`; the arguments are
-    :func:`~s3ckpt.tools.report.collect_report`'s (the loose ``now``, ``grace``,
-    ``step_pattern``, ``include_foreign``, ``max_delete`` of earlier releases are shorthand
-    for ``options.replace(...)``, kept for one release). Example::
+    :func:`~s3ckpt.tools.report.collect_report`'s. Example::
 
         from s3ckpt.retention import RetentionOptions, load_policy
-        from s3ckpt.store import open_store
         from s3ckpt.tools import build_report
 
-        store, root = open_store("s3://bucket/runs/")
         page = build_report(
-            store, root, policy=load_policy("pretraining"), options=RetentionOptions(max_delete=10)
+            "s3://bucket/runs/",
+            policy=load_policy("pretraining"),
+            options=RetentionOptions(max_delete=10),
         )
         Path("report.html").write_text(page, encoding="utf-8")
     """
-    opts = RetentionOptions.fold(options, overrides, ReportOverrides, "build_report")
     return render_html(
-        collect_report(store, root, policy=policy, options=opts, prices=prices, title=title)
+        collect_report(location, policy=policy, options=options, prices=prices, title=title)
     )

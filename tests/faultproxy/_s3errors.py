@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from email.utils import formatdate
 
-from s3ckpt.testing._http1 import Head
+from tests.faultproxy._http1 import Head
 
 __all__ = ["ERRORS", "error_reply", "error_xml", "simple_reply"]
 

@@ -72,7 +72,7 @@ import random
 import threading
 from collections.abc import Callable
 
-from s3ckpt.testing._s3ops import OPERATIONS
+from tests.faultproxy._s3ops import OPERATIONS
 
 __all__ = [
     "ALL_FAULT_KINDS",

@@ -1,12 +1,11 @@
-"""Fault-injecting HTTP/1.1 reverse proxy for S3 tests (public as :mod:`s3ckpt.testing`).
+"""Fault-injecting HTTP/1.1 reverse proxy for S3 tests (public as :mod:`tests.faultproxy`).
 
 The proxy listens on loopback and relays every request to an *upstream*
-S3-compatible server (in s3ckpt's own tests and in :func:`s3ckpt.testing.local_s3`
-a ``moto`` ``ThreadedMotoServer``). A configurable fraction of requests is answered
-with an injected fault instead, so that the retry behaviour of botocore, of s3ckpt's
-own retry layer and of a training loop's save and resume can be exercised against
-realistic failures: the kinds are described in ``_faults`` (and in docs/testing.md),
-the made-up S3 error replies in ``_s3errors``.
+S3-compatible server (in s3ckpt's own tests and benchmarks, a ``moto`` server). A
+configurable fraction of requests is answered with an injected fault instead, so that the
+retry behaviour of botocore, of s3ckpt's own retry layer and of a training loop's save and
+resume can be exercised against realistic failures: the kinds are described in ``_faults``
+(and in this folder's README.md), the made-up S3 error replies in ``_s3errors``.
 
 This module holds the server: :class:`FaultProxy`, its listener, its accept loop and
 the sockets and threads it must tear down on :meth:`FaultProxy.stop`. What happens on
@@ -53,8 +52,8 @@ from collections.abc import Collection, Sequence
 from types import TracebackType
 from urllib.parse import urlsplit
 
-from s3ckpt.testing._connection import Connection
-from s3ckpt.testing._faults import (
+from tests.faultproxy._connection import Connection
+from tests.faultproxy._faults import (
     ALL_FAULT_KINDS,
     FAULT_KINDS,
     Arm,
@@ -62,8 +61,8 @@ from s3ckpt.testing._faults import (
     Injector,
     check_rate,
 )
-from s3ckpt.testing._s3ops import OPERATIONS
-from s3ckpt.testing._sockets import close_with_rst
+from tests.faultproxy._s3ops import OPERATIONS
+from tests.faultproxy._sockets import close_with_rst
 
 __all__ = ["FaultProxy"]
 
@@ -76,7 +75,7 @@ class FaultProxy:
     ``upstream`` is the base URL of the real server (``http://host:port``).
     Each request is, with probability ``fault_rate`` and while fewer than
     ``max_faults`` faults have been injected, answered with a fault kind
-    chosen uniformly from ``faults`` (the kinds: docs/testing.md, "The fault
+    chosen uniformly from ``faults`` (the kinds: README.md, "The fault
     proxy"); otherwise it is relayed unchanged.  Point the client's ``endpoint_url`` at
     :attr:`endpoint_url`.
 

@@ -20,8 +20,8 @@ import socket
 import threading
 from typing import Protocol
 
-from s3ckpt.testing._faults import LOCAL_FAULTS, REPLY_FAULTS, Hook, Injector, Pending
-from s3ckpt.testing._http1 import (
+from tests.faultproxy._faults import LOCAL_FAULTS, REPLY_FAULTS, Hook, Injector, Pending
+from tests.faultproxy._http1 import (
     CHUNK,
     Head,
     ProtocolError,
@@ -39,9 +39,9 @@ from s3ckpt.testing._http1 import (
     relay_until_eof,
     sender,
 )
-from s3ckpt.testing._s3errors import error_reply, simple_reply
-from s3ckpt.testing._s3ops import classify
-from s3ckpt.testing._sockets import peer_closed, readable_now, wait_readable, wait_sent
+from tests.faultproxy._s3errors import error_reply, simple_reply
+from tests.faultproxy._s3ops import classify
+from tests.faultproxy._sockets import peer_closed, readable_now, wait_readable, wait_sent
 
 __all__ = ["IO_TIMEOUT", "Closed", "Connection", "ProxySide"]
 
