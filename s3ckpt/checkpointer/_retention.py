@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.checkpointer._async import wait_at_exit
-from s3ckpt.errors import AccessDeniedError
+from s3ckpt.errors import AccessDeniedError, LeaseHeldError
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -85,6 +85,10 @@ def resolve_policy(policy: Policy | PolicyFile | str | None) -> Policy | None:
     return as_policy() if callable(as_policy) else policy  # type: ignore[return-value]
 
 
+LEASE_RETRIES = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""Pauses (seconds) between a pass's tries while another holder has the run's lease."""
+
+
 class RetentionRunner:
     """Runs a run's retention policy on one background thread, one pass at a time.
 
@@ -145,12 +149,22 @@ class RetentionRunner:
 
         started, t0 = time.time(), time.perf_counter()
         try:
-            result = prune(
-                Location(self._url, self._store),
-                policy,
-                apply=True,
-                options=RetentionOptions(grace=grace),
-            )
+            # The run's lease is often held for a moment by this job itself (a plug-in's
+            # removal of one checkpoint, the previous pass's release): try again for a few
+            # seconds before calling the pass failed.
+            for pause in (*LEASE_RETRIES, None):
+                try:
+                    result = prune(
+                        Location(self._url, self._store),
+                        policy,
+                        apply=True,
+                        options=RetentionOptions(grace=grace),
+                    )
+                    break
+                except LeaseHeldError:
+                    if pause is None:
+                        raise
+                    time.sleep(pause)
         except Exception as exc:
             record = RetentionRecord(step, started, time.perf_counter() - t0, error=exc)
             if isinstance(exc, AccessDeniedError):

@@ -66,9 +66,15 @@ class S3RangeReader:
         self._direct: SocketBody | None = None  # set when reading the socket directly
         self._watch: Watch | None = None  # the open body's total deadline
         self._failures = 0
+        # When the first GET of this range was sent: request_deadline counts from it for
+        # every resume, as for any request (a body that drips a byte at a time makes some
+        # progress on each attempt, so per-read starts would never add up to a deadline).
+        self._since: float | None = None
 
     def _open(self) -> None:
         last = None if self._end is None else self._end - 1
+        if self._since is None:
+            self._since = time.monotonic()
         resp = self._store._get_object(self._key, self._pos, last)
         self._body = resp["Body"]
         tc = self._store.transfer_config
@@ -157,6 +163,7 @@ class S3RangeReader:
         offset reached, or raise the mapped error when the policy gives up."""
         store = self._store
         replay = [failure]
+        started = min(started, self._since if self._since is not None else started)
 
         def attempt() -> int:
             if replay:

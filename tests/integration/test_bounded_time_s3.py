@@ -86,7 +86,9 @@ def test_a_dripping_data_object_ends_the_load_in_a_clear_error(
     ckpt = _saved(proxy, f"s3://{bucket}/run", DRIP)
     proxy.arm("GetObject", "drip", key_glob="*.distcp", times=1000)
     err, took = _timed_error(lambda: ckpt.load(_model(2), step=1))
-    assert took < 2 * BOUND, (took, err)  # each GET resumed under its own deadline
+    # A resumed GET's deadline counts from its first request: a body that drips gets
+    # request_deadline in all, not a fresh one for each resume (236 s with the defaults).
+    assert took < BOUND, (took, err)
     assert ".distcp" in str(err) and "min_rate" in str(err), err
     ckpt.close()
 
