@@ -304,7 +304,7 @@ class LifeClasses:
                     argv = {
                         "prune": ["prune", url, "--policy", policy, "--apply", *ep],
                         "gc": ["gc", url, "--apply", *ep],
-                        "rm": ["rm", f"{url}/step_{1:09d}", *ep],
+                        "rm": ["rm", f"{url}/step_{1:09d}", *ep[:2]],  # no --no-progress
                     }[what]
                     res = self.cli(argv, timeout=LIMIT_S + 20)
                     status = "done" if res.get("rc") is not None else "timeout"

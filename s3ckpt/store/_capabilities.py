@@ -369,9 +369,16 @@ def probe_capabilities(
     if info is None:
         if body is None:
             raise ValueError(f"cannot probe {key!r}: it does not exist and no body was given")
-        created = race(store, key, "create", body=body, put=_putter(store, echo))
-        if not created.none_won:  # none: created meanwhile (a retry, another process)
-            races.append(created)
+        if race_pairs:  # doctor: the key is created by a race of its own
+            created = race(store, key, "create", body=body, put=_putter(store, echo))
+            if not created.none_won:  # none: created meanwhile (a retry, another process)
+                races.append(created)
+        else:  # a save: one create; the races are doctor's (cached: a save then agrees)
+            try:
+                with expecting("precondition_failed"):
+                    _put(store, key, body, echo, if_none_match=True)
+            except PreconditionFailedError:
+                pass  # created meanwhile (a retry of ours, another process)
     if info is not None or body is None:
         try:
             body = store.get(key)

@@ -66,15 +66,16 @@ class S3RangeReader:
         self._direct: SocketBody | None = None  # set when reading the socket directly
         self._watch: Watch | None = None  # the open body's total deadline
         self._failures = 0
-        # When the first GET of this range was sent: request_deadline counts from it for
-        # every resume, as for any request (a body that drips a byte at a time makes some
-        # progress on each attempt, so per-read starts would never add up to a deadline).
-        self._since: float | None = None
+        self._opened = 0.0  # when the open GET was sent
+        # When the first GET cut for being too slow (its Watch expired) was sent:
+        # request_deadline counts from it for every later resume. A body that drips a byte
+        # at a time makes some progress on each attempt, so per-read starts would never add
+        # up to a deadline; a body that moves at min_rate or faster is never cut by it.
+        self._slow_since: float | None = None
 
     def _open(self) -> None:
         last = None if self._end is None else self._end - 1
-        if self._since is None:
-            self._since = time.monotonic()
+        self._opened = time.monotonic()
         resp = self._store._get_object(self._key, self._pos, last)
         self._body = resp["Body"]
         tc = self._store.transfer_config
@@ -140,6 +141,8 @@ class S3RangeReader:
             except Exception as exc:
                 watch = self._watch
                 if watch is not None and watch.expired:
+                    if self._slow_since is None:
+                        self._slow_since = self._opened
                     tc = self._store.transfer_config
                     raise AttemptTimedOut(
                         f"the body ({watch.nbytes} bytes) not read within {watch.limit:.1f} s "
@@ -163,7 +166,8 @@ class S3RangeReader:
         offset reached, or raise the mapped error when the policy gives up."""
         store = self._store
         replay = [failure]
-        started = min(started, self._since if self._since is not None else started)
+        if self._slow_since is not None:
+            started = min(started, self._slow_since)
 
         def attempt() -> int:
             if replay:
