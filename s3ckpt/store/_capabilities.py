@@ -17,11 +17,12 @@ lease), so no new kind of object appears and a least-privilege role suffices:
    none (liveness then comes from heartbeats and object times alone);
 6. every PUT of the probe that succeeded tells whether the store echoes the CRC32C it was
    sent (S3 stores with checksums on only);
-7. a race (:mod:`s3ckpt.store._race`): a key that does not exist yet is created by two
-   ``PUT If-None-Match: *`` sent at once, both with the caller's body; both succeeding
-   means the store's condition is a check then a write (not atomic). ``s3ckpt doctor``
-   (``race_pairs``) races a few pairs of creates, replaces and deletes besides, on keys
-   next to its scratch key, and caches its answer for the process.
+7. races (:mod:`s3ckpt.store._race`), only when asked (``race_pairs``: ``s3ckpt doctor``):
+   pairs of creates, replaces and deletes sent at once on keys next to its scratch key;
+   two winners mean the store's condition is a check then a write (not atomic). The
+   answer is cached for the process, so a save after doctor agrees with it. A save's own
+   probe does not race: a test server whose check is not atomic under load (moto) would
+   refuse saves at random.
 
 Where a store fails 2 or 3 it only rewrote the caller's own object with the body it
 already held. :func:`require_conditional_writes` turns the answer into one
