@@ -89,9 +89,11 @@ class Watch:
             if time.monotonic() < self.deadline:
                 return False
             self.expired = True
-            aborts, self._aborts = self._aborts, []
-        for abort in aborts:
-            _quietly(abort)
+            # Under the lock: once finish() has returned no abort runs, so a socket the
+            # finished attempt handed back to the pool is never shut under another request.
+            for abort in self._aborts:
+                _quietly(abort)
+            self._aborts = []
         return True
 
     def finish(self) -> None:
