@@ -109,7 +109,7 @@ class LifeClasses:
             self.paused_writer_trial(j, kind, past)
 
     def paused_writer_trial(self, j: int, kind: str, past_s: float) -> None:
-        from s3ckpt.format import MIN_GRACE_SECONDS
+        from s3ckpt.format._names import MIN_GRACE_SECONDS
         from s3ckpt.retention import RetentionOptions, gc
         from s3ckpt.retention._liveness import MIN_GRACE
         from s3ckpt.store import Location

@@ -164,7 +164,7 @@ class StoreClasses:
         """The deleter's first request against the checkpoint it planned to delete (made
         after its listing under the run's lease) is held until an overwrite of that
         checkpoint has committed (or a random moment of the overwrite)."""
-        from s3ckpt.format import LEASE_NAME, MANIFEST_NAME
+        from s3ckpt.format._names import LEASE_NAME, MANIFEST_NAME
         from tests.faultproxy import FaultProxy
 
         delay = round(self.rng.uniform(0.0, 2.0), 2) if mode == "random" else None

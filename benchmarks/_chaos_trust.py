@@ -288,7 +288,8 @@ class TrustClasses(StoreClasses):
         self._run(t, body, cleanup)
 
     def _judge_steps(self, t: Any, b: str, run: str, want: set[int], r: dict[str, Any]) -> None:
-        from s3ckpt.retention import CheckpointState, list_checkpoints
+        from s3ckpt.retention import list_checkpoints
+        from s3ckpt.retention._catalog import CheckpointState
         from s3ckpt.store import Location
 
         store, run_url = self.store(f"s3://{b}/{run}")

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._chromium import launch  # noqa: E402
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, PIN_NAME, Manifest, ObjectRecord  # noqa: E402
+from s3ckpt.format._manifest import Manifest, ObjectRecord  # noqa: E402
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME  # noqa: E402
 from s3ckpt.retention import RetentionOptions, load_policy  # noqa: E402
 from s3ckpt.store import Location, MemoryStore  # noqa: E402
 from s3ckpt.tools import collect_report, render_html  # noqa: E402

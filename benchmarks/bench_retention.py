@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, ObjectRecord  # noqa: E402
+from s3ckpt.format._manifest import Manifest, ObjectRecord  # noqa: E402
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME  # noqa: E402
 from s3ckpt.retention import (  # noqa: E402
     CheckpointInfo,
-    CheckpointState,
     KeepBest,
     KeepCalendar,
     KeepEvery,
@@ -47,6 +47,7 @@ from s3ckpt.retention import (  # noqa: E402
     plan,
     prune,
 )
+from s3ckpt.retention._catalog import CheckpointState  # noqa: E402
 from s3ckpt.store import Location, MemoryStore  # noqa: E402
 from s3ckpt.uri import StoreURL  # noqa: E402
 

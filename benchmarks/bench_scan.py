@@ -29,8 +29,9 @@ from typing import Any
 from benchmarks.s3sim import S3Sim
 from benchmarks.scale_model import retention_cron_requests, shallow_cron_requests
 from s3ckpt.config import S3Config
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest, ObjectRecord, data_name
-from s3ckpt.format import metadata_name as per_save_metadata
+from s3ckpt.format._manifest import Manifest, ObjectRecord
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, data_name
+from s3ckpt.format._names import metadata_name as per_save_metadata
 from s3ckpt.retention import KeepLast, RetentionOptions, prune_runs
 from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store

@@ -627,7 +627,8 @@ class Harness(TrustClasses, LifeClasses):
 
         ``require``: checkpoint name -> why it must still be committed.
         """
-        from s3ckpt.retention import CheckpointState, list_checkpoints
+        from s3ckpt.retention import list_checkpoints
+        from s3ckpt.retention._catalog import CheckpointState
         from s3ckpt.store import Location
 
         store, run_url = self.store(f"s3://{bucket}/{run}")
@@ -719,8 +720,9 @@ class Harness(TrustClasses, LifeClasses):
 
     def check_bucket(self, t: Trial, bucket: str, run: str, planted: list[str]) -> None:
         """Only committed checkpoints' objects, control objects and planted files remain."""
-        from s3ckpt.format import Manifest
-        from s3ckpt.retention import CheckpointState, list_checkpoints
+        from s3ckpt.format._manifest import Manifest
+        from s3ckpt.retention import list_checkpoints
+        from s3ckpt.retention._catalog import CheckpointState
         from s3ckpt.store import Location
 
         store, run_url = self.store(f"s3://{bucket}/{run}")
@@ -1431,7 +1433,7 @@ class Harness(TrustClasses, LifeClasses):
 
     # -- class 6 -----------------------------------------------------------------------------
     def class6(self) -> None:
-        from s3ckpt.format import Manifest
+        from s3ckpt.format._manifest import Manifest
 
         b = self.s3.new_bucket("corrupt")
         src = "ow/ckpt/"

@@ -54,7 +54,7 @@ class Scenario:
     # -- per rank --------------------------------------------------------------------------
     @property
     def objects_per_rank(self) -> int:
-        """s3ckpt.transfer.pack: ceil(rank bytes / target_object_size), at least one."""
+        """s3ckpt._transfer.pack: ceil(rank bytes / target_object_size), at least one."""
         return max(1, math.ceil(self.rank_bytes / self.target_object_size))
 
     @property

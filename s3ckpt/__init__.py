@@ -7,6 +7,8 @@ Public API::
     from s3ckpt import S3Config, TransferConfig
     from s3ckpt import Location                           # a URL opened once, with its store
     from s3ckpt import HashedPrefixes                     # opt-in layout for many-rank saves
+    from s3ckpt import KeepLast, KeepEvery, KeepBest      # retention rules (and the others)
+    from s3ckpt import S3CkptError, CheckpointNotFoundError  # the errors a loop catches
 
 The torch-dependent names (Checkpointer, the DCP writer and reader) are imported lazily,
 so the parts that need no torch (configuration, errors, the store, retention) import without it.
@@ -17,27 +19,27 @@ import typing as _typing
 from s3ckpt._version import __version__
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
-    AccessDeniedError,
     CheckpointError,
-    CheckpointExistsError,
     CheckpointNotFoundError,
     ChecksumMismatchError,
     ConfigError,
     CorruptCheckpointError,
-    EndpointError,
-    InvalidURLError,
-    NoSuchBucketError,
-    ObjectNotFoundError,
-    PreconditionFailedError,
     S3CkptError,
     SaveInProgressError,
-    StateMismatchError,
     StoreError,
-    TransientStoreError,
-    UncommittedCheckpointError,
     UnsafeCheckpointError,
 )
 from s3ckpt.format import HashedPrefixes
+from s3ckpt.retention import (
+    AllOf,
+    AnyOf,
+    KeepBest,
+    KeepCalendar,
+    KeepEvery,
+    KeepLast,
+    KeepPinned,
+    KeepWithin,
+)
 from s3ckpt.store import Location
 
 if _typing.TYPE_CHECKING:
@@ -45,32 +47,33 @@ if _typing.TYPE_CHECKING:
     from s3ckpt.dcp import S3StorageReader, S3StorageWriter
 
 __all__ = [
-    "AccessDeniedError",
-    "CheckpointError",
+    # what a training loop uses
     "Checkpointer",
-    "CheckpointExistsError",
+    "SaveHandle",
+    "S3StorageWriter",
+    "S3StorageReader",
+    "S3Config",
+    "TransferConfig",
+    "Location",
+    "HashedPrefixes",
+    # the retention rules a user names (Checkpointer(policy=...)); the rest: s3ckpt.retention
+    "KeepLast",
+    "KeepEvery",
+    "KeepBest",
+    "KeepWithin",
+    "KeepCalendar",
+    "KeepPinned",
+    "AllOf",
+    "AnyOf",
+    # the errors a training loop catches; every error class: s3ckpt.errors
+    "S3CkptError",
+    "CheckpointError",
     "CheckpointNotFoundError",
+    "CorruptCheckpointError",
     "ChecksumMismatchError",
     "ConfigError",
-    "CorruptCheckpointError",
-    "EndpointError",
-    "HashedPrefixes",
-    "InvalidURLError",
-    "NoSuchBucketError",
-    "ObjectNotFoundError",
-    "PreconditionFailedError",
-    "S3CkptError",
-    "Location",
-    "S3Config",
-    "S3StorageReader",
-    "S3StorageWriter",
-    "SaveHandle",
-    "SaveInProgressError",
-    "StateMismatchError",
     "StoreError",
-    "TransferConfig",
-    "TransientStoreError",
-    "UncommittedCheckpointError",
+    "SaveInProgressError",
     "UnsafeCheckpointError",
     "__version__",
 ]

@@ -25,6 +25,7 @@ here is what more than one party needs:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -41,11 +42,11 @@ from s3ckpt.errors import (
     ObjectNotFoundError,
     S3CkptError,
 )
-from s3ckpt.format import (
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import (
     HEARTBEAT_INTERVAL,
     MANIFEST_NAME,
     METADATA_NAME,
-    Manifest,
     failure_name,
     heartbeat_name,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "check_metadata",
     "describe_failure",
     "failure_reason",
+    "get_or_none",
     "identity",
     "lost_race_error",
     "metadata_matches",
@@ -87,21 +89,16 @@ def pid_namespace() -> str:
         return ""
 
 
-_BOOT_ID: str | None = None  # read once: a process never changes boots
-
-
+@functools.cache  # read once: a process never changes boots
 def boot_id() -> str:
     """This boot of this host: ``/proc/sys/kernel/random/boot_id`` (``""`` where there is
     none). Unlike a hostname it is never shared by two machines, and it changes on reboot,
     when every pid of the previous boot is gone."""
-    global _BOOT_ID
-    if _BOOT_ID is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-                _BOOT_ID = f.read().strip()
-        except (OSError, UnicodeDecodeError):
-            _BOOT_ID = ""
-    return _BOOT_ID
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def process_start(pid: int) -> int | None:
@@ -116,17 +113,6 @@ def process_start(pid: int) -> int | None:
         return int(raw.rpartition(b")")[2].split()[19])
     except (OSError, ValueError, IndexError):
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists in this PID namespace (True when unsure)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists but not ours to signal, or cannot tell: alive
-    return True
 
 
 def process_gone(host: str, pidns: str, pid: int, boot: str = "", start: int | None = None) -> bool:
@@ -144,8 +130,12 @@ def process_gone(host: str, pidns: str, pid: int, boot: str = "", start: int | N
         return False
     if host != socket.gethostname() or pidns != pid_namespace():
         return False
-    if not pid_alive(pid):
+    try:
+        os.kill(pid, 0)  # whether it exists in this PID namespace
+    except ProcessLookupError:
         return True
+    except OSError:
+        pass  # exists but not ours to signal, or cannot tell: alive
     if start is None:
         return False  # alive, and nothing says it is another process: the safe side
     now = process_start(pid)
@@ -162,10 +152,6 @@ class Identity:
     pid: int
     start: int | None
 
-    def to_dict(self) -> dict[str, object]:
-        """The JSON fields: ``host``, ``boot``, ``pidns``, ``pid``, ``start``."""
-        return asdict(self)
-
 
 def identity() -> Identity:
     """This process's :class:`Identity`."""
@@ -174,7 +160,7 @@ def identity() -> Identity:
 
 
 JOB_VARIABLES = ("S3CKPT_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
-"""Where a writer's job id comes from, the first one set (``Manifest.writer["job"]``)."""
+# Where a writer's job id comes from, the first one set (``Manifest.writer["job"]``).
 
 
 def writer_record() -> dict[str, str]:
@@ -190,24 +176,19 @@ def lost_race_error(
     read): who committed it, and what to do. Only a marker this job wrote (same job id, or
     this very process) is the user's own checkpoint that ``overwrite=True`` replaces."""
     me, them = writer_record(), dict(winner.writer) if winner is not None else {}
-    key = url.key(MANIFEST_NAME)
-    if them and _job(them) == _job(me):
-        return CheckpointExistsError(
-            f"this job already committed {url} ({why}); this save was discarded. Pass "
-            "overwrite=True to replace it, or save under another step",
-            bucket=bucket,
-            key=key,
-            rank=rank,
-        )
     who = ", ".join(f"{k} {v!r}" for k, v in them.items() if v) or "an unknown writer"
-    return CheckpointExistsError(
-        f"another writer committed {url} first ({why}: {who}); this save was discarded and "
-        "the other checkpoint is untouched. Two jobs are saving to one run: stop the other "
-        "job, or save under another run URL or step",
-        bucket=bucket,
-        key=key,
-        rank=rank,
-    )
+    if them and _job(them) == _job(me):
+        message = (
+            f"this job already committed {url} ({why}); this save was discarded. Pass "
+            "overwrite=True to replace it, or save under another step"
+        )
+    else:
+        message = (
+            f"another writer committed {url} first ({why}: {who}); this save was discarded "
+            "and the other checkpoint is untouched. Two jobs are saving to one run: stop the "
+            "other job, or save under another run URL or step"
+        )
+    return CheckpointExistsError(message, bucket=bucket, key=url.key(MANIFEST_NAME), rank=rank)
 
 
 def _job(record: dict[str, str]) -> str:
@@ -218,14 +199,13 @@ def heartbeat_body(tag: str, rank: int, step: int | None) -> bytes:
     """What a heartbeat object holds: liveness is its LastModified; host, boot id, PID
     namespace, pid and start time let :func:`writer_gone` prove a killed writer dead at
     once on the same boot of the same host."""
-    doc = {
-        "tag": tag,
-        "rank": rank,
-        "step": step,
-        **identity().to_dict(),
-        "interval": HEARTBEAT_INTERVAL,
-        "time": time.time(),
-    }
+    return _record(tag=tag, rank=rank, step=step, interval=HEARTBEAT_INTERVAL)
+
+
+def _record(**fields: object) -> bytes:
+    """A heartbeat's or failure record's JSON body: ``fields``, this process's
+    :class:`Identity` and the time."""
+    doc = {**fields, **asdict(identity()), "time": time.time()}
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
@@ -264,33 +244,19 @@ class Heartbeat:
         tag: The save's tag (see :func:`~s3ckpt.format.save_tag`).
         rank: The beating rank.
         step: Recorded in the body, for people.
-        interval: Seconds between beats.
     """
 
     def __init__(
-        self,
-        store: ObjectStore,
-        url: StoreURL,
-        tag: str,
-        rank: int,
-        step: int | None = None,
-        *,
-        interval: float = HEARTBEAT_INTERVAL,
+        self, store: ObjectStore, url: StoreURL, tag: str, rank: int, step: int | None = None
     ) -> None:
-        self.store = store
-        self.key = url.key(heartbeat_name(tag, rank))
-        self._tag = tag
-        self._rank = rank
-        self._step = step
-        self._interval = interval
+        self.store, self.key = store, url.key(heartbeat_name(tag, rank))
+        self._tag, self._rank, self._step = tag, rank, step
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.beats = 0
 
     def beat(self) -> None:
         """One PUT of the heartbeat object now (raises what the store raises)."""
         self.store.put(self.key, heartbeat_body(self._tag, self._rank, self._step))
-        self.beats += 1
 
     def start(self) -> Heartbeat:
         """Start beating in the background."""
@@ -302,13 +268,13 @@ class Heartbeat:
         return self
 
     def _run(self) -> None:
-        wait = self._interval * (0.5 + _JITTER.random() / 2)
+        wait = HEARTBEAT_INTERVAL * (0.5 + _JITTER.random() / 2)
         while not self._stop.wait(wait):
             try:
                 self.beat()
             except S3CkptError as exc:
                 log.warning("s3ckpt: heartbeat %s failed (retrying): %s", self.key, exc)
-            wait = self._interval
+            wait = HEARTBEAT_INTERVAL
 
     def stop(self) -> None:
         """Stop beating (waits for a beat in flight)."""
@@ -317,15 +283,9 @@ class Heartbeat:
             self._thread.join()
             self._thread = None
 
-    def __enter__(self) -> Heartbeat:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 MAX_FAILURE_TEXT = 500
-"""Characters of the error a failure record keeps (and ``ls`` shows)."""
+# Characters of the error a failure record keeps (and ``ls`` shows).
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -368,17 +328,9 @@ def record_failure(
     Request cost: one PUT. Returns whether the record was written.
     """
     key = url.key(failure_name(tag, rank))
-    doc = {
-        "state": "failed",
-        "tag": tag,
-        "rank": rank,
-        "step": step,
-        "error": describe_failure(exc),
-        **identity().to_dict(),
-        "time": time.time(),
-    }
+    body = _record(state="failed", tag=tag, rank=rank, step=step, error=describe_failure(exc))
     try:
-        store.put(key, json.dumps(doc, separators=(",", ":")).encode("utf-8"))
+        store.put(key, body)
     except Exception as err:  # best effort: the grace period still ends the save
         log.warning("s3ckpt: could not record the failed save at %s (%s)", key, err)
         return False
@@ -408,12 +360,17 @@ def read_marker(store: ObjectStore, url: StoreURL) -> tuple[Manifest, str | None
     info = store.head(key)
     if info is None:
         return None
+    with expecting("not_found"):  # removed since the HEAD: uncommitted now
+        raw = get_or_none(store, key)
+    return None if raw is None else (Manifest.from_json(raw, where=key), info.etag)
+
+
+def get_or_none(store: ObjectStore, key: str) -> bytes | None:
+    """``store.get(key)``; None when there is no such object."""
     try:
-        with expecting("not_found"):  # removed since the HEAD: uncommitted now
-            raw = store.get(key)
+        return store.get(key)
     except ObjectNotFoundError:
         return None
-    return Manifest.from_json(raw, where=key), info.etag
 
 
 def restore_stock_metadata(store: ObjectStore, ckpt: StoreURL, manifest: Manifest) -> None:
@@ -432,12 +389,7 @@ def restore_stock_metadata(store: ObjectStore, ckpt: StoreURL, manifest: Manifes
     if manifest.metadata_key == METADATA_NAME:
         return  # a format-1 commit: the plain .metadata is the committed object itself
     key = ckpt.key(manifest.metadata_key)
-    try:
-        raw: bytes | None = store.get(key)
-    except ObjectNotFoundError:
-        raw = None
-    check_metadata(raw, manifest, bucket=store.bucket, key=key)
-    assert raw is not None
+    raw = check_metadata(get_or_none(store, key), manifest, bucket=store.bucket, key=key)
     store.put(ckpt.key(METADATA_NAME), raw, crc32c=manifest.metadata_crc32c)
 
 
@@ -450,9 +402,9 @@ def metadata_matches(raw: bytes | None, manifest: Manifest) -> bool:
     )
 
 
-def check_metadata(raw: bytes | None, manifest: Manifest, *, bucket: str, key: str) -> None:
-    """Raise :class:`CorruptCheckpointError` naming ``key`` unless ``raw`` (None: missing)
-    is the ``.metadata`` the manifest commits."""
+def check_metadata(raw: bytes | None, manifest: Manifest, *, bucket: str, key: str) -> bytes:
+    """``raw``; raises :class:`CorruptCheckpointError` naming ``key`` unless ``raw`` (None:
+    missing) is the ``.metadata`` the manifest commits."""
     name = key.rpartition("/")[2]
     if raw is None:
         raise CorruptCheckpointError(
@@ -470,3 +422,4 @@ def check_metadata(raw: bytes | None, manifest: Manifest, *, bucket: str, key: s
             bucket=bucket,
             key=key,
         )
+    return raw

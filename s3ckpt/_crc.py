@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import crc32c as _impl
 
-__all__ = ["crc32c", "crc32c_combine", "format_crc", "parse_crc"]
+__all__ = ["crc32c", "crc32c_combine"]
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
@@ -13,7 +13,7 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
 
 
 _POLY = 0x82F63B78
-"""CRC32C's polynomial, bit-reflected (as the CRC is computed)."""
+# CRC32C's polynomial, bit-reflected (as the CRC is computed).
 
 
 def _multmodp(a: int, b: int) -> int:
@@ -29,17 +29,9 @@ def _multmodp(a: int, b: int) -> int:
         b = (b >> 1) ^ _POLY if b & 1 else b >> 1
 
 
-def _x2n_table() -> tuple[int, ...]:
-    """``x^(2^k)`` modulo the polynomial for k in 0..31."""
-    table = []
-    p = 1 << 30  # x^1
-    for _ in range(32):
-        table.append(p)
-        p = _multmodp(p, p)
-    return tuple(table)
-
-
-_X2N = _x2n_table()
+_X2N = [1 << 30]  # x^(2^k) modulo the polynomial for k in 0..31, from x^1
+for _ in range(31):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
 
 
 def _x8nmodp(n: int) -> int:
@@ -64,13 +56,3 @@ def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
     if len2 == 0:
         return crc1
     return _multmodp(_x8nmodp(len2), crc1) ^ crc2
-
-
-def format_crc(value: int) -> str:
-    """The 8-hex-digit form stored in ``s3ckpt.json``."""
-    return f"{value:08x}"
-
-
-def parse_crc(text: str) -> int:
-    """Inverse of :func:`format_crc`."""
-    return int(text, 16)

@@ -24,19 +24,6 @@ import re2
 
 from s3ckpt.errors import ConfigError
 
-__all__ = [
-    "MAX_STEP_DIGITS",
-    "STEP_NAME",
-    "StepMatcher",
-    "checkpoint_step",
-    "compile_step_pattern",
-]
-
-STEP_NAME = re.compile(r"step_([0-9]+)")
-"""A checkpoint sub-prefix named by its step, as the Checkpointer names it
-(:func:`s3ckpt.format.checkpoint_name`); :func:`checkpoint_step` reads this form and the
-frameworks'."""
-
 MAX_STEP_DIGITS = 18
 """The most digits a step read from a name may have (a longer run of digits is no step)."""
 _DIGITS = f"([0-9]{{1,{MAX_STEP_DIGITS}}})"
@@ -66,16 +53,13 @@ class StepMatcher(Protocol):
     @property
     def pattern(self) -> str:
         """The pattern's text."""
-        ...
 
     @property
     def groups(self) -> int:
         """Its capture groups (always 1 for a step pattern)."""
-        ...
 
     def fullmatch(self, text: str) -> Any:
         """A match of the whole of ``text`` (``group(1)``: the step's digits), or None."""
-        ...
 
 
 def compile_step_pattern(pattern: str | re.Pattern[str] | StepMatcher) -> StepMatcher:

@@ -29,12 +29,12 @@ tombstone would let its ``If-None-Match`` PUT succeed. Such a tombstone is rewri
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from s3ckpt._step_names import checkpoint_step
-from s3ckpt.errors import CheckpointError, CheckpointNotFoundError, ObjectNotFoundError
+from s3ckpt.errors import CheckpointNotFoundError, ObjectNotFoundError, SaveFencedError
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.store.base import ObjectStore
+from s3ckpt.store.base import ObjectInfo, ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = [
@@ -43,22 +43,16 @@ __all__ = [
     "Tombstone",
     "deleted_error",
     "fenced_error",
-    "is_gone",
-    "is_tombstone",
+    "read_head",
+    "read_object",
     "read_tombstone",
     "step_taken",
-    "tombstone_body",
 ]
 
 TOMBSTONE_FORMAT = "s3ckpt.tombstone"
 MAX_TOMBSTONE_BYTES = 1024 * 1024
 """The largest body read as a tombstone (its ``names`` of a format-1 or stock checkpoint)."""
 _MARK = f'"format":"{TOMBSTONE_FORMAT}"'.encode()
-
-
-class SaveFencedError(CheckpointError):
-    """A save met a tombstone at its commit: gc, prune or rm fenced its prefix (and may
-    have deleted its objects); nothing was committed."""
 
 
 @dataclass(frozen=True)
@@ -81,17 +75,7 @@ class Tombstone:
         return frozenset(self.reaped) | ({self.tag} if self.tag else set())
 
     def to_json(self) -> bytes:
-        doc = {
-            "format": TOMBSTONE_FORMAT,
-            "version": 2,
-            "owner": self.owner,
-            "by": self.by,
-            "reaped": list(self.reaped),
-            "names": list(self.names),
-            "keep": self.keep,
-            "done": self.done,
-            **({"tag": self.tag} if self.tag else {}),
-        }
+        doc = {"format": TOMBSTONE_FORMAT, "version": 2, **asdict(self)}
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
     def finished(self) -> Tombstone:
@@ -121,38 +105,28 @@ class Tombstone:
             return None
 
 
-def tombstone_body(owner: str) -> bytes:
-    """A tombstone of a prune of a committed checkpoint, owned by ``owner`` (not done)."""
-    return Tombstone(owner, names=(".metadata",)).to_json()
-
-
-def is_tombstone(raw: bytes | None) -> bool:
-    """Whether a marker body is a tombstone."""
-    return Tombstone.parse(raw) is not None
-
-
 def read_tombstone(store: ObjectStore, key: str) -> tuple[Tombstone, str | None] | None:
     """The tombstone at marker ``key`` and its ETag, or None when the key holds none.
 
     Request cost: one HEAD and one GET. If the object changes between them a
     compare-and-swap on the ETag fails, the safe side."""
     with expecting("not_found"):
-        info = store.head(key)
-        if info is None:
-            return None
-        try:
-            raw = store.get(key)
-        except ObjectNotFoundError:
-            return None
-    found = Tombstone.parse(raw)
-    return None if found is None else (found, info.etag)
+        read = read_object(store, key)
+    found = Tombstone.parse(read[1]) if read is not None else None
+    return None if found is None or read is None else (found, read[0].etag)
 
 
-def is_gone(store: ObjectStore, key: str) -> bool:
-    """Whether marker ``key`` holds a finished tombstone: a deleted step any new save may
-    take (its commit replaces the tombstone by its ETag)."""
-    found = read_tombstone(store, key)
-    return found is not None and found[0].done
+def read_object(store: ObjectStore, key: str) -> tuple[ObjectInfo, bytes] | None:
+    """``key`` as one HEAD and then one GET see it, or None when it is not there.
+
+    HEAD comes first: when the GET returns a body only one writer writes (a lease record, a
+    tombstone naming its owner), that write finished before the HEAD, so the HEAD's ETag is
+    that write's. That is how a conditional write whose reply was lost is recognised."""
+    info = store.head(key)
+    try:
+        return None if info is None else (info, store.get(key))
+    except ObjectNotFoundError:
+        return None
 
 
 def step_taken(store: ObjectStore, key: str) -> bool:
@@ -163,19 +137,31 @@ def step_taken(store: ObjectStore, key: str) -> bool:
     then read whole), and only for a tombstone one HEAD and one GET more. A GET, not a
     HEAD, tells a missing key from a missing bucket (NoSuchBucketError) with only
     s3:GetObject."""
-    head = bytearray(len(_MARK) + 2)
     with expecting("not_found"):  # a probe: 404 is the usual answer
         try:
-            reader = store.open_range(key, 0, len(head))
-            try:
-                n = 0
-                while n < len(head) and (got := reader.readinto(memoryview(head)[n:])):
-                    n += got
-            finally:
-                reader.close()
+            head = read_head(store, key, len(_MARK) + 2)
         except ObjectNotFoundError:
             return False
-    return _MARK not in head or not is_gone(store, key)
+    if _MARK not in head:
+        return True
+    # A finished tombstone: a deleted step any new save may take (its commit replaces the
+    # tombstone by its ETag).
+    found = read_tombstone(store, key)
+    return found is None or not found[0].done
+
+
+def read_head(store: ObjectStore, key: str, size: int) -> bytes:
+    """The first ``size`` bytes of ``key`` (fewer if it is shorter): one ranged GET."""
+    buf = bytearray(size)
+    got = 0
+    reader = store.open_range(key, 0, size)
+    try:
+        with memoryview(buf) as view:
+            while got < size and (n := reader.readinto(view[got:])) > 0:
+                got += n
+    finally:
+        reader.close()
+    return bytes(buf[:got])
 
 
 def deleted_error(

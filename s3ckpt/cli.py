@@ -13,6 +13,7 @@ pipe early (``s3ckpt ls ... | head -1``) ends it quietly with exit 141, and Ctrl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -33,11 +34,9 @@ __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 #: Modules that add sub-commands, in the order they appear in ``--help``.
 COMMAND_MODULES: tuple[str, ...] = (
-    "s3ckpt._cli.demo",
     "s3ckpt._cli.retention",
     "s3ckpt._cli.check",
     "s3ckpt._cli.tools",
-    "s3ckpt._cli.restore",
     "s3ckpt._cli.report",
     "s3ckpt._cli.doctor",
 )
@@ -52,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"s3ckpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = common_parser()
+    # Listed for --help only: _main runs `s3ckpt demo ARGS...` itself (argparse's REMAINDER
+    # does not take arguments that start with "-" right after a sub-command).
+    demo_help = "train, checkpoint and resume a small model on an embedded S3 server"
+    sub.add_parser("demo", help=demo_help, add_help=False).add_argument("rest", nargs="...")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub, common)
     return parser
@@ -74,14 +77,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["demo"]:
-        from s3ckpt._cli import demo
-
-        return demo.run(argv[1:])
-    parser = build_parser()
     try:
+        if argv[:1] == ["demo"]:  # s3ckpt.demo.main with the rest as given
+            from s3ckpt.demo import main as demo
+
+            demo(argv[1:])
+            return 0
+        parser = build_parser()
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
+    except SystemExit as exc:  # --help (0), bad usage (2), a failure the demo reported (1-3)
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     func = getattr(args, "func", None)
     if func is None:
@@ -92,27 +96,18 @@ def _main(argv: list[str] | None) -> int:
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except BrokenPipeError:
-        _silence_stdout()
+        # The reader of stdout went away: send what is still buffered, and whatever is
+        # printed until exit, to the null device, so the interpreter's last flush raises no
+        # second BrokenPipeError ("Exception ignored ..."). Python's documented recipe
+        # (``signal`` module, "Note on SIGPIPE").
+        with contextlib.suppress(OSError, ValueError):  # no file descriptor (tests)
+            stdout, devnull = sys.stdout.fileno(), os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stdout)
+            os.close(devnull)
         return EXIT_PIPE
-    except CommandError as exc:
-        error(str(exc))
-        return exc.code
-    except S3CkptError as exc:
+    except (CommandError, S3CkptError) as exc:
         error(str(exc))
         return exit_code_for(exc)
-
-
-def _silence_stdout() -> None:
-    """After the reader of stdout went away: send what is still buffered, and whatever
-    is printed until exit, to the null device, so the interpreter's last flush raises no
-    second BrokenPipeError ("Exception ignored ..."). Python's documented recipe
-    (``signal`` module, "Note on SIGPIPE")."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # stdout has no file descriptor (captured in tests)
-        pass
 
 
 if __name__ == "__main__":

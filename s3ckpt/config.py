@@ -59,20 +59,19 @@ READ_CONCURRENCY_FACTOR = 2
 (:attr:`TransferConfig.read_concurrency`)."""
 
 
-class _Derived(int):
-    """A :class:`TransferConfig` field nobody chose (``max_concurrency``,
-    ``max_inflight_bytes``): derived from the other fields when the config is built, and
-    derived again by ``dataclasses.replace``, so ``replace(tc, part_size=...)`` or
-    ``replace(tc, target_throughput_gbps=...)`` moves it along. Equal to, printed as and
-    hashed as the number it holds."""
+class _Unchosen(int):
+    """A :class:`TransferConfig` field nobody chose, printed, compared and hashed as
+    the number it holds. ``max_concurrency`` and ``max_inflight_bytes``: derived from the
+    other fields when the config is built, and derived again by ``dataclasses.replace``, so
+    ``replace(tc, part_size=...)`` moves them along. ``max_attempts`` (neither the caller
+    nor ``AWS_MAX_ATTEMPTS`` chose it): the S3 store, when it is built, replaces it with the
+    AWS profile's ``max_attempts`` (:meth:`TransferConfig.with_profile_attempts`)."""
 
     __slots__ = ()
-
-    def __repr__(self) -> str:
-        return int.__repr__(self)
+    __repr__ = int.__repr__
 
 
-_DERIVE = _Derived(0)
+_DERIVE = _Unchosen(0)
 """Default of the derived fields: "derive me"."""
 
 
@@ -91,23 +90,11 @@ def derived_inflight_bytes(part_size: int, concurrency: int) -> int:
     return part_size * max(1, min(concurrency, parts_in_bound))
 
 
-class _DefaultAttempts(int):
-    """``TransferConfig.max_attempts`` that nobody chose (neither the caller nor
-    ``AWS_MAX_ATTEMPTS``): the S3 store, when it is built, replaces it with the AWS
-    profile's ``max_attempts`` (:meth:`TransferConfig.with_profile_attempts`). Equal to,
-    printed as and pickled as the number it holds."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return int.__repr__(self)
-
-
 def _max_attempts_default() -> int:
     """``AWS_MAX_ATTEMPTS`` when set, else :data:`DEFAULT_MAX_ATTEMPTS` (marked as unchosen)."""
     text = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
     if not text:
-        return _DefaultAttempts(DEFAULT_MAX_ATTEMPTS)
+        return _Unchosen(DEFAULT_MAX_ATTEMPTS)
     try:
         value = int(text)
     except ValueError:
@@ -185,21 +172,13 @@ class S3Config:
     prunes a prefix (two concurrent writers could then both report success)."""
 
     def __post_init__(self) -> None:
-        if self.addressing_style not in ("auto", "path", "virtual"):
-            raise ConfigError(
-                f"S3Config.addressing_style={self.addressing_style!r}; "
-                "allowed: 'auto', 'path', 'virtual'"
-            )
-        if self.checksum_algorithm not in ("CRC32C", "NONE"):
-            raise ConfigError(
-                f"S3Config.checksum_algorithm={self.checksum_algorithm!r}; "
-                "allowed: 'CRC32C', 'NONE'"
-            )
-        if self.verify_after_write not in (None, True, False):
-            raise ConfigError(
-                f"S3Config.verify_after_write={self.verify_after_write!r}; "
-                "allowed: None (auto), True, False"
-            )
+        for name, allowed, words in (
+            ("addressing_style", ("auto", "path", "virtual"), "'auto', 'path', 'virtual'"),
+            ("checksum_algorithm", ("CRC32C", "NONE"), "'CRC32C', 'NONE'"),
+            ("verify_after_write", (None, True, False), "None (auto), True, False"),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"S3Config.{name}={getattr(self, name)!r}; allowed: {words}")
         if self.sse_customer_key is not None and len(self.sse_customer_key) != 32:
             raise ConfigError("S3Config.sse_customer_key must be exactly 32 bytes (AES-256)")
         if self.sse_customer_key is not None and self.sse_kms_key_id is not None:
@@ -216,12 +195,8 @@ class S3Config:
     def resolved_endpoint_url(self) -> str | None:
         """The endpoint in force: the field, else ``AWS_ENDPOINT_URL_S3`` /
         ``AWS_ENDPOINT_URL``, else ``None`` (AWS)."""
-        return (
-            self.endpoint_url
-            or os.environ.get("AWS_ENDPOINT_URL_S3")
-            or os.environ.get("AWS_ENDPOINT_URL")
-            or None
-        )
+        env = os.environ.get
+        return self.endpoint_url or env("AWS_ENDPOINT_URL_S3") or env("AWS_ENDPOINT_URL") or None
 
 
 @dataclass(frozen=True)
@@ -367,25 +342,24 @@ class TransferConfig:
         if not 0 < target < math.inf:  # also refuses NaN
             raise bad("target_throughput_gbps", "> 0 (Gbit/s)")
         # Fields nobody chose are derived (again, after dataclasses.replace).
-        if type(self.max_concurrency) is _Derived:
-            object.__setattr__(self, "max_concurrency", _Derived(derived_concurrency(target)))
+        if type(self.max_concurrency) is _Unchosen:
+            object.__setattr__(self, "max_concurrency", _Unchosen(derived_concurrency(target)))
         if self.max_concurrency < 1:
             raise bad("max_concurrency", ">= 1")
-        if type(self.max_inflight_bytes) is _Derived:
+        if type(self.max_inflight_bytes) is _Unchosen:
             inflight = derived_inflight_bytes(self.part_size, self.max_concurrency)
-            object.__setattr__(self, "max_inflight_bytes", _Derived(inflight))
+            object.__setattr__(self, "max_inflight_bytes", _Unchosen(inflight))
         if self.max_inflight_bytes < self.part_size:
             raise bad("max_inflight_bytes", f">= part_size ({self.part_size})")
-        if self.target_object_size < 1:
-            raise bad("target_object_size", ">= 1")
-        if self.read_request_size < MiB:
-            raise bad("read_request_size", ">= 1 MiB")
-        if self.coalesce_gap < 0:
-            raise bad("coalesce_gap", ">= 0")
-        if self.read_chunk_size < 64 * KiB:
-            raise bad("read_chunk_size", ">= 64 KiB")
-        if self.max_attempts < 1:
-            raise bad("max_attempts", ">= 1")
+        for name, least, words in (
+            ("target_object_size", 1, ">= 1"),
+            ("read_request_size", MiB, ">= 1 MiB"),
+            ("coalesce_gap", 0, ">= 0"),
+            ("read_chunk_size", 64 * KiB, ">= 64 KiB"),
+            ("max_attempts", 1, ">= 1"),
+        ):
+            if getattr(self, name) < least:
+                raise bad(name, words)
         if self.retry_initial_delay < 0 or self.retry_max_delay < self.retry_initial_delay:
             raise bad("retry_max_delay", ">= retry_initial_delay >= 0")
         if self.connect_timeout <= 0 or self.read_timeout <= 0:
@@ -412,7 +386,7 @@ class TransferConfig:
     def attempts_from_profile(self) -> bool:
         """Whether the AWS profile's ``max_attempts`` would count: neither the caller nor
         ``AWS_MAX_ATTEMPTS`` chose :attr:`max_attempts`."""
-        return type(self.max_attempts) is _DefaultAttempts
+        return type(self.max_attempts) is _Unchosen
 
     def with_profile_attempts(self, max_attempts: int | None) -> TransferConfig:
         """This config with the AWS profile's ``max_attempts`` (``None``: the profile sets
@@ -449,10 +423,10 @@ class TransferConfig:
         S3 shaping (1 GiB, 16 cores): 14 connections load at ~800 MB/s, 28 at ~1,200,
         40 at ~1,600; saves gain nothing past 14 (their bottleneck is the writing thread),
         so they keep :attr:`concurrency`."""
-        if type(self.max_concurrency) is _Derived:
-            doubled = READ_CONCURRENCY_FACTOR * int(self.max_concurrency)
-            return max(int(self.max_concurrency), min(MAX_DERIVED_CONCURRENCY, doubled))
-        return int(self.max_concurrency)
+        n = int(self.max_concurrency)
+        if type(self.max_concurrency) is _Unchosen:
+            return max(n, min(MAX_DERIVED_CONCURRENCY, READ_CONCURRENCY_FACTOR * n))
+        return n
 
     @property
     def max_inflight_parts(self) -> int:

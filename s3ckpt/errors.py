@@ -39,12 +39,18 @@ OSError in ``s3ckpt.store``, torch's ``CheckpointException`` by
 
 All errors derive from :class:`Exception` (not ``BaseException``) and pickle with their
 attributes, because ``torch.distributed.checkpoint`` gathers per-rank exceptions across
-processes.
+processes. An error is its message and its context: keyword fields stored as attributes,
+``bucket``, ``key`` and ``rank`` on :class:`S3CkptError` (rendered after the message,
+``[s3://bucket/key, rank 3]``) and each subclass's own (``operation``, ``item``, ``holder``
+...), declared once as class attributes with their defaults; a field the class does not
+declare is a ``TypeError``. Every field is optional, so an error pickles as any exception
+does (its class called with the message, then its attributes restored).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 __all__ = [
@@ -69,6 +75,7 @@ __all__ = [
     "PolicyError",
     "PreconditionFailedError",
     "S3CkptError",
+    "SaveFencedError",
     "SaveInProgressError",
     "StateMismatchError",
     "StoreError",
@@ -76,8 +83,6 @@ __all__ = [
     "UncommittedCheckpointError",
     "UnsafeCheckpointError",
     "UnsupportedOperationError",
-    "find_interrupt",
-    "find_s3ckpt_error",
     "unwrap_checkpoint_exception",
 ]
 
@@ -92,18 +97,16 @@ class S3CkptError(Exception):
         rank: The distributed rank that hit the error, when known.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        rank: int | None = None,
-    ) -> None:
+    bucket: str | None = None
+    key: str | None = None
+    rank: int | None = None
+
+    def __init__(self, message: str, **context: Any) -> None:
         super().__init__(message)
-        self.bucket = bucket
-        self.key = key
-        self.rank = rank
+        for name, value in context.items():
+            if not hasattr(type(self), name):
+                raise TypeError(f"{type(self).__name__} has no context field {name!r}")
+            setattr(self, name, value)
 
     @property
     def message(self) -> str:
@@ -111,28 +114,13 @@ class S3CkptError(Exception):
         return str(self.args[0]) if self.args else ""
 
     def __str__(self) -> str:
-        where = []
+        place = self.key
         if self.bucket == "":  # a local file system (file:// URL): the key is the path
-            where.append(f"file:///{(self.key or '').lstrip('/')}")
+            place = f"file:///{(self.key or '').lstrip('/')}"
         elif self.bucket is not None:
-            loc = f"s3://{self.bucket}/{self.key}" if self.key else f"s3://{self.bucket}"
-            where.append(loc)
-        elif self.key is not None:
-            where.append(self.key)
-        if self.rank is not None:
-            where.append(f"rank {self.rank}")
-        return f"{self.message} [{', '.join(where)}]" if where else self.message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Keep attributes across pickling (DCP gathers exceptions from every rank).
-        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
-
-
-def _rebuild(cls: type[S3CkptError], message: str, state: dict[str, Any]) -> S3CkptError:
-    err = cls.__new__(cls)
-    Exception.__init__(err, message)
-    err.__dict__.update(state)
-    return err
+            place = f"s3://{self.bucket}" + (f"/{self.key}" if self.key else "")
+        where = ", ".join(w for w in (place, self.rank is not None and f"rank {self.rank}") if w)
+        return f"{self.message} [{where}]" if where else self.message
 
 
 class ConfigError(S3CkptError, ValueError):
@@ -152,12 +140,8 @@ class PolicyError(ConfigError):
         field: The offending key (``keep.last``, ``keep.best[1].metric`` ...), when known.
     """
 
-    def __init__(
-        self, message: str, *, source: str | None = None, field: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.source = source
-        self.field = field
+    source: str | None = None
+    field: str | None = None
 
 
 class StoreError(S3CkptError):
@@ -168,19 +152,8 @@ class StoreError(S3CkptError):
         code: The service's error code (``NoSuchBucket``, ``SlowDown`` ...) when known.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        rank: int | None = None,
-        operation: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key, rank=rank)
-        self.operation = operation
-        self.code = code
+    operation: str | None = None
+    code: str | None = None
 
 
 class NoSuchBucketError(StoreError):
@@ -252,17 +225,7 @@ class ChecksumMismatchError(CorruptCheckpointError):
         item: The state-dict key (fully qualified name) of the item.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        rank: int | None = None,
-        item: str | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key, rank=rank)
-        self.item = item
+    item: str | None = None
 
 
 class IncompleteRestoreError(CheckpointError):
@@ -276,19 +239,8 @@ class IncompleteRestoreError(CheckpointError):
             NaN was left in a region no saved chunk covers.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        rank: int | None = None,
-        items: list[str] | None = None,
-        reasons: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key, rank=rank)
-        self.items = list(items or [])
-        self.reasons = dict(reasons or {})
+    items: Sequence[str] = ()
+    reasons: Mapping[str, str] = MappingProxyType({})
 
 
 class StateMismatchError(CheckpointError):
@@ -302,22 +254,14 @@ class StateMismatchError(CheckpointError):
         unexpected: Every key of the checkpoint's model that the destination lacks.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        rank: int | None = None,
-        shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
-        missing: list[str] | None = None,
-        unexpected: list[str] | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key, rank=rank)
-        self.shapes = dict(shapes or {})
-        self.missing = list(missing or [])
-        self.unexpected = list(unexpected or [])
-        self.item = next(iter([*self.shapes, *self.missing, *self.unexpected]), None)
+    shapes: Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]] = MappingProxyType({})
+    missing: Sequence[str] = ()
+    unexpected: Sequence[str] = ()
+
+    @property
+    def item(self) -> str | None:
+        """The first key named (a shape mismatch first, then a missing key)."""
+        return next(iter([*self.shapes, *self.missing, *self.unexpected]), None)
 
 
 class UnsafeCheckpointError(CheckpointError):
@@ -329,6 +273,11 @@ class SaveInProgressError(CheckpointError):
     (``Checkpointer(on_busy="raise")``)."""
 
 
+class SaveFencedError(CheckpointError):
+    """A save met a tombstone at its commit: gc, prune or rm fenced its prefix (and may
+    have deleted its objects); nothing was committed."""
+
+
 class DeleteRefusedError(CheckpointError):
     """A checkpoint was not deleted (nor anything else) because deleting it could lose one.
 
@@ -337,16 +286,7 @@ class DeleteRefusedError(CheckpointError):
             save committed it after ``rm`` listed it), ``foreign`` or ``abandoned``.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key)
-        self.reason = reason
+    reason: str | None = None
 
 
 class ConditionalWritesError(S3CkptError):
@@ -358,18 +298,8 @@ class ConditionalWritesError(S3CkptError):
         what: What was refused (``a save``, ``the lease`` ...).
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        endpoint: str | None = None,
-        what: str | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key)
-        self.endpoint = endpoint
-        self.what = what
+    endpoint: str | None = None
+    what: str | None = None
 
 
 class LeaseHeldError(S3CkptError):
@@ -380,18 +310,8 @@ class LeaseHeldError(S3CkptError):
         expires: When the holder's lease expires (seconds since the epoch), when known.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        holder: str | None = None,
-        expires: float | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key)
-        self.holder = holder
-        self.expires = expires
+    holder: str | None = None
+    expires: float | None = None
 
 
 class LeaseLostError(LeaseHeldError):
@@ -411,22 +331,10 @@ class ClockSkewError(S3CkptError):
         limit: The largest skew accepted (the grace period in use), in seconds.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        bucket: str | None = None,
-        key: str | None = None,
-        local: float | None = None,
-        store: float | None = None,
-        skew: float | None = None,
-        limit: float | None = None,
-    ) -> None:
-        super().__init__(message, bucket=bucket, key=key)
-        self.local = local
-        self.store = store
-        self.skew = skew
-        self.limit = limit
+    local: float | None = None
+    store: float | None = None
+    skew: float | None = None
+    limit: float | None = None
 
 
 def _inside(exc: BaseException, context: bool) -> Iterator[tuple[BaseException, int | None]]:

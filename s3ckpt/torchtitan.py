@@ -61,11 +61,14 @@ from torchtitan.components.checkpointer import MODEL, AsyncMode, CheckpointManag
 from torchtitan.tools import filesystem
 from torchtitan.tools.utils import GarbageCollection
 
+from s3ckpt._plugin_common import agree, dcp_errors, rank_of, together
 from s3ckpt._step_names import checkpoint_step
-from s3ckpt.checkpointer import Candidate, RetentionRunner, load_newest_good, resolve_policy
+from s3ckpt.checkpointer._latest import Candidate, load_newest_good
+from s3ckpt.checkpointer._retention import RetentionRunner, resolve_policy
 from s3ckpt.dcp import S3StorageReader, S3StorageWriter
-from s3ckpt.errors import CheckpointNotFoundError, unwrap_checkpoint_exception
-from s3ckpt.retention import DEFAULT_GRACE, KeepLast, Policy, PruneResult, list_checkpoints
+from s3ckpt.errors import CheckpointNotFoundError
+from s3ckpt.retention import KeepLast, Policy, PruneResult, list_checkpoints
+from s3ckpt.retention._liveness import DEFAULT_GRACE
 from s3ckpt.store import Location
 
 __all__ = ["S3CheckpointManager"]
@@ -75,10 +78,6 @@ log = logging.getLogger("s3ckpt")
 
 def _is_s3(path: object) -> bool:
     return str(path).startswith(("s3://", "s3a://"))
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 class S3CheckpointManager(CheckpointManager):
@@ -167,11 +166,8 @@ class S3CheckpointManager(CheckpointManager):
                 async_stager=self.stager,
             )
         else:
-            try:
+            with dcp_errors(f"the save of {checkpoint_id}"):
                 ret = dcp.save(state_dict, storage_writer=writer)
-            except BaseException as exc:  # DCP's CheckpointException: an s3ckpt error
-                err = unwrap_checkpoint_exception(exc, f"the save of {checkpoint_id}")
-                raise err from err.__cause__
         if enable_garbage_collection:
             GarbageCollection.collect("GC collection invoked by checkpointer.")
         return ret
@@ -181,7 +177,7 @@ class S3CheckpointManager(CheckpointManager):
         if self._retention is None:
             super()._purge_stale_checkpoints()
             return
-        if self.policy is None or _rank() != 0:
+        if self.policy is None or rank_of() != 0:
             return
         pending = self.save_future  # set for async saves; a sync save has committed
         if pending is None:
@@ -210,26 +206,17 @@ class S3CheckpointManager(CheckpointManager):
         """The committed ``step-N`` checkpoints, newest first, as the catalog judged them
         (damage included): one listing on rank 0, broadcast to the others (so all ranks
         load the same step)."""
-        assert self._retention is not None and self._location is not None
+        assert self._location is not None
         run = self._location
-        answer: list[Candidate] | BaseException = []
-        if _rank() == 0:
-            try:
-                answer = Candidate.newest_first(
-                    info
-                    for info in list_checkpoints(run)
-                    if info.step is not None
-                    and info.name == posixpath.basename(self._create_checkpoint_id(info.step))
-                )
-            except Exception as exc:  # raised on every rank, not only here
-                answer = exc
-        if self._group is not None:
-            box = [answer]
-            dist.broadcast_object_list(box, src=0, group=self._group)
-            answer = box[0]
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
+        return agree(
+            lambda: Candidate.newest_first(
+                info
+                for info in list_checkpoints(run)
+                if info.step is not None
+                and info.name == posixpath.basename(self._create_checkpoint_id(info.step))
+            ),
+            self._group,
+        )
 
     def _find_load_step(self, folder: str = "") -> int:
         """The newest good committed step in ``folder`` (default: the checkpoint folder;
@@ -280,25 +267,15 @@ class S3CheckpointManager(CheckpointManager):
         else:
             log.info("s3ckpt: no committed checkpoint in %s; a fresh start", self.folder)
             return False
-        self._read(checkpoint_id, model_only, from_hf=from_hf, from_quantized=from_quantized)
+        self._read(checkpoint_id, model_only, from_hf, from_quantized)
         return True
 
     def _read(
-        self,
-        checkpoint_id: str,
-        model_only: bool,
-        *,
-        from_hf: bool = False,
-        from_quantized: bool = False,
+        self, checkpoint_id: str, model_only: bool, hf: bool = False, q: bool = False
     ) -> None:
         log.info("s3ckpt: loading the checkpoint %s", checkpoint_id)
         begin = time.monotonic()
-        self.dcp_load(
-            self._states_to_load(model_only),
-            checkpoint_id=checkpoint_id,
-            from_hf=from_hf,
-            from_quantized=from_quantized,
-        )
+        self.dcp_load(self._states_to_load(model_only), checkpoint_id, hf, q)
         GarbageCollection.collect("GC collection for checkpoint loading.")
         log.info("s3ckpt: loaded %s in %.2f s", checkpoint_id, time.monotonic() - begin)
 
@@ -315,11 +292,11 @@ class S3CheckpointManager(CheckpointManager):
         if from_hf or not _is_s3(checkpoint_id):
             super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
             return
-        try:
-            dcp.load(state_dict, storage_reader=S3StorageReader(checkpoint_id))
-        except BaseException as exc:  # DCP's CheckpointException: an s3ckpt error
-            err = unwrap_checkpoint_exception(exc, f"the load of {checkpoint_id}")
-            raise err from err.__cause__
+        # Each rank reads the marker itself; one that fails makes every rank raise the same
+        # error, so the fallback decides alike everywhere and none waits in dcp.load.
+        reader = together(lambda: S3StorageReader(checkpoint_id), self._group)
+        with dcp_errors(f"the load of {checkpoint_id}"):
+            dcp.load(state_dict, storage_reader=reader)
         # As in stock: the model's entries are flattened into state_dict.
         if MODEL in self.states:
             self.states[MODEL].load_state_dict(state_dict)

@@ -129,8 +129,7 @@ def parse_url(url: str) -> StoreURL:
         InvalidURLError: naming the URL, what is wrong and where, and what a valid one
             looks like.
     """
-    if not isinstance(url, str):
-        url = str(url)
+    url = str(url)
     check_url_text(url)  # before urlsplit, which drops \t, \n and \r without a word
     text = url.strip()
     parts = urlsplit(text)

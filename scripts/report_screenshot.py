@@ -36,14 +36,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._chromium import launch  # noqa: E402
 from s3ckpt._commit import pid_namespace  # noqa: E402
 from s3ckpt.config import S3Config  # noqa: E402
-from s3ckpt.format import (  # noqa: E402
-    MANIFEST_NAME,
-    METADATA_NAME,
-    Manifest,
-    ObjectRecord,
-    data_name,
-    heartbeat_name,
-)
+from s3ckpt.format._manifest import Manifest, ObjectRecord  # noqa: E402
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, data_name, heartbeat_name  # noqa: E402
 from s3ckpt.retention import load_policy, pin  # noqa: E402
 from s3ckpt.store.base import ObjectInfo  # noqa: E402
 from s3ckpt.store.s3 import S3Store  # noqa: E402

@@ -15,11 +15,11 @@ Then the checks no single request can answer, made with s3ckpt's own store and t
 probes ``s3ckpt doctor`` runs (the ``s3ckpt`` package must be importable: run it from the
 checkout's venv): ``--pairs`` races each of conditional create (two ``PUT If-None-Match: *``),
 If-Match replace (two ``PUT If-Match``) and conditional delete (``DELETE If-Match`` against
-``PUT If-Match``) of one key at the same instant (:func:`s3ckpt.store._race.race`); an open
+``PUT If-Match``) of one key at the same instant (:func:`s3ckpt.store._capabilities.race`); an open
 upload made by another process must be listed by ``ListMultipartUploads``; and a run laid
 out as s3ckpt writes it (checkpoint folders, a marker, a shard folder) must list with
 ``Delimiter=/``, two keys a page, every folder and object exactly once
-(:mod:`s3ckpt.tools._doctor_probes`).
+(:mod:`s3ckpt.tools._doctor_store`).
 """
 
 from __future__ import annotations
@@ -396,7 +396,7 @@ class Probe:
     def races(self) -> None:
         """``pairs`` races of each conditional request, through s3ckpt's store."""
         from s3ckpt.errors import S3CkptError
-        from s3ckpt.store._race import race
+        from s3ckpt.store._capabilities import race
 
         store = self.s3ckpt.store
         for kind in ("create", "replace", "delete"):
@@ -411,10 +411,10 @@ class Probe:
 
     def doctor_probes(self) -> None:
         """Another process's upload listed, and a run listed folder by folder, paged: the
-        rows of ``s3ckpt doctor`` (:mod:`s3ckpt.tools._doctor_probes`)."""
+        rows of ``s3ckpt doctor`` (:mod:`s3ckpt.tools._doctor_store`)."""
         from s3ckpt.tools._doctor_checks import Scratch
-        from s3ckpt.tools._doctor_probes import LISTING_PAGE, listing_row, other_upload_row
         from s3ckpt.tools._doctor_report import CheckStatus
+        from s3ckpt.tools._doctor_store import LISTING_PAGE, listing_row, other_upload_row
 
         for name, expected, row in (
             ("ListMultipartUploads, another process's upload", "listed", other_upload_row),

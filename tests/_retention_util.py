@@ -11,16 +11,15 @@ from typing import Any
 import pytest
 
 from s3ckpt._crc import crc32c
-from s3ckpt.format import (
+from s3ckpt.format._manifest import Manifest, ObjectRecord
+from s3ckpt.format._names import (
     MANIFEST_NAME,
     METADATA_NAME,
-    Manifest,
-    ObjectRecord,
     data_name,
     heartbeat_name,
     metadata_name,
 )
-from s3ckpt.format import checkpoint_name as ckpt_name
+from s3ckpt.format._names import checkpoint_name as ckpt_name
 from s3ckpt.store import MemoryStore
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL

@@ -15,7 +15,9 @@ variables (the moto endpoint, dummy credentials) are passed to each rank explici
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +43,12 @@ _ctx = mp.get_context("forkserver")
 _ctx.set_forkserver_preload(_PRELOAD)
 
 
+_DUMP_AFTER_S = 100.0
+"""Seconds after which a rank still running dumps its threads' stacks: below the shortest
+pytest-timeout of a multi-process test (120 s); a long test's rank that passes may print one
+dump, which pytest shows only when the test fails."""
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "S3CKPT_", "MOTO_"))}
 
@@ -49,7 +57,11 @@ def _entry(rank: int, fn: Callable[..., Any], env: dict[str, str], *args: Any) -
     for key in [k for k in os.environ if k.startswith(("AWS_", "S3CKPT_", "MOTO_"))]:
         del os.environ[key]
     os.environ.update(env)
+    # A rank stuck past this prints every thread's stack to stderr (which pytest shows with
+    # the failing test), so a hang that pytest-timeout ends in CI says where each rank was.
+    faulthandler.dump_traceback_later(_DUMP_AFTER_S, exit=False, file=sys.stderr)
     fn(rank, *args)
+    faulthandler.cancel_dump_traceback_later()
 
 
 def run_ranks(fn: Callable[..., Any], nprocs: int, args: tuple[Any, ...] = ()) -> None:

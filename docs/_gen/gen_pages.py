@@ -168,6 +168,13 @@ WHAT_TO_DO: dict[str, str] = {
         '`on_busy="raise"`: wait on the previous handle\'s `committed`, save less often, or '
         'use `on_busy="wait"`.'
     ),
+    "SaveFencedError": (
+        "A deleter (`s3ckpt prune`, `gc` or `rm`) fenced the checkpoint's prefix with a "
+        "tombstone while this save wrote into it, often because the save stalled past the "
+        "grace period and was taken for dead: nothing was committed and the previous "
+        "checkpoint is still the latest. Save the step again (a new save replaces the fence "
+        "once the deletion is finished), and keep `--grace` longer than a save can take."
+    ),
     "DeleteRefusedError": (
         "The message says why (`reason`) and what to do: `s3ckpt unpin` a pinned checkpoint "
         "first; wait for a save in progress to commit; let `s3ckpt gc` remove a dead save's "

@@ -40,23 +40,28 @@ Errors are one line on stderr, ``s3ckpt: error: ...``, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from s3ckpt._cli._args import positive_int, seconds
+from s3ckpt._cli._output import ProgressCounter, progress_enabled, warn_damaged
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
-    AccessDeniedError,
     CheckpointNotFoundError,
     ClockSkewError,
     ConfigError,
     DeleteRefusedError,
-    EndpointError,
-    NoSuchBucketError,
     S3CkptError,
     StoreError,
 )
-from s3ckpt.store import Location
+from s3ckpt.metrics import CheckMetricsFile, MetricsFile
+from s3ckpt.metrics._prometheus import CheckValues
+from s3ckpt.retention import CheckpointInfo
+from s3ckpt.store import CountingStore, Location
 from s3ckpt.uri import parse_location
 
 EXIT_OK = 0
@@ -77,6 +82,7 @@ __all__ = [
     "EXIT_PIPE",
     "EXIT_STORE",
     "EXIT_USAGE",
+    "Command",
     "CommandError",
     "common_parser",
     "error",
@@ -100,96 +106,48 @@ class CommandError(Exception):
         self.code = code
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
 def common_parser() -> argparse.ArgumentParser:
     """The options every store-touching command takes."""
     p = argparse.ArgumentParser(add_help=False)
     g = p.add_argument_group("store")
-    g.add_argument(
-        "--endpoint-url",
-        default=None,
-        help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)",
+    h = "S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS)"
+    g.add_argument("--endpoint-url", help=h)
+    h = "AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile's, us-east-1)"
+    g.add_argument("--region", help=h)
+    h = "AWS profile from ~/.aws/config or ~/.aws/credentials (default: AWS_PROFILE)"
+    g.add_argument("--profile", help=h)
+    h = (
+        "bucket addressing; most self-hosted stores need path (default: the profile's "
+        "s3.addressing_style, else auto)"
     )
-    g.add_argument(
-        "--region",
-        default=None,
-        help="AWS region (default: AWS_REGION, AWS_DEFAULT_REGION, the profile's, us-east-1)",
+    g.add_argument("--addressing-style", choices=("auto", "virtual", "path"), help=h)
+    h = "do not verify the endpoint's TLS certificate"
+    g.add_argument("--no-verify-tls", action="store_true", help=h)
+    h = (
+        "go on (with a warning) on a store that ignores conditional writes "
+        "(If-None-Match / If-Match); you guarantee one writer or pruner at a time"
     )
-    g.add_argument(
-        "--profile",
-        default=None,
-        help="AWS profile from ~/.aws/config or ~/.aws/credentials (default: AWS_PROFILE)",
+    g.add_argument("--single-writer", action="store_true", help=h)
+    h = (
+        "attempts per request, the first included, on throttling, 5xx, timeouts and "
+        "resets (default: AWS_MAX_ATTEMPTS, the profile's max_attempts, else 8)"
     )
-    g.add_argument(
-        "--addressing-style",
-        choices=("auto", "virtual", "path"),
-        default=None,
-        help="bucket addressing; most self-hosted stores need path (default: the profile's "
-        "s3.addressing_style, else auto)",
-    )
-    g.add_argument(
-        "--no-verify-tls", action="store_true", help="do not verify the endpoint's TLS certificate"
-    )
-    g.add_argument(
-        "--single-writer",
-        action="store_true",
-        help="go on (with a warning) on a store that ignores conditional writes "
-        "(If-None-Match / If-Match); you guarantee one writer or pruner at a time",
-    )
-    g.add_argument(
-        "--max-attempts",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="attempts per request, the first included, on throttling, 5xx, timeouts and "
-        "resets (default: AWS_MAX_ATTEMPTS, the profile's max_attempts, else 8)",
-    )
-    g.add_argument(
-        "--read-timeout",
-        type=_seconds,
-        default=None,
-        metavar="SECONDS",
-        help="seconds without a byte from the store before an attempt is retried; one "
+    g.add_argument("--max-attempts", type=positive_int, metavar="N", help=h)
+    h = (
+        "seconds without a byte from the store before an attempt is retried; one "
         f"request may take {_DEADLINE_PER_READ_TIMEOUT:g} times this across its attempts "
-        f"(default {TransferConfig.read_timeout:g})",
+        f"(default {TransferConfig.read_timeout:g})"
     )
+    g.add_argument("--read-timeout", type=seconds, metavar="SECONDS", help=h)
     return p
 
 
 def s3_config_from_args(args: argparse.Namespace) -> S3Config:
     """An :class:`S3Config` from the common options (unset ones keep S3Config's defaults)."""
-    kwargs: dict[str, Any] = {}
-    if getattr(args, "endpoint_url", None):
-        kwargs["endpoint_url"] = args.endpoint_url
-    if getattr(args, "region", None):
-        kwargs["region"] = args.region
-    if getattr(args, "profile", None):
-        kwargs["profile"] = args.profile
-    if getattr(args, "addressing_style", None):
-        kwargs["addressing_style"] = args.addressing_style
-    if getattr(args, "no_verify_tls", False):
+    names = ("endpoint_url", "region", "profile", "addressing_style", "single_writer")
+    kwargs: dict[str, Any] = {n: getattr(args, n) for n in names if getattr(args, n, None)}
+    if args.no_verify_tls:
         kwargs["verify_tls"] = False
-    if getattr(args, "single_writer", False):
-        kwargs["single_writer"] = True
     return S3Config(**kwargs)
 
 
@@ -198,13 +156,11 @@ def transfer_config_from_args(args: argparse.Namespace) -> TransferConfig | None
     when neither is given (the library's defaults, ``AWS_MAX_ATTEMPTS`` and the profile's
     ``max_attempts`` apply)."""
     kwargs: dict[str, Any] = {}
-    if getattr(args, "max_attempts", None) is not None:
+    if args.max_attempts is not None:
         kwargs["max_attempts"] = args.max_attempts
-    if getattr(args, "read_timeout", None) is not None:
-        kwargs["read_timeout"] = args.read_timeout
-        kwargs["request_deadline"] = max(
-            TransferConfig.request_deadline, _DEADLINE_PER_READ_TIMEOUT * args.read_timeout
-        )
+    if (read := args.read_timeout) is not None:
+        deadline = max(TransferConfig.request_deadline, _DEADLINE_PER_READ_TIMEOUT * read)
+        kwargs.update(read_timeout=read, request_deadline=deadline)
     return TransferConfig(**kwargs) if kwargs else None
 
 
@@ -221,21 +177,100 @@ def open_location(args: argparse.Namespace, target: str, *, folder: bool = False
     if folder and url.scheme == "file" and not os.path.isdir("/" + url.prefix):
         raise CommandError(f"{target}: no such folder (PATH is a URL or a local folder)")
     return Location.of(
-        url,
-        s3_config=s3_config_from_args(args),
-        transfer_config=transfer_config_from_args(args),
+        url, s3_config=s3_config_from_args(args), transfer_config=transfer_config_from_args(args)
     )
 
 
+class Command:
+    """What every command over a PATH repeats, in one place: PATH opened once (a local path
+    must be a folder); on a terminal, without ``--json`` / ``--no-progress``, what it lists,
+    reads and deletes counted on a progress line (``counted``: the store wrapped in a
+    :class:`~s3ckpt.store.CountingStore`); ``--metrics-file`` (``prune``, ``gc``, ``check``)
+    made before the first request and written once, also when the command fails; and the
+    exit code (:meth:`finish`).
+
+    ::
+
+        cmd = Command(args, args.path)
+        with cmd.working():  # the progress line; a failure writes the metrics file
+            result = gc(cmd.location, ...)
+        code = cmd.finish(code, damaged=result.damaged)
+
+    Attributes:
+        location: The opened PATH (its store counted).
+        counter: The progress line (drawn only where enabled).
+        metrics: The metrics file asked for, or None.
+    """
+
+    def __init__(self, args: argparse.Namespace, target: str, *, counted: bool = True) -> None:
+        self.command: str = args.command
+        self.metrics: MetricsFile | CheckMetricsFile | None = None
+        if path := getattr(args, "metrics_file", None):
+            check = self.command == "check"
+            self.metrics = (
+                CheckMetricsFile(path)
+                if check
+                else MetricsFile(path, self.command, dry_run=not args.apply)
+            )
+        self.location = open_location(args, target, folder=True)
+        self.counter = ProgressCounter(self.command, enabled=counted and progress_enabled(args))
+        if self.counter.enabled:
+            store = CountingStore(self.location.store, self.counter.add)
+            self.location = dataclasses.replace(self.location, store=store)
+
+    @contextmanager
+    def working(self) -> Iterator[None]:
+        """The command's requests: its progress line is erased after them (the output
+        follows); if they fail, the metrics file is written with success 0."""
+        try:
+            yield
+        except BaseException:
+            self._write_metrics(False, CheckValues())
+            raise
+        finally:
+            self.counter.close()
+
+    def finish(
+        self, code: int, values: CheckValues | None = None, damaged: Iterable[CheckpointInfo] = ()
+    ) -> int:
+        """The exit code: ``code``, 1 (done in part) when a checkpoint of ``damaged`` is
+        damaged (each named on stderr: :func:`~s3ckpt._cli._output.warn_damaged`), 2 when
+        the metrics file was asked for and could not be written (what the command did
+        stands: its output tells it)."""
+        if warn_damaged(self.command, damaged):
+            code = EXIT_PARTIAL
+        if not self._write_metrics(code == EXIT_OK, values) and code == EXIT_OK:
+            code = EXIT_USAGE
+        return code
+
+    def _write_metrics(self, success: bool, values: CheckValues | None) -> bool:
+        """Write the metrics file; on failure say why on stderr and return False."""
+        if self.metrics is None:
+            return True
+        try:
+            if isinstance(self.metrics, CheckMetricsFile):
+                self.metrics.write(values or CheckValues(), success=success)
+            else:
+                self.metrics.write(success=success)
+        except OSError as exc:
+            print(
+                f"s3ckpt {self.command}: cannot write the metrics file {self.metrics.path}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return False
+        return True
+
+
 def exit_code_for(exc: BaseException) -> int:
-    """The exit code for an error that ended a command."""
+    """The exit code for an error that ended a command (or one target of ``rm``)."""
+    if isinstance(exc, CommandError):
+        return exc.code
     if isinstance(exc, ClockSkewError):
         return EXIT_CLOCK
     if isinstance(exc, (ConfigError, CheckpointNotFoundError, DeleteRefusedError)):
         return EXIT_USAGE
-    if isinstance(exc, (AccessDeniedError, NoSuchBucketError, EndpointError, StoreError)):
-        return EXIT_STORE
-    if isinstance(exc, S3CkptError):
+    if isinstance(exc, S3CkptError) and not isinstance(exc, StoreError):
         return EXIT_PARTIAL
     return EXIT_STORE
 

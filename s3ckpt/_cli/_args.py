@@ -11,31 +11,31 @@ it uses) and the ``--metrics-file`` path.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import math
 import os
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
 
-from s3ckpt._cli import open_location
-from s3ckpt._cli._output import ProgressCounter, progress_enabled
 from s3ckpt._step_names import compile_step_pattern
 from s3ckpt._time import parse_iso
 from s3ckpt.errors import ConfigError
-from s3ckpt.retention import DEFAULT_LEASE_TTL, format_duration, parse_duration
-from s3ckpt.store import CountingStore, Location
+from s3ckpt.retention import RetentionOptions
+from s3ckpt.retention._duration import format_duration, parse_duration
+from s3ckpt.retention._lease import DEFAULT_LEASE_TTL
+from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE
 
 __all__ = [
     "STEP_PATTERN_HELP",
-    "add_lease_ttl",
-    "add_metrics_file",
-    "add_scan",
-    "add_step_pattern",
-    "counted",
+    "add_options",
+    "commands",
+    "days",
     "duration",
-    "iso_time",
-    "metrics_path",
     "nonneg_int",
-    "open_counted",
-    "step_pattern",
+    "positive_int",
+    "refusing",
+    "retention_options",
+    "seconds",
 ]
 
 STEP_PATTERN_HELP = (
@@ -46,33 +46,43 @@ STEP_PATTERN_HELP = (
 )
 
 
-def duration(text: str) -> timedelta:
-    """``--grace``, ``--older-than``, ``--lease-ttl``: ``90s``, ``36h``, ``7d``, ``1d12h``."""
-    try:
-        value = parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return value
+def _number(convert: Callable[[str], Any], what: str, ok: Callable[[Any], bool]) -> Any:
+    """An argument type: ``convert(text)`` where ``ok`` holds it, else "expected {what}"."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def nonneg_int(text: str) -> int:
-    """``--max-delete``: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+positive_int = _number(int, "an integer >= 1", lambda v: v >= 1)  # --max-attempts
+nonneg_int = _number(int, "an integer >= 0", lambda v: v >= 0)  # --max-delete, --seed
+days = _number(int, "a number of days >= 1", lambda v: v >= 1)  # restore --days
+seconds = _number(float, "a number of seconds > 0", lambda v: 0 < v < math.inf)
 
 
-def step_pattern(text: str) -> str:
-    """``--step-pattern``: a regular expression with one capture group (checked here)."""
-    try:
-        compile_step_pattern(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-    return text
+def refusing(parse: Callable[[str], Any], *errors: type[Exception]) -> Callable[[str], Any]:
+    """An argument type: ``parse(text)``, an error of ``errors`` refused with its message."""
+
+    def argument(text: str) -> Any:
+        try:
+            return parse(text)
+        except errors as exc:
+            raise argparse.ArgumentTypeError(getattr(exc, "message", str(exc))) from None
+
+    return argument
+
+
+#: ``--grace``, ``--older-than``, ``--lease-ttl``: ``90s``, ``36h``, ``7d``, ``1d12h``.
+duration = refusing(parse_duration, ValueError)
+#: ``--step-pattern``: a regular expression with one capture group (checked here).
+step_pattern = refusing(lambda text: compile_step_pattern(text) and text, ConfigError)
 
 
 def iso_time(text: str) -> datetime:
@@ -101,68 +111,75 @@ def metrics_path(text: str) -> str:
     return text
 
 
-def add_lease_ttl(p: argparse.ArgumentParser) -> None:
-    """``--lease-ttl DURATION``."""
-    p.add_argument(
-        "--lease-ttl",
-        type=duration,
-        default=DEFAULT_LEASE_TTL,
-        metavar="DURATION",
-        help=f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
-    )
+_GRACE_HELP = (
+    "a save is in progress (never deleted, its uploads never aborted) while any of its "
+    "objects, heartbeats or open uploads is younger than this; prune and gc raise "
+    f"it to at least {format_duration(MIN_GRACE)} (default {format_duration(DEFAULT_GRACE)})"
+)
 
-
-def add_step_pattern(p: argparse.ArgumentParser, note: str = "") -> None:
-    """``--step-pattern REGEX`` (``note`` ends its help)."""
-    p.add_argument(
-        "--step-pattern",
-        type=step_pattern,
-        default=None,
-        metavar="REGEX",
-        help=STEP_PATTERN_HELP + note,
-    )
-
-
-def add_scan(p: argparse.ArgumentParser, default: str) -> None:
-    """``--scan shallow|deep`` of ``ls`` and ``prune`` (``RetentionOptions.scan``)."""
-    p.add_argument(
-        "--scan",
-        choices=("shallow", "deep"),
-        default=default,
-        help="shallow: list folders and read each commit marker, not every key (pins, live "
+#: The options several commands share: ``add_options(p, "--grace", ...)`` adds them, a
+#: keyword there replacing one of the row's (``help=``, ``default=``).
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "--grace": {"type": duration, "default": DEFAULT_GRACE, "help": _GRACE_HELP},
+    "--lease-ttl": {
+        "type": duration,
+        "default": DEFAULT_LEASE_TTL,
+        "metavar": "DURATION",
+        "help": f"lease lifetime without renewal (default {format_duration(DEFAULT_LEASE_TTL)})",
+    },
+    "--step-pattern": {"type": step_pattern, "metavar": "REGEX", "help": STEP_PATTERN_HELP},
+    "--now": {"type": iso_time, "metavar": "TIME"},
+    "--max-delete": {"type": nonneg_int, "metavar": "N"},
+    "--include-foreign": {"action": "store_true"},
+    "--scan": {
+        "choices": ("shallow", "deep"),
+        "help": "shallow: list folders and read each commit marker, not every key (pins, live "
         "saves and storage classes unknown; prune lists what it deletes first); deep: list "
-        f"every key (default {default})",
-    )
+        "every key (default {default})",
+    },
+    "--metrics-file": {
+        "type": metrics_path,
+        "metavar": "PATH",
+        "help": "write this {command}'s metrics in the Prometheus text format to PATH, "
+        "atomically (for node_exporter's textfile collector, e.g. "
+        "/var/lib/node_exporter/textfile/s3ckpt-{command}.prom), also when it fails",
+    },
+}
 
 
-def add_metrics_file(p: argparse.ArgumentParser, command: str) -> None:
-    """``--metrics-file PATH`` of ``prune`` and ``gc``."""
-    p.add_argument(
-        "--metrics-file",
-        default=None,
-        type=metrics_path,
-        metavar="PATH",
-        help=f"write this {command}'s metrics in the Prometheus text format to PATH, atomically "
-        "(for node_exporter's textfile collector, e.g. "
-        f"/var/lib/node_exporter/textfile/s3ckpt-{command}.prom), also when it fails",
-    )
+def retention_options(args: argparse.Namespace) -> RetentionOptions:
+    """The :class:`~s3ckpt.retention.RetentionOptions` of the shared options the command has
+    (``--grace``, ``--now``, ``--step-pattern`` ...)."""
+    names = ("grace", "now", "step_pattern", "include_foreign", "max_delete", "lease_ttl", "scan")
+    return RetentionOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
 
-def counted(
-    args: argparse.Namespace, location: Location, label: str
-) -> tuple[Location, ProgressCounter]:
-    """``location`` with its store counted on a progress line
-    (:class:`~s3ckpt.store.CountingStore`), and that line: drawn only on a terminal without
-    ``--json`` / ``--no-progress`` (otherwise the store is not wrapped at all)."""
-    counter = ProgressCounter(label, enabled=progress_enabled(args))
-    if counter.enabled:
-        location = dataclasses.replace(location, store=CountingStore(location.store, counter.add))
-    return location, counter
+def commands(
+    sub: argparse._SubParsersAction, common: argparse.ArgumentParser
+) -> Callable[..., argparse.ArgumentParser]:
+    """``add(name, handler, help, description, **kwargs)``: a sub-command with the store
+    options ``common``, run by the handler."""
+
+    def add(
+        name: str,
+        func: Callable[[argparse.Namespace], int],
+        help: str,
+        description: str | None = None,
+        **kwargs: Any,
+    ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=description, **kwargs)
+        p.set_defaults(func=func)
+        return p
+
+    return add
 
 
-def open_counted(
-    args: argparse.Namespace, target: str, label: str
-) -> tuple[Location, ProgressCounter]:
-    """The command's PATH opened once (:func:`s3ckpt._cli.open_location`: a local path must
-    be a folder), :func:`counted`."""
-    return counted(args, open_location(args, target, folder=True), label)
+def add_options(p: argparse.ArgumentParser, *names: str, **override: Any) -> None:
+    """Add the shared options ``names`` (:data:`_OPTIONS`); ``{default}`` and ``{command}``
+    in a help text are the option's default and the command's name."""
+    command_name = p.prog.split()[-1]
+    for name in names:
+        kw = {**_OPTIONS[name], **override}
+        if "help" in kw:
+            kw["help"] = kw["help"].format(default=kw.get("default"), command=command_name)
+        p.add_argument(name, **kw)

@@ -1,22 +1,35 @@
 """How the ``s3ckpt`` commands print: shapes, aligned tables and JSON on stdout (sizes:
-:func:`s3ckpt._units.format_bytes`); progress on stderr.
+:func:`s3ckpt._units.format_bytes`); progress and warnings about damaged checkpoints on
+stderr.
 
 Progress (:class:`ProgressBar` when the total is known, :class:`ProgressCounter` when it is
 not) is drawn only when stderr is a terminal, and never with ``--json`` or
 ``--no-progress`` (:func:`progress_enabled`): a cron job's log or a pipe gets none.
+
+Damaged checkpoints: ``ls``, ``prune``, ``gc`` and ``report`` list a checkpoint the catalog
+calls damaged (its commit marker cannot be read, or ``s3ckpt check`` found damage in it:
+:attr:`s3ckpt.retention.CheckpointInfo.damaged`) as its own row, warn about it on stderr
+(:func:`warn_damaged`: one line per checkpoint, naming it and why) and exit 1, "done in
+part", after processing everything else. Names and reasons come from the bucket, where
+anyone with write access chooses them, so they are printed with control characters escaped
+(:func:`printable`): a key cannot move the cursor or rewrite the terminal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from s3ckpt._units import format_bytes
+
+if TYPE_CHECKING:
+    from s3ckpt.retention import CheckpointInfo
 
 __all__ = [
     "ProgressBar",
@@ -25,8 +38,40 @@ __all__ = [
     "format_shape",
     "print_json",
     "print_table",
+    "printable",
     "progress_enabled",
+    "state_label",
+    "warn_damaged",
 ]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1) written as a Python escape."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def state_label(c: CheckpointInfo) -> str:
+    """The STATE column: ``damaged`` for a damaged checkpoint (its ``state`` is
+    ``committed``, its ``life`` damaged), else its state."""
+    return "damaged" if c.damaged else c.state.value
+
+
+def warn_damaged(command: str, checkpoints: Iterable[CheckpointInfo]) -> int:
+    """One warning on stderr per damaged checkpoint in ``checkpoints``; how many there were."""
+    damaged = [c for c in checkpoints if c.damaged]
+    for c in damaged:
+        todo = "s3ckpt check --read-data all checks it again"
+        todo = "restore its s3ckpt.json" if c.error is not None else todo
+        print(
+            f"s3ckpt {command}: warning: damaged checkpoint {printable(str(c.url))}: "
+            f"{printable(c.damage or '')}; it is listed but never deleted by prune or gc, "
+            f"nor counted as the newest, and load(step='latest') skips it ({todo}, or "
+            "delete it with s3ckpt rm; docs/troubleshooting.md)",
+            file=sys.stderr,
+        )
+    return len(damaged)
 
 
 def format_shape(shape: Sequence[int] | None) -> str:
@@ -40,27 +85,20 @@ def print_table(
     """Print ``rows`` as columns two spaces apart, each line after ``indent``; the columns
     whose indexes are in ``right`` are right-aligned. Trailing blanks are cut; no rows
     print nothing."""
-    if not rows:
-        return
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     for r in rows:
         cells = [
-            c.rjust(w) if i in right else c.ljust(w)
+            (c.rjust if i in right else c.ljust)(w)
             for i, (c, w) in enumerate(zip(r, widths, strict=True))
         ]
         print(indent + "  ".join(cells).rstrip())
 
 
-def print_json(
-    doc: Any, *, allow_nan: bool = True, default: Callable[[Any], Any] | None = None
-) -> None:
-    """Print ``doc`` as JSON indented by two, and a newline.
-
-    Args:
-        allow_nan: Write NaN and infinities as JavaScript does; False raises ValueError.
-        default: Turns what JSON cannot hold into something it can (None: TypeError).
-    """
-    print(json.dumps(doc, indent=2, allow_nan=allow_nan, default=default))
+def print_json(doc: Any, *, strict: bool = False) -> None:
+    """Print ``doc`` as JSON indented by two, and a newline. ``strict``: NaN and infinities
+    refused (ValueError), anything else JSON cannot hold written as text; else NaN is
+    written as JavaScript does."""
+    print(json.dumps(doc, indent=2, allow_nan=not strict, default=str if strict else None))
 
 
 # -- progress on stderr ----------------------------------------------------------------------
@@ -68,11 +106,8 @@ def add_output_options(p: argparse.ArgumentParser, *, progress: bool = True) -> 
     """``--json`` (and ``--no-progress`` when the command draws progress)."""
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     if progress:
-        p.add_argument(
-            "--no-progress",
-            action="store_true",
-            help="no progress on stderr (it is drawn only when stderr is a terminal)",
-        )
+        help = "no progress on stderr (it is drawn only when stderr is a terminal)"
+        p.add_argument("--no-progress", action="store_true", help=help)
 
 
 def progress_enabled(args: argparse.Namespace) -> bool | None:
@@ -83,15 +118,19 @@ def progress_enabled(args: argparse.Namespace) -> bool | None:
 
 class _StatusLine:
     """One line on a terminal, redrawn in place at most ten times a second from any
-    thread; nothing at all when ``stream`` is not a TTY (unless ``enabled=True``)."""
+    thread; nothing at all when ``stream`` is not a TTY (unless ``enabled=True``). A
+    context manager: the line is closed on leaving."""
 
     def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None):
         self.label = label
         self.stream = stream or sys.stderr
-        self.enabled = _isatty(self.stream) if enabled is None else enabled
-        self._t0 = time.monotonic()
-        self._last = 0.0
-        self._drawn = False
+        if enabled is None:
+            try:
+                enabled = self.stream.isatty()
+            except (AttributeError, ValueError):  # no isatty, or closed
+                enabled = False
+        self.enabled = enabled
+        self._t0, self._last, self._drawn = time.monotonic(), 0.0, False
         self._lock = threading.Lock()
 
     def _draw(self, text: Callable[[float], str], force: bool) -> None:
@@ -106,28 +145,26 @@ class _StatusLine:
             self.stream.flush()
             self._drawn = True
 
-    def clear(self) -> None:
-        """Erase the line (before other output; the next update draws it again)."""
+    def _end(self, text: str) -> None:
         with self._lock:
             if self._drawn:
-                self.stream.write("\r\x1b[K")
+                self.stream.write(text)
                 self.stream.flush()
                 self._drawn = False
+
+    def clear(self) -> None:
+        """Erase the line (before other output; the next update draws it again)."""
+        self._end("\r\x1b[K")
 
     def close(self) -> None:
         """End the line (the last state stays on screen)."""
-        with self._lock:
-            if self._drawn:
-                self.stream.write("\n")
-                self.stream.flush()
-                self._drawn = False
+        self._end("\n")
 
+    def __enter__(self) -> Any:
+        return self
 
-def _isatty(stream: TextIO) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # no isatty, or closed
-        return False
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class ProgressBar(_StatusLine):

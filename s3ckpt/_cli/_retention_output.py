@@ -15,38 +15,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
-from s3ckpt._cli._damaged import printable, state_label, warn_damaged
-from s3ckpt._cli._output import print_json, print_table
+from s3ckpt._cli._output import print_table, printable, state_label
 from s3ckpt._units import format_bytes, plural
-from s3ckpt.retention import (
-    CheckEntry,
-    CheckpointInfo,
-    DeleteResult,
-    GcResult,
-    PruneResult,
-    RunCatalog,
-)
-from s3ckpt.store import Versions
+from s3ckpt.retention import CheckpointInfo, GcResult, PruneResult
+from s3ckpt.retention._catalog import RunCatalog
+from s3ckpt.retention._results import DeleteResult
+from s3ckpt.store._versions import Versions
 from s3ckpt.store.base import DeleteFailure
 from s3ckpt.uri import StoreURL
 
 __all__ = [
-    "check_note",
     "class_label",
-    "columns",
-    "damaged_code",
-    "dump",
     "ls_json",
-    "print_failures",
     "print_gc",
     "print_ls",
     "print_prune",
     "print_rm",
-    "print_transitions",
     "versions_json",
-    "versions_line",
-    "when",
 ]
 
 
@@ -57,28 +42,14 @@ def when(t: datetime | None) -> str:
 
 def metric_values(m: Mapping[str, float]) -> str:
     """``ls``'s METRICS column: ``name=value`` pairs (``-`` for none)."""
-    if not m:
-        return "-"
-    return " ".join(f"{k}={v:.4g}" if math.isfinite(v) else f"{k}={v}" for k, v in m.items())
+    return " ".join(f"{k}={v:.4g}" if math.isfinite(v) else f"{k}={v}" for k, v in m.items()) or "-"
 
 
 def columns(c: CheckpointInfo) -> list[str]:
     """NAME, STEP, STATE, COMMITTED and SIZE: the columns ls and prune share."""
-    step = "-" if c.step is None else str(c.step)
     state = "failed" if c.failed else state_label(c)  # abandoned, by a save that said so
+    step = "-" if c.step is None else str(c.step)
     return [c.name, step, state, when(c.committed_at), format_bytes(c.size)]
-
-
-def dump(doc: Any) -> None:
-    """``--json``: one document on stdout (NaN refused, anything else as text)."""
-    print_json(doc, allow_nan=False, default=str)
-
-
-def section(title: str, items: Sequence[str], state: str, unit: str = "") -> None:
-    """``title: N{unit} (state)`` and one indented line per item."""
-    print(f"{title}: {len(items)}{unit} ({state})")
-    for item in items:
-        print(f"  {item}")
 
 
 def print_failures(failures: Iterable[DeleteFailure]) -> None:
@@ -91,22 +62,18 @@ def saves(c: CheckpointInfo) -> str:
     """``ls``'s line about saves in progress or failed in one checkpoint prefix, or ""."""
     if c.damaged:
         return ""  # its committed save is unknown: its warning on stderr says the rest
-    failed = ""
-    if c.failed_at is not None:
-        failed = f"a save failed at {when(c.failed_at)}: {printable(c.failure or '?')}"
-        failed += " (s3ckpt gc removes what it left)"
+    failed = c.failed_at and (
+        f"a save failed at {when(c.failed_at)}: {printable(c.failure or '?')} "
+        "(s3ckpt gc removes what it left)"
+    )
     if not c.live_saves and not (c.uploads and not c.is_committed):
-        return failed
-    n = c.live_saves
-    what = f"{n} save{'s' if n != 1 else ''} in progress" if n else "no live save"
+        return failed or ""
+    what = f"{plural(c.live_saves, 'save')} in progress" if c.live_saves else "no live save"
     if c.overwrite_in_progress:
         what = f"overwrite in progress ({what})"
-    extra = []
-    if c.uploads:
-        extra.append(f"{len(c.uploads)} open upload{'s' if len(c.uploads) != 1 else ''}")
-    if not c.num_objects:
-        extra.append("no objects yet")
-    return what + (f", {', '.join(extra)}" if extra else "") + (f"; {failed}" if failed else "")
+    extra = [plural(len(c.uploads), "open upload")] if c.uploads else []
+    extra += [] if c.num_objects else ["no objects yet"]
+    return ", ".join([what, *extra]) + (f"; {failed}" if failed else "")
 
 
 MIXED_SHARE = 0.02
@@ -120,23 +87,17 @@ def class_label(c: CheckpointInfo) -> str:
     per-save ``.metadata.{tag}`` in STANDARD by design, so STANDARD bytes up to
     :data:`MIXED_SHARE` of the size do not make a moved checkpoint ``mixed``."""
     by = {k: v for k, v in c.bytes_by_class.items() if v}
-    if not by:
-        return "-"
     other = [k for k in by if k != "STANDARD"]
-    if not other:
-        return "STANDARD"
-    if len(other) > 1 or by.get("STANDARD", 0) > MIXED_SHARE * max(c.size, 1):
+    if len(other) > 1 or (other and by.get("STANDARD", 0) > MIXED_SHARE * max(c.size, 1)):
         return "mixed"
-    return other[0]
+    return other[0] if other else "STANDARD" if by else "-"
 
 
 def print_transitions(result: PruneResult) -> None:
     """The plan's storage-tier transitions: one line each (classes, objects, bytes, why)."""
-    moves = result.plan.transitions
-    if not moves:
-        return
-    print("  transitions:")
-    for t in moves:
+    if result.plan.transitions:
+        print("  transitions:")
+    for t in result.plan.transitions:
         src = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(t.from_classes.items()))
         what = f"{plural(t.objects or 0, 'object')}, {format_bytes(t.bytes or 0)}"
         if t.skipped is not None:
@@ -149,10 +110,11 @@ def print_transitions(result: PruneResult) -> None:
         print(f"    {t.name}: tier {t.tier}: {line}: {'; '.join(t.reasons)}")
 
 
+_LS_HEAD = ["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "CLASS", "OBJECTS", "METRICS", "PINNED"]
+
+
 def print_ls(
-    root: StoreURL,
-    catalogs: Sequence[RunCatalog],
-    versions: Versions | None = None,
+    root: StoreURL, catalogs: Sequence[RunCatalog], versions: Versions | None = None
 ) -> None:
     """``ls``: each run's line and table of checkpoints, and its saves in progress; a
     damaged checkpoint (its marker unreadable, or ``s3ckpt check`` found it damaged: the
@@ -165,36 +127,31 @@ def print_ls(
         if i:
             print()
         ck = cat.checkpoints
-        committed = sum(1 for c in ck if c.is_committed)
-        total = sum(c.size for c in ck)
-        count = plural(len(ck), "checkpoint")
-        print(f"{cat.run}  ({count}, {committed} committed, {format_bytes(total)})")
+        committed, total = sum(c.is_committed for c in ck), format_bytes(sum(c.size for c in ck))
+        print(f"{cat.run}  ({plural(len(ck), 'checkpoint')}, {committed} committed, {total})")
         if versions is not None and versions.counted:
-            versions_line(versions, cat.run)
+            _versions_line(versions, cat.run)
         if not ck:
             continue
-        head = ["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "CLASS", "OBJECTS", "METRICS"]
-        rows = [[*head, "PINNED"]]
+        rows = [_LS_HEAD]
         for c in ck:
-            row = [*columns(c), class_label(c), str(c.num_objects), metric_values(c.metrics)]
-            row.append(c.pinned or "-")
-            rows.append(row)
+            extra = [class_label(c), str(c.num_objects), metric_values(c.metrics), c.pinned or "-"]
+            rows.append([*columns(c), *extra])
         print_table(rows, right=(1, 4, 6), indent="  ")
         for c in ck:
-            line = saves(c)
-            if line:
+            if line := saves(c):
                 print(f"  {c.name}: {line}")
-            if c.check is not None:
-                print(f"  {c.name}: damaged ({check_note(c.check)})")
+            if c.check is not None:  # what s3ckpt check found
+                when_, why = printable(c.check.checked_at), printable(c.check.reason)
+                print(f"  {c.name}: damaged (s3ckpt check at {when_}: {why})")
     if versions is not None and not versions.counted and versions.sentence():
         print(versions.sentence())  # once: the same for every run
 
 
-def versions_line(versions: Versions | None, run: StoreURL) -> None:
+def _versions_line(versions: Versions | None, run: StoreURL) -> None:
     """What a versioned bucket keeps under ``run`` as noncurrent versions, or why it could
     not be counted (nothing where nothing stays behind)."""
-    line = versions.sentence(run.prefix) if versions is not None else ""
-    if line:
+    if line := versions and versions.sentence(run.prefix):
         print(f"  {line}")
 
 
@@ -204,9 +161,7 @@ def versions_json(versions: Versions | None, run: StoreURL) -> dict[str, Any]:
 
 
 def ls_json(
-    root: StoreURL,
-    catalogs: Sequence[RunCatalog],
-    versions: Versions | None = None,
+    root: StoreURL, catalogs: Sequence[RunCatalog], versions: Versions | None = None
 ) -> dict[str, Any]:
     """``ls --json``'s document: each checkpoint's record (a damaged one has ``"damaged":
     true``, ``"life": "damaged"``, ``"damage"`` and, when ``s3ckpt check`` found it,
@@ -226,16 +181,6 @@ def ls_json(
     }
 
 
-def check_note(mark: CheckEntry) -> str:
-    """What ``ls`` says about a checkpoint ``s3ckpt check`` found damaged."""
-    return f"s3ckpt check at {printable(mark.checked_at)}: {printable(mark.reason)}"
-
-
-def damaged_code(command: str, checkpoints: Iterable[CheckpointInfo]) -> int:
-    """Warn about each damaged checkpoint on stderr: exit 1 (done in part) when any is."""
-    return EXIT_PARTIAL if warn_damaged(command, checkpoints) else EXIT_OK
-
-
 def print_prune(result: PruneResult, versions: Versions | None = None) -> None:
     """One run's plan (and with ``--apply`` what was deleted), as a table; what a versioned
     bucket keeps of it as noncurrent versions (``versions``)."""
@@ -243,8 +188,7 @@ def print_prune(result: PruneResult, versions: Versions | None = None) -> None:
     print(f"{result.run}  policy: {p.policy}")
     if p.decisions:
         rows = [["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "ACTION", "REASONS"]]
-        for d in p.decisions:
-            rows.append([*columns(d.checkpoint), d.action, "; ".join(d.reasons)])
+        rows += [[*columns(d.checkpoint), d.action, "; ".join(d.reasons)] for d in p.decisions]
         print_table(rows, right=(1, 4), indent="  ")
     freed = f"{format_bytes(p.bytes_freed)}, {plural(p.objects_deleted, 'object')}"
     counts = f"keep {len(p.keep)}, skip {len(p.skipped)}"
@@ -259,30 +203,27 @@ def print_prune(result: PruneResult, versions: Versions | None = None) -> None:
             "pass --apply to delete"
             + (f"; would move {move} to their tiers' classes" if p.transitions else "")
         )
-        versions_line(versions, result.run)
+        _versions_line(versions, result.run)
         return
+    resumed = ""
     if result.resumed:
         freed = (
             f"{format_bytes(p.bytes_freed + result.resumed_bytes)}, "
             f"{plural(p.objects_deleted + result.resumed_objects, 'object')}"
         )
-        resumed = (
-            f"; {len(result.resumed)} of them finished for an interrupted prune "
-            f"({', '.join(result.resumed)})"
-        )
-    else:
-        resumed = ""
+        resumed = f"; {len(result.resumed)} of them finished for an interrupted prune ("
+        resumed += f"{', '.join(result.resumed)})"
     print(
         f"  deleted {len(result.deleted)} of {result.targets} ({freed}) in "
         f"{plural(result.delete_requests, 'DeleteObjects request')}, {counts}{deferred}{resumed}"
     )
-    versions_line(versions, result.run)
+    _versions_line(versions, result.run)
     print_failures(result.failures)
     if p.transitions or result.resumed_moves:
-        resumed = f" ({len(result.resumed_moves)} for an interrupted prune)"
+        n = len(result.resumed_moves)
+        resumed = f" ({n} for an interrupted prune)" if n else ""
         print(
-            f"  moved {plural(len(result.transitioned), 'checkpoint')}"
-            f"{resumed if result.resumed_moves else ''}: "
+            f"  moved {plural(len(result.transitioned), 'checkpoint')}{resumed}: "
             f"{plural(result.objects_moved, 'object')}, {format_bytes(result.bytes_moved)} in "
             f"{plural(result.transition_requests, 'request')}"
         )
@@ -318,25 +259,18 @@ def print_gc(r: GcResult) -> None:
             f"  {c.url}  {format_bytes(c.size)}, {plural(c.num_objects, 'object')}, "
             f"last activity {when(c.last_activity)}{mark}"
         )
-    if r.leftovers:
-        section(
-            "leftovers of dead saves in live or committed prefixes",
-            r.leftovers,
-            f"deleted {r.leftovers_deleted}" if done else "would delete",
-        )
-    if r.stale_metadata:
-        section(
-            "committed checkpoints missing a current .metadata",
-            r.stale_metadata,
-            f"restored {len(r.restored)}" if done else "would restore",
-        )
-    if r.resumed:
-        section(
-            "interrupted prunes",
-            r.resumed,
-            "finished" if done else "would finish",
-            unit=" checkpoints",
-        )
+    sections = (
+        ("leftovers of dead saves in live or committed prefixes", r.leftovers, "", "delete"),
+        ("committed checkpoints missing a current .metadata", r.stale_metadata, "", "restore"),
+        ("interrupted prunes", r.resumed, " checkpoints", "finish"),
+    )
+    did = {"delete": f"deleted {r.leftovers_deleted}", "restore": f"restored {len(r.restored)}"}
+    for title, items, unit, verb in sections:
+        if items:
+            state = did.get(verb, "finished") if done else f"would {verb}"
+            print(f"{title}: {len(items)}{unit} ({state})")
+            for item in items:
+                print(f"  {item}")
     for run in r.busy_runs:
         print(f"  skipped {run}: another pruner holds its lease", file=sys.stderr)
     print_failures(r.failures)
@@ -361,10 +295,9 @@ def print_rm(r: DeleteResult) -> None:
             "stays in the run's lease, and the next prune, gc or rm finishes it"
         )
     if r.kept:
-        n = len(r.kept)
-        print(f"  kept {n} object{'s' if n != 1 else ''} s3ckpt did not write:")
-        for key in r.kept:
-            print(f"    {key[len(r.checkpoint.prefix) :]}")
+        print(f"  kept {plural(len(r.kept), 'object')} s3ckpt did not write:")
+    for key in r.kept:
+        print(f"    {key[len(r.checkpoint.prefix) :]}")
     if r.resumed:
         print(f"  also finished for an interrupted prune: {', '.join(r.resumed)}")
     print_failures(r.failures)

@@ -16,43 +16,31 @@ counted on stderr as the check goes.
 from __future__ import annotations
 
 import argparse
-import sys
 
-from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, EXIT_STORE, EXIT_USAGE, error, open_location
-from s3ckpt._cli._args import add_metrics_file, counted, duration, nonneg_int
-from s3ckpt._cli._damaged import printable
-from s3ckpt._cli._output import add_output_options, print_json
+from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, EXIT_STORE, Command, error
+from s3ckpt._cli._args import add_options, commands, nonneg_int, refusing, retention_options
+from s3ckpt._cli._output import add_output_options, print_json, printable
 from s3ckpt._units import format_bytes, plural
 from s3ckpt.errors import ConfigError
-from s3ckpt.metrics import CheckMetricsFile, CheckValues
-from s3ckpt.retention import DEFAULT_GRACE, RetentionOptions, format_duration
-from s3ckpt.tools import (
-    CheckpointCheck,
-    CheckResult,
-    SkippedCheckpoint,
-    check,
-    parse_read_data,
-)
+from s3ckpt.metrics._prometheus import CheckValues
+from s3ckpt.retention._duration import format_duration
+from s3ckpt.retention._liveness import DEFAULT_GRACE
+from s3ckpt.tools import check
+from s3ckpt.tools._check import parse_read_data
+from s3ckpt.tools._check_result import CheckpointCheck, CheckResult, SkippedCheckpoint
 
 __all__ = ["register"]
 
 
-def _read_data(text: str) -> str:
-    """``--read-data``: ``0``, ``N%`` or ``all`` (checked before any request)."""
-    try:
-        return parse_read_data(text)[1]
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-
-
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add check."""
-    p = sub.add_parser(
+    add = commands(sub, common)
+    p = add(
         "check",
-        parents=[common],
-        help="prove the committed checkpoints under a prefix still load: marker digests, "
+        _check,
+        "prove the committed checkpoints under a prefix still load: marker digests, "
         "objects and sizes, .metadata, and a sample of the data re-read against its CRC32C",
-        description="Check every committed checkpoint under PATH (a bucket prefix, a run or "
+        "Check every committed checkpoint under PATH (a bucket prefix, a run or "
         "one checkpoint): the commit marker's digest, every object it names (exists, recorded "
         "size), both .metadata copies against the marker, and with --read-data a random "
         "sample of items re-read against their CRC32C. Saves in progress, uncommitted and "
@@ -63,81 +51,59 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("path", metavar="PATH")
     p.add_argument(
         "--read-data",
-        type=_read_data,
+        type=refusing(lambda text: parse_read_data(text)[1], ConfigError),
         default="0",
         metavar="SHARE",
         help="how much of each checkpoint's item bytes to read back: 0 (the default: none, "
         "as restic's check), a percentage such as 5%%, or all",
     )
-    p.add_argument(
-        "--seed",
-        type=nonneg_int,
-        default=None,
-        metavar="N",
-        help="draw the samples from this seed (the same seed reads the same items of a "
-        "checkpoint again; default: a new one, printed)",
+    h = (
+        "draw the samples from this seed (the same seed reads the same items of a "
+        "checkpoint again; default: a new one, printed)"
     )
-    p.add_argument(
-        "--no-record",
-        action="store_true",
-        help="read only: do not write the runs' s3ckpt.check.json (ls then marks nothing new)",
+    p.add_argument("--seed", type=nonneg_int, metavar="N", help=h)
+    h = "read only: do not write the runs' s3ckpt.check.json (ls then marks nothing new)"
+    p.add_argument("--no-record", action="store_true", help=h)
+    h = (
+        "a save without a commit marker counts as in progress while any of its objects "
+        f"is younger than this (default {format_duration(DEFAULT_GRACE)})"
     )
-    p.add_argument(
-        "--grace",
-        type=duration,
-        default=DEFAULT_GRACE,
-        help="a save without a commit marker counts as in progress while any of its objects "
-        f"is younger than this (default {format_duration(DEFAULT_GRACE)})",
-    )
+    add_options(p, "--grace", help=h)
     add_output_options(p)
-    add_metrics_file(p, "check")
-    p.set_defaults(func=_check)
+    add_options(p, "--metrics-file")
 
 
 def _check(args: argparse.Namespace) -> int:
-    location, counter = counted(args, open_location(args, args.path, folder=True), "check")
-    report = CheckMetricsFile(args.metrics_file) if args.metrics_file else None
+    cmd = Command(args, args.path)
 
     def seen(outcome: CheckpointCheck | SkippedCheckpoint) -> None:
-        if isinstance(outcome, SkippedCheckpoint):
-            counter.add("skipped")
-        else:
-            counter.add("checkpoints checked")
-            if outcome.damaged:
-                counter.add("damaged")
+        skipped = isinstance(outcome, SkippedCheckpoint)
+        cmd.counter.add("skipped" if skipped else "checkpoints checked")
+        if getattr(outcome, "damaged", False):
+            cmd.counter.add("damaged")
 
-    try:
+    with cmd.working():
         result = check(
-            location,
+            cmd.location,
             read_data=args.read_data,
             seed=args.seed,
             record=not args.no_record,
-            options=RetentionOptions(grace=args.grace),
+            options=retention_options(args),
             on_checkpoint=seen,
         )
-    except BaseException:
-        if report is not None:
-            _write_metrics(report, CheckValues(), success=False)
-        raise
-    finally:
-        counter.close()
     # Damage is bad data (1); only read failures is "could not read" (3): retry, or fix access.
     code = EXIT_OK if result.ok else EXIT_PARTIAL if result.damaged else EXIT_STORE
-    if report is not None:
-        fraction = parse_read_data(result.read_data)[0]
-        values = CheckValues(
-            checked=len(result.checked),
-            damaged=len(result.damaged),
-            incomplete=len(result.incomplete),
-            skipped=result.skipped_by_reason(),
-            bytes_read=result.bytes_read,
-            items_read=result.items_read,
-            read_fraction=fraction,
-        )
-        if not _write_metrics(report, values, success=result.ok) and code == EXIT_OK:
-            code = EXIT_USAGE  # checked, but the monitoring it was asked for is missing
+    counts = {k: len(getattr(result, k)) for k in ("checked", "damaged", "incomplete")}
+    values = CheckValues(
+        **counts,
+        skipped=result.skipped_by_reason(),
+        bytes_read=result.bytes_read,
+        items_read=result.items_read,
+        read_fraction=parse_read_data(result.read_data)[0],
+    )
+    code = cmd.finish(code, values)  # 2: checked, but the monitoring asked for is missing
     if args.json:
-        print_json({**result.to_dict(), "exit_code": code}, allow_nan=False, default=str)
+        print_json({**result.to_dict(), "exit_code": code}, strict=True)
     else:
         print_result(result)
     if code == EXIT_STORE:
@@ -146,19 +112,6 @@ def _check(args: argparse.Namespace) -> int:
             "found in what was read): check access to the store and run the check again"
         )
     return code
-
-
-def _write_metrics(report: CheckMetricsFile, values: CheckValues, *, success: bool) -> bool:
-    """Write ``--metrics-file``; on failure say why on stderr and return False."""
-    try:
-        report.write(values, success=success)
-    except OSError as exc:
-        print(
-            f"s3ckpt check: cannot write the metrics file {report.path}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        return False
-    return True
 
 
 def print_result(r: CheckResult) -> None:
@@ -186,11 +139,9 @@ def print_result(r: CheckResult) -> None:
     if r.ok:
         print("OK: nothing damaged")
     else:
-        parts = []
-        if r.damaged:
-            parts.append(f"{len(r.damaged)} of {len(r.checked)} checkpoints damaged")
-        if r.incomplete:
-            parts.append(f"{len(r.incomplete)} not checked in full")
-        if r.record_failures:
-            parts.append(f"{plural(len(r.record_failures), 'record')} not written")
-        print("FAILED: " + "; ".join(parts))
+        parts = [
+            r.damaged and f"{len(r.damaged)} of {len(r.checked)} checkpoints damaged",
+            r.incomplete and f"{len(r.incomplete)} not checked in full",
+            r.record_failures and f"{plural(len(r.record_failures), 'record')} not written",
+        ]
+        print("FAILED: " + "; ".join(p for p in parts if p))

@@ -12,9 +12,11 @@ import argparse
 import sys
 
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, open_location
+from s3ckpt._cli._args import commands
 from s3ckpt._cli._output import add_output_options, print_json
 from s3ckpt._units import plural
-from s3ckpt.tools import Check, CheckStatus, DoctorReport, run_doctor
+from s3ckpt.tools import run_doctor
+from s3ckpt.tools._doctor_report import Check, CheckStatus, DoctorReport
 
 __all__ = ["register"]
 
@@ -36,12 +38,13 @@ _NAME_WIDTH = 23  # the longest check name, "permission list uploads"
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add doctor."""
-    p = sub.add_parser(
+    add = commands(sub, common)
+    p = add(
         "doctor",
-        parents=[common],
-        help="check that a store will keep checkpoints safe: credentials, endpoint, clock "
+        _doctor,
+        "check that a store will keep checkpoints safe: credentials, endpoint, clock "
         "skew, conditional writes, checksums, permissions and a save/load round trip",
-        description="Check the store at URL as a training job and a pruner would use it: "
+        "Check the store at URL as a training job and a pruner would use it: "
         "credentials and their source, region, endpoint and addressing, clock skew against "
         "the store, conditional writes (If-None-Match, If-Match, conditional delete), "
         "checksum echo, ListMultipartUploads, every permission the trainer and pruner need "
@@ -51,7 +54,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     )
     p.add_argument("url", metavar="URL", help="where checkpoints go, e.g. s3://bucket/runs/")
     add_output_options(p, progress=False)
-    p.set_defaults(func=_doctor)
 
 
 def _symbol(status: CheckStatus) -> str:
@@ -59,9 +61,9 @@ def _symbol(status: CheckStatus) -> str:
     fancy, plain = _SYMBOLS[status]
     try:
         fancy.encode(sys.stdout.encoding or "ascii")
+        return fancy
     except (UnicodeEncodeError, LookupError):
         return plain
-    return fancy
 
 
 def _print_row(check: Check) -> None:
@@ -73,11 +75,10 @@ def _print_row(check: Check) -> None:
 def _verdict(report: DoctorReport) -> str:
     if report.ok:
         warned = sum(c.status is CheckStatus.WARN for c in report.checks)
-        tail = f" ({warned} warning{'s' if warned != 1 else ''})" if warned else ""
+        tail = f" ({plural(warned, 'warning')})" if warned else ""
         return f"verdict: this store will keep checkpoints safe as configured{tail}"
     names = ", ".join(c.name for c in report.failed)
-    failed = plural(len(report.failed), "check")
-    return f"verdict: NOT SAFE as configured: {failed} failed: {names}"
+    return f"verdict: NOT SAFE as configured: {plural(len(report.failed), 'check')} failed: {names}"
 
 
 def _doctor(args: argparse.Namespace) -> int:

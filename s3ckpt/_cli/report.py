@@ -14,25 +14,17 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL, CommandError
-from s3ckpt._cli._args import STEP_PATTERN_HELP, open_counted
-from s3ckpt._cli._args import duration as _duration
-from s3ckpt._cli._args import iso_time as _time
-from s3ckpt._cli._args import nonneg_int as _nonneg_int
-from s3ckpt._cli._args import step_pattern as _step_pattern
-from s3ckpt._cli._damaged import warn_damaged
+from s3ckpt._cli import EXIT_OK, Command, CommandError
+from s3ckpt._cli._args import STEP_PATTERN_HELP, add_options, commands, refusing, retention_options
 from s3ckpt._cli._output import add_output_options, print_json
-from s3ckpt._units import format_bytes
+from s3ckpt._units import format_bytes, plural
 from s3ckpt.errors import ConfigError
-from s3ckpt.retention import (
-    DEFAULT_GRACE,
-    MIN_GRACE,
-    PolicyFile,
-    RetentionOptions,
-    format_duration,
-)
-from s3ckpt.tools.report import (
+from s3ckpt.retention import PolicyFile
+from s3ckpt.retention._duration import format_duration
+from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE
+from s3ckpt.tools._report import (
     PriceTable,
     Report,
     collect_report,
@@ -44,148 +36,87 @@ from s3ckpt.tools.report import (
 __all__ = ["register"]
 
 
-def _price(text: str) -> tuple[str, float]:
-    try:
-        return parse_price(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-
-
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add report."""
-    p = sub.add_parser(
+    add = commands(sub, common)
+    p = add(
         "report",
-        parents=[common],
-        help="write one self-contained HTML page: every checkpoint per run on a step/time "
+        _report,
+        "write one self-contained HTML page: every checkpoint per run on a step/time "
         "chart, sizes, storage cost, and (with --policy) what a plan keeps or deletes and why",
-        description="Scan PATH (a run, or a prefix holding runs) as ls does and write an HTML "
+        "Scan PATH (a run, or a prefix holding runs) as ls does and write an HTML "
         "report that opens from disk (no network, no server). With --policy, overlay a dry-run "
         "plan as prune makes it (no lease taken, nothing deleted). Costs use S3 list prices "
         "(us-east-1, USD per GB-month, GB = 2^30 bytes) by storage class unless --prices or "
         "--price says otherwise. Prints a one-line summary.",
     )
     p.add_argument("path", metavar="PATH")
-    p.add_argument(
-        "--html",
-        required=True,
-        metavar="FILE",
-        help="the page to write (replaced atomically); - writes it to stdout and the summary "
-        "to stderr",
+    h = "the page to write (replaced atomically); - writes it to stdout and the summary to stderr"
+    p.add_argument("--html", required=True, metavar="FILE", help=h)
+    h = (
+        "overlay this policy's plan: a policy TOML file, or the name of a ready-made one "
+        "(e.g. pretraining)"
     )
-    p.add_argument(
-        "--policy",
-        default=None,
-        metavar="POLICY",
-        help="overlay this policy's plan: a policy TOML file, or the name of a ready-made one "
-        "(e.g. pretraining)",
+    p.add_argument("--policy", metavar="POLICY", help=h)
+    h = (
+        "a TOML file of storage prices, CLASS = USD per GB-month under [prices] "
+        "(classes it does not name keep the defaults)"
     )
-    p.add_argument(
-        "--prices",
-        default=None,
-        metavar="FILE",
-        help="a TOML file of storage prices, CLASS = USD per GB-month under [prices] "
-        "(classes it does not name keep the defaults)",
-    )
+    p.add_argument("--prices", metavar="FILE", help=h)
     p.add_argument(
         "--price",
         action="append",
-        type=_price,
+        type=refusing(parse_price, ConfigError),
         default=[],
         metavar="CLASS=USD",
         help="the price of one storage class in USD per GB-month, e.g. STANDARD=0.021 "
         "(repeatable; wins over --prices)",
     )
-    p.add_argument("--title", default=None, help="the page's title (default: s3ckpt report: PATH)")
-    p.add_argument(
-        "--grace",
-        type=_duration,
-        default=DEFAULT_GRACE,
-        help="a save is in progress while any of its objects, heartbeats or open uploads is "
+    p.add_argument("--title", help="the page's title (default: s3ckpt report: PATH)")
+    h = (
+        "a save is in progress while any of its objects, heartbeats or open uploads is "
         "younger than this; with --policy raised to at least "
-        f"{format_duration(MIN_GRACE)}, as prune does (default {format_duration(DEFAULT_GRACE)})",
+        f"{format_duration(MIN_GRACE)}, as prune does (default {format_duration(DEFAULT_GRACE)})"
     )
-    p.add_argument(
-        "--now",
-        type=_time,
-        default=None,
-        metavar="TIME",
-        help="report (and plan) as of this ISO time (default: now)",
-    )
-    p.add_argument(
-        "--include-foreign",
-        action="store_true",
-        help="let the plan treat stock-DCP checkpoints (.metadata but no s3ckpt.json) as committed",
-    )
-    p.add_argument(
-        "--max-delete",
-        type=_nonneg_int,
-        default=None,
-        metavar="N",
-        help="plan at most N deletions per run (the oldest first), as prune --max-delete",
-    )
-    p.add_argument(
-        "--step-pattern",
-        type=_step_pattern,
-        default=None,
-        metavar="REGEX",
-        help=STEP_PATTERN_HELP + " (default: the policy file's step_pattern)",
+    add_options(p, "--grace", help=h)
+    add_options(p, "--now", help="report (and plan) as of this ISO time (default: now)")
+    h = "let the plan treat stock-DCP checkpoints (.metadata but no s3ckpt.json) as committed"
+    add_options(p, "--include-foreign", help=h)
+    h = "plan at most N deletions per run (the oldest first), as prune --max-delete"
+    add_options(p, "--max-delete", help=h)
+    add_options(
+        p, "--step-pattern", help=STEP_PATTERN_HELP + " (default: the policy file's step_pattern)"
     )
     add_output_options(p)
-    p.set_defaults(func=_report)
-
-
-def _prices(args: argparse.Namespace) -> PriceTable:
-    table = PriceTable.load(args.prices) if args.prices else PriceTable()
-    if args.price:
-        table = table.with_prices(dict(args.price), f"{table.source}; --price")
-    return table
-
-
-def _check_target(path: str) -> None:
-    """Refuse an output path that cannot be written, before any request."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise CommandError(f"{path}: is a directory: name the HTML file to write")
-    if not folder.is_dir():
-        raise CommandError(f"{path}: cannot write the report: directory {folder} does not exist")
 
 
 def _write(path: str, page: str) -> None:
     """Write ``page`` to ``path`` atomically (a reader never sees half a page)."""
     target = Path(path)
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(
-            prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or Path(".")
-        )
-    except OSError as exc:
-        raise CommandError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
-    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(page)
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise CommandError(f"{path}: cannot write the report: {exc.strerror or exc}") from None
 
 
 def _summary_line(report: Report, where: str) -> str:
-    doc = report.summary()
-    runs = int(doc["runs"])  # type: ignore[call-overload]
-    n = int(doc["checkpoints"])  # type: ignore[call-overload]
-    size = int(doc["total_size"])  # type: ignore[call-overload]
-    cost = float(doc["cost_month"])  # type: ignore[arg-type]
+    doc: dict[str, Any] = report.summary()
+    runs, n = plural(doc["runs"], "run"), plural(doc["checkpoints"], "checkpoint")
     line = (
-        f"wrote {where}: {runs} run{'s' if runs != 1 else ''}, {n} checkpoint"
-        f"{'s' if n != 1 else ''}, {format_bytes(size)}, {format_usd(cost)}/month"
+        f"wrote {where}: {runs}, {n}, {format_bytes(doc['total_size'])}, "
+        f"{format_usd(doc['cost_month'])}/month"
     )
     if report.policy is not None:
-        freed = int(doc["bytes_freed"])  # type: ignore[call-overload]
-        after = float(doc["cost_month_after"])  # type: ignore[arg-type]
         line += (
-            f"; the plan deletes {doc['delete']} ({format_bytes(freed)} freed), "
-            f"{format_usd(after)}/month after"
+            f"; the plan deletes {doc['delete']} ({format_bytes(doc['bytes_freed'])} freed), "
+            f"{format_usd(doc['cost_month_after'])}/month after"
         )
     return line
 
@@ -195,39 +126,34 @@ def _report(args: argparse.Namespace) -> int:
     if to_stdout and args.json:
         raise CommandError("--json prints on stdout: write the page to a file (--html FILE)")
     policy = PolicyFile.load(args.policy) if args.policy else None  # bad: exit 2, no request
-    prices = _prices(args)
-    options = RetentionOptions(
-        grace=args.grace,
-        now=args.now,
-        step_pattern=args.step_pattern,
-        include_foreign=args.include_foreign,
-        max_delete=args.max_delete,
-    )
-    if not to_stdout:
-        _check_target(args.html)  # before the scan, which may take minutes on a big bucket
-    location, counter = open_counted(args, args.path, "report")
-    try:
+    prices = PriceTable.load(args.prices) if args.prices else PriceTable()
+    if args.price:
+        prices = prices.with_prices(dict(args.price), f"{prices.source}; --price")
+    options = retention_options(args)
+    target = Path(args.html)
+    if not to_stdout:  # before the scan, which may take minutes on a big bucket
+        if target.is_dir():
+            raise CommandError(f"{args.html}: is a directory: name the HTML file to write")
+        if not target.parent.is_dir():
+            raise CommandError(
+                f"{args.html}: cannot write the report: directory {target.parent} does not exist"
+            )
+    cmd = Command(args, args.path)
+    with cmd.working():
         report = collect_report(
-            location, policy=policy, options=options, prices=prices, title=args.title
+            cmd.location, policy=policy, options=options, prices=prices, title=args.title
         )
-    finally:
-        counter.close()
     page = render_html(report)
     if to_stdout:
         sys.stdout.write(page)
         sys.stdout.flush()
         print(_summary_line(report, "the page to stdout"), file=sys.stderr)
-        return _damaged_code(report)
-    _write(args.html, page)
-    if args.json:
-        print_json({"html": str(args.html), **report.to_dict()}, allow_nan=False)
     else:
-        print(_summary_line(report, args.html))
-    sys.stdout.flush()
-    return _damaged_code(report)
-
-
-def _damaged_code(report: Report) -> int:
-    """A warning on stderr per damaged checkpoint (on the page as its own row): exit 1."""
-    damaged = warn_damaged("report", (row.info for run in report.runs for row in run.rows))
-    return EXIT_PARTIAL if damaged else EXIT_OK
+        _write(args.html, page)
+        if args.json:
+            print_json({"html": str(args.html), **report.to_dict()}, strict=True)
+        else:
+            print(_summary_line(report, args.html))
+        sys.stdout.flush()
+    # A damaged checkpoint is on the page as its own row, and named on stderr: exit 1.
+    return cmd.finish(EXIT_OK, damaged=(row.info for run in report.runs for row in run.rows))

@@ -1,6 +1,6 @@
-"""``s3ckpt inspect | verify | diff | export | import``: thin wrappers over
+"""``s3ckpt inspect | verify | diff | export | import | restore``: thin wrappers over
 :mod:`s3ckpt.tools` (imported only when one of these commands runs, since it needs torch;
-without torch the command says how to install it and exits 2).
+without torch the command says how to install it and exits 2; ``restore`` needs none).
 
 ``--json`` prints the result's ``to_dict()`` (stable keys) on stdout. Progress bars go to
 stderr, and only when stderr is a terminal (never with ``--json`` / ``--no-progress``).
@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from s3ckpt._cli import (
     EXIT_OK,
@@ -26,62 +24,58 @@ from s3ckpt._cli import (
     s3_config_from_args,
     transfer_config_from_args,
 )
-from s3ckpt._cli._damaged import printable
+from s3ckpt._cli._args import commands, days, seconds
 from s3ckpt._cli._output import (
     ProgressBar,
     add_output_options,
     format_shape,
     print_json,
     print_table,
+    printable,
     progress_enabled,
 )
 from s3ckpt._time import utc
 from s3ckpt._units import format_bytes, plural
 
 if TYPE_CHECKING:
-    from s3ckpt.tools import InspectResult
+    from s3ckpt.tools._verify import InspectResult
 
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    """Add inspect, verify, diff, export and import."""
-    p = sub.add_parser(
+    """Add inspect, verify, diff, export, import and restore."""
+    add = commands(sub, common)
+    p = add(
         "inspect",
-        parents=[common],
-        help="list tensors, sizes, step and metrics (reads metadata only)",
-        description="Describe a checkpoint from .metadata and s3ckpt.json alone: no tensor "
+        _inspect,
+        "list tensors, sizes, step and metrics (reads metadata only)",
+        "Describe a checkpoint from .metadata and s3ckpt.json alone: no tensor "
         "data is downloaded. Works on any DCP checkpoint.",
     )
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
     _filters(p)
     p.add_argument("--summary", action="store_true", help="totals only, no per-tensor list")
     add_output_options(p, progress=False)
-    p.set_defaults(func=_inspect)
 
-    p = sub.add_parser(
+    p = add(
         "verify",
-        parents=[common],
-        help="re-read every byte and check every CRC32C",
-        description="Check structure, object sizes and (s3ckpt checkpoints) every item's "
+        _verify,
+        "re-read every byte and check every CRC32C",
+        "Check structure, object sizes and (s3ckpt checkpoints) every item's "
         "CRC32C with parallel ranged GETs. Exit 1 naming each bad tensor and object.",
     )
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
-    p.add_argument(
-        "--read-data",
-        action="store_true",
-        help="also read every byte of checkpoints without checksums (other DCP writers)",
-    )
+    h = "also read every byte of checkpoints without checksums (other DCP writers)"
+    p.add_argument("--read-data", action="store_true", help=h)
     add_output_options(p)
-    p.set_defaults(func=_verify)
 
-    p = sub.add_parser(
+    p = add(
         "diff",
-        parents=[common],
-        help="compare two checkpoints tensor by tensor",
-        description="Per key: identical (by checksum, nothing downloaded, when both have "
-        "checksums), changed (max and mean absolute difference), shape/dtype changed, only "
-        "in A, only in B.",
+        _diff,
+        "compare two checkpoints tensor by tensor",
+        "Per key: identical (by checksum, nothing downloaded, when both have checksums), changed "
+        "(max and mean absolute difference), shape/dtype changed, only in A, only in B.",
     )
     p.add_argument("a", metavar="A", help="first checkpoint")
     p.add_argument("b", metavar="B", help="second checkpoint")
@@ -89,97 +83,99 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--all", action="store_true", help="list identical keys too")
     p.add_argument("--exit-code", action="store_true", help="exit 1 when the checkpoints differ")
     add_output_options(p)
-    p.set_defaults(func=_diff)
 
-    p = sub.add_parser(
+    p = add(
         "export",
-        parents=[common],
-        help="write full tensors as Hugging Face safetensors shards (or one torch.save file)",
-        description="Stream a full (unsharded) state dict to S3, any fsspec URL or a local "
+        _export,
+        "write full tensors as Hugging Face safetensors shards (or one torch.save file)",
+        "Stream a full (unsharded) state dict to S3, any fsspec URL or a local "
         "folder, without holding the model in memory or on local disk.",
     )
     p.add_argument("checkpoint", metavar="CKPT", help="checkpoint URL or local path")
     p.add_argument("dest", metavar="DEST", help="destination prefix / folder (or .pt file)")
     p.add_argument("--format", choices=("safetensors", "torch"), default="safetensors")
-    p.add_argument("--dtype", default=None, help="cast floating-point tensors (bf16, fp16, fp32)")
-    p.add_argument(
-        "--max-shard-size", default="5GB", help="largest shard, e.g. 5GB, 500MiB (default 5GB)"
-    )
-    p.add_argument(
-        "--only",
-        default=None,
-        metavar="KEY",
-        help="keep this top-level key's subtree and strip it from names (e.g. model)",
-    )
+    p.add_argument("--dtype", help="cast floating-point tensors (bf16, fp16, fp32)")
+    h = "largest shard, e.g. 5GB, 500MiB (default 5GB)"
+    p.add_argument("--max-shard-size", default="5GB", help=h)
+    h = "keep this top-level key's subtree and strip it from names (e.g. model)"
+    p.add_argument("--only", metavar="KEY", help=h)
     _filters(p)
-    p.add_argument(
-        "--converter",
-        default=None,
-        metavar="MODULE:FUNCTION",
-        help="callable (name, tensor) -> iterable of (new_name, tensor) renaming/reshaping keys",
-    )
+    h = "callable (name, tensor) -> iterable of (new_name, tensor) renaming/reshaping keys"
+    p.add_argument("--converter", metavar="MODULE:FUNCTION", help=h)
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export")
     add_output_options(p)
-    p.set_defaults(func=_export)
 
-    p = sub.add_parser(
+    p = add(
         "import",
-        parents=[common],
-        help="turn Hugging Face safetensors into an s3ckpt checkpoint",
-        description="Read a .safetensors file, an index.json, or a folder/prefix of shards "
+        _import,
+        "turn Hugging Face safetensors into an s3ckpt checkpoint",
+        "Read a .safetensors file, an index.json, or a folder/prefix of shards "
         "(local: memory-mapped; remote: ranged reads) and write a DCP checkpoint that loads "
         "at any world size.",
     )
     p.add_argument("src", metavar="SRC", help="safetensors file, index.json, folder or prefix")
     p.add_argument("dest", metavar="DEST", help="checkpoint URL or local path to write")
     g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--prefix",
-        default="model",
-        help="top-level key to save tensors under (default: model, the Checkpointer's layout)",
-    )
+    h = "top-level key to save tensors under (default: model, the Checkpointer's layout)"
+    g.add_argument("--prefix", default="model", help=h)
     g.add_argument("--no-prefix", action="store_true", help="keep names as they are")
-    p.add_argument("--step", type=int, default=None, help="step to record in s3ckpt.json")
+    p.add_argument("--step", type=int, help="step to record in s3ckpt.json")
     p.add_argument("--overwrite", action="store_true", help="replace a committed checkpoint")
     add_output_options(p)
-    p.set_defaults(func=_import)
+
+    p = add(
+        "restore",
+        _restore,
+        "restore a checkpoint's GLACIER / DEEP_ARCHIVE objects so that it loads",
+        "Issue RestoreObject for every archived object (GLACIER, DEEP_ARCHIVE) "
+        "of a checkpoint, or of every committed checkpoint under a run, and report each "
+        "object's state. A load needs every object restored; --wait polls until it is.",
+    )
+    p.add_argument("url", metavar="URL", help="checkpoint or run URL")
+    h = "days the restored copies stay readable (default 7)"
+    p.add_argument("--days", type=days, default=7, metavar="N", help=h)
+    h = (
+        "retrieval tier: Standard (GLACIER 3-5 h, DEEP_ARCHIVE 12 h), Bulk (cheaper, "
+        "slower), Expedited (GLACIER only, minutes); default Standard"
+    )
+    p.add_argument("--tier", choices=_TIERS, default="Standard", help=h)
+    p.add_argument("--wait", action="store_true", help="poll until every restored copy is readable")
+    h = "with --wait: seconds between polls (one HEAD per object still restoring; default 300)"
+    p.add_argument("--poll-seconds", type=seconds, default=300.0, metavar="S", help=h)
+    add_output_options(p)
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--include",
-        action="append",
-        default=None,
-        metavar="GLOB",
-        help="only names matching this glob (repeatable), e.g. 'model.*'",
-    )
-    p.add_argument(
-        "--exclude", action="append", default=None, metavar="GLOB", help="skip matching names"
-    )
+    h = "only names matching this glob (repeatable), e.g. 'model.*'"
+    p.add_argument("--include", action="append", metavar="GLOB", help=h)
+    p.add_argument("--exclude", action="append", metavar="GLOB", help="skip matching names")
 
 
 # -- commands --------------------------------------------------------------------------------
-@contextmanager
-def _needs_torch(command: str) -> Iterator[None]:
-    """Around the import of :mod:`s3ckpt.tools`: without PyTorch (or with a broken
-    install), a one-line error saying how to get it."""
+def _tool(args: argparse.Namespace, name: str) -> Any:
+    """``name`` from :mod:`s3ckpt.tools` (which imports torch for it); without PyTorch (or
+    with a broken install), a one-line error saying how to get it."""
     try:
-        yield
+        import s3ckpt.tools
+
+        return getattr(s3ckpt.tools, name)
     except ImportError as exc:
         name = (getattr(exc, "name", None) or "").split(".")[0]
         what = f"{name} is not installed" if name in ("torch", "numpy") else f"{exc}"
         raise CommandError(
-            f"'s3ckpt {command}' needs PyTorch ({what}): "
+            f"'s3ckpt {args.command}' needs PyTorch ({what}): "
             'pip install "s3ckpt[torch]" (ls, prune, pin, unpin and gc run without it)',
             EXIT_USAGE,
         ) from None
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    with _needs_torch("inspect"):
-        from s3ckpt.tools import inspect_checkpoint
+def _bar(args: argparse.Namespace) -> ProgressBar:
+    """The command's progress bar (closed on leaving its ``with`` block)."""
+    return ProgressBar(args.command, enabled=progress_enabled(args))
 
-    info = inspect_checkpoint(
+
+def _inspect(args: argparse.Namespace) -> int:
+    info = _tool(args, "inspect_checkpoint")(
         open_location(args, args.checkpoint), include=args.include, exclude=args.exclude
     )
     if args.json:
@@ -187,61 +183,11 @@ def _inspect(args: argparse.Namespace) -> int:
         if args.summary:  # totals only: no per-tensor / per-object lists
             doc = {k: v for k, v in doc.items() if k not in ("tensors", "objects")}
         print_json(doc)
-        return _damaged(info)
-    fmt = (
-        "s3ckpt (committed; CRC32C per item)"
-        if info.checksums
-        else "dcp (no s3ckpt.json: no checksums)"
-    )
-    head = [["checkpoint", info.url], ["format", fmt]]
-    if info.life is not None:
-        life = f"{info.life}: {printable(info.damage)}" if info.damage else info.life
-        head.append(["life", life])
-    if info.step is not None:
-        head.append(["step", str(info.step)])
-    if info.created is not None:
-        head.append(["created", utc(info.created).strftime("%Y-%m-%d %H:%M:%S UTC")])
-    head.append(["world size", "?" if info.world_size is None else str(info.world_size)])
-    if info.layout:
-        head.append(
-            ["layout", f"hashed prefixes: {info.layout['fanout']} {info.layout['dir']}/ folders"]
-        )
-    if info.metrics:
-        head.append(["metrics", ", ".join(f"{k}={v:g}" for k, v in info.metrics.items())])
-    if info.versions:
-        head.append(["written by", ", ".join(f"{k} {v}" for k, v in info.versions.items())])
-    head.append(
-        [
-            "tensors",
-            f"{info.tensor_count} ({format_bytes(info.tensor_bytes)}), "
-            f"{plural(info.other_count, 'other value')}",
-        ]
-    )
-    meta = f" incl. {format_bytes(info.metadata_bytes)} metadata" if info.metadata_bytes else ""
-    n_obj = len(info.objects)
-    head.append(
-        [
-            "stored",
-            f"{format_bytes(info.stored_bytes)} in {n_obj} object{'s' if n_obj != 1 else ''}{meta}",
-        ]
-    )
-    print_table(head)
-    if args.summary:
-        return _damaged(info)
-    print()
-    rows = [["name", "dtype", "shape", "size", "chunks", "objects"]]
-    for t in info.tensors:
-        size = format_bytes(t.nbytes) if t.kind == "tensor" else f"({format_bytes(t.stored_bytes)})"
-        objs = t.objects[0] if len(t.objects) == 1 else f"{len(t.objects)} objects"
-        rows.append([t.name, t.dtype or t.kind, format_shape(t.shape), size, str(t.chunks), objs])
-    print_table(rows, right={3, 4})
-    return _damaged(info)
-
-
-def _damaged(info: InspectResult) -> int:
-    """Exit 1 with a warning naming the damage when the catalog calls it damaged, as ``ls``."""
+    else:
+        _print_inspect(info, summary=args.summary)
     if info.damage is None:
         return EXIT_OK
+    # Exit 1 with a warning naming the damage when the catalog calls it damaged, as ``ls``.
     print(
         f"s3ckpt inspect: warning: damaged checkpoint {printable(info.url)}: "
         f"{printable(info.damage)}; load(step='latest') skips it (docs/troubleshooting.md)",
@@ -250,26 +196,60 @@ def _damaged(info: InspectResult) -> int:
     return EXIT_PARTIAL
 
 
-def _verify(args: argparse.Namespace) -> int:
-    with _needs_torch("verify"):
-        from s3ckpt.tools import verify_checkpoint
+_NO_CRC = "dcp (no s3ckpt.json: no checksums)"
 
+
+def _print_inspect(info: InspectResult, *, summary: bool) -> None:
+    """``inspect``'s table of what the checkpoint is, then (unless ``summary``) its tensors."""
+    life = info.life and (f"{info.life}: {printable(info.damage)}" if info.damage else info.life)
+    created = info.created is not None and utc(info.created).strftime("%Y-%m-%d %H:%M:%S UTC")
+    layout = info.layout and (
+        f"hashed prefixes: {info.layout['fanout']} {info.layout['dir']}/ folders"
+    )
+    meta = f" incl. {format_bytes(info.metadata_bytes)} metadata" if info.metadata_bytes else ""
+    others = plural(info.other_count, "other value")
+    head = [
+        ("checkpoint", info.url),
+        ("format", "s3ckpt (committed; CRC32C per item)" if info.checksums else _NO_CRC),
+        ("life", life),
+        ("step", None if info.step is None else str(info.step)),
+        ("created", created),
+        ("world size", "?" if info.world_size is None else str(info.world_size)),
+        ("layout", layout),
+        ("metrics", ", ".join(f"{k}={v:g}" for k, v in info.metrics.items())),
+        ("written by", ", ".join(f"{k} {v}" for k, v in info.versions.items())),
+        ("tensors", f"{info.tensor_count} ({format_bytes(info.tensor_bytes)}), {others}"),
+        (
+            "stored",
+            f"{format_bytes(info.stored_bytes)} in {plural(len(info.objects), 'object')}{meta}",
+        ),
+    ]
+    print_table([[k, str(v)] for k, v in head if v])
+    if summary:
+        return
+    print()
+    rows = [["name", "dtype", "shape", "size", "chunks", "objects"]]
+    for t in info.tensors:
+        size = format_bytes(t.nbytes) if t.kind == "tensor" else f"({format_bytes(t.stored_bytes)})"
+        objs = t.objects[0] if len(t.objects) == 1 else f"{len(t.objects)} objects"
+        rows.append([t.name, t.dtype or t.kind, format_shape(t.shape), size, str(t.chunks), objs])
+    print_table(rows, right={3, 4})
+
+
+def _verify(args: argparse.Namespace) -> int:
+    verify_checkpoint = _tool(args, "verify_checkpoint")
     checkpoint = open_location(args, args.checkpoint)
-    bar = ProgressBar("verify", enabled=progress_enabled(args))
-    try:
+    with _bar(args) as bar:
         res = verify_checkpoint(
             checkpoint, read_data=True if args.read_data else None, progress=bar
         )
-    finally:
-        bar.close()
     if args.json:
         print_json(res.to_dict())
     else:
         what = "CRC32C checked" if res.checksums else "no checksums: structure and sizes"
         print(
             f"{res.url}: {plural(res.items, 'item')} in {plural(res.objects, 'object')}, "
-            f"{res.items_read} read "
-            f"({format_bytes(res.bytes_read)}, {what}) in {res.seconds:.1f} s"
+            f"{res.items_read} read ({format_bytes(res.bytes_read)}, {what}) in {res.seconds:.1f} s"
         )
         if res.ok:
             print("OK")
@@ -293,50 +273,43 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_PARTIAL
 
 
-def _diff(args: argparse.Namespace) -> int:
-    with _needs_torch("diff"):
-        from s3ckpt.tools import diff_checkpoints
+_DIFF_LABELS = {
+    "identical": "identical",
+    "changed": "changed",
+    "shape_changed": "shape changed",
+    "dtype_changed": "dtype changed",
+    "kind_changed": "type changed",
+    "only_in_a": "only in A",
+    "only_in_b": "only in B",
+}
 
+
+def _diff(args: argparse.Namespace) -> int:
+    diff_checkpoints = _tool(args, "diff_checkpoints")
     a, b = open_location(args, args.a), open_location(args, args.b)
-    bar = ProgressBar("diff", enabled=progress_enabled(args))
-    try:
+    with _bar(args) as bar:
         res = diff_checkpoints(a, b, include=args.include, exclude=args.exclude, progress=bar)
-    finally:
-        bar.close()
     if args.json:
         print_json(res.to_dict())
     else:
         print(f"A  {res.a}\nB  {res.b}")
         rows = []
-        labels = {
-            "identical": "identical",
-            "changed": "changed",
-            "shape_changed": "shape changed",
-            "dtype_changed": "dtype changed",
-            "kind_changed": "type changed",
-            "only_in_a": "only in A",
-            "only_in_b": "only in B",
-        }
         for e in res.entries:
             if e.status == "identical" and not args.all:
                 continue
+            in_a = f"{e.dtype_a or 'value'} {format_shape(e.shape_a)}"
+            in_b = f"{e.dtype_b or 'value'} {format_shape(e.shape_b)}"
+            detail = {"only_in_a": in_a, "only_in_b": in_b}.get(
+                e.status, f"by {e.method}" if e.method else ""
+            )
             if e.status in ("shape_changed", "dtype_changed", "kind_changed"):
-                detail = (
-                    f"{e.dtype_a or 'value'} {format_shape(e.shape_a)} -> "
-                    f"{e.dtype_b or 'value'} {format_shape(e.shape_b)}"
-                )
+                detail = f"{in_a} -> {in_b}"
             elif e.status == "changed" and e.max_abs_diff is not None:
                 detail = (
                     f"max |a-b| {e.max_abs_diff:.6g}  mean {e.mean_abs_diff:.6g}  "
                     f"({e.changed_elements} elements)"
                 )
-            elif e.status == "only_in_a":
-                detail = f"{e.dtype_a or 'value'} {format_shape(e.shape_a)}"
-            elif e.status == "only_in_b":
-                detail = f"{e.dtype_b or 'value'} {format_shape(e.shape_b)}"
-            else:
-                detail = f"by {e.method}" if e.method else ""
-            rows.append([labels[e.status], e.name, detail])
+            rows.append([_DIFF_LABELS[e.status], e.name, detail])
         if rows:
             print()
             print_table(rows)
@@ -344,7 +317,7 @@ def _diff(args: argparse.Namespace) -> int:
         by_crc = sum(1 for e in res.entries if e.method == "checksum")
         print(
             "\n"
-            + ", ".join(f"{v} {labels[k]}" for k, v in counts.items())
+            + ", ".join(f"{v} {_DIFF_LABELS[k]}" for k, v in counts.items())
             + f" ({by_crc} decided by checksum, "
             f"{format_bytes(res.bytes_compared)} compared by value)"
         )
@@ -352,36 +325,20 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    with _needs_torch("export"):
-        from s3ckpt.tools import export_checkpoint
-
+    export_checkpoint = _tool(args, "export_checkpoint")
     if args.converter and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--converter mymodule:fn` from the current folder
     checkpoint, dest = open_location(args, args.checkpoint), open_location(args, args.dest)
-    bar = ProgressBar("export", enabled=progress_enabled(args))
-    try:
-        res = export_checkpoint(
-            checkpoint,
-            dest,
-            format=args.format,
-            dtype=args.dtype,
-            max_shard_size=args.max_shard_size,
-            only=args.only,
-            include=args.include,
-            exclude=args.exclude,
-            converter=args.converter,
-            overwrite=args.overwrite,
-            progress=bar,
-        )
-    finally:
-        bar.close()
+    with _bar(args) as bar:
+        names = ("format", "dtype", "max_shard_size", "only", "include", "exclude", "converter")
+        options = {n: getattr(args, n) for n in (*names, "overwrite")}
+        res = export_checkpoint(checkpoint, dest, **options, progress=bar)
     if args.json:
         print_json(res.to_dict())
         return EXIT_OK
     print(
         f"exported {plural(res.tensors, 'tensor')} ({format_bytes(res.tensor_bytes)}) from "
-        f"{res.source} to "
-        f"{res.dest} in {res.seconds:.1f} s"
+        f"{res.source} to {res.dest} in {res.seconds:.1f} s"
     )
     print_table(
         [
@@ -398,14 +355,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    with _needs_torch("import"):
-        from s3ckpt.tools import import_safetensors
-
+    import_safetensors = _tool(args, "import_safetensors")
     # SRC names a file, an index or a folder as typed (its text is recorded in the
     # checkpoint), so it is opened by import_safetensors; DEST is a checkpoint prefix.
     dest = open_location(args, args.dest)
-    bar = ProgressBar("import", enabled=progress_enabled(args))
-    try:
+    with _bar(args) as bar:
         res = import_safetensors(
             args.src,
             dest,
@@ -416,8 +370,6 @@ def _import(args: argparse.Namespace) -> int:
             transfer_config=transfer_config_from_args(args),
             progress=bar,
         )
-    finally:
-        bar.close()
     if args.json:
         print_json(res.to_dict())
         return EXIT_OK
@@ -426,4 +378,59 @@ def _import(args: argparse.Namespace) -> int:
         f"imported {plural(res.tensors, 'tensor')} ({format_bytes(res.tensor_bytes)}) from "
         f"{plural(len(res.files), 'file')}{under} into {res.dest} in {res.seconds:.1f} s"
     )
+    return EXIT_OK
+
+
+_TIERS = ("Standard", "Bulk", "Expedited")
+_LABELS = {
+    "started": "started",
+    "in_progress": "in progress",
+    "restored": "restored",
+    "not_archived": "not archived",
+    "archived": "failed",
+}
+
+
+def _restore(args: argparse.Namespace) -> int:
+    """``s3ckpt restore URL``: a thin layer over :func:`s3ckpt.tools.restore_checkpoint` (no
+    torch): RestoreObject for every archived object of a checkpoint (or of every committed
+    checkpoint of a run), the objects per state on a terminal or as JSON, and with ``--wait``
+    a poll until every copy is readable.
+
+    Exit codes: 0 every restore asked for (or, with ``--wait``, every object readable); 1 some
+    requests failed (each named); 2 bad input (a URL with nothing to restore, a bad option).
+    """
+    restore_checkpoint = _tool(args, "restore_checkpoint")
+    location = open_location(args, args.url)
+    with _bar(args) as bar:
+        options = {n: getattr(args, n) for n in ("days", "tier", "wait", "poll_seconds")}
+        res = restore_checkpoint(location, **options, progress=bar)
+    if args.json:
+        print_json(res.to_dict())
+    else:
+        print(
+            f"{res.url}: {plural(len(res.checkpoints), 'checkpoint')}, "
+            f"{plural(len(res.objects), 'object')} ({res.tier} tier, {res.days} days)"
+        )
+        rows = [
+            [f"  {_LABELS[state]}", plural(n, "object"), format_bytes(res.bytes[state])]
+            for state, n in res.counts.items()
+            if n
+        ]
+        print_table(rows, right={1, 2})
+        for o in res.failed:
+            print(f"  failed  {o.key}: {o.error}")
+        if res.readable:
+            print("every object reads now: load the checkpoint")
+        elif not res.failed:
+            print(
+                "restores asked for: the checkpoint loads once every object is restored "
+                f"(`s3ckpt restore {res.url} --wait` waits)"
+            )
+    if res.failed:
+        error(
+            f"{plural(len(res.failed), 'restore request')} failed; fix the cause and run "
+            "`s3ckpt restore` again (the others go on)"
+        )
+        return EXIT_PARTIAL
     return EXIT_OK

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from s3ckpt.accelerate._plugin import S3Checkpointing
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import SafeGlobal
-from s3ckpt.retention import DEFAULT_GRACE
+from s3ckpt.retention._liveness import DEFAULT_GRACE
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -111,18 +111,8 @@ def use_s3ckpt(
     Returns:
         The installed :class:`S3Checkpointing` (``latest``, ``wait``, ``remove``).
     """
+    options = {k: v for k, v in locals().items() if k != "accelerator"}
     previous = getattr(vars(accelerator).get("save_state"), "__self__", None)
     if isinstance(previous, S3Checkpointing):
         previous.remove()
-    return S3Checkpointing(
-        accelerator,
-        policy=policy,
-        s3_config=s3_config,
-        transfer_config=transfer_config,
-        step=step,
-        verify_checksums=verify_checksums,
-        safe_globals=safe_globals,
-        allow_unsafe_pickle=allow_unsafe_pickle,
-        retention_grace=retention_grace,
-        fallback=fallback,
-    )
+    return S3Checkpointing(accelerator, **options)

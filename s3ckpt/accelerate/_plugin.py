@@ -8,31 +8,18 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
+from torch.distributed.checkpoint import state_dict as tsd
 
+from s3ckpt._plugin_common import Retention, agree, dcp_errors, rank_of, together
 from s3ckpt._step_names import checkpoint_step
-from s3ckpt.accelerate._common import dcp_call, entry_name, is_url, version
-from s3ckpt.accelerate._model_files import model_state_dict, write_model_files
-from s3ckpt.accelerate._state import (
-    OPTIONAL,
-    apply_state,
-    optimizers,
-    other_names,
-    other_state,
-    set_rng_state,
-    watch_epochs,
-)
-from s3ckpt.checkpointer import Candidate, RetentionRecord, RetentionRunner, load_newest_good
+from s3ckpt.accelerate import _state as st
+from s3ckpt.checkpointer import RetentionRecord
+from s3ckpt.checkpointer._latest import Candidate, load_newest_good
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageReader, S3StorageWriter, SafeGlobal
 from s3ckpt.errors import (
@@ -41,7 +28,7 @@ from s3ckpt.errors import (
     CheckpointNotFoundError,
     ConfigError,
 )
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.retention import KeepLast, RetentionOptions, list_checkpoints
 from s3ckpt.retention import load_policy as load_policy_file
 from s3ckpt.store import Location
@@ -53,11 +40,14 @@ if TYPE_CHECKING:
 
     from s3ckpt.retention import Policy, PruneResult
 
-__all__ = ["S3Checkpointing"]
-
 log = logging.getLogger("s3ckpt")
 
-_T = TypeVar("_T")
+_REPLACED = ("save_state", "load_state", "save_model", "prepare")
+
+
+def is_url(location: object) -> bool:
+    """Whether accelerate's ``output_dir`` / ``input_dir`` names a store (has ``://``)."""
+    return location is not None and "://" in str(location)
 
 
 @dataclass(frozen=True)
@@ -117,25 +107,17 @@ class S3Checkpointing:
         self.fallback = fallback
         self.last_saved: str | None = None
         self._step_fn = step
-        self._runners: dict[StoreURL, RetentionRunner] = {}
-        self._last_runner: RetentionRunner | None = None
+        self._retention = Retention()
         # A dedicated gloo group (a collective): checkpoint traffic never interleaves with
         # training collectives, and DCP's object gathers need a CPU backend under NCCL.
         self._pg: dist.ProcessGroup | None = None
-        self._rank = 0
-        if dist.is_available() and dist.is_initialized():
-            self._rank = dist.get_rank()
-            if dist.get_world_size() > 1:
-                self._pg = dist.new_group(backend="gloo")
-        # The originals: the class's methods bound to this instance.
-        self._original_save = accelerator.save_state
-        self._original_load = accelerator.load_state
-        self._original_save_model = accelerator.save_model
-        self._original_prepare = accelerator.prepare
-        accelerator.save_state = self.save_state
-        accelerator.load_state = self.load_state
-        accelerator.save_model = self.save_model
-        accelerator.prepare = self._prepare
+        self._rank = rank_of()
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            self._pg = dist.new_group(backend="gloo")
+        # The originals (the class's methods bound to this instance), then ours in their place.
+        self._original = {name: getattr(accelerator, name) for name in _REPLACED}
+        for name in _REPLACED:
+            setattr(accelerator, name, getattr(self, "_prepare" if name == "prepare" else name))
         self._watch()
 
     @property
@@ -164,7 +146,7 @@ class S3Checkpointing:
         """
         target = self._save_target(output_dir)
         if target is None:
-            return self._original_save(
+            return self._original["save_state"](
                 output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
             )
         return self._save(target)
@@ -189,10 +171,8 @@ class S3Checkpointing:
             CheckpointError: the checkpoint lacks state this accelerator has (another
                 number of models, optimizers, schedulers or registered objects).
         """
-        acc = self.accelerator
-        automatic = acc.project_configuration.automatic_checkpoint_naming
-        if input_dir is None and automatic and is_url(acc.project_dir):
-            run = self._at(str(acc.project_dir)).child("checkpoints")
+        run = self._auto_run()
+        if input_dir is None and run is not None:
             if self._load_newest(run, automatic=True) is None:
                 raise CheckpointNotFoundError(
                     f"no committed checkpoint under {run} to resume from (automatic "
@@ -204,13 +184,15 @@ class S3Checkpointing:
             ckpt = self._at(str(input_dir))
             self._load(_Target(ckpt, ckpt.parent))
         else:
-            self._original_load(input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs)
+            self._original["load_state"](
+                input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs
+            )
 
     def latest(self, run: str) -> str | None:
         """The URL of the newest good committed checkpoint under ``run`` (by step, then
         commit time; damaged ones skipped), or ``None``. Collective: the main process
         lists, every rank gets the answer."""
-        good = [c for c in self._agree(lambda: self._candidates(self._at(run))) if not c.damage]
+        good = [c for c in agree(lambda: self._candidates(self._at(run)), self._pg) if not c.damage]
         return good[0].url if good else None
 
     def load_latest(self, run: str) -> str | None:
@@ -226,19 +208,17 @@ class S3Checkpointing:
     def last_retention(self) -> PruneResult | BaseException | None:
         """The last retention pass's result, or the exception it failed with (on the main
         process; ``None`` before the first pass)."""
-        return self._last_runner.last if self._last_runner is not None else None
+        return self._retention.last.last if self._retention.last is not None else None
 
     @property
     def retention_history(self) -> tuple[RetentionRecord, ...]:
         """This process's retention passes (the last 100 per run), oldest first: the step
         whose commit triggered each, and its result or the exception it failed with."""
-        records = [r for runner in self._runners.values() for r in runner.history]
-        return tuple(sorted(records, key=lambda r: r.started))
+        return self._retention.history
 
     def wait(self) -> None:
         """Block until the retention passes queued so far have run."""
-        for runner in self._runners.values():
-            runner.wait()
+        self._retention.wait()
 
     def save_model(
         self,
@@ -262,7 +242,7 @@ class S3Checkpointing:
                 is written.
         """
         if not is_url(save_directory):
-            self._original_save_model(
+            self._original["save_model"](
                 model,
                 save_directory,
                 max_shard_size=max_shard_size,
@@ -271,33 +251,32 @@ class S3Checkpointing:
             return
         where = self._at(str(save_directory))
         url = where.url
-        state_dict = model_state_dict(self.accelerator, model, url)  # collective under FSDP
-        written = self._agree(
-            lambda: write_model_files(
+        state_dict = st.model_state_dict(self.accelerator, model, url)  # collective under FSDP
+        written = agree(
+            lambda: st.write_model_files(
                 state_dict,
                 url,
                 where.store,
                 self.transfer_config,
                 max_shard_size=max_shard_size,
                 safe_serialization=safe_serialization,
-            )
+            ),
+            self._pg,
         )
         log.info("s3ckpt: saved model %s (%s)", url, ", ".join(written))
 
     def remove(self) -> None:
         """Give the accelerator its own ``save_state``, ``load_state``, ``save_model``
         and ``prepare`` back (after the retention passes queued so far)."""
-        for runner in self._runners.values():
-            runner.close()
-        self._runners.clear()
+        self._retention.close()
         own = vars(self.accelerator)
-        for name in ("save_state", "load_state", "save_model", "prepare"):
+        for name in _REPLACED:
             if getattr(own.get(name), "__self__", None) is self:
                 del own[name]
 
     def _prepare(self, *args: Any, **kwargs: Any) -> Any:
         """``Accelerator.prepare``, then :meth:`_watch` the loaders it made."""
-        out = self._original_prepare(*args, **kwargs)
+        out = self._original["prepare"](*args, **kwargs)
         self._watch()
         return out
 
@@ -305,17 +284,21 @@ class S3Checkpointing:
         """Each prepared loader records its generator as each epoch starts (for saves in
         the middle of an epoch: :func:`~s3ckpt.accelerate._state.watch_epochs`)."""
         for loader in self.accelerator._dataloaders:
-            watch_epochs(loader)
+            st.watch_epochs(loader)
 
     # -- where ----------------------------------------------------------------------------------
-    def _save_target(self, output_dir: str | None) -> _Target | None:
+    def _auto_run(self) -> Location | None:
+        """The run of automatic checkpoint naming under a URL ``project_dir``, else None."""
         acc = self.accelerator
-        if acc.project_configuration.automatic_checkpoint_naming:
-            if not is_url(acc.project_dir):
-                return None
-            run = self._at(str(acc.project_dir)).child("checkpoints")
+        if acc.project_configuration.automatic_checkpoint_naming and is_url(acc.project_dir):
+            return self._at(str(acc.project_dir)).child("checkpoints")
+        return None
+
+    def _save_target(self, output_dir: str | None) -> _Target | None:
+        acc, run = self.accelerator, self._auto_run()
+        if run is not None:
             return _Target(run.child(f"checkpoint_{acc.save_iteration}"), run, automatic=True)
-        if output_dir is None or not is_url(output_dir):
+        if acc.project_configuration.automatic_checkpoint_naming or not is_url(output_dir):
             return None
         ckpt = self._at(str(output_dir))
         return _Target(ckpt, ckpt.parent)
@@ -329,7 +312,7 @@ class S3Checkpointing:
 
     def _load_newest(self, run: Location, *, automatic: bool) -> str | None:
         """Every rank: load the newest good checkpoint under ``run``; its URL, or None."""
-        candidates = self._agree(lambda: self._candidates(run))
+        candidates = agree(lambda: self._candidates(run), self._pg)
         found = load_newest_good(
             candidates,
             lambda c: self._load(_Target(run.at(c.url), run, automatic=automatic)),
@@ -340,25 +323,23 @@ class S3Checkpointing:
 
     # -- save -----------------------------------------------------------------------------------
     def _save(self, target: _Target) -> str:
+        import accelerate
+
         acc = self.accelerator
         url, store = target.ckpt.url, target.ckpt.store
         step = self._step(url)
         models = list(acc._models)
-        model_sds = [get_model_state_dict(m) for m in models]
+        model_sds = [tsd.get_model_state_dict(m) for m in models]
         # accelerate's save pre-hooks see (models, weights, output_dir) and may take weights
         # out (they saved those models themselves); under FSDP they see no weights.
         weights: list[dict[str, Any]] = [] if self._fsdp else model_sds
         for hook in acc._save_model_state_pre_hook.values():
             hook(acc._models, weights, str(url))
-        sd: dict[str, Any] = {}
-        for i, msd in enumerate(model_sds if self._fsdp else weights):
-            sd[entry_name("model", i)] = msd
-        for j, (opt, owner) in enumerate(optimizers(acc, models)):
-            sd[entry_name("optim", j)] = get_optimizer_state_dict(owner, opt)
-        other = other_state(acc, self._rank)
+        sd = self._entries(model_sds if self._fsdp else weights, st.optimizers(acc, models))
+        other = st.other_state(acc, self._rank)
         sd.update((name, pack_state(value)) for name, value in other.items())
 
-        committed = self._agree(lambda: store.head(url.key(MANIFEST_NAME)) is not None)
+        committed = agree(lambda: store.head(url.key(MANIFEST_NAME)) is not None, self._pg)
         if committed and target.automatic:
             raise CheckpointExistsError(
                 f"{url} is already committed (automatic checkpoint naming, save_iteration "
@@ -373,19 +354,27 @@ class S3Checkpointing:
             transfer_config=self.transfer_config,
             overwrite=committed,  # safe: the old checkpoint stays loadable until this commits
             step=step,
-            user_metadata={"framework": "accelerate", "accelerate_version": version()},
+            user_metadata={"framework": "accelerate", "accelerate_version": accelerate.__version__},
             store=store,
         )
-        with dcp_call("save", url, self._rank):
+        with dcp_errors("save", url, self._rank):
             dcp.save(sd, storage_writer=writer, process_group=self._pg)
         # Training goes on from exactly the RNG state saved, even if a library on the save
         # path drew from a global generator (s3ckpt's own jitter uses private ones).
-        set_rng_state(other[f"random_states_{self._rank}"])
+        st.set_rng_state(other[f"random_states_{self._rank}"])
         acc.project_configuration.iteration += 1
         self.last_saved = str(url)
         log.info("s3ckpt: saved %s (step %d)", url, step)
         self._schedule_retention(target, step)
         return str(url)
+
+    @staticmethod
+    def _entries(model_sds: Sequence[Any], opts: Sequence[tuple[Any, Any]]) -> dict[str, Any]:
+        """The models' and optimizers' entries: ``model``, ``model_1`` ..., ``optim`` ..."""
+        sd = {st.entry_name("model", i): msd for i, msd in enumerate(model_sds)}
+        for j, (opt, owner) in enumerate(opts):
+            sd[st.entry_name("optim", j)] = tsd.get_optimizer_state_dict(owner, opt)
+        return sd
 
     def _step(self, url: StoreURL) -> int:
         if self._step_fn is not None:
@@ -397,14 +386,16 @@ class S3Checkpointing:
     def _load(self, target: _Target) -> None:
         acc = self.accelerator
         url = target.ckpt.url
-        reader = S3StorageReader(
-            url,
-            s3_config=self.s3_config,
-            transfer_config=self.transfer_config,
-            verify_checksums=self.verify_checksums,
-            allow_unsafe_pickle=self.allow_unsafe_pickle,
-            safe_globals=self.safe_globals,
-            store=target.ckpt.store,
+        # Each rank reads the marker and .metadata itself; one that fails makes every rank
+        # raise (the same error), so none waits in dcp.load for it (_plugin_common).
+        reader = together(
+            lambda: S3StorageReader(
+                target.ckpt,
+                verify_checksums=self.verify_checksums,
+                allow_unsafe_pickle=self.allow_unsafe_pickle,
+                safe_globals=self.safe_globals,
+            ),
+            self._pg,
         )
         metadata = reader.metadata
         models = list(acc._models)
@@ -415,69 +406,54 @@ class S3Checkpointing:
             hook(load_models, str(url))
         if self._fsdp:
             load_models = models
-        opts = optimizers(acc, models)
-        sd: dict[str, Any] = {}
-        for i, m in enumerate(load_models):
-            sd[entry_name("model", i)] = get_model_state_dict(m)
-        for j, (opt, owner) in enumerate(opts):
-            sd[entry_name("optim", j)] = get_optimizer_state_dict(owner, opt)
+        opts = st.optimizers(acc, models)
+        sd = self._entries([tsd.get_model_state_dict(m) for m in load_models], opts)
         saved = {fqn.split(".")[0] for fqn in metadata.state_dict_metadata}
         missing = [k for k, v in sd.items() if k not in saved and v]
         # Everything else loads into destinations the checkpoint describes, then unpacks
         # to exactly the values saved (s3ckpt/accelerate/_state.py).
-        names = other_names(acc, self._rank)
+        names = st.other_names(acc, self._rank)
         for name in names:
             flat = packed_destinations(metadata, name)
             if flat is not None:
                 sd[name] = flat
-            elif not name.startswith(OPTIONAL):
+            elif not name.startswith(st.OPTIONAL):
                 missing.append(name)
-        if missing:
-            raise CheckpointError(
-                f"{url} has no {', '.join(missing)}: it was saved by a job with other models, "
-                "optimizers, schedulers, scaler or registered objects than this accelerator has",
-                bucket=url.bucket,
-                key=url.prefix,
-                rank=self._rank,
-            )
 
-        with dcp_call("load", url, self._rank):
+        def check() -> None:
+            if missing:
+                raise CheckpointError(
+                    f"{url} has no {', '.join(missing)}: it was saved by a job with other "
+                    "models, optimizers, schedulers, scaler or registered objects than this "
+                    "accelerator has",
+                    bucket=url.bucket,
+                    key=url.prefix,
+                    rank=self._rank,
+                )
+
+        together(check, self._pg)
+
+        with dcp_errors("load", url, self._rank):
             dcp.load(sd, storage_reader=reader, process_group=self._pg)
-        state = {name: unpack_state(sd[name]) for name in names if name in sd}
+        state = together(
+            lambda: {name: unpack_state(sd[name]) for name in names if name in sd}, self._pg
+        )
 
         for i, m in enumerate(load_models):
-            set_model_state_dict(m, sd[entry_name("model", i)])
+            tsd.set_model_state_dict(m, sd[st.entry_name("model", i)])
         if acc.scaler is not None and "scaler" in state:
             acc.scaler.load_state_dict(state["scaler"])  # before the optimizers (FSDP2)
         for j, (opt, owner) in enumerate(opts):
-            set_optimizer_state_dict(owner, opt, sd[entry_name("optim", j)])
-        apply_state(acc, state, automatic=target.automatic)
+            tsd.set_optimizer_state_dict(owner, opt, sd[st.entry_name("optim", j)])
+        st.apply_state(acc, state, automatic=target.automatic)
         rng = state.get(f"random_states_{self._rank}")
         if rng is None:
             log.info("s3ckpt: %s has no random states for rank %d; not restored", url, self._rank)
         else:
-            set_rng_state(rng)
+            st.set_rng_state(rng)
         log.info("s3ckpt: loaded %s", url)
 
     # -- coordination, stores, retention --------------------------------------------------------
-    def _agree(self, fn: Callable[[], _T]) -> _T:
-        """``fn()`` on the main process, its result (or exception) on every rank."""
-        outcome: tuple[bool, Any] | None = None
-        if self._rank == 0:
-            try:
-                outcome = (True, fn())
-            except Exception as exc:
-                outcome = (False, exc)
-        if self._pg is not None:
-            box = [outcome]
-            dist.broadcast_object_list(box, src=0, group=self._pg)
-            outcome = box[0]
-        assert outcome is not None
-        ok, value = outcome
-        if not ok:
-            raise value
-        return value
-
     def _at(self, target: str) -> Location:
         """``target`` in the process's shared store for this plug-in's settings."""
         return Location.of(target, s3_config=self.s3_config, transfer_config=self.transfer_config)
@@ -489,10 +465,4 @@ class S3Checkpointing:
             policy = KeepLast(int(limit))
         if policy is None or self._rank != 0:
             return
-        runner = self._runners.get(target.run.url)
-        if runner is None:
-            runner = self._runners[target.run.url] = RetentionRunner(
-                target.run.store, target.run.url
-            )
-        self._last_runner = runner
-        runner.schedule(policy, self.retention_grace, step)
+        self._retention.schedule(target.run, policy, self.retention_grace, step)

@@ -6,31 +6,41 @@ Every such entry is stored packed (:mod:`s3ckpt.tools.packing`, the storage form
 Lightning plug-in uses too): exactly, ``None`` leaves, ``int`` keys and tuples included,
 and loaded into destinations the checkpoint's metadata describes, so the value comes back
 as it was saved whatever the live object holds now.
+
+Also here: ``accelerator.save_model(model, "s3://...")``: the files accelerate writes to a local
+folder (safetensors shards and their index, or ``pytorch_model*.bin``), streamed to the store.
+
+The split into shards, their names and the index are accelerate's own (huggingface_hub's
+``split_torch_state_dict_into_shards``, accelerate's file names and its removal of shared
+tensors), so ``transformers``' ``from_pretrained``, accelerate's
+``load_checkpoint_in_model`` and ``safetensors`` read the folder as they read a local one.
+Each shard streams through one multipart upload (memory: the upload buffers, not a copy of
+the shard); the index is written last; shards an earlier save left that the new index does
+not name are deleted after it (as accelerate deletes them locally), and so is an index an
+earlier sharded save left when the new save is one file.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import random
+import re
+import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from s3ckpt.accelerate._common import entry_name, owner_of
+from s3ckpt._transfer import ObjectSink, Uploader, format_leftovers
+from s3ckpt.config import TransferConfig
+from s3ckpt.errors import ConfigError
+from s3ckpt.store import ObjectStore
+from s3ckpt.tools._safetensors import TORCH_TO_ST
+from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
-
-__all__ = [
-    "OPTIONAL",
-    "apply_state",
-    "optimizers",
-    "other_names",
-    "other_state",
-    "rng_state",
-    "set_rng_state",
-    "watch_epochs",
-]
 
 # Entries a load may find missing without failing: RNG states of a rank the saving job did
 # not have (another world size), data loader state (accelerate loads it only when its file
@@ -47,8 +57,21 @@ def optimizers(
     out = []
     for j, wrapped in enumerate(acc._optimizers):
         opt = getattr(wrapped, "optimizer", wrapped)
-        out.append((opt, owner_of(models, opt, j)))
+        wanted = {id(p) for group in opt.param_groups for p in group["params"]}
+        owner = next((m for m in models if wanted <= {id(p) for p in m.parameters()}), None)
+        if owner is None:
+            raise ConfigError(
+                f"optimizer {j} ({type(opt).__name__}) updates parameters of no single prepared "
+                "model; s3ckpt.accelerate names optimizer state by one model's parameter "
+                "names. Prepare the models it spans as one module"
+            )
+        out.append((opt, owner))
     return out
+
+
+def entry_name(kind: str, index: int) -> str:
+    """accelerate's numbering: ``model``, ``model_1``, ``model_2`` ..."""
+    return kind if index == 0 else f"{kind}_{index}"
 
 
 def other_names(acc: Accelerator, rank: int) -> list[str]:
@@ -62,18 +85,12 @@ def other_names(acc: Accelerator, rank: int) -> list[str]:
 
 def other_state(acc: Accelerator, rank: int) -> dict[str, Any]:
     """Every entry but the models and optimizers, as values (names: :func:`other_names`)."""
-    sd: dict[str, Any] = {}
-    for k, scheduler in enumerate(acc._schedulers):
-        sd[entry_name("scheduler", k)] = scheduler.state_dict()
-    for k, loader in enumerate(acc._dataloaders):
-        sd[entry_name("dataloader", k)] = loader_state(loader)
-    if acc.scaler is not None:
-        sd["scaler"] = acc.scaler.state_dict()
-    for k, obj in enumerate(acc._custom_objects):
-        sd[f"custom_{k}"] = obj.state_dict()
-    sd["accelerator"] = {"step": int(acc.step), "iteration": int(acc.save_iteration)}
-    sd[f"random_states_{rank}"] = rng_state()
-    return sd
+    values = [scheduler.state_dict() for scheduler in acc._schedulers]
+    values += [loader_state(loader) for loader in acc._dataloaders]
+    values += [acc.scaler.state_dict()] if acc.scaler is not None else []
+    values += [obj.state_dict() for obj in acc._custom_objects]
+    values += [{"step": int(acc.step), "iteration": int(acc.save_iteration)}, rng_state()]
+    return dict(zip(other_names(acc, rank), values, strict=True))
 
 
 def apply_state(acc: Accelerator, state: Mapping[str, Any], *, automatic: bool) -> None:
@@ -184,13 +201,10 @@ def _sampler(loader: Any) -> Any:
 def _generator(loader: Any, sampler: Any) -> torch.Generator | None:
     """The generator the loader shuffles with: the one accelerate synchronises across
     ranks at each epoch's start, else the sampler's own."""
-    for candidate in (
-        getattr(loader, "synchronized_generator", None),
-        getattr(sampler, "generator", None),
-    ):
-        if isinstance(candidate, torch.Generator):
-            return candidate
-    return None
+    found = getattr(loader, "synchronized_generator", None)
+    if not isinstance(found, torch.Generator):
+        found = getattr(sampler, "generator", None)
+    return found if isinstance(found, torch.Generator) else None
 
 
 # -- random number generators ------------------------------------------------------------------
@@ -239,3 +253,152 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         name, module = device
         saved = state[name]
         module.set_rng_state_all([saved[str(i)] for i in range(len(saved))])
+
+
+log = logging.getLogger("s3ckpt")
+
+_SHARD = re.compile(r"(.*?)-\d{5}-of-\d{5}")
+
+
+def model_state_dict(acc: Accelerator, model: torch.nn.Module, url: StoreURL) -> dict[str, Any]:
+    """The state dict ``Accelerator.save_model`` saves: an offloaded model's, else
+    ``accelerator.get_state_dict`` (which gathers a sharded model: collective).
+
+    Raises:
+        ConfigError: a parameter on the ``meta`` device (not loaded).
+    """
+    from accelerate.utils import has_offloaded_params
+    from accelerate.utils.modeling import get_state_dict_offloaded_model
+
+    if any(has_offloaded_params(module) for module in model.modules()):
+        return dict(get_state_dict_offloaded_model(model))
+    if any(p.device.type == "meta" for p in model.parameters()):
+        raise ConfigError(
+            f"save_model to {url}: some parameters are on the meta device (not loaded)",
+            bucket=url.bucket,
+            key=url.prefix,
+        )
+    return dict(acc.get_state_dict(model))
+
+
+def write_model_files(
+    state_dict: dict[str, Any],
+    url: StoreURL,
+    store: ObjectStore,
+    transfer_config: TransferConfig,
+    *,
+    max_shard_size: int | str,
+    safe_serialization: bool,
+) -> list[str]:
+    """Write ``state_dict`` under ``url`` as ``Accelerator.save_model`` writes a folder;
+    returns the names written (shards, then the index when sharded).
+
+    Raises:
+        ConfigError: a tensor of a dtype safetensors cannot store, or a non-tensor value
+            (with ``safe_serialization``), before anything is uploaded.
+    """
+    from accelerate.utils import clean_state_dict_for_safetensors, constants
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    if safe_serialization:
+        state_dict = clean_state_dict_for_safetensors(dict(state_dict))
+        for name, value in state_dict.items():
+            if not isinstance(value, torch.Tensor) or value.dtype not in TORCH_TO_ST:
+                what = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ConfigError(
+                    f"save_model to {url}: {name!r} is a {what}, which safetensors cannot "
+                    "store; pass safe_serialization=False to write pytorch_model.bin files"
+                )
+    kind = "SAFE_WEIGHTS" if safe_serialization else "WEIGHTS"  # accelerate's file names
+    weights, pattern, index_name = (
+        getattr(constants, f"{kind}{end}") for end in ("_NAME", "_PATTERN_NAME", "_INDEX_NAME")
+    )
+    split = split_torch_state_dict_into_shards(
+        state_dict, filename_pattern=pattern, max_shard_size=max_shard_size
+    )
+    shards = {
+        f: {n: state_dict[n] for n in names} for f, names in split.filename_to_tensors.items()
+    }
+    biggest = max((_nbytes(s) for s in shards.values()), default=0)
+    part_size = transfer_config.part_size_for(biggest + 2**20)
+    uploader = Uploader(
+        store,
+        part_size=part_size,
+        n_buffers=transfer_config.upload_buffers(part_size),
+        max_concurrency=transfer_config.max_concurrency,
+    )
+    try:
+        for filename, shard in shards.items():
+            sink = uploader.sink(url.key(filename))
+            if safe_serialization:
+                _write_safetensors(sink, shard)
+            else:
+                torch.save(shard, sink)
+            sink.close()
+        uploader.finish()
+    except BaseException as exc:
+        leftovers = uploader.abort()
+        if leftovers:
+            exc.add_note(format_leftovers(leftovers))
+        raise
+    written = list(shards)
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        raw = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8")
+        store.put(url.key(index_name), raw)
+        written.append(index_name)
+    _remove_stale(store, url, weights, index_name, set(written))
+    return written
+
+
+def _nbytes(shard: Mapping[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in shard.values() if isinstance(t, torch.Tensor))
+
+
+def _write_safetensors(sink: ObjectSink, shard: Mapping[str, torch.Tensor]) -> None:
+    """One safetensors file: the 8-byte header length, the JSON header (8-byte aligned,
+    as safetensors pads it), then each tensor's bytes in header order."""
+    doc: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, t in shard.items():
+        n = t.numel() * t.element_size()
+        doc[name] = {"dtype": TORCH_TO_ST[t.dtype], "shape": list(t.shape)}
+        doc[name]["data_offsets"] = [offset, offset + n]
+        offset += n
+    raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    sink.write(struct.pack("<Q", len(raw)) + raw)
+    for t in shard.values():
+        if t.numel():
+            flat = t.detach().to("cpu").contiguous().reshape(-1)
+            sink.write(memoryview(flat.view(torch.uint8).numpy()))
+
+
+def _remove_stale(
+    store: ObjectStore, url: StoreURL, weights: str, index_name: str, keep: set[str]
+) -> None:
+    """Delete what an earlier save left under ``url`` that this save's files replace:
+    shards of accelerate's pattern the new files do not include, and the index when the
+    new save is not sharded. Other objects there are left alone."""
+    stem = weights.rsplit(".", 1)[0]
+    stale = []
+    for info in store.list(url.prefix):
+        name = info.key[len(url.prefix) :]
+        if name in keep or "/" in name:
+            continue
+        base = name.rsplit(".", 1)[0]
+        if name == index_name or (
+            name.startswith(stem)
+            and name.endswith(weights[len(stem) :])
+            and _SHARD.fullmatch(base) is not None
+        ):
+            stale.append(info.key)
+    if stale:
+        failures = store.delete(stale)
+        if failures:  # the new files are complete; the old ones only clutter the folder
+            log.warning(
+                "s3ckpt: save_model to %s could not delete the earlier save's %s; delete "
+                "them by hand",
+                url,
+                ", ".join(f.key for f in failures),
+            )

@@ -11,12 +11,9 @@
                 handle.staged.result()  # before the next optimizer.step() changes parameters
     # leaving the block (also by an exception) waits for the last save: close()
 
-Layout under the run prefix ``path``::
-
-    step_000000100/             one DCP checkpoint (S3StorageWriter), committed by s3ckpt.json
-    step_000000200/
-    s3ckpt.latest.json          pointer to the newest commit, written after each commit
-    s3ckpt-shards/              with prefix_strategy=HashedPrefixes(...): the saves' data objects
+Layout under the run prefix ``path``: ``step_000000100/`` (one DCP checkpoint, committed by
+its ``s3ckpt.json``), ... and ``s3ckpt.latest.json``, the pointer to the newest commit (with
+``prefix_strategy=HashedPrefixes(...)`` the saves' data objects go under ``s3ckpt-shards/``).
 
 The state dict saved is ``{"model": ..., "optim": ..., "train_state": ...}`` built by
 torch's ``get_state_dict`` / ``set_state_dict``, so plain modules, DDP, DTensor and FSDP2
@@ -38,44 +35,40 @@ overwritten while the upload reads it) or raises :class:`~s3ckpt.errors.SaveInPr
 (``on_busy="raise"``). A failed async save sets its error on the handle and raises it from
 the next call to the Checkpointer (once), never silently.
 
-Retention (``policy``) runs only after a checkpoint commits, on the coordinator, in a
-background thread; its failures are logged and kept in :attr:`Checkpointer.last_retention`
-(and every pass, with the step that triggered it, in :attr:`Checkpointer.retention_history`)
-but never fail training.
+Retention (``policy``) runs after each commit, on the coordinator, in a background thread;
+its failures are logged and kept (:attr:`Checkpointer.last_retention`,
+:attr:`Checkpointer.retention_history`) but never fail training.
 
-Requests: the Checkpointer, its writers and readers and any other
-:class:`~s3ckpt.store.S3Store` of the process with the same settings share one boto3
-client. A save reads ``s3ckpt.json`` once to fail fast and once in its commit; a load
-reads the ``latest`` pointer, the run's ``s3ckpt.check.json`` and the marker the pointer
-names (GETs, to judge it), then ``s3ckpt.json`` and ``.metadata`` once each to read it.
+Requests: one boto3 client per process and settings. A save reads ``s3ckpt.json`` once to
+fail fast and once in its commit; a load reads the ``latest`` pointer, the run's
+``s3ckpt.check.json`` and the marker the pointer names (GETs, to judge it), then
+``s3ckpt.json`` and ``.metadata`` once each to read it.
 
-Metrics (:mod:`s3ckpt.metrics`): every save, async save and load publishes one event on
-every rank when it ends: a save when it commits or fails (with ``blocked_s``, the time the
-training loop was held), a load when the state is restored or the load failed. Each counts
-the requests made for it on any thread (writer, reader, upload pool, the ``latest``
-pointer), and the bytes this rank wrote or read. Retention after a commit publishes its
-own ``"prune"`` event.
+Metrics (:mod:`s3ckpt.metrics`): every save and load publishes one event on every rank when
+it commits, is restored or fails (a save with ``blocked_s``, the time training was held),
+counting its requests on any thread and the bytes this rank wrote or read. Retention after
+a commit publishes its own ``"prune"`` event.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, SupportsFloat
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from s3ckpt.checkpointer._async import SaveHandle, SaveQueue
-from s3ckpt.checkpointer._attach import attach_to_marker
-from s3ckpt.checkpointer._latest import LatestPointer
-from s3ckpt.checkpointer._load import Candidate, load_newest_good, load_resolved, read_checkpoint  # noqa: F401 (plug-ins)
+from s3ckpt.checkpointer._latest import Candidate, LatestPointer, load_newest_good
 from s3ckpt.checkpointer._ranks import RankGroup
 from s3ckpt.checkpointer._retention import (
-    RETENTION_HISTORY,
     RetentionRecord,
     RetentionRunner,
     resolve_policy,
@@ -83,18 +76,25 @@ from s3ckpt.checkpointer._retention import (
 from s3ckpt.checkpointer._state import apply_state_dict, collect_state_dict
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import SafeGlobal
+from s3ckpt.dcp.reader import S3StorageReader
+from s3ckpt.dcp.restore import check_state_dict, load_verified
 from s3ckpt.dcp.writer import S3StorageWriter
-from s3ckpt.errors import ConfigError
-from s3ckpt.format import (
-    MANIFEST_NAME,
-    HashedPrefixes,
-    check_metrics,
-    check_prefix_strategy,
-    checkpoint_name,
+from s3ckpt.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    PreconditionFailedError,
+    S3CkptError,
+    TransientStoreError,
 )
+from s3ckpt.format import HashedPrefixes
+from s3ckpt.format._hashed import check_prefix_strategy
+from s3ckpt.format._manifest import Manifest, check_metrics
+from s3ckpt.format._names import MANIFEST_NAME, checkpoint_name
 from s3ckpt.metrics import instrument
-from s3ckpt.retention import DEFAULT_GRACE
-from s3ckpt.store import AtLocation, Location, LocationLike, ObjectStore
+from s3ckpt.retention._liveness import DEFAULT_GRACE
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._capabilities import require_conditional_writes
+from s3ckpt.store._location import AtLocation, LocationLike
 from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
@@ -103,12 +103,7 @@ if TYPE_CHECKING:
 # What a training loop calls or reads. The layout names (LATEST_NAME, checkpoint_name) are
 # s3ckpt.format's. RetentionRunner and resolve_policy stay importable from here for the
 # framework glue (lightning, accelerate, torchtitan): the plug-ins' API, not users'.
-__all__ = [
-    "RETENTION_HISTORY",
-    "Checkpointer",
-    "RetentionRecord",
-    "SaveHandle",
-]
+__all__ = ["Checkpointer", "RetentionRecord", "SaveHandle"]
 
 log = logging.getLogger("s3ckpt")
 
@@ -181,8 +176,8 @@ class Checkpointer(AtLocation):
         self._ranks = RankGroup(process_group)
         self._pg = self._ranks.process_group
         self.is_coordinator = self._ranks.is_coordinator
-        self._saves = SaveQueue(pin_memory)
         self._latest = LatestPointer(self.store, self.url, self._ranks)
+        self._saves = SaveQueue(pin_memory, self._pg, self._latest.write, self._committed)
         self._retention = RetentionRunner(self.store, self.url)
         self._closed = False
 
@@ -192,14 +187,10 @@ class Checkpointer(AtLocation):
         before the first pass)."""
         return self._retention.last
 
-    @last_retention.setter
-    def last_retention(self, value: PruneResult | BaseException | None) -> None:
-        self._retention.last = value
-
     @property
     def retention_history(self) -> tuple[RetentionRecord, ...]:
         """Every retention pass of this Checkpointer, oldest first, up to the last
-        :data:`~s3ckpt.checkpointer.RETENTION_HISTORY` (100): each a
+        :data:`~s3ckpt.checkpointer._retention.RETENTION_HISTORY` (100): each a
         :class:`RetentionRecord` with the step whose commit triggered it, when it ran, and
         its result or the exception it failed with. Empty on ranks other than the
         coordinator, and without a policy. Passes still queued are not in it yet
@@ -215,28 +206,15 @@ class Checkpointer(AtLocation):
         train_state: Any | None = None,
         metrics: Mapping[str, SupportsFloat] | None = None,
     ) -> SaveHandle:
-        """Save synchronously; returns a done :class:`SaveHandle` (raises on failure).
+        """:meth:`async_save` waited on: returns a done :class:`SaveHandle` once the
+        checkpoint is committed (retention queued after it), or raises the save's error.
+        The state is uploaded as it is, on this thread, without a staging copy.
 
         Ctrl-C raises ``KeyboardInterrupt`` after cleanup (uploads aborted, what it wrote
         removed or marked failed); the previous checkpoint and ``latest`` stay as they were.
         """
-        self._check_open()
-        # The operation's clock starts first, so the time it held training (from t0, which
-        # counts waiting for the previous save too) is never longer than the operation.
-        recorder = self._recorder("save", step)
-        t0 = time.perf_counter()
-        self._saves.settle(self.on_busy)
-        handle = SaveHandle(step=step, url=str(self._step_url(step)))
-        try:
-            with instrument.bound(recorder):
-                sd = collect_state_dict(model, optimizer, train_state)
-                writer = self._writer(step, metrics)
-                self._saves.save(handle, sd, writer, self._pg, t0, after_commit=self._latest.write)
-        except BaseException as exc:
-            recorder.finish(exc, blocked_s=time.perf_counter() - t0)
-            raise
-        recorder.finish(blocked_s=handle.blocked_seconds)
-        self._schedule_retention(step)
+        handle = self._start(step, (model, optimizer, train_state), metrics, blocking=True)
+        handle.wait()
         return handle
 
     def async_save(
@@ -252,33 +230,7 @@ class Checkpointer(AtLocation):
         Wait for ``handle.staged`` before the next step modifies parameters or optimizer
         state; ``handle.committed`` resolves when the checkpoint is durable.
         """
-        self._check_open()
-        # The operation's clock starts first, so the time it held training (from t0, which
-        # counts waiting for the previous save too) is never longer than the operation.
-        recorder = self._recorder("save", step)
-        t0 = time.perf_counter()
-        self._saves.settle(self.on_busy)
-        handle = SaveHandle(step=step, url=str(self._step_url(step)))
-        try:
-            with instrument.bound(recorder):
-                sd = collect_state_dict(model, optimizer, train_state)
-                # Constructing the writer checks the location now (CheckpointExistsError, a
-                # missing bucket, bad credentials) so those raise here, not on the handle.
-                writer = self._writer(step, metrics)
-        except BaseException as exc:
-            recorder.finish(exc, blocked_s=time.perf_counter() - t0)
-            raise
-        self._saves.start(
-            handle,
-            sd,
-            writer,
-            self._pg,
-            t0,
-            after_commit=self._latest.write,
-            on_committed=functools.partial(self._schedule_retention, step),
-            recorder=recorder,
-        )
-        return handle
+        return self._start(step, (model, optimizer, train_state), metrics, blocking=False)
 
     def load(
         self,
@@ -338,61 +290,55 @@ class Checkpointer(AtLocation):
         self._check_open()
         recorder = self._recorder("load", step if isinstance(step, int) else None)
         self._saves.settle(self.on_busy)
-        try:
-            with instrument.bound(recorder):
-                resolved = self._load(
-                    recorder,
-                    model,
-                    optimizer,
-                    train_state,
-                    step,
-                    verify_complete=verify_complete,
-                    safe_globals=safe_globals,
-                    allow_unsafe_pickle=allow_unsafe_pickle,
-                    fan_out=fan_out,
-                    strict=strict,
-                    fallback=fallback,
-                )
-        except BaseException as exc:  # an s3ckpt error or Ctrl-C: load_resolved unwraps DCP's
-            recorder.finish(exc)
-            raise
-        recorder.finish(step=resolved)
-        return resolved
 
-    def _load(
-        self,
-        recorder: instrument.Recorder,
-        model: torch.nn.Module | list[torch.nn.Module],
-        optimizer: torch.optim.Optimizer | list[torch.optim.Optimizer] | None,
-        train_state: Any | None,
-        step: int | Literal["latest"],
-        *,
-        verify_complete: bool,
-        safe_globals: Sequence[SafeGlobal],
-        allow_unsafe_pickle: bool,
-        fan_out: bool,
-        strict: bool,
-        fallback: bool,
-    ) -> int | None:
-        def read(resolved: int) -> None:
-            recorder.url, recorder.step = str(self._step_url(resolved)), resolved
+        def read(c: Candidate) -> None:
+            recorder.url, recorder.step = c.url, c.step
+            # A fresh state dict per read, applied only when the read succeeded: a strict load
+            # (the default) writes every tensor it holds, so nothing a failed read wrote
+            # survives a fallback (with strict=False a tensor the older checkpoint lacks
+            # keeps what the failed read left in it).
             sd = collect_state_dict(model, optimizer, train_state)
-            read_checkpoint(
-                sd,
-                self.location.child(checkpoint_name(resolved)),
+            reader = S3StorageReader(
+                self.location.child(checkpoint_name(c.step or 0)),
                 verify_checksums=self.verify_checksums,
                 safe_globals=safe_globals,
                 allow_unsafe_pickle=allow_unsafe_pickle,
                 fan_out=fan_out,
                 process_group=self._pg,
-                verify_complete=verify_complete,
-                strict=strict,
             )
+            # .metadata against sd first, on every rank with one gather: a checkpoint that
+            # does not fit raises StateMismatchError on all ranks before a byte of data is
+            # read (the model's keys both ways, the optimizer's and train state's only for
+            # what the destination needs).
+            check_state_dict(
+                sd,
+                reader.metadata,
+                strict=strict,
+                unexpected_under=("model",),
+                process_group=self._pg,
+                url=reader.url,
+            )
+            if verify_complete:
+                load_verified(sd, reader, process_group=self._pg)
+            else:
+                planner = DefaultLoadPlanner(allow_partial_load=not strict)
+                dcp.load(sd, storage_reader=reader, planner=planner, process_group=self._pg)
             apply_state_dict(sd, model, optimizer, train_state)
-            log.info("s3ckpt: loaded step %d from %s", resolved, recorder.url)
+            log.info("s3ckpt: loaded step %d from %s", c.step, c.url)
 
-        grace = self.retention_grace
-        return load_resolved(self._latest, step, read, grace=grace, fallback=fallback)
+        try:
+            with instrument.bound(recorder):
+                if step == "latest":
+                    chain: Iterable[Candidate] = self._latest.candidates(self.retention_grace)
+                else:  # a numbered step is read as asked, never replaced by another
+                    chain, fallback = [self._latest.resolve(step)], False
+                found = load_newest_good(chain, read, fallback=fallback, run=self.url)
+        except BaseException as exc:  # an s3ckpt error or Ctrl-C (DCP's wrapper unwrapped)
+            recorder.finish(exc)
+            raise
+        resolved = None if found is None else found[0].step
+        recorder.finish(step=resolved)
+        return resolved
 
     def latest(self) -> int | None:
         """The step of the newest good committed checkpoint (damaged ones skipped, each
@@ -402,18 +348,16 @@ class Checkpointer(AtLocation):
         URL raises ConfigError."""
         self._check_open()
         self._saves.settle(self.on_busy)  # the upload thread may be using the process group
-        return self._latest.latest(self.retention_grace)
+        chain = self._latest.candidates(self.retention_grace)
+        found = load_newest_good(chain, lambda c: None, fallback=True, run=self.url)
+        return None if found is None else found[0].step
 
     def list(self) -> list[CheckpointInfo]:
         """Every checkpoint under the run (committed, in progress, abandoned), oldest first.
-
-        Local call: lists the bucket from whichever rank calls it.
-        """
+        Local call: lists the bucket from whichever rank calls it."""
         from s3ckpt.retention import RetentionOptions, list_checkpoints
 
-        return list_checkpoints(
-            Location(self.url, self.store), options=RetentionOptions(grace=self.retention_grace)
-        )
+        return list_checkpoints(self.location, options=RetentionOptions(grace=self.retention_grace))
 
     def attach_metrics(self, step: int, metrics: Mapping[str, SupportsFloat]) -> None:
         """Merge ``metrics`` into the commit marker of ``step`` (evals often finish later).
@@ -421,21 +365,42 @@ class Checkpointer(AtLocation):
         Waits for that step's save if it is still in flight. The marker is rewritten with
         a conditional put (If-Match on its ETag), so a concurrent pruner or writer is never
         overwritten. Call it on the coordinator (it does nothing on other ranks).
+
+        Raises:
+            CheckpointNotFoundError: ``step`` has no commit marker.
+            ConditionalWritesError: The store ignores If-Match (and single-writer mode is off).
+            PreconditionFailedError: The marker changed meanwhile (an overwrite, a pruner).
+
+        Request cost: HEAD + GET + PUT (and the capability probe, once per process).
         """
         self._check_open()
         new_metrics = check_metrics(metrics)
-        inflight = self._saves.inflight
-        if inflight is not None and inflight.step == step:
+        if self._saves.inflight is not None and self._saves.inflight.step == step:
             self._saves.settle(self.on_busy)
         if not self.is_coordinator:
             return
-        attach_to_marker(
-            self.store,
-            self._step_url(step).key(MANIFEST_NAME),
-            new_metrics,
-            what=f"step {step} at {self.url}",
-            single_writer=self.s3_config.single_writer or None,
+        key, what = self._step_url(step).key(MANIFEST_NAME), f"step {step} at {self.url}"
+        if (info := self.store.head(key)) is None:
+            raise CheckpointNotFoundError(
+                f"no committed checkpoint for {what}: cannot attach metrics; save it first",
+                bucket=self.store.bucket,
+                key=key,
+            )
+        single_writer = self.s3_config.single_writer or None
+        require_conditional_writes(
+            self.store, key, what=f"attach_metrics to {what}", single_writer=single_writer
         )
+        manifest = Manifest.from_json(self.store.get(key))
+        body = replace(manifest, metrics={**manifest.metrics, **new_metrics}).to_json()
+        try:
+            self.store.put(key, body, if_match=info.etag)
+        except (PreconditionFailedError, TransientStoreError):
+            # The reply may have been lost after S3 applied the PUT (a retry then sees a 412
+            # from our own write): the marker holding exactly our body means it did.
+            with contextlib.suppress(S3CkptError):
+                if self.store.get(key) == body:
+                    return
+            raise
 
     def wait(self) -> None:
         """Block until the save in flight (if any) commits, and retention after it has run.
@@ -470,6 +435,27 @@ class Checkpointer(AtLocation):
     def _step_url(self, step: int) -> StoreURL:
         return self.url.child(checkpoint_name(step))
 
+    def _start(self, step: int, state: tuple[Any, ...], metrics: Any, blocking: bool) -> SaveHandle:
+        """``save`` (``blocking``) or ``async_save`` of (model, optimizer, train state)."""
+        self._check_open()
+        # The operation's clock starts first, so the time it held training (from t0, which
+        # counts waiting for the previous save too) is never longer than the operation.
+        recorder = self._recorder("save", step)
+        t0 = time.perf_counter()
+        self._saves.settle(self.on_busy)
+        handle = SaveHandle(step=step, url=str(self._step_url(step)))
+        try:
+            with instrument.bound(recorder):
+                sd = collect_state_dict(*state)
+                # Constructing the writer checks the location now (CheckpointExistsError, a
+                # missing bucket, bad credentials) so those raise here, not on the handle.
+                writer = self._writer(step, metrics)
+        except BaseException as exc:
+            recorder.finish(exc, blocked_s=time.perf_counter() - t0)
+            raise
+        self._saves.start(handle, sd, writer, t0, recorder, blocking=blocking)
+        return handle
+
     def _recorder(self, kind: Literal["save", "load"], step: int | None) -> instrument.Recorder:
         """A save's or load's metrics (published by the caller, or the upload thread)."""
         url = self._step_url(step) if step is not None else self.url
@@ -484,7 +470,7 @@ class Checkpointer(AtLocation):
             prefix_strategy=self.prefix_strategy,
         )
 
-    def _schedule_retention(self, step: int | None = None) -> None:
-        if self.policy is None or not self.is_coordinator:
-            return
-        self._retention.schedule(self.policy, self.retention_grace, step)
+    def _committed(self, step: int) -> None:
+        """After each commit: a retention pass (on the coordinator, with a policy)."""
+        if self.policy is not None and self.is_coordinator:
+            self._retention.schedule(self.policy, self.retention_grace, step)

@@ -112,141 +112,134 @@ class SaveHandle:
 
 
 class SaveQueue:
-    """Runs saves one at a time: synchronously, or staged now and uploaded in the background.
+    """Runs saves one at a time: each staged, then uploaded on the upload thread (an async
+    save) or on the caller's (a save waited on, so that Ctrl-C reaches its ``dcp.save``).
 
     Args:
         pin_memory: Stage into pinned memory (default: when CUDA is available).
+        process_group: The group ``dcp.save`` runs over.
+        after_commit: Called with the step once a checkpoint is committed, before its
+            ``handle.committed`` resolves (the ``latest`` pointer).
+        on_committed: Called with the step after ``handle.committed`` resolved (retention).
     """
 
-    def __init__(self, pin_memory: bool | None) -> None:
+    def __init__(
+        self,
+        pin_memory: bool | None,
+        process_group: dist.ProcessGroup | None,
+        after_commit: Callable[[int], None],
+        on_committed: Callable[[int], None],
+    ) -> None:
+        self._pg, self._after_commit, self._on_committed = process_group, after_commit, on_committed
         use_cuda = torch.cuda.is_available()
         self.pin_memory = use_cuda if pin_memory is None else pin_memory
-        self._stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=self.pin_memory,
-                use_shared_memory=False,
-                use_async_staging=True,
-                use_non_blocking_copy=use_cuda,
-            )
-        )
+        # Pinned memory as asked, no shared memory, async staging, non-blocking copies on CUDA.
+        self._stager = DefaultStager(StagingOptions(self.pin_memory, False, True, use_cuda))
         self._uploads = ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-upload")
-        self._inflight: SaveHandle | None = None
+        self.inflight: SaveHandle | None = None  # the last async save, until settled
         self._upload: Future[None] | None = None
         self._failed: tuple[int, BaseException] | None = None
         self._lock = threading.Lock()
         wait_at_exit(self)
 
-    @property
-    def inflight(self) -> SaveHandle | None:
-        """The handle of the last async save, until a settle finds it done."""
-        return self._inflight
-
     def settle(self, on_busy: Literal["wait", "raise"]) -> None:
         """Wait for (or refuse to overlap) the save in flight; raise a pending failure once.
+        Ctrl-C and ``SystemExit`` during the wait propagate.
 
         Raises:
             SaveInProgressError: a save is uploading and ``on_busy`` is ``"raise"``.
         """
-        handle = self._inflight
-        if handle is not None and not handle.done():
-            if on_busy == "raise":
-                raise SaveInProgressError(
-                    f"the save of step {handle.step} to {handle.url} is still uploading; "
-                    "wait for handle.committed (or use on_busy='wait')"
-                )
-            _wait_for(handle.committed)
+        handle, upload = self.inflight, self._upload
+        if handle is not None and not handle.done() and on_busy == "raise":
+            raise SaveInProgressError(
+                f"the save of step {handle.step} to {handle.url} is still uploading; "
+                "wait for handle.committed (or use on_busy='wait')"
+            )
+        if upload is not None:
+            wait([upload])  # its outcome is on its handle, and in _failed
         with self._lock:
-            failed, self._failed = self._failed, None
-            if handle is not None and handle.done():
-                self._inflight = None
+            failed, self._failed, self.inflight = self._failed, None, None
         if failed is not None:
             step, exc = failed
             log.error("s3ckpt: the async save of step %d failed: %s", step, exc)
             raise exc
-
-    def save(
-        self,
-        handle: SaveHandle,
-        sd: dict[str, Any],
-        writer: S3StorageWriter,
-        process_group: dist.ProcessGroup | None,
-        t0: float,
-        after_commit: Callable[[int], None],
-    ) -> None:
-        """Save ``sd`` now and resolve ``handle``; raise the save's error.
-
-        ``after_commit(step)`` runs once the checkpoint is committed, before the handle
-        resolves; ``t0`` is when the caller's save began.
-        """
-        try:
-            try:
-                dcp.save(sd, storage_writer=writer, process_group=process_group)
-            except BaseException as exc:
-                what = f"the save of step {handle.step} to {handle.url}"
-                err = unwrap_checkpoint_exception(exc, what)
-                raise err from err.__cause__
-            after_commit(handle.step)
-        except BaseException as exc:
-            handle.staged.set_exception(exc)
-            handle.committed.set_exception(exc)
-            raise
-        elapsed = time.perf_counter() - t0
-        handle.blocked_seconds = handle.call_seconds = handle.commit_seconds = elapsed
-        handle.staged.set_result(None)
-        handle.committed.set_result(None)
-        log.info(
-            "s3ckpt: saved step %d to %s in %.2fs (synchronous)", handle.step, handle.url, elapsed
-        )
 
     def start(
         self,
         handle: SaveHandle,
         sd: dict[str, Any],
         writer: S3StorageWriter,
-        process_group: dist.ProcessGroup | None,
         t0: float,
-        after_commit: Callable[[int], None],
-        on_committed: Callable[[], None],
-        recorder: instrument.Recorder | None = None,
+        recorder: instrument.Recorder,
+        *,
+        blocking: bool,
     ) -> None:
-        """Start staging ``sd`` and queue its upload; return at once.
-
-        ``after_commit(step)`` runs on the upload thread once the checkpoint is committed,
-        before ``handle.committed`` resolves; ``on_committed()`` runs after it resolves.
-        The upload runs with ``recorder`` current, and publishes its event (with the time
-        training was blocked) before ``handle.committed`` resolves.
+        """Stage ``sd`` and upload it: queued for the upload thread, or with ``blocking``
+        now on this thread, uncopied (``handle`` then holds the outcome: the caller raises
+        it, nothing is kept to raise later). The upload runs with ``recorder`` current and
+        publishes its event (with the time training was blocked, since ``t0``: for a
+        blocking save, all of it) before ``handle.committed`` resolves.
         """
-        staging = self._stager.stage(sd)
-        assert isinstance(staging, Future)
+        staging: Future[Any] = Future() if blocking else self._stager.stage(sd)
+        if blocking:
+            staging.set_result(sd)
 
         def on_staged(fut: Future[Any]) -> None:
             handle.blocked_seconds = time.perf_counter() - t0
-            exc = fut.exception()
-            if exc is not None:
+            if (exc := fut.exception()) is not None:
                 handle.staged.set_exception(exc)
+                return
+            handle.staged.set_result(None)
+            if not blocking:
+                held = f"{handle.blocked_seconds:.3f}s (training blocked at most this long)"
+                log.info(f"s3ckpt: step {handle.step} staged in {held}")
+
+        def blocked() -> float | None:
+            # All of it for a blocking save; else until staged (once the staging callback
+            # that sets it has run: it may still be running when the state is handed over).
+            if blocking:
+                handle.blocked_seconds = time.perf_counter() - t0
             else:
-                handle.staged.set_result(None)
-                log.info(
-                    "s3ckpt: step %d staged in %.3fs (training blocked at most this long)",
-                    handle.step,
-                    handle.blocked_seconds,
-                )
+                wait([handle.staged], timeout=5.0)
+            return handle.blocked_seconds
+
+        def upload() -> None:
+            what = f"the save of step {handle.step} to {handle.url}"
+            try:
+                with instrument.bound(recorder):
+                    try:
+                        dcp.save(staging.result(), storage_writer=writer, process_group=self._pg)
+                    except BaseException as exc:
+                        err = unwrap_checkpoint_exception(exc, what)
+                        raise err from err.__cause__
+                    self._after_commit(handle.step)
+            except BaseException as exc:
+                recorder.finish(exc, blocked_s=blocked())
+                if not blocking:
+                    with self._lock:
+                        self._failed = (handle.step, exc)
+                    log.error("s3ckpt: %s failed (async): %s", what, exc)
+                if not handle.staged.done():
+                    handle.staged.set_exception(exc)
+                handle.committed.set_exception(exc)
+                return
+            handle.commit_seconds = time.perf_counter() - t0
+            held = blocked()
+            took = f"{handle.commit_seconds:.2f}s (training blocked {held or 0.0:.3f}s)"
+            log.info(f"s3ckpt: committed step {handle.step} to {handle.url} in {took}")
+            recorder.finish(blocked_s=held)
+            handle.committed.set_result(None)
+            self._on_committed(handle.step)
 
         staging.add_done_callback(on_staged)
+        if blocking:
+            upload()
+            handle.call_seconds = handle.blocked_seconds
+            return
         with self._lock:
-            self._inflight = handle
-        self._upload = self._uploads.submit(
-            self._run_upload,
-            handle,
-            staging,
-            writer,
-            process_group,
-            t0,
-            after_commit,
-            on_committed,
-            recorder,
-        )
+            self.inflight = handle
         handle.call_seconds = time.perf_counter() - t0
+        self._upload = self._uploads.submit(upload)
 
     def close(self) -> None:
         """Wait for the upload thread to finish, then release it and the staging memory."""
@@ -257,7 +250,7 @@ class SaveQueue:
         """At interpreter exit: wait (until ``deadline``, ``time.monotonic()``) for the
         upload in flight; the save lost, as text, if it fails, is abandoned or outlasts the
         wait. (A save that failed earlier was logged at ERROR when it failed.)"""
-        handle, upload = self._inflight, self._upload
+        handle, upload = self.inflight, self._upload
         if handle is None or upload is None or upload.done():
             return []
         if handle.done():  # its outcome is out: only what runs after it is left
@@ -265,11 +258,9 @@ class SaveQueue:
             return []
         what = f"the async save of step {handle.step} to {handle.url}"
         log.warning(
-            "s3ckpt: the interpreter is exiting while %s uploads: waiting up to %.0fs for it "
-            "to commit (Ctrl-C abandons it; Checkpointer.close() or `with Checkpointer(...)` "
-            "waits for it in your code)",
-            what,
-            max(0.0, deadline - time.monotonic()),
+            f"s3ckpt: the interpreter is exiting while {what} uploads: waiting up to "
+            f"{max(0.0, deadline - time.monotonic()):.0f}s for it to commit (Ctrl-C abandons "
+            "it; Checkpointer.close() or `with Checkpointer(...)` waits for it in your code)"
         )
         try:
             wait([upload], timeout=max(0.0, deadline - time.monotonic()))
@@ -279,68 +270,3 @@ class SaveQueue:
             return [f"{what} did not commit within {EXIT_WAIT_SECONDS:.0f}s"]
         failed = handle.committed.exception() if handle.committed.done() else None
         return [] if failed is None else [f"{what} failed: {failed}"]
-
-    def _run_upload(
-        self,
-        handle: SaveHandle,
-        staging: Future[Any],
-        writer: S3StorageWriter,
-        process_group: dist.ProcessGroup | None,
-        t0: float,
-        after_commit: Callable[[int], None],
-        on_committed: Callable[[], None],
-        recorder: instrument.Recorder | None,
-    ) -> None:
-        try:
-            staged_sd = staging.result()
-            try:
-                with instrument.bound(recorder):
-                    dcp.save(staged_sd, storage_writer=writer, process_group=process_group)
-            except BaseException as exc:
-                what = f"the save of step {handle.step} to {handle.url}"
-                err = unwrap_checkpoint_exception(exc, what)
-                raise err from err.__cause__
-            with instrument.bound(recorder):
-                after_commit(handle.step)
-        except BaseException as exc:
-            if recorder is not None:
-                recorder.finish(exc, blocked_s=_blocked(handle))
-            with self._lock:
-                self._failed = (handle.step, exc)
-            if not handle.staged.done():
-                handle.staged.set_exception(exc)
-            handle.committed.set_exception(exc)
-            log.error(
-                "s3ckpt: async save of step %d to %s failed: %s", handle.step, handle.url, exc
-            )
-            return
-        handle.commit_seconds = time.perf_counter() - t0
-        log.info(
-            "s3ckpt: committed step %d to %s in %.2fs (training blocked %.3fs)",
-            handle.step,
-            handle.url,
-            handle.commit_seconds,
-            handle.blocked_seconds or 0.0,
-        )
-        if recorder is not None:
-            recorder.finish(blocked_s=_blocked(handle))
-        handle.committed.set_result(None)
-        on_committed()
-
-
-def _blocked(handle: SaveHandle) -> float | None:
-    """``handle.blocked_seconds``, once the staging callback that sets it has run (it may
-    still be running when the upload thread gets the staged state)."""
-    wait([handle.staged], timeout=5.0)
-    return handle.blocked_seconds
-
-
-def _wait_for(committed: Future[None]) -> None:
-    """Wait for a save to finish, whatever its outcome: its failure is raised once, from
-    :meth:`SaveQueue.settle`. Ctrl-C and ``SystemExit`` during the wait propagate."""
-    try:
-        committed.result()
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException:  # recorded in SaveQueue._failed, raised once by settle()
-        pass

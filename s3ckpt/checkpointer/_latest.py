@@ -1,254 +1,266 @@
-"""The run's ``latest`` pointer: written after each commit, resolved on the coordinator.
+"""The run's ``latest`` pointer, and the resume that heals: the newest *good* checkpoint.
 
 ``s3ckpt.latest.json`` under the run prefix names the newest commit. It is a hint:
-:meth:`LatestPointer.find` checks it against the commit markers and one listing, so a
+:meth:`LatestPointer.candidates` checks it against the commit markers and one listing, so a
 pointer left behind by a kill, pruned away or malformed never resolves to an uncommitted
 checkpoint. Only the coordinator reads the bucket; the other ranks get its answer (or
 the error it raised) by broadcast.
 
 Each candidate's state is the catalog's (:func:`s3ckpt.retention.probe_checkpoint`: its
-marker, one GET, judged as a scan judges it, with the run's ``s3ckpt.check.json``, one GET
-per resolution): ``latest`` is the newest *good* committed checkpoint, and each damaged one
-newer than it is named in a WARNING. With ``fallback=False`` a damaged newest checkpoint
-raises :class:`~s3ckpt.errors.CorruptCheckpointError` instead. When every committed
-checkpoint is damaged (or failed while loading) that error is raised too, never ``None``.
+marker, one GET, judged as a scan judges it, with the run's ``s3ckpt.check.json``).
+:func:`load_newest_good`, the one resume of the Checkpointer and the framework plug-ins,
+reads the newest good candidate: one known damaged is skipped with a WARNING, and so is
+one whose read fails verification (a checksum mismatch, a missing object, a corrupt
+``.metadata`` or marker: :data:`DAMAGE`). DCP gathers every rank's failure into one
+``CheckpointException`` on all ranks, so every rank takes the same decision; a transient,
+permission, shape or configuration error is never damage: it is raised. With
+``fallback=False`` a damaged newest checkpoint raises
+:class:`~s3ckpt.errors.CorruptCheckpointError`, and so does a run whose every committed
+checkpoint is damaged, never ``None``.
 
 Finding nothing is checked before it becomes ``None`` (``start = load(...) or 0`` would
 restart training): a checkpoint's URL given as the run raises, and a run that holds
-nothing while runs are stored near it logs a warning (:mod:`._run_url`).
+nothing while runs are stored near it logs a warning (:func:`warn_if_misspelt`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import pickle
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal, TypeVar
+from difflib import get_close_matches
+from itertools import islice
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from s3ckpt._step_names import checkpoint_step
 from s3ckpt.checkpointer._ranks import RankGroup
-from s3ckpt.checkpointer._run_url import refuse_checkpoint_url, warn_if_misspelt
 from s3ckpt.errors import (
-    CheckpointError,
     CheckpointNotFoundError,
     ConfigError,
     CorruptCheckpointError,
     ObjectNotFoundError,
+    S3CkptError,
     StoreError,
+    unwrap_checkpoint_exception,
 )
-from s3ckpt.format import CHECK_NAME, LATEST_NAME, MANIFEST_NAME, checkpoint_name
+from s3ckpt.format._hashed import SHARDS_DIR
+from s3ckpt.format._names import (
+    CHECK_NAME,
+    LATEST_NAME,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    checkpoint_name,
+)
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.retention import (
-    CheckpointState,
-    CheckRecord,
-    RetentionOptions,
-    list_checkpoints,
-    probe_checkpoint,
-    read_check_record,
-)
+from s3ckpt.retention import RetentionOptions, list_checkpoints
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._check_record import read_check_record
+from s3ckpt.retention._scan import probe_checkpoint
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["LatestPointer"]
+if TYPE_CHECKING:
+    from s3ckpt.retention import CheckpointInfo
+
+__all__ = ["Candidate", "LatestPointer", "load_newest_good", "nearby_runs", "warn_if_misspelt"]
 
 log = logging.getLogger("s3ckpt")
 
 _T = TypeVar("_T")
 
+DAMAGE: tuple[type[S3CkptError], ...] = (CorruptCheckpointError, ObjectNotFoundError)
+"""The failures of a read that mean the checkpoint is damaged (a checksum mismatch is a
+:class:`~s3ckpt.errors.ChecksumMismatchError`, a corrupt ``.metadata`` or marker a
+:class:`~s3ckpt.errors.CorruptCheckpointError`, a missing object an
+:class:`~s3ckpt.errors.ObjectNotFoundError`): a resume from "latest" falls back past them."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A committed checkpoint to resume from, with the catalog's verdict
+    (:attr:`~s3ckpt.retention.CheckpointInfo.damage`: None when it is good)."""
+
+    url: str
+    step: int | None = None
+    damage: str | None = None
+
+    @classmethod
+    def newest_first(cls, infos: Iterable[CheckpointInfo]) -> list[Candidate]:
+        """The committed checkpoints of a catalog (oldest first, as ``list_checkpoints``
+        gives them), newest first."""
+        return [cls(str(c.url), c.step, c.damage) for c in reversed(list(infos)) if c.is_committed]
+
+    def __str__(self) -> str:
+        return self.url if self.step is None else f"step {self.step} ({self.url})"
+
+
+def load_newest_good(
+    candidates: Iterable[Candidate],
+    read: Callable[[Candidate], _T],
+    *,
+    fallback: bool,
+    run: StoreURL,
+) -> tuple[Candidate, _T] | None:
+    """Resume from "latest" (every rank calls it with the same ``candidates``, newest
+    first): ``read`` the newest good candidate, skipping those the catalog knows damaged
+    and, with ``fallback``, those whose read fails verification (:data:`DAMAGE`), each
+    named in a WARNING. Without ``fallback`` the first candidate's failure is raised.
+
+    Returns:
+        The candidate read and what ``read`` returned; None when there are no candidates.
+
+    Raises:
+        CorruptCheckpointError: ``fallback=False`` and the newest is known damaged, or no
+            candidate is good.
+        S3CkptError: what else failed (DCP's ``CheckpointException`` unwrapped).
+    """
+    skipped: list[str] = []
+    for c in candidates:
+        if c.damage is not None:
+            if not fallback:
+                raise CorruptCheckpointError(
+                    f"the newest checkpoint, {c}, is damaged: {c.damage}; load it by its step "
+                    "or name to read it anyway, allow the fallback (load(fallback=True)) to load "
+                    "the newest good one, or delete it with s3ckpt rm",
+                    bucket=run.bucket,
+                    key=c.url,
+                )
+            skipped.append(f"{c}: damaged: {c.damage}")
+            log.warning("s3ckpt: skipping %s (damaged: %s)", c, c.damage)
+            continue
+        try:
+            return c, read(c)
+        except BaseException as exc:
+            err = unwrap_checkpoint_exception(exc, f"the load of {c}", bucket=run.bucket)
+            if not fallback or not isinstance(err, DAMAGE):
+                if err is exc:
+                    raise
+                raise err from err.__cause__
+            skipped.append(f"{c}: failed verification while loading: {err}")
+            log.warning(f"s3ckpt: skipping {skipped[-1]}; loading the newest good one before it")
+    if skipped:
+        raise CorruptCheckpointError(
+            f"no good checkpoint under {run}: {'; '.join(skipped)}; `s3ckpt ls {run}` lists "
+            "them, `s3ckpt check` names the damage",
+            bucket=run.bucket,
+            key=run.prefix,
+        )
+    return None
+
 
 class LatestPointer:
-    """Writes and resolves the ``latest`` pointer of the run at ``url``."""
+    """Writes the ``latest`` pointer of the run at ``url`` and resolves steps from it."""
 
     def __init__(self, store: ObjectStore, url: StoreURL, ranks: RankGroup) -> None:
         self._store = store
-        self._url = url
+        self.url = url
         self._ranks = ranks
-        self._run_checked = False  # the URL was found to be no checkpoint
-        self._warned = False  # a misspelt run is reported once per Checkpointer
-
-    @property
-    def url(self) -> StoreURL:
-        """The run."""
-        return self._url
+        self._run_checked = False  # the URL was found to be no checkpoint (a misspelt run
+        # is reported once per Checkpointer, when a resume first finds nothing)
 
     def write(self, step: int) -> None:
         """Point ``latest`` at ``step`` (coordinator only). Never fails the save: the
-        pointer is a hint that :meth:`find` verifies."""
+        pointer is a hint that :meth:`candidates` verifies."""
         if not self._ranks.is_coordinator:
             return
-        body = json.dumps(
-            {"step": step, "checkpoint": checkpoint_name(step), "written": time.time()}
-        ).encode()
+        body = {"step": step, "checkpoint": checkpoint_name(step), "written": time.time()}
         try:
-            self._store.put(self._url.key(LATEST_NAME), body)
+            self._store.put(self.url.key(LATEST_NAME), json.dumps(body).encode())
         except Exception as exc:
-            log.warning("s3ckpt: could not update %s: %s", self._url.key(LATEST_NAME), exc)
-
-    def latest(
-        self, grace: timedelta, skip: Mapping[int, str] | None = None, *, fallback: bool = True
-    ) -> int | None:
-        """The newest good committed step on every rank (a collective call), or ``None``
-        (see :meth:`find`).
-
-        Raises:
-            ConfigError: the run URL is a checkpoint's (:func:`refuse_checkpoint_url`).
-            CorruptCheckpointError: no committed checkpoint is good, or (``fallback=False``)
-                the newest is damaged.
-        """
-        return self._on_coordinator(lambda: self._find_or_explain(grace, skip or {}, fallback))
+            log.warning("s3ckpt: could not update %s: %s", self.url.key(LATEST_NAME), exc)
 
     def check_run_url(self) -> None:
         """Raise :class:`~s3ckpt.errors.ConfigError` if the run URL is a checkpoint's,
         before a save nests checkpoints inside it. Local (every rank asks: one or two
         HEADs), once per Checkpointer."""
         if not self._run_checked:
-            refuse_checkpoint_url(self._store, self._url, saving=True)
+            refuse_checkpoint_url(self._store, self.url, saving=True)
             self._run_checked = True
 
-    def _find_or_explain(
-        self, grace: timedelta, skip: Mapping[int, str], fallback: bool
-    ) -> int | None:
-        step = self.find(grace, skip, fallback=fallback)
-        if step is None and not self._run_checked:
-            refuse_checkpoint_url(self._store, self._url, saving=False)
-            self._run_checked = True
-            if not self._warned:
-                self._warned = True
-                warn_if_misspelt(self._store, self._url)
-        return step
+    def candidates(self, grace: timedelta) -> Iterator[Candidate]:
+        """The run's committed checkpoints, newest first, each with the catalog's damage, on
+        every rank (each step a collective call); ask for the next only when the previous
+        one would not do. The pointer's and any newer (after the pointer, in key order,
+        zero-padded names: one LIST however many checkpoints the run holds) come first; the
+        run's catalog (:func:`~s3ckpt.retention.list_checkpoints`) past those.
 
-    def _on_coordinator(self, fn: Callable[[], _T]) -> _T:
-        """``fn()`` run on the coordinator; its value, or the error it raised, on every rank
-        (so no rank waits in a collective for a coordinator that failed)."""
-        if not self._ranks.distributed:
-            return fn()
-        value: _T | None = None
-        error: BaseException | None = None
-        if self._ranks.is_coordinator:
-            try:
-                value = fn()
-            except Exception as exc:
-                error = exc
-        shared = error
-        if error is not None:
-            try:
-                pickle.dumps(error)
-            except Exception:
-                shared = CheckpointError(f"the coordinator failed: {type(error).__name__}: {error}")
-        value, shared = self._ranks.broadcast((value, shared))
-        if error is not None:
-            raise error
-        if shared is not None:
-            raise shared
-        return value
-
-    def resolve(
-        self,
-        step: int | Literal["latest"],
-        grace: timedelta,
-        *,
-        skip: Mapping[int, str] | None = None,
-        fallback: bool = True,
-    ) -> int | None:
-        """``step`` checked to be committed (or for ``"latest"`` the newest good committed
-        step, none of ``skip``: :meth:`latest`; ``None`` when there is none), on every rank.
+        Request cost of the first: one GET of the pointer, one of the run's check record,
+        one LIST, and one GET per marker probed (the pointer's, and any newer; normally one).
 
         Raises:
-            CheckpointNotFoundError: ``step`` is a number with no committed checkpoint.
-            ConfigError: the run URL is a checkpoint's (:func:`refuse_checkpoint_url`).
+            ConfigError: the run holds no checkpoint and its URL is a checkpoint's.
         """
-        if step == "latest":
-            return self.latest(grace, skip, fallback=fallback)
+        search = self._search(grace) if self._ranks.is_coordinator else iter(())
+        while (found := self._ranks.on_coordinator(lambda: next(search, None))) is not None:
+            yield Candidate(str(self.url.child(checkpoint_name(found[0]))), *found)
+
+    def resolve(self, step: Any) -> Candidate:
+        """Numbered ``step`` checked to be committed (one HEAD), on every rank.
+
+        Raises:
+            CheckpointNotFoundError: no committed checkpoint for ``step``.
+            ConfigError: ``step`` is no int, or the run URL is a checkpoint's.
+        """
         if not isinstance(step, int):
             raise ConfigError(f"step must be an int or 'latest', got {step!r}")
+        key = self.url.child(checkpoint_name(step)).key(MANIFEST_NAME)
 
         def check() -> bool:
-            if self.committed(step):
+            if self._store.head(key) is not None:
                 return True
-            refuse_checkpoint_url(self._store, self._url, saving=False)
+            refuse_checkpoint_url(self._store, self.url, saving=False)
             return False
 
-        if not self._on_coordinator(check):
+        if not self._ranks.on_coordinator(check):
             raise CheckpointNotFoundError(
-                f"no committed checkpoint for step {step} under {self._url} "
-                f"(no {checkpoint_name(step)}/{MANIFEST_NAME}); `s3ckpt ls {self._url}` lists "
+                f"no committed checkpoint for step {step} under {self.url} "
+                f"(no {checkpoint_name(step)}/{MANIFEST_NAME}); `s3ckpt ls {self.url}` lists "
                 "what there is",
                 bucket=self._store.bucket,
-                key=self._url.child(checkpoint_name(step)).key(MANIFEST_NAME),
+                key=key,
             )
-        return step
+        return Candidate(str(self.url.child(checkpoint_name(step))), step)
 
-    def find(
-        self, grace: timedelta, skip: Mapping[int, str] | None = None, *, fallback: bool = True
-    ) -> int | None:
-        """The newest good committed step, none of ``skip`` (steps that failed while
-        loading, with why): the pointer is a hint, checked by one listing.
-
-        A kill between a commit and the pointer's update leaves the pointer on an older
-        step, so the run's checkpoint prefixes after the pointer's are listed (names are
-        zero-padded, so "after" in key order is "newer"; ``start_after`` makes that one
-        LIST request however many checkpoints the run holds) and the newest good one with a
-        marker wins. Without a usable pointer, or when no candidate is good, the run's
-        catalog is read (:func:`~s3ckpt.retention.list_checkpoints`).
-
-        Request cost: one GET of the pointer, one of the run's check record, one LIST, and
-        one GET per candidate (its marker: the pointer's, and any newer; normally one).
-        """
-        found = _Found(self._store, self._url, dict(skip or {}), fallback)
+    def _search(self, grace: timedelta) -> Iterator[tuple[int, str | None]]:
+        """The coordinator's side of :meth:`candidates`: ``(step, damage)`` pairs."""
+        seen: set[int] = set()
         pointer = self._read()
         if pointer is not None:
-            after = self._url.child(checkpoint_name(pointer)).prefix
-            newer: list[int] = []
-            for prefix in self._store.list_prefixes(self._url.prefix, start_after=after):
-                later = checkpoint_step(prefix[len(self._url.prefix) :].rstrip("/"))
-                if later is not None and later > pointer:
-                    newer.append(later)
-            for step in [*sorted(newer, reverse=True), pointer]:
-                if found.good(step):
-                    if step != pointer:
-                        log.info(
-                            "s3ckpt: %s names step %d, but %d is committed",
-                            LATEST_NAME,
-                            pointer,
-                            step,
-                        )
-                    return found.done(step)
-            if pointer not in found.skipped:
-                log.info(
-                    "s3ckpt: %s names step %d, which is not committed; listing",
-                    LATEST_NAME,
-                    pointer,
-                )
-        return found.done(self._list_latest(grace, found))
-
-    def committed(self, step: int) -> bool:
-        """Whether ``step`` has a commit marker (one HEAD)."""
-        key = self._url.child(checkpoint_name(step)).key(MANIFEST_NAME)
-        return self._store.head(key) is not None
-
-    def _list_latest(self, grace: timedelta, found: _Found) -> int | None:
-        committed = [
-            c
-            for c in list_checkpoints(
-                Location(self._url, self._store), options=RetentionOptions(grace=grace)
+            try:
+                record = read_check_record(self._store, self.url)
+            except StoreError as exc:  # what a check found is unknown: a load still verifies
+                log.warning("s3ckpt: could not read %s: %s", self.url.key(CHECK_NAME), exc)
+                record = None
+            after = self.url.child(checkpoint_name(pointer)).prefix
+            steps = (
+                checkpoint_step(p[len(self.url.prefix) :].rstrip("/"))
+                for p in self._store.list_prefixes(self.url.prefix, start_after=after)
             )
-            if c.state == CheckpointState.COMMITTED and c.step is not None
-        ]
-        for c in sorted(committed, key=lambda c: c.step or 0, reverse=True):
-            assert c.step is not None
-            if found.judge(c.step, c.damage):
-                return c.step
-        return None
+            newer = sorted((s for s in steps if s is not None and s > pointer), reverse=True)
+            for step in [*newer, pointer]:
+                info = probe_checkpoint(self._store, self.url, checkpoint_name(step), record)
+                if info is not None:
+                    seen.add(step)
+                    yield step, info.damage
+        options = RetentionOptions(grace=grace)
+        catalog = list_checkpoints(Location(self.url, self._store), options=options)
+        for c in sorted(catalog, key=lambda c: c.step or 0, reverse=True):
+            if c.state == CheckpointState.COMMITTED and c.step is not None and c.step not in seen:
+                seen.add(c.step)
+                yield c.step, c.damage
+        if not seen and not self._run_checked:  # nothing to resume: a wrong URL? (once)
+            refuse_checkpoint_url(self._store, self.url, saving=False)
+            self._run_checked = True
+            warn_if_misspelt(self._store, self.url)
 
     def _read(self) -> int | None:
-        key = self._url.key(LATEST_NAME)
+        key = self.url.key(LATEST_NAME)
         try:
             with expecting("not_found"):  # one GET: a 404 says "no pointer" (a new run)
-                data = json.loads(self._store.get(key))
-            step = data["step"]
+                step = json.loads(self._store.get(key))["step"]
             return step if isinstance(step, int) and step >= 0 else None
         except ObjectNotFoundError:
             return None
@@ -257,69 +269,141 @@ class LatestPointer:
             return None
 
 
-class _Found:
-    """One resolution of ``latest``: the steps skipped (damaged, or failed while loading)
-    and the one found; the WARNING naming each skipped step; the error when nothing good
-    is left, or (``fallback=False``) when the newest committed checkpoint is damaged."""
+# -- is the URL a run? ---------------------------------------------------------------------
+# Is a Checkpointer's URL a run? Two mistakes that would otherwise restart training silently.
+#
+# ``start = ckpt.load(...) or 0`` trains from step 0 whenever ``load`` finds nothing, so a
+# wrong URL must not look like an empty run:
+#
+# * **A checkpoint's URL** (``s3://b/runs/llama/step_000010000``, copied from ``s3ckpt ls``)
+#   holds a commit marker (or a stock DCP ``.metadata``) rather than checkpoints.
+#   :func:`refuse_checkpoint_url` raises :class:`~s3ckpt.errors.ConfigError` naming the run
+#   URL to use, for a load and for a save alike. Loading it for ``step="latest"`` would
+#   look helpful, but the same Checkpointer's next save would then nest a checkpoint inside
+#   a checkpoint (``.../step_000010000/step_000010100/``), hours later; failing at once,
+#   with the fix in the message, is the safer surprise.
+# * **A misspelt run** (``s3://b/runs/lama``) holds nothing. ``load`` still returns
+#   ``None`` (a new run looks the same), but :func:`warn_if_misspelt` logs a WARNING naming
+#   the URL and the runs nearest to it by likeness of name, found by a bounded search.
+#
+# Request cost: :func:`checkpoint_at` is one or two HEADs; :func:`nearby_runs` at most
+# ``2 + _MAX_UNCLES`` LISTs of sub-prefixes (each stopped after :data:`_MAX_LISTED`
+# prefixes, one request) plus :data:`_MAX_PROBES` LISTs to confirm candidates. Both run only
+# when a load finds nothing (and the run check once before a Checkpointer's first save).
 
-    def __init__(
-        self, store: ObjectStore, url: StoreURL, skip: dict[int, str], fallback: bool
-    ) -> None:
-        self._store = store
-        self._url = url
-        self.skipped = skip
-        self._fallback = fallback
-        self._record: CheckRecord | None = None
-        self._record_read = False
+#: The most sub-prefixes read from one listing (a bucket may hold thousands of runs).
+_MAX_LISTED = 300
+#: How many of the grandparent's other children (nearest by name first) are searched.
+_MAX_UNCLES = 2
+#: How many candidates are listed to confirm they hold checkpoints.
+_MAX_PROBES = 6
+#: How many runs a warning names.
+_MAX_NAMED = 3
 
-    def good(self, step: int) -> bool:
-        """Whether ``step`` is a good committed checkpoint (one GET of its marker)."""
-        if step in self.skipped:
-            return False
-        if not self._record_read:
-            self._record_read = True
-            try:
-                self._record = read_check_record(self._store, self._url)
-            except StoreError as exc:  # what a check found is unknown: a load still verifies
-                log.warning("s3ckpt: could not read %s: %s", self._url.key(CHECK_NAME), exc)
-        info = probe_checkpoint(self._store, self._url, checkpoint_name(step), self._record)
-        return info is not None and self.judge(step, info.damage)
 
-    def judge(self, step: int, damage: str | None) -> bool:
-        """Whether committed ``step``, damaged as ``damage`` says, is the one."""
-        if step in self.skipped:
-            return False
-        if damage is None:
-            return True
-        if not self._fallback:
-            raise CorruptCheckpointError(
-                f"the newest checkpoint, step {step}, is damaged: {damage}; load(step={step}) "
-                "reads it anyway, load(fallback=True) loads the newest good one, s3ckpt rm "
-                "deletes it",
-                bucket=self._store.bucket,
-                key=self._url.child(checkpoint_name(step)).prefix,
-            )
-        self.skipped[step] = f"damaged: {damage}"
-        return False
+def checkpoint_at(store: ObjectStore, url: StoreURL) -> str | None:
+    """``"s3ckpt"`` if ``url`` itself holds a commit marker, ``"dcp"`` if it holds a
+    stock DCP ``.metadata``, else ``None`` (one or two HEADs)."""
+    with expecting("not_found"):  # a run holds neither: the normal answer is 404
+        if store.head(url.key(MANIFEST_NAME)) is not None:
+            return "s3ckpt"
+        if store.head(url.key(METADATA_NAME)) is not None:
+            return "dcp"
+    return None
 
-    def done(self, step: int | None) -> int | None:
-        """``step``, after a WARNING per damaged step skipped; raises when steps were
-        skipped and none is good."""
-        if step is None and self.skipped:
-            why = "; ".join(f"step {s}: {w}" for s, w in sorted(self.skipped.items()))
-            raise CorruptCheckpointError(
-                f"no good checkpoint under {self._url}: {why}; `s3ckpt ls {self._url}` lists "
-                "them, `s3ckpt check` names the damage",
-                bucket=self._store.bucket,
-                key=self._url.prefix,
-            )
-        for s, why in sorted(self.skipped.items(), reverse=True):
-            if why.startswith("damaged: ") and (step is None or s > step):
-                log.warning(
-                    "s3ckpt: skipping step %d of %s (%s); the newest good checkpoint is step %s",
-                    s,
-                    self._url,
-                    why,
-                    step,
-                )
-        return step
+
+def refuse_checkpoint_url(store: ObjectStore, url: StoreURL, *, saving: bool) -> None:
+    """Raise :class:`~s3ckpt.errors.ConfigError` if ``url`` is a checkpoint, not a run.
+
+    The message names the run to give the Checkpointer instead (the checkpoint's parent)
+    and the step to load, or, for a checkpoint the Checkpointer would not name so (another
+    framework's, stock DCP), how to load it directly.
+    """
+    kind = checkpoint_at(store, url)
+    if kind is None:
+        return
+    run, name = url.parent, url.name
+    step = checkpoint_step(name)
+    own = kind == "s3ckpt" and step is not None and checkpoint_name(step) == name
+    what = "a committed checkpoint" if kind == "s3ckpt" else "a DCP checkpoint (.metadata)"
+    if saving:
+        todo = (
+            f"saving here would nest checkpoints inside it. Give the Checkpointer the run: "
+            f"Checkpointer({str(run)!r})"
+        )
+    elif own:
+        todo = (
+            f"give the Checkpointer the run and the step: Checkpointer({str(run)!r})"
+            f".load(..., step={step})"
+        )
+    else:
+        todo = (
+            "a Checkpointer loads the step_* checkpoints of a run; load this one with "
+            f"dcp.load(state_dict, storage_reader=S3StorageReader({str(url)!r}))"
+        )
+    raise ConfigError(
+        f"{url} is {what}, not a run of checkpoints: {todo}",
+        bucket=store.bucket,
+        key=url.key(MANIFEST_NAME if kind == "s3ckpt" else METADATA_NAME),
+    )
+
+
+def _children(store: ObjectStore, url: StoreURL) -> Iterator[StoreURL]:
+    """The sub-prefixes of ``url`` (at most :data:`_MAX_LISTED`; one LIST request)."""
+    for prefix in islice(store.list_prefixes(url.prefix), _MAX_LISTED):
+        child = StoreURL(url.scheme, url.bucket, prefix)
+        if child.name != SHARDS_DIR:
+            yield child
+
+
+def _is_run(store: ObjectStore, url: StoreURL) -> bool:
+    """Whether ``url`` has a sub-prefix named like a checkpoint (one LIST request)."""
+    return any(checkpoint_step(c.name) is not None for c in _children(store, url))
+
+
+def nearby_runs(store: ObjectStore, url: StoreURL) -> list[StoreURL] | None:
+    """Runs (prefixes holding checkpoints) near ``url``, nearest first, or ``None`` when
+    ``url`` is a run itself (it holds checkpoint prefixes, committed or not).
+
+    Searched, each listing bounded: the sub-prefixes of ``url`` (it may be the folder of
+    runs), its siblings (a typo in the run's name), and the children of the two
+    grandparent's children named nearest to its parent (a typo one level up). Candidates
+    are ranked by the likeness of their whole prefix to ``url``'s
+    (:func:`difflib.get_close_matches`); the nearest are confirmed by one listing each.
+    """
+    children = list(_children(store, url))
+    if any(checkpoint_step(c.name) is not None for c in children):
+        return None
+    candidates = {c.prefix: c for c in children}
+    parent = url.parent
+    if parent != url:
+        candidates.update((c.prefix, c) for c in _children(store, parent) if c != url)
+        if parent.parent != parent:
+            uncles = {c.name: c for c in _children(store, parent.parent) if c != parent}
+            for name in get_close_matches(parent.name, uncles, _MAX_UNCLES, cutoff=0):
+                candidates.update((c.prefix, c) for c in _children(store, uncles[name]))
+    ranked = get_close_matches(url.prefix, candidates, _MAX_PROBES, cutoff=0)
+    return list(
+        islice((candidates[p] for p in ranked if _is_run(store, candidates[p])), _MAX_NAMED)
+    )
+
+
+def warn_if_misspelt(store: ObjectStore, url: StoreURL) -> None:
+    """Log a WARNING when ``url`` holds nothing but runs with checkpoints are near it.
+
+    Never raises: a role may list its own run but not the bucket around it (the search is
+    then logged at DEBUG and skipped).
+    """
+    try:
+        runs = nearby_runs(store, url)
+    except Exception as exc:
+        log.debug("s3ckpt: could not look for runs near %s: %s", url, exc)
+        return
+    if not runs:
+        return
+    log.warning(
+        f"s3ckpt: nothing to resume at {url}: it holds no checkpoint, so load() returns None "
+        f"and training starts from step 0. Runs with checkpoints near it: "
+        f"{', '.join(map(str, runs))}. If you meant one of them, fix the Checkpointer's URL; "
+        "if this is a new run, ignore this"
+    )

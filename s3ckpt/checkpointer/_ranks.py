@@ -1,19 +1,25 @@
-"""The ranks a Checkpointer coordinates: its process group, its coordinator, broadcast."""
+"""The ranks a Checkpointer coordinates: its process group, its coordinator's answers."""
 
 from __future__ import annotations
 
-from typing import Any
+import pickle
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch.distributed as dist
 
+from s3ckpt.errors import CheckpointError
+
 __all__ = ["RankGroup"]
+
+_T = TypeVar("_T")
 
 
 class RankGroup:
     """The process group of checkpoint traffic and the coordinator's place in it.
 
     Without an initialised ``torch.distributed`` this is one process: rank 0, the
-    coordinator, and :meth:`broadcast` returns its argument.
+    coordinator, and :meth:`on_coordinator` just calls its function.
 
     Args:
         process_group: The group for checkpoint collectives. ``None`` in a distributed job
@@ -30,10 +36,26 @@ class RankGroup:
         self.coordinator_global = dist.get_global_rank(process_group, 0) if self.distributed else 0
         self.is_coordinator = self.rank == 0
 
-    def broadcast(self, value: Any) -> Any:
-        """``value`` as the coordinator holds it, on every rank (a collective call)."""
+    def on_coordinator(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` run on the coordinator; its value, or the error it raised, on every rank
+        (a collective call, so no rank waits for a coordinator that failed)."""
         if not self.distributed:
-            return value
-        box = [value]
+            return fn()
+        value: _T | None = None
+        error: BaseException | None = None
+        if self.is_coordinator:
+            try:
+                value = fn()
+            except Exception as exc:
+                error = exc
+        shared = error
+        try:
+            pickle.dumps(error)
+        except Exception:  # an error that cannot cross to the other ranks: its text does
+            shared = CheckpointError(f"the coordinator failed: {type(error).__name__}: {error}")
+        box = [(value, shared)]
         dist.broadcast_object_list(box, src=self.coordinator_global, group=self.process_group)
-        return box[0]
+        value, shared = box[0]
+        if (raised := error or shared) is not None:
+            raise raised
+        return value  # type: ignore[return-value]

@@ -62,10 +62,7 @@ class RetentionRecord:
     @property
     def outcome(self) -> PruneResult | BaseException:
         """``result`` or ``error``: what ``Checkpointer.last_retention`` shows."""
-        if self.error is not None:
-            return self.error
-        assert self.result is not None
-        return self.result
+        return self.result if self.error is None else self.error  # type: ignore[return-value]
 
 
 def resolve_policy(policy: Policy | PolicyFile | str | None) -> Policy | None:
@@ -75,14 +72,12 @@ def resolve_policy(policy: Policy | PolicyFile | str | None) -> Policy | None:
     tiers (``[[tier]]``) and step pattern come along (:meth:`PolicyFile.as_policy
     <s3ckpt.retention.PolicyFile.as_policy>`), as do a :class:`~s3ckpt.retention.PolicyFile`'s
     given in Python (``PolicyFile(KeepLast(3), tiers=(Tier(...),))``)."""
-    if policy is None:
-        return None
     if isinstance(policy, str):
-        from s3ckpt.retention import load_policy as load_file
+        from s3ckpt.retention import load_policy
 
-        return load_file(policy)
+        return load_policy(policy)
     as_policy = getattr(policy, "as_policy", None)  # a PolicyFile (no import at start-up)
-    return as_policy() if callable(as_policy) else policy  # type: ignore[return-value]
+    return as_policy() if callable(as_policy) else policy
 
 
 LEASE_RETRIES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -125,9 +120,8 @@ class RetentionRunner:
 
     def wait(self) -> None:
         """Block until the last queued pass has run (its failure is in :attr:`last`)."""
-        fut = self._future
-        if fut is not None:
-            fut.result()
+        if self._future is not None:
+            self._future.result()
 
     def close(self) -> None:
         """Wait for queued passes and release the thread."""
@@ -138,9 +132,7 @@ class RetentionRunner:
         in flight. Nothing is lost if it is cut short (the next prune finishes it)."""
         fut = self._future
         if fut is not None and not fut.done():
-            log.warning(
-                "s3ckpt: the interpreter is exiting: waiting for retention on %s", self._url
-            )
+            log.warning(f"s3ckpt: the interpreter is exiting: waiting for retention on {self._url}")
             wait([fut], timeout=max(0.0, deadline - time.monotonic()))
         return []
 
@@ -154,11 +146,9 @@ class RetentionRunner:
             # seconds before calling the pass failed.
             for pause in (*LEASE_RETRIES, None):
                 try:
+                    options = RetentionOptions(grace=grace)
                     result = prune(
-                        Location(self._url, self._store),
-                        policy,
-                        apply=True,
-                        options=RetentionOptions(grace=grace),
+                        Location(self._url, self._store), policy, apply=True, options=options
                     )
                     break
                 except LeaseHeldError:
@@ -170,9 +160,7 @@ class RetentionRunner:
             if isinstance(exc, AccessDeniedError):
                 self._deny(str(exc))
             else:
-                log.warning(
-                    "s3ckpt: retention on %s failed (training continues): %s", self._url, exc
-                )
+                log.warning(f"s3ckpt: retention on {self._url} failed (training continues): {exc}")
         else:
             record = RetentionRecord(step, started, time.perf_counter() - t0, result=result)
             _log_deletions(result)
@@ -185,14 +173,11 @@ class RetentionRunner:
     def _deny(self, why: str) -> None:
         self._denied = True
         log.warning(
-            "s3ckpt: in-job retention on %s may not delete (%s): every checkpoint is kept and "
-            "training continues; this job runs no more retention passes. Prune from a cron "
-            "with the pruner role instead (`s3ckpt prune %s --policy POLICY --apply`, "
-            "docs/operations.md), or give the trainer deletes (terraform: trainer_may_prune "
-            "= true)",
-            self._url,
-            why,
-            self._url,
+            f"s3ckpt: in-job retention on {self._url} may not delete ({why}): every checkpoint "
+            "is kept and training continues; this job runs no more retention passes. Prune "
+            f"from a cron with the pruner role instead (`s3ckpt prune {self._url} --policy "
+            "POLICY --apply`, docs/operations.md), or give the trainer deletes (terraform: "
+            "trainer_may_prune = true)"
         )
 
 
@@ -202,17 +187,11 @@ def _log_deletions(result: PruneResult) -> None:
     reasons = {d.checkpoint.name: d.reasons for d in result.plan.decisions}
     for name in result.deleted:
         why = "; ".join(reasons.get(name, ())) or "finishing an interrupted prune"
-        log.info(
-            "s3ckpt: retention deleted %s (%s, policy %s)",
-            result.run.child(name),
-            why,
-            result.plan.policy,
-        )
+        why += f", policy {result.plan.policy}"
+        log.info(f"s3ckpt: retention deleted {result.run.child(name)} ({why})")
     if result.failures:
+        first = result.failures[0]
         log.warning(
-            "s3ckpt: retention could not delete %d key(s) under %s (first: %s %s)",
-            len(result.failures),
-            result.run,
-            result.failures[0].key,
-            result.failures[0].code,
+            f"s3ckpt: retention could not delete {len(result.failures)} key(s) under "
+            f"{result.run} (first: {first.key} {first.code})"
         )

@@ -32,7 +32,13 @@ def collect_state_dict(model: Any, optimizer: Any, train_state: Any) -> dict[str
     else:
         sd["model"], sd["optim"] = get_state_dict(model, optimizer, options=opts)
     if train_state is not None:
-        sd["train_state"] = _train_state_dict(train_state)
+        fn: Callable[[], Any] | None = getattr(train_state, "state_dict", None)
+        if fn is None or not callable(getattr(train_state, "load_state_dict", None)):
+            raise ConfigError(
+                "train_state must have state_dict() and load_state_dict() (torch's Stateful); "
+                f"got {type(train_state).__name__}"
+            )
+        sd["train_state"] = fn()
     return sd
 
 
@@ -44,13 +50,3 @@ def apply_state_dict(sd: dict[str, Any], model: Any, optimizer: Any, train_state
         set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     if train_state is not None:
         train_state.load_state_dict(sd["train_state"])
-
-
-def _train_state_dict(train_state: Any) -> Any:
-    fn: Callable[[], Any] | None = getattr(train_state, "state_dict", None)
-    if fn is None or not callable(getattr(train_state, "load_state_dict", None)):
-        raise ConfigError(
-            "train_state must have state_dict() and load_state_dict() (torch's Stateful); got "
-            f"{type(train_state).__name__}"
-        )
-    return fn()

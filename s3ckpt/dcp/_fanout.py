@@ -5,23 +5,21 @@ Who reads what is decided once, on the coordinator, from every rank's plan
 (:func:`~s3ckpt.dcp._fanout_plan.plan_fan_out`, called by ``prepare_global_plan``): the
 stored items two or more ranks read (*shared spans*) form one byte *stream*, cut into
 *pieces*; piece ``i`` is read from the store by rank ``i % world`` (its *owner*) and
-broadcast to the group (:mod:`s3ckpt.dcp._fanout_plan`). The table
-(:class:`~s3ckpt.dcp._fanout_plan.FanOutPlan`) goes into every rank's
-``LoadPlan.storage_data``, so all ranks follow the same one.
+broadcast to the group. The table (:class:`~s3ckpt.dcp._fanout_plan.FanOutPlan`) goes into
+every rank's ``LoadPlan.storage_data``, so all ranks follow the same one.
 
 :class:`FanOutRead` (``read_data``) then, on every rank: starts the rank's direct reads in
-a thread (the reader's ordinary :class:`~s3ckpt.transfer.RangeWalk` path, handed in as
-``read_direct``); prefetches the pieces it owns, one ahead, in another thread; and walks the
-shared spans in stream order, pulling the stream piece by piece
-(:class:`~s3ckpt.dcp._fanout_stream.Exchange`). Every piece is one broadcast from its
-owner, and pieces go in rounds of ``world`` pieces (one per owner, read in parallel), each
-round opened by an all-reduce of an error flag per rank. A span the rank loads is decoded
-from the stream by the :class:`~s3ckpt.dcp._decode.SpanDecoder` a direct read uses: the
-same CRC32C check against ``s3ckpt.json``, the same framing check, the same
-``resolve_tensor`` / ``commit_tensor`` / ``load_bytes``. So every rank that loads an item
-checks its checksum itself (owners of a piece hold only bytes, not items); a corrupted
-broadcast fails like a corrupted object. A span the rank does not load is skipped (the rank
-still takes part in every broadcast).
+a thread (the reader's ordinary :class:`~s3ckpt._transfer.RangeWalk` path); prefetches the
+pieces it owns, one ahead, in another thread; and walks the shared spans in stream order,
+pulling the stream piece by piece. Every piece is one broadcast from its owner, and pieces
+go in rounds of ``world`` pieces (one per owner, read in parallel), each round opened by an
+all-reduce of an error flag per rank. A span the rank loads is decoded from the stream by
+the :class:`~s3ckpt.dcp._decode.SpanDecoder` a direct read uses (the stream is its
+:class:`~s3ckpt.dcp._decode.ByteSource`): the same CRC32C check against ``s3ckpt.json``,
+the same framing check, the same ``resolve_tensor`` / ``commit_tensor`` / ``load_bytes``.
+So every rank that loads an item checks its checksum itself (owners of a piece hold only
+bytes, not items); a corrupted broadcast fails like a corrupted object. A span the rank
+does not load is skipped (the rank still takes part in every broadcast).
 
 Failures never leave a rank waiting in a collective: a rank that fails (its plan, a direct
 read, a piece it owns, decoding) keeps joining the broadcasts of the round it is in and
@@ -32,97 +30,91 @@ failing rank's error (its object, its rank, its message). DCP then gathers them 
 
 Memory per rank, above what decoding already buffers (see ``TransferConfig``): three
 pieces, at most ``3 * piece_size`` (the owned piece being broadcast, the next owned piece
-being prefetched, and the receive buffer). With NCCL, one more piece on the GPU for the
-broadcast and the receive buffer is pinned.
+being prefetched, and the receive buffer). With NCCL (a group whose backend is NCCL only:
+``cpu:gloo,cuda:nccl`` broadcasts through CPU memory) one more piece on the GPU
+(``torch.cuda.current_device()``) for the broadcast, and the receive buffer is pinned.
 
 Collectives, in this order on every rank (the group must be the one ``dcp.load`` runs on:
 plans are indexed by its ranks): per round, one all-reduce of ``world`` int32 flags and
 one broadcast per piece; then one all-reduce of the flags; and, only after a failure, one
 ``all_gather_object`` of the errors.
 
-The reader module is not imported here: what fan-out needs of the reader (its decoder, its
-direct reads, its store and names) is handed to :class:`FanOutRead`.
+The reader module is not imported here: the reader is handed to :class:`FanOutRead`.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import pickle
 import threading
-from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadPlan
 
-from s3ckpt.config import TransferConfig
+from s3ckpt import _crc
+from s3ckpt._transfer import RangeWalk, Span, SpanReader
 from s3ckpt.dcp._decode import ItemSpan, SpanDecoder, SpansByObject
 from s3ckpt.dcp._fanout_plan import FanOutPlan, SpanKey
-from s3ckpt.dcp._fanout_stream import Aborted, Broken, Exchange, Stop, StreamSpan
+from s3ckpt.dcp._split import decode_span
 from s3ckpt.errors import CheckpointError, ConfigError, S3CkptError
 from s3ckpt.metrics.instrument import in_context
-from s3ckpt.store import ObjectStore
-from s3ckpt.transfer import RangeWalk, SpanReader
-from s3ckpt.transfer import Span as WalkSpan
 
 __all__ = ["FanOutRead"]
 
 _PIECE_THREADS = 4
-"""Threads of an owner's piece read. Its direct reads run at the same time on
-``max_concurrency`` threads; the store's connection pool has ``max_concurrency + 4``."""
+# Threads of an owner's piece read. Its direct reads run at the same time on
+# ``max_concurrency`` threads; the store's connection pool has ``max_concurrency + 4``.
+
+
+class _Stop(Exception):
+    """The exchange cannot go on: a rank raised its flag (``error`` None: every rank stops
+    at this round), or a collective failed (``error``: a rank died, a timeout)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _collective(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        raise _Stop(exc) from exc
 
 
 class FanOutRead:
-    """``read_data`` of one rank in a fan-out load (see the module docs).
+    """``read_data`` of one rank in a fan-out load (see the module docs), and the shared
+    stream as the span decoder reads it (:meth:`readinto_all`).
 
     Args:
+        reader: The :class:`~s3ckpt.dcp.S3StorageReader`: its store, ``object_key``,
+            ``transfer_config`` (a piece is read on at most 4 of its threads), ``rank``,
+            ``process_group`` and direct read.
         table: The coordinator's table from this rank's plan.
-        planner: DCP's load planner.
-        lock: Guards ``planner`` (shared with the direct reads).
-        decoder: The rank's span decoder (its spans, checks and decoding).
-        read_direct: Reads spans from the store into the planner (the reader's direct read);
-            runs in a thread beside the exchange.
-        store: The store the pieces this rank owns are read from.
-        object_key: An object's key by its ``.metadata`` name.
-        transfer_config: The reader's; a piece is read on at most 4 of its threads.
-        rank: This rank of the load.
-        group: The process group of the collectives (``None``: the default group).
+        decoder: The rank's span decoder (its spans, checks, planner and decoding).
 
     After :meth:`run` (raised or not): ``bytes_read``, the bytes this rank requested for
     the pieces it owns; ``bytes_received``, the bytes it received from other ranks.
     """
 
-    def __init__(
-        self,
-        table: FanOutPlan,
-        planner: LoadPlanner,
-        lock: threading.Lock,
-        *,
-        decoder: SpanDecoder,
-        read_direct: Callable[[SpansByObject], None],
-        store: ObjectStore,
-        object_key: Callable[[str], str],
-        transfer_config: TransferConfig,
-        rank: int,
-        group: dist.ProcessGroup | None,
-    ) -> None:
-        self.table = table
-        self.planner = planner
-        self.lock = lock
-        self.decoder = decoder
-        self.group = group
-        self.rank = rank
-        self._read_direct = read_direct
-        self._errors_lock = threading.Lock()
+    def __init__(self, reader: Any, table: FanOutPlan, decoder: SpanDecoder) -> None:
+        self.reader, self.table, self.decoder = reader, table, decoder
+        self.rank, self.group = reader.rank, reader.process_group
         self.error: BaseException | None = None
-        self.bytes_received = 0
-        self.bytes_read = 0
-        self._store, self._key_of = store, object_key
+        self._errors_lock = threading.Lock()
+        self.bytes_received = self.bytes_read = 0
+        self.failed_ranks: list[int] = []
+        tc = reader.transfer_config
         self._piece_config = dataclasses.replace(
-            transfer_config, max_concurrency=min(_PIECE_THREADS, transfer_config.max_concurrency)
+            tc, max_concurrency=min(_PIECE_THREADS, tc.max_concurrency)
         )
+        self._own: dict[int, Future[torch.Tensor]] = {}
+        self._piece, self._view, self._at, self._left = -1, memoryview(b""), 0, 0
 
     def _fail(self, exc: BaseException) -> None:
         with self._errors_lock:
@@ -148,13 +140,13 @@ class FanOutRead:
             spans.setdefault(name, []).append((offset + lo, offset + hi, (at, table.fqns[i])))
             at += hi - lo
 
-        def on_span(span: WalkSpan[tuple[int, str]], rd: SpanReader) -> None:
+        def on_span(span: Span[tuple[int, str]], rd: SpanReader) -> None:
             dst, fqn = span.payload
             rd.readinto_all(view[dst : dst + span.end - span.start], fqn)
 
         walk = RangeWalk(
-            self._store,
-            self._key_of,
+            self.reader.store,
+            self.reader.object_key,
             config=self._piece_config,
             on_span=on_span,
             rank=self.rank,
@@ -170,37 +162,49 @@ class FanOutRead:
                 self.bytes_read += walk.bytes_requested
         return buf
 
+    def _want(self, piece: int) -> None:
+        """Start reading ``piece`` (owned by this rank) in the prefetch thread."""
+        if piece < self.table.pieces:
+            self._own[piece] = self._prefetch.submit(in_context(self._read_piece), piece)
+
     # -- every rank -------------------------------------------------------------------------
     def run(self, plan: LoadPlan) -> None:
         """Load ``plan``: direct reads, the exchange, the checks; raises on every rank
         when any rank failed."""
-        table = self.table
-        rank = dist.get_rank(self.group)
-        if table.world != dist.get_world_size(self.group):
+        table, group = self.table, self.group
+        me = self._me = dist.get_rank(group)
+        if table.world != dist.get_world_size(group):
             raise ConfigError(
                 f"fan_out: the load has {table.world} ranks but the reader's process group "
-                f"{dist.get_world_size(self.group)}; pass the group dcp.load runs on as "
+                f"{dist.get_world_size(group)}; pass the group dcp.load runs on as "
                 "process_group=",
                 rank=self.rank,
             )
-        if rank != self.rank:
+        if me != self.rank:
             self._fail(
                 ConfigError(
-                    f"fan_out: this is rank {self.rank} of the load but rank {rank} of the "
+                    f"fan_out: this is rank {self.rank} of the load but rank {me} of the "
                     "reader's process group; pass the group dcp.load runs on as process_group=",
                     rank=self.rank,
                 )
             )
-        stream = Exchange(table, rank, self.group, self._read_piece, self._failed)
+        backend = str(dist.get_backend(group)).lower()
+        cuda = "nccl" in backend and "gloo" not in backend
+        device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        biggest = max(b - a for a, b in itertools.pairwise(table.cuts))
+        self._recv = torch.empty(biggest, dtype=torch.uint8, device=device)
+        self._host = torch.empty(biggest, dtype=torch.uint8, pin_memory=True) if cuda else None
+        self._flags = torch.zeros(table.world, dtype=torch.int32, device=device)
+        self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-fanout")
+        self._want(me)
         direct: threading.Thread | None = None
         aborted = False
         try:
             shared: dict[SpanKey, ItemSpan] = {}
             try:
-                per_object = self.decoder.group(plan)
-                keys = set(table.spans)
                 rest: SpansByObject = {}
-                for name, spans in per_object.items():
+                keys = set(table.spans)
+                for name, spans in self.decoder.group(plan).items():
                     for (offset, length), span in spans.items():
                         if (name, offset, length) in keys:
                             shared[(name, offset, length)] = span
@@ -214,50 +218,40 @@ class FanOutRead:
             except Exception as exc:
                 self._fail(exc)
             try:
-                for i, key in enumerate(table.spans):
+                for key in table.spans:
+                    self._left = key[2]
                     needed = shared.get(key)
-                    if needed is None or self._failed():
-                        stream.skip(key[2])
-                        continue
-                    self._decode(stream, i, needed)
-            except Aborted:
+                    try:  # as a direct read would; a failure skips the rest of the span
+                        if needed is not None and not self._failed():
+                            decode_span(self.decoder, self, self.reader.object_key(key[0]), needed)
+                    except _Stop:
+                        raise
+                    except Exception as exc:
+                        self._fail(exc)
+                    left, self._left = self._left, 0  # what decoding left (a failure)
+                    self._skip(left)
+            except _Stop as stop:
+                if stop.error is not None:
+                    raise stop.error from None
                 aborted = True
-            except Broken as exc:
-                raise exc.error from None
         finally:
             if direct is not None:
                 direct.join()
-            stream.close()
-            self.bytes_received = stream.bytes_received
-        if not aborted:
-            aborted = stream.final_check()
-        if aborted:
-            self._raise(stream.failed_ranks, rank)
+            # Cancel the prefetches not started; wait for the one running.
+            self._prefetch.shutdown(wait=True, cancel_futures=True)
+        if aborted or self._flags_up(self._failed()):
+            self._raise(me)
 
     def _direct(self, spans: SpansByObject) -> None:
         try:
-            self._read_direct(spans)
+            self.reader._read_direct(spans, self.decoder)
         except Exception as exc:
             self._fail(exc)
 
-    def _decode(self, stream: Exchange, i: int, span: ItemSpan) -> None:
-        """Decode span ``i`` from the stream into the planner, as a direct read would; a
-        failure is recorded and the rest of the span skipped."""
-        name = self.table.spans[i][0]
-        source = StreamSpan(stream, self.table.spans[i][2])
-        try:
-            self.decoder.decode(source, self._key_of(name), span, self.planner, self.lock)
-        except Stop:
-            raise
-        except Exception as exc:
-            self._fail(exc)
-        source.drain()
-
-    def _raise(self, failed: list[int], rank: int) -> None:
+    def _raise(self, rank: int) -> None:
         """Gather every rank's error and raise one here (all ranks call this)."""
-        mine: Any = None
-        if self.error is not None:
-            mine = self.error
+        mine: Any = self.error
+        if mine is not None:
             try:
                 pickle.dumps(mine)
             except Exception:
@@ -270,8 +264,81 @@ class FanOutRead:
             if err is not None:
                 raise _relayed(err, r) from err
         raise CheckpointError(
-            f"fan_out: ranks {failed} failed during the load and sent no error", rank=rank
+            f"fan_out: ranks {self.failed_ranks} failed during the load and sent no error",
+            rank=rank,
         )
+
+    # -- the stream -------------------------------------------------------------------------
+    def _flags_up(self, failed: bool) -> list[int]:
+        """All-reduce one flag per rank (ours: ``failed``); the ranks whose flag is up."""
+        self._flags.zero_()
+        self._flags[self._me] = int(failed)
+        dist.all_reduce(self._flags, group=self.group)
+        self.failed_ranks = [r for r, f in enumerate(self._flags.tolist()) if f]
+        return self.failed_ranks
+
+    def _round(self, first: int) -> None:
+        """Open the round of pieces ``first ..``: wait for this rank's piece of it, start
+        reading its next one, and all-reduce the flags."""
+        mine = first + self._me
+        error = False
+        if mine in self._own:
+            try:
+                self._own[mine].result()
+            except Exception:
+                error = True  # recorded by the reading thread
+            self._want(mine + self.table.world)
+        if _collective(self._flags_up, error or self._failed()):
+            raise _Stop
+
+    def _next(self) -> None:
+        """Receive (or send) the next piece; opens a round at each ``world``-th piece."""
+        i, table = self._piece + 1, self.table
+        if i % table.world == 0:
+            self._round(i)
+        self._piece = i
+        owner, n = table.owner(i), table.cuts[i + 1] - table.cuts[i]
+        src = self._own.pop(i).result()[:n] if owner == self._me else None
+        if self._host is None:  # CPU: the broadcast's buffer is the bytes
+            host = src if src is not None else self._recv[:n]
+            _collective(dist.broadcast, host, group=self.group, group_src=owner)
+        else:
+            gpu = self._recv[:n]
+            if src is not None:
+                gpu.copy_(src)
+            _collective(dist.broadcast, gpu, group=self.group, group_src=owner)
+            host = src if src is not None else self._host[:n].copy_(gpu)
+        if src is None:
+            self.bytes_received += n
+        self._view, self._at = memoryview(host.numpy()), 0
+
+    def _take(self, n: int) -> memoryview:
+        """Up to ``n`` (> 0) next bytes of the stream, valid until the next call."""
+        if self._at >= len(self._view):
+            self._next()
+        got = self._view[self._at : self._at + n]
+        self._at += len(got)
+        return got
+
+    def _skip(self, n: int) -> None:
+        """Pass over the next ``n`` bytes of the stream (taking part in their broadcasts)."""
+        while n > 0:
+            n -= len(self._take(n))
+
+    def readinto_all(self, view: memoryview, what: str, crc: int = 0) -> int:
+        """Fill ``view`` with the current span's next bytes; their CRC32C continued from
+        ``crc`` (the decoder's :class:`~s3ckpt.dcp._decode.ByteSource`)."""
+        view = view.cast("B") if view.format != "B" else view
+        if len(view) > self._left:
+            raise ValueError(f"reading {len(view)} bytes of a span with {self._left} left")
+        off = 0
+        while off < len(view):
+            got = self._take(len(view) - off)
+            view[off : off + len(got)] = got
+            crc = _crc.crc32c(got, crc)
+            off += len(got)
+            self._left -= len(got)
+        return crc
 
 
 def _relayed(err: BaseException, rank: int) -> BaseException:

@@ -45,26 +45,25 @@ __all__ = [
     "SpanKey",
     "build_table",
     "cut_stream",
-    "fan_out_group",
     "plan_fan_out",
 ]
 
 log = logging.getLogger("s3ckpt.dcp._fanout")
 
 DEFAULT_PIECE_SIZE = 64 * MiB
-"""Largest piece one broadcast carries (and one owner reads in one go)."""
+# Largest piece one broadcast carries (and one owner reads in one go).
 
 MIN_PIECE_SIZE = 1024
-"""Smallest ``fan_out_piece_size`` accepted (small pieces are for tests)."""
+# Smallest ``fan_out_piece_size`` accepted (small pieces are for tests).
 
 
 _SPREAD_FLOOR = 8 * MiB
-"""Pieces are about ``total / world`` when that is smaller than the piece size, but not
-smaller than this (S3's advice for ranged GETs is 8-16 MB): a small shared stream is read
-by fewer ranks in fewer, larger GETs."""
+# Pieces are about ``total / world`` when that is smaller than the piece size, but not
+# smaller than this (S3's advice for ranged GETs is 8-16 MB): a small shared stream is read
+# by fewer ranks in fewer, larger GETs.
 
 SpanKey = tuple[str, int, int]
-"""A shared span: ``(object name, offset, length)``."""
+# A shared span: ``(object name, offset, length)``.
 
 
 @dataclass(frozen=True)
@@ -89,11 +88,6 @@ class FanOutPlan:
         """How many pieces the stream is cut into."""
         return len(self.cuts) - 1
 
-    @property
-    def total(self) -> int:
-        """The stream's length in bytes."""
-        return self.cuts[-1]
-
     def owner(self, piece: int) -> int:
         """The rank that reads ``piece`` from the store for the group."""
         return piece % self.world
@@ -114,18 +108,6 @@ class FanOutPlan:
         return out
 
 
-def fan_out_group(group: dist.ProcessGroup | None) -> tuple[bool, str]:
-    """Whether a fan-out load can run on ``group`` (``None``: the default group), and why
-    not when it cannot."""
-    if not dist.is_available():
-        return False, "torch.distributed is not available"
-    if not dist.is_initialized():
-        return False, "no process group is initialised"
-    if dist.get_world_size(group) < 2:
-        return False, "the process group has one rank"
-    return True, ""
-
-
 def plan_fan_out(
     plans: list[LoadPlan],
     storage_data: Mapping[MetadataIndex, StorageInfo],
@@ -136,18 +118,23 @@ def plan_fan_out(
     """The global plans with a :class:`FanOutPlan` in each (coordinator, in
     ``prepare_global_plan``); ``plans`` unchanged when nothing is shared or a fan-out load
     cannot run (logged at DEBUG: every rank then reads directly)."""
-    ok, why = fan_out_group(group)
-    if ok and len(plans) < 2:
-        ok, why = False, "the load has one rank (dcp.load(..., no_dist=True)?)"
-    if ok and len(plans) != dist.get_world_size(group):
-        ok = False
+    why = ""
+    if not dist.is_available():
+        why = "torch.distributed is not available"
+    elif not dist.is_initialized():
+        why = "no process group is initialised"
+    elif dist.get_world_size(group) < 2:
+        why = "the process group has one rank"
+    elif len(plans) < 2:
+        why = "the load has one rank (dcp.load(..., no_dist=True)?)"
+    elif len(plans) != dist.get_world_size(group):
         why = (
             f"the load has {len(plans)} ranks but the process group {dist.get_world_size(group)}"
             " (pass the group dcp.load runs on as process_group=)"
         )
-    if ok and any(p.storage_data is not None for p in plans):
-        ok, why = False, "the plans already carry storage_data"
-    if not ok:
+    elif any(p.storage_data is not None for p in plans):
+        why = "the plans already carry storage_data"
+    if why:
         log.debug("s3ckpt: fan_out=True but %s; every rank reads directly", why)
         return plans
     table = build_table(plans, storage_data, piece_size=piece_size)
@@ -157,7 +144,7 @@ def plan_fan_out(
     log.debug(
         "s3ckpt: fan_out: %d shared items, %d bytes in %d pieces over %d ranks",
         len(table.spans),
-        table.total,
+        table.cuts[-1],
         table.pieces,
         table.world,
     )

@@ -29,6 +29,7 @@ from s3ckpt._commit import (
 )
 from s3ckpt._gc_pause import gc_paused
 from s3ckpt._tombstone import Tombstone, fenced_error, read_tombstone
+from s3ckpt._transfer import format_leftovers
 from s3ckpt._version import __version__
 from s3ckpt.dcp._torch import StorageInfo
 from s3ckpt.dcp._verify import verify_marker, verify_objects, verify_wanted
@@ -41,24 +42,25 @@ from s3ckpt.errors import (
     S3CkptError,
     TransientStoreError,
 )
-from s3ckpt.format import (
+from s3ckpt.format import HashedPrefixes
+from s3ckpt.format._hashed import object_key
+from s3ckpt.format._manifest import (
     FORMAT_VERSION,
     LAYOUT_FORMAT_VERSION,
-    MANIFEST_NAME,
-    METADATA_NAME,
-    HashedPrefixes,
     ItemRecord,
     Manifest,
     ObjectRecord,
+)
+from s3ckpt.format._names import (
+    MANIFEST_NAME,
+    METADATA_NAME,
     heartbeat_name,
     metadata_name,
-    object_key,
     save_tag,
 )
 from s3ckpt.metrics.instrument import expecting, in_context
 from s3ckpt.store import ObjectStore
 from s3ckpt.store.base import DeleteFailure, DeleteFailures, ObjectInfo
-from s3ckpt.transfer import format_leftovers
 from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageInfo", "SaveCommit", "delete_own"]
@@ -68,8 +70,8 @@ log = logging.getLogger(__name__)
 _DCP_VERSION = "1.0.0"
 
 _LIST_WORKERS = 16
-"""Requests sent in parallel by the object check of a hashed-prefix save (a LIST per shard
-folder it used, and a HEAD)."""
+# Requests sent in parallel by the object check of a hashed-prefix save (a LIST per shard
+# folder it used, and a HEAD).
 
 
 @dataclass
@@ -100,31 +102,17 @@ class SaveCommit:
             records a failure for.
     """
 
-    def __init__(
-        self,
-        store: ObjectStore,
-        url: StoreURL,
-        *,
-        save_id: str,
-        overwrite: bool,
-        rank: int,
-        step: int | None,
-        metrics: dict[str, float],
-        user: dict[str, Any],
-        layout: HashedPrefixes | None = None,
-        verify_after_write: bool | None = None,
-    ) -> None:
-        self.store = store
-        self.verify_after_write = verify_after_write
-        self.layout = layout
-        self.url = url
-        self.save_id = save_id
-        self.tag = save_tag(save_id)
-        self.overwrite = overwrite
-        self.rank = rank
-        self.step = step
-        self.metrics = metrics
-        self.user = user
+    def __init__(self, writer: Any) -> None:
+        """``writer``: the :class:`~s3ckpt.dcp.S3StorageWriter` whose save this commits (its
+        store, URL, save id, overwrite, rank, step, metrics, user metadata, layout and
+        ``verify_after_write``)."""
+        self.store, self.url, self.save_id = writer.store, writer.url, writer.save_id
+        self.overwrite, self.rank, self.step = writer.overwrite, writer.rank, writer.step
+        self.metrics, self.user = writer.metrics, writer.user_metadata
+        self.layout: HashedPrefixes | None = writer.prefix_strategy
+        self.verify_after_write: bool | None = writer.s3_config.verify_after_write
+        self.tag = save_tag(self.save_id)
+        self.marker = self.url.key(MANIFEST_NAME)
         self.manifest: Manifest | None = None
         self.left_behind = True
 
@@ -164,7 +152,7 @@ class SaveCommit:
             layout=self.layout,
         )
         try:
-            self._beat()
+            Heartbeat(self.store, self.url, tag, self.rank, self.step).beat()
             self.store.put(self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c)
             self._check_objects(manifest)
             verify = verify_wanted(self.store, self.verify_after_write, heartbeats[self.rank])
@@ -187,9 +175,6 @@ class SaveCommit:
             verify_marker(self.store, self.url, manifest_bytes)
         self._after_commit(manifest, meta_bytes, heartbeats, previous)
 
-    def _beat(self) -> None:
-        Heartbeat(self.store, self.url, save_tag(self.save_id), self.rank, self.step).beat()
-
     def _check_objects(self, manifest: Manifest) -> None:
         """Every object the manifest names exists with its recorded size.
 
@@ -207,12 +192,12 @@ class SaveCommit:
             sizes = {o.key: o.size for o in self.store.list(prefix)}
         else:
             sizes = self._hashed_sizes(manifest.layout, manifest, meta_key)
-        bad = []
-        for key, name, size in wanted:
-            found = sizes.get(key)
-            if found != size:
-                seen = "missing" if found is None else f"{found} bytes"
-                bad.append((key, f"{name} ({seen}, expected {size} bytes)"))
+        seen = {k: f"{n} bytes" for k, n in sizes.items()}
+        bad = [
+            (key, f"{name} ({seen.get(key, 'missing')}, expected {size} bytes)")
+            for key, name, size in wanted
+            if sizes.get(key) != size
+        ]
         if bad:
             raise CheckpointError(
                 f"not committing {self.url}: {len(bad)} object(s) of this save are missing or "
@@ -224,10 +209,6 @@ class SaveCommit:
                 key=bad[0][0],
                 rank=self.rank,
             )
-
-    def _listing(self, folder: str) -> list[ObjectInfo]:
-        """One folder's listing (a task of the listing pool)."""
-        return list(self.store.list(folder))
 
     def _hashed_sizes(
         self, layout: HashedPrefixes, manifest: Manifest, meta_key: str
@@ -252,6 +233,9 @@ class SaveCommit:
             sizes[meta_key] = info.size
         return sizes
 
+    def _listing(self, folder: str) -> list[ObjectInfo]:
+        return list(self.store.list(folder))
+
     def _previous_marker(self) -> tuple[Manifest | None, str | None] | None:
         """The marker being replaced (its manifest and ETag), or None on a fresh prefix.
 
@@ -267,7 +251,7 @@ class SaveCommit:
                 return (None, gone)
             if not self.overwrite:
                 raise
-            info = self.store.head(self.url.key(MANIFEST_NAME))
+            info = self.store.head(self.marker)
             if info is None:
                 return None
             log.warning("s3ckpt: replacing %s, whose marker is unreadable: %s", self.url, exc)
@@ -279,14 +263,14 @@ class SaveCommit:
         return found
 
     def _fenced(self, tomb: Tombstone) -> CheckpointError:
-        where = {"bucket": self.store.bucket, "key": self.url.key(MANIFEST_NAME)}
-        return fenced_error(self.url, tomb, self.tag, self.step, **where, rank=self.rank)
+        where = {"bucket": self.store.bucket, "key": self.marker, "rank": self.rank}
+        return fenced_error(self.url, tomb, self.tag, self.step, **where)
 
     def _refuse_tombstone(self, cause: BaseException) -> str | None:
         """Never compare-and-swap over an unfinished tombstone (:mod:`s3ckpt._tombstone`):
         a deleter owns the marker until it is done. Returns the ETag of a finished one
         this save may replace; None when the marker is no tombstone."""
-        found = read_tombstone(self.store, self.url.key(MANIFEST_NAME))
+        found = read_tombstone(self.store, self.marker)
         if found is None:
             return None
         if found[0].done and self.tag not in found[0].reaped and found[1]:
@@ -301,9 +285,7 @@ class SaveCommit:
         ``.metadata.{tag}`` back). A PUT, not a delete: a trainer role may write but not
         delete. Not for a format-1 commit, whose plain ``.metadata`` is the committed one.
         """
-        if previous is None or previous[0] is None:
-            return False
-        if previous[0].metadata_key == METADATA_NAME:
+        if previous is None or previous[0] is None or previous[0].metadata_key == METADATA_NAME:
             return False
         self.store.put(self.url.key(METADATA_NAME), b"")
         return True
@@ -338,7 +320,6 @@ class SaveCommit:
         save (``attach_metrics``) is compared-and-swapped again; another save's marker means
         we lost the race, provably, and only our own objects are removed.
         """
-        marker = self.url.key(MANIFEST_NAME)
         replaced_id = previous[0].save_id if previous is not None and previous[0] else None
         for _ in range(3):
             etag = previous[1] if previous is not None else None
@@ -346,9 +327,9 @@ class SaveCommit:
                 # A 412 (or a 404 on If-Match) is a race this loop decides: not a failure.
                 with expecting("not_found", "precondition_failed"):
                     if previous is not None and etag:
-                        self.store.put(marker, body, if_match=etag)
+                        self.store.put(self.marker, body, if_match=etag)
                     else:
-                        self.store.put(marker, body, if_none_match=previous is None)
+                        self.store.put(self.marker, body, if_none_match=previous is None)
                 return
             except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
                 failure: BaseException = exc
@@ -375,7 +356,7 @@ class SaveCommit:
                     "objects were kept; `s3ckpt ls` shows whether it committed, and "
                     "`s3ckpt gc` removes them if it did not",
                     bucket=self.store.bucket,
-                    key=marker,
+                    key=self.marker,
                     rank=self.rank,
                 ) from failure
             if found is not None and found[0].save_id == self.save_id:
@@ -415,19 +396,12 @@ class SaveCommit:
                 # A trainer role without s3:DeleteObject (the default of terraform/) is
                 # expected to leave these to `s3ckpt gc`: say so quietly.
                 denied = all(f.code == "AccessDenied" for f in failures)
-                log.log(
-                    logging.INFO if denied else logging.WARNING,
-                    "%s committed, but %s",
-                    self.url,
-                    format_leftovers([f.key for f in failures]),
-                )
+                level = logging.INFO if denied else logging.WARNING
+                left = format_leftovers([f.key for f in failures])
+                log.log(level, "%s committed, but %s", self.url, left)
         except S3CkptError as exc:
-            log.warning(
-                "s3ckpt: %s committed; finishing it failed (%s). Readers and `s3ckpt gc` "
-                "roll it forward",
-                self.url,
-                exc,
-            )
+            why = "Readers and `s3ckpt gc` roll it forward"
+            log.warning("s3ckpt: %s committed; finishing it failed (%s). %s", self.url, exc, why)
 
     def _replaced(self, previous: Manifest, current: Manifest) -> list[str]:
         """Keys of the replaced save that the new one does not use (its data objects where
@@ -450,10 +424,7 @@ class SaveCommit:
         storage_meta: StorageMeta | None,
     ) -> tuple[bytes, dict[str, ObjectRecord], list[ItemRecord]]:
         """The pickled ``.metadata`` and the manifest's object and item records."""
-        infos: dict[Any, S3StorageInfo] = {}
-        for rank_results in results:
-            for wr in rank_results:
-                infos[wr.index] = wr.storage_data
+        infos: dict[Any, S3StorageInfo] = {wr.index: wr.storage_data for rs in results for wr in rs}
         metadata.version = _DCP_VERSION
         metadata.storage_data = {idx: info.plain() for idx, info in infos.items()}
         metadata.storage_meta = storage_meta
@@ -461,20 +432,11 @@ class SaveCommit:
         objects: dict[str, ObjectRecord] = {}
         items: list[ItemRecord] = []
         for idx, info in infos.items():
-            objects[info.relative_path] = ObjectRecord(
-                info.relative_path, info.object_size, info.rank
-            )
-            items.append(
-                ItemRecord(
-                    fqn=idx.fqn,
-                    offset=tuple(idx.offset) if idx.offset is not None else None,
-                    object=info.relative_path,
-                    start=info.offset,
-                    length=info.length,
-                    crc32c=info.crc32c,
-                    data_offset=info.data_offset,
-                )
-            )
+            name = info.relative_path
+            objects[name] = ObjectRecord(name, info.object_size, info.rank)
+            offset = tuple(idx.offset) if idx.offset is not None else None
+            args = (name, info.offset, info.length, info.crc32c, info.data_offset)
+            items.append(ItemRecord(idx.fqn, offset, *args))
         return meta_bytes, objects, items
 
     def _discard(self, keys: list[str]) -> None:

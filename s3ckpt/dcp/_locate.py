@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from s3ckpt._commit import check_metadata, metadata_matches, read_marker
+from s3ckpt._commit import check_metadata, get_or_none, metadata_matches, read_marker
 from s3ckpt._tombstone import Tombstone, deleted_error
 from s3ckpt.errors import (
     CheckpointNotFoundError,
@@ -20,14 +20,9 @@ from s3ckpt.errors import (
     S3CkptError,
     UncommittedCheckpointError,
 )
-from s3ckpt.format import (
-    MANIFEST_NAME,
-    METADATA_NAME,
-    SHARDS_DIR,
-    Manifest,
-    owned_tag,
-    shard_tag,
-)
+from s3ckpt.format._hashed import SHARDS_DIR, shard_tag
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, owned_tag
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL
@@ -83,21 +78,14 @@ def _committed_metadata(
     the plain copy rolled forward, so stock DCP readers see the committed state too.
     """
     plain_key = url.key(METADATA_NAME)
-    try:
-        raw: bytes | None = store.get(plain_key)
-    except ObjectNotFoundError:
-        raw = None
+    raw = get_or_none(store, plain_key)
     if raw is not None and metadata_matches(raw, manifest):
         return plain_key, raw
     meta_key = url.key(manifest.metadata_key)
-    if manifest.metadata_key != METADATA_NAME:
-        try:
-            raw = store.get(meta_key)
-        except ObjectNotFoundError:
-            raw = None
-    check_metadata(raw, manifest, bucket=store.bucket, key=meta_key)
-    assert raw is not None
-    if manifest.metadata_key != METADATA_NAME and roll_forward:
+    if manifest.metadata_key == METADATA_NAME:  # format 1: the plain one is the committed one
+        return meta_key, check_metadata(raw, manifest, bucket=store.bucket, key=meta_key)
+    raw = check_metadata(get_or_none(store, meta_key), manifest, bucket=store.bucket, key=meta_key)
+    if roll_forward:
         _roll_forward(store, url, manifest, raw)
     return meta_key, raw
 
@@ -142,12 +130,10 @@ def _uncommitted_metadata(
             bucket=store.bucket,
             key=marker_key,
         )
-    candidates = [url.key(METADATA_NAME), *sorted(tagged)]
-    for key in candidates:
-        try:
-            return key, store.get(key)
-        except ObjectNotFoundError:
-            continue
+    for key in [url.key(METADATA_NAME), *sorted(tagged)]:
+        raw = get_or_none(store, key)
+        if raw is not None:
+            return key, raw
     raise CheckpointNotFoundError(
         f"no checkpoint at {url}: neither {MANIFEST_NAME} nor {METADATA_NAME} "
         "exists; check the URL, or the save did not finish",

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 
 from s3ckpt.dcp._torch import flatten_state_dict
 from s3ckpt.errors import StateMismatchError
-from s3ckpt.format import METADATA_NAME
+from s3ckpt.format._names import METADATA_NAME
 from s3ckpt.uri import StoreURL
 
 __all__ = ["Shape", "compare", "mismatch_error", "planned_shapes"]
@@ -41,19 +41,20 @@ def compare(
         md = saved.get(fqn)
         if md is None:
             missing.append(fqn)
-        elif (
-            isinstance(md, TensorStorageMetadata)
-            and isinstance(value, torch.Tensor)
-            and tuple(md.size) != tuple(value.size())  # a DTensor's size() is global
-        ):
-            shapes[fqn] = (tuple(md.size), tuple(value.size()))
-    sections = [f"{name}." for name in unexpected_under if name in state_dict]
-    unexpected = (
-        [fqn for fqn in saved if fqn.startswith(tuple(sections)) and fqn not in flat]
-        if sections
-        else []
-    )
+        elif (pair := _mismatch(md, value)) is not None:
+            shapes[fqn] = pair
+    sections = tuple(f"{name}." for name in unexpected_under if name in state_dict)
+    unexpected = [fqn for fqn in saved if fqn.startswith(sections) and fqn not in flat]
     return shapes, missing, unexpected
+
+
+def _mismatch(md: Any, value: Any) -> tuple[Shape, Shape] | None:
+    """``(saved, expected)`` when ``value`` is a tensor of another global size than its
+    saved ``md`` (a DTensor's ``size()`` is global)."""
+    if not (isinstance(md, TensorStorageMetadata) and isinstance(value, torch.Tensor)):
+        return None
+    saved, expected = tuple(md.size), tuple(value.size())
+    return (saved, expected) if saved != expected else None
 
 
 def _listed(keys: Sequence[str], sep: str = ", ") -> str:
@@ -111,16 +112,7 @@ def planned_shapes(
     dest = getattr(planner, "state_dict", None)
     if not isinstance(dest, Mapping):
         return {}
-    shapes: dict[str, tuple[Shape, Shape]] = {}
-    for read in plan.items:
-        fqn = read.storage_index.fqn
-        md = metadata.state_dict_metadata.get(fqn)
-        value = dest.get(fqn)
-        if (
-            read.type == LoadItemType.TENSOR
-            and isinstance(md, TensorStorageMetadata)
-            and isinstance(value, torch.Tensor)
-            and tuple(md.size) != tuple(value.size())
-        ):
-            shapes[fqn] = (tuple(md.size), tuple(value.size()))
-    return shapes
+    saved = metadata.state_dict_metadata
+    fqns = dict.fromkeys(r.storage_index.fqn for r in plan.items if r.type == LoadItemType.TENSOR)
+    found = {fqn: _mismatch(saved.get(fqn), dest.get(fqn)) for fqn in fqns}
+    return {fqn: pair for fqn, pair in found.items() if pair is not None}

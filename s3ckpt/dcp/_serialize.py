@@ -26,10 +26,10 @@ is over the bytes stored, as every item's).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
 import pickle
-import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +40,8 @@ from s3ckpt.dcp._finish import S3StorageInfo
 from s3ckpt.errors import ConfigError
 
 if TYPE_CHECKING:
+    from s3ckpt._transfer import ItemCrc, ObjectSink
     from s3ckpt.dcp._torch import StreamTransformExtension
-    from s3ckpt.transfer import ItemCrc, ObjectSink
 
 __all__ = [
     "check_extensions",
@@ -53,9 +53,6 @@ __all__ = [
 
 # torch.save framing around a tensor's bytes is ~1.5 KiB; used only to size objects.
 _ITEM_OVERHEAD = 2048
-
-_lock = threading.Lock()
-_fast: bool | None = None
 
 
 def _save_without_crc(obj: Any, f: Any) -> None:
@@ -74,7 +71,9 @@ def _save_without_crc(obj: Any, f: Any) -> None:
     writer.write_end_of_file()
 
 
-def _probe() -> bool:
+@functools.cache
+def fast_path_available() -> bool:
+    """Whether this torch lets items be written without the zip CRC-32 (probed once)."""
     try:
         sample = torch.arange(17, dtype=torch.float32)
         ours, stock = io.BytesIO(), io.BytesIO()
@@ -88,16 +87,6 @@ def _probe() -> bool:
         )
     except Exception:  # any change in the private API means "use torch.save"
         return False
-
-
-def fast_path_available() -> bool:
-    """Whether this torch lets items be written without the zip CRC-32 (probed once)."""
-    global _fast
-    if _fast is None:
-        with _lock:
-            if _fast is None:
-                _fast = _probe()
-    return _fast
 
 
 def save_item(obj: Any, f: Any) -> None:
@@ -185,11 +174,7 @@ def _through(sink: Any, extensions: Sequence[StreamTransformExtension]) -> Itera
 
 def _tensor_for_save(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU tensor whose storage holds exactly its bytes (torch.save writes whole storages)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    if not t.is_contiguous():
-        t = t.contiguous()
+    t = tensor.detach().to("cpu").contiguous()  # each returns the tensor itself when it is so
     if t.untyped_storage().nbytes() != t.numel() * t.element_size():
         t = t.clone()
     return t

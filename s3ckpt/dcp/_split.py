@@ -3,10 +3,11 @@
 One connection to S3 carries about 85 MB/s, so an item of hundreds of MB read by one GET
 keeps one connection busy while the rank's others idle: a rank loading five large tensors
 would use five. :func:`split_spans` cuts every item longer than the load's piece size
-(:func:`s3ckpt.transfer.read_piece_size`: the bytes to load spread over twice the
-connections, 8 MiB at least) into near-equal pieces. Each piece is a span of its own in the
-range walk, so the pieces of one item are fetched by several threads at once, and each lands
-straight in its place:
+(:func:`s3ckpt._transfer.read_piece_size`: the bytes to load spread over twice the
+connections, 8 MiB at least) into near-equal pieces (any other item is one piece, and so
+is a span of the fan-out stream: :func:`decode_span`). Each piece is a span of its own in
+the range walk, so the pieces of one item are fetched by several threads at once, and each
+lands straight in its place (decided when the item's first piece starts):
 
 * an item that streams directly (:meth:`~s3ckpt.dcp._decode.SpanDecoder.direct`: a CPU
   destination, contiguous, of the saved dtype and shape) lands in the destination tensor's
@@ -29,43 +30,27 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from torch.distributed.checkpoint.planner import LoadPlanner
-
 from s3ckpt._crc import crc32c_combine
-from s3ckpt.dcp._decode import DirectTarget, ItemSpan, SpanDecoder, SpansByObject
-from s3ckpt.transfer import SpanReader
+from s3ckpt.dcp._decode import ByteSource, DirectTarget, ItemSpan, SpanDecoder, SpansByObject
 
-__all__ = ["Piece", "SplitItem", "split_spans"]
+__all__ = ["Piece", "SplitItem", "decode_span", "split_spans"]
 
-WalkSpans = dict[str, list[tuple[int, int, "ItemSpan | Piece"]]]
-"""Spans for :meth:`~s3ckpt.transfer.RangeWalk.plan`: ``(start, end, payload)`` by object."""
+WalkSpans = dict[str, list[tuple[int, int, "Piece"]]]
+# Spans for :meth:`~s3ckpt._transfer.RangeWalk.plan`: ``(start, end, payload)`` by object.
 
 
 class SplitItem:
-    """One stored item read as several pieces, and where their bytes land."""
+    """One stored item read as one or more pieces, and where their bytes land (decided
+    when its first piece starts: :meth:`~s3ckpt.dcp._decode.SpanDecoder.direct`)."""
 
-    def __init__(
-        self,
-        span: ItemSpan,
-        key: str,
-        decoder: SpanDecoder,
-        direct: DirectTarget | None,
-        planner: LoadPlanner,
-        lock: threading.Lock,
-        n_pieces: int,
-    ) -> None:
-        self.span = span
-        self.key = key
-        self.fqn = span.reads[0].storage_index.fqn
+    def __init__(self, span: ItemSpan, key: str, decoder: SpanDecoder, n_pieces: int) -> None:
+        self.span, self.key, self.fqn = span, key, span.reads[0].storage_index.fqn
         self._decoder = decoder
-        self._direct = direct
-        self._planner = planner
-        self._planner_lock = lock
         self._lock = threading.Lock()
         self._crcs: list[tuple[int, int] | None] = [None] * n_pieces  # (crc, length)
         self._left = n_pieces
-        self._head = bytearray(direct.head_len if direct else 0)
-        self._tail = bytearray(direct.tail_len if direct else 0)
+        self._direct: DirectTarget | None = None
+        self._head = self._tail = bytearray()
         self._buf: bytearray | None = None
         self._regions: list[tuple[int, memoryview]] | None = None
 
@@ -73,8 +58,9 @@ class SplitItem:
         """``(offset in the item, writable view)`` covering the item's bytes, in order."""
         with self._lock:
             if self._regions is None:
-                d = self._direct
+                d = self._direct = self._decoder.direct(self.span, self.key)
                 if d is not None:
+                    self._head, self._tail = bytearray(d.head_len), bytearray(d.tail_len)
                     self._regions = [
                         (0, memoryview(self._head)),
                         (d.head_len, d.data() if d.nbytes else memoryview(b"")),
@@ -96,15 +82,14 @@ class SplitItem:
         for part in self._crcs:
             assert part is not None
             total = crc32c_combine(total, part[0], part[1])
-        planner, lock = self._planner, self._planner_lock
         if self._direct is not None:
             self._decoder.finish_direct(
-                self.span, self.key, self._direct, self._head, self._tail, total, planner, lock
+                self.span, self.key, self._direct, self._head, self._tail, total
             )
         else:
             buf, self._buf, self._regions = self._buf, None, None
             assert buf is not None
-            self._decoder.decode_buffer(self.span, self.key, buf, total, planner, lock)
+            self._decoder.decode_buffer(self.span, self.key, buf, total)
 
 
 @dataclass(frozen=True)
@@ -116,7 +101,7 @@ class Piece:
     start: int
     end: int
 
-    def read(self, reader: SpanReader) -> None:
+    def read(self, reader: ByteSource) -> None:
         """Read this piece from ``reader`` (positioned at its first byte) into its place."""
         crc = 0
         for at, view in self.item.regions():
@@ -129,8 +114,6 @@ class Piece:
 def split_spans(
     per_object: SpansByObject,
     decoder: SpanDecoder,
-    planner: LoadPlanner,
-    lock: threading.Lock,
     *,
     piece_size: int,
     key_of: Callable[[str], str],
@@ -141,18 +124,20 @@ def split_spans(
     out: WalkSpans = {}
     for name, spans in per_object.items():
         key = key_of(name)
-        walk: list[tuple[int, int, ItemSpan | Piece]] = []
+        walk: list[tuple[int, int, Piece]] = []
         for span in spans.values():
             start, length = span.info.offset, span.info.length
-            if length <= piece_size:
-                walk.append((start, start + length, span))
-                continue
-            n = math.ceil(length / piece_size)
-            direct = decoder.direct(span, key, planner, lock)
-            item = SplitItem(span, key, decoder, direct, planner, lock, n)
+            n = max(1, math.ceil(length / piece_size))
+            item = SplitItem(span, key, decoder, n)
             bounds = [length * i // n for i in range(n + 1)]  # n < piece_size <= length / n
             for i in range(n):
                 lo, hi = bounds[i], bounds[i + 1]
                 walk.append((start + lo, start + hi, Piece(item, i, lo, hi)))
         out[name] = walk
     return out
+
+
+def decode_span(decoder: SpanDecoder, source: ByteSource, key: str, span: ItemSpan) -> None:
+    """Read ``span`` (of object ``key``) whole from ``source`` into the decoder's planner,
+    checked: as one piece (the fan-out stream's spans)."""
+    Piece(SplitItem(span, key, decoder, 1), 0, 0, span.info.length).read(source)

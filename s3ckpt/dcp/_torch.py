@@ -81,7 +81,7 @@ def _storage_info() -> type:
         raise ImportError(
             f"torch {torch.__version__}: torch.distributed.checkpoint.filesystem._StorageInfo "
             f"has fields {names or 'unknown'}, not {_STORAGE_INFO_FIELDS}; s3ckpt cannot write "
-            "a .metadata this torch reads. s3ckpt is tested with torch {_TESTED}"
+            f"a .metadata this torch reads. s3ckpt is tested with torch {_TESTED}"
         )
     return cls
 

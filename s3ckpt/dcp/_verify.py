@@ -12,34 +12,28 @@ it is read back too: a marker that arrived altered is rewritten (If-Match on the
 one) before the save reports success.
 
 Cost: one more read of every byte the save wrote, all of it through the coordinator
-(the simplest way to know that what is committed is what every rank sent), in parallel
-over ``TransferConfig.concurrency`` objects at a time, each streamed through one
-:data:`CHUNK` buffer: memory ``concurrency * CHUNK`` at most. At the coordinator's
+(the simplest way to know that what is committed is what every rank sent), with the
+coalesced ranged GETs of the load (``TransferConfig.read_concurrency`` at a time, one
+``read_chunk_size`` buffer each). At the coordinator's
 download bandwidth B, a save of S bytes takes S / B longer (e.g. 10 GB at 1 GB/s: 10 s).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from typing import Any
 
-from s3ckpt import _crc
+from s3ckpt._verify import Item, Verifier, manifest_items
+from s3ckpt.config import TransferConfig
 from s3ckpt.errors import ChecksumMismatchError, CorruptCheckpointError, StoreError
-from s3ckpt.format import MANIFEST_NAME, ItemRecord, Manifest
-from s3ckpt.metrics.instrument import in_context
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["CHUNK", "verify_marker", "verify_objects", "verify_wanted"]
+__all__ = ["verify_marker", "verify_objects", "verify_wanted"]
 
 log = logging.getLogger(__name__)
-
-CHUNK = 8 * 1024 * 1024
-"""Bytes one verifying thread reads at a time (its one buffer)."""
-
-_DEFAULT_WORKERS = 8
 
 
 def verify_wanted(store: ObjectStore, setting: bool | None, probe_key: str) -> bool:
@@ -54,104 +48,19 @@ def verify_wanted(store: ObjectStore, setting: bool | None, probe_key: str) -> b
     heartbeat: once per endpoint and bucket and process). An echo of the checksum sent
     proves nothing: moto echoes whatever it is sent and checks none.
     """
-    if setting is not None:
-        return setting
     cfg = getattr(store, "s3_config", None)
-    if getattr(store, "url_scheme", None) != "s3" or cfg is None:
-        return False
-    own = getattr(cfg, "verify_after_write", None)
-    if own is not None:
-        return bool(own)
-    if getattr(cfg, "checksum_algorithm", "CRC32C") != "CRC32C":
-        return True
+    if setting is not None or getattr(store, "url_scheme", None) != "s3" or cfg is None:
+        return bool(setting)
+    if getattr(cfg, "verify_after_write", None) is not None:
+        return bool(cfg.verify_after_write)
     probe = getattr(store, "checksum_verified", None)
-    return not (callable(probe) and probe(probe_key))
+    crc32c = getattr(cfg, "checksum_algorithm", "CRC32C") == "CRC32C"
+    return not (crc32c and callable(probe) and probe(probe_key))
 
 
-@dataclass(frozen=True)
-class _Check:
-    """One object to read back: its key, size, the rank that wrote it, and the
-    ``(start, length, crc32c, what)`` ranges to check in it."""
-
-    key: str
-    size: int
-    rank: int | None
-    ranges: tuple[tuple[int, int, int, str], ...]
-
-
-def _checks(manifest: Manifest, url: StoreURL) -> list[_Check]:
-    by_object: dict[str, list[ItemRecord]] = {}
-    for item in manifest.items:
-        by_object.setdefault(item.object, []).append(item)
-    checks = [
-        _Check(
-            manifest.object_key(url.prefix, o.name),
-            o.size,
-            o.rank,
-            tuple(
-                (i.start, i.length, i.crc32c, repr(i.fqn))
-                for i in sorted(by_object.get(o.name, ()), key=lambda i: i.start)
-            ),
-        )
-        for o in manifest.objects
-    ]
-    checks.append(
-        _Check(
-            url.key(manifest.metadata_key),
-            manifest.metadata_size,
-            None,
-            ((0, manifest.metadata_size, manifest.metadata_crc32c, manifest.metadata_key),),
-        )
-    )
-    return checks
-
-
-def _read_back(store: ObjectStore, check: _Check) -> list[tuple[str, int, int, int, int]]:
-    """Stream ``check``'s object once; the ranges whose CRC32C differs, as ``(what,
-    start, length, found, recorded)``."""
-    crcs = [0] * len(check.ranges)
-    buf = bytearray(min(CHUNK, max(check.size, 1)))
-    view = memoryview(buf)
-    pos = 0
-    first = 0  # ranges before this one end at or before pos
-    reader = store.open_range(check.key, 0, check.size)
-    try:
-        while pos < check.size:
-            n = reader.readinto(view[: min(len(buf), check.size - pos)])
-            if not n:
-                break
-            end = pos + n
-            j = first
-            while j < len(check.ranges) and check.ranges[j][0] < end:
-                start, length, _, _ = check.ranges[j]
-                lo, hi = max(start, pos), min(start + length, end)
-                if lo < hi:
-                    crcs[j] = _crc.crc32c(view[lo - pos : hi - pos], crcs[j])
-                j += 1
-            while first < len(check.ranges) and sum(check.ranges[first][:2]) <= end:
-                first += 1
-            pos = end
-    finally:
-        reader.close()
-    if pos != check.size:
-        raise CorruptCheckpointError(
-            f"verify after write: {check.key} reads back {pos} bytes, {check.size} were "
-            "written; nothing was committed, the previous checkpoint is intact",
-            bucket=store.bucket,
-            key=check.key,
-            rank=check.rank,
-        )
-    return [
-        (what, start, length, found, recorded)
-        for (start, length, recorded, what), found in zip(check.ranges, crcs, strict=True)
-        if found != recorded
-    ]
-
-
-def verify_objects(
-    store: ObjectStore, url: StoreURL, manifest: Manifest, *, workers: int | None = None
-) -> None:
-    """Read every object of the save back and check each item's CRC32C (module docs).
+def verify_objects(store: ObjectStore, url: StoreURL, manifest: Manifest) -> None:
+    """Read every item of the save and its ``.metadata`` back and check each CRC32C (module
+    docs), with the one verifier (:class:`s3ckpt._verify.Verifier`).
 
     Raises:
         ChecksumMismatchError: An item (or the ``.metadata``) reads back with another
@@ -159,34 +68,41 @@ def verify_objects(
         CorruptCheckpointError: An object reads back shorter than written.
         StoreError: A read failed after its retries.
     """
-    checks = _checks(manifest, url)
-    if workers is None:
-        tc = getattr(store, "transfer_config", None)
-        workers = int(getattr(tc, "concurrency", _DEFAULT_WORKERS) or _DEFAULT_WORKERS)
-    bad: list[tuple[_Check, Sequence[tuple[str, int, int, int, int]]]] = []
-    with ThreadPoolExecutor(max(1, min(workers, len(checks)))) as pool:
-        read = in_context(lambda c: (c, _read_back(store, c)))
-        for check, wrong in pool.map(read, checks):
-            if wrong:
-                bad.append((check, wrong))
-    if not bad:
+    items = manifest_items(manifest, lambda i: repr(i.fqn))
+    md = manifest.metadata_key
+    items.append(Item(md, 0, manifest.metadata_size, manifest.metadata_crc32c, md))
+
+    def key_of(name: str) -> str:
+        return url.key(name) if name == md else manifest.object_key(url.prefix, name)
+
+    v = Verifier(store, key_of, getattr(store, "transfer_config", None) or TransferConfig())
+    v.read(items)
+    failed = [f.error for f in v.faults if f.kind == "read_error" and f.error is not None]
+    if failed:
+        raise failed[0]
+    if not v.faults:
         return
-    first_check, first_wrong = bad[0]
-    check = first_check
-    what, start, length, found, recorded = first_wrong[0]
-    writer = f"rank {check.rank}" if check.rank is not None else "the coordinator"
-    more = sum(len(w) for _, w in bad) - 1
+    first = v.faults[0]
+    item = first.item or first.items[0]
+    key = key_of(item.object)
+    where: dict[str, Any] = {"bucket": store.bucket, "key": key, "rank": item.rank}
+    if first.kind != "checksum":
+        raise CorruptCheckpointError(
+            f"verify after write: {key} reads back shorter than written ({first.message}); "
+            "nothing was committed, the previous checkpoint is intact",
+            **where,
+        )
+    writer = f"rank {item.rank}" if item.rank is not None else "the coordinator"
+    more = len(v.faults) - 1
     raise ChecksumMismatchError(
-        f"verify after write: {what} in {check.key} (written by {writer}) reads back with "
-        f"crc32c {found:08x}, but {recorded:08x} was sent (bytes {start}-{start + length - 1})"
+        f"verify after write: {item.name} in {key} (written by {writer}) reads back with "
+        f"{first.found}, but {first.expected} was sent (bytes {item.start}-{item.end - 1})"
         f"{f', and {more} more item(s)' if more else ''}: the bytes were corrupted on their "
         "way to the store (which did not verify the checksum sent with them). Nothing was "
         "committed and the previous checkpoint is intact; save again, and if it recurs "
         "check the network path to the store",
-        bucket=store.bucket,
-        key=check.key,
-        rank=check.rank,
-        item=what,
+        item=item.name,
+        **where,
     )
 
 

@@ -15,12 +15,12 @@ Call sequence (torch's ``StorageReader`` contract):
    ``fan_out``: the items two or more ranks read, cut into pieces each read by one rank
    for the group (:mod:`s3ckpt.dcp._fanout_plan`), in every rank's plan.
 4. ``read_data``: group read items by object, sort by offset, coalesce near ranges into
-   requests of at most the load's piece size (:func:`~s3ckpt.transfer.read_piece_size`:
+   requests of at most the load's piece size (:func:`~s3ckpt._transfer.read_piece_size`:
    the bytes to load over twice the connections, 8 MiB .. ``read_request_size``), cut
    items larger than that into pieces read in parallel and landing in place
    (:mod:`s3ckpt.dcp._split`: one connection carries ~85 MB/s on S3, so one GET per large
    tensor would leave most connections idle), fetch requests in parallel
-   (:class:`~s3ckpt.transfer.RangeWalk`, the walk ``s3ckpt verify`` uses too),
+   (:class:`~s3ckpt._transfer.RangeWalk`, the walk ``s3ckpt verify`` uses too),
    and hand each item's bytes to the span decoder (:class:`~s3ckpt.dcp._decode.SpanDecoder`):
    it streams tensor bytes straight into destination tensors when dtype and layout allow,
    and checks every item's CRC32C. Non-tensor items are checked by
@@ -38,7 +38,6 @@ through the same safe loader. Items saved through stream transforms (a writer's
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -55,23 +54,23 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from s3ckpt._transfer import RangeWalk, SpanReader, read_piece_size
+from s3ckpt._transfer import Span as WalkSpan
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._decode import ItemKey, ItemSpan, SpanDecoder, SpansByObject
+from s3ckpt.dcp._decode import ItemKey, SpanDecoder, SpansByObject
 from s3ckpt.dcp._fanout import FanOutRead
 from s3ckpt.dcp._fanout_plan import DEFAULT_PIECE_SIZE, MIN_PIECE_SIZE, FanOutPlan, plan_fan_out
 from s3ckpt.dcp._locate import locate, object_keys
-from s3ckpt.dcp._located import Located
+from s3ckpt.dcp._located import Located, reported
 from s3ckpt.dcp._match import mismatch_error, planned_shapes
-from s3ckpt.dcp._safe import SafeGlobal
+from s3ckpt.dcp._safe import SafeGlobal, load_metadata
 from s3ckpt.dcp._split import Piece, split_spans
 from s3ckpt.dcp._torch import StorageInfo
-from s3ckpt.dcp._unpickler import load_metadata
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError
-from s3ckpt.format import ItemRecord, Manifest
-from s3ckpt.metrics import instrument
-from s3ckpt.store import Location, LocationLike, ObjectStore
-from s3ckpt.transfer import RangeWalk, Request, SpanReader, read_piece_size
-from s3ckpt.transfer import Span as WalkSpan
+from s3ckpt.format._manifest import ItemRecord
+from s3ckpt.metrics.instrument import Participant
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._location import LocationLike
 
 if TYPE_CHECKING:
     from s3ckpt.dcp._torch import ExtensionRegistry
@@ -192,19 +191,14 @@ class S3StorageReader(Located, StorageReader):
             raise ConfigError(
                 f"fan_out_piece_size must be >= {MIN_PIECE_SIZE} bytes, got {fan_out_piece_size}"
             )
-        self.fan_out = fan_out
-        self.process_group = process_group
+        self.fan_out, self.process_group = fan_out, process_group
         self.fan_out_piece_size = fan_out_piece_size
-        self.verify_checksums = verify_checksums
-        self.allow_unsafe_pickle = allow_unsafe_pickle
+        self.verify_checksums, self.allow_unsafe_pickle = verify_checksums, allow_unsafe_pickle
         self.safe_globals: tuple[SafeGlobal, ...] = tuple(safe_globals)
-        self.allow_uncommitted = allow_uncommitted
-        self.roll_forward = roll_forward
-        self.rank = 0
-        self.bytes_read = 0
-        self.bytes_received = 0
-        self._report = instrument.Participant("load")
-        self._point(
+        self.allow_uncommitted, self.roll_forward = allow_uncommitted, roll_forward
+        self.rank = self.bytes_read = self.bytes_received = 0
+        self._report = Participant("load")
+        self._open(
             Location.of(path, s3_config=s3_config, transfer_config=transfer_config, store=store)
         )
 
@@ -212,18 +206,7 @@ class S3StorageReader(Located, StorageReader):
     def _point(self, location: Location) -> None:
         """A new location: read its marker and ``.metadata``."""
         self.location = location
-        self.load_id = uuid.uuid4().hex
-        self._begin_metrics()
-        with self._report.active(self._end_metrics):
-            self.manifest, self.metadata = self._load()
-        # A data object's key by its .metadata name (the marker's layout may place it).
-        names = (i.relative_path for i in self.metadata.storage_data.values())
-        self.object_key = object_keys(self.store, self.url, self.manifest, names)
-        self._records: dict[ItemKey, ItemRecord] = (
-            self.manifest.item_index() if self.manifest is not None else {}
-        )
-
-    def _load(self) -> tuple[Manifest | None, Metadata]:
+        self._restart()
         manifest, meta_key, raw = locate(
             self.store,
             self.url,
@@ -241,19 +224,18 @@ class S3StorageReader(Located, StorageReader):
                 bucket=self.store.bucket,
                 key=meta_key,
             )
-        return manifest, metadata
-
-    def _begin_metrics(self) -> None:
-        self._report.begin(str(self.url), rank=self.rank)
-
-    def _end_metrics(self, error: BaseException | None = None) -> None:
-        manifest: Manifest | None = getattr(self, "manifest", None)
-        self._report.end(error, rank=self.rank, step=manifest.step if manifest else None)
+        # A data object's key by its .metadata name (the marker's layout may place it).
+        names = (i.relative_path for i in metadata.storage_data.values())
+        self.object_key = object_keys(self.store, self.url, manifest, names)
+        self.manifest, self.metadata = manifest, metadata
+        self._records: dict[ItemKey, ItemRecord] = (
+            manifest.item_index() if manifest is not None else {}
+        )
 
     def _restart(self) -> None:
         """A new load of the same location (``reset`` to it): nothing is read again."""
         self.load_id = uuid.uuid4().hex
-        self._begin_metrics()
+        self._read_before = self.bytes_read
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """The checkpoint's metadata (read at construction)."""
@@ -267,12 +249,12 @@ class S3StorageReader(Located, StorageReader):
         """Index saved chunks (dtype and shape) for direct streaming."""
         self.rank = int(kwargs.get("rank", 0) or 0)
         self.metadata = metadata
-        self._chunks: dict[ItemKey, tuple[torch.dtype, torch.Size]] = {}
-        for fqn, md in metadata.state_dict_metadata.items():
-            if isinstance(md, TensorStorageMetadata):
-                for chunk in md.chunks:
-                    key = (fqn, tuple(chunk.offsets))
-                    self._chunks[key] = (md.properties.dtype, chunk.sizes)
+        self._chunks: dict[ItemKey, tuple[torch.dtype, torch.Size]] = {
+            (fqn, tuple(chunk.offsets)): (md.properties.dtype, chunk.sizes)
+            for fqn, md in metadata.state_dict_metadata.items()
+            if isinstance(md, TensorStorageMetadata)
+            for chunk in md.chunks
+        }
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """No storage-specific planning."""
@@ -289,108 +271,52 @@ class S3StorageReader(Located, StorageReader):
         )
 
     # -- data -----------------------------------------------------------------------------------
+    @reported(ends=lambda _: True)
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         """Fetch every item of ``plan`` into the planner's tensors; see the module docs.
 
         Without a Checkpointer around it, publishes this rank's ``"load"`` event
         (:mod:`s3ckpt.metrics`) when it ends."""
-        with self._report.active(self._end_metrics):
-            if shapes := planned_shapes(plan, planner, self.metadata):  # before any byte
-                raise mismatch_error(shapes, [], [], self.url, self.rank)
-            decoder = self._decoder()
-            lock = threading.Lock()
-            if isinstance(plan.storage_data, FanOutPlan):
-                self._fan_out(plan, plan.storage_data, decoder, planner, lock)
-            else:
-                self._read_direct(decoder.group(plan), decoder, planner, lock)
-        self._end_metrics()
+        if shapes := planned_shapes(plan, planner, self.metadata):  # before any byte
+            raise mismatch_error(shapes, [], [], self.url, self.rank)
+        decoder = SpanDecoder(self, planner)
+        if isinstance(plan.storage_data, FanOutPlan):
+            fan = FanOutRead(self, plan.storage_data, decoder)
+            try:
+                fan.run(plan)
+            finally:
+                self.bytes_read += fan.bytes_read
+                self.bytes_received += fan.bytes_received
+        else:
+            self._read_direct(decoder.group(plan), decoder)
         result: Future[None] = Future()
         result.set_result(None)
         return result
 
-    def _decoder(self) -> SpanDecoder:
-        """This load's span decoder: the checkpoint read, this rank, the checks asked for."""
-        return SpanDecoder(
-            url=self.url,
-            bucket=self.store.bucket,
-            rank=self.rank,
-            storage_data=cast(dict[MetadataIndex, StorageInfo], self.metadata.storage_data),
-            manifest=self.manifest,
-            records=self._records,
-            chunks=self._chunks,
-            verify_checksums=self.verify_checksums,
-            allow_unsafe_pickle=self.allow_unsafe_pickle,
-            safe_globals=self.safe_globals,
-            recorder=self._report.recorder,
-            extension_registry=self.extension_registry,
-        )
-
-    def _fan_out(
-        self,
-        plan: LoadPlan,
-        table: FanOutPlan,
-        decoder: SpanDecoder,
-        planner: LoadPlanner,
-        lock: threading.Lock,
-    ) -> None:
-        """Read ``plan`` with the group: the shared spans from the exchange, the rest
-        directly (:class:`~s3ckpt.dcp._fanout.FanOutRead`); both counted here."""
-        fan = FanOutRead(
-            table,
-            planner,
-            lock,
-            decoder=decoder,
-            read_direct=lambda spans: self._read_direct(spans, decoder, planner, lock),
-            store=self.store,
-            object_key=self.object_key,
-            transfer_config=self.transfer_config,
-            rank=self.rank,
-            group=self.process_group,
-        )
-        try:
-            fan.run(plan)
-        finally:
-            self._count(fan.bytes_read)
-            self.bytes_received += fan.bytes_received
-
-    def _read_direct(
-        self,
-        per_object: SpansByObject,
-        decoder: SpanDecoder,
-        planner: LoadPlanner,
-        lock: threading.Lock,
-    ) -> None:
+    def _read_direct(self, per_object: SpansByObject, decoder: SpanDecoder) -> None:
         """Read ``per_object`` from the store, decoding each span with ``decoder``: requests
-        of at most the load's piece size (:func:`~s3ckpt.transfer.read_piece_size`), large
+        of at most the load's piece size (:func:`~s3ckpt._transfer.read_piece_size`), large
         items cut into pieces read in parallel (:mod:`s3ckpt.dcp._split`)."""
-        walk = self._walk(decoder, planner, lock)
+        walk = self._walk()
         tc = self.transfer_config
         total = sum(s.info.length for spans in per_object.values() for s in spans.values())
         piece = read_piece_size(total, tc.read_concurrency, ceiling=tc.read_request_size)
-        spans = split_spans(
-            per_object, decoder, planner, lock, piece_size=piece, key_of=self.object_key
-        )
+        spans = split_spans(per_object, decoder, piece_size=piece, key_of=self.object_key)
         jobs = walk.plan(spans, max_size=piece)
         try:
             walk.run(jobs)
         finally:
-            self._count(walk.bytes_requested)
+            self.bytes_read += walk.bytes_requested
 
-    def _count(self, nbytes: int) -> None:
-        self.bytes_read += nbytes
-        self._report.add_bytes(nbytes)
+    def _moved(self) -> int:
+        return self.bytes_read - self._read_before
 
-    def _walk(
-        self, decoder: SpanDecoder, planner: LoadPlanner, lock: threading.Lock
-    ) -> RangeWalk[ItemSpan | Piece]:
+    def _walk(self) -> RangeWalk[Piece]:
         """The ranged-read walk that decodes each span with ``decoder`` (a piece of a large
         item lands in its place, :mod:`s3ckpt.dcp._split`); the first failure is raised."""
 
-        def on_span(span: WalkSpan[ItemSpan | Piece], reader: SpanReader) -> None:
-            if isinstance(span.payload, Piece):
-                span.payload.read(reader)
-            else:
-                decoder.decode(reader, span.key, span.payload, planner, lock)
+        def on_span(span: WalkSpan[Piece], reader: SpanReader) -> None:
+            span.payload.read(reader)
 
         return RangeWalk(
             self.store,
@@ -399,18 +325,3 @@ class S3StorageReader(Located, StorageReader):
             on_span=on_span,
             rank=self.rank,
         )
-
-    def _fetch(
-        self,
-        name: str,
-        req: Request[ItemSpan | Piece],
-        decoder: SpanDecoder,
-        planner: LoadPlanner,
-        lock: threading.Lock,
-    ) -> None:
-        """Read one request (and its overlapping spans' own requests) into the planner."""
-        walk = self._walk(decoder, planner, lock)
-        try:
-            walk.fetch(name, req)
-        finally:
-            self._count(walk.bytes_requested)

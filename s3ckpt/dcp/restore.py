@@ -41,7 +41,8 @@ from s3ckpt.dcp._quiet import quiet_dcp
 from s3ckpt.dcp._torch import flatten_state_dict, local_chunks
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import IncompleteRestoreError
-from s3ckpt.store import Location, LocationLike, ObjectStore
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._location import LocationLike
 from s3ckpt.uri import StoreURL, as_url
 
 __all__ = ["check_restored", "check_state_dict", "fill_nan", "find_unrestored", "load_verified"]
@@ -50,12 +51,11 @@ __all__ = ["check_restored", "check_state_dict", "fill_nan", "find_unrestored", 
 def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
     """The local data of ``t``, its offsets in the global tensor and the global shape."""
     to_local = getattr(t, "to_local", None)
-    if callable(to_local):  # DTensor
-        local = to_local()
-        chunks = local_chunks(t)
-        offsets = tuple(chunks[0].offsets) if chunks else (0,) * t.dim()
-        return local, offsets, tuple(t.shape)
-    return t, (0,) * t.dim(), tuple(t.shape)
+    if not callable(to_local):
+        return t, (0,) * t.dim(), tuple(t.shape)
+    chunks = local_chunks(t)  # a DTensor
+    offsets = tuple(chunks[0].offsets) if chunks else (0,) * t.dim()
+    return to_local(), offsets, tuple(t.shape)
 
 
 def fill_nan(state_dict: Any) -> int:
@@ -65,25 +65,16 @@ def fill_nan(state_dict: Any) -> int:
     Tensors of a model's ``state_dict()`` share memory with its parameters, so the model
     itself is filled too: that is the point (a parameter the load misses stays NaN).
     """
-    count = 0
-
-    def walk(obj: Any) -> None:
-        nonlocal count
-        if isinstance(obj, torch.Tensor):
-            local = _local(obj)[0]
-            if local.is_floating_point() or local.is_complex():
-                with torch.no_grad():
-                    local.detach().fill_(float("nan"))
-                count += 1
-        elif isinstance(obj, Mapping):
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, (list, tuple)):
-            for v in obj:
-                walk(v)
-
-    walk(state_dict)
-    return count
+    if isinstance(state_dict, torch.Tensor):
+        local = _local(state_dict)[0]
+        if not (local.is_floating_point() or local.is_complex()):
+            return 0
+        with torch.no_grad():
+            local.detach().fill_(float("nan"))
+        return 1
+    if isinstance(state_dict, Mapping):
+        return sum(fill_nan(v) for v in state_dict.values())
+    return sum(fill_nan(v) for v in state_dict) if isinstance(state_dict, (list, tuple)) else 0
 
 
 def _coverage(
@@ -126,14 +117,13 @@ def find_unrestored(state_dict: Any, metadata: Metadata) -> dict[str, str]:
         if mask is None:
             continue  # every element covered: NaN there is the saved value
         if local.is_floating_point() or local.is_complex():
-            left = torch.isnan(local.detach().cpu()) & ~mask
-            n = int(left.sum())
-            if n:
-                missing[fqn] = f"NaN left in {n} element(s) no saved chunk covers"
+            n = int((torch.isnan(local.detach().cpu()) & ~mask).sum())
+            why = f"NaN left in {n} element(s) no saved chunk covers"
         else:
             n = int((~mask).sum())
-            if n:
-                missing[fqn] = f"{n} element(s) not covered by any saved chunk"
+            why = f"{n} element(s) not covered by any saved chunk"
+        if n:
+            missing[fqn] = why
     return missing
 
 
@@ -247,17 +237,13 @@ def load_verified(
         StateMismatchError: a tensor was saved with another shape (nothing changed).
         IncompleteRestoreError: naming every entry not restored.
     """
-    if isinstance(path_or_reader, StorageReader):
-        reader = path_or_reader
-    else:
-        # A string may be a local path here (as_url); the reader takes the one Location.
-        target = path_or_reader
-        if not isinstance(target, (Location, StoreURL)):
-            target = as_url(target)
-        location = Location.of(
+    reader = path_or_reader
+    if not isinstance(reader, StorageReader):
+        # A string may be a local path here (as_url), which the reader does not take.
+        target = reader if isinstance(reader, (Location, StoreURL)) else as_url(reader)
+        reader = S3StorageReader(
             target, s3_config=s3_config, transfer_config=transfer_config, store=store
         )
-        reader = S3StorageReader(location)
     metadata = reader.read_metadata()
     url = reader.url if isinstance(reader, S3StorageReader) else None
     check_state_dict(state_dict, metadata, strict=False, process_group=process_group, url=url)

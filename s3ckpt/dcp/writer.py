@@ -17,7 +17,7 @@ Call sequence (torch's ``StorageWriter`` contract, with what each step does here
 4. ``write_data`` (all ranks): pack the rank's items into a few objects balanced by size
    and stream each as a multipart upload (parts in parallel, bounded buffers, CRC32C per
    item and per part; whole parts of a large contiguous CPU tensor are sent from its own
-   memory, see :class:`~s3ckpt.transfer.ObjectSink`, unless ``_extensions`` transform
+   memory, see :class:`~s3ckpt._transfer.ObjectSink`, unless ``_extensions`` transform
    the items: :func:`~s3ckpt.dcp._serialize.write_item`), beating the rank's heartbeat
    every 15 s meanwhile. On any failure (Ctrl-C included): abort open uploads, delete
    completed objects; where anything of the save may be left (a delete failed, or other
@@ -30,8 +30,8 @@ Metrics (:mod:`s3ckpt.metrics`): a save made inside a Checkpointer's save counts
 Checkpointer's event. Otherwise the writer publishes a ``"save"`` event of its own: on the
 coordinator when ``finish`` ends (committed or failed), on other ranks when ``write_data``
 ends (their part is uploaded; DCP does not tell them about the commit), and on a failure at
-construction. The requests of every step count, on torch's threads too: the writer binds
-its recorder in each method.
+construction. The requests of every step count, on torch's threads too (each callback is
+a step of the save, :func:`~s3ckpt.dcp._located.reported`).
 
 Every name a save writes carries its tag (``s3ckpt.format``): data objects
 ``__{rank}_{i}.{tag}.distcp`` (with ``prefix_strategy=HashedPrefixes(...)``,
@@ -71,30 +71,28 @@ from torch.futures import Future
 
 from s3ckpt._commit import Heartbeat, heartbeat_body, lost_race_error, read_marker, record_failure
 from s3ckpt._tombstone import step_taken
+from s3ckpt._transfer import ItemCrc, Uploader, format_leftovers, pack
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
-from s3ckpt.dcp._located import Located
+from s3ckpt.dcp._located import Located, reported
 from s3ckpt.dcp._serialize import check_extensions, estimate_size, write_item
 from s3ckpt.errors import (
     ConfigError,
     S3CkptError,
 )
-from s3ckpt.format import (
-    MANIFEST_NAME,
-    HashedPrefixes,
-    Manifest,
+from s3ckpt.format import HashedPrefixes
+from s3ckpt.format._hashed import (
     check_checkpoint_prefix,
-    check_metrics,
     check_prefix_strategy,
-    data_name,
-    heartbeat_name,
     object_key,
-    save_tag,
     shard_name,
 )
-from s3ckpt.metrics import instrument
-from s3ckpt.store import Location, LocationLike, ObjectStore, require_conditional_writes
-from s3ckpt.transfer import ItemCrc, Uploader, format_leftovers, pack
+from s3ckpt.format._manifest import Manifest, check_metrics
+from s3ckpt.format._names import MANIFEST_NAME, data_name, heartbeat_name, save_tag
+from s3ckpt.metrics.instrument import Participant
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._capabilities import require_conditional_writes
+from s3ckpt.store._location import LocationLike
 
 if TYPE_CHECKING:
     from s3ckpt.dcp._torch import StreamTransformExtension
@@ -111,9 +109,9 @@ class _RankPlan:
     rank: int
     tag: str
     layout: HashedPrefixes | None = None
-    """Where data objects go: the coordinator's choice, so every rank follows one layout."""
+    # Where data objects go: the coordinator's choice, so every rank follows one layout.
     world: int = 1
-    """Ranks in the save (a failing rank records the failure when others may leave data)."""
+    # Ranks in the save (a failing rank records the failure when others may leave data).
 
 
 class S3StorageWriter(Located, StorageWriter):
@@ -192,20 +190,17 @@ class S3StorageWriter(Located, StorageWriter):
         super().__init__()
         self.prefix_strategy = check_prefix_strategy(prefix_strategy)
         self.extensions = check_extensions(_extensions)
-        self.overwrite = overwrite
-        self.step = step
-        self.metrics = check_metrics(metrics)
+        self.overwrite, self.step, self.metrics = overwrite, step, check_metrics(metrics)
         self.user_metadata = dict(user_metadata or {})
-        self.rank = 0
-        self.is_coordinator = True
+        self.rank, self.is_coordinator = 0, True
         self.last_manifest: Manifest | None = None
         self.bytes_written = 0
-        """Bytes of data objects this rank uploaded in the last save."""
-        self._report = instrument.Participant("save")
+        # Bytes of data objects this rank uploaded in the last save.
+        self._report = Participant("save")
         # The marker was read for the next save already (at construction or a reset to a
         # new location), so planning it need not read it again.
         self._marker_checked = False
-        self._point(
+        self._open(
             Location.of(path, s3_config=s3_config, transfer_config=transfer_config, store=store)
         )
 
@@ -214,28 +209,20 @@ class S3StorageWriter(Located, StorageWriter):
         """A new location: check its prefix and, unless ``overwrite``, its marker."""
         check_checkpoint_prefix(location.url.prefix, self.prefix_strategy)
         self.location = location
-        self.save_id = uuid.uuid4().hex
+        self._restart()
         self._marker_checked = False
-        self._begin_metrics()
         if not self.overwrite:
-            with self._report.active(self._end_metrics):
-                self._refuse_if_committed()
+            self._refuse_if_committed()
             self._marker_checked = True
-
-    def _begin_metrics(self) -> None:
-        self._report.begin(str(self.url), step=self.step, rank=self.rank)
-
-    def _end_metrics(self, error: BaseException | None = None) -> None:
-        self._report.end(error, rank=self.rank)
 
     def _refuse_if_committed(self) -> None:
         if not step_taken(self.store, self.url.key(MANIFEST_NAME)):  # a finished tombstone: free
             return
+        winner = None
         try:  # who committed it: the error says (only this job's own marker means overwrite)
-            found = read_marker(self.store, self.url)
+            winner = (read_marker(self.store, self.url) or (None, None))[0]
         except S3CkptError:
-            found = None
-        winner = found[0] if found is not None else None
+            pass
         raise lost_race_error(
             self.url, winner, "found before the save started", bucket=self.store.bucket, rank=None
         )
@@ -243,7 +230,10 @@ class S3StorageWriter(Located, StorageWriter):
     def _restart(self) -> None:
         """A new save at the same location (``reset`` to it): nothing is read."""
         self.save_id = uuid.uuid4().hex
-        self._begin_metrics()
+        self.bytes_written = 0
+
+    def _moved(self) -> int:
+        return self.bytes_written
 
     def storage_meta(self) -> StorageMeta | None:
         """Recorded in ``.metadata`` (the URL, never credentials)."""
@@ -264,17 +254,26 @@ class S3StorageWriter(Located, StorageWriter):
         """No storage-specific local planning."""
         return plan
 
+    @reported()
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         """Check the prefix is free (or overwrite is on; not again when construction or
         a reset just did), beat once (the save is alive before its first byte), and give
         every rank its tag."""
-        with self._report.active(self._end_metrics):
-            if not self.overwrite and not self._marker_checked:
-                self._refuse_if_committed()
-            self._marker_checked = False  # used by this save: the next one checks again
-            tag = save_tag(self.save_id)
-            self._require_conditional_writes(tag)
-            self._beat()
+        if not self.overwrite and not self._marker_checked:
+            self._refuse_if_committed()
+        self._marker_checked = False  # used by this save: the next one checks again
+        tag = save_tag(self.save_id)
+        # Refuse, before any data is written, on a store that ignores If-None-Match /
+        # If-Match (probed once per endpoint and bucket with the coordinator's heartbeat;
+        # see s3ckpt.store._capabilities); single-writer mode warns instead.
+        require_conditional_writes(
+            self.store,
+            self.url.key(heartbeat_name(tag, self.rank)),
+            what=f"a save to {self.url}",
+            body=heartbeat_body(tag, self.rank, self.step),
+            single_writer=self.s3_config.single_writer or None,
+        )
+        Heartbeat(self.store, self.url, tag, self.rank, self.step).beat()
         return [
             dataclasses.replace(
                 plan,
@@ -286,15 +285,10 @@ class S3StorageWriter(Located, StorageWriter):
         ]
 
     # -- data -------------------------------------------------------------------------------
+    # A rank's part ends with its upload: finish runs on the coordinator.
+    @reported(ends=lambda writer: not writer.is_coordinator)
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Stream this rank's items as a few multipart objects; see the module docs."""
-        with self._report.active(self._end_metrics):
-            fut = self._write_data(plan, planner)
-        if not self.is_coordinator:
-            self._end_metrics()  # this rank's part is done; finish runs on the coordinator
-        return fut
-
-    def _write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         rank_plan: _RankPlan = plan.storage_data
         tc = self.location.transfer_config  # the store's, as given to Location.of
         sizes = [estimate_size(item) for item in plan.items]
@@ -311,8 +305,9 @@ class S3StorageWriter(Located, StorageWriter):
         )
         results: list[WriteResult] = []
         crcs: list[tuple[S3StorageInfo, ItemCrc]] = []  # some finished by the upload threads
-        heartbeat = Heartbeat(self.store, self.url, rank_plan.tag, rank_plan.rank, self.step)
-        heartbeat.start()
+        heartbeat = Heartbeat(
+            self.store, self.url, rank_plan.tag, rank_plan.rank, self.step
+        ).start()
         layout = rank_plan.layout
         try:
             for i, indices in enumerate(bins):
@@ -320,18 +315,16 @@ class S3StorageWriter(Located, StorageWriter):
                     rank_plan.rank, i, rank_plan.tag
                 )
                 sink = uploader.sink(object_key(self.url.prefix, name, layout))
-                infos: list[S3StorageInfo] = []
+                first = len(crcs)
                 for idx in indices:
                     item = plan.items[idx]
                     info, crc = write_item(
                         sink, planner, item, name, rank_plan.rank, self.extensions
                     )
                     crcs.append((info, crc))
-                    infos.append(info)
                     results.append(WriteResult(item.index, info.length, info))
-                size = sink.tell()
-                for info in infos:
-                    info.object_size = size
+                for info, _ in crcs[first:]:
+                    info.object_size = sink.tell()
                 sink.close()
             uploader.finish()
             for info, crc in crcs:
@@ -354,12 +347,12 @@ class S3StorageWriter(Located, StorageWriter):
         finally:
             heartbeat.stop()
             self.bytes_written = uploader.bytes_uploaded
-            self._report.add_bytes(uploader.bytes_uploaded)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
 
     # -- commit -------------------------------------------------------------------------------
+    @reported(ends=lambda _: True)
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """Commit (coordinator); see "The commit protocol" in docs/dcp.md.
 
@@ -378,21 +371,9 @@ class S3StorageWriter(Located, StorageWriter):
         Before step 4 every failure removes this save's own objects (only names carrying
         its tag); after an unknown outcome nothing is removed (the marker may yet name them).
         """
-        commit = SaveCommit(
-            self.store,
-            self.url,
-            save_id=self.save_id,
-            overwrite=self.overwrite,
-            rank=self.rank,
-            step=self.step,
-            metrics=self.metrics,
-            user=self.user_metadata,
-            layout=self.prefix_strategy,
-            verify_after_write=self.s3_config.verify_after_write,
-        )
+        commit = SaveCommit(self)
         try:
-            with self._report.active(self._end_metrics):
-                commit.run(metadata, results, self.storage_meta())
+            commit.run(metadata, results, self.storage_meta())
         except BaseException as exc:
             # Not committed by us (a marker that landed anyway wins over the record), and
             # its objects kept (an unknown outcome) or not all deleted.
@@ -403,19 +384,3 @@ class S3StorageWriter(Located, StorageWriter):
         finally:
             if commit.manifest is not None:
                 self.last_manifest = commit.manifest
-        self._end_metrics()
-
-    def _require_conditional_writes(self, tag: str) -> None:
-        """Refuse, before any data is written, on a store that ignores If-None-Match /
-        If-Match (probed once per endpoint and bucket with the coordinator's heartbeat;
-        see :mod:`s3ckpt.store._capabilities`); single-writer mode warns instead."""
-        require_conditional_writes(
-            self.store,
-            self.url.key(heartbeat_name(tag, self.rank)),
-            what=f"a save to {self.url}",
-            body=heartbeat_body(tag, self.rank, self.step),
-            single_writer=self.s3_config.single_writer or None,
-        )
-
-    def _beat(self) -> None:
-        Heartbeat(self.store, self.url, save_tag(self.save_id), self.rank, self.step).beat()

@@ -22,24 +22,41 @@ failed), 2 bad usage or a missing dependency, 3 the store refused or could not b
 130 interrupted (Ctrl-C: one line on stderr, the training processes stopped too).
 """
 
-# The package: this face (the command line: ``main``, its arguments and its flow), _exit
-# (exit codes, one error line), _server (the bucket: embedded or configured), _train (the
-# training job and what its output tells the parent), _run (the kill-and-resume) and
-# _summary (what is printed at the end). ``python -m s3ckpt.demo`` runs __main__.
+# The package: this face (the command line, the bucket: embedded or configured, the
+# kill-and-resume) and _train (the training job, what its output tells the parent, and what
+# is printed at the end). ``python -m s3ckpt.demo`` runs __main__.
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
 
-from s3ckpt.demo._exit import fail_interrupted, require_torch
-from s3ckpt.demo._run import run
-from s3ckpt.demo._server import DEMO_BUCKET, demo_server, embedded_s3, prepare, wait_for_ctrl_c
-from s3ckpt.demo._train import DEMO_POLICY, child
+__all__ = ["demo_server", "main"]
 
-__all__ = ["DEMO_BUCKET", "DEMO_POLICY", "demo_server", "main"]
+DEMO_BUCKET = "s3ckpt-demo"
+"""The bucket of the embedded server, and of an endpoint given by ``AWS_ENDPOINT_URL`` alone."""
+DEMO_POLICY = "keep-last-3"
+"""The demo's retention policy: a built-in policy name (read from the package with
+importlib.resources), never a path into a source tree a pip install does not have."""
+
+# Exit codes: the ``s3ckpt`` command's (:mod:`s3ckpt._cli`, which sits above the demo, so
+# they are restated here): 1 the resumed run did not reproduce the interrupted one or a
+# training process failed, 2 bad usage or a missing dependency, 3 the store, 130 Ctrl-C.
+EXIT_FAILED, EXIT_USAGE, EXIT_STORE, EXIT_INTERRUPTED = 1, 2, 3, 130
+INSTALL = 'pip install "s3ckpt[demo]"'
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """``s3ckpt demo: error: MESSAGE`` on stderr (one line, like argparse's), exit ``code``."""
+    print(f"s3ckpt demo: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _main(argv)
     except KeyboardInterrupt:
-        fail_interrupted()
+        print("s3ckpt demo: interrupted", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 def _positive(text: str) -> int:
@@ -72,27 +90,26 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--steps", type=_positive, default=40, help="training steps (default 40)")
-    parser.add_argument(
-        "--every", type=_positive, default=5, help="async save every N steps (default 5)"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--steps", type=_positive, default=40, help="training steps (default 40)")
+    add("--every", type=_positive, default=5, help="async save every N steps (default 5)")
+    add(
         "--kill-at",
         type=_positive,
         default=25,
         help="SIGKILL the first process right after it starts the async save of this step "
         "(default 25)",
     )
-    parser.add_argument("--width", type=_positive, default=128, help="model width (default 128)")
-    parser.add_argument("--depth", type=_positive, default=3, help="number of blocks (default 3)")
-    parser.add_argument(
+    add("--width", type=_positive, default=128, help="model width (default 128)")
+    add("--depth", type=_positive, default=3, help="number of blocks (default 3)")
+    add(
         "--keep-server",
         action="store_true",
         help="keep the embedded S3 server running after the demo, until Ctrl-C, to try the "
         "commands it prints",
     )
-    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
-    parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
+    add("--child", metavar="URL", help=argparse.SUPPRESS)
+    add("--stop-at", type=int, help=argparse.SUPPRESS)
     return parser
 
 
@@ -102,6 +119,8 @@ def _main(argv: list[str] | None) -> None:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # progress shows up when piped, too
     if args.child:
+        from s3ckpt.demo._train import child
+
         child(args)
         return
     if args.kill_at % args.every or not args.every < args.kill_at < args.steps:
@@ -114,33 +133,165 @@ def _main(argv: list[str] | None) -> None:
             "--keep-server keeps the embedded S3 server, which the demo does not start when "
             "S3CKPT_DEMO_URL or AWS_ENDPOINT_URL is set"
         )
-    require_torch()
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # checked without importing torch
+        fail(f"the demo trains a model with torch, which is not installed: {INSTALL}", EXIT_USAGE)
     run_name = f"runs/demo-{uuid.uuid4().hex[:6]}"
-    shape = (args.steps, args.every, args.kill_at, args.width, args.depth)
     url = os.environ.get("S3CKPT_DEMO_URL")
     if configured:
         url = (url or f"s3://{DEMO_BUCKET}").rstrip("/") + "/" + run_name
         print(f"using configured endpoint {os.environ.get('AWS_ENDPOINT_URL', 'AWS S3')}")
         if prepare(url, create_bucket=not os.environ.get("S3CKPT_DEMO_URL")):
             print(f"created the bucket {DEMO_BUCKET} there")
-        code = run(url, *shape)
-        if code:
-            raise SystemExit(code)
-        return
-    with embedded_s3() as endpoint:
-        print(f"no S3 endpoint configured: started an embedded S3 server (moto) at {endpoint}")
-        prepare(f"s3://{DEMO_BUCKET}/", create_bucket=True)
-        # moto takes any credentials: dummy ones, never the user's, go into the hint.
-        hint = (
-            f"export AWS_ENDPOINT_URL={endpoint} AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo"
-        )
-        code = run(f"s3://{DEMO_BUCKET}/{run_name}", *shape, env_hint=hint)
-        if args.keep_server:
-            wait_for_ctrl_c(endpoint)
-        else:
-            print(
-                "  (the embedded server stops now; `s3ckpt demo --keep-server` keeps it "
-                "running for these commands)"
-            )
+        code = run(url, args)
+    else:
+        with demo_server():  # no AWS_ENDPOINT_URL: the embedded server, which sets it
+            endpoint = os.environ["AWS_ENDPOINT_URL"]
+            print(f"no S3 endpoint configured: started an embedded S3 server (moto) at {endpoint}")
+            prepare(f"s3://{DEMO_BUCKET}/", create_bucket=True)
+            # moto takes any credentials: dummy ones, never the user's, go into the hint.
+            hint = f"export AWS_ENDPOINT_URL={endpoint} AWS_ACCESS_KEY_ID=demo "
+            hint += "AWS_SECRET_ACCESS_KEY=demo"
+            code = run(f"s3://{DEMO_BUCKET}/{run_name}", args, env_hint=hint)
+            if not args.keep_server:
+                print(
+                    "  (the embedded server stops now; `s3ckpt demo --keep-server` keeps it "
+                    "running for these commands)"
+                )
+            else:
+                print(
+                    f"\nthe embedded S3 server keeps running at {endpoint} for the commands "
+                    "above; Ctrl-C stops it",
+                    flush=True,
+                )
+                try:
+                    while True:
+                        time.sleep(3600)
+                except KeyboardInterrupt:
+                    print("stopped the embedded S3 server", flush=True)
     if code:
         raise SystemExit(code)
+
+
+# -- the bucket ---------------------------------------------------------------------------
+@contextmanager
+def demo_server(bucket: str = DEMO_BUCKET) -> Iterator[str]:
+    """``s3://{bucket}`` on the endpoint ``AWS_ENDPOINT_URL`` names, or, without one, on an
+    embedded S3 server (moto) on 127.0.0.1 with dummy credentials, stopped on exit. The
+    bucket is created when missing. ``AWS_ENDPOINT_URL`` and the credentials are set in
+    ``os.environ`` meanwhile, so child processes reach the same server.
+
+    The examples under ``examples/`` start this way; it is for examples and tests, not for
+    production (use a real bucket and boto3's credential chain there). Unlike
+    :func:`s3ckpt.testing.local_s3` (a fresh random bucket, a :class:`~s3ckpt.testing.LocalS3`
+    to inspect), it yields a URL and uses a configured endpoint when there is one.
+    """
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        prepare(f"s3://{bucket}/", create_bucket=True)
+        yield f"s3://{bucket}"
+        return
+    try:
+        import moto.server  # noqa: F401  (the server's dependency, checked for our message)
+    except ImportError:
+        fail(
+            f"the embedded S3 server needs moto, which is not installed: {INSTALL} "
+            "(or set S3CKPT_DEMO_URL=s3://bucket/prefix to use a real bucket)",
+            EXIT_USAGE,
+        )
+    from s3ckpt.testing import local_s3
+
+    with local_s3(bucket):
+        yield f"s3://{bucket}"
+
+
+def prepare(url: str, create_bucket: bool) -> bool:
+    """Fail early, in one line, when the run's bucket cannot be used; with
+    ``create_bucket``, create a missing bucket (the demo's own, on the embedded server or
+    an endpoint that ``AWS_ENDPOINT_URL`` names). Returns whether it created the bucket."""
+    from s3ckpt.errors import ConfigError, NoSuchBucketError, S3CkptError
+    from s3ckpt.retention import list_checkpoints
+    from s3ckpt.store import Location
+    from s3ckpt.store import create_bucket as create
+
+    try:
+        run = Location.of(url)
+        if run.url.scheme != "s3":
+            raise ConfigError(f"S3CKPT_DEMO_URL must be an s3:// URL, got {url!r}")
+        try:
+            list_checkpoints(run)
+        except NoSuchBucketError:
+            if not create_bucket:
+                raise
+            try:
+                create(run.store)
+            except S3CkptError as exc:
+                fail(f"cannot create the demo's bucket {run.bucket!r}: {exc}", EXIT_STORE)
+            list_checkpoints(run)
+            return True
+    except S3CkptError as exc:
+        fail(str(exc), EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_STORE)
+    return False
+
+
+# -- the kill-and-resume ------------------------------------------------------------------
+def run(url: str, args: argparse.Namespace, *, env_hint: str = "") -> int:
+    """Train in a child process, SIGKILL it at step ``args.kill_at`` (mid async save),
+    resume in a new process, and print what was kept, whether the resumed run reproduced
+    the interrupted one, how long training was blocked, and the commands to try next
+    (after ``env_hint``, a shell line that points them at the embedded server). Returns
+    the exit code: 0, or 1 when a step trained by both processes had different losses."""
+    from s3ckpt.demo import _train as t
+    from s3ckpt.store import Location
+
+    print(f"run prefix: {url}")
+    print(f"retention policy: {DEMO_POLICY} (built-in: policies/{DEMO_POLICY}.toml)\n")
+    shape = f"--steps {args.steps} --every {args.every} --width {args.width} --depth {args.depth}"
+    cmd = [sys.executable, "-m", "s3ckpt.demo", "--child", url, *shape.split()]
+    kill_at = args.kill_at
+    print(f"== training process 1 (SIGKILLed while its async save of step {kill_at} uploads) ==")
+    blocked: list[float] = []
+    first, second = t.TrainLog(), t.TrainLog()
+    child = subprocess.Popen(
+        [*cmd, "--stop-at", str(kill_at)], stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    assert child.stdout is not None
+    killed = False
+    try:
+        for line in child.stdout:
+            first.read(line, blocked)
+            if line.startswith(f"save: step {kill_at} started"):
+                killed = True
+                break
+    finally:
+        child.kill()  # also when the parent is interrupted: the child may be stopped
+        child.stdout.close()
+        child.wait()
+    if not killed:
+        _child_failed(1, child.returncode)
+    print(f"   [killed: exit status {child.returncode}]\n")
+    print("== training process 2 (resumes from latest) ==")
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        assert child.stdout is not None
+        with child.stdout:
+            for line in child.stdout:
+                second.read(line, blocked)
+    except BaseException:
+        child.kill()  # the parent was interrupted: so is the run
+        child.wait()
+        raise
+    if child.wait() != 0:
+        _child_failed(2, child.returncode)
+    print("\n== checkpoints under the run ==")
+    catalog = t.print_checkpoints(Location.of(url))
+    t.print_blocked(blocked, second.sync_s, args.steps)
+    exact = t.print_proof(first, second)
+    t.print_next(url, catalog, env_hint)
+    return 0 if exact else EXIT_FAILED
+
+
+def _child_failed(n: int, returncode: int) -> NoReturn:
+    # The child printed its own error (one line for an s3ckpt error) on stderr.
+    code = returncode if returncode in (EXIT_USAGE, EXIT_STORE) else EXIT_FAILED
+    fail(f"training process {n} failed (exit status {returncode}); its error is above", code)

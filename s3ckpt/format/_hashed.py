@@ -24,24 +24,7 @@ from typing import Any
 
 from s3ckpt import _crc
 from s3ckpt.errors import ConfigError
-from s3ckpt.format._names import TAG_PATTERN
-from s3ckpt.format._values import SEGMENT, nonneg
-
-__all__ = [
-    "MAX_FANOUT",
-    "MIN_FANOUT",
-    "SHARDS_DIR",
-    "SHARD_SUFFIX",
-    "HashedPrefixes",
-    "ShardOwner",
-    "check_checkpoint_prefix",
-    "check_prefix_strategy",
-    "in_shard_tree",
-    "object_key",
-    "shard_name",
-    "shard_owner",
-    "shard_tag",
-]
+from s3ckpt.format._names import SEGMENT, TAG_PATTERN, nonneg
 
 SHARDS_DIR = "s3ckpt-shards"
 """Reserved folder of a run: the data objects of its hashed-prefix saves
@@ -109,12 +92,8 @@ class HashedPrefixes:
 
     def __post_init__(self) -> None:
         f = self.fanout
-        if (
-            isinstance(f, bool)
-            or not isinstance(f, int)
-            or not MIN_FANOUT <= f <= MAX_FANOUT
-            or f & (f - 1)
-        ):
+        ok = isinstance(f, int) and not isinstance(f, bool) and MIN_FANOUT <= f <= MAX_FANOUT
+        if not ok or f & (f - 1):
             raise ConfigError(
                 f"HashedPrefixes fanout must be a power of two from {MIN_FANOUT} to "
                 f"{MAX_FANOUT} (2, 4, 8, 16, ...), got {f!r}"

@@ -6,35 +6,37 @@ commits and its CRC32C, lists every data object with its size, and records a CRC
 every item, so a reader can verify every byte without trusting anything else. It carries a
 SHA-256 ``digest`` of its canonical content (:func:`manifest_digest`), so a changed field
 is refused rather than read as wrong bytes.
+
+Also here: metric values in the manifest (what a save accepts, how NaN and +-inf are
+written and read), and the zip-framing check around a tensor's bytes inside a saved item
+(:func:`tensor_framing_error`), which pins ``data_offset`` and the length independently of
+the manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from s3ckpt._gc_pause import gc_paused
-from s3ckpt.errors import CorruptCheckpointError
+from s3ckpt._scalars import metric_scalar
+from s3ckpt.errors import ConfigError, CorruptCheckpointError
 from s3ckpt.format._hashed import HashedPrefixes, object_key, shard_tag
-from s3ckpt.format._metrics import metric_from_json, metric_to_json
-from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, TAG_LEN
-from s3ckpt.format._values import as_str, check_name, created_time, nonneg, short
-
-__all__ = [
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "LAYOUT_FORMAT_VERSION",
-    "MAX_FORMAT_VERSION",
-    "MAX_MANIFEST_BYTES",
-    "ItemRecord",
-    "Manifest",
-    "ObjectRecord",
-    "manifest_digest",
-]
+from s3ckpt.format._names import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    TAG_LEN,
+    as_str,
+    check_name,
+    created_time,
+    nonneg,
+    short,
+)
 
 FORMAT_NAME = "s3ckpt"
 FORMAT_VERSION = 2
@@ -150,56 +152,53 @@ class Manifest:
         """Bytes in data objects plus metadata."""
         return sum(o.size for o in self.objects) + self.metadata_size
 
-    def to_json(self) -> bytes:
-        """Serialise (compact item rows, stable key order)."""
-        with gc_paused():  # a list per item, no cycles (see s3ckpt._gc_pause)
-            return self._to_json()
-
     @property
     def tag(self) -> str:
         """The save tag every object of this save carries (see :func:`save_tag`)."""
         return self.save_id[:TAG_LEN]
 
-    def _to_json(self) -> bytes:
-        doc: dict[str, Any] = {
-            "format": FORMAT_NAME,
-            "format_version": self.format_version,
-            "save_id": self.save_id,
-            "created": self.created,
-            "step": self.step,
-            "world_size": self.world_size,
-            "byteorder": self.byteorder,
-            **({"layout": self.layout.to_doc()} if self.layout is not None else {}),
-            "versions": dict(self.versions),
-            "metrics": {str(k): metric_to_json(v) for k, v in self.metrics.items()},
-            "user": dict(self.user),
-            "metadata": {
-                "key": self.metadata_key,
-                "crc32c": f"{self.metadata_crc32c:08x}",
-                "size": self.metadata_size,
-            },
-            "total_bytes": self.total_bytes,
-            "objects": [[o.name, o.size, o.rank] for o in self.objects],
-            "object_fields": ["name", "size", "rank"],
-            "item_fields": _ITEM_FIELDS,
-            "items": [
-                [
-                    i.fqn,
-                    list(i.offset) if i.offset is not None else None,
-                    i.object,
-                    i.start,
-                    i.length,
-                    f"{i.crc32c:08x}",
-                    i.data_offset,
-                ]
-                for i in self.items
-            ],
-            **({"reaped": list(self.reaped)} if self.reaped else {}),
-            **({"writer": dict(self.writer)} if self.writer else {}),
-        }
-        if self.format_version >= 2:
-            doc["digest"] = manifest_digest(doc)
-        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    def to_json(self) -> bytes:
+        """Serialise (compact item rows, stable key order)."""
+        with gc_paused():  # a list per item, no cycles (see s3ckpt._gc_pause)
+            doc: dict[str, Any] = {
+                "format": FORMAT_NAME,
+                "format_version": self.format_version,
+                "save_id": self.save_id,
+                "created": self.created,
+                "step": self.step,
+                "world_size": self.world_size,
+                "byteorder": self.byteorder,
+                **({"layout": self.layout.to_doc()} if self.layout is not None else {}),
+                "versions": dict(self.versions),
+                "metrics": {str(k): metric_to_json(v) for k, v in self.metrics.items()},
+                "user": dict(self.user),
+                "metadata": {
+                    "key": self.metadata_key,
+                    "crc32c": f"{self.metadata_crc32c:08x}",
+                    "size": self.metadata_size,
+                },
+                "total_bytes": self.total_bytes,
+                "objects": [[o.name, o.size, o.rank] for o in self.objects],
+                "object_fields": ["name", "size", "rank"],
+                "item_fields": _ITEM_FIELDS,
+                "items": [
+                    [
+                        i.fqn,
+                        list(i.offset) if i.offset is not None else None,
+                        i.object,
+                        i.start,
+                        i.length,
+                        f"{i.crc32c:08x}",
+                        i.data_offset,
+                    ]
+                    for i in self.items
+                ],
+                **({"reaped": list(self.reaped)} if self.reaped else {}),
+                **({"writer": dict(self.writer)} if self.writer else {}),
+            }
+            if self.format_version >= 2:
+                doc["digest"] = manifest_digest(doc)
+            return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
     @classmethod
     def from_json(cls, raw: bytes, *, where: str = MANIFEST_NAME) -> Manifest:
@@ -225,19 +224,7 @@ class Manifest:
                     f"{where} is not valid JSON ({short(exc)})", key=where
                 ) from None
             try:
-                return cls._from_doc(doc)
-            except _NewerFormat as exc:
-                raise CorruptCheckpointError(
-                    f"{where} was written by a newer s3ckpt: {exc} to read it",
-                    key=where,
-                ) from None
-            except _DigestMismatch as exc:
-                raise CorruptCheckpointError(
-                    f"{where} does not match its own digest ({exc}): it was changed or "
-                    "corrupted after it was written; do not load it (restore the object, or "
-                    "load an earlier checkpoint)",
-                    key=where,
-                ) from None
+                return cls._from_doc(doc, where)
             except _MALFORMED as exc:
                 raise CorruptCheckpointError(
                     f"{where} is malformed ({type(exc).__name__}: {short(exc)}); it was not "
@@ -246,14 +233,15 @@ class Manifest:
                 ) from None
 
     @classmethod
-    def _from_doc(cls, doc: Any) -> Manifest:
+    def _from_doc(cls, doc: Any, where: str) -> Manifest:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
             raise ValueError("missing 'format': 's3ckpt'")
         version = nonneg(doc["format_version"])
         if version > MAX_FORMAT_VERSION:
-            raise _NewerFormat(
-                f"format_version {version} is newer than this s3ckpt understands "
-                f"({MAX_FORMAT_VERSION}); upgrade s3ckpt"
+            raise CorruptCheckpointError(
+                f"{where} was written by a newer s3ckpt: format_version {version} is newer "
+                f"than this s3ckpt understands ({MAX_FORMAT_VERSION}); upgrade s3ckpt to read it",
+                key=where,
             )
         if version >= 2:
             recorded = doc.get("digest")
@@ -261,7 +249,12 @@ class Manifest:
                 raise ValueError(f"format_version {version} needs a 'digest'")
             actual = manifest_digest(doc)
             if recorded != actual:
-                raise _DigestMismatch(f"recorded {recorded}, content hashes to {actual}")
+                raise CorruptCheckpointError(
+                    f"{where} does not match its own digest (recorded {recorded}, content "
+                    f"hashes to {actual}): it was changed or corrupted after it was written; do "
+                    "not load it (restore the object, or load an earlier checkpoint)",
+                    key=where,
+                )
         if doc["item_fields"] != _ITEM_FIELDS:
             raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
         meta = doc["metadata"]
@@ -321,40 +314,104 @@ class Manifest:
 
 
 # Whatever a hostile document can make the parser raise: wrong types (TypeError,
-# AttributeError), missing keys, bad values, too large a number for a float (OverflowError)
-# or too deep a nesting (RecursionError). Each is a damaged marker, never a crash.
-_MALFORMED = (
-    KeyError,
-    TypeError,
-    ValueError,
-    IndexError,
-    AttributeError,
-    OverflowError,
-    RecursionError,
-)
-
-
-class _DigestMismatch(ValueError):
-    """The manifest's content does not hash to its recorded digest."""
-
-
-class _NewerFormat(ValueError):
-    """The manifest's ``format_version`` is newer than this s3ckpt reads."""
+# AttributeError), missing keys and indices (LookupError), bad values, too large a number
+# for a float (OverflowError) or too deep a nesting (RecursionError). Each is a damaged
+# marker, never a crash.
+_MALFORMED = (LookupError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
 
 
 def _item(row: Sequence[Any]) -> ItemRecord:
     fqn, offset, obj, start, length, crc, data_offset = row
-    if offset is not None:
-        offset = tuple(nonneg(x) for x in offset)
-    if data_offset is not None:
-        data_offset = nonneg(data_offset)
-    name = check_name(obj, "object name")
     return ItemRecord(
         fqn=as_str(fqn),
-        offset=offset,
-        object=name,
+        offset=None if offset is None else tuple(nonneg(x) for x in offset),
+        object=check_name(obj, "object name"),
         start=nonneg(start),
         length=nonneg(length),
         crc32c=int(as_str(crc), 16),
-        data_offset=data_offset,
+        data_offset=None if data_offset is None else nonneg(data_offset),
     )
+
+
+def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """Metrics as the manifest records them: string names, float values.
+
+    NaN and +-inf are kept (a diverging run needs exactly that checkpoint, and retention
+    ranks NaN worst); anything that is not a real number is a :class:`ConfigError`. A
+    one-element tensor or numpy value is read with ``.item()`` (:func:`metric_scalar`).
+    """
+    out: dict[str, float] = {}
+    for name, value in (metrics or {}).items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"metric names must be non-empty strings, got {name!r}")
+        value = metric_scalar(name, value)
+        if isinstance(value, bool):
+            raise ConfigError(f"metric {name!r} must be a number, got a bool")
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"metric {name!r} must be a number, got {type(value).__name__} {value!r}"
+            ) from None
+    return out
+
+
+def metric_to_json(value: float) -> float | str:
+    """Finite metrics as JSON numbers; NaN and +-inf as the strings float() reads back."""
+    value = float(value)
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def metric_from_json(value: Any) -> float:
+    """A metric read from a marker: a number, or one of the strings :func:`metric_to_json`
+    writes (``TypeError`` / ``ValueError`` for anything else)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"metric must be a number, got {type(value).__name__}")
+    if isinstance(value, str) and value not in ("NaN", "Infinity", "-Infinity"):
+        raise ValueError(f"metric {value!r} is not a number")
+    return float(value)
+
+
+FRAMING_HEAD = 512
+"""Bytes before a tensor's data that hold its zip local file header (30 bytes, the record
+name, and torch's alignment padding of at most 64 bytes)."""
+FRAMING_TAIL = 24
+"""Bytes after a tensor's data that hold its zip data descriptor (ZIP64: 24 bytes)."""
+
+
+def tensor_framing_error(
+    head: bytes | bytearray | memoryview, tail: bytes | bytearray | memoryview, nbytes: int
+) -> str | None:
+    """Why ``data_offset`` does not point at a tensor's data inside its item, or None.
+
+    An item is ``torch.save``'s zip archive; the tensor's bytes are the data of one record:
+    a local file header ends exactly where they begin, and a data descriptor carrying their
+    size follows them. Checking both pins ``data_offset`` and the length independently of
+    the manifest, so even a manifest re-sealed with a valid digest cannot make a reader take
+    other bytes for the tensor. ``head`` ends at ``data_offset`` (at least
+    :data:`FRAMING_HEAD` bytes of it, or all there is); ``tail`` starts right after the data.
+    """
+    head = bytes(head[-FRAMING_HEAD:])
+    at = head.rfind(b"PK\x03\x04")
+    if at < 0 or len(head) - at < 30:
+        return "no zip record header ends where the tensor data is said to begin"
+    name_len = int.from_bytes(head[at + 26 : at + 28], "little")
+    extra_len = int.from_bytes(head[at + 28 : at + 30], "little")
+    if at + 30 + name_len + extra_len != len(head):
+        return "the zip record header before the tensor data does not end at data_offset"
+    if b"/data/" not in head[at + 30 : at + 30 + name_len]:
+        return "the zip record before the tensor data is not a tensor storage"
+    tail = bytes(tail[:FRAMING_TAIL])
+    if tail[:4] != b"PK\x07\x08" or len(tail) < 16:
+        return "no zip data descriptor follows the tensor data"
+    small = (int.from_bytes(tail[8:12], "little"), int.from_bytes(tail[12:16], "little"))
+    large = (
+        (int.from_bytes(tail[8:16], "little"), int.from_bytes(tail[16:24], "little"))
+        if len(tail) >= 24
+        else None
+    )
+    if small != (nbytes, nbytes) and large != (nbytes, nbytes):
+        return f"the zip record of the tensor data is not {nbytes} bytes long"
+    return None

@@ -55,7 +55,7 @@ is constructed (:class:`S3ModelParallelStrategy` makes one when given none):
 * when s3fs is not installed (and no other file system is registered for ``s3://``), a
   small s3ckpt-backed fsspec file system for ``s3://`` and ``s3a://``, complete enough for
   ``ModelCheckpoint`` and Lightning's loggers (``CSVLogger("s3://...")``: folders,
-  ``metrics.csv`` appends, ``hparams.yaml``), see :mod:`s3ckpt.lightning._fs`. s3fs, when
+  ``metrics.csv`` appends, ``hparams.yaml``), see :mod:`s3ckpt.lightning._last`. s3fs, when
   installed, keeps ``s3://`` (``S3CheckpointIO(register_filesystem=True)`` replaces it);
 * ``ckpt_path="last"`` for object-store folders, whichever file system owns the scheme:
   the candidates keep their scheme, and the newest is chosen by the store's time (an
@@ -75,7 +75,7 @@ everything else goes to Lightning's own function (:mod:`s3ckpt.lightning._load`)
 Stores are shared with the rest of the process (:meth:`s3ckpt.store.Location.of`). Where
 no plug-in is at hand (``load_from_checkpoint``, the file system), a bucket is opened with
 the settings of the plug-in that last opened it, else of the last plug-in constructed, else
-the environment's (``AWS_ENDPOINT_URL``, profile, region): :mod:`s3ckpt.lightning._stores`.
+the environment's (``AWS_ENDPOINT_URL``, profile, region): :mod:`s3ckpt.lightning._common`.
 
 Sharded strategies (``ModelParallelStrategy``, i.e. FSDP2 and tensor parallelism) do not use
 ``CheckpointIO`` for sharded state: use :class:`S3ModelParallelStrategy`, which saves every
@@ -86,12 +86,8 @@ Needs ``pip install "s3ckpt[lightning]"``.
 
 from __future__ import annotations
 
-from s3ckpt.lightning._async import install_async_teardown
-from s3ckpt.lightning._fs import install_filesystem
-from s3ckpt.lightning._io import S3CheckpointIO, S3ModelCheckpoint
-from s3ckpt.lightning._last import fix_parse_ckpt_path
+from s3ckpt.lightning._io import S3CheckpointIO, S3ModelCheckpoint, S3ModelParallelStrategy, setup
 from s3ckpt.lightning._load import install_load_hook
-from s3ckpt.lightning._strategy import S3ModelParallelStrategy
 
 __all__ = ["S3CheckpointIO", "S3ModelCheckpoint", "S3ModelParallelStrategy", "install"]
 
@@ -104,7 +100,5 @@ def install() -> None:
     Never called at import: call it once before ``load_from_checkpoint("s3://...")`` (a
     plug-in installs the rest when constructed). Idempotent; call it again after replacing
     any of those Lightning functions yourself."""
-    install_filesystem(None)
-    fix_parse_ckpt_path()
-    install_async_teardown()
+    setup(None)
     install_load_hook()

@@ -33,6 +33,20 @@ re-saving that name) cancels it: that save was requested after the removal.
 Lightning's ``AsyncCheckpointIO.teardown`` does not call the wrapped plug-in's teardown;
 :func:`install_async_teardown` makes it do so for the s3ckpt plug-in, so the last removals
 and retention passes run when ``fit`` ends.
+
+What ``ModelCheckpoint`` tracks (:class:`Tracking`, :class:`KeepTracked`), read from the
+checkpoint dicts the plug-in saves.
+
+Lightning puts every callback's state into the checkpoint it saves, and a
+``ModelCheckpoint`` updates its tracking (``best_k_models``, ``best_model_path``,
+``kth_best_model_path``, ``last_model_path``) *before* it saves, so the dict being saved
+holds the tracking state after that save. :class:`Tracking` keeps the latest such state
+per callback (by its state key); the union is what no retention policy of the plug-in may
+delete (:class:`KeepTracked`), and what a deferred ``remove_checkpoint`` waits to see
+untracked (:mod:`s3ckpt.lightning._async`).
+
+A checkpoint saved with ``save_weights_only=True`` carries no callback states: it leaves
+the tracking as it was.
 """
 
 from __future__ import annotations
@@ -40,8 +54,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from s3ckpt.errors import (
@@ -50,11 +65,9 @@ from s3ckpt.errors import (
     LeaseHeldError,
     ObjectNotFoundError,
 )
-from s3ckpt.lightning._tracked import Tracking, path_key
-
-__all__ = ["MAX_PENDING_REMOVALS", "Removals", "install_async_teardown"]
-
-log = logging.getLogger("s3ckpt.lightning")
+from s3ckpt.lightning._common import log
+from s3ckpt.retention import CheckpointInfo, Policy
+from s3ckpt.uri import StoreURL, parse_url
 
 MAX_PENDING_REMOVALS = 1000
 """Removals :class:`Removals` remembers at most (a few hundred bytes each)."""
@@ -142,9 +155,7 @@ class Removals:
         out is forgotten, with a warning.
         """
         with self._cond:
-            chosen = (
-                list(self._pending) if keys is None else [k for k in keys if k in self._pending]
-            )
+            chosen = [k for k in (self._pending if keys is None else keys) if k in self._pending]
             tracked = self.tracking.paths()
             ready: list[tuple[str, _Pending]] = []
             for key in chosen:
@@ -170,8 +181,10 @@ class Removals:
 
     def _attempt(self, p: _Pending, final: bool) -> bool:
         """Try one removal; True when nothing is left to do for it."""
+        level = logging.WARNING
         try:
             self._delete(p.path)
+            return True
         except (CheckpointNotFoundError, ObjectNotFoundError):
             # Its save is queued (or retention pruned it first): wait for a save of it.
             log.debug("s3ckpt: nothing committed at %s yet; removing it after its save", p.path)
@@ -181,18 +194,14 @@ class Removals:
             if exc.reason not in _PASSING:
                 log.warning("s3ckpt: left %s in place: %s", p.path, exc)
                 return True
-            return self._later(p, exc, final)
+            err: Exception = exc
         except LeaseHeldError as exc:  # often this plug-in's own retention pass: no alarm
-            return self._later(p, exc, final, level=logging.INFO)
+            err, level = exc, logging.INFO
         except Exception as exc:  # a store error: never fail training over a cleanup
-            return self._later(p, exc, final)
-        return True
-
-    @staticmethod
-    def _later(p: _Pending, exc: Exception, final: bool, level: int = logging.WARNING) -> bool:
+            err = exc
         if final:
             log.warning(
-                "s3ckpt: left %s in place (retention or `s3ckpt rm` can delete it): %s", p.path, exc
+                "s3ckpt: left %s in place (retention or `s3ckpt rm` can delete it): %s", p.path, err
             )
         elif not p.warned:
             p.warned = True
@@ -200,7 +209,7 @@ class Removals:
                 level,
                 "s3ckpt: left %s in place for now (retried after the next commit): %s",
                 p.path,
-                exc,
+                err,
             )
         return False
 
@@ -225,3 +234,103 @@ def install_async_teardown() -> None:
     teardown._s3ckpt_fixed = True  # type: ignore[attr-defined]
     teardown.__doc__ = original.__doc__
     AsyncCheckpointIO.teardown = teardown
+
+
+_PATH_FIELDS = ("best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def path_key(path: Any) -> str:
+    """One spelling per checkpoint URL (``s3://b/run/x.ckpt`` and ``.../x.ckpt/`` agree)."""
+    text = str(path)
+    try:
+        return str(parse_url(text))
+    except Exception:  # not a URL s3ckpt reads: compare it as written
+        return text
+
+
+class Tracking:
+    """The latest tracking state of every ``ModelCheckpoint`` seen in a saved checkpoint.
+
+    Thread-safe: saves (AsyncCheckpointIO's worker) update it while
+    ``remove_checkpoint`` (the training thread) reads it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_callback: dict[str, frozenset[str]] = {}
+        self._warned = False
+
+    def update(self, checkpoint: Mapping[str, Any]) -> None:
+        """Take the callback states of a checkpoint being saved (replacing each callback's
+        earlier state; callbacks it does not carry keep theirs). A ``ModelCheckpoint``
+        state is one with ``best_k_models``; its paths are spelled by :func:`path_key`."""
+        callbacks = checkpoint.get("callbacks")
+        if not isinstance(callbacks, Mapping):
+            return
+        for key, state in callbacks.items():
+            if isinstance(state, Mapping) and isinstance(state.get("best_k_models"), Mapping):
+                paths = [*state["best_k_models"], *(state.get(n) for n in _PATH_FIELDS)]
+                found = frozenset(path_key(p) for p in paths if isinstance(p, str) and p)
+                with self._lock:
+                    self._by_callback[str(key)] = found
+
+    def warn_if_unknown(self, run: StoreURL) -> None:
+        """Warn once when a policy is about to run and no checkpoint saved so far carried
+        a ``ModelCheckpoint`` state: there is nothing to protect it from the policy."""
+        with self._lock:
+            if self._by_callback or self._warned:
+                return
+            self._warned = True
+        log.warning(
+            "s3ckpt: the checkpoints saved to %s carry no ModelCheckpoint state "
+            "(save_weights_only=True, or no ModelCheckpoint), so the retention policy cannot "
+            "tell what ModelCheckpoint tracks and does not protect it (nor rank by its "
+            "metric): let save_top_k prune alone (policy=None)",
+            run,
+        )
+
+    def paths(self) -> frozenset[str]:
+        """Every path some ``ModelCheckpoint`` tracks (its latest state), as :func:`path_key`
+        spells them."""
+        with self._lock:
+            return frozenset().union(*self._by_callback.values())
+
+    def names_in(self, run: StoreURL) -> frozenset[str]:
+        """The tracked checkpoints that live directly in ``run``, by name."""
+        out = set()
+        for path in self.paths():
+            try:
+                url = parse_url(path)
+            except Exception:
+                continue
+            if url.parent == run and url.name:
+                out.add(url.name)
+        return frozenset(out)
+
+
+@dataclass(frozen=True)
+class KeepTracked(Policy):
+    """Keep the checkpoints ``ModelCheckpoint`` tracks (``names``, in the run pruned).
+
+    The plug-in adds this rule to every policy it runs (``policy | KeepTracked(...)``), so
+    that no policy deletes a checkpoint ``best_k_models``, ``best_model_path``,
+    ``kth_best_model_path`` or ``last_model_path`` names. Reason ``tracked by
+    ModelCheckpoint``. Hereditary, like every rule: a fixed set of names.
+    """
+
+    names: frozenset[str]
+
+    def select(
+        self, checkpoints: Sequence[CheckpointInfo], now: datetime
+    ) -> dict[str, tuple[str, ...]]:
+        reason = ("tracked by ModelCheckpoint",)
+        return {c.name: reason for c in checkpoints if c.name in self.names}
+
+    def describe(self) -> str:
+        return f"tracked by ModelCheckpoint ({len(self.names)})"
+
+
+def protect(policy: Policy, names: Iterable[str]) -> Policy:
+    """``policy``, plus :class:`KeepTracked` for ``names`` when there are any."""
+    chosen = frozenset(names)
+    return policy | KeepTracked(chosen) if chosen else policy

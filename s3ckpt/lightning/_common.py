@@ -1,19 +1,34 @@
 """Helpers the Lightning plug-in's modules share: remote paths, the metrics a save
-records, DCP calls with s3ckpt's errors, and ``map_location`` for loaded tensors."""
+records, ``map_location`` for loaded tensors, and which settings open a bucket's store
+when no plug-in is at hand.
+
+``MyModule.load_from_checkpoint("s3://...")``, the fsspec file system and
+``ckpt_path="last"`` without a trainer plug-in open stores with no :class:`S3CheckpointIO`
+to ask. They take the settings from a registry, in this order: the settings of the plug-in
+that last opened that bucket (scheme and bucket) in this process (a save, load or removal
+registers them); else those of the last :class:`S3CheckpointIO` constructed (a
+``ModelCheckpoint`` lists its folder before the first save); else the environment's
+(``S3Config()``: ``AWS_ENDPOINT_URL``, profile, region). Every store comes from
+:meth:`s3ckpt.store.Location.of`, the one process-wide cache: a plug-in and the hook with
+the same settings share one store. Nothing here runs at import.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from fsspec.core import split_protocol
 
-from s3ckpt.dcp import quiet_dcp
-from s3ckpt.errors import unwrap_checkpoint_exception
+from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.store import Location
+from s3ckpt.uri import StoreURL, parse_url
 
 log = logging.getLogger("s3ckpt.lightning")
 
@@ -32,32 +47,16 @@ def _metrics_of(checkpoint: Mapping[str, Any]) -> dict[str, float]:
     """Each ModelCheckpoint's monitored value at this save, by its metric name."""
     out: dict[str, float] = {}
     callbacks = checkpoint.get("callbacks")
-    if not isinstance(callbacks, Mapping):
-        return out
-    for state in callbacks.values():
-        if not isinstance(state, Mapping):
+    for state in callbacks.values() if isinstance(callbacks, Mapping) else ():
+        if not isinstance(state, Mapping) or not isinstance(state.get("monitor"), str):
             continue
-        monitor, score = state.get("monitor"), state.get("current_score")
-        if isinstance(monitor, str) and score is not None:
-            try:
-                value = float(score)
-            except (TypeError, ValueError):
-                continue
-            if value == value and abs(value) != float("inf"):
-                out[monitor] = value
+        try:
+            value = float(state.get("current_score"))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            out[state["monitor"]] = value
     return out
-
-
-@contextmanager
-def _dcp_call(what: str = "a checkpoint save or load") -> Iterator[None]:
-    """DCP's logging quietened, and every failure an s3ckpt error (an ``Exception``) in
-    place of DCP's ``CheckpointException`` (:func:`~s3ckpt.errors.unwrap_checkpoint_exception`)."""
-    try:
-        with quiet_dcp():
-            yield
-    except BaseException as exc:
-        err = unwrap_checkpoint_exception(exc, what)
-        raise err from err.__cause__
 
 
 def _to_device(obj: Any, map_location: Any) -> Any:
@@ -106,3 +105,49 @@ def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(obj, tuple):
         return tuple(_map_tensors(v, fn) for v in obj)
     return obj
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """A plug-in's store settings (``None``: the defaults, from the environment)."""
+
+    s3_config: S3Config | None = None
+    transfer_config: TransferConfig | None = None
+
+    def open(self, target: str | StoreURL) -> Location:
+        """``target`` in the process's shared store for these settings."""
+        return Location.of(target, s3_config=self.s3_config, transfer_config=self.transfer_config)
+
+
+_LOCK = threading.Lock()
+_BY_BUCKET: dict[tuple[str, str], StoreSettings] = {}
+_LAST: list[StoreSettings] = []  # the last plug-in constructed (at most one entry)
+
+
+def remember(settings: StoreSettings, url: StoreURL | None = None) -> None:
+    """Register a plug-in's settings: for ``url``'s bucket, or (``None``, at the plug-in's
+    construction) as the fallback for buckets no plug-in opened."""
+    with _LOCK:
+        if url is None:
+            _LAST[:] = [settings]
+        else:
+            _BY_BUCKET[(url.scheme, url.bucket)] = settings
+
+
+def settings_for(url: StoreURL) -> StoreSettings:
+    """The settings that open ``url``'s bucket (see the module for the order)."""
+    with _LOCK:
+        found = _BY_BUCKET.get((url.scheme, url.bucket))
+        if found is None and _LAST:
+            found = _LAST[0]
+    return found if found is not None else StoreSettings()
+
+
+def location_for(target: str | StoreURL) -> Location:
+    """``target`` opened with the settings registered for its bucket.
+
+    Raises:
+        InvalidURLError: ``target`` is not a URL s3ckpt reads.
+    """
+    url = target if isinstance(target, StoreURL) else parse_url(str(target))
+    return settings_for(url).open(url)

@@ -1,8 +1,9 @@
-"""S3CheckpointIO: Lightning's CheckpointIO plug-in over s3ckpt."""
+"""S3CheckpointIO: Lightning's CheckpointIO plug-in over s3ckpt; S3ModelParallelStrategy:
+FSDP2 / TP sharded checkpoints through it."""
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -11,29 +12,34 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import ModelParallelStrategy
 
-from s3ckpt.checkpointer import (
-    Candidate,
-    RetentionRecord,
-    RetentionRunner,
-    load_newest_good,
-    resolve_policy,
-)
+from s3ckpt._plugin_common import Retention, dcp_errors
+from s3ckpt.checkpointer import RetentionRecord
+from s3ckpt.checkpointer._latest import Candidate, load_newest_good
+from s3ckpt.checkpointer._retention import resolve_policy
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import S3StorageWriter
 from s3ckpt.errors import CheckpointError
-from s3ckpt.lightning._async import Removals, install_async_teardown
-from s3ckpt.lightning._common import _REST, _dcp_call, _is_remote, _metrics_of
-from s3ckpt.lightning._fs import install_filesystem
-from s3ckpt.lightning._last import find_last, fix_parse_ckpt_path
-from s3ckpt.lightning._load import LoadSettings, load_remote, open_reader
-from s3ckpt.lightning._stores import StoreSettings, remember
-from s3ckpt.lightning._tracked import Tracking, protect
-from s3ckpt.retention import DEFAULT_GRACE, Policy, RetentionOptions, delete_checkpoint
+from s3ckpt.lightning._async import Removals, Tracking, install_async_teardown, protect
+from s3ckpt.lightning._common import _REST, StoreSettings, _is_remote, _metrics_of, remember
+from s3ckpt.lightning._last import find_last, fix_parse_ckpt_path, install_filesystem
+from s3ckpt.lightning._load import load_remote, open_reader
+from s3ckpt.retention import Policy, RetentionOptions, delete_checkpoint
+from s3ckpt.retention._liveness import DEFAULT_GRACE
 from s3ckpt.store import Location
 from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
 
 _T = TypeVar("_T")
+
+
+def setup(register_filesystem: bool | None) -> None:
+    """What a Trainer using the plug-in needs, installed when it is constructed (idempotent)
+    rather than at import: the ``s3://`` file system, ``ckpt_path="last"`` by store time, and
+    ``AsyncCheckpointIO``'s teardown reaching the plug-in."""
+    install_filesystem(register_filesystem)
+    fix_parse_ckpt_path()
+    install_async_teardown()
 
 
 class S3ModelCheckpoint(ModelCheckpoint):
@@ -114,19 +120,12 @@ class S3CheckpointIO(CheckpointIO):
         self.retention_grace = retention_grace
         self.fallback = fallback
         self._resume: list[Candidate] = []  # ckpt_path="last": the chosen one, then fallbacks
-        self._runners: dict[str, RetentionRunner] = {}
-        self._lock = threading.Lock()
-        self._local: CheckpointIO | None = None
+        self._retention = Retention()
         self._tracking = Tracking()
         self._removals = Removals(self._tracking, self._delete)
         self._store_settings = StoreSettings(self.s3_config, self.transfer_config)
         remember(self._store_settings)
-        # What a Trainer using this plug-in needs, installed now (idempotent) rather than
-        # at import: the s3:// file system, ckpt_path="last" by store time, and
-        # AsyncCheckpointIO's teardown reaching this plug-in.
-        install_filesystem(register_filesystem)
-        fix_parse_ckpt_path()
-        install_async_teardown()
+        setup(register_filesystem)
 
     # -- Lightning's CheckpointIO ------------------------------------------------------------
     def save_checkpoint(
@@ -146,10 +145,10 @@ class S3CheckpointIO(CheckpointIO):
                 "S3CheckpointIO(s3_config=..., transfer_config=...) instead."
             )
         if not _is_remote(path):
-            self._torch_io().save_checkpoint(checkpoint, path, storage_options)
+            self._torch_io.save_checkpoint(checkpoint, path, storage_options)
             return
         here = self._open(path)
-        self._save(pack_state(checkpoint), here, checkpoint, process_group=None, no_dist=True)
+        self._save(pack_state(checkpoint), here, checkpoint, None, True)
         self._after_commit(here, checkpoint)
 
     def load_checkpoint(
@@ -178,13 +177,10 @@ class S3CheckpointIO(CheckpointIO):
                 False).
         """
         if not _is_remote(path):
-            return self._torch_io().load_checkpoint(path, map_location, weights_only)
-        settings = self._settings()
+            return self._torch_io.load_checkpoint(path, map_location, weights_only)
+        safe, verify = self.safe_globals, self.verify_checksums
         return self._resumed(
-            path,
-            lambda here: load_remote(
-                here, settings, map_location=map_location, weights_only=weights_only
-            ),
+            path, lambda here: load_remote(here, map_location, weights_only, safe, verify)
         )
 
     def remove_checkpoint(self, path: Any) -> None:
@@ -199,7 +195,7 @@ class S3CheckpointIO(CheckpointIO):
         commit and at :meth:`teardown`). Training never fails over a cleanup.
         """
         if not _is_remote(path):
-            self._torch_io().remove_checkpoint(path)
+            self._torch_io.remove_checkpoint(path)
             return
         self._removals.request(path)
 
@@ -208,16 +204,14 @@ class S3CheckpointIO(CheckpointIO):
         waiting (a last try: what cannot be deleted now is left, with a warning).
         Lightning calls it when ``fit`` (or ``validate``...) ends, also through
         ``AsyncCheckpointIO`` once its queued saves are done."""
-        for runner in list(self._runners.values()):
-            runner.wait()
+        self._retention.wait()
         self._removals.flush(final=True)
 
     @property
     def retention_history(self) -> tuple[RetentionRecord, ...]:
         """This process's retention passes (the last 100 per run), oldest first: the step
         whose commit triggered each, its result or the exception it failed with."""
-        records = [r for runner in list(self._runners.values()) for r in runner.history]
-        return tuple(sorted(records, key=lambda r: r.started))
+        return self._retention.history
 
     # -- sharded (used by S3ModelParallelStrategy) ----------------------------------------
     def save_sharded(
@@ -230,7 +224,7 @@ class S3CheckpointIO(CheckpointIO):
         """Every rank: save ``sharded`` (DTensor state dicts) and ``rest`` as one checkpoint."""
         here = self._open(path)
         state = {**sharded, _REST: pack_state(rest)}
-        self._save(state, here, rest, process_group=process_group, no_dist=False)
+        self._save(state, here, rest, process_group, False)
         if dist.get_rank(process_group) == 0:
             self._after_commit(here, rest)
 
@@ -248,9 +242,26 @@ class S3CheckpointIO(CheckpointIO):
                 :class:`S3ModelParallelStrategy` (one this plug-in saved in one process, or
                 a stock Lightning file): the strategy cannot resume from it.
         """
-        return self._resumed(
-            path, lambda here: self._load_sharded(sharded, here, process_group, weights_only)
-        )
+
+        def read(here: Location) -> dict[str, Any]:
+            reader = open_reader(here, weights_only, self.safe_globals, self.verify_checksums)
+            rest = packed_destinations(reader.metadata, _REST)
+            if rest is None:
+                raise CheckpointError(
+                    f"{reader.url} is not a sharded checkpoint of S3ModelParallelStrategy (it "
+                    "was saved in one process, or by another tool), so the strategy cannot "
+                    "resume from it; its weights load with MyModule.load_from_checkpoint(...) "
+                    "or S3CheckpointIO().load_checkpoint(...)",
+                    bucket=reader.store.bucket,
+                    key=reader.url.prefix,
+                )
+            state = {**sharded, _REST: rest}
+            with dcp_errors("a checkpoint save or load"):
+                dcp.load(state, storage_reader=reader, process_group=process_group)
+            out: dict[str, Any] = unpack_state(state[_REST])
+            return out
+
+        return self._resumed(path, read)
 
     def resume_from(self, chain: Sequence[Candidate]) -> None:
         """The next load of ``chain[0]`` is ``ckpt_path="last"`` resolved
@@ -272,36 +283,11 @@ class S3CheckpointIO(CheckpointIO):
         assert found is not None
         return found[1]
 
-    def _load_sharded(
-        self,
-        sharded: dict[str, Any],
-        here: Location,
-        process_group: dist.ProcessGroup | None,
-        weights_only: bool | None,
-    ) -> dict[str, Any]:
-        reader = open_reader(here, self._settings(), weights_only)
-        rest = packed_destinations(reader.metadata, _REST)
-        if rest is None:
-            raise CheckpointError(
-                f"{reader.url} is not a sharded checkpoint of S3ModelParallelStrategy (it was "
-                "saved in one process, or by another tool), so the strategy cannot resume "
-                "from it; its weights load with MyModule.load_from_checkpoint(...) or "
-                "S3CheckpointIO().load_checkpoint(...)",
-                bucket=reader.store.bucket,
-                key=reader.url.prefix,
-            )
-        state = {**sharded, _REST: rest}
-        with _dcp_call():
-            dcp.load(state, storage_reader=reader, process_group=process_group)
-        out: dict[str, Any] = unpack_state(state[_REST])
-        return out
-
+    @functools.cached_property
     def _torch_io(self) -> CheckpointIO:
-        if self._local is None:
-            from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-            self._local = TorchCheckpointIO()
-        return self._local
+        return TorchCheckpointIO()
 
     def _open(self, path: Any) -> Location:
         """``path`` in the process's shared store for this plug-in's settings, which are
@@ -310,42 +296,34 @@ class S3CheckpointIO(CheckpointIO):
         remember(self._store_settings, here.url)
         return here
 
-    def _settings(self) -> LoadSettings:
-        return LoadSettings(self.safe_globals, self.verify_checksums)
-
     @staticmethod
     def _step(checkpoint: Mapping[str, Any]) -> int | None:
         step = checkpoint.get("global_step")
         return step if isinstance(step, int) and not isinstance(step, bool) else None
 
     def _save(
-        self,
-        state: dict[str, Any],
-        here: Location,
-        checkpoint: Mapping[str, Any],
-        *,
-        process_group: dist.ProcessGroup | None,
-        no_dist: bool,
+        self, state: dict[str, Any], here: Location, ckpt: Mapping[str, Any], pg: Any, one: bool
     ) -> None:
-        self._removals.begin_save(str(here), checkpoint)
+        """Save ``state`` at ``here`` on process group ``pg`` (``one``: in this process alone)."""
+        self._removals.begin_save(str(here), ckpt)
         writer = S3StorageWriter(
             here.url,
             s3_config=self.s3_config,
             transfer_config=self.transfer_config,
             overwrite=True,
-            step=self._step(checkpoint),
-            metrics=_metrics_of(checkpoint),
+            step=self._step(ckpt),
+            metrics=_metrics_of(ckpt),
             store=here.store,
         )
         try:
-            with _dcp_call():
-                dcp.save(state, storage_writer=writer, process_group=process_group, no_dist=no_dist)
+            with dcp_errors("a checkpoint save or load"):
+                dcp.save(state, storage_writer=writer, process_group=pg, no_dist=one)
         finally:
             self._removals.end_save(str(here))
 
     def _delete(self, path: str) -> None:
-        here = self._open(path)
-        delete_checkpoint(here, options=RetentionOptions(grace=self.retention_grace))
+        options = RetentionOptions(grace=self.retention_grace)
+        delete_checkpoint(self._open(path), options=options)
 
     def _after_commit(self, here: Location, checkpoint: Mapping[str, Any]) -> None:
         """Rank 0, after a commit: the removals that waited for it, then a retention pass
@@ -353,11 +331,86 @@ class S3CheckpointIO(CheckpointIO):
         self._removals.flush()
         if self.policy is None:
             return
-        run = here.url.parent
-        with self._lock:
-            runner = self._runners.get(str(run))
-            if runner is None:
-                runner = self._runners[str(run)] = RetentionRunner(here.store, run)
-        self._tracking.warn_if_unknown(run)
-        policy = protect(self.policy, self._tracking.names_in(run))
-        runner.schedule(policy, self.retention_grace, self._step(checkpoint))
+        run = here.parent
+        self._tracking.warn_if_unknown(run.url)
+        policy = protect(self.policy, self._tracking.names_in(run.url))
+        self._retention.schedule(run, policy, self.retention_grace, self._step(checkpoint))
+
+
+class S3ModelParallelStrategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2 / tensor parallel) saving its sharded
+    checkpoints through s3ckpt.
+
+    ``ModelParallelStrategy`` bypasses ``CheckpointIO`` and writes shards with a local
+    ``FileSystemWriter``; this subclass sends an ``s3://`` path to s3ckpt instead: every
+    rank streams its own shards into one DCP checkpoint (committed once, by rank 0), and
+    loading reads back only each rank's part, at any world size (save on 2, resume on 4).
+    The configuration (endpoint, retention policy, safe globals) is the trainer's
+    :class:`S3CheckpointIO` plug-in when one is given, else a default one. Local paths keep
+    the stock behaviour. Checkpoint traffic runs on a gloo group of its own.
+
+    Only ``save_distributed_checkpoint=True`` (the default) is handled here; a full
+    (gathered) checkpoint goes through the ``CheckpointIO`` plug-in as usual.
+    """
+
+    _s3ckpt_group: dist.ProcessGroup | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        setup(None)  # what S3CheckpointIO installs when constructed, for a strategy without
+
+    def _s3ckpt_io(self) -> S3CheckpointIO:
+        io_: CheckpointIO = self.checkpoint_io  # type: ignore[has-type]
+        if not isinstance(io_, S3CheckpointIO):
+            io_ = S3CheckpointIO()
+            self.checkpoint_io = io_
+        return io_
+
+    def _s3ckpt_pg(self) -> dist.ProcessGroup | None:
+        if dist.get_backend() == "gloo":
+            return None
+        if self._s3ckpt_group is None:
+            self._s3ckpt_group = dist.new_group(backend="gloo")
+        return self._s3ckpt_group
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        """Every rank: save the sharded state and the rest of ``checkpoint`` to S3."""
+        if not _is_remote(filepath) or not self._save_distributed_checkpoint:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        path = self.broadcast(str(filepath))
+        sharded = {"state_dict": checkpoint.pop("state_dict")}
+        for idx, state in enumerate(checkpoint.pop("optimizer_states", [])):
+            sharded[f"optimizer_{idx}"] = state
+        self._s3ckpt_io().save_sharded(sharded, checkpoint, path, self._s3ckpt_pg())
+
+    def load_checkpoint(
+        self, checkpoint_path: Any, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Every rank: load the model's and optimizers' shards in place; return the rest."""
+        if not _is_remote(checkpoint_path):
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        from torch.distributed.checkpoint import state_dict as tsd
+
+        path = self.broadcast(str(checkpoint_path))
+        assert self.model is not None and self.lightning_module is not None
+        model, options = self.model, tsd.StateDictOptions(cpu_offload=True)
+        sharded: dict[str, Any] = {"state_dict": tsd.get_model_state_dict(model, options=options)}
+        for idx, opt in enumerate(self.optimizers):
+            sharded[f"optimizer_{idx}"] = tsd.get_optimizer_state_dict(model, opt, options=options)
+        rest = self._s3ckpt_io().load_sharded(sharded, path, self._s3ckpt_pg(), weights_only)
+        strict = tsd.StateDictOptions(cpu_offload=True, strict=self.lightning_module.strict_loading)
+        tsd.set_model_state_dict(model, sharded["state_dict"], options=strict)
+        for idx, opt in enumerate(self.optimizers):
+            tsd.set_optimizer_state_dict(model, opt, sharded[f"optimizer_{idx}"], options=options)
+        return rest
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        """Rank 0: delete one checkpoint through s3ckpt (see :class:`S3CheckpointIO`)."""
+        if not _is_remote(filepath):
+            super().remove_checkpoint(filepath)
+            return
+        if self.is_global_zero:
+            self._s3ckpt_io().remove_checkpoint(filepath)

@@ -30,49 +30,54 @@ idempotent) when an :class:`~s3ckpt.lightning.S3CheckpointIO` is constructed, or
 itself, so a stock ``ModelCheckpoint`` needs no patch. :class:`S3ModelCheckpoint` also
 finds its remote ``last*.ckpt`` when Lightning resolves "last" on its own (no plug-in).
 Both change nothing for local folders.
+
+The ``s3://`` file system the process gets when s3fs is missing is :class:`_S3CkptFileSystem`
+(registered by :func:`install_filesystem`, never at import; not over s3fs or another file
+system registered for ``s3://`` unless ``S3CheckpointIO(register_filesystem=True)``),
+complete enough for ``ModelCheckpoint`` and Lightning's loggers: a checkpoint is a
+directory timed by its commit marker; ``makedirs`` remembers folders in this process;
+``open`` reads, writes (one PUT on close), appends (read, then one PUT: small files such as
+``metrics.csv``) and ``x``; ``rm_file`` deletes one plain object and refuses a checkpoint or
+an object inside a committed one (those go through
+:func:`s3ckpt.retention.delete_checkpoint`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import os
+import threading
+from datetime import UTC, datetime
 from typing import Any
 
+import fsspec
+from fsspec import AbstractFileSystem, register_implementation
 from fsspec.core import split_protocol
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks.model_checkpoint import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from s3ckpt.checkpointer import Candidate, load_newest_good
-from s3ckpt.errors import S3CkptError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
-from s3ckpt.lightning._common import _is_remote, log
-from s3ckpt.lightning._stores import location_for
+from s3ckpt.checkpointer._latest import Candidate, load_newest_good
+from s3ckpt.errors import ObjectNotFoundError, S3CkptError
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.lightning._common import _is_remote, location_for, log
 from s3ckpt.retention import list_checkpoints
-from s3ckpt.store import Location
-
-__all__ = [
-    "checkpoint_mtime",
-    "find_last",
-    "fix_parse_ckpt_path",
-    "newest_last",
-    "resume_chain",
-]
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.uri import StoreURL
 
 
 def find_last(cb: ModelCheckpoint, trainer: Any, find: Any) -> set[str]:
     """``find(trainer)`` (Lightning's ``_find_last_checkpoints`` of ``cb``) with the URL
     scheme given back to a remote folder's names, after a fresh listing (see module)."""
     protocol, _ = split_protocol(str(cb.dirpath or ""))
-    remote = protocol not in (None, "file", "local")
-    if remote:
-        invalidate = getattr(cb._fs, "invalidate_cache", None)
-        if callable(invalidate):
-            invalidate()
-    found: set[str] = find(trainer)
-    if not remote:
-        return found
+    if protocol in (None, "file", "local"):
+        return set(find(trainer))
+    invalidate = getattr(cb._fs, "invalidate_cache", None)
+    if callable(invalidate):
+        invalidate()
     prefix = f"{protocol}://"
-    return {p if p.startswith(prefix) else prefix + p.replace(os.sep, "/") for p in found}
+    return {p if p.startswith(prefix) else prefix + p.replace(os.sep, "/") for p in find(trainer)}
 
 
 def fix_parse_ckpt_path() -> None:
@@ -84,11 +89,7 @@ def fix_parse_ckpt_path() -> None:
         return
 
     def _parse_ckpt_path(
-        self: _CheckpointConnector,
-        state_fn: Any,
-        ckpt_path: Any,
-        model_provided: bool,
-        model_connected: bool,
+        self: _CheckpointConnector, state_fn: Any, ckpt_path: Any, *args: Any, **kwargs: Any
     ) -> Any:
         if ckpt_path == "last":
             candidates = last_candidates(self.trainer)
@@ -101,13 +102,7 @@ def fix_parse_ckpt_path() -> None:
                         "`ModelCheckpoint(..., save_last=True)`."
                     )
                     return None
-        return original(
-            self,
-            state_fn,
-            ckpt_path,
-            model_provided=model_provided,
-            model_connected=model_connected,
-        )
+        return original(self, state_fn, ckpt_path, *args, **kwargs)
 
     _parse_ckpt_path._s3ckpt_fixed = True  # type: ignore[attr-defined]
     _CheckpointConnector._parse_ckpt_path = _parse_ckpt_path
@@ -155,11 +150,7 @@ def resume_chain(trainer: Any, candidates: list[str]) -> list[Candidate]:
 
     Request cost: a candidate's HEADs (:func:`modified`), and one catalog per remote folder
     (:func:`~s3ckpt.retention.list_checkpoints`)."""
-    stamps: dict[str, float] = {}
-    for path in candidates:
-        stamp = modified(path, trainer)
-        if stamp is not None:
-            stamps[path] = stamp
+    stamps = {p: t for p in candidates if (t := modified(p, trainer)) is not None}
     ordered = sorted(stamps, key=stamps.__getitem__, reverse=True)
     folders: dict[str, list[Candidate]] = {}
     urls: dict[str, str] = {}  # a remote candidate's path: its URL as the catalog spells it
@@ -213,9 +204,7 @@ def checkpoint_mtime(location: Location) -> float | None:
 
     Request cost: one to three HEADs."""
     plain = location.url.prefix.rstrip("/")
-    for key in (location.key(MANIFEST_NAME), location.key(METADATA_NAME), plain):
-        if not key:
-            continue
+    for key in filter(None, (location.key(MANIFEST_NAME), location.key(METADATA_NAME), plain)):
         head = location.store.head(key)
         if head is not None:
             return head.last_modified if head.last_modified is not None else 0.0
@@ -232,9 +221,177 @@ def _plugin(trainer: Any) -> Any:
 
 def _location(path: str, trainer: Any) -> Location:
     """``path`` in the trainer's s3ckpt plug-in's store (its endpoint and credentials),
-    else with the settings registered for its bucket (:mod:`s3ckpt.lightning._stores`)."""
+    else with the settings registered for its bucket (:mod:`s3ckpt.lightning._common`)."""
     io = _plugin(trainer)
-    if io is not None:
-        found: Location = io._open(path)
-        return found
-    return location_for(path)
+    return location_for(path) if io is None else io._open(path)
+
+
+_PROTOCOLS = ("s3", "s3a")
+
+# Folders made in this process ((bucket, key) pairs): they exist before anything is in them.
+_MADE: set[tuple[str, str]] = set()
+_FS_LOCK = threading.Lock()
+
+
+def install_filesystem(register: bool | None) -> None:
+    """Register the file system for ``s3://`` and ``s3a://`` (``register=None``: when s3fs
+    is missing and no file system other than ours and s3fs's is registered for ``s3://``;
+    ``True``: in any case; ``False``: never). Idempotent.
+
+    Called by :class:`~s3ckpt.lightning.S3ModelCheckpoint` (a ``ModelCheckpoint`` is
+    usually built before the Trainer and its plug-in, and needs a file system then),
+    :func:`s3ckpt.lightning.install`, and each :class:`S3CheckpointIO` with its
+    ``register_filesystem``."""
+    if register is None:
+        current = fsspec.registry.get("s3")
+        other = current not in (None, _S3CkptFileSystem) and not str(
+            getattr(current, "__module__", "")
+        ).startswith("s3fs")
+        register = importlib.util.find_spec("s3fs") is None and not other
+    for protocol in _PROTOCOLS if register else ():
+        register_implementation(protocol, _S3CkptFileSystem, clobber=True)
+
+
+def _dir(name: str) -> dict[str, Any]:
+    return {"name": name, "size": 0, "type": "directory"}
+
+
+def _file(name: str, obj: Any) -> dict[str, Any]:
+    return {"name": name, "size": obj.size, "type": "file", "mtime": obj.last_modified}
+
+
+class _S3CkptFileSystem(AbstractFileSystem):
+    """An fsspec file system for ``s3://`` over s3ckpt's store: what Lightning's
+    ``ModelCheckpoint`` and loggers use (see the module)."""
+
+    protocol = _PROTOCOLS
+    root_marker = ""
+
+    @classmethod
+    def _strip_protocol(cls, path: Any) -> str:
+        text = str(path)
+        for p in ("s3://", "s3a://"):
+            text = text.removeprefix(p)
+        return text.rstrip("/")
+
+    def _split(self, path: Any) -> tuple[ObjectStore, str, str]:
+        bucket, _, key = self._strip_protocol(path).partition("/")
+        return location_for(f"s3://{bucket}/").store, bucket, key
+
+    def info(self, path: Any, **kwargs: Any) -> dict[str, Any]:
+        store, bucket, key = self._split(path)
+        head = store.head(key) if key else None
+        if head is not None:
+            return _file(f"{bucket}/{key}", head)
+        if not key or any(True for _ in store.list(key + "/")):
+            return _dir(f"{bucket}/{key}" if key else bucket)
+        with _FS_LOCK:
+            if (bucket, key) in _MADE:
+                return _dir(f"{bucket}/{key}")
+        raise FileNotFoundError(str(path))
+
+    def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
+        store, bucket, key = self._split(path)
+        prefix = key + "/" if key else ""
+        found = {
+            f"{bucket}/{p.rstrip('/')}": _dir(f"{bucket}/{p.rstrip('/')}")
+            for p in store.list_prefixes(prefix)
+        }
+        for obj in store.list(prefix):
+            if "/" not in obj.key[len(prefix) :]:
+                found[f"{bucket}/{obj.key}"] = _file(f"{bucket}/{obj.key}", obj)
+        with _FS_LOCK:
+            made = [k for b, k in _MADE if b == bucket and k.rpartition("/")[0] == key]
+        for k in made:
+            found.setdefault(f"{bucket}/{k}", _dir(f"{bucket}/{k}"))
+        entries = sorted(found.values(), key=lambda e: e["name"])
+        if not entries:
+            entries = [self.info(path)]  # a file, or FileNotFoundError
+            if entries[0]["type"] == "directory":
+                entries = []  # a folder made here, still empty
+        return entries if detail else [e["name"] for e in entries]
+
+    def modified(self, path: Any) -> datetime:
+        """A checkpoint's time as ``ckpt_path="last"`` judges it (:func:`checkpoint_mtime`);
+        any other folder's, its newest object's."""
+        store, bucket, key = self._split(path)
+        here = Location(StoreURL(store.url_scheme, bucket, key + "/"), store)
+        stamp = checkpoint_mtime(here) if key else None
+        if stamp is None:
+            known = [o.last_modified for o in store.list(key + "/" if key else "")]
+            stamp = max((s for s in known if s is not None), default=None)
+            if stamp is None:
+                raise FileNotFoundError(str(path))
+        return datetime.fromtimestamp(stamp, UTC)
+
+    def makedirs(self, path: Any, exist_ok: bool = False) -> None:
+        """Remember the folder (and its parents) in this process: see the module."""
+        store, bucket, key = self._split(path)
+        if key and store.head(key) is not None:
+            raise FileExistsError(f"{path} is a file")
+        parts = key.split("/") if key else []
+        with _FS_LOCK:
+            _MADE.update((bucket, "/".join(parts[:i])) for i in range(1, len(parts) + 1))
+
+    def mkdir(self, path: Any, create_parents: bool = True, **kwargs: Any) -> None:
+        """Remember the folder in this process: see the module."""
+        self.makedirs(path, exist_ok=True)
+
+    def rmdir(self, path: Any) -> None:
+        """Forget a folder made in this process (objects under it stay)."""
+        _, bucket, key = self._split(path)
+        with _FS_LOCK:
+            _MADE.discard((bucket, key))
+
+    def rm_file(self, path: Any) -> None:
+        """Delete one plain object; a checkpoint, or a file inside one, is refused."""
+        store, bucket, key = self._split(path)
+        if not key or store.head(key) is None:
+            with _FS_LOCK:
+                made = (bucket, key) in _MADE
+            if key and made:
+                return self.rmdir(path)
+            if key and self.isdir(path):
+                raise IsADirectoryError(
+                    f"s3://{bucket}/{key} is a folder (a checkpoint?): delete a checkpoint "
+                    "with s3ckpt.retention.delete_checkpoint or `s3ckpt rm`"
+                )
+            raise FileNotFoundError(str(path))
+        parent = key.rpartition("/")[0]
+        if parent and store.head(f"{parent}/{MANIFEST_NAME}") is not None:
+            raise PermissionError(
+                f"s3://{bucket}/{key} belongs to the committed checkpoint s3://{bucket}/{parent}: "
+                "delete it whole with s3ckpt.retention.delete_checkpoint or `s3ckpt rm`"
+            )
+        failures = store.delete([key])
+        if failures:
+            raise OSError(f"could not delete s3://{bucket}/{key}: {failures[0]}")
+
+    def _rm(self, path: Any) -> None:
+        self.rm_file(path)
+
+    def _open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
+        store, bucket, key = self._split(path)
+        if "x" in mode and store.head(key) is not None:
+            raise FileExistsError(f"s3://{bucket}/{key}")
+        try:
+            start = store.get(key) if "r" in mode or "a" in mode else b""
+        except ObjectNotFoundError as exc:
+            if "r" in mode:
+                raise FileNotFoundError(f"s3://{bucket}/{key}") from exc
+            start = b""
+        return io.BytesIO(start) if "r" in mode else _PutOnClose(store, key, start)
+
+
+class _PutOnClose(io.BytesIO):
+    """A small file written with one PUT when closed (hparams.yaml, metrics.csv)."""
+
+    def __init__(self, store: ObjectStore, key: str, start: bytes = b"") -> None:
+        super().__init__(start)
+        self.seek(0, io.SEEK_END)
+        self._store, self._key = store, key
+
+    def close(self) -> None:
+        if not self.closed:
+            self._store.put(self._key, self.getvalue())
+        super().close()

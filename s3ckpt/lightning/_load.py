@@ -7,7 +7,7 @@ What is at a checkpoint path decides how it is read (:func:`load_remote`):
    of every item, full tensors (no process group; a sharded checkpoint's shards are
    assembled), then the dict Lightning saved (:func:`rebuild`);
 2. else an object at ``path`` (stock Lightning's ``torch.save`` file, say one s3fs wrote
-   before the move to s3ckpt): :func:`s3ckpt.lightning._legacy.load_object`, streamed;
+   before the move to s3ckpt): :func:`s3ckpt.lightning._load.load_object`, streamed;
 3. else the prefix as a DCP checkpoint (a stock DCP ``.metadata`` without a marker), or
    the reader's error: :class:`~s3ckpt.errors.CheckpointNotFoundError` (also a
    ``FileNotFoundError``) or :class:`~s3ckpt.errors.UncommittedCheckpointError`.
@@ -28,65 +28,78 @@ The dict comes back in Lightning's normal shape whichever writer made it:
 
 :func:`install_load_hook` makes ``LightningModule.load_from_checkpoint`` and
 ``LightningDataModule.load_from_checkpoint`` use this (see its docstring).
+
+A stock Lightning checkpoint (one ``torch.save`` object, as s3fs wrote it before the move)
+is read by :func:`load_object`: streamed (an object up to ``block`` bytes with one GET, a
+larger one through a seekable file over ranged GETs, :class:`_RangeFile`, nothing on local
+disk), with the plug-in's ``weights_only`` rules (``True``/``None``: torch's safe loader
+with :data:`s3ckpt.dcp.SAFE_GLOBALS` and the plug-in's ``safe_globals`` added for the
+duration of the load, under a lock, and exactly those removed after; ``False``: full
+pickle), failures as s3ckpt errors naming the object and its size (a refused global:
+:class:`~s3ckpt.errors.UnsafeCheckpointError`; unreadable bytes or an object changed while
+read: :class:`~s3ckpt.errors.CorruptCheckpointError`; deleted meanwhile:
+:class:`~s3ckpt.errors.CheckpointNotFoundError`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import itertools
-from collections.abc import Mapping
-from dataclasses import dataclass
+import pickle
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import fsspec
+import torch
 import torch.distributed.checkpoint as dcp
 from fsspec.core import split_protocol
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 
-from s3ckpt.dcp import S3StorageReader, SafeGlobal
-from s3ckpt.errors import CheckpointNotFoundError, S3CkptError, StoreError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
-from s3ckpt.lightning._common import _REST, _dcp_call, _is_remote, _to_device, log
-from s3ckpt.lightning._legacy import load_object
-from s3ckpt.lightning._stores import location_for
-from s3ckpt.store import Location
+from s3ckpt._plugin_common import dcp_errors
+from s3ckpt._units import format_bytes
+from s3ckpt.dcp import SAFE_GLOBALS, S3StorageReader, SafeGlobal
+from s3ckpt.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    ObjectNotFoundError,
+    S3CkptError,
+    StoreError,
+    UnsafeCheckpointError,
+)
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.lightning._common import _REST, _is_remote, _to_device, location_for, log
+from s3ckpt.lightning._last import checkpoint_mtime
+from s3ckpt.store import Location, ObjectInfo, ObjectStore
 from s3ckpt.tools.packing import is_packed, item_destinations, unpack_state
-
-__all__ = ["LoadSettings", "install_load_hook", "load_remote", "open_reader", "rebuild"]
-
-
-@dataclass(frozen=True)
-class LoadSettings:
-    """How a plug-in reads, besides its store (which holds the S3 and transfer settings):
-    extra safe globals and checksums."""
-
-    safe_globals: tuple[SafeGlobal, ...] = ()
-    verify_checksums: bool = True
 
 
 def open_reader(
-    location: Location, settings: LoadSettings, weights_only: bool | None
+    location: Location,
+    weights_only: bool | None,
+    safe_globals: Sequence[SafeGlobal] = (),
+    verify_checksums: bool = True,
 ) -> S3StorageReader:
-    """A reader of the checkpoint at ``location``; ``weights_only=False`` is full pickle."""
+    """A reader of the checkpoint at ``location`` (its store and settings); extra
+    ``safe_globals``; ``weights_only=False`` is full pickle."""
     return S3StorageReader(
-        location.url,
-        s3_config=location.s3_config,
-        transfer_config=location.transfer_config,
-        verify_checksums=settings.verify_checksums,
+        location,
+        verify_checksums=verify_checksums,
         allow_unsafe_pickle=weights_only is False,
-        safe_globals=settings.safe_globals,
-        store=location.store,
+        safe_globals=safe_globals,
     )
 
 
 def load_remote(
     location: Location,
-    settings: LoadSettings,
-    *,
     map_location: Any = None,
     weights_only: bool | None = None,
+    safe_globals: Sequence[SafeGlobal] = (),
+    verify_checksums: bool = True,
 ) -> dict[str, Any]:
     """The checkpoint at ``url``, as Lightning's ``CheckpointIO.load_checkpoint`` returns
     it (see the module for what is read and in which order).
@@ -112,16 +125,10 @@ def load_remote(
                 "the prefix: loading the object",
                 url,
             )
-        return load_object(
-            store,
-            obj,
-            map_location=map_location,
-            weights_only=weights_only,
-            safe_globals=settings.safe_globals,
-            block=location.transfer_config.part_size,
-        )
+        block = location.transfer_config.part_size
+        return load_object(store, obj, map_location, weights_only, safe_globals, block)
     try:
-        reader = open_reader(location, settings, weights_only)
+        reader = open_reader(location, weights_only, safe_globals, verify_checksums)
     except CheckpointNotFoundError as exc:
         if type(exc) is not CheckpointNotFoundError:
             raise  # an uncommitted s3ckpt save: its own message says what to do
@@ -133,7 +140,7 @@ def load_remote(
             key=url.prefix,
         ) from exc
     flat = item_destinations(reader.metadata)
-    with _dcp_call():
+    with dcp_errors("a checkpoint save or load"):
         dcp.load(flat, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
     return _to_device(rebuild(flat, reader.metadata), map_location)
 
@@ -182,8 +189,7 @@ def _set_path(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
     for here, nxt in itertools.pairwise(path):
         empty: Any = [] if isinstance(nxt, int) else {}
         if isinstance(node, list):
-            while len(node) <= here:
-                node.append(None)
+            node.extend([None] * (here + 1 - len(node)))
             if node[here] is None:
                 node[here] = empty
             node = node[here]
@@ -191,22 +197,11 @@ def _set_path(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
             node = node.setdefault(here, empty)
     last = path[-1]
     if isinstance(node, list):
-        while len(node) <= last:
-            node.append(None)
+        node.extend([None] * (last + 1 - len(node)))
     node[last] = value
 
 
 # -- load_from_checkpoint -------------------------------------------------------------------
-
-
-def _fsspec_reads(protocol: str) -> bool:
-    """Whether an fsspec file system other than s3ckpt's own can open ``protocol`` here
-    (s3fs for ``s3://``)."""
-    try:
-        cls = fsspec.get_filesystem_class(protocol)
-    except (ImportError, ValueError):
-        return False
-    return not cls.__module__.startswith("s3ckpt.")
 
 
 def _divert(path: str) -> Location | None:
@@ -214,17 +209,14 @@ def _divert(path: str) -> Location | None:
     finds there (an s3ckpt or DCP prefix, or a single object), or any path of a scheme no
     other fsspec file system reads (no s3fs). Where the store cannot be asked and another
     file system can read the scheme, that one is left to (an s3fs set-up of its own)."""
-    protocol, _ = split_protocol(path)
-    native = _fsspec_reads(protocol or "")
+    try:  # whether an fsspec file system other than s3ckpt's own reads it (s3fs)
+        cls = fsspec.get_filesystem_class(split_protocol(path)[0] or "")
+        native = not cls.__module__.startswith("s3ckpt.")
+    except (ImportError, ValueError):
+        native = False
     try:
         here = location_for(path)
-        object_key = here.url.prefix.rstrip("/")
-        keys = [
-            here.key(MANIFEST_NAME),
-            here.key(METADATA_NAME),
-            *([object_key] * bool(object_key)),
-        ]
-        found = any(here.store.head(k) is not None for k in keys)
+        found = checkpoint_mtime(here) is not None  # a marker, a .metadata or an object
     except StoreError:
         if native:
             log.debug("s3ckpt: cannot probe %s; leaving it to fsspec", path, exc_info=True)
@@ -245,7 +237,7 @@ def install_load_hook() -> None:
     s3ckpt or DCP prefix, or a stock Lightning object) is read by :func:`load_remote`, as
     ``S3CheckpointIO.load_checkpoint`` reads it (``map_location`` and ``weights_only``
     honoured, :data:`s3ckpt.dcp.SAFE_GLOBALS` allowed, the store configured as
-    :mod:`s3ckpt.lightning._stores` says: a plug-in's settings for the bucket, else the
+    :mod:`s3ckpt.lightning._common` says: a plug-in's settings for the bucket, else the
     environment's: ``AWS_ENDPOINT_URL``, profile, region); so is a missing one on a scheme no
     other fsspec file system reads (``CheckpointNotFoundError``, a ``FileNotFoundError``).
     Everything else, local files and file objects above all, goes to Lightning's own
@@ -266,10 +258,154 @@ def install_load_hook() -> None:
         if isinstance(path_or_url, (str, Path)) and _is_remote(path_or_url):
             found = _divert(str(path_or_url))
             if found is not None:
-                return load_remote(
-                    found, LoadSettings(), map_location=map_location, weights_only=weights_only
-                )
+                return load_remote(found, map_location=map_location, weights_only=weights_only)
         return original(path_or_url, map_location=map_location, weights_only=weights_only)
 
     pl_load._s3ckpt_hook = True  # type: ignore[attr-defined]
     saving.pl_load = pl_load
+
+
+_GLOBALS_LOCK = threading.Lock()
+
+
+def load_object(
+    store: ObjectStore,
+    info: ObjectInfo,
+    map_location: Any,
+    weights_only: bool | None,
+    safe_globals: Sequence[SafeGlobal],
+    block: int,
+) -> Any:
+    """``torch.load`` of the object ``info`` (a HEAD of it), streamed; see the module.
+
+    Raises:
+        UnsafeCheckpointError: ``weights_only`` is not False and the pickle asks for a
+            global outside the allow-list (the message names it, as torch does).
+        CorruptCheckpointError: empty, unreadable, or changed while it was read.
+        CheckpointNotFoundError: deleted while it was read.
+    """
+    where, size = f"{store.url_scheme}://{store.bucket}/{info.key}", format_bytes(info.size)
+    ctx = {"bucket": store.bucket, "key": info.key}
+    gone = CheckpointNotFoundError("the checkpoint object was deleted while it was read", **ctx)
+    if info.size == 0:
+        raise CorruptCheckpointError(
+            f"{where} is an empty object (0 bytes), not a torch.save checkpoint", **ctx
+        )
+    log.info("s3ckpt: loading %s, one torch.save object of %s (stock Lightning)", where, size)
+    raw = _RangeFile(store, info.key, info.size, where)
+    f: io.IOBase = io.BufferedReader(raw, block)
+    if info.size <= block:  # one GET
+        f = io.BytesIO(f.read(info.size))
+
+    def unchanged() -> None:
+        now = store.head(info.key) if info.etag is not None else info
+        if now is None:
+            raise gone
+        if now.etag is not None and now.etag != info.etag:
+            raise CorruptCheckpointError(
+                f"{where} was rewritten while it was read (ETag {info.etag} -> {now.etag}); "
+                "load it again",
+                **ctx,
+            )
+
+    try:
+        if weights_only is False:
+            obj = torch.load(f, map_location=map_location, weights_only=False)
+        else:
+            with _allowed([*SAFE_GLOBALS, *safe_globals]):
+                obj = torch.load(f, map_location=map_location, weights_only=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        failed = exc if isinstance(exc, S3CkptError) else raw.error  # torch may wrap it
+        if failed is not None:
+            raise (gone if isinstance(failed, ObjectNotFoundError) else failed) from exc
+        unchanged()
+        text = str(exc).split("WeightsUnpickler error:")[-1].strip().split("\n\n", 1)[0]
+        reason = " ".join(text.split()) or type(exc).__name__  # torch's words, first paragraph
+        if weights_only is not False and isinstance(exc, pickle.UnpicklingError):
+            names = [
+                g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
+                for g in safe_globals
+            ]
+            listed = ", safe_globals " + ", ".join(names) if names else ""
+            raise UnsafeCheckpointError(
+                f"{where} ({size}) does not load with torch.load(weights_only=True): "
+                f"{reason} (torch's weights_only defaults, s3ckpt.dcp.SAFE_GLOBALS{listed}). "
+                "If the types it holds are plain values, pass them as "
+                "S3CheckpointIO(safe_globals=[...]) (or torch.serialization.add_safe_globals); "
+                "if you trust this bucket, load with weights_only=False",
+                **ctx,
+            ) from exc
+        raise CorruptCheckpointError(
+            f"{where} ({size}) is not a checkpoint torch.load can read: "
+            f"{type(exc).__name__}: {reason}",
+            **ctx,
+        ) from exc
+    unchanged()
+    return obj
+
+
+class _RangeFile(io.RawIOBase):
+    """A read-only, seekable file over one object: each ``readinto`` is one ranged GET
+    (resumed by the store on a transient failure mid-body)."""
+
+    def __init__(self, store: ObjectStore, key: str, size: int, where: str) -> None:
+        super().__init__()
+        self._store, self._key, self._size, self._where = store, key, size, where
+        self._pos = 0
+        self.error: S3CkptError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        pos = offset + {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos}")
+        self._pos = pos
+        return pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        want, got = min(len(view), self._size - self._pos), 0
+        try:
+            if want > 0:
+                with contextlib.closing(self._store.open_range(self._key, self._pos, want)) as r:
+                    while got < want and (n := r.readinto(view[got:want])):
+                        got += n
+            if got < want:
+                raise CorruptCheckpointError(
+                    f"{self._where} ended at byte {self._pos + got}, before the {self._size} "
+                    "bytes its HEAD reported (rewritten or truncated while it was read)",
+                    bucket=self._store.bucket,
+                    key=self._key,
+                )
+        except S3CkptError as exc:
+            self.error = exc
+            raise
+        self._pos += got
+        return got
+
+
+@contextlib.contextmanager
+def _allowed(globs: Sequence[SafeGlobal]) -> Iterator[None]:
+    """``globs`` added to torch's allowed globals for the duration (see the module)."""
+    with _GLOBALS_LOCK:
+        present = set(torch.serialization.get_safe_globals())
+        extra = [g for g in dict.fromkeys(globs) if g not in present]
+        torch.serialization.add_safe_globals(extra)
+    try:
+        yield
+    finally:
+        if extra:
+            with _GLOBALS_LOCK:
+                keep = [g for g in torch.serialization.get_safe_globals() if g not in extra]
+                torch.serialization.clear_safe_globals()
+                torch.serialization.add_safe_globals(keep)

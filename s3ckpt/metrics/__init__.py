@@ -16,7 +16,7 @@ or collect them in a block (handy in tests)::
     with s3ckpt.metrics.capture() as events:
         ckpt.save(100, model)
 
-:func:`totals` counts every S3 request of the process by operation and :data:`Outcome`
+:func:`totals` counts every S3 request of the process by operation and outcome
 (for exporters; the expected 404s and 412s of a healthy job are not failures);
 :class:`OpenTelemetryMetrics` maps the events onto OpenTelemetry instruments (the ``otel``
 extra); :func:`write_textfile` renders a retention run for node_exporter's textfile
@@ -31,36 +31,19 @@ import it), and nothing heavy: prometheus-client and OpenTelemetry are imported 
 
 from __future__ import annotations
 
-from s3ckpt.metrics._check_textfile import CheckMetricsFile, CheckValues
-from s3ckpt.metrics._events import (
-    Kind,
-    OperationMetrics,
-    Outcome,
-    RequestCounts,
-    Subscription,
-    Totals,
-    capture,
-    subscribe,
-    totals,
-)
+from s3ckpt.metrics._events import OperationMetrics, Totals, capture, subscribe, totals
 from s3ckpt.metrics._otel import OpenTelemetryMetrics
-from s3ckpt.metrics._prometheus import MetricsFile, RunMetrics, render_textfile, write_textfile
+from s3ckpt.metrics._prometheus import CheckMetricsFile, MetricsFile, RunMetrics, write_textfile
 
 __all__ = [
-    "CheckMetricsFile",
-    "CheckValues",
-    "Kind",
-    "MetricsFile",
-    "OpenTelemetryMetrics",
     "OperationMetrics",
-    "Outcome",
-    "RequestCounts",
-    "RunMetrics",
-    "Subscription",
-    "Totals",
-    "capture",
-    "render_textfile",
     "subscribe",
+    "capture",
     "totals",
+    "Totals",
+    "OpenTelemetryMetrics",
+    "MetricsFile",
+    "CheckMetricsFile",
+    "RunMetrics",
     "write_textfile",
 ]

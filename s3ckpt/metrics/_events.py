@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Literal
 
 __all__ = [
@@ -29,26 +29,25 @@ __all__ = [
 log = logging.getLogger("s3ckpt.metrics")
 
 Kind = Literal["save", "load", "prune", "gc"]
-"""What finished: a save (every rank), a load (every rank), a retention prune of one run,
-or a gc of a prefix."""
+# What finished: a save (every rank), a load (every rank), a retention prune of one run,
+# or a gc of a prefix.
 
 Outcome = Literal["ok", "not_found", "precondition_failed", "failed"]
-"""How one S3 request ended.
-
-* ``"ok"``: answered with success (after however many attempts).
-* ``"not_found"``: answered 404 where the code that sent it asked whether the object
-  exists (a HEAD, a probe for a commit marker or a ``latest`` pointer not written yet,
-  aborting an upload that is gone): an answer, not a failure.
-* ``"precondition_failed"``: answered 412 to a conditional request that may lose by
-  design (``If-None-Match: *`` on a marker or lease another writer holds, a
-  compare-and-swap on an object that changed, the capability probe's requests that must
-  be refused): an answer, not a failure.
-* ``"failed"``: every other failure after its last attempt, a 404 or 412 nobody expected
-  included (a data object a committed manifest lists, an upload that should exist).
-
-Alert on ``"failed"`` (:attr:`RequestCounts.failed`, :attr:`Totals.failed`,
-:attr:`OperationMetrics.failed_requests`); a healthy job has none.
-"""
+# How one S3 request ended.
+#
+# * ``"ok"``: answered with success (after however many attempts).
+# * ``"not_found"``: answered 404 where the code that sent it asked whether the object
+#   exists (a HEAD, a probe for a commit marker or a ``latest`` pointer not written yet,
+#   aborting an upload that is gone): an answer, not a failure.
+# * ``"precondition_failed"``: answered 412 to a conditional request that may lose by
+#   design (``If-None-Match: *`` on a marker or lease another writer holds, a
+#   compare-and-swap on an object that changed, the capability probe's requests that must
+#   be refused): an answer, not a failure.
+# * ``"failed"``: every other failure after its last attempt, a 404 or 412 nobody expected
+#   included (a data object a committed manifest lists, an upload that should exist).
+#
+# Alert on ``"failed"`` (:attr:`RequestCounts.failed`, :attr:`Totals.failed`,
+# :attr:`OperationMetrics.failed_requests`); a healthy job has none.
 
 
 @dataclass(frozen=True)
@@ -166,35 +165,23 @@ class Totals:
     operations: Mapping[str, RequestCounts] = field(default_factory=dict)
     checksum_failures: int = 0
 
-    @property
-    def requests(self) -> int:
-        """All requests."""
-        return sum(c.requests for c in self.operations.values())
+    def _sum(self, name: str) -> int:
+        return sum(getattr(c, name) for c in self.operations.values())
 
-    @property
-    def retries(self) -> int:
-        """All retries."""
-        return sum(c.retries for c in self.operations.values())
-
-    @property
-    def throttled(self) -> int:
-        """All throttled attempts."""
-        return sum(c.throttled for c in self.operations.values())
-
-    @property
-    def failed(self) -> int:
-        """All requests that failed (expected 404s and 412s not included): alert on this."""
-        return sum(c.failed for c in self.operations.values())
-
-    @property
-    def not_found(self) -> int:
-        """All requests answered with an expected 404."""
-        return sum(c.not_found for c in self.operations.values())
-
-    @property
-    def precondition_failed(self) -> int:
-        """All requests answered with an expected 412."""
-        return sum(c.precondition_failed for c in self.operations.values())
+    requests = property(lambda self: self._sum("requests"), doc="All requests.")
+    retries = property(lambda self: self._sum("retries"), doc="All retries.")
+    throttled = property(lambda self: self._sum("throttled"), doc="All throttled attempts.")
+    failed = property(
+        lambda self: self._sum("failed"),
+        doc="All requests that failed (expected 404s and 412s not included): alert on this.",
+    )
+    not_found = property(
+        lambda self: self._sum("not_found"), doc="All requests answered with an expected 404."
+    )
+    precondition_failed = property(
+        lambda self: self._sum("precondition_failed"),
+        doc="All requests answered with an expected 412.",
+    )
 
     @property
     def expected(self) -> int:
@@ -204,49 +191,15 @@ class Totals:
 
 # -- totals ------------------------------------------------------------------------------------
 _totals_lock = threading.Lock()
-# name -> [requests, retries, throttled, failed, not_found, precondition_failed]
-_by_operation: dict[str, list[int]] = {}
-_checksum_failures = [0]
-_OUTCOME_COLUMN: dict[str, int] = {"failed": 3, "not_found": 4, "precondition_failed": 5}
+_totals: dict[str, Counter[str]] = {}
+# RequestCounts fields by S3 operation name; the checksum failures under "".
 
 
-def outcome_of(outcome: Outcome | bool) -> Outcome:
-    """``outcome`` as an :data:`Outcome` (``True`` / ``False``, the older form: ``"ok"`` /
-    ``"failed"``); an unknown string raises ``ValueError``."""
-    if isinstance(outcome, bool):
-        return "ok" if outcome else "failed"
-    if outcome != "ok" and outcome not in _OUTCOME_COLUMN:
-        raise ValueError(f"unknown request outcome {outcome!r}")
-    return outcome
-
-
-def add_request(operation: str, attempts: int, throttled: int, outcome: Outcome | bool) -> None:
-    """Count one request, ended with ``outcome``, in the totals."""
-    column = _OUTCOME_COLUMN.get(outcome_of(outcome))
+def add_totals(operation: str, counts: Mapping[str, int]) -> None:
+    """Add ``counts`` (:class:`RequestCounts` fields) to the totals of ``operation``
+    (``""``: ``checksum_failures``)."""
     with _totals_lock:
-        row = _by_operation.get(operation)
-        if row is None:
-            row = _by_operation[operation] = [0, 0, 0, 0, 0, 0]
-        row[0] += 1
-        row[1] += attempts - 1
-        row[2] += throttled
-        if column is not None:
-            row[column] += 1
-
-
-def add_retry(operation: str) -> None:
-    """Count one more attempt of a request already counted (a resumed read)."""
-    with _totals_lock:
-        row = _by_operation.get(operation)
-        if row is None:
-            row = _by_operation[operation] = [0, 0, 0, 0, 0, 0]
-        row[1] += 1
-
-
-def add_checksum_failure() -> None:
-    """Count one CRC32C mismatch in the totals."""
-    with _totals_lock:
-        _checksum_failures[0] += 1
+        _totals.setdefault(operation, Counter()).update(counts)
 
 
 def totals() -> Totals:
@@ -258,8 +211,9 @@ def totals() -> Totals:
     ``not_found`` and ``precondition_failed``, never in ``failed``.
     """
     with _totals_lock:
-        ops = {name: RequestCounts(*row) for name, row in _by_operation.items()}
-        return Totals(operations=ops, checksum_failures=_checksum_failures[0])
+        ops = {name: RequestCounts(**row) for name, row in _totals.items() if name}
+        failures = _totals.get("", Counter())["checksum_failures"]
+        return Totals(operations=ops, checksum_failures=failures)
 
 
 # -- subscribers -------------------------------------------------------------------------------
@@ -295,12 +249,7 @@ class Subscription:
     def __enter__(self) -> Subscription:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

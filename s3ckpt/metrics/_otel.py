@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 from s3ckpt.metrics._events import OperationMetrics, Subscription, subscribe
 
 __all__ = ["OpenTelemetryMetrics"]
-
-
-def _otel_metrics() -> Any:
-    try:
-        from opentelemetry import metrics
-    except ImportError as exc:
-        raise ImportError(
-            "s3ckpt.metrics.OpenTelemetryMetrics needs the OpenTelemetry API: "
-            'pip install "s3ckpt[otel]"'
-        ) from exc
-    return metrics
 
 
 def _version() -> str | None:
@@ -73,40 +61,41 @@ class OpenTelemetryMetrics:
     """
 
     def __init__(self, meter_provider: Any | None = None) -> None:
-        metrics = _otel_metrics()
+        try:
+            from opentelemetry import metrics
+        except ImportError as exc:
+            raise ImportError(
+                "s3ckpt.metrics.OpenTelemetryMetrics needs the OpenTelemetry API: "
+                'pip install "s3ckpt[otel]"'
+            ) from exc
         provider = meter_provider or metrics.get_meter_provider()
         meter = provider.get_meter("s3ckpt", _version())
         counter, histogram = meter.create_counter, meter.create_histogram
-        self._operations = counter("s3ckpt.operations", "{op}", "s3ckpt operations finished")
         self._duration = histogram(
             "s3ckpt.operation.duration", "s", "Duration of s3ckpt saves, loads, prunes and gcs"
         )
         self._blocked = histogram("s3ckpt.save.blocked", "s", "Time a save held the training loop")
-        self._bytes = counter("s3ckpt.bytes", "By", "Bytes written by saves or read by loads")
-        self._requests = counter("s3ckpt.requests", "{req}", "S3 requests")
-        self._failed = counter(
-            "s3ckpt.requests.failed",
-            "{req}",
-            "S3 requests that failed after their last attempt (expected 404s/412s excluded)",
-        )
-        self._expected = counter(
-            "s3ckpt.requests.expected",
-            "{req}",
-            "S3 requests answered with an expected 404 or 412 (s3ckpt.outcome)",
-        )
-        self._retries = counter("s3ckpt.retries", "{req}", "S3 attempts after the first")
-        self._throttled = counter("s3ckpt.throttled", "{req}", "S3 attempts answered SlowDown")
-        self._checksum = counter(
-            "s3ckpt.checksum.failures", "{item}", "CRC32C mismatches detected on load"
-        )
-        self._deleted = counter(
-            "s3ckpt.checkpoints.deleted", "{ckpt}", "Checkpoints deleted by prune and gc"
-        )
-        self._freed = counter("s3ckpt.bytes.freed", "By", "Bytes under deleted checkpoints")
         self._lease_wait = histogram("s3ckpt.lease.wait", "s", "Time taking a run's lease")
-        self._lease_busy = counter(
-            "s3ckpt.lease.busy", "{run}", "Runs skipped because another pruner held the lease"
-        )
+        expected = "S3 requests answered with an expected 404 or 412 (s3ckpt.outcome)"
+        self._expected = counter("s3ckpt.requests.expected", "{req}", expected)
+        # (instrument, unit, description, the event's field it adds)
+        counters = [
+            ("s3ckpt.operations", "{op}", "s3ckpt operations finished", ""),
+            ("s3ckpt.bytes", "By", "Bytes written by saves or read by loads", "bytes"),
+            ("s3ckpt.requests", "{req}", "S3 requests", "requests"),
+            ("s3ckpt.requests.failed", "{req}", "S3 requests that failed after their last "
+             "attempt (expected 404s/412s excluded)", "failed_requests"),
+            ("s3ckpt.retries", "{req}", "S3 attempts after the first", "retries"),
+            ("s3ckpt.throttled", "{req}", "S3 attempts answered SlowDown", "throttled"),
+            ("s3ckpt.checksum.failures", "{item}", "CRC32C mismatches detected on load",
+             "checksum_failures"),
+            ("s3ckpt.checkpoints.deleted", "{ckpt}", "Checkpoints deleted by prune and gc",
+             "deleted"),
+            ("s3ckpt.bytes.freed", "By", "Bytes under deleted checkpoints", "bytes_freed"),
+            ("s3ckpt.lease.busy", "{run}", "Runs skipped because another pruner held the lease",
+             "lease_busy"),
+        ]  # fmt: skip
+        self._counters = [(counter(n, unit, doc), field) for n, unit, doc, field in counters]
         self._subscription: Subscription | None = None
 
     def install(self) -> OpenTelemetryMetrics:
@@ -123,45 +112,24 @@ class OpenTelemetryMetrics:
     def __enter__(self) -> OpenTelemetryMetrics:
         return self.install()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def record(self, event: OperationMetrics) -> None:
         """Add one event to the instruments (what the subscription calls)."""
-        attrs: dict[str, str | bool] = {
-            "s3ckpt.kind": event.kind,
-            "s3ckpt.bucket": event.bucket,
-            "s3ckpt.ok": event.ok,
-        }
+        attrs: dict[str, str | bool] = {"s3ckpt.kind": event.kind, "s3ckpt.ok": event.ok}
+        attrs["s3ckpt.bucket"] = event.bucket
         if event.error is not None:
             attrs["error.type"] = event.error
-        self._operations.add(1, attrs)
+        for instrument, field in self._counters:
+            value = getattr(event, field) if field else 1
+            if value:
+                instrument.add(value, attrs)
         self._duration.record(event.duration_s, attrs)
         if event.blocked_s is not None:
             self._blocked.record(event.blocked_s, attrs)
-        for instrument, value in (
-            (self._bytes, event.bytes),
-            (self._requests, event.requests),
-            (self._failed, event.failed_requests),
-            (self._retries, event.retries),
-            (self._throttled, event.throttled),
-            (self._checksum, event.checksum_failures),
-            (self._deleted, event.deleted),
-            (self._freed, event.bytes_freed),
-            (self._lease_busy, event.lease_busy),
-        ):
-            if value:
-                instrument.add(value, attrs)
-        for outcome, value in (
-            ("not_found", event.not_found),
-            ("precondition_failed", event.precondition_failed),
-        ):
-            if value:
+        for outcome in ("not_found", "precondition_failed"):
+            if value := getattr(event, outcome):
                 self._expected.add(value, {**attrs, "s3ckpt.outcome": outcome})
         if event.kind in ("prune", "gc") and not event.dry_run:
             self._lease_wait.record(event.lease_wait_s, attrs)

@@ -11,14 +11,25 @@ An invocation's values are one frozen value (:class:`_Invocation`), which both
 request totals when it is made, gathers each run's :class:`RunMetrics` as they finish, and
 writes once at the end (success or not) with the requests made in between. The values
 are plain data: retention's results give them (``PruneResult.run_metrics``).
+
+``s3ckpt check --metrics-file`` (:class:`CheckMetricsFile`) writes the scrub's values the
+same way: gauges of the last invocation, written atomically once, at the end, also when the
+check failed. One value is carried over from the file the last invocation wrote:
+``s3ckpt_check_last_success_timestamp_seconds``, when the last *clean* check finished (every
+committed checkpoint checked in full, nothing damaged, every record written). A failed or
+damaged check keeps the previous one, so "no clean check for 8 days" is one alert rule
+(docs/metrics.md) whether the job stopped, fails, or keeps finding damage.
+
+Its values are plain numbers (:class:`CheckValues`: the CLI takes them from
+:class:`s3ckpt.tools.CheckResult`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Required, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict, Unpack
 
 from s3ckpt.metrics._events import totals
 
@@ -27,15 +38,21 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
 __all__ = [
+    "CheckMetricsFile",
+    "CheckValues",
     "MetricsFile",
     "RunMetrics",
     "TextfileValues",
+    "last_success",
     "registry_of",
     "render_textfile",
     "write_textfile",
 ]
 
 Command = Literal["prune", "gc"]
+
+_REQUESTS = ("requests", "retries", "throttled", "failed", "not_found", "precondition_failed")
+# The request counts of an invocation (:class:`~s3ckpt.metrics.Totals` fields).
 
 
 @dataclass(frozen=True)
@@ -106,94 +123,53 @@ class _Invocation:
 
     command: Command
     runs: Sequence[RunMetrics]
-    success: bool
-    finished_at: float
-    duration_s: float
-    requests: int = 0
-    retries: int = 0
-    throttled: int = 0
-    dry_run: bool = False
-    failed: int = 0
-    not_found: int = 0
-    precondition_failed: int = 0
+    values: Mapping[str, Any]  # a TextfileValues
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
-        c = self.command
+        v = {**dict.fromkeys(_REQUESTS, 0), "dry_run": False, **self.values}
 
-        def gauge(name: str, doc: str, value: float, unit: str = "") -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, value=value, unit=unit)
-
-        yield gauge(
-            f"s3ckpt_{c}_last_run_timestamp",
-            f"When the last s3ckpt {c} finished (seconds since the epoch).",
-            self.finished_at,
-            "seconds",
-        )
-        yield gauge(
-            f"s3ckpt_{c}_success",
-            f"1 if the last s3ckpt {c} succeeded for every run, else 0.",
-            1.0 if self.success else 0.0,
-        )
-        yield gauge(
-            f"s3ckpt_{c}_duration",
-            f"How long the last s3ckpt {c} took.",
-            self.duration_s,
-            "seconds",
-        )
-        yield gauge(
-            f"s3ckpt_{c}_dry_run", f"1 if the last s3ckpt {c} was a dry run.", float(self.dry_run)
-        )
-        yield gauge(
-            f"s3ckpt_{c}_requests",
-            f"S3 requests the last s3ckpt {c} made (listings included; retries not).",
-            self.requests,
-        )
-        yield gauge(
-            f"s3ckpt_{c}_retries",
-            f"Attempts after the first over the last s3ckpt {c}'s requests.",
-            self.retries,
-        )
-        yield gauge(
-            f"s3ckpt_{c}_throttled",
-            f"Attempts of the last s3ckpt {c} answered 503 SlowDown.",
-            self.throttled,
-        )
-        yield gauge(
-            f"s3ckpt_{c}_failed_requests",
-            f"S3 requests of the last s3ckpt {c} that failed after their last attempt "
-            "(expected 404s and 412s not included).",
-            self.failed,
-        )
+        c, what = self.command, f"the last s3ckpt {self.command}"
+        plain: list[tuple[str, str, float, str]] = [
+            ("last_run_timestamp", f"When {what} finished (seconds since the epoch).",
+             v["finished_at"], "seconds"),
+            ("success", f"1 if {what} succeeded for every run, else 0.", v["success"], ""),
+            ("duration", f"How long {what} took.", v["duration_s"], "seconds"),
+            ("dry_run", f"1 if {what} was a dry run.", v["dry_run"], ""),
+            ("requests", f"S3 requests {what} made (listings included; retries not).",
+             v["requests"], ""),
+            ("retries", f"Attempts after the first over {what}'s requests.", v["retries"], ""),
+            ("throttled", f"Attempts of {what} answered 503 SlowDown.", v["throttled"], ""),
+            ("failed_requests", f"S3 requests of {what} that failed after their last attempt "
+             "(expected 404s and 412s not included).", v["failed"], ""),
+        ]  # fmt: skip
+        for name, doc, value, unit in plain:
+            yield GaugeMetricFamily(f"s3ckpt_{c}_{name}", doc, value=float(value), unit=unit)
         expected = GaugeMetricFamily(
             f"s3ckpt_{c}_expected_requests",
-            f"S3 requests of the last s3ckpt {c} answered with an expected 404 (not_found) "
-            "or 412 (precondition_failed): answers, not failures.",
+            f"S3 requests of {what} answered with an expected 404 (not_found) or 412 "
+            "(precondition_failed): answers, not failures.",
             labels=["outcome"],
         )
-        expected.add_metric(["not_found"], float(self.not_found))
-        expected.add_metric(["precondition_failed"], float(self.precondition_failed))
+        expected.add_metric(["not_found"], float(v["not_found"]))
+        expected.add_metric(["precondition_failed"], float(v["precondition_failed"]))
         yield expected
-        per_run: list[tuple[str, str, str]] = [
-            (f"s3ckpt_{c}_deleted_checkpoints", "Checkpoints deleted, by run.", "deleted"),
-            (f"s3ckpt_{c}_freed_bytes", "Bytes under the checkpoints deleted, by run.", "freed"),
-            (f"s3ckpt_{c}_lease_busy", "Runs skipped because their lease was held.", "busy"),
-            (f"s3ckpt_{c}_failures", "Keys or uploads that could not be deleted.", "failures"),
-            (f"s3ckpt_{c}_lease_wait_seconds", "Seconds spent taking the run's lease.", "wait"),
-        ]
-        for name, doc, what in per_run:
-            g = GaugeMetricFamily(name, doc, labels=["run"])
+        per_run: list[tuple[str, str, Callable[[RunMetrics], float]]] = [
+            ("deleted_checkpoints", "Checkpoints deleted, by run.", lambda r: r.deleted),
+            ("freed_bytes", "Bytes under the checkpoints deleted, by run.",
+             lambda r: r.bytes_freed),
+            ("lease_busy", "Runs skipped because their lease was held.", lambda r: r.lease_busy),
+            ("failures", "Keys or uploads that could not be deleted.", lambda r: r.failures),
+            ("lease_wait_seconds", "Seconds spent taking the run's lease.",
+             lambda r: r.lease_wait_s),
+        ]  # fmt: skip
+        for name, doc, value_of in per_run:
+            g = GaugeMetricFamily(f"s3ckpt_{c}_{name}", doc, labels=["run"])
             for r in self.runs:
-                value = {
-                    "deleted": r.deleted,
-                    "freed": r.bytes_freed,
-                    "busy": int(r.lease_busy),
-                    "failures": r.failures,
-                    "wait": r.lease_wait_s,
-                }[what]
-                g.add_metric([r.run], float(value))
+                g.add_metric([r.run], float(value_of(r)))
             yield g
+        newest = "the run's newest committed checkpoint"
         counts = GaugeMetricFamily(
             "s3ckpt_checkpoints", "Checkpoints of the run, by state.", labels=["run", "state"]
         )
@@ -204,13 +180,11 @@ class _Invocation:
         )
         latest = GaugeMetricFamily(
             "s3ckpt_latest_committed_timestamp_seconds",
-            "Commit time of the run's newest committed checkpoint (seconds since the epoch).",
+            f"Commit time of {newest} (seconds since the epoch).",
             labels=["run"],
         )
         step = GaugeMetricFamily(
-            "s3ckpt_latest_committed_step",
-            "Step of the run's newest committed checkpoint.",
-            labels=["run"],
+            "s3ckpt_latest_committed_step", f"Step of {newest}.", labels=["run"]
         )
         for r in self.runs:
             for state, n in sorted(r.checkpoints.items()):
@@ -222,21 +196,6 @@ class _Invocation:
             if r.latest_committed_step is not None:
                 step.add_metric([r.run], float(r.latest_committed_step))
         yield from (f for f in (counts, sizes, latest, step) if f.samples)
-
-    def _registry(self) -> CollectorRegistry:
-        return registry_of(self)
-
-    def render(self) -> str:
-        """The Prometheus text exposition."""
-        from prometheus_client import generate_latest
-
-        return generate_latest(self._registry()).decode("utf-8")
-
-    def write(self, path: str) -> None:
-        """Write :meth:`render`'s text to ``path`` atomically."""
-        from prometheus_client import write_to_textfile
-
-        write_to_textfile(path, self._registry())
 
 
 def render_textfile(
@@ -250,7 +209,9 @@ def render_textfile(
         **values: ``success``, ``finished_at`` and ``duration_s`` (required), and the
             request counts (:class:`TextfileValues`).
     """
-    return _Invocation(command, runs, **values).render()
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry_of(_Invocation(command, runs, values))).decode("utf-8")
 
 
 def write_textfile(
@@ -258,10 +219,26 @@ def write_textfile(
 ) -> None:
     """Write :func:`render_textfile`'s text to ``path`` atomically (a temporary file in the
     same folder, renamed over ``path``), for node_exporter's textfile collector."""
-    _Invocation(command, runs, **values).write(path)
+    _write(path, _Invocation(command, runs, values))
 
 
-class MetricsFile:
+class _Started:
+    """An invocation's metrics file, from when it starts: the process's request totals
+    and the clock then."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._before = totals()
+        self._t0 = time.monotonic()
+
+    def _since(self) -> dict[str, Any]:
+        """``duration_s`` and the request counts since the start."""
+        after = totals()
+        counts = {n: getattr(after, n) - getattr(self._before, n) for n in _REQUESTS}
+        return {"duration_s": time.monotonic() - self._t0, **counts}
+
+
+class MetricsFile(_Started):
     """One ``prune`` or ``gc`` invocation's metrics file (``--metrics-file PATH``), from
     start to end: made when the invocation starts (it takes the process's request totals
     then), given each run's values as they are known, written once at the end.
@@ -274,12 +251,10 @@ class MetricsFile:
     """
 
     def __init__(self, path: str, command: Command, *, dry_run: bool) -> None:
-        self.path = path
+        super().__init__(path)
         self.command: Command = command
         self.dry_run = dry_run
         self.runs: list[RunMetrics] = []
-        self._before = totals()
-        self._t0 = time.monotonic()
 
     def add(self, run: RunMetrics) -> None:
         """Record one run's (or gc's prefix's) values."""
@@ -291,32 +266,153 @@ class MetricsFile:
         Raises:
             OSError: It could not be written (what the invocation did stands).
         """
-        after, before = totals(), self._before
-        _Invocation(
-            self.command,
-            tuple(self.runs),
-            success=success,
-            finished_at=time.time(),
-            duration_s=time.monotonic() - self._t0,
-            requests=after.requests - before.requests,
-            retries=after.retries - before.retries,
-            throttled=after.throttled - before.throttled,
-            dry_run=self.dry_run,
-            failed=after.failed - before.failed,
-            not_found=after.not_found - before.not_found,
-            precondition_failed=after.precondition_failed - before.precondition_failed,
-        ).write(self.path)
+        values = {"success": success, "finished_at": time.time(), "dry_run": self.dry_run}
+        _write(self.path, _Invocation(self.command, tuple(self.runs), {**values, **self._since()}))
 
 
 def registry_of(collector: object) -> CollectorRegistry:
     """A registry holding ``collector`` alone (an object with ``collect()``), for one
     text exposition or one textfile write."""
-    try:
-        from prometheus_client import CollectorRegistry
-    except ImportError as exc:  # a core dependency; only a broken install lacks it
-        raise ImportError(
-            "--metrics-file needs prometheus-client (pip install prometheus-client)"
-        ) from exc
+    from prometheus_client import CollectorRegistry
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)  # type: ignore[arg-type]  # a Collector by its collect()
     return registry
+
+
+def _write(path: str, collector: object) -> None:
+    """Write ``collector``'s text exposition to ``path`` atomically."""
+    from prometheus_client import write_to_textfile
+
+    write_to_textfile(path, registry_of(collector))
+
+
+LAST_SUCCESS = "s3ckpt_check_last_success_timestamp_seconds"
+
+
+@dataclass(frozen=True)
+class CheckValues:
+    """What one ``s3ckpt check`` found, for its metrics file (zeros for a check that failed
+    before it found anything).
+
+    Attributes:
+        checked: Committed checkpoints checked.
+        damaged: Those found damaged.
+        incomplete: Those not checked in full (read errors), none damaged.
+        skipped: Checkpoints not checked, by reason (``in_progress``, ``archived``, ...).
+        bytes_read: Bytes read back (markers, metadata, data).
+        items_read: Items read back and compared with their CRC32C.
+        read_fraction: The share of item bytes the check was asked to read (0 to 1).
+    """
+
+    checked: int = 0
+    damaged: int = 0
+    incomplete: int = 0
+    skipped: Mapping[str, int] = field(default_factory=dict)
+    bytes_read: int = 0
+    items_read: int = 0
+    read_fraction: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the registry keys on it
+class _CheckInvocation:
+    """One invocation's values; a prometheus-client collector (by its ``collect()``)."""
+
+    values: CheckValues
+    success: bool
+    finished_at: float
+    duration_s: float
+    last_success: float | None
+    requests: int
+    retries: int
+    throttled: int
+    failed: int
+    not_found: int = 0  # counted, not written
+    precondition_failed: int = 0
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        v = self.values
+        last = "the last s3ckpt check"
+        plain: list[tuple[str, str, float]] = [
+            ("last_run_timestamp_seconds",
+             f"When {last} finished (seconds since the epoch).", self.finished_at),
+            ("success", f"1 if {last} was clean: every committed checkpoint checked in full, "
+             "nothing damaged, every record written.", self.success),
+            ("duration_seconds", f"How long {last} took.", self.duration_s),
+            ("checked_checkpoints", f"Committed checkpoints {last} checked.", v.checked),
+            ("damaged_checkpoints", f"Checkpoints {last} found damaged.", v.damaged),
+            ("incomplete_checkpoints",
+             f"Checkpoints {last} could not read in full (read errors).", v.incomplete),
+            ("read_bytes",
+             f"Bytes {last} read back (markers, metadata and data).", v.bytes_read),
+            ("read_items",
+             f"Items {last} read back and compared with their CRC32C.", v.items_read),
+            ("read_fraction", f"The share of each checkpoint's item bytes {last} read "
+             "(--read-data).", v.read_fraction),
+            ("requests", f"S3 requests {last} made (retries not counted).", self.requests),
+            ("retries", f"Attempts after the first over {last}'s requests.", self.retries),
+            ("throttled", f"Attempts of {last} answered 503 SlowDown.", self.throttled),
+            ("failed_requests",
+             f"S3 requests of {last} that failed after their last attempt.", self.failed),
+        ]  # fmt: skip
+        for name, doc, value in plain:
+            yield GaugeMetricFamily(f"s3ckpt_check_{name}", doc, value=float(value))
+        skipped = GaugeMetricFamily(
+            "s3ckpt_check_skipped_checkpoints",
+            "Checkpoints the last s3ckpt check did not check, by reason.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(v.skipped.items()):
+            skipped.add_metric([reason], float(n))
+        yield skipped
+        if self.last_success is not None:
+            yield GaugeMetricFamily(
+                LAST_SUCCESS,
+                "When the last clean s3ckpt check finished (seconds since the epoch; kept "
+                "from earlier files while checks fail or find damage).",
+                value=self.last_success,
+            )
+
+
+def last_success(path: str) -> float | None:
+    """``s3ckpt_check_last_success_timestamp_seconds`` in the file at ``path``; None when
+    there is no such file or value (or it cannot be read)."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with open(path, encoding="utf-8") as f:
+            text = f.read(1 << 20)
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == LAST_SUCCESS:
+                    return float(sample.value)
+    except (OSError, ValueError, UnicodeDecodeError, ImportError):
+        return None
+    return None
+
+
+class CheckMetricsFile(_Started):
+    """One ``s3ckpt check``'s metrics file (``--metrics-file PATH``): made when the check
+    starts (it takes the process's request totals then), written once at the end.
+
+    Attributes:
+        path: The file to write.
+        command: ``"check"`` (what the CLI's messages name).
+    """
+
+    command = "check"
+
+    def write(self, values: CheckValues, *, success: bool) -> None:
+        """Write the file atomically (see the module docs for what ``success`` keeps).
+
+        Raises:
+            OSError: It could not be written (what the check did stands).
+        """
+        now = time.time()
+        last = now if success else last_success(self.path)
+        found = _CheckInvocation(
+            values, success=success, finished_at=now, last_success=last, **self._since()
+        )
+        _write(self.path, found)

@@ -32,27 +32,18 @@ from __future__ import annotations
 import contextvars
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar, get_args
 
-from s3ckpt.metrics._events import (
-    Kind,
-    OperationMetrics,
-    Outcome,
-    add_checksum_failure,
-    add_request,
-    add_retry,
-    outcome_of,
-    publish,
-)
+from s3ckpt.metrics._events import Kind, OperationMetrics, Outcome, add_totals, publish
 
 __all__ = [
     "Expectable",
     "Participant",
     "Recorder",
     "bound",
-    "current",
     "expected_outcome",
     "expecting",
     "in_context",
@@ -70,8 +61,8 @@ _current: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar(
 )
 
 Expectable = Literal["not_found", "precondition_failed"]
-"""The answers a caller may expect: a 404 (``"not_found"``) or a 412
-(``"precondition_failed"``)."""
+# The answers a caller may expect: a 404 (``"not_found"``) or a 412
+# (``"precondition_failed"``).
 
 _expected: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "s3ckpt_metrics_expected", default=frozenset()
@@ -126,44 +117,14 @@ class Recorder:
         self.started_at = time.time()
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
-        self.requests = 0
-        self.retries = 0
-        self.throttled = 0
-        self.failed_requests = 0
-        self.not_found = 0
-        self.precondition_failed = 0
-        self.checksum_failures = 0
-        self.bytes = 0
+        self.counts: Counter[str] = Counter()
         self.finished = False
 
-    def add_request(self, attempts: int, throttled: int, outcome: Outcome = "ok") -> None:
-        """Count one request that took ``attempts`` attempts, ``throttled`` of them
-        throttled, and ended with ``outcome``."""
+    def add(self, **counts: int) -> None:
+        """Add ``counts``: :class:`~s3ckpt.metrics.RequestCounts` fields (``requests``,
+        ``failed``, ...), ``checksum_failures`` or ``bytes`` (written or read)."""
         with self._lock:
-            self.requests += 1
-            self.retries += attempts - 1
-            self.throttled += throttled
-            if outcome == "failed":
-                self.failed_requests += 1
-            elif outcome == "not_found":
-                self.not_found += 1
-            elif outcome == "precondition_failed":
-                self.precondition_failed += 1
-
-    def add_retry(self) -> None:
-        """Count one more attempt of a request already counted."""
-        with self._lock:
-            self.retries += 1
-
-    def add_checksum_failure(self) -> None:
-        """Count one CRC32C mismatch."""
-        with self._lock:
-            self.checksum_failures += 1
-
-    def add_bytes(self, n: int) -> None:
-        """Count ``n`` bytes written or read."""
-        with self._lock:
-            self.bytes += n
+            self.counts.update(counts)
 
     def finish(
         self, error: BaseException | str | None = None, **fields: Any
@@ -180,16 +141,8 @@ class Recorder:
             if self.finished:
                 return None
             self.finished = True
-            counted = {
-                "requests": self.requests,
-                "retries": self.retries,
-                "throttled": self.throttled,
-                "failed_requests": self.failed_requests,
-                "not_found": self.not_found,
-                "precondition_failed": self.precondition_failed,
-                "checksum_failures": self.checksum_failures,
-                "bytes": self.bytes,
-            }
+            counted = dict(self.counts)
+        counted["failed_requests"] = counted.pop("failed", 0)
         name = error if isinstance(error, str) or error is None else type(error).__name__
         fields.setdefault("step", self.step)
         fields.setdefault("rank", self.rank)
@@ -207,10 +160,10 @@ class Recorder:
 
 
 class Participant:
-    """What a component taking part in saves or loads reports to (a DCP writer's saves, a
-    reader's loads): the operation of its kind current where each one begins (a
-    Checkpointer's save or load, whose owner publishes the event), else one of its own,
-    which :meth:`end` publishes (plain ``dcp.save`` / ``dcp.load``).
+    """The save or load a DCP writer or reader takes part in (:mod:`s3ckpt.dcp._located`
+    runs each of its DCP callbacks under :meth:`active`): the operation of its kind current
+    where it begins (a Checkpointer's save or load, whose owner publishes the event), else
+    one of its own, which :meth:`end` publishes (plain ``dcp.save`` / ``dcp.load``).
 
     Pickles without its recorder (a lock, and this process's subscribers): in the process
     that unpickles it (DCP's process executor) the next :meth:`begin` starts its own.
@@ -246,21 +199,14 @@ class Participant:
             on_error(exc)
             raise
 
-    def add_bytes(self, n: int) -> None:
-        """Count ``n`` bytes written or read."""
+    def end(self, error: BaseException | None = None, *, moved: int = 0, **fields: Any) -> None:
+        """Count the ``moved`` data bytes (a save's uploads, a load's ranged GETs) and
+        publish our own operation's event (:meth:`Recorder.finish`); a joined one is its
+        owner's to publish."""
         if self.recorder is not None:
-            self.recorder.add_bytes(n)
-
-    def end(self, error: BaseException | None = None, **fields: Any) -> None:
-        """Publish our own operation's event (:meth:`Recorder.finish`); a joined one is
-        its owner's to publish."""
-        if self.owned and self.recorder is not None:
-            self.recorder.finish(error, **fields)
-
-
-def current() -> Recorder | None:
-    """The recorder of the operation running in this context, if any."""
-    return _current.get()
+            self.recorder.add(bytes=moved)
+            if self.owned:
+                self.recorder.finish(error, **fields)
 
 
 @contextmanager
@@ -284,14 +230,12 @@ def operation(
     its event is published when the block ends (``ok=False`` with the exception's name if
     it raised, unless the block called :meth:`Recorder.finish` itself)."""
     recorder = Recorder(kind, url, step=step, rank=rank)
-    token = _current.set(recorder)
     try:
-        yield recorder
+        with bound(recorder):
+            yield recorder
     except BaseException as exc:
-        _current.reset(token)
         recorder.finish(exc)
         raise
-    _current.reset(token)
     recorder.finish()
 
 
@@ -310,30 +254,31 @@ def in_context(fn: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-def record_request(operation: str, attempts: int, throttled: int, outcome: Outcome | bool) -> None:
-    """Count one S3 request that ended with ``outcome`` (an :data:`~s3ckpt.metrics.Outcome`;
-    ``True`` / ``False`` mean ``"ok"`` / ``"failed"``). ``store/_request.call`` calls it
-    for every request."""
-    ended = outcome_of(outcome)
-    add_request(operation, attempts, throttled, ended)
+def _count(operation: str, **counts: int) -> None:
+    """Add ``counts`` to the process's totals and to the current recorder, if any."""
+    add_totals(operation, counts)
     recorder = _current.get()
     if recorder is not None:
-        recorder.add_request(attempts, throttled, ended)
+        recorder.add(**counts)
+
+
+def record_request(operation: str, attempts: int, throttled: int, outcome: Outcome) -> None:
+    """Count one S3 request that ended with ``outcome`` (an :data:`~s3ckpt.metrics.Outcome`;
+    another string raises ``ValueError``). ``store/_request.call`` calls it for every
+    request."""
+    if outcome not in get_args(Outcome):
+        raise ValueError(f"unknown request outcome {outcome!r}")
+    ended = {} if outcome == "ok" else {outcome: 1}
+    _count(operation, requests=1, retries=attempts - 1, throttled=throttled, **ended)
 
 
 def record_retry(operation: str) -> None:
     """Count one more attempt of a request already counted (a ranged GET resumed after
     its body broke off)."""
-    add_retry(operation)
-    recorder = _current.get()
-    if recorder is not None:
-        recorder.add_retry()
+    _count(operation, retries=1)
 
 
-def record_checksum_failure(recorder: Recorder | None = None) -> None:
-    """Count a CRC32C mismatch: in the totals, and for ``recorder`` (default: the current
-    one). Every place s3ckpt compares a CRC32C with the recorded one calls this."""
-    add_checksum_failure()
-    recorder = recorder or _current.get()
-    if recorder is not None:
-        recorder.add_checksum_failure()
+def record_checksum_failure() -> None:
+    """Count a CRC32C mismatch: in the totals, and for the current recorder. Every place
+    s3ckpt compares a CRC32C with the recorded one calls this."""
+    _count("", checksum_failures=1)

@@ -16,7 +16,8 @@ pattern, limits); a policy file is its rules and the settings it names, a
 first and its settings as ``options=``.
 
 Modules: ``_catalog`` (the records and states), ``_liveness`` (grace, dead writers),
-``_listing`` / ``_scan`` (the listing), ``_options`` (the run's settings), ``_policy`` /
+``_listing`` / ``_scan`` (the listing: ``scan``, ``probe_checkpoint``), ``_options`` (the
+run's settings), ``_policy`` /
 ``_calendar`` / ``_toml`` / ``_duration`` (rules and policy files), ``_plan``, ``_lease``
 (the run's lease), ``_intent`` (a dead pruner's intent log), ``_deleter`` (which keys may
 go, batched deletes), ``_prune`` (one run), ``_runs`` (every run under a prefix),
@@ -42,19 +43,13 @@ Layout conventions, states and invariants: see :mod:`s3ckpt.retention._scan`,
 
 from __future__ import annotations
 
-from s3ckpt.errors import DeleteRefusedError, LeaseHeldError, LeaseLostError, PolicyError
-from s3ckpt.format import LATEST_NAME, LEASE_NAME, PIN_NAME
-from s3ckpt.retention._abandoned import DEFAULT_GC_AGE, gc
+from s3ckpt.retention._abandoned import gc
 from s3ckpt.retention._calendar import KeepCalendar
-from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, Life, RunCatalog
-from s3ckpt.retention._check_record import CheckEntry, CheckRecord, read_check_record
+from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._delete_checkpoint import delete_checkpoint
-from s3ckpt.retention._duration import format_duration, parse_duration
-from s3ckpt.retention._lease import DEFAULT_LEASE_TTL, Lease, LeaseRecord
-from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE
-from s3ckpt.retention._options import ProgressCallback, RetentionOptions
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._pins import pin, unpin
-from s3ckpt.retention._plan import Decision, Plan, check_policy, plan
+from s3ckpt.retention._plan import plan
 from s3ckpt.retention._policy import (
     AllOf,
     AnyOf,
@@ -65,76 +60,43 @@ from s3ckpt.retention._policy import (
     KeepWithin,
     Policy,
 )
-from s3ckpt.retention._probe import probe_checkpoint
-from s3ckpt.retention._prune import prune
-from s3ckpt.retention._results import DeleteResult, GcResult, PruneResult
-from s3ckpt.retention._runs import PruneRuns, RunOutcome, prune_runs
-from s3ckpt.retention._scan import list_checkpoints, list_runs, scan
-from s3ckpt.retention._tiers import ARCHIVE_CLASSES, STORAGE_CLASSES, TIER_TAG, Tier, Transition
+from s3ckpt.retention._prune import prune, prune_runs
+from s3ckpt.retention._results import GcResult, PruneResult
+from s3ckpt.retention._scan import list_checkpoints, list_runs
+from s3ckpt.retention._tiers import Tier
 from s3ckpt.retention._toml import PolicyFile, builtin_policies, load_policy, parse_policy
 from s3ckpt.retention._transition import survey_plan
 
 __all__ = [
-    "ARCHIVE_CLASSES",
-    "DEFAULT_GC_AGE",
-    "DEFAULT_GRACE",
-    "DEFAULT_LEASE_TTL",
-    "LATEST_NAME",
-    "LEASE_NAME",
-    "MIN_GRACE",
-    "PIN_NAME",
-    "STORAGE_CLASSES",
-    "TIER_TAG",
+    # rules and policy files
+    "Policy",
+    "KeepLast",
+    "KeepEvery",
+    "KeepBest",
+    "KeepWithin",
+    "KeepCalendar",
+    "KeepPinned",
     "AllOf",
     "AnyOf",
-    "CheckEntry",
-    "CheckRecord",
-    "CheckpointInfo",
-    "CheckpointState",
-    "Decision",
-    "DeleteRefusedError",
-    "DeleteResult",
-    "GcResult",
-    "KeepBest",
-    "KeepCalendar",
-    "KeepEvery",
-    "KeepLast",
-    "KeepPinned",
-    "KeepWithin",
-    "Lease",
-    "LeaseHeldError",
-    "LeaseLostError",
-    "LeaseRecord",
-    "Life",
-    "Plan",
-    "Policy",
-    "PolicyError",
-    "PolicyFile",
-    "ProgressCallback",
-    "PruneResult",
-    "PruneRuns",
-    "RetentionOptions",
-    "RunCatalog",
-    "RunOutcome",
     "Tier",
-    "Transition",
-    "check_policy",
-    "delete_checkpoint",
-    "format_duration",
-    "gc",
+    "PolicyFile",
+    "load_policy",
+    "parse_policy",
+    "builtin_policies",
+    # a run's settings; what is there
+    "RetentionOptions",
     "list_checkpoints",
     "list_runs",
-    "builtin_policies",
-    "load_policy",
-    "parse_duration",
-    "parse_policy",
-    "pin",
+    "CheckpointInfo",
+    # deciding and applying
     "plan",
-    "probe_checkpoint",
+    "survey_plan",
     "prune",
     "prune_runs",
-    "read_check_record",
-    "scan",
-    "survey_plan",
+    "gc",
+    "delete_checkpoint",
+    "pin",
     "unpin",
+    "PruneResult",
+    "GcResult",
 ]

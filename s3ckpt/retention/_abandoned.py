@@ -23,29 +23,32 @@ from s3ckpt.errors import (
     S3CkptError,
     TransientStoreError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.metrics import instrument
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
-from s3ckpt.retention._deleter import Deleter, leftover_keys, leftover_uploads, tag_of
-from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
+from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
+from s3ckpt.retention._deleter import Deleter, failure, leftover_keys, leftover_uploads, tag_of
+from s3ckpt.retention._intent import Intent, finish_previous, pending_intent
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._results import GcResult
-from s3ckpt.retention._scan import catalogs, read_manifest, run_checkpoints
-from s3ckpt.store import Location, LocationLike, lists_uploads
+from s3ckpt.retention._scan import catalogs, read_manifest, run_catalog
+from s3ckpt.store import Location
+from s3ckpt.store._known import lists_uploads
+from s3ckpt.store._location import LocationLike
 from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
 
 __all__ = ["DEFAULT_GC_AGE", "gc"]
 
 DEFAULT_GC_AGE = timedelta(0)
+"""gc aborts an open upload of a dead save at once by default: its tag's heartbeats (older
+than the grace period) already prove nobody will complete it."""
 FAILURE_SETTLE = timedelta(seconds=60)
 """How old (store time) a save's failure record must be before gc removes what that save
 left: a commit whose marker PUT failed may still be applied by the store for a moment after
 the writer read state back and gave up; until then ``ls`` shows the save failed, and gc
 skips its prefix (it says so in its result's notes)."""
-"""gc aborts an open upload of a dead save at once by default: its tag's heartbeats (older
-than the grace period) already prove nobody will complete it."""
 
 
 @dataclass
@@ -54,7 +57,6 @@ class _Survey:
 
     uploads: list[UploadInfo] = field(default_factory=list)
     abandoned: list[CheckpointInfo] = field(default_factory=list)
-    abandoned_keys: dict[str, list[str]] = field(default_factory=dict)
     leftovers: list[str] = field(default_factory=list)
     stale: list[CheckpointInfo] = field(default_factory=list)
     settling: list[CheckpointInfo] = field(default_factory=list)
@@ -62,44 +64,40 @@ class _Survey:
     """Committed prefixes holding names of another save not proven gone (only past its grace
     period): fenced by :func:`_mark_reaped`."""
 
-    def add(self, c: CheckpointInfo, cutoff: float, settled: float) -> None:
-        # A failure recorded moments ago may follow a commit whose outcome the writer could
-        # not learn (its marker PUT failed): such a PUT still in flight at the store could
-        # land after the writer read state back. gc leaves that prefix alone until the
-        # record is FAILURE_SETTLE old (store time); ``ls`` shows it failed meanwhile.
-        if c.failed_at is not None and c.failed_at.timestamp() > settled:
-            self.settling.append(c)
-            return
-        keys = leftover_keys(c)
-        ups = leftover_uploads(c, cutoff)
-        self.uploads.extend(ups)
-        if c.state is CheckpointState.ABANDONED and (keys or ups):
-            self.abandoned.append(c)
-            self.abandoned_keys[c.name] = keys
-        elif c.is_committed:
-            self.leftovers.extend(keys)
-            if any(tag_of(c, k) not in (None, c.tag, *c.dead_tags) for k in keys):
-                self.reap.append(c)
-        else:
-            # Beside a live save (or in a stock checkpoint) the prefix cannot be fenced
-            # without ending that claim: only names of saves proven gone go (a failure
-            # record, a vanished pid: such a writer never PUTs its marker); the rest wait.
-            self.leftovers.extend(k for k in keys if tag_of(c, k) in c.dead_tags)
-        # Roll forward only with no save live in the prefix: a concurrent overwrite writes
-        # its own plain .metadata after its marker, which ours must never replace.
-        if c.is_committed and c.metadata_stale and c.tag is not None and not c.live_tags:
-            self.stale.append(c)
+    @classmethod
+    def of(cls, checkpoints: Iterable[CheckpointInfo], cutoff: float, settled: float) -> _Survey:
+        out = cls()
+        for c in checkpoints:
+            # A failure recorded moments ago may follow a commit whose outcome the writer could
+            # not learn (its marker PUT failed): such a PUT still in flight at the store could
+            # land after the writer read state back. gc leaves that prefix alone until the
+            # record is FAILURE_SETTLE old (store time); ``ls`` shows it failed meanwhile.
+            if c.failed_at is not None and c.failed_at.timestamp() > settled:
+                out.settling.append(c)
+                continue
+            keys = leftover_keys(c)
+            ups = leftover_uploads(c, cutoff)
+            out.uploads.extend(ups)
+            if c.state is CheckpointState.ABANDONED and (keys or ups):
+                out.abandoned.append(c)
+            elif c.is_committed:
+                out.leftovers.extend(keys)
+                if any(tag_of(c, k) not in (None, c.tag, *c.dead_tags) for k in keys):
+                    out.reap.append(c)
+            else:
+                # Beside a live save (or in a stock checkpoint) the prefix cannot be fenced
+                # without ending that claim: only names of saves proven gone go (a failure
+                # record, a vanished pid: such a writer never PUTs its marker); the rest wait.
+                out.leftovers.extend(k for k in keys if tag_of(c, k) in c.dead_tags)
+            # Roll forward only with no save live in the prefix: a concurrent overwrite writes
+            # its own plain .metadata after its marker, which ours must never replace.
+            if c.is_committed and c.metadata_stale and c.tag is not None and not c.live_tags:
+                out.stale.append(c)
+        return out
 
     @property
     def empty(self) -> bool:
         return not (self.uploads or self.abandoned or self.leftovers or self.stale)
-
-
-def _survey(checkpoints: Iterable[CheckpointInfo], cutoff: float, settled: float) -> _Survey:
-    out = _Survey()
-    for c in checkpoints:
-        out.add(c, cutoff, settled)
-    return out
 
 
 def _restore_metadata(store: ObjectStore, c: CheckpointInfo) -> DeleteFailure | None:
@@ -114,12 +112,12 @@ def _restore_metadata(store: ObjectStore, c: CheckpointInfo) -> DeleteFailure | 
     try:
         restore_stock_metadata(store, c.url, manifest)
     except S3CkptError as exc:
-        return DeleteFailure(key, getattr(exc, "code", None) or type(exc).__name__, str(exc))
+        return failure(key, exc)
     return None
 
 
-def _being_deleted(checkpoints: Iterable[CheckpointInfo]) -> list[str]:
-    return [c.name for c in checkpoints if c.state is CheckpointState.BEING_DELETED]
+def _being_deleted(cat: RunCatalog) -> list[str]:
+    return [c.name for c in cat.checkpoints if c.state is CheckpointState.BEING_DELETED]
 
 
 def _mark_reaped(deleter: Deleter, c: CheckpointInfo) -> bool:
@@ -197,47 +195,34 @@ def gc(
     options = options if options is not None else RetentionOptions()
     location = Location.of(location)
     with instrument.operation("gc", str(location.url)) as recorder:
-        result = _gc(recorder, location, older_than, apply, options)
-    return result
-
-
-def _gc(
-    recorder: instrument.Recorder,
-    location: Location,
-    older_than: timedelta,
-    apply: bool,
-    options: RetentionOptions,
-) -> GcResult:
-    """:func:`gc`'s work; finishes ``recorder`` with what was removed."""
-    store, root = location.store, location.url
-    options, notes = options.resolve(location, refuse="gc" if apply else None)
-    now = options.now
-    assert now is not None  # resolved: the store's time, or the caller's
-    cutoff = (now - older_than).timestamp()
-    settled = (now - FAILURE_SETTLE).timestamp()
-    found_runs = catalogs(store, root, options)
-    if not lists_uploads(store):
-        notes += (
-            "the store does not implement ListMultipartUploads: gc cannot see open "
-            "multipart uploads and aborted none (let a lifecycle rule abort incomplete ones)",
+        store, root = location.store, location.url
+        options, notes = options.resolve(location, refuse="gc" if apply else None)
+        now = options.now
+        assert now is not None  # resolved: the store's time, or the caller's
+        cutoff = (now - older_than).timestamp()
+        settled = (now - FAILURE_SETTLE).timestamp()
+        found_runs = catalogs(store, root, options)
+        if not lists_uploads(store):
+            notes += (
+                "the store does not implement ListMultipartUploads: gc cannot see open "
+                "multipart uploads and aborted none (let a lifecycle rule abort incomplete ones)",
+            )
+        found = _Survey.of((c for cat in found_runs for c in cat.checkpoints), cutoff, settled)
+        notes += tuple(
+            f"{c.url}: a save failed there "
+            f"{max(0, round(now.timestamp() - c.failed_at.timestamp()))} s ago; gc leaves it "
+            f"until the failure is {int(FAILURE_SETTLE.total_seconds())} s old"
+            for c in found.settling
+            if c.failed_at is not None
         )
-    found = _survey((c for cat in found_runs for c in cat.checkpoints), cutoff, settled)
-    notes += tuple(
-        f"{c.url}: a save failed there {max(0, round(now.timestamp() - c.failed_at.timestamp()))}"
-        f" s ago; gc leaves it until the failure is {int(FAILURE_SETTLE.total_seconds())} s old"
-        for c in found.settling
-        if c.failed_at is not None
-    )
-    damaged = tuple(c for cat in found_runs for c in cat.checkpoints if c.damaged)
-    intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in found_runs}
-    pending = tuple(
-        str(cat.run.child(n))
-        for cat in found_runs
-        for n in dict.fromkeys([*intents[cat.run.prefix], *_being_deleted(cat.checkpoints)])
-    )
-    if not apply:
-        recorder.finish(dry_run=True)
-        return GcResult(
+        damaged = tuple(c for cat in found_runs for c in cat.checkpoints if c.damaged)
+        intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in found_runs}
+        pending = tuple(
+            str(cat.run.child(n))
+            for cat in found_runs
+            for n in dict.fromkeys([*intents[cat.run.prefix], *_being_deleted(cat)])
+        )
+        found_in = GcResult(
             root=root,
             applied=False,
             uploads=tuple(found.uploads),
@@ -248,92 +233,76 @@ def _gc(
             notes=notes,
             damaged=damaged,
         )
+        if not apply:
+            recorder.finish(dry_run=True)
+            return found_in
 
-    deleter = Deleter(store, None, options, by="gc")
-    removed: list[str] = []
-    skipped: list[str] = []
-    busy: list[str] = []
-    restored: list[str] = []
-    resumed: list[str] = []
-    leftovers_deleted = 0
-    lease_wait = 0.0
-    for cat in found_runs:
-        mine = _survey(cat.checkpoints, cutoff, settled)
-        if mine.empty and not intents[cat.run.prefix] and not _being_deleted(cat.checkpoints):
-            continue
-        waited = time.monotonic()
-        try:
-            lease = Lease(store, cat.run, ttl=options.lease_ttl, operation="gc").acquire()
-        except LeaseHeldError:
-            lease_wait += time.monotonic() - waited
-            busy.append(str(cat.run))
-            skipped.extend(str(c.url) for c in mine.abandoned)
-            continue
-        lease_wait += time.monotonic() - waited
-        deleter.lease = lease
-        intent: list[str] = list(lease.previous.deleting) if lease.previous else []
-        try:
-            fresh = run_checkpoints(store, cat.run, options)
-            resume, carry, rest = finish_previous(lease, fresh)
-            done: tuple[str, ...] = ()
-            intent = [*carry, *(c.name for c in resume)]
-            if resume:
-                lease.record_intent(intent, planned_markers(resume))
-                done = deleter.delete_checkpoints(resume)
-                resumed.extend(str(c.url) for c in resume if c.name in done)
-            work = _survey(
-                (c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff, settled
-            )
-            # Fence first: a tombstone on each abandoned prefix, the reaped tags recorded in
-            # each committed marker; a prefix whose fence failed keeps its names.
-            unfenced = {k for c in work.reap if not _mark_reaped(deleter, c) for k in c.keys}
-            keys = [k for k in work.leftovers if k not in unfenced]
-            bad = deleter.delete(keys, "leftovers")
-            leftovers_deleted += sum(1 for k in keys if k not in bad)
-            cleared = deleter.delete_checkpoints(work.abandoned, leftover_keys, lambda c: [])
-            bad_ups = deleter.abort(work.uploads)
-            for c in work.abandoned:
-                ok_ups = not any(u.upload_id in bad_ups for u in work.uploads if u in c.uploads)
-                if c.name in cleared and ok_ups:
-                    removed.append(str(c.url))
-            for c in work.stale:
-                lease.renew_if_due()
-                failure = _restore_metadata(store, c)
-                if failure is None:
-                    restored.append(str(c.url))
-                else:
-                    deleter.failures.append(failure)
-            intent = [n for n in intent if n not in {*done, *deleter.changed}]
-        except BaseException:
-            lease.release(intent)  # keep the intent log: the next pruner finishes it
-            raise
-        lease.release(intent)
-    gone = set(removed)
-    recorder.finish(
-        "DeleteFailures" if deleter.failures else None,
-        ok=not deleter.failures and not busy,
-        deleted=len(removed) + len(resumed),
-        bytes_freed=sum(c.size for c in found.abandoned if str(c.url) in gone),
-        lease_wait_s=lease_wait,
-        lease_busy=len(busy),
-    )
-    return GcResult(
-        root=root,
-        applied=True,
-        uploads=tuple(found.uploads),
-        abandoned=tuple(found.abandoned),
-        removed=tuple(removed),
-        aborted=deleter.aborted,
-        busy_runs=tuple(busy),
-        failures=tuple(deleter.failures),
-        delete_requests=deleter.requests,
-        leftovers=tuple(found.leftovers),
-        leftovers_deleted=leftovers_deleted,
-        skipped=tuple(skipped),
-        stale_metadata=tuple(str(c.url) for c in found.stale),
-        restored=tuple(restored),
-        resumed=tuple(resumed),
-        keys_deleted=deleter.deleted_keys,
-        notes=notes + deleter.changed_notes(),
-        damaged=damaged,
-    )
+        deleter = Deleter(store, None, options, by="gc")
+        done_in: dict[str, list[str]] = {
+            k: [] for k in ("removed", "skipped", "busy_runs", "restored", "resumed")
+        }
+        removed, skipped, busy = done_in["removed"], done_in["skipped"], done_in["busy_runs"]
+        restored, resumed = done_in["restored"], done_in["resumed"]
+        leftovers_deleted = 0
+        lease_wait = 0.0
+        for cat in found_runs:
+            mine = _Survey.of(cat.checkpoints, cutoff, settled)
+            if mine.empty and not intents[cat.run.prefix] and not _being_deleted(cat):
+                continue
+            waited = time.monotonic()
+            try:
+                lease = Lease(store, cat.run, ttl=options.lease_ttl, operation="gc").acquire()
+            except LeaseHeldError:
+                busy.append(str(cat.run))
+                skipped.extend(str(c.url) for c in mine.abandoned)
+                continue
+            finally:
+                lease_wait += time.monotonic() - waited
+            deleter.lease = lease
+            with Intent(lease) as intent:
+                fresh = run_catalog(store, cat.run, options)
+                resume, carry, rest = finish_previous(lease, fresh.checkpoints if fresh else [])
+                done: tuple[str, ...] = ()
+                intent.record(resume, carry)
+                if resume:
+                    done = deleter.delete_checkpoints(resume)
+                    resumed.extend(str(c.url) for c in resume if c.name in done)
+                work = _Survey.of(
+                    (c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff, settled
+                )
+                # Fence first: a tombstone on each abandoned prefix, the reaped tags recorded in
+                # each committed marker; a prefix whose fence failed keeps its names.
+                unfenced = {k for c in work.reap if not _mark_reaped(deleter, c) for k in c.keys}
+                keys = [k for k in work.leftovers if k not in unfenced]
+                bad = deleter.delete(keys, "leftovers")
+                leftovers_deleted += sum(1 for k in keys if k not in bad)
+                cleared = deleter.delete_checkpoints(work.abandoned, leftover_keys, lambda c: [])
+                bad_ups = deleter.abort(work.uploads)
+                for c in work.abandoned:
+                    ok_ups = not any(u.upload_id in bad_ups for u in work.uploads if u in c.uploads)
+                    if c.name in cleared and ok_ups:
+                        removed.append(str(c.url))
+                for c in work.stale:
+                    lease.renew_if_due()
+                    if (failed := _restore_metadata(store, c)) is None:
+                        restored.append(str(c.url))
+                    else:
+                        deleter.failures.append(failed)
+                intent.finished([*done, *deleter.changed])
+        gone = set(removed)
+        recorder.finish(
+            "DeleteFailures" if deleter.failures else None,
+            ok=not deleter.failures and not busy,
+            deleted=len(removed) + len(resumed),
+            bytes_freed=sum(c.size for c in found.abandoned if str(c.url) in gone),
+            lease_wait_s=lease_wait,
+            lease_busy=len(busy),
+        )
+        return dataclasses.replace(
+            found_in,
+            applied=True,
+            **{k: tuple(v) for k, v in done_in.items()},  # type: ignore[arg-type]
+            **deleter.counts(),
+            leftovers_deleted=leftovers_deleted,
+            notes=notes + deleter.changed_notes(),
+        )

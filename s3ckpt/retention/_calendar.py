@@ -18,21 +18,14 @@ from s3ckpt.retention._policy import Policy, Selection
 
 __all__ = ["KeepCalendar"]
 
-_CAL_FIELDS = ("hourly", "daily", "weekly", "monthly", "yearly")
-
-
-def _period(kind: str, t: datetime) -> tuple[int, ...]:
-    # Tuples, not strftime: this runs for every checkpoint of every bucket kind.
-    if kind == "hourly":
-        return (t.year, t.month, t.day, t.hour)
-    if kind == "daily":
-        return (t.year, t.month, t.day)
-    if kind == "weekly":
-        y, w, _ = t.isocalendar()
-        return (y, w)
-    if kind == "monthly":
-        return (t.year, t.month)
-    return (t.year,)
+_LABELS = {
+    "hourly": "%Y-%m-%dT%H",
+    "daily": "%Y-%m-%d",
+    "weekly": "%G-W%V",  # ISO weeks
+    "monthly": "%Y-%m",
+    "yearly": "%Y",
+}
+_CAL_FIELDS = tuple(_LABELS)
 
 
 def _commit_time(c: CheckpointInfo) -> datetime:
@@ -44,26 +37,10 @@ def _period_start(kind: str, t: datetime) -> datetime:
     """The first instant of the period holding ``t`` (in ``t``'s own time zone)."""
     if kind == "hourly":
         return t.replace(minute=0, second=0, microsecond=0)
-    midnight = t.replace(hour=0, minute=0, second=0, microsecond=0)
-    if kind == "daily":
-        return midnight
+    day = t.replace(hour=0, minute=0, second=0, microsecond=0)
     if kind == "weekly":
-        return midnight - timedelta(days=t.weekday())  # ISO weeks start on Monday
-    if kind == "monthly":
-        return midnight.replace(day=1)
-    return midnight.replace(month=1, day=1)
-
-
-def _period_label(kind: str, p: tuple[int, ...]) -> str:
-    if kind == "hourly":
-        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}T{p[3]:02d}"
-    if kind == "daily":
-        return f"{p[0]:04d}-{p[1]:02d}-{p[2]:02d}"
-    if kind == "weekly":
-        return f"{p[0]:04d}-W{p[1]:02d}"
-    if kind == "monthly":
-        return f"{p[0]:04d}-{p[1]:02d}"
-    return f"{p[0]:04d}"
+        return day - timedelta(days=t.weekday())  # ISO weeks start on Monday
+    return {"daily": day, "monthly": day.replace(day=1)}.get(kind) or day.replace(month=1, day=1)
 
 
 @dataclass(frozen=True)
@@ -107,8 +84,7 @@ class KeepCalendar(Policy):
             while left != 0 and j >= 0:
                 c = timed[j]
                 t = _commit_time(c)
-                label = _period_label(kind, _period(kind, t))
-                out.setdefault(c.name, []).append(f"{kind} ({label})")
+                out.setdefault(c.name, []).append(f"{kind} ({t.strftime(_LABELS[kind])})")
                 left -= 1
                 # Jump to the newest checkpoint before this period began: O(periods * log n)
                 # instead of a step through every checkpoint of the period.

@@ -55,7 +55,7 @@ committed <-> archived, damaged         none on the marker: storage classes; ``s
 ======================================  ===================================================
 
 A writer paused past any of these fails its own conditional PUT, reads the marker back and
-raises :class:`s3ckpt._tombstone.SaveFencedError`.
+raises :class:`s3ckpt.errors.SaveFencedError`.
 
 A save that s3ckpt saw fail (its marker PUT kept failing, a rank's upload failed, Ctrl-C)
 and that may have left objects behind records so, best effort
@@ -105,24 +105,14 @@ from s3ckpt.retention._check_record import CheckEntry, CheckRecord
 from s3ckpt.store.base import ARCHIVE_CLASSES, UploadInfo
 from s3ckpt.uri import StoreURL
 
-__all__ = [
-    "DEFAULT_STORAGE_CLASS",
-    "READ_WORKERS",
-    "CheckpointInfo",
-    "CheckpointState",
-    "Life",
-    "RunCatalog",
-]
-
-READ_WORKERS = 16
-"""GETs of commit markers, pins and heartbeats sent in parallel while cataloguing."""
+__all__ = ["DEFAULT_STORAGE_CLASS", "CheckpointInfo", "CheckpointState", "Life", "RunCatalog"]
 
 DEFAULT_STORAGE_CLASS = "STANDARD"
 """The class an object counts in when its listing names none (S3 omits it for some
 objects; file and memory stores have no classes)."""
 
 
-class CheckpointState(str, enum.Enum):
+class CheckpointState(enum.StrEnum):
     """What a checkpoint prefix is; see the module docstring."""
 
     COMMITTED = "committed"
@@ -132,11 +122,8 @@ class CheckpointState(str, enum.Enum):
     BEING_DELETED = "being_deleted"
     GONE = "gone"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Life(str, enum.Enum):
+class Life(enum.StrEnum):
     """The one state of a checkpoint's life (:attr:`CheckpointInfo.life`): what every
     command reads. ``FOREIGN`` checkpoints (stock DCP) count as ``COMMITTED``."""
 
@@ -148,9 +135,6 @@ class Life(str, enum.Enum):
     ARCHIVED = "archived"
     BEING_DELETED = "being_deleted"
     GONE = "gone"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _NO_TIME = datetime.min.replace(tzinfo=UTC)
@@ -265,7 +249,7 @@ class CheckpointInfo:
         keep-last-K (the newest good one is kept). ``gc`` deletes nothing in its prefix but
         dead saves' uploads; ``rm`` deletes it when asked by name; ``latest`` skips it.
         """
-        return self.is_committed and (self.error is not None or self.check is not None)
+        return self.damage is not None
 
     @property
     def damage(self) -> str | None:
@@ -330,27 +314,16 @@ class CheckpointInfo:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (used by ``s3ckpt ls --json``)."""
+        plain = "name step size num_objects pinned error damaged damage failed failure tag"
+        times = "committed_at created last_activity failed_at"
         return {
             "url": str(self.url),
-            "name": self.name,
-            "step": self.step,
             "state": self.state.value,
             "life": self.life.value,
-            "committed_at": iso_z(self.committed_at),
-            "created": iso_z(self.created),
-            "size": self.size,
-            "num_objects": self.num_objects,
+            **{k: getattr(self, k) for k in plain.split()},
+            **{k: iso_z(getattr(self, k)) for k in times.split()},
             "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
-            "pinned": self.pinned,
-            "last_activity": iso_z(self.last_activity),
-            "error": self.error,
-            "damaged": self.damaged,
-            "damage": self.damage,
             "check": self.check.to_dict() if self.check is not None else None,
-            "failed": self.failed,
-            "failed_at": iso_z(self.failed_at),
-            "failure": self.failure,
-            "tag": self.tag,
             "live_saves": self.live_saves,
             "overwrite_in_progress": self.overwrite_in_progress,
             "open_uploads": len(self.uploads),

@@ -46,13 +46,13 @@ Decisions:
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TypeVar
 
 from s3ckpt.errors import ObjectNotFoundError, StoreError
-from s3ckpt.format import CHECK_NAME
+from s3ckpt.format._names import CHECK_NAME
 from s3ckpt.metrics.instrument import expecting, in_context
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
@@ -60,10 +60,12 @@ from s3ckpt.uri import StoreURL
 __all__ = [
     "MAX_PROBLEMS",
     "MAX_RECORD_BYTES",
+    "READ_WORKERS",
     "CheckEntry",
     "CheckRecord",
     "read_check_record",
     "read_check_records",
+    "read_each",
 ]
 
 RECORD_FORMAT = "s3ckpt-check"
@@ -72,7 +74,20 @@ MAX_PROBLEMS = 20
 """Problems a record keeps per damaged checkpoint (``more_problems`` counts the rest)."""
 MAX_RECORD_BYTES = 8 * 1024 * 1024
 """The largest record read; a larger one is ignored (and rewritten by the next check)."""
-_READERS = 16  # GETs of records in parallel (a catalog of many runs)
+READ_WORKERS = 16
+"""GETs (markers, pins, heartbeats, records) and listings sent in parallel by retention."""
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def read_each(read: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``read`` of each item, :data:`READ_WORKERS` at a time; the requests count for the
+    caller's operation (:func:`~s3ckpt.metrics.instrument.in_context`)."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(READ_WORKERS, len(items))) as pool:
+        return list(pool.map(in_context(read), items))
 
 
 @dataclass(frozen=True)
@@ -102,18 +117,14 @@ class CheckEntry:
     problems: tuple[Mapping[str, Any], ...] = ()
     more_problems: int = 0
 
-    def same_marker(self, marker_etag: str | None, tag: str | None) -> bool:
-        """Whether a checkpoint whose commit marker now has ``marker_etag`` (from a listing)
-        and commits the save ``tag`` still has the marker this entry describes (ETags when
-        both sides have one, else save tags)."""
-        if self.marker_etag is not None and marker_etag is not None:
-            return self.marker_etag == marker_etag
-        return self.tag is not None and self.tag == tag
-
     def applies(self, marker_etag: str | None, tag: str | None) -> bool:
-        """Whether this entry makes that checkpoint damaged: it found damage, in the marker
-        the checkpoint has now."""
-        return self.damaged and self.same_marker(marker_etag, tag)
+        """Whether this entry makes damaged a checkpoint whose commit marker now has
+        ``marker_etag`` (from a listing) and commits the save ``tag``: it found damage, in
+        the marker the checkpoint has now (same ETag when both sides have one, else the
+        same save tag)."""
+        if self.marker_etag is not None and marker_etag is not None:
+            return self.damaged and self.marker_etag == marker_etag
+        return self.damaged and self.tag is not None and self.tag == tag
 
     @classmethod
     def of(
@@ -127,16 +138,8 @@ class CheckEntry:
     ) -> CheckEntry:
         """A check's verdict: damaged when it found ``problems`` (at most
         :data:`MAX_PROBLEMS` kept, the rest counted)."""
-        return cls(
-            name,
-            checked_at,
-            marker_digest,
-            marker_etag,
-            tag,
-            damaged=bool(problems),
-            problems=tuple(problems[:MAX_PROBLEMS]),
-            more_problems=max(0, len(problems) - MAX_PROBLEMS),
-        )
+        kept, more = tuple(problems[:MAX_PROBLEMS]), max(0, len(problems) - MAX_PROBLEMS)
+        return cls(name, checked_at, marker_digest, marker_etag, tag, bool(problems), kept, more)
 
     @property
     def reason(self) -> str:
@@ -148,46 +151,32 @@ class CheckEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (as in the record; ``problems`` only where there are some)."""
-        d: dict[str, Any] = {
-            "name": self.name,
-            "checked_at": self.checked_at,
-            "damaged": self.damaged,
-            "marker_digest": self.marker_digest,
-            "marker_etag": self.marker_etag,
-            "tag": self.tag,
-        }
-        if self.problems or self.more_problems:
-            d["problems"] = [dict(p) for p in self.problems]
-            d["more_problems"] = self.more_problems
+        d = asdict(self)
+        d["problems"] = list(d["problems"])
+        if not (self.problems or self.more_problems):
+            del d["problems"], d["more_problems"]
         return d
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> CheckEntry:
         """Parse one entry (raises KeyError, TypeError or ValueError on a malformed one)."""
-
-        def opt(key: str) -> str | None:
-            v = doc.get(key)
-            if v is not None and not isinstance(v, str):
-                raise TypeError(f"{key} is not a string")
-            return v
-
         name, at = doc["name"], doc["checked_at"]
+        digest, etag, tag = texts = [doc.get(k) for k in ("marker_digest", "marker_etag", "tag")]
         if not isinstance(name, str) or not isinstance(at, str) or "/" in name:
             raise ValueError("name and checked_at must be strings, name one segment")
-        problems = tuple(
+        if not all(isinstance(v, str | None) for v in texts):
+            raise TypeError("marker_digest, marker_etag and tag must be strings")
+        problems = [
             {k: (v if isinstance(v, str | int | None) else str(v)) for k, v in p.items()}
             for p in doc.get("problems") or ()
             if isinstance(p, dict)
-        )
-        return cls(
-            name=name,
-            checked_at=at,
-            marker_digest=opt("marker_digest"),
-            marker_etag=opt("marker_etag"),
-            tag=opt("tag"),
+        ]
+        entry = cls.of(name, at, digest, etag, tag, problems)
+        more = int(doc.get("more_problems") or 0)
+        return replace(
+            entry,
             damaged=bool(doc.get("damaged", bool(problems))),
-            problems=problems[:MAX_PROBLEMS],
-            more_problems=int(doc.get("more_problems") or 0) + max(0, len(problems) - MAX_PROBLEMS),
+            more_problems=entry.more_problems + more,
         )
 
 
@@ -224,12 +213,9 @@ class CheckRecord:
             present: The run's checkpoint names, when that check covered the whole run:
                 entries of any other name are dropped. None keeps them.
         """
-        checkpoints = dict(self.checkpoints)
-        damaged = dict(self.damaged)
-        if present is not None:
-            keep = set(present)
-            checkpoints = {k: v for k, v in checkpoints.items() if k in keep}
-            damaged = {k: v for k, v in damaged.items() if k in keep}
+        keep = {*self.checkpoints, *self.damaged} if present is None else set(present)
+        checkpoints = {k: v for k, v in self.checkpoints.items() if k in keep}
+        damaged = {k: v for k, v in self.damaged.items() if k in keep}
         for e in found:
             checkpoints[e.name] = replace(e, problems=(), more_problems=0)
             if e.damaged:
@@ -303,7 +289,4 @@ def read_check_records(
         except StoreError as exc:
             return f"could not read {run}{CHECK_NAME}: {exc}"
 
-    if not runs:
-        return {}
-    with ThreadPoolExecutor(max_workers=min(_READERS, len(runs))) as pool:
-        return dict(zip(runs, pool.map(in_context(read), runs), strict=True))
+    return dict(zip(runs, read_each(read, runs), strict=True))

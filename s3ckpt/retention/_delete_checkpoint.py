@@ -43,17 +43,18 @@ from datetime import timedelta
 from typing import Any
 
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, DeleteRefusedError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._deleter import Deleter, checkpoint_keys
 from s3ckpt.retention._duration import format_duration
-from s3ckpt.retention._intent import finish_previous, pending_intent, planned_markers
+from s3ckpt.retention._intent import Intent, finish_previous, pending_intent
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._plan import newest
 from s3ckpt.retention._results import DeleteResult
 from s3ckpt.retention._scan import catalogs
-from s3ckpt.store import Location, LocationLike
+from s3ckpt.store import Location
+from s3ckpt.store._location import LocationLike
 from s3ckpt.uri import StoreURL
 
 __all__ = ["delete_checkpoint"]
@@ -111,33 +112,27 @@ def delete_checkpoint(
     and one DeleteObjects request per phase (marker, metadata, the rest).
     """
     options = options if options is not None else RetentionOptions()
-    return _delete(Location.of(location), allow_newest, dry_run, options)
-
-
-def _delete(
-    location: Location, allow_newest: bool, dry_run: bool, options: RetentionOptions
-) -> DeleteResult:
-    """:func:`delete_checkpoint` below its entry point."""
+    location = Location.of(location)
     store, checkpoint = location.store, location.url
-    name, run = _split(checkpoint)
+    if not checkpoint.prefix:
+        raise ConfigError(
+            f"{checkpoint} is the root of the bucket, not a checkpoint: name one checkpoint "
+            "(s3ckpt ls URL lists them)"
+        )
+    name, run = checkpoint.name, checkpoint.parent
     refuse = None if dry_run else f"delete {checkpoint}"
     options, notes = options.resolve(location.parent, refuse=refuse)
     grace, now, include_foreign = options.grace, options.now, options.include_foreign
     assert now is not None  # resolved: the store's time, or the caller's
-    on_progress = options.on_progress
 
-    def emit(event: str, **details: Any) -> None:
-        if on_progress is not None:
-            on_progress(event, details)
-
-    def catalog() -> RunCatalog:
-        return _run_catalog(catalogs(store, run, options), checkpoint, run, name)
+    def catalog(again: bool) -> RunCatalog:
+        return _run_catalog(catalogs(store, run, options), checkpoint, run, name, again)
 
     # Refuse from a listing without the lease first: a refusal writes nothing at all. A
     # checkpoint whose deletion a pruner (or an earlier rm) began and did not finish has no
     # marker any more; it is in that pruner's intent log, and finished under the lease.
-    first = catalog()
-    target = seen = _find(first.checkpoints, checkpoint, run, name)
+    first = catalog(again=False)
+    target = seen = first.by_name()[name]
     unfinished = () if target.is_committed else pending_intent(store, first, now)
     if name not in unfinished:
         _check(target, first.checkpoints, allow_newest, include_foreign, grace)
@@ -145,12 +140,10 @@ def _delete(
         return _result(target, run, applied=False, notes=notes)
 
     lease = Lease(store, run, ttl=options.lease_ttl, operation="rm").acquire()
-    emit("lease", owner=lease.owner, resumed=bool(lease.previous))
-    # Until our own intent is recorded, an exception keeps the dead holder's log.
-    intent: list[str] = list(lease.previous.deleting) if lease.previous else []
-    try:
+    options.progress("lease", owner=lease.owner, resumed=bool(lease.previous))
+    with Intent(lease) as intent:
         # Decide again from what is there now, under the lease.
-        resume, carry, rest = finish_previous(lease, catalog().checkpoints)
+        resume, carry, rest = finish_previous(lease, catalog(again=True).checkpoints)
         if name in carry:
             raise _refused(
                 checkpoint,
@@ -162,56 +155,47 @@ def _delete(
         if found:  # already being deleted (by a pruner that died): finish it
             target, targets = found[0], list(resume)
         else:
-            target = _same_as_seen(_find(rest, checkpoint, run, name), seen, checkpoint)
+            now_there = next(c for c in rest if c.name == name)
+            target = _same_as_seen(now_there, seen, checkpoint)
             _check(target, rest, allow_newest, include_foreign, grace)
             targets = [*resume, target]
-        intent = [*carry, *(c.name for c in targets)]
-        lease.record_intent(intent, planned_markers(targets))
-        emit("intent", names=intent)
+        intent.record(targets, carry)
+        options.progress("intent", names=intent.names)
         deleter = Deleter(store, lease, options, by="rm")
         done = deleter.delete_checkpoints(targets)
-        lease.release([n for n in intent if n not in {*done, *deleter.changed}])
-        notes += deleter.changed_notes()
-        emit("done", deleted=len(done), failures=len(deleter.failures))
-    except BaseException:
-        lease.release(intent)  # keep the intent log: the next pruner finishes it
-        raise
-    if allow_newest and newest(_eligible(rest, include_foreign)).get(name):
+        intent.finished([*done, *deleter.changed])
+    notes += deleter.changed_notes()
+    options.progress("done", deleted=len(done), failures=len(deleter.failures))
+    if allow_newest and newest(rest, include_foreign).get(name):
         notes += (
             "it was the run's newest checkpoint: a `latest` pointer naming it is a stale hint "
             "now, which the Checkpointer checks against the commit marker and replaces by a "
             "listing",
         )
+    resumed = tuple(c.name for c in resume)
+    deleted = target.name in done
     return _result(
-        target,
-        run,
-        applied=True,
-        deleted=target.name in done,
-        deleter=deleter,
-        resumed=tuple(c.name for c in resume),
-        notes=notes,
+        target, run, deleter, applied=True, deleted=deleted, resumed=resumed, notes=notes
     )
 
 
-def _split(checkpoint: StoreURL) -> tuple[str, StoreURL]:
-    """The checkpoint's name in its run, and the run (its parent prefix)."""
-    if not checkpoint.prefix:
-        raise ConfigError(
-            f"{checkpoint} is the root of the bucket, not a checkpoint: name one checkpoint "
-            "(s3ckpt ls URL lists them)"
-        )
-    return checkpoint.name, checkpoint.parent
-
-
 def _run_catalog(
-    cats: Sequence[RunCatalog], checkpoint: StoreURL, run: StoreURL, name: str
+    cats: Sequence[RunCatalog], checkpoint: StoreURL, run: StoreURL, name: str, again: bool
 ) -> RunCatalog:
-    """The run's catalog from a scan of it; a checkpoint URL that names a run or a folder of
-    runs is refused here (the scan of its parent sees those too)."""
+    """The run's catalog from a scan of it, holding the checkpoint ``name``; a checkpoint URL
+    that names a run or a folder of runs is refused here (the scan of its parent sees those
+    too). ``again``: the scan under the lease, after one that found the checkpoint."""
     by_run = {cat.run.prefix: cat for cat in cats}
     own = by_run.get(run.prefix)
     if own is not None and any(c.name == name for c in own.checkpoints):
         return own
+    if again:  # another pruner (or gc) deleted it before we took the lease
+        raise CheckpointNotFoundError(
+            f"no checkpoint at {checkpoint} any more: it was deleted while this took the "
+            f"lease of {run}; nothing was deleted",
+            bucket=checkpoint.bucket,
+            key=checkpoint.prefix,
+        )
     inner = by_run.get(checkpoint.prefix)
     if inner is not None and inner.checkpoints:
         names = [c.name for c in inner.checkpoints]
@@ -234,27 +218,6 @@ def _run_catalog(
     )
 
 
-def _find(
-    catalog: Sequence[CheckpointInfo], checkpoint: StoreURL, run: StoreURL, name: str
-) -> CheckpointInfo:
-    for c in catalog:
-        if c.name == name:
-            return c
-    # It was there a moment ago: another pruner (or gc) deleted it before we took the lease.
-    raise CheckpointNotFoundError(
-        f"no checkpoint at {checkpoint} any more: it was deleted while this took the lease of "
-        f"{run}; nothing was deleted",
-        bucket=checkpoint.bucket,
-        key=checkpoint.prefix,
-    )
-
-
-def _eligible(catalog: Sequence[CheckpointInfo], include_foreign: bool) -> list[CheckpointInfo]:
-    """What a plan may delete, in catalog order (for the newest-checkpoint invariant)."""
-    states = (CheckpointState.COMMITTED, CheckpointState.FOREIGN)[: 2 if include_foreign else 1]
-    return [c for c in catalog if c.state in states]
-
-
 def _check(
     c: CheckpointInfo,
     catalog: Sequence[CheckpointInfo],
@@ -263,49 +226,45 @@ def _check(
     grace: timedelta,
 ) -> None:
     """Raise :class:`DeleteRefusedError` when deleting ``c`` could lose a checkpoint."""
-    if c.pinned:
-        raise _refused(
-            c.url, "pinned", f"it is pinned ({c.pinned}); unpin it first (s3ckpt unpin {c.url})"
-        )
-    if c.state is CheckpointState.IN_PROGRESS:
-        raise _refused(
-            c.url,
+    why = None if allow_newest else newest(catalog, include_foreign).get(c.name)
+    refusals = (
+        (c.pinned, "pinned", f"it is pinned ({c.pinned}); unpin it first (s3ckpt unpin {c.url})"),
+        (
+            c.state is CheckpointState.IN_PROGRESS,
             "in_progress",
             "a save is still writing it (no commit marker, and activity within the grace "
             f"period of {format_duration(grace)}); wait until it commits, or until it is dead "
             "and gc removes it",
-        )
-    if c.overwrite_in_progress:
-        raise _refused(
-            c.url,
+        ),
+        (
+            c.overwrite_in_progress,
             "in_progress",
             "a live save is overwriting it (it commits by a compare-and-swap on this marker); "
             "try again once that save has committed",
-        )
-    if c.state is CheckpointState.ABANDONED:
-        raise _refused(
-            c.url,
+        ),
+        (
+            c.state is CheckpointState.ABANDONED,
             "abandoned",
             "it is what a dead save left (no commit marker, no .metadata), which s3ckpt gc "
             "removes (only the names s3ckpt wrote)",
-        )
-    if c.state is CheckpointState.FOREIGN and not include_foreign:
-        raise _refused(
-            c.url,
+        ),
+        (
+            c.state is CheckpointState.FOREIGN and not include_foreign,
             "foreign",
             "it has a DCP .metadata but no s3ckpt commit marker (a stock DCP checkpoint or "
             "another tool's); pass include_foreign=True (s3ckpt rm --include-foreign) to "
             "delete its DCP files (.metadata, __R_I.distcp)",
-        )
-    if not allow_newest:
-        why = newest(_eligible(catalog, include_foreign)).get(c.name)
-        if why is not None:
-            raise _refused(
-                c.url,
-                "newest",
-                f"it is the run's {why} checkpoint, the one a resume loads; pass "
-                "allow_newest=True (s3ckpt rm --allow-newest) to delete it anyway",
-            )
+        ),
+        (
+            why is not None,
+            "newest",
+            f"it is the run's {why} checkpoint, the one a resume loads; pass "
+            "allow_newest=True (s3ckpt rm --allow-newest) to delete it anyway",
+        ),
+    )
+    for refused, reason, text in refusals:
+        if refused:
+            raise _refused(c.url, reason, text)
 
 
 def _same_as_seen(now: CheckpointInfo, seen: CheckpointInfo, url: StoreURL) -> CheckpointInfo:
@@ -332,31 +291,19 @@ def _refused(url: StoreURL, reason: str, why: str) -> DeleteRefusedError:
 
 
 def _result(
-    c: CheckpointInfo,
-    run: StoreURL,
-    *,
-    applied: bool,
-    deleted: bool = False,
-    deleter: Deleter | None = None,
-    resumed: tuple[str, ...] = (),
-    notes: tuple[str, ...] = (),
+    c: CheckpointInfo, run: StoreURL, deleter: Deleter | None = None, **done: Any
 ) -> DeleteResult:
+    """What rm found (and, with ``deleter``, did) about ``c``; ``done``: the other fields."""
     keys = checkpoint_keys(c)
-    chosen = set(keys)
+    if deleter is not None:
+        done.update(deleter.counts())
     return DeleteResult(
         checkpoint=c.url,
         run=run,
         state=c.state,
         step=c.step,
-        applied=applied,
-        deleted=deleted,
         keys=tuple(keys),
-        kept=tuple(k for k in c.keys if k not in chosen),
+        kept=tuple(k for k in c.keys if k not in set(keys)),
         size=c.size,
-        failures=tuple(deleter.failures) if deleter else (),
-        delete_requests=deleter.requests if deleter else 0,
-        keys_deleted=deleter.deleted_keys if deleter else 0,
-        aborted=deleter.aborted if deleter else 0,
-        resumed=resumed,
-        notes=notes,
+        **done,
     )

@@ -12,45 +12,51 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tenacity import retry_if_result
 
 from s3ckpt._tombstone import Tombstone, read_tombstone
-from s3ckpt.config import TransferConfig
 from s3ckpt.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
+    S3CkptError,
     StoreError,
     TransientStoreError,
     UnsupportedOperationError,
 )
-from s3ckpt.format import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag, shard_owner
+from s3ckpt.format._hashed import shard_owner
+from s3ckpt.format._names import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._options import RetentionOptions
-from s3ckpt.store import TRANSIENT_CODES, cached_capabilities, probe_capabilities, retrying
+from s3ckpt.store._known import cached_capabilities
 from s3ckpt.store.base import DeleteFailure, ObjectStore, UploadInfo
+from s3ckpt.store.retry import TRANSIENT_CODES, RetryPolicy
 
 __all__ = [
     "Deleter",
     "checkpoint_keys",
     "checkpoint_uploads",
+    "direct_name",
     "leftover_keys",
+    "failure",
     "leftover_uploads",
     "tag_of",
 ]
 
-_BACKOFF = TransferConfig(retry_initial_delay=0.1, retry_max_delay=5.0)
-"""Back-off between rounds of per-key retries: 0.1 s doubling up to 5 s, full jitter."""
+_BACKOFF = RetryPolicy(attempts=1, initial_delay=0.1, max_delay=5.0, deadline=None)
+"""Back-off between rounds of per-key retries: 0.1 s doubling up to 5 s, full jitter, no
+deadline (the run's ``retries`` set the attempts)."""
 
 _DCP_DATA = re.compile(r"__\d+_\d+\.distcp")
 """Stock DCP data names (``FileSystemWriter``); deleted only with ``include_foreign``."""
 
 
 # -- what may be deleted -----------------------------------------------------------------------
-def _direct_name(c: CheckpointInfo, key: str) -> str | None:
+def direct_name(c: CheckpointInfo, key: str) -> str | None:
     """``key``'s name relative to the checkpoint prefix when it lies directly under it."""
     prefix = c.url.prefix
     if not key.startswith(prefix):
@@ -64,7 +70,7 @@ def _own_name(c: CheckpointInfo, key: str) -> tuple[str, str | None, bool] | Non
     without one), and whether it is one of ``c``'s data objects in the run's shard folder
     (hashed prefixes, :func:`s3ckpt.format.shard_owner`); None for any other key (nested
     under the prefix, or not ``c``'s)."""
-    name = _direct_name(c, key)
+    name = direct_name(c, key)
     if name is not None:
         return name, owned_tag(name), False
     owner = shard_owner(key)
@@ -78,6 +84,11 @@ def tag_of(c: CheckpointInfo, key: str) -> str | None:
     shard folder included); None for untagged names and keys that are not ``c``'s."""
     own = _own_name(c, key)
     return own[1] if own is not None else None
+
+
+def failure(key: str, exc: S3CkptError) -> DeleteFailure:
+    """``key``'s failure as a result reports it: the store's code (else the error's class)."""
+    return DeleteFailure(key, getattr(exc, "code", None) or type(exc).__name__, str(exc))
 
 
 def _other_live(c: CheckpointInfo) -> set[str]:
@@ -116,13 +127,7 @@ def checkpoint_keys(c: CheckpointInfo) -> list[str]:
 def checkpoint_uploads(c: CheckpointInfo) -> list[UploadInfo]:
     """Open uploads of per-save names of tags that are not live (other than committed)."""
     live = _other_live(c)
-    out = []
-    for u in c.uploads:
-        own = _own_name(c, u.key)
-        t = own[1] if own is not None else None
-        if t is not None and t not in live:
-            out.append(u)
-    return out
+    return [u for u in c.uploads if (t := tag_of(c, u.key)) is not None and t not in live]
 
 
 def leftover_keys(c: CheckpointInfo) -> list[str]:
@@ -149,21 +154,20 @@ def leftover_keys(c: CheckpointInfo) -> list[str]:
 def leftover_uploads(c: CheckpointInfo, cutoff: float) -> list[UploadInfo]:
     """Open uploads of per-save names whose tag is dead and that started before ``cutoff``
     (a dead tag's upload can never become committed data). None in a pinned prefix."""
-    if c.pinned:
-        return []
-    live = set(c.live_tags)
-    out = []
-    for u in c.uploads:
-        own = _own_name(c, u.key)
-        t = own[1] if own is not None else None
-        if t is not None and t not in live and u.initiated is not None and u.initiated < cutoff:
-            out.append(u)
-    return out
+    return [
+        u
+        for u in c.uploads
+        if not c.pinned
+        and (t := tag_of(c, u.key)) is not None
+        and t not in c.live_tags
+        and u.initiated is not None
+        and u.initiated < cutoff
+    ]
 
 
 def _is_first_metadata(c: CheckpointInfo, key: str) -> bool:
     """The plain ``.metadata`` or the committed metadata (deleted right after the marker)."""
-    n = _direct_name(c, key)
+    n = direct_name(c, key)
     if n == METADATA_NAME:
         return True
     return n is not None and n.startswith(METADATA_NAME + ".") and key in c.committed_keys
@@ -202,7 +206,8 @@ class Deleter:
 
         Keys that failed with a transient code (:data:`~s3ckpt.store.TRANSIENT_CODES`)
         are sent again in up to ``retries`` more rounds, backing off between rounds as
-        s3ckpt's one retry policy does (:func:`~s3ckpt.store.retrying`), without a deadline.
+        s3ckpt's one retry policy does (:class:`~s3ckpt.store.retry.RetryPolicy`), without a
+        deadline: one ``Retrying`` whose attempts are the rounds.
         """
         pending = list(keys)
         failed: dict[str, DeleteFailure] = {}
@@ -212,13 +217,8 @@ class Deleter:
             pending = self._round(pending, failed, phase)
             return pending
 
-        rounds = retrying(
-            _BACKOFF,
-            retry=retry_if_result(bool),
-            sleep=self.options.sleep,
-            attempts=self.options.retries + 1,
-            deadline=False,
-        )
+        policy = replace(_BACKOFF, attempts=self.options.retries + 1, sleep=self.options.sleep)
+        rounds = policy.retrying(retry=retry_if_result(bool))
         # Keys still pending after the last round stay in ``failed``: no RetryError.
         rounds.copy(retry_error_callback=lambda state: None)(one_round)
         self.failures.extend(failed.values())
@@ -236,19 +236,15 @@ class Deleter:
             try:
                 errs = self.store.delete(chunk)
             except StoreError as exc:  # the whole request failed (after S3Store retries)
-                errs = [DeleteFailure(k, exc.code or type(exc).__name__, str(exc)) for k in chunk]
+                errs = [failure(k, exc) for k in chunk]
             self.requests += 1
             bad = {e.key for e in errs}
             self.deleted_keys += sum(1 for k in chunk if k not in bad)
-            for e in errs:
-                failed[e.key] = e
-                if e.code in TRANSIENT_CODES:
-                    retry.append(e.key)
             for k in chunk:
-                if k not in bad:
-                    failed.pop(k, None)
-            if self.options.on_progress is not None:
-                self.options.on_progress("delete", {"phase": phase, "keys": len(chunk)})
+                failed.pop(k, None)
+            failed.update((e.key, e) for e in errs)
+            retry += [e.key for e in errs if e.code in TRANSIENT_CODES]
+            self.options.progress("delete", phase=phase, keys=len(chunk))
         return retry
 
     def fence(self, c: CheckpointInfo, keys: Sequence[str]) -> bool:
@@ -270,7 +266,7 @@ class Deleter:
             self._fences[c.name] = None  # only saves proven gone: no claim left to end
             return True
         reaped = sorted(t for t in tags if t is not None and t != c.tag)
-        names = {n for k in keys if (n := _direct_name(c, k)) and owned_tag(n) is None}
+        names = {n for k in keys if (n := direct_name(c, k)) and owned_tag(n) is None}
         tomb = Tombstone(
             self.lease.owner if self.lease is not None else uuid.uuid4().hex,
             by=self.by,
@@ -343,8 +339,17 @@ class Deleter:
         if self.lease is not None:
             self.lease.renew_if_due()
         self.requests += 1
-        if self.options.on_progress is not None:
-            self.options.on_progress("delete", {"phase": phase, "keys": 1})
+        self.options.progress("delete", phase=phase, keys=1)
+
+    def counts(self) -> dict[str, Any]:
+        """What a result reports of the deletions: ``failures``, ``delete_requests``,
+        ``keys_deleted`` and ``aborted``."""
+        return {
+            "failures": tuple(self.failures),
+            "delete_requests": self.requests,
+            "keys_deleted": self.deleted_keys,
+            "aborted": self.aborted,
+        }
 
     def changed_notes(self) -> tuple[str, ...]:
         """One note per checkpoint skipped because it changed after the scan."""
@@ -355,11 +360,10 @@ class Deleter:
         )
 
     def _conditional_delete(self) -> bool:
-        """Whether the store enforces ``DeleteObject If-Match`` (probed with the lease)."""
+        """Whether the store enforces ``DeleteObject If-Match`` (probed, and cached, when the
+        lease was taken: :meth:`~s3ckpt.retention.Lease.acquire`)."""
         if self._conditional is None:
             caps = cached_capabilities(self.store)
-            if (caps is None or not caps.delete_probed) and self.lease is not None:
-                caps = probe_capabilities(self.store, self.lease.key, probe_delete=True)
             self._conditional = bool(caps is not None and caps.conditional_delete)
         return self._conditional
 
@@ -374,7 +378,7 @@ class Deleter:
                 self.aborted += 1
             except StoreError as exc:
                 bad.add(u.upload_id)
-                self.failures.append(DeleteFailure(u.key, exc.code or type(exc).__name__, str(exc)))
+                self.failures.append(failure(u.key, exc))
         return bad
 
     def delete_checkpoints(
@@ -402,8 +406,7 @@ class Deleter:
                     self.changed.append(c.name)
             except StoreError as exc:
                 bad.add(markers[c.name])
-                code = exc.code or type(exc).__name__
-                self.failures.append(DeleteFailure(markers[c.name], code, str(exc)))
+                self.failures.append(failure(markers[c.name], exc))
         metas = [k for c in alive for k in keys[c.name] if _is_first_metadata(c, k)]
         bad |= self.delete(metas, "metadata")
         first = {markers[c.name] for c in targets} | set(metas)
@@ -420,8 +423,7 @@ class Deleter:
             try:
                 self.unfence(c)
             except StoreError as exc:
-                code = exc.code or type(exc).__name__
-                self.failures.append(DeleteFailure(markers[c.name], code, str(exc)))
+                self.failures.append(failure(markers[c.name], exc))
                 continue
             done.append(c.name)
         return tuple(done)

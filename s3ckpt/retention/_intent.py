@@ -15,22 +15,64 @@ finish, for checkpoints still committed with the marker recorded.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from s3ckpt.errors import S3CkptError
-from s3ckpt.format import LEASE_NAME
+from s3ckpt.format._names import LEASE_NAME
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState, RunCatalog
 from s3ckpt.retention._lease import Lease, LeaseRecord
 from s3ckpt.retention._tiers import STORAGE_CLASSES, Transition
 from s3ckpt.store.base import ObjectStore
 
-__all__ = ["RESUMED_MOVE", "finish_previous", "pending_intent", "planned_markers", "previous_moves"]
+__all__ = ["RESUMED_MOVE", "Intent", "finish_previous", "pending_intent", "previous_moves"]
 
 
-def planned_markers(targets: Sequence[CheckpointInfo]) -> dict[str, str]:
-    """The intent log's ``planned``: the listed ETag of each target's commit marker."""
-    return {c.name: c.marker_etag for c in targets if c.is_committed and c.marker_etag}
+@dataclass
+class Intent:
+    """The run's intent log while its lease is held: the checkpoints this holder is deleting
+    (``names``) and moving (``moving``). Until :meth:`record` they are the dead holder's
+    log; as a context manager it releases the lease on the way out, keeping in the log
+    whatever did not finish (everything, on an exception: the next holder finishes it)."""
+
+    lease: Lease
+    names: list[str] = field(init=False)
+    moving: dict[str, dict[str, str]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        prev = self.lease.previous
+        self.names = list(prev.deleting) if prev else []
+        self.moving = {k: dict(v) for k, v in prev.moving.items()} if prev else {}
+
+    def record(
+        self,
+        targets: Sequence[CheckpointInfo],
+        carry: Sequence[str],
+        moving: dict[str, dict[str, str]] | None = None,
+    ) -> None:
+        """The intent from here on: the names to delete (``targets``, and ``carry`` for a
+        later run) and the transitions (``moving``; None: the log's as it is); written into
+        the lease, with each planned marker's listed ETag, before the first change (when
+        there is anything to delete or move)."""
+        self.names = [*carry, *(c.name for c in targets)]
+        self.moving = self.moving if moving is None else moving
+        planned = {c.name: c.marker_etag for c in targets if c.is_committed and c.marker_etag}
+        if targets or self.moving:
+            self.lease.record_intent(self.names, planned, moving=self.moving)
+
+    def finished(self, names: Iterable[str], moved: Iterable[str] = ()) -> None:
+        """Drop from the log what is finished (or left to the next plan)."""
+        gone, done = set(names), set(moved)
+        self.names = [n for n in self.names if n not in gone]
+        self.moving = {n: m for n, m in self.moving.items() if n not in done}
+
+    def __enter__(self) -> Intent:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lease.release(self.names, self.moving)
 
 
 def finish_previous(
@@ -83,11 +125,7 @@ def pending_intent(store: ObjectStore, cat: RunCatalog, now: datetime) -> tuple[
         rec = LeaseRecord.from_json(store.get(cat.run.key(LEASE_NAME)))
     except S3CkptError:
         return ()
-    if (
-        rec is None
-        or not rec.deleting
-        or not rec.stale(now.timestamp(), last_modified=cat.lease_modified)
-    ):
+    if rec is None or not rec.stale(now.timestamp(), last_modified=cat.lease_modified):
         return ()
     return rec.deleting
 
@@ -96,9 +134,7 @@ RESUMED_MOVE = "finishing a transition a pruner that died left half-done (its in
 
 
 def previous_moves(
-    lease: Lease,
-    catalog: Sequence[CheckpointInfo],
-    skip: Collection[str],
+    lease: Lease, catalog: Sequence[CheckpointInfo], skip: Collection[str]
 ) -> tuple[list[Transition], dict[str, dict[str, str]]]:
     """The storage-class transitions a dead holder of ``lease`` recorded (``moving``):
     ``(resume, carry)``. ``resume``: transitions to finish now (the checkpoint is still the
@@ -125,9 +161,5 @@ def previous_moves(
         if c.live_tags and c.overwrite_in_progress:
             carry[name] = dict(rec)
             continue
-        resume.append(
-            Transition(
-                c, -1, cls, "tag" if method == "tag" else "copy", (RESUMED_MOVE,), resumed=True
-            )
-        )
+        resume.append(Transition(c, -1, cls, method, (RESUMED_MOVE,), resumed=True))  # type: ignore[arg-type]
     return resume, carry

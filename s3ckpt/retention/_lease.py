@@ -44,6 +44,7 @@ If-None-Match / If-Match), and reads it (GetObject, HeadObject).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -53,9 +54,11 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from s3ckpt._commit import identity, process_gone
 from s3ckpt._time import iso_z_seconds
+from s3ckpt._tombstone import read_object
 from s3ckpt.errors import (
     LeaseHeldError,
     LeaseLostError,
@@ -64,9 +67,10 @@ from s3ckpt.errors import (
     S3CkptError,
     TransientStoreError,
 )
-from s3ckpt.format import LEASE_NAME
+from s3ckpt.format._names import LEASE_NAME
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.store import require_conditional_writes, store_time
+from s3ckpt.store._capabilities import require_conditional_writes
+from s3ckpt.store._clock import store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.store.retry import cleanup
 from s3ckpt.uri import StoreURL
@@ -77,6 +81,12 @@ __all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseRecord"]
 
 DEFAULT_LEASE_TTL = timedelta(minutes=5)
 LEASE_FORMAT = "s3ckpt.lease"
+_TYPES: dict[str, Callable[[Any], Any]] = {
+    **dict.fromkeys(("owner", "host", "pidns", "operation", "boot"), str),
+    **dict.fromkeys(("acquired", "expires", "ttl"), float),
+    **{"pid": int, "start": int, "released": bool},
+}
+"""The lease body's scalar fields and their types (a value of another type is converted)."""
 
 
 @dataclass(frozen=True)
@@ -109,24 +119,7 @@ class LeaseRecord:
     moving: Mapping[str, Mapping[str, str]] = field(default_factory=dict, hash=False)
 
     def to_json(self) -> bytes:
-        doc = {
-            "format": LEASE_FORMAT,
-            "version": 1,
-            "owner": self.owner,
-            "host": self.host,
-            "pid": self.pid,
-            "pidns": self.pidns,
-            "boot": self.boot,
-            "start": self.start,
-            "ttl": self.ttl,
-            "operation": self.operation,
-            "acquired": self.acquired,
-            "expires": self.expires,
-            "released": self.released,
-            "deleting": list(self.deleting),
-            "planned": dict(self.planned),
-            "moving": {k: dict(v) for k, v in self.moving.items()},
-        }
+        doc = {"format": LEASE_FORMAT, "version": 1, **dataclasses.asdict(self)}
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
     @classmethod
@@ -136,19 +129,11 @@ class LeaseRecord:
             doc = json.loads(raw.decode("utf-8"))
             if not isinstance(doc, dict) or doc.get("format") != LEASE_FORMAT:
                 return None
+            kw: dict[str, Any] = {"host": "", "pid": 0, "pidns": "", "acquired": 0.0}
+            kw |= {k: t(doc[k]) for k, t in _TYPES.items() if doc.get(k) is not None}
             return cls(
-                owner=str(doc["owner"]),
-                host=str(doc.get("host", "")),
-                pid=int(doc.get("pid", 0)),
-                pidns=str(doc.get("pidns", "")),
-                acquired=float(doc.get("acquired", 0.0)),
-                expires=float(doc["expires"]),
-                released=bool(doc.get("released", False)),
+                **kw,
                 deleting=tuple(str(x) for x in doc.get("deleting") or ()),
-                operation=str(doc.get("operation", "prune")),
-                boot=str(doc.get("boot") or ""),
-                start=None if doc.get("start") is None else int(doc["start"]),
-                ttl=None if doc.get("ttl") is None else float(doc["ttl"]),
                 planned={str(k): str(v) for k, v in (doc.get("planned") or {}).items()},
                 moving={
                     str(k): {str(a): str(b) for a, b in v.items()}
@@ -167,11 +152,7 @@ class LeaseRecord:
         return last_modified + (self.ttl if self.ttl is not None else ttl.total_seconds())
 
     def stale(
-        self,
-        now: float,
-        *,
-        last_modified: float | None = None,
-        ttl: timedelta = DEFAULT_LEASE_TTL,
+        self, now: float, *, last_modified: float | None = None, ttl: timedelta = DEFAULT_LEASE_TTL
     ) -> bool:
         """Released, expired at ``now`` (the store's time; see :meth:`expiry`), or held by a
         process provably gone (:func:`s3ckpt._commit.process_gone`)."""
@@ -227,12 +208,12 @@ class Lease:
     ) -> dict[str, str]:
         """The planned marker ETags of ``deleting``: ``planned``, else what our record and
         the previous holder's recorded (a carried or unfinished name keeps its ETag)."""
-        if planned is None:
-            planned = {
-                **(self.previous.planned if self.previous else {}),
-                **(self._record.planned if self._record else {}),
-            }
-        return {n: planned[n] for n in deleting if n in planned}
+        known = {
+            **(self.previous.planned if self.previous else {}),
+            **(self._record.planned if self._record else {}),
+            **(planned or {}),
+        }
+        return {n: known[n] for n in deleting if n in known}
 
     def _new_record(
         self,
@@ -244,44 +225,41 @@ class Lease:
         self._sent = self.clock()
         now = time.time()  # display only: expiry is judged in the store's time
         acquired = self._record.acquired if self._record else now
-        me = identity()
         return LeaseRecord(
             owner=self.owner,
-            host=me.host,
-            pid=me.pid,
-            pidns=me.pidns,
+            **dataclasses.asdict(identity()),
             acquired=acquired,
             expires=0.0 if released else now + self.ttl.total_seconds(),
             released=released,
             deleting=tuple(deleting),
             operation=self.operation,
-            boot=me.boot,
-            start=me.start,
             ttl=self.ttl.total_seconds(),
             planned=self._planned(deleting, planned),
             moving=dict(self._record.moving if self._record else {}) if moving is None else moving,
         )
 
-    def _store_now(self) -> float:
-        if self.store_clock is not None:
-            return self.store_clock()
-        return store_time(self.store, self.run.prefix).store.timestamp()
-
-    def _written(self, record: LeaseRecord) -> str | None:
-        """The lease's ETag if its body is exactly ``record``, else None.
-
-        How a conditional write whose reply was lost is recognised as ours. HEAD comes
-        before GET: our write finished before this is called and only we write this body,
-        so a GET that returns it proves the earlier HEAD saw it too.
-        """
-        info = self.store.head(self.key)
-        if info is None:
-            return None
+    def _put(self, record: LeaseRecord, etag: str | None) -> bool:
+        """PUT ``record`` ``If-Match`` ``etag`` (None: ``If-None-Match: *``); whether it is
+        ours now. A 412 (but to ``If-None-Match``, which :meth:`acquire` reads on) or a
+        give-up is decided by reading back (a lost reply of our own write); a give-up that
+        is not ours raises."""
         try:
-            raw = self.store.get(self.key)
+            with expecting("precondition_failed"):
+                self._etag = self.store.put(
+                    self.key, record.to_json(), if_match=etag, if_none_match=etag is None
+                )
         except ObjectNotFoundError:
-            return None
-        return info.etag if raw == record.to_json() else None
+            return False
+        except (PreconditionFailedError, TransientStoreError) as exc:
+            lost = etag is not None or isinstance(exc, TransientStoreError)  # ours, maybe
+            found = read_object(self.store, self.key) if lost else None
+            if found is None or found[1] != record.to_json() or found[0].etag is None:
+                if isinstance(exc, TransientStoreError):
+                    raise
+                return False
+            self._etag = found[0].etag
+        self._record = record
+        return True
 
     def acquire(self) -> Lease:
         """Take the lease or raise :class:`~s3ckpt.errors.LeaseHeldError`.
@@ -299,64 +277,38 @@ class Lease:
             probe_delete=True,
         )
         for _ in range(3):
+            # 412: the last pruner's released lease is there (the usual case), or our own
+            # write whose reply was lost (read back, and ours): read on.
             record = self._new_record()
-            try:
-                # 412: the last pruner's released lease is there (the usual case): read on.
-                with expecting("precondition_failed"):
-                    self._etag = self.store.put(self.key, record.to_json(), if_none_match=True)
-                self._record = record
+            if self._put(record, None):
                 return self
-            except PreconditionFailedError:
-                pass  # taken -- or our own write, whose reply was lost: read below
-            except TransientStoreError:
-                etag = self._written(record)
-                if etag is None:
-                    raise
-                self._etag, self._record = etag, record
-                return self
-            info = self.store.head(self.key)
-            if info is None:
+            found = read_object(self.store, self.key)
+            if found is None:
                 continue  # released and removed meanwhile: try the fresh put again
-            try:
-                raw = self.store.get(self.key)
-            except ObjectNotFoundError:
-                continue
+            info, raw = found
             if raw == record.to_json() and info.etag is not None:
                 # Our put was applied and its reply lost; the retry met our own lease.
                 self._etag, self._record = info.etag, record
                 return self
             current = LeaseRecord.from_json(raw)
-            now = self._store_now()
+            clock = self.store_clock
+            now = clock() if clock else store_time(self.store, self.run.prefix).store.timestamp()
             if current is None:
                 # Not a lease we understand: it expires one TTL after it was written.
-                age_ok = info.last_modified is not None and (
-                    info.last_modified + self.ttl.total_seconds() <= now
-                )
-                if not age_ok:
+                when = info.last_modified
+                if when is None or when + self.ttl.total_seconds() > now:
                     raise self._held(None, None)
             elif not current.stale(now, last_modified=info.last_modified, ttl=self.ttl):
                 raise self._held(current.owner, current.expiry(info.last_modified, self.ttl))
-            try:
-                self._etag = self.store.put(self.key, record.to_json(), if_match=info.etag)
-            except ObjectNotFoundError:
-                raise self._held(None, None) from None
-            except (PreconditionFailedError, TransientStoreError) as exc:
-                etag = self._written(record)  # a lost reply of our takeover?
-                if etag is None:
-                    if isinstance(exc, TransientStoreError):
-                        raise
-                    raise self._held(None, None) from None
-                self._etag = etag
-            self._record = record
+            if not self._put(record, info.etag):
+                raise self._held(None, None)
             if current is not None and (current.deleting or current.moving or not current.released):
                 self.previous = current
             return self
         raise self._held(None, None)
 
     def _held(self, holder: str | None, expires: float | None) -> LeaseHeldError:
-        until = ""
-        if expires is not None:
-            until = f" until {iso_z_seconds(expires)}"
+        until = f" until {iso_z_seconds(expires)}" if expires is not None else ""
         who = f" by {holder}" if holder else ""
         return LeaseHeldError(
             f"another pruner holds the lease on {self.run}{who}{until}; try again later",
@@ -371,24 +323,14 @@ class Lease:
             raise LeaseLostError(
                 f"not holding the lease on {self.run}", bucket=self.run.bucket, key=self.key
             )
-        try:
-            self._etag = self.store.put(self.key, record.to_json(), if_match=self._etag)
-        except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError) as exc:
-            # A 412 (or a give-up) may hide our own write whose reply was lost.
-            etag = None if isinstance(exc, ObjectNotFoundError) else self._written(record)
-            if etag is not None:
-                self._etag, self._record = etag, record
-                return
-            if isinstance(exc, TransientStoreError):
-                raise
+        if not self._put(record, self._etag):
             self._etag = None
             raise LeaseLostError(
                 f"lost the lease on {self.run}: it expired and another pruner took it over; "
                 "stopped before the next delete (raise lease_ttl if runs are slow)",
                 bucket=self.run.bucket or None,
                 key=self.key,
-            ) from None
-        self._record = record
+            )
 
     def record_intent(
         self,
@@ -405,8 +347,6 @@ class Lease:
                 without one keep what the log already recorded for them.
             moving: The storage-class transitions about to run (None: as recorded).
         """
-        if planned is not None:
-            planned = {**self._planned(deleting, None), **planned}
         self._swap(self._new_record(deleting, planned=planned, moving=moving))
 
     def renew_if_due(self) -> None:
@@ -458,9 +398,5 @@ class Lease:
 
     def __exit__(self, *exc: object) -> None:
         # On an exception keep the intent log: the deletions it names may be half done.
-        rec = self._record
-        failed = rec is not None and exc[0] is not None
-        self.release(
-            rec.deleting if rec is not None and failed else (),
-            rec.moving if rec is not None and failed else None,
-        )
+        rec = self._record if exc[0] is not None else None
+        self.release(rec.deleting if rec else (), rec.moving if rec else None)

@@ -9,16 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from s3ckpt.format import (
+from s3ckpt.format._hashed import in_shard_tree, shard_owner
+from s3ckpt.format._names import (
     FAILED_PREFIX,
     HEARTBEAT_PREFIX,
     LEASE_NAME,
     MANIFEST_NAME,
     METADATA_NAME,
     PIN_NAME,
-    in_shard_tree,
     owned_tag,
-    shard_owner,
 )
 from s3ckpt.retention._catalog import DEFAULT_STORAGE_CLASS
 from s3ckpt.store.base import ObjectInfo, UploadInfo
@@ -74,15 +73,8 @@ def ckpt_dir(key: str) -> str | None:
         owner = shard_owner(key)
         return owner.checkpoint if owner is not None else None
     head, sep, base = key.rpartition("/")
-    if not sep:
-        return None
-    if (
-        base in (MANIFEST_NAME, METADATA_NAME, PIN_NAME)
-        or base.endswith(".distcp")
-        or owned_tag(base) is not None
-    ):
-        return head + "/"
-    return None
+    own = base in (MANIFEST_NAME, METADATA_NAME, PIN_NAME) or base.endswith(".distcp")
+    return head + "/" if sep and (own or owned_tag(base) is not None) else None
 
 
 def group_listing(
@@ -112,20 +104,17 @@ def group_listing(
         g.by_class[sc] = g.by_class.get(sc, 0) + obj.size
         g.count += 1
         g.touch(obj.last_modified, tag)
-        if tag is not None and name is not None and name.startswith(HEARTBEAT_PREFIX):
-            g.heartbeats.setdefault(tag, []).append(obj.key)
-        if tag is not None and name is not None and name.startswith(FAILED_PREFIX):
-            g.failed.setdefault(tag, []).append((obj.key, obj.last_modified))
         if name == MANIFEST_NAME:
             g.marker = obj
-        if name == METADATA_NAME:
+        elif name == METADATA_NAME:
             g.metadata = obj
-        elif (
-            tag is not None
-            and name is not None
-            and name.startswith(METADATA_NAME + ".")
-            and obj.last_modified is not None
-        ):
+        elif tag is None or name is None:
+            continue
+        elif name.startswith(HEARTBEAT_PREFIX):
+            g.heartbeats.setdefault(tag, []).append(obj.key)
+        elif name.startswith(FAILED_PREFIX):
+            g.failed.setdefault(tag, []).append((obj.key, obj.last_modified))
+        elif name.startswith(METADATA_NAME + ".") and obj.last_modified is not None:
             g.saved_metadata[name] = obj.last_modified
     for up in uploads:
         g, _, tag = _place(groups, up.key)
@@ -136,31 +125,20 @@ def group_listing(
 
 
 def _place(groups: Mapping[str, Group], key: str) -> tuple[Group | None, str | None, str | None]:
-    """The checkpoint group holding ``key``; the key's name in it when it is one of the
-    checkpoint's own (directly under its prefix, or one of its data objects in the run's
-    shard folder), else None (a nested key); and the save tag that name carries, if any."""
+    """The checkpoint group holding ``key`` (the innermost whose prefix holds it); the key's
+    name in it when it is one of the checkpoint's own (directly under its prefix, or one of
+    its data objects in the run's shard folder), else None (a nested key); and the save tag
+    that name carries, if any."""
     if in_shard_tree(key):
         owner = shard_owner(key)
         if owner is None:
             return None, None, None  # in a shard folder, but no checkpoint's: nobody's
         return groups.get(owner.checkpoint), owner.name, owner.tag
-    g = _owner(groups, key)
-    if g is None or not _is_direct(key, groups):
-        return g, None, None
-    name = key.rpartition("/")[2]
-    return g, name, owned_tag(name)
-
-
-def _owner(groups: Mapping[str, Group], key: str) -> Group | None:
-    """The innermost checkpoint group whose prefix holds ``key``."""
-    head = key
+    head, name = key, key.rpartition("/")[2]
     while "/" in head:
         head = head.rpartition("/")[0]
         g = groups.get(head + "/")
         if g is not None:
-            return g
-    return None
-
-
-def _is_direct(key: str, groups: Mapping[str, Group]) -> bool:
-    return key.rpartition("/")[0] + "/" in groups
+            direct = key == f"{head}/{name}"
+            return g, name if direct else None, owned_tag(name) if direct else None
+    return None, None, None

@@ -21,17 +21,15 @@ before it deletes anything.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import TypeVar
 
 from s3ckpt._commit import failure_reason, writer_gone
 from s3ckpt.errors import ObjectNotFoundError, StoreError
-from s3ckpt.format import MIN_GRACE_SECONDS
-from s3ckpt.metrics.instrument import expecting, in_context
-from s3ckpt.retention._catalog import READ_WORKERS
-from s3ckpt.retention._duration import format_duration
-from s3ckpt.store import check_skew, skew_note, store_time
+from s3ckpt.format._names import MIN_GRACE_SECONDS
+from s3ckpt.metrics.instrument import expecting
+from s3ckpt.retention._check_record import read_each
+from s3ckpt.store._clock import check_skew, skew_note, store_time
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -39,7 +37,6 @@ __all__ = [
     "DEFAULT_GRACE",
     "MIN_GRACE",
     "dead_saves",
-    "effective_grace",
     "failure_reasons",
     "judge_time",
     "newest_failure",
@@ -53,24 +50,8 @@ MIN_GRACE = timedelta(seconds=MIN_GRACE_SECONDS)
 K = TypeVar("K", bound=Hashable)
 
 
-def effective_grace(grace: timedelta) -> tuple[timedelta, tuple[str, ...]]:
-    """``grace`` raised to :data:`MIN_GRACE`, and the notes saying so when it was (for a
-    result's ``notes``)."""
-    if grace >= MIN_GRACE:
-        return grace, ()
-    return MIN_GRACE, (
-        f"grace {_fmt(grace)} is below the floor of {_fmt(MIN_GRACE)} (four missed "
-        f"heartbeats); used {_fmt(MIN_GRACE)}, so no setting can delete a running save",
-    )
-
-
 def judge_time(
-    store: ObjectStore,
-    url: StoreURL,
-    now: datetime | None,
-    grace: timedelta,
-    *,
-    refuse: str | None,
+    store: ObjectStore, url: StoreURL, now: datetime | None, grace: timedelta, *, refuse: str | None
 ) -> tuple[datetime, tuple[str, ...]]:
     """The "now" ages are judged against, and notes for the result.
 
@@ -83,21 +64,14 @@ def judge_time(
 
     Raises:
         ClockSkewError: see above.
-        ValueError: ``now`` has no timezone.
     """
-    if now is not None:
-        if now.tzinfo is None:
-            raise ValueError("now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    if now is not None:  # timezone-aware: RetentionOptions checked it
         return now, ()
     t = store_time(store, url.prefix)
     if refuse is not None:
         check_skew(t, grace, action=refuse)
     note = skew_note(t, grace)
     return t.store, (() if note is None else (note + "; fix this host's clock (NTP)",))
-
-
-def _fmt(d: timedelta) -> str:
-    return format_duration(d) if d > timedelta(0) else format_duration(timedelta(0))
 
 
 def dead_saves(store: ObjectStore, heartbeats: Mapping[K, Sequence[str]]) -> set[K]:
@@ -113,19 +87,15 @@ def dead_saves(store: ObjectStore, heartbeats: Mapping[K, Sequence[str]]) -> set
     Request cost: one GET per save (16 in parallel).
     """
     todo = [(save, key) for save, keys in heartbeats.items() for key in keys if _rank_of(key) == 0]
-    if not todo:
-        return set()
 
-    def gone(item: tuple[str, str]) -> bool:
+    def gone(item: tuple[K, str]) -> bool:
         try:
             with expecting("not_found"):  # a heartbeat its save removed at commit: a race
                 return writer_gone(store.get(item[1]))
         except StoreError:
             return False  # vanished (its save committed) or unreadable: proves nothing
 
-    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-        verdicts = pool.map(in_context(gone), todo)
-        return {save for (save, _), dead in zip(todo, verdicts, strict=True) if dead}
+    return {save for (save, _), dead in zip(todo, read_each(gone, todo), strict=True) if dead}
 
 
 def _rank_of(key: str) -> int:
@@ -140,15 +110,15 @@ def newest_failure(
     failed saves in ``failed`` (``{tag: [(record key, LastModified), ...]}``) other than the
     ``committed`` one (a marker wins: its save is committed, whatever it recorded). Returns
     that save's lowest rank's record key and its newest record's time, or None."""
-    best: tuple[str, float | None] | None = None
-    for tag, records in failed.items():
-        if tag == committed or not records:
-            continue
-        when = max((t for _, t in records if t is not None), default=None)
-        key = min((k for k, _ in records), key=_rank_of)
-        if best is None or (when or 0.0) > (best[1] or 0.0):
-            best = (key, when)
-    return best
+    found = [
+        (
+            min((k for k, _ in rs), key=_rank_of),
+            max((t for _, t in rs if t is not None), default=None),
+        )
+        for tag, rs in failed.items()
+        if tag != committed and rs
+    ]
+    return max(found, key=lambda f: f[1] or 0.0, default=None)
 
 
 def failure_reasons(store: ObjectStore, keys: Mapping[K, str]) -> dict[K, str]:
@@ -158,8 +128,6 @@ def failure_reasons(store: ObjectStore, keys: Mapping[K, str]) -> dict[K, str]:
     Request cost: one GET per record (16 in parallel); only prefixes with a failed save
     have one.
     """
-    if not keys:
-        return {}
 
     def read(key: str) -> str:
         try:
@@ -170,7 +138,4 @@ def failure_reasons(store: ObjectStore, keys: Mapping[K, str]) -> dict[K, str]:
         except StoreError as exc:
             return f"(failure record unreadable: {exc})"
 
-    items = list(keys.items())
-    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-        texts = pool.map(in_context(read), [k for _, k in items])
-        return {name: text for (name, _), text in zip(items, texts, strict=True)}
+    return dict(zip(keys, read_each(read, list(keys.values())), strict=True))

@@ -23,15 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from s3ckpt._step_names import StepMatcher, compile_step_pattern
 from s3ckpt.errors import ConfigError, PolicyError
+from s3ckpt.retention._duration import format_duration
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL
-from s3ckpt.retention._liveness import DEFAULT_GRACE, effective_grace, judge_time
+from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE, judge_time
 from s3ckpt.retention._tiers import Tier
 from s3ckpt.store.base import MAX_DELETE_BATCH
 
 if TYPE_CHECKING:
     from s3ckpt.store import Location
 
-__all__ = ["ProgressCallback", "RetentionOptions", "step_matcher"]
+__all__ = ["ProgressCallback", "RetentionOptions", "settle"]
 
 ProgressCallback = Callable[[str, dict[str, Any]], None]
 """``on_progress(event, details)``: ``lease``, ``plan``, ``intent``, ``delete`` (after each
@@ -99,12 +100,7 @@ class RetentionOptions:
     def __post_init__(self) -> None:
         if self.scan not in ("deep", "shallow"):
             raise ConfigError(f"scan must be 'deep' or 'shallow', got {self.scan!r}")
-        object.__setattr__(self, "tiers", tuple(self.tiers))
-        for t in self.tiers:
-            if not isinstance(t, Tier):
-                raise PolicyError(f"tiers must hold s3ckpt.retention.Tier values, got {t!r}")
-        if self.step_pattern is not None:
-            object.__setattr__(self, "step_pattern", step_matcher(self.step_pattern))
+        settle(self)
         if not 1 <= self.batch_size <= MAX_DELETE_BATCH:
             raise ConfigError(f"batch_size must be 1..{MAX_DELETE_BATCH}, got {self.batch_size}")
         m = self.max_delete
@@ -114,6 +110,11 @@ class RetentionOptions:
             raise ConfigError(f"retries must be >= 0, got {self.retries}")
         if self.now is not None and self.now.tzinfo is None:
             raise ValueError("now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+
+    def progress(self, event: str, **details: Any) -> None:
+        """Tell ``on_progress`` (when set) of ``event`` and its ``details``."""
+        if self.on_progress is not None:
+            self.on_progress(event, details)
 
     def replace(self, **changes: Any) -> RetentionOptions:
         """A copy with ``changes`` (validated again; a compiled pattern is not recompiled)."""
@@ -130,24 +131,25 @@ class RetentionOptions:
         :class:`~s3ckpt.errors.ClockSkewError` when ``refuse`` names the action about to
         delete (``"gc"``, ``"prune s3://..."``), and is a note otherwise.
         """
-        grace, notes = effective_grace(self.grace)
+        grace = max(self.grace, MIN_GRACE)
+        notes: tuple[str, ...] = ()
+        if grace > self.grace:
+            notes = (
+                f"grace {format_duration(max(self.grace, timedelta(0)))} is below the floor "
+                f"of {format_duration(MIN_GRACE)} (four missed heartbeats); used "
+                f"{format_duration(MIN_GRACE)}, so no setting can delete a running save",
+            )
         now, skew = judge_time(location.store, location.url, self.now, grace, refuse=refuse)
         return self.replace(grace=grace, now=now), notes + skew
 
 
-def step_matcher(pattern: StepPatternLike) -> StepMatcher:
-    """``pattern`` compiled (:func:`~s3ckpt._step_names.compile_step_pattern`), or itself when it
-    is a matcher compiled already: copies of the options hand it on as it is, one compile
-    per run. A ``re.Pattern`` is recompiled with RE2.
-
-    Raises:
-        ConfigError: Not a regular expression with one capture group.
-    """
-    if (
-        not isinstance(pattern, (str, re.Pattern))
-        and callable(getattr(pattern, "fullmatch", None))
-        and isinstance(getattr(pattern, "pattern", None), str)
-        and getattr(pattern, "groups", None) == 1
-    ):
-        return pattern
-    return compile_step_pattern(pattern)
+def settle(settings: Any) -> None:
+    """Check a frozen dataclass's ``tiers`` (a tuple of :class:`~s3ckpt.retention.Tier`) and
+    compile its ``step_pattern`` (:func:`~s3ckpt._step_names.compile_step_pattern`, cached:
+    a compiled pattern handed on is the same object), in place."""
+    object.__setattr__(settings, "tiers", tuple(settings.tiers))
+    for t in settings.tiers:
+        if not isinstance(t, Tier):
+            raise PolicyError(f"tiers must hold s3ckpt.retention.Tier values, got {t!r}")
+    if settings.step_pattern is not None:
+        object.__setattr__(settings, "step_pattern", compile_step_pattern(settings.step_pattern))

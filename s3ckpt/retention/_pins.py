@@ -8,7 +8,8 @@ from datetime import datetime
 
 from s3ckpt._time import aware_now, iso_z
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, StoreError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME
+from s3ckpt.retention._listing import ckpt_dir
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
@@ -40,11 +41,7 @@ def pin(
     if not reason:
         raise ConfigError("a pin needs a reason (--reason TEXT), e.g. 'release v1.2'")
     _check_checkpoint(store, checkpoint)
-    doc = {
-        "reason": reason,
-        "pinned_at": iso_z(aware_now(now)),
-        "by": by or socket.gethostname(),
-    }
+    doc = {"reason": reason, "pinned_at": iso_z(aware_now(now)), "by": by or socket.gethostname()}
     store.put(checkpoint.key(PIN_NAME), json.dumps(doc).encode("utf-8"))
 
 
@@ -69,15 +66,6 @@ def unpin(store: ObjectStore, checkpoint: StoreURL) -> bool:
     return True
 
 
-def _is_checkpoint_file(name: str) -> bool:
-    """A name only a checkpoint prefix holds: the marker, DCP's ``.metadata``, data."""
-    return (
-        name in (MANIFEST_NAME, METADATA_NAME)
-        or name.endswith(".distcp")
-        or owned_tag(name) is not None
-    )
-
-
 def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
     """Refuse anything but a checkpoint: a prefix with nothing under it, a run (checkpoints
     one level down but no checkpoint file at the prefix itself), and a prefix whose first
@@ -89,7 +77,7 @@ def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
         empty = False
         rest = info.key[len(checkpoint.prefix) :]
         child, sep, name = rest.partition("/")
-        if not sep and _is_checkpoint_file(child):
+        if not sep and ckpt_dir(info.key) == checkpoint.prefix:  # a checkpoint's own name
             return
         if sep and name in (MANIFEST_NAME, METADATA_NAME) and child not in children:
             children.append(child)

@@ -26,9 +26,8 @@ never one the plan deletes or skips, never one being written into.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
@@ -84,7 +83,6 @@ class Plan:
     max_delete: int | None = None
     deferred: int = 0
     """Deletions the policy wanted but ``max_delete`` postponed."""
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
     transitions: tuple[Transition, ...] = ()
     """Kept checkpoints a tier moves to another storage class, in catalog order (their
     ``objects`` / ``bytes`` are known once listed: a prune fills them in)."""
@@ -201,111 +199,75 @@ def decide(
 ) -> Plan:
     """:func:`plan` below its entry point: ``rules`` already checked (once per run) and
     free of step-pattern wrappers; ``description`` is the plan's ``policy`` text."""
+    max_delete, include_foreign = options.max_delete, options.include_foreign
     with gc_paused():
-        p = _plan(
-            checkpoints, rules, now, options.max_delete, options.include_foreign, run, description
-        )
-        if not options.tiers:
-            return p
-        # The catalog the rules saw (decisions are in catalog order).
-        states = {CheckpointState.COMMITTED}
-        if options.include_foreign:
-            states.add(CheckpointState.FOREIGN)
-        seen = [d.checkpoint for d in p.decisions]
-        eligible = [c for c in seen if c.state in states and not c.damaged]
-        moves = plan_tiers(eligible, p.keep, options.tiers, now, resume=newest(eligible))
-        return dataclasses.replace(p, transitions=moves)
-
-
-def _in_order(checkpoints: Sequence[CheckpointInfo]) -> bool:
-    # One key alive at a time: a list of 100,000 keys costs more than this pass.
-    prev = None
-    for c in checkpoints:
-        key = c.sort_key()
-        if prev is not None and key < prev:
-            return False
-        prev = key
-    return True
-
-
-def _plan(
-    checkpoints: Sequence[CheckpointInfo],
-    policy: Policy,
-    now: datetime,
-    max_delete: int | None,
-    include_foreign: bool,
-    run: StoreURL | None,
-    description: str,
-) -> Plan:
-    # A catalog is listed in order already (the usual case).
-    if _in_order(checkpoints):
-        ordered = list(checkpoints)
-    else:
         ordered = sorted(checkpoints, key=CheckpointInfo.sort_key)
-    # A tuple, not a set: ``in`` compares by identity first, where a set would call
-    # Enum.__hash__ (Python code) for every checkpoint.
-    eligible_states: tuple[CheckpointState, ...] = (CheckpointState.COMMITTED,)
-    if include_foreign:
-        eligible_states += (CheckpointState.FOREIGN,)
-    eligible = [c for c in ordered if c.state in eligible_states and not c.damaged]
-    kept: dict[str, list[str]] = {
-        name: list(reasons) for name, reasons in policy.select(eligible, now).items()
-    }
-    # Invariants: these reasons are added whatever the policy said.
-    for name, reason in newest(eligible).items():
-        kept.setdefault(name, []).insert(0, reason)
-    for c in eligible:
-        if c.pinned:
-            kept.setdefault(c.name, []).insert(0, f"pinned: {c.pinned}")
+        eligible = [c for c in ordered if _eligible(c, include_foreign)]
+        kept: dict[str, list[str]] = {
+            name: list(reasons) for name, reasons in rules.select(eligible, now).items()
+        }
+        # Invariants: these reasons are added whatever the policy said.
+        resume = newest(eligible)
+        for name, reason in resume.items():
+            kept.setdefault(name, []).insert(0, reason)
+        for c in eligible:
+            if c.pinned:
+                kept.setdefault(c.name, []).insert(0, f"pinned: {c.pinned}")
+        decisions: list[Decision] = []
+        wanted = sum(1 for c in eligible if c.name not in kept and not _overwritten(c))
+        cap = wanted if max_delete is None else min(max_delete, wanted)
+        deferred = wanted - cap
+        for c in ordered:
+            if not _eligible(c, include_foreign):
+                decisions.append(Decision(c, "skip", (_skip_reason(c),)))
+            elif c.name in kept:
+                decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
+            elif _overwritten(c):
+                decisions.append(Decision(c, "skip", (OVERWRITE,)))
+            elif cap > 0:
+                cap -= 1
+                decisions.append(Decision(c, "delete", _NO_RULE))
+            else:
+                decisions.append(
+                    Decision(c, "skip", (f"deferred: max_delete={max_delete} reached",))
+                )
+        moves = plan_tiers(eligible, kept, options.tiers, now, resume=resume)
+        return Plan(
+            decisions=tuple(decisions),
+            policy=description,
+            now=now,
+            run=run,
+            max_delete=max_delete,
+            deferred=deferred,
+            transitions=moves,
+        )
 
-    decisions: list[Decision] = []
-    to_delete = 0
-    wanted = sum(1 for c in eligible if c.name not in kept and not _overwritten(c))
-    cap = wanted if max_delete is None else min(max_delete, wanted)
-    deferred_reason = (f"deferred: max_delete={max_delete} reached",)
-    for c in ordered:
-        if c.state not in eligible_states or c.damaged:
-            decisions.append(Decision(c, "skip", (_skip_reason(c),)))
-        elif c.name in kept:
-            decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
-        elif _overwritten(c):
-            decisions.append(Decision(c, "skip", (OVERWRITE,)))
-        elif to_delete < cap:
-            to_delete += 1
-            decisions.append(Decision(c, "delete", _NO_RULE))
-        else:
-            decisions.append(Decision(c, "skip", deferred_reason))
-    return Plan(
-        decisions=tuple(decisions),
-        policy=description,
-        now=now,
-        run=run,
-        max_delete=max_delete,
-        deferred=wanted - cap,
+
+def _eligible(c: CheckpointInfo, include_foreign: bool = True) -> bool:
+    """Whether a plan may delete ``c``: committed (or foreign, when included), not damaged."""
+    ok = c.state is CheckpointState.COMMITTED or (
+        include_foreign and c.state is CheckpointState.FOREIGN
     )
+    return ok and not c.damaged
 
 
-def newest(eligible: Sequence[CheckpointInfo]) -> dict[str, str]:
+def newest(catalog: Sequence[CheckpointInfo], include_foreign: bool = True) -> dict[str, str]:
     """Invariant 1: the newest committed checkpoint (by step, then commit time) and the most
     recently committed one, by name, with the reason each is kept.
 
-    ``eligible`` is in catalog order and holds the checkpoints a plan may delete (committed
-    ones, and foreign ones when they are included); the foreign ones count only when none is
-    committed. ``delete_checkpoint`` refuses the same ones.
+    ``catalog`` is in catalog order; of it only the checkpoints a plan may delete count
+    (committed ones, and foreign ones with ``include_foreign``; never a damaged one), the
+    foreign ones only when none is committed. ``delete_checkpoint`` refuses the same ones.
     """
-    eligible = [c for c in eligible if not c.damaged]  # a damaged checkpoint is no newest
-    committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or list(eligible)
+    eligible = [c for c in catalog if _eligible(c, include_foreign)]
+    committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or eligible
     if not committed:
         return {}
     out = {committed[-1].name: NEWEST}
-    # ``committed`` is in catalog order, so ">=" lets the later one win a commit-time tie, as
-    # sort_key() would.
-    latest: CheckpointInfo | None = None
-    latest_at: datetime | None = None
-    for c in committed:
-        at = c.committed_at
-        if at is not None and (latest_at is None or at >= latest_at):
-            latest, latest_at = c, at
+    # ``committed`` is in catalog order: reversed, max() lets the later one win a commit-time
+    # tie, as sort_key() would.
+    timed = [c for c in reversed(committed) if c.committed_at is not None]
+    latest = max(timed, key=lambda c: c.committed_at, default=None)  # type: ignore[arg-type,return-value]
     if latest is not None and latest.name not in out:
         out[latest.name] = LATEST_COMMITTED
     return out

@@ -36,6 +36,7 @@ from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._duration import MAX_DURATION, format_duration
 
 __all__ = [
+    "BEST_CHOICES",
     "AllOf",
     "AnyOf",
     "KeepBest",
@@ -46,6 +47,9 @@ __all__ = [
     "Policy",
     "Selection",
 ]
+
+BEST_CHOICES = {"mode": ("min", "max"), "nan": ("worst", "skip"), "missing": ("skip", "worst")}
+""":class:`KeepBest`'s choices (the default first)."""
 
 Selection = dict[str, tuple[str, ...]]
 """What a rule keeps: checkpoint name -> reasons."""
@@ -97,10 +101,16 @@ def _positive_int(value: object, what: str) -> int:
 
 
 @dataclass(frozen=True)
-class AnyOf(Policy):
-    """Keep a checkpoint if any of ``policies`` keeps it; reasons are merged."""
-
+class _Combined(Policy):
     policies: tuple[Policy, ...]
+
+    def rules(self) -> tuple[Policy, ...]:
+        return tuple(r for p in self.policies for r in p.rules())
+
+
+@dataclass(frozen=True)
+class AnyOf(_Combined):
+    """Keep a checkpoint if any of ``policies`` keeps it; reasons are merged."""
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
         out: dict[str, list[str]] = {}
@@ -112,15 +122,10 @@ class AnyOf(Policy):
     def describe(self) -> str:
         return " | ".join(_paren(p, AllOf) for p in self.policies) or "(nothing)"
 
-    def rules(self) -> tuple[Policy, ...]:
-        return tuple(r for p in self.policies for r in p.rules())
-
 
 @dataclass(frozen=True)
-class AllOf(Policy):
+class AllOf(_Combined):
     """Keep a checkpoint only if every one of ``policies`` keeps it."""
-
-    policies: tuple[Policy, ...]
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
         if not self.policies:
@@ -135,9 +140,6 @@ class AllOf(Policy):
 
     def describe(self) -> str:
         return " & ".join(_paren(p, AnyOf) for p in self.policies) or "(nothing)"
-
-    def rules(self) -> tuple[Policy, ...]:
-        return tuple(r for p in self.policies for r in p.rules())
 
 
 def _paren(p: Policy, kind: type) -> str:
@@ -231,12 +233,10 @@ class KeepBest(Policy):
         _positive_int(self.n, "KeepBest.n")
         if not isinstance(self.metric, str) or not self.metric:
             raise PolicyError(f"KeepBest.metric must be a metric name, got {self.metric!r}")
-        if self.mode not in ("min", "max"):
-            raise PolicyError(f"KeepBest.mode must be 'min' or 'max', got {self.mode!r}")
-        if self.nan not in ("worst", "skip"):
-            raise PolicyError(f"KeepBest.nan must be 'worst' or 'skip', got {self.nan!r}")
-        if self.missing not in ("skip", "worst"):
-            raise PolicyError(f"KeepBest.missing must be 'skip' or 'worst', got {self.missing!r}")
+        for key, allowed in BEST_CHOICES.items():
+            if (value := getattr(self, key)) not in allowed:
+                either = " or ".join(map(repr, allowed))
+                raise PolicyError(f"KeepBest.{key} must be {either}, got {value!r}")
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
         sign = 1.0 if self.mode == "min" else -1.0

@@ -27,22 +27,25 @@ with a rule outside that list is planned from a deep catalog of the run instead.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections import Counter
+from collections.abc import Sequence
 
+from s3ckpt._time import utc
 from s3ckpt.errors import ObjectNotFoundError
-from s3ckpt.format import METADATA_NAME, in_shard_tree
+from s3ckpt.format._hashed import in_shard_tree
+from s3ckpt.format._names import METADATA_NAME
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._calendar import KeepCalendar
-from s3ckpt.retention._catalog import CheckpointInfo, commit_time
+from s3ckpt.retention._catalog import CheckpointInfo
+from s3ckpt.retention._deleter import direct_name
 from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._plan import Decision, Plan, decide
 from s3ckpt.retention._policy import KeepBest, KeepEvery, KeepLast, KeepPinned, KeepWithin, Policy
-from s3ckpt.retention._scan import catalogs, run_checkpoints
+from s3ckpt.retention._scan import catalogs, run_catalog
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL
 
-__all__ = ["DEFERRED", "confirm", "replanner"]
+__all__ = ["DEFERRED", "confirm", "deep"]
 
 DEFERRED = "deferred: seen only by the shallow scan; re-checked on the next run"
 
@@ -57,28 +60,28 @@ _SAFE: tuple[type[Policy], ...] = (
 
 
 def confirm(
-    store: ObjectStore,
-    run: StoreURL,
-    options: RetentionOptions,
-    rules: Policy,
-    first: Plan,
-    replan: Callable[[Sequence[CheckpointInfo]], Plan],
+    store: ObjectStore, run: StoreURL, options: RetentionOptions, rules: Policy, first: Plan
 ) -> Plan:
-    """The plan to carry out, from ``first`` (planned from a shallow catalog) and
-    ``replan`` (the same planning applied to another catalog). A plan that deletes
-    nothing, or was made from a deep catalog, is returned as it is.
+    """The plan to carry out, from ``first`` (planned from a shallow catalog with
+    ``rules``; planned again the same way). A plan that deletes nothing, or was made from a
+    deep catalog, is returned as it is.
 
     Request cost: per checkpoint to delete, its deep listing (``ceil(keys / 1000)`` LISTs,
     one LIST of its uploads, one GET of its marker and one of its pin); one HEAD per commit
     time made exact (see the module docstring).
     """
+
+    def replan(catalog: Sequence[CheckpointInfo]) -> Plan:
+        return decide(catalog, rules, first.now, options, run, first.policy)
+
     catalog = [d.checkpoint for d in first.decisions]
     if not first.delete or not any(c.shallow for c in catalog):
         return first
     if not all(isinstance(r, _SAFE) for r in rules.rules()):
-        return replan(run_checkpoints(store, run, options))  # an unknown rule: all deep
+        cat = run_catalog(store, run, options)  # an unknown rule: all deep
+        return replan(cat.checkpoints if cat is not None else [])
     doomed = {c.name for c in first.delete}
-    listed = {c.name: _deep(store, options, c) for c in first.delete if c.shallow}
+    listed = {c.name: deep(store, options, c) for c in first.delete if c.shallow}
     merged = [m for c in catalog if (m := listed.get(c.name, c)) is not None]
     exact = _exact_times(store, merged, any(isinstance(r, KeepCalendar) for r in rules.rules()))
     second = replan(exact)
@@ -91,17 +94,7 @@ def confirm(
     return dataclasses.replace(second, decisions=decisions)
 
 
-def replanner(
-    rules: Policy, now: datetime, options: RetentionOptions, run: StoreURL, description: str
-) -> Callable[[Sequence[CheckpointInfo]], Plan]:
-    """The planning :func:`confirm` repeats: :func:`~s3ckpt.retention._plan.decide` with
-    the same rules, time and options."""
-    return lambda catalog: decide(catalog, rules, now, options, run, description)
-
-
-def _deep(
-    store: ObjectStore, options: RetentionOptions, c: CheckpointInfo
-) -> CheckpointInfo | None:
+def deep(store: ObjectStore, options: RetentionOptions, c: CheckpointInfo) -> CheckpointInfo | None:
     """``c`` as a deep scan of its own prefix sees it (None: gone since). A root inside a
     checkpoint does not see the run's shard folder: the marker's shard keys are added; the
     run's check record was read by the first scan (its verdict is carried)."""
@@ -122,14 +115,10 @@ def _exact_times(
 ) -> list[CheckpointInfo]:
     """``catalog`` with the commit times that matter made exact (see the module docstring)."""
     out = {c.name: c for c in catalog}
-    want: set[str] = set()
-    if every:
-        want = {c.name for c in catalog if c.shallow}
-    steps: dict[int, list[str]] = {}
-    for c in catalog:
-        if c.is_committed and c.step is not None:
-            steps.setdefault(c.step, []).append(c.name)
-    want.update(n for names in steps.values() if len(names) > 1 for n in names)
+    want = {c.name for c in catalog if c.shallow} if every else set()
+    stepped = [c for c in catalog if c.is_committed and c.step is not None]
+    steps = Counter(c.step for c in stepped)
+    want |= {c.name for c in stepped if steps[c.step] > 1}
     for name in want:
         out[name] = _resolve(store, out[name])
     # The newest commit: a marker time is an upper bound, so stop at the first one below
@@ -154,11 +143,8 @@ def _resolve(store: ObjectStore, c: CheckpointInfo) -> CheckpointInfo:
     HEAD), as a deep scan reads it from its listing; the marker's when it has none."""
     if not c.shallow or c.committed_at is None:
         return c
-    prefix = c.url.prefix
     saved = [
-        k
-        for k in c.committed_keys
-        if k.startswith(prefix + METADATA_NAME + ".") and "/" not in k[len(prefix) :]
+        k for k in c.committed_keys if (direct_name(c, k) or "").startswith(METADATA_NAME + ".")
     ]
     if not saved:
         return c  # format 1: the marker's own time is the commit time
@@ -169,5 +155,4 @@ def _resolve(store: ObjectStore, c: CheckpointInfo) -> CheckpointInfo:
             info = None
     if info is None or info.last_modified is None:
         return c
-    at = commit_time(info.last_modified, None, 0.0)
-    return dataclasses.replace(c, committed_at=at) if at is not None else c
+    return dataclasses.replace(c, committed_at=utc(info.last_modified))

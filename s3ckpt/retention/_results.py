@@ -5,9 +5,9 @@ forms (the CLI's ``--json``), and each prune's or gc's values for the metrics te
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, fields
 from typing import Any
 
 from s3ckpt._time import iso_z, utc
@@ -17,7 +17,7 @@ from s3ckpt.retention._plan import Plan
 from s3ckpt.store.base import DeleteFailure, UploadInfo
 from s3ckpt.uri import StoreURL
 
-__all__ = ["DeleteResult", "GcResult", "PruneResult"]
+__all__ = ["DeleteResult", "GcResult", "PruneResult", "last_event"]
 
 
 @dataclass(frozen=True)
@@ -82,53 +82,26 @@ class PruneResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``s3ckpt prune --json``)."""
-        return {
-            **self.plan.to_dict(),
-            "applied": self.applied,
-            "deleted": list(self.deleted),
-            "resumed": list(self.resumed),
-            "failures": _failures(self.failures),
-            "delete_requests": self.delete_requests,
-            "keys_deleted": self.keys_deleted,
-            "aborted": self.aborted,
-            "targets": self.targets,
-            "resumed_bytes": self.resumed_bytes,
-            "resumed_objects": self.resumed_objects,
-            "notes": list(self.notes),
-            "held": self.held,
-            "transitioned": list(self.transitioned),
-            "resumed_moves": list(self.resumed_moves),
-            "objects_moved": self.objects_moved,
-            "bytes_moved": self.bytes_moved,
-            "transition_requests": self.transition_requests,
-            "transition_failures": _failures(self.transition_failures),
-        }
+        return {**self.plan.to_dict(), **_json(self, "run", "plan"), "targets": self.targets}
 
     def run_metrics(self, events: Iterable[OperationMetrics] = ()) -> RunMetrics:
         """The run's values for the metrics text file: its checkpoints as the prune left
         them, and from its ``"prune"`` event among ``events`` the bytes freed and the
         lease wait."""
-        gone = set(self.deleted)
-        counts: dict[str, int] = {}
-        sizes: dict[str, int] = {}
-        committed: list[tuple[datetime, CheckpointInfo]] = []
-        for d in self.plan.decisions:
-            c = d.checkpoint
-            if c.name in gone:
-                continue
-            counts[c.state.value] = counts.get(c.state.value, 0) + 1
-            sizes[c.state.value] = sizes.get(c.state.value, 0) + c.size
-            if c.state is CheckpointState.COMMITTED and c.committed_at is not None:
-                committed.append((c.committed_at, c))
+        left = [d.checkpoint for d in self.plan.decisions if d.checkpoint.name not in self.deleted]
+        sizes: Counter[str] = Counter()
+        for c in left:
+            sizes[c.state.value] += c.size
+        committed = [c for c in left if c.state is CheckpointState.COMMITTED and c.committed_at]
         # Newest by the store's commit time; saves within the same second of the store's
         # clock are told apart by the catalog's order (step, then name).
-        latest = max(committed, key=lambda t: (t[0], t[1].sort_key()))[1] if committed else None
-        event = _event(events, "prune", self.run)
+        latest = max(committed, key=lambda c: (c.committed_at, c.sort_key()), default=None)
+        event = last_event(events, "prune", self.run)
         return RunMetrics(
             run=str(self.run),
-            checkpoints=counts,
-            bytes=sizes,
-            latest_committed_at=_epoch(latest.committed_at) if latest is not None else None,
+            checkpoints=dict(Counter(c.state.value for c in left)),
+            bytes=dict(sizes),
+            latest_committed_at=at.timestamp() if (at := latest and latest.committed_at) else None,
             latest_committed_step=latest.step if latest is not None else None,
             deleted=len(self.deleted),
             bytes_freed=event.bytes_freed if event is not None else 0,
@@ -191,37 +164,19 @@ class GcResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``s3ckpt gc --json``)."""
         return {
-            "root": str(self.root),
-            "applied": self.applied,
+            **_json(self),
             "uploads": [
-                {
-                    "key": u.key,
-                    "upload_id": u.upload_id,
-                    "initiated": iso_z(utc(u.initiated)),
-                }
+                {"key": u.key, "upload_id": u.upload_id, "initiated": iso_z(utc(u.initiated))}
                 for u in self.uploads
             ],
             "abandoned": [c.to_dict() for c in self.abandoned],
-            "removed": list(self.removed),
-            "aborted": self.aborted,
-            "busy_runs": list(self.busy_runs),
-            "failures": _failures(self.failures),
-            "delete_requests": self.delete_requests,
-            "leftovers": list(self.leftovers),
-            "leftovers_deleted": self.leftovers_deleted,
-            "skipped": list(self.skipped),
-            "stale_metadata": list(self.stale_metadata),
-            "restored": list(self.restored),
-            "resumed": list(self.resumed),
-            "keys_deleted": self.keys_deleted,
-            "notes": list(self.notes),
             "damaged": [{"url": str(c.url), "error": c.error} for c in self.damaged],
         }
 
     def run_metrics(self, events: Iterable[OperationMetrics] = ()) -> RunMetrics:
         """The prefix's values for the metrics text file (its ``"gc"`` event among
         ``events`` gives the bytes freed and the lease wait)."""
-        event = _event(events, "gc", self.root)
+        event = last_event(events, "gc", self.root)
         return RunMetrics(
             run=str(self.root),
             deleted=len(self.removed) + len(self.resumed),
@@ -281,34 +236,32 @@ class DeleteResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``s3ckpt rm --json``)."""
-        return {
-            "checkpoint": str(self.checkpoint),
-            "run": str(self.run),
-            "state": self.state.value,
-            "step": self.step,
-            "applied": self.applied,
-            "deleted": self.deleted,
-            "keys": list(self.keys),
-            "kept": list(self.kept),
-            "size": self.size,
-            "failures": _failures(self.failures),
-            "delete_requests": self.delete_requests,
-            "keys_deleted": self.keys_deleted,
-            "aborted": self.aborted,
-            "resumed": list(self.resumed),
-            "notes": list(self.notes),
-        }
+        return _json(self)
 
 
-def _failures(failures: Iterable[DeleteFailure]) -> list[dict[str, str]]:
-    return [{"key": f.key, "code": f.code, "message": f.message} for f in failures]
+def _json(result: object, *skip: str) -> dict[str, Any]:
+    """``result``'s fields (but ``skip``) in JSON form: URLs and states as text, tuples as
+    lists, failures as ``{key, code, message}``."""
+    out: dict[str, Any] = {}
+    for f in fields(result):  # type: ignore[arg-type]
+        v = getattr(result, f.name)
+        if f.name in skip:
+            continue
+        if isinstance(v, tuple):
+            v = [
+                {"key": x.key, "code": x.code, "message": x.message}
+                if isinstance(x, DeleteFailure)
+                else x
+                for x in v
+            ]
+        elif isinstance(v, (StoreURL, CheckpointState)):
+            v = str(v)
+        out[f.name] = v
+    return out
 
 
-def _event(events: Iterable[OperationMetrics], kind: str, url: StoreURL) -> OperationMetrics | None:
+def last_event(
+    events: Iterable[OperationMetrics], kind: str, url: StoreURL
+) -> OperationMetrics | None:
     """The last ``kind`` event of ``url`` among ``events``."""
-    mine = [e for e in events if e.kind == kind and e.url == str(url)]
-    return mine[-1] if mine else None
-
-
-def _epoch(t: datetime | None) -> float | None:
-    return None if t is None else t.timestamp()
+    return next((e for e in reversed(list(events)) if e.kind == kind and e.url == str(url)), None)

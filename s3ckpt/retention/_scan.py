@@ -41,34 +41,30 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from s3ckpt._step_names import checkpoint_step
 from s3ckpt._time import utc
-from s3ckpt._tombstone import Tombstone
-from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError, StoreError
-from s3ckpt.format import MANIFEST_NAME, MAX_MANIFEST_BYTES, METADATA_NAME, PIN_NAME, Manifest
-from s3ckpt.metrics.instrument import expecting, in_context
+from s3ckpt._tombstone import Tombstone, read_head
+from s3ckpt.errors import ObjectNotFoundError, StoreError
+from s3ckpt.format._manifest import MAX_MANIFEST_BYTES, Manifest
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._catalog import (
-    READ_WORKERS,
     CheckpointInfo,
     CheckpointState,
     RunCatalog,
     commit_time,
     writer_time,
 )
-from s3ckpt.retention._check_record import read_check_records
+from s3ckpt.retention._check_record import CheckRecord, read_check_records, read_each
 from s3ckpt.retention._listing import Group, group_listing
 from s3ckpt.retention._listing import ckpt_dir as _ckpt_dir  # noqa: F401  (tests use it here)
-from s3ckpt.retention._liveness import (
-    dead_saves,
-    failure_reasons,
-    judge_time,
-    newest_failure,
-)
+from s3ckpt.retention._liveness import dead_saves, failure_reasons, judge_time, newest_failure
 from s3ckpt.retention._options import RetentionOptions, StepPatternLike
-from s3ckpt.retention._shallow import Marker, committed_keys, find_runs, walk
-from s3ckpt.store import Location, LocationLike, list_open_uploads
+from s3ckpt.retention._shallow import Marker, committed_keys, find_runs, parse_marker, probe, walk
+from s3ckpt.store import Location
+from s3ckpt.store._known import list_open_uploads
+from s3ckpt.store._location import LocationLike
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL, split_prefix
 
@@ -76,9 +72,9 @@ __all__ = [
     "catalogs",
     "list_checkpoints",
     "list_runs",
+    "probe_checkpoint",
     "read_manifest",
-    "run_checkpoints",
-    "run_urls",
+    "run_catalog",
     "scan",
 ]
 
@@ -142,8 +138,7 @@ def catalogs(
     now, _ = judge_time(store, root, options.now, grace, refuse=None)
     known: dict[str, Marker] = {}
     if shallow:
-        walked = walk(store, root, pattern)
-        objects, known = walked.objects, walked.markers
+        objects, known = walk(store, root, pattern)
         # The marker stands for its checkpoint in the grouping (its group, its tag's
         # activity, uploads under it); what it commits is filled in by _shallow_info.
         objects += [m.info for m in known.values()]
@@ -166,7 +161,10 @@ def catalogs(
     for d, tag in dead_saves(store, live_looking):
         groups[d].dead.add(tag)
     manifests, reasons = _read_controls(store, groups, known)
-    failed = {d: newest_failure(g.failed, _tag(manifests.get(d))) for d, g in groups.items()}
+    failed = {
+        d: newest_failure(g.failed, m.tag if isinstance(m := manifests.get(d), Manifest) else None)
+        for d, g in groups.items()
+    }
     why = failure_reasons(store, {d: f[0] for d, f in failed.items() if f is not None})
 
     by_run: dict[str, list[CheckpointInfo]] = {}
@@ -185,20 +183,18 @@ def catalogs(
             by_run.setdefault(run_prefix, [])
     runs = [r for r, ckpts in by_run.items() if any(c.is_committed for c in ckpts)]
     records = read_check_records(store, root, runs) if check_record else {}
-    out = []
-    for run_prefix in sorted(by_run):
-        record = records.get(run_prefix)
-        ckpts = sorted((c.checked(record) for c in by_run[run_prefix]), key=CheckpointInfo.sort_key)
-        out.append(
-            RunCatalog(
-                StoreURL(root.scheme, root.bucket, run_prefix),
-                tuple(ckpts),
-                has_lease=run_prefix in runs_with_lease,
-                lease_modified=runs_with_lease.get(run_prefix),
-                check_error=record if isinstance(record, str) else None,
-            )
+    return [
+        RunCatalog(
+            StoreURL(root.scheme, root.bucket, r),
+            tuple(
+                sorted((c.checked(records.get(r)) for c in by_run[r]), key=CheckpointInfo.sort_key)
+            ),
+            has_lease=r in runs_with_lease,
+            lease_modified=runs_with_lease.get(r),
+            check_error=rec if isinstance(rec := records.get(r), str) else None,
         )
-    return out
+        for r in sorted(by_run)
+    ]
 
 
 def _read_controls(
@@ -206,22 +202,12 @@ def _read_controls(
 ) -> tuple[dict[str, Manifest | Tombstone | str], dict[str, str]]:
     """The commit markers (or why each cannot be read; ``known``: read already) and the
     pins' reasons, by prefix."""
-    markers = [d for d, g in groups.items() if g.marker and d not in known]
+    sizes = {d: g.marker.size for d, g in groups.items() if g.marker and d not in known}
     pins = [d for d, g in groups.items() if g.pin]
-    manifests: dict[str, Manifest | Tombstone | str] = {d: m.manifest for d, m in known.items()}
-    reasons: dict[str, str] = {}
-    if markers or pins:
-        # in_context: the reads count for the caller's operation (a prune's event).
-        sizes = {d: g.marker.size for d, g in groups.items() if g.marker}
-        read_marker = in_context(lambda d: read_manifest(store, d, size=sizes[d]))
-        read_pin = in_context(lambda d: _read_pin(store, d))
-        with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-            for d, m in zip(markers, pool.map(read_marker, markers), strict=True):
-                manifests[d] = m
-            for d, r in zip(pins, pool.map(read_pin, pins), strict=True):
-                if r is not None:
-                    reasons[d] = r
-    return manifests, reasons
+    read = read_each(lambda d: read_manifest(store, d, size=sizes[d]), list(sizes))
+    manifests = {d: m.manifest for d, m in known.items()} | dict(zip(sizes, read, strict=True))
+    reasons = zip(pins, read_each(lambda d: _read_pin(store, d), pins), strict=True)
+    return manifests, {d: r for d, r in reasons if r is not None}
 
 
 def read_manifest(
@@ -236,38 +222,14 @@ def read_manifest(
     large the object has become since. Without it the whole object is read (one GET).
     """
     key = prefix + MANIFEST_NAME
-    if size is not None and size > MAX_MANIFEST_BYTES:
-        return (
-            f"{key} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a commit marker may "
-            "have; not read"
-        )
-    try:
-        with expecting("not_found"):  # deleted since the listing (a prune, an rm): a race
-            raw = store.get(key) if size is None else _read_head(store, key, size)
-        return Tombstone.parse(raw) or Manifest.from_json(raw, where=key)
-    except CorruptCheckpointError as exc:
-        return exc.message
-    except ObjectNotFoundError:
-        return "commit marker vanished while listing"
-
-
-def _read_head(store: ObjectStore, key: str, size: int) -> bytes:
-    """The first ``size`` bytes of ``key`` (fewer if it is shorter)."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    reader = store.open_range(key, 0, size)
-    try:
-        while got < size:
-            n = reader.readinto(view[got:])
-            if n <= 0:
-                break
-            got += n
-    finally:
-        reader.close()
-        view.release()
-    del buf[got:]
-    return bytes(buf)
+    raw = None
+    if size is None or size <= MAX_MANIFEST_BYTES:
+        try:
+            with expecting("not_found"):  # deleted since the listing (a prune, an rm): a race
+                raw = store.get(key) if size is None else read_head(store, key, size)
+        except ObjectNotFoundError:
+            return "commit marker vanished while listing"
+    return parse_marker(key, raw, len(raw) if raw is not None else size or 0)
 
 
 def _read_pin(store: ObjectStore, prefix: str) -> str | None:
@@ -295,16 +257,53 @@ def _info(
     cutoff: float,
     pattern: StepPatternLike | None,
 ) -> CheckpointInfo:
+    """The record of prefix ``d``; its state as the catalog's module docs define it."""
     name = d[len(run) : -1]
-    step = checkpoint_step(name, pattern)
-    url = StoreURL(root.scheme, root.bucket, d)
+    tomb = manifest if isinstance(manifest, Tombstone) else None
     # The saves a tombstone covers are never live: its deletion finishes them (a writer of
     # one that resumes meets the tombstone at its commit).
-    gone = g.dead | manifest.tags if isinstance(manifest, Tombstone) else g.dead
+    gone = g.dead | tomb.tags if tomb is not None else g.dead
     live = tuple(sorted(t for t, when in g.tags.items() if when > cutoff and t not in gone))
-    common = dict(
-        url=url,
+    State = CheckpointState
+    extra: dict[str, object] = {"step": checkpoint_step(name, pattern)}
+    if tomb is not None:  # BEING_DELETED until done; then a new save's state, or GONE
+        extra["tombstone"] = tomb
+        state = State.IN_PROGRESS if live else State.ABANDONED if g.tags else State.GONE
+        state = state if tomb.done else State.BEING_DELETED
+    elif g.marker is not None:
+        state = State.COMMITTED
+        if isinstance(manifest, Manifest):
+            extra.update(
+                step=manifest.step if manifest.step is not None else extra["step"],
+                committed_at=commit_time(
+                    g.saved_metadata.get(manifest.metadata_key),
+                    g.marker.last_modified,
+                    manifest.created,
+                ),
+                created=writer_time(manifest.created),
+                metrics=dict(manifest.metrics),
+                tag=manifest.tag,
+                committed_keys=frozenset(
+                    [d + MANIFEST_NAME, d + manifest.metadata_key]
+                    + [manifest.object_key(d, o.name) for o in manifest.objects]
+                ),
+                metadata_stale=_metadata_stale(g, manifest),
+                reaped=manifest.reaped,
+            )
+        else:
+            extra["error"] = manifest if isinstance(manifest, str) else "commit marker unreadable"
+    # Activity of a save proven dead does not count; anything untagged still does.
+    elif live or (g.untagged is not None and g.untagged > cutoff):
+        state = State.IN_PROGRESS
+    elif g.metadata is not None:
+        state, extra["committed_at"] = State.FOREIGN, utc(g.metadata.last_modified)
+    else:
+        state = State.ABANDONED
+    return CheckpointInfo(
+        url=StoreURL(root.scheme, root.bucket, d),
         name=name,
+        state=state,
+        committed_at=extra.pop("committed_at", None),  # type: ignore[arg-type]
         size=g.size,
         bytes_by_class=g.by_class,
         num_objects=g.count,
@@ -315,72 +314,8 @@ def _info(
         uploads=tuple(g.uploads),
         marker_etag=g.marker.etag if g.marker is not None else None,
         dead_tags=frozenset(g.dead),
+        **extra,  # type: ignore[arg-type]
     )
-    if g.marker is not None and not isinstance(manifest, Tombstone):
-        if isinstance(manifest, Manifest):
-            committed = frozenset(
-                [d + MANIFEST_NAME, d + manifest.metadata_key]
-                + [manifest.object_key(d, o.name) for o in manifest.objects]
-            )
-            return CheckpointInfo(
-                step=manifest.step if manifest.step is not None else step,
-                state=CheckpointState.COMMITTED,
-                committed_at=commit_time(
-                    g.saved_metadata.get(manifest.metadata_key),
-                    g.marker.last_modified,
-                    manifest.created,
-                ),
-                created=writer_time(manifest.created),
-                metrics=dict(manifest.metrics),
-                tag=manifest.tag,
-                committed_keys=committed,
-                metadata_stale=_metadata_stale(g, manifest),
-                reaped=manifest.reaped,
-                **common,  # type: ignore[arg-type]
-            )
-        return CheckpointInfo(
-            step=step,
-            state=CheckpointState.COMMITTED,
-            committed_at=None,
-            error=manifest if isinstance(manifest, str) else "commit marker unreadable",
-            **common,  # type: ignore[arg-type]
-        )
-    if isinstance(manifest, Tombstone):
-        return _fenced(g, manifest, step, live, common)
-    # Activity of a save proven dead does not count; anything untagged still does.
-    young = bool(live) or (g.untagged is not None and g.untagged > cutoff)
-    if young:
-        state = CheckpointState.IN_PROGRESS
-    elif g.metadata is not None:
-        state = CheckpointState.FOREIGN
-    else:
-        state = CheckpointState.ABANDONED
-    committed_at = (
-        utc(g.metadata.last_modified) if state is CheckpointState.FOREIGN and g.metadata else None
-    )
-    return CheckpointInfo(
-        step=step,
-        state=state,
-        committed_at=committed_at,
-        **common,  # type: ignore[arg-type]
-    )
-
-
-def _fenced(
-    g: Group, tomb: Tombstone, step: int | None, live: tuple[str, ...], common: dict[str, object]
-) -> CheckpointInfo:
-    """A prefix whose marker key holds a tombstone: ``BEING_DELETED`` until it is done;
-    then ``IN_PROGRESS`` or ``ABANDONED`` when a new save of the step wrote there, else
-    ``GONE`` (see :mod:`s3ckpt.retention._catalog`)."""
-    if not tomb.done:
-        state = CheckpointState.BEING_DELETED
-    elif live:
-        state = CheckpointState.IN_PROGRESS
-    elif g.tags:
-        state = CheckpointState.ABANDONED
-    else:
-        state = CheckpointState.GONE
-    return CheckpointInfo(step=step, state=state, committed_at=None, tombstone=tomb, **common)  # type: ignore[arg-type]
 
 
 def _shallow_info(info: CheckpointInfo, d: str, marker: Marker) -> CheckpointInfo:
@@ -400,10 +335,6 @@ def _shallow_info(info: CheckpointInfo, d: str, marker: Marker) -> CheckpointInf
     )
 
 
-def _tag(manifest: Manifest | Tombstone | str | None) -> str | None:
-    return manifest.tag if isinstance(manifest, Manifest) else None
-
-
 def _metadata_stale(g: Group, manifest: Manifest) -> bool:
     """Whether the plain ``.metadata`` copy needs rewriting (a cheap signal from the listing;
     the rewrite verifies the source against the marker)."""
@@ -412,20 +343,13 @@ def _metadata_stale(g: Group, manifest: Manifest) -> bool:
     plain = g.metadata
     if plain is None or plain.size != manifest.metadata_size:
         return True
-    marker = g.marker
-    return (
-        marker is not None
-        and marker.last_modified is not None
-        and plain.last_modified is not None
-        and plain.last_modified < marker.last_modified
-    )
+    committed = g.marker.last_modified if g.marker is not None else None
+    at = plain.last_modified
+    return committed is not None and at is not None and at < committed
 
 
 def list_checkpoints(
-    location: LocationLike,
-    /,
-    *,
-    options: RetentionOptions | None = None,
+    location: LocationLike, /, *, options: RetentionOptions | None = None
 ) -> list[CheckpointInfo]:
     """The checkpoints directly under a run, oldest first (by step, then commit time).
 
@@ -443,24 +367,43 @@ def list_checkpoints(
     """
     options = options if options is not None else RetentionOptions()
     location = Location.of(location)
-    return run_checkpoints(location.store, location.url, options, shallow=options.scan == "shallow")
+    cat = run_catalog(location.store, location.url, options, shallow=options.scan == "shallow")
+    return list(cat.checkpoints) if cat is not None else []
 
 
-def run_checkpoints(
+def run_catalog(
     store: ObjectStore, run: StoreURL, options: RetentionOptions, *, shallow: bool = False
-) -> list[CheckpointInfo]:
-    """:func:`list_checkpoints` below its entry point (``shallow``: see :func:`catalogs`)."""
-    for cat in catalogs(store, run, options, shallow=shallow):
-        if cat.run.prefix == run.prefix:
-            return list(cat.checkpoints)
-    return []
+) -> RunCatalog | None:
+    """The catalog of ``run`` itself from a scan of it (``shallow``: see :func:`catalogs`);
+    None when it holds nothing."""
+    cats = catalogs(store, run, options, shallow=shallow)
+    return next((cat for cat in cats if cat.run.prefix == run.prefix), None)
+
+
+def probe_checkpoint(
+    store: ObjectStore, run: StoreURL, name: str, record: CheckRecord | None
+) -> CheckpointInfo | None:
+    """One committed checkpoint judged without listing its run (what
+    ``Checkpointer.latest()`` and ``load(step="latest")`` read for each candidate step): the
+    checkpoint ``name`` of ``run`` as a shallow catalog records it, from a one-checkpoint
+    "listing" made of its commit marker, damaged when its marker cannot be read or
+    ``record`` (the run's ``s3ckpt.check.json``) found it damaged; None when it has no
+    commit marker.
+
+    Request cost: one GET (the marker).
+    """
+    prefix = run.child(name).prefix
+    marker = probe(store, prefix)
+    if marker is None:
+        return None
+    group = Group(marker=marker.info)
+    group.touch(marker.info.last_modified)
+    info = _info(run, run.prefix, prefix, group, marker.manifest, None, 0.0, None)
+    return _shallow_info(info, prefix, marker).checked(record)
 
 
 def list_runs(
-    location: LocationLike,
-    /,
-    *,
-    options: RetentionOptions | None = None,
+    location: LocationLike, /, *, options: RetentionOptions | None = None
 ) -> list[StoreURL]:
     """The runs (prefixes holding checkpoints or a lease) under the location, itself
     included. Arguments as :func:`scan`'s.
@@ -468,15 +411,10 @@ def list_runs(
     Same request cost as :func:`scan` over the location.
     """
     options = options if options is not None else RetentionOptions()
-    location = Location.of(location)
-    return list(run_urls(location.store, location.url, options))
-
-
-def run_urls(store: ObjectStore, root: StoreURL, options: RetentionOptions) -> tuple[StoreURL, ...]:
-    """The runs under ``root``: from a deep scan, or with ``options.scan == "shallow"`` from
-    delimited listings alone (:func:`s3ckpt.retention._shallow.find_runs`: one LIST per
-    folder above the checkpoints, no marker read)."""
+    store, root = (location := Location.of(location)).store, location.url
     if options.scan == "shallow":
-        found = find_runs(store, root, options.step_pattern)
-        return tuple(StoreURL(root.scheme, root.bucket, p) for p in found)
-    return tuple(cat.run for cat in catalogs(store, root, options))
+        return [
+            StoreURL(root.scheme, root.bucket, p)
+            for p in find_runs(store, root, options.step_pattern)
+        ]
+    return [cat.run for cat in catalogs(store, root, options)]

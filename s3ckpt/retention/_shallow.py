@@ -33,21 +33,23 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from s3ckpt._step_names import checkpoint_step
-from s3ckpt._tombstone import is_tombstone
+from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
-from s3ckpt.format import LEASE_NAME, MANIFEST_NAME, MAX_MANIFEST_BYTES, SHARDS_DIR, Manifest
+from s3ckpt.format._hashed import SHARDS_DIR
+from s3ckpt.format._manifest import MAX_MANIFEST_BYTES, Manifest
+from s3ckpt.format._names import LEASE_NAME, MANIFEST_NAME
 from s3ckpt.metrics.instrument import expecting, in_context
-from s3ckpt.retention._catalog import READ_WORKERS
+from s3ckpt.retention._check_record import READ_WORKERS
 from s3ckpt.retention._listing import ckpt_dir
 from s3ckpt.retention._options import StepPatternLike
 from s3ckpt.store.base import ObjectInfo, ObjectStore
 from s3ckpt.store.folder import get_info, list_folder
 from s3ckpt.uri import StoreURL
 
-__all__ = ["Marker", "Walk", "committed_keys", "find_runs", "walk"]
+__all__ = ["Marker", "committed_keys", "find_runs", "parse_marker", "probe", "walk"]
 
 
 @dataclass(frozen=True)
@@ -59,22 +61,11 @@ class Marker:
     info: ObjectInfo
 
 
-@dataclass
-class Walk:
-    """What a shallow walk found: every object it listed (direct objects of the folders it
-    visited, and every key of the checkpoints it listed deeply), and the markers of the
-    committed checkpoints it did not list, by checkpoint prefix."""
-
-    objects: list[ObjectInfo] = field(default_factory=list)
-    markers: dict[str, Marker] = field(default_factory=dict)
-    requests: int = 0
-
-
 def _name(folder: str) -> str:
     return folder[:-1].rpartition("/")[2]
 
 
-def _probe(store: ObjectStore, folder: str) -> Marker | None:
+def probe(store: ObjectStore, folder: str) -> Marker | None:
     """The marker of ``folder`` (one GET), or None when it has none."""
     key = folder + MANIFEST_NAME
     try:
@@ -82,61 +73,69 @@ def _probe(store: ObjectStore, folder: str) -> Marker | None:
             raw, info = get_info(store, key, MAX_MANIFEST_BYTES)
     except ObjectNotFoundError:
         return None
-    if raw is None:
-        why = f"{key} is {info.size} bytes, more than the {MAX_MANIFEST_BYTES} a commit marker "
-        return Marker(why + "may have; not read", info)
-    if is_tombstone(raw):
-        return None  # fenced: listed like an uncommitted prefix (being deleted, or gone)
+    found = parse_marker(key, raw, info.size)
+    # A tombstone: fenced, listed like an uncommitted prefix (being deleted, or gone).
+    return None if isinstance(found, Tombstone) else Marker(found, info)
+
+
+def parse_marker(key: str, raw: bytes | None, size: int) -> Manifest | Tombstone | str:
+    """The commit marker at ``key`` (``raw``: its body, None when not read for its
+    ``size``), the tombstone there, or why it cannot be read (damaged, too large)."""
+    if raw is None or size > MAX_MANIFEST_BYTES:
+        return (
+            f"{key} is {size} bytes, more than the {MAX_MANIFEST_BYTES} a commit marker may "
+            "have; not read"
+        )
     try:
-        return Marker(Manifest.from_json(raw, where=key), info)
+        return Tombstone.parse(raw) or Manifest.from_json(raw, where=key)
     except CorruptCheckpointError as exc:
-        return Marker(exc.message, info)
+        return exc.message
 
 
 def _visit(store: ObjectStore, folder: str) -> tuple[list[ObjectInfo], list[str]]:
-    objs: list[ObjectInfo] = []
-    subs: list[str] = []
-    for entry in list_folder(store, folder):
-        if isinstance(entry, str):
-            subs.append(entry)
-        else:
-            objs.append(entry)
-    return objs, subs
+    entries = list(list_folder(store, folder))
+    objs = [e for e in entries if not isinstance(e, str)]
+    return objs, [e for e in entries if isinstance(e, str)]
 
 
 def _is_checkpoint(folder: str, objs: list[ObjectInfo]) -> bool:
     return any(ckpt_dir(o.key) == folder for o in objs)
 
 
-def walk(store: ObjectStore, root: StoreURL, pattern: StepPatternLike | None) -> Walk:
-    """Walk ``root`` (see the module docstring).
+def walk(
+    store: ObjectStore, root: StoreURL, pattern: StepPatternLike | None
+) -> tuple[list[ObjectInfo], dict[str, Marker]]:
+    """Walk ``root`` (see the module docstring): every object it listed (direct objects of
+    the folders it visited, and every key of the checkpoints it listed deeply), and the
+    markers of the committed checkpoints it did not list, by checkpoint prefix.
 
     Request cost: one delimited LIST per 1,000 entries of every folder visited (the root,
     runs, grouping folders, uncommitted checkpoints), one GET per step-named sub-folder (a
     committed checkpoint's marker, or a 404), and a full listing of each checkpoint found
     uncommitted (its keys, as a deep scan lists them).
     """
-    out = Walk()
+    objects: list[ObjectInfo] = []
+    markers: dict[str, Marker] = {}
     queue: deque[str] = deque([root.prefix])
-    probe = in_context(lambda d: _probe(store, d))
+    read = in_context(lambda d: probe(store, d))
     with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
         while queue:
             folder = queue.popleft()
             objs, subs = _visit(store, folder)
-            out.objects.extend(objs)
+            objects.extend(objs)
             if _is_checkpoint(folder, objs):
                 for sub in subs:  # nested keys of an uncommitted checkpoint: as deep
-                    out.objects.extend(store.list(sub))
+                    objects.extend(store.list(sub))
                 continue
             subs = [s for s in subs if _name(s) != SHARDS_DIR]
             stepped = [s for s in subs if checkpoint_step(_name(s), pattern) is not None]
-            for sub, marker in zip(stepped, pool.map(probe, stepped), strict=True):
+            for sub, marker in zip(stepped, pool.map(read, stepped), strict=True):
                 if marker is None:
                     queue.append(sub)
                 else:
-                    out.markers[sub] = marker
-            queue.extend(s for s in subs if s not in out.markers and s not in stepped)
-    return out
+                    markers[sub] = marker
+            queue.extend(s for s in subs if s not in markers and s not in stepped)
+    return objects, markers
 
 
 def find_runs(store: ObjectStore, root: StoreURL, pattern: StepPatternLike | None) -> list[str]:

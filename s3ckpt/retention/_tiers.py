@@ -40,14 +40,14 @@ What moves and what stays (:func:`movable_keys`) is decided in
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Literal
 
 from s3ckpt.errors import PolicyError
-from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
+from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._duration import MAX_DURATION, format_duration
-from s3ckpt.retention._policy import KeepPinned, Policy, Selection
+from s3ckpt.retention._policy import KeepPinned, Policy
 from s3ckpt.store.base import ARCHIVE_CLASSES
 
 __all__ = [
@@ -56,7 +56,6 @@ __all__ = [
     "TIER_TAG",
     "Tier",
     "TierMethod",
-    "Tiered",
     "Transition",
     "plan_tiers",
 ]
@@ -183,20 +182,10 @@ class Transition:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (``s3ckpt prune --json``, ``transitions``)."""
-        return {
-            "checkpoint": self.checkpoint.name,
-            "url": str(self.checkpoint.url),
-            "step": self.checkpoint.step,
-            "tier": self.tier,
-            "storage_class": self.storage_class,
-            "method": self.method,
-            "from_classes": dict(self.from_classes),
-            "objects": self.objects,
-            "bytes": self.bytes,
-            "reasons": list(self.reasons),
-            "skipped": self.skipped,
-            "resumed": self.resumed,
-        }
+        c = self.checkpoint
+        own = {f.name: getattr(self, f.name) for f in fields(self)[1:]}
+        own.update(from_classes=dict(self.from_classes), reasons=list(self.reasons))
+        return {"checkpoint": c.name, "url": str(c.url), "step": c.step, **own}
 
 
 def plan_tiers(
@@ -225,14 +214,17 @@ def plan_tiers(
     picks = [t.rule.select(eligible, now) for t in tiers]
     out: list[Transition] = []
     for c in eligible:
-        if c.name not in kept or not _movable(c):
+        # Never one being written into (live_tags is empty for nearly every checkpoint).
+        if c.name not in kept or not c.is_committed or c.damaged:
+            continue
+        if c.live_tags and c.overwrite_in_progress:
             continue
         for i, (tier, pick) in enumerate(zip(tiers, picks, strict=True)):
             reasons = pick.get(c.name)
-            if reasons is None or not _old_enough(c, tier.after, now):
+            late = tier.after and (c.committed_at is None or c.committed_at + tier.after > now)
+            # A resume point must load without a restore: never to an archive class.
+            if reasons is None or late or (tier.archive and c.name in resume):
                 continue
-            if tier.archive and c.name in resume:
-                continue  # a resume point must load without a restore
             why = tuple(reasons)
             if tier.after:
                 age = now - c.committed_at if c.committed_at is not None else timedelta(0)
@@ -243,42 +235,3 @@ def plan_tiers(
             out.append(Transition(c, i, tier.storage_class, tier.method, why))
             break
     return tuple(out)
-
-
-def _movable(c: CheckpointInfo) -> bool:
-    # live_tags is empty for nearly every checkpoint: test it before the property.
-    return (
-        c.state is CheckpointState.COMMITTED
-        and not c.damaged
-        and not (c.live_tags and c.overwrite_in_progress)
-    )
-
-
-def _old_enough(c: CheckpointInfo, after: timedelta | None, now: datetime) -> bool:
-    if not after:
-        return True
-    return c.committed_at is not None and c.committed_at + after <= now
-
-
-@dataclass(frozen=True)
-class Tiered(Policy):
-    """Rules with the settings of their policy file (storage tiers, step pattern), as one
-    Policy: what :func:`~s3ckpt.retention.load_policy` (and
-    ``Checkpointer(policy="file.toml")``) give for a file with ``[[tier]]`` tables or a
-    ``step_pattern``, so callers that hand a Policy to ``prune`` keep them. It selects as
-    ``policy`` does; ``prune`` takes it apart (:meth:`~s3ckpt.retention.PolicyFile.of`)."""
-
-    policy: Policy
-    tiers: tuple[Tier, ...] = ()
-    step_pattern: str | None = None
-
-    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        return self.policy.select(checkpoints, now)
-
-    def describe(self) -> str:
-        if self.step_pattern is None:
-            return self.policy.describe()
-        return f"{self.policy.describe()} (step_pattern {self.step_pattern})"
-
-    def rules(self) -> tuple[Policy, ...]:
-        return self.policy.rules()

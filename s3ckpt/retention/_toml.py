@@ -36,7 +36,7 @@ name) and the tiers are settings of the run: :meth:`PolicyFile.options` hands th
 run's :class:`~s3ckpt.retention.RetentionOptions` (what the run names itself wins).
 :func:`load_policy` and :func:`parse_policy` return the rules as one
 :class:`~s3ckpt.retention.Policy`, wrapped with the file's pattern and tiers
-(:class:`~s3ckpt.retention._tiers.Tiered`), so that callers handing it to ``prune`` (the
+(the :class:`PolicyFile` itself, a Policy), so that callers handing it to ``prune`` (the
 Checkpointer, the framework plug-ins) keep both.
 
 An unknown key, a wrong type, a bad duration or a bad pattern raises
@@ -50,8 +50,9 @@ as well as paths (see :func:`builtin_policies`).
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -60,9 +61,11 @@ from typing import Any
 from s3ckpt._step_names import StepMatcher, compile_step_pattern
 from s3ckpt.errors import ConfigError, PolicyError
 from s3ckpt.retention._calendar import KeepCalendar
+from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._duration import DURATION_HELP, parse_duration
-from s3ckpt.retention._options import RetentionOptions, step_matcher
+from s3ckpt.retention._options import RetentionOptions, settle
 from s3ckpt.retention._policy import (
+    BEST_CHOICES,
     AnyOf,
     KeepBest,
     KeepEvery,
@@ -70,8 +73,9 @@ from s3ckpt.retention._policy import (
     KeepPinned,
     KeepWithin,
     Policy,
+    Selection,
 )
-from s3ckpt.retention._tiers import STORAGE_CLASSES, Tier, Tiered
+from s3ckpt.retention._tiers import STORAGE_CLASSES, Tier
 
 __all__ = ["PolicyFile", "builtin_policies", "load_policy", "parse_policy"]
 
@@ -123,15 +127,17 @@ def _type_name(value: Any) -> str:
     )
 
 
-def _check_keys(source: str, where: str, table: Mapping[str, Any], allowed: Mapping[str, str]):  # type: ignore[no-untyped-def]
-    for k in table:
+def _table(
+    source: str, key: str, value: Any, allowed: Mapping[str, str], what: str
+) -> dict[str, Any]:
+    """``value`` checked to be a table (``what``) holding only ``allowed`` keys."""
+    if not isinstance(value, dict):
+        raise _err(source, key, f"must be {what}, got {_type_name(value)}")
+    for k in value:
         if k not in allowed:
-            allowed_list = ", ".join(allowed)
-            raise _err(
-                source,
-                f"{where}{k}",
-                f"unknown key; allowed here: {allowed_list}",
-            )
+            where = f"{key}.{k}" if key else k
+            raise _err(source, where, f"unknown key; allowed here: {', '.join(allowed)}")
+    return value
 
 
 def _int(source: str, key: str, value: Any, *, minimum: int, what: str) -> int:
@@ -142,35 +148,39 @@ def _int(source: str, key: str, value: Any, *, minimum: int, what: str) -> int:
 
 def _choice(source: str, key: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        allowed = " or ".join(repr(c) for c in choices)
-        raise _err(source, key, f"must be {allowed}, got {value!r}")
+        raise _err(source, key, f"must be {' or '.join(repr(c) for c in choices)}, got {value!r}")
     return value
 
 
+def _duration(source: str, key: str, value: Any) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise _err(source, key, str(exc)) from None
+
+
+_CHOICES = BEST_CHOICES.items()
+
+
 def _best(source: str, key: str, table: Any) -> KeepBest:
-    if not isinstance(table, dict):
-        raise _err(source, key, f"must be {_KEEP['best']}, got {_type_name(table)}")
-    _check_keys(source, key + ".", table, _BEST)
-    if "metric" not in table:
+    _table(source, key, table, _BEST, _KEEP["best"])
+    metric = table.get("metric")
+    if metric is None:
         raise _err(source, key + ".metric", "is required (the metric name in s3ckpt.json)")
-    metric = table["metric"]
     if not isinstance(metric, str) or not metric:
         raise _err(source, key + ".metric", f"must be {_BEST['metric']}, got {metric!r}")
     return KeepBest(
         n=_int(source, key + ".n", table.get("n", 1), minimum=1, what=_BEST["n"]),
         metric=metric,
-        mode=_choice(source, key + ".mode", table.get("mode", "min"), ("min", "max")),  # type: ignore[arg-type]
-        nan=_choice(source, key + ".nan", table.get("nan", "worst"), ("worst", "skip")),  # type: ignore[arg-type]
-        missing=_choice(  # type: ignore[arg-type]
-            source, key + ".missing", table.get("missing", "skip"), ("skip", "worst")
-        ),
+        **{k: _choice(source, f"{key}.{k}", table.get(k, c[0]), c) for k, c in _CHOICES},  # type: ignore[arg-type]
     )
 
 
 @dataclass(frozen=True)
-class PolicyFile:
+class PolicyFile(Policy):
     """A retention policy as a policy file gives it: the rules, and the settings of the run
-    the file names.
+    the file names. It selects as its rules do (a Policy itself, for callers that take no
+    settings: ``prune`` takes it apart again).
 
     ``prune``, ``prune_runs`` and ``plan`` take one wherever they take a Policy::
 
@@ -190,16 +200,11 @@ class PolicyFile:
 
     policy: Policy
     step_pattern: str | StepMatcher | None = None
-    source: str = "<string>"
+    source: str = field(default="<string>", compare=False)
     tiers: tuple[Tier, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tiers", tuple(self.tiers))
-        for t in self.tiers:
-            if not isinstance(t, Tier):
-                raise PolicyError(f"tiers must hold s3ckpt.retention.Tier values, got {t!r}")
-        if self.step_pattern is not None:
-            object.__setattr__(self, "step_pattern", step_matcher(self.step_pattern))
+        settle(self)
 
     @classmethod
     def parse(cls, text: str, source: str = "<string>") -> PolicyFile:
@@ -220,8 +225,36 @@ class PolicyFile:
         Raises:
             PolicyError: As :func:`load_policy`.
         """
-        text, source = _read(path)
-        return _parse(text, source)
+        builtins = _builtin_files()
+        names = ", ".join(sorted(builtins)) or "none installed"
+        bare = isinstance(path, str) and not {"/", "\\"} & set(path) and not path.endswith(".toml")
+        if isinstance(path, str) and bare and not Path(path).is_file():
+            if path in builtins:
+                return cls.parse(builtins[path].read_text(encoding="utf-8"), str(builtins[path]))
+            raise PolicyError(
+                f"{path}: no such policy file and no built-in policy of that name "
+                f"(built-in: {names}; a file path needs a / or the .toml suffix)",
+                source=str(path),
+            )
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            name = p.name.removesuffix(".toml")
+            hint = (
+                f'the built-in policy "{name}" ships with s3ckpt: use policy="{name}" '
+                f"(Python) or --policy {name} (CLI)"
+                if name in builtins
+                else f"built-in policies: {names}"
+            )
+            why = f"cannot read the policy file: no such file; {hint}"
+            raise PolicyError(f"{p}: {why}", source=str(p)) from exc
+        except OSError as exc:
+            why = f"cannot read the policy file: {exc.strerror or exc}"
+            raise PolicyError(f"{p}: {why}", source=str(p)) from exc
+        except UnicodeDecodeError as exc:
+            raise PolicyError(f"{p}: not UTF-8 text: {exc}", source=str(p)) from exc
+        return cls.parse(text, str(p))
 
     @classmethod
     def of(cls, policy: Policy | PolicyFile) -> PolicyFile:
@@ -233,8 +266,6 @@ class PolicyFile:
         """
         if isinstance(policy, PolicyFile):
             return policy
-        if isinstance(policy, Tiered):  # a file's rules and settings, as one Policy
-            return cls(policy.policy, policy.step_pattern, "<policy>", policy.tiers)
         if not isinstance(policy, Policy):
             raise PolicyError(f"not a retention policy: {policy!r}")
         return cls(policy, None, "<policy>")
@@ -251,27 +282,25 @@ class PolicyFile:
             return base
         return base.replace(step_pattern=self.step_pattern)
 
+    def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
+        return self.policy.select(checkpoints, now)
+
+    def rules(self) -> tuple[Policy, ...]:
+        return self.policy.rules()
+
     def describe(self) -> str:
         """The rules' description, and the file's step pattern (``last 3 (step_pattern
         ckpt_(\\d+))``): a plan's ``policy`` text."""
         if self.step_pattern is None:
             return self.policy.describe()
-        return f"{self.policy.describe()} (step_pattern {_text(self.step_pattern)})"
+        pattern = self.step_pattern
+        text = pattern if isinstance(pattern, str) else pattern.pattern
+        return f"{self.policy.describe()} (step_pattern {text})"
 
     def as_policy(self) -> Policy:
-        """The rules as one Policy for callers that take no settings: wrapped with the
-        file's step pattern and tiers (``Tiered``), which ``prune`` takes apart again."""
-        if self.step_pattern is None and not self.tiers:
-            return self.policy
-        pattern = None if self.step_pattern is None else _text(self.step_pattern)
-        return Tiered(self.policy, self.tiers, pattern)
-
-    def __str__(self) -> str:
-        return self.describe()
-
-
-def _text(pattern: str | StepMatcher) -> str:
-    return pattern if isinstance(pattern, str) else pattern.pattern
+        """The rules as one Policy for callers that take no settings: the rules alone, or
+        this file when it has settings (step pattern, tiers), which ``prune`` takes apart."""
+        return self.policy if self.step_pattern is None and not self.tiers else self
 
 
 def parse_policy(text: str, source: str = "<string>") -> Policy:
@@ -291,7 +320,7 @@ def _parse(text: str, source: str) -> PolicyFile:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{source}: not valid TOML: {exc}", source=source) from exc
-    _check_keys(source, "", doc, _TOP)
+    _table(source, "", doc, _TOP, "a table")
     if "description" in doc and not isinstance(doc["description"], str):
         raise _err(source, "description", f"must be a string, got {_type_name(doc['description'])}")
     given = doc.get("step_pattern")
@@ -299,68 +328,52 @@ def _parse(text: str, source: str) -> PolicyFile:
     if given is not None:
         if not isinstance(given, str):
             raise _err(
-                source, "step_pattern", f"must be {_TOP['step_pattern']}, got {_type_name(given)}"
+                source,
+                "step_pattern",
+                f"must be {_TOP['step_pattern']}, got {_type_name(given)}",
             )
         try:
             pattern = compile_step_pattern(given)
         except ConfigError as exc:
             raise _err(source, "step_pattern", exc.message) from None
-    keep = doc.get("keep")
-    if keep is None:
+    if "keep" not in doc:
         raise _err(source, "keep", "missing: a policy needs a [keep] table with at least one rule")
-    if not isinstance(keep, dict):
-        raise _err(source, "keep", f"must be {_TOP['keep']}, got {_type_name(keep)}")
-    policy = _rules(source, "keep", keep)
+    policy = _rules(source, "keep", doc["keep"], _TOP["keep"])
     tables = doc.get("tier", [])
     if not isinstance(tables, list):
         raise _err(source, "tier", "must be an array of tables: write [[tier]], not [tier]")
-    tiers = tuple(_tier(source, i, t) for i, t in enumerate(tables))
-    return PolicyFile(policy, pattern, source, tiers)
+    return PolicyFile(
+        policy, pattern, source, tuple(_tier(source, i, t) for i, t in enumerate(tables))
+    )
 
 
-def _rules(source: str, where: str, table: dict[str, Any]) -> Policy:
+def _rules(source: str, where: str, table: Any, what: str) -> Policy:
     """The rules of a ``[keep]`` table (or a tier's ``rule``), OR'ed; ``where`` names it."""
-    _check_keys(source, where + ".", table, _KEEP)
+    _table(source, where, table, _KEEP, what)
     rules: list[Policy] = []
-    if "last" in table:
-        rules.append(
-            KeepLast(_int(source, f"{where}.last", table["last"], minimum=1, what=_KEEP["last"]))
-        )
-    if "every" in table:
-        rules.append(
-            KeepEvery(
-                _int(source, f"{where}.every", table["every"], minimum=1, what=_KEEP["every"])
-            )
-        )
+    for k, rule in (("last", KeepLast), ("every", KeepEvery)):
+        if k in table:
+            rules.append(rule(_int(source, f"{where}.{k}", table[k], minimum=1, what=_KEEP[k])))
     if "within" in table:
-        try:
-            duration = parse_duration(table["within"])
-        except ValueError as exc:
-            raise _err(source, f"{where}.within", str(exc)) from None
+        duration = _duration(source, f"{where}.within", table["within"])
         if duration.total_seconds() <= 0:
             raise _err(source, f"{where}.within", "must be a positive duration")
         rules.append(KeepWithin(duration))
-    if "best" in table:
-        best = table["best"]
-        if isinstance(best, list):
-            if not best:
-                raise _err(source, f"{where}.best", "is an empty array; give at least one table")
-            rules.extend(_best(source, f"{where}.best[{i}]", b) for i, b in enumerate(best))
-        else:
-            rules.append(_best(source, f"{where}.best", best))
+    best = table.get("best")
+    if isinstance(best, list):
+        if not best:
+            raise _err(source, f"{where}.best", "is an empty array; give at least one table")
+        rules.extend(_best(source, f"{where}.best[{i}]", b) for i, b in enumerate(best))
+    elif best is not None:
+        rules.append(_best(source, f"{where}.best", best))
     if "calendar" in table:
-        cal = table["calendar"]
-        if not isinstance(cal, dict):
-            raise _err(
-                source, f"{where}.calendar", f"must be {_KEEP['calendar']}, got {_type_name(cal)}"
-            )
-        _check_keys(source, f"{where}.calendar.", cal, _CAL)
+        key = f"{where}.calendar"
+        cal = _table(source, key, table["calendar"], _CAL, _KEEP["calendar"])
         counts = {
-            k: _int(source, f"{where}.calendar.{k}", v, minimum=-1, what=_CAL[k])
-            for k, v in cal.items()
+            k: _int(source, f"{key}.{k}", v, minimum=-1, what=_CAL[k]) for k, v in cal.items()
         }
         if not any(counts.values()):
-            raise _err(source, f"{where}.calendar", "needs at least one non-zero count")
+            raise _err(source, key, "needs at least one non-zero count")
         rules.append(KeepCalendar(**counts))
     if "pinned" in table:
         if not isinstance(table["pinned"], bool):
@@ -377,28 +390,17 @@ def _rules(source: str, where: str, table: dict[str, Any]) -> Policy:
 def _tier(source: str, i: int, table: Any) -> Tier:
     """One ``[[tier]]`` table as a :class:`~s3ckpt.retention.Tier`."""
     where = f"tier[{i}]"
-    if not isinstance(table, dict):
-        raise _err(source, where, f"must be a table, got {_type_name(table)}")
-    _check_keys(source, where + ".", table, _TIER)
+    _table(source, where, table, _TIER, "a table")
     for k in ("rule", "storage_class"):
         if k not in table:
             raise _err(source, f"{where}.{k}", f"is required: {_TIER[k]}")
-    if not isinstance(table["rule"], dict):
-        raise _err(
-            source, f"{where}.rule", f"must be {_TIER['rule']}, got {_type_name(table['rule'])}"
-        )
-    rule = _rules(source, f"{where}.rule", table["rule"])
+    rule = _rules(source, f"{where}.rule", table["rule"], _TIER["rule"])
     cls = table["storage_class"]
     if not isinstance(cls, str) or cls not in STORAGE_CLASSES:
         raise _err(
             source, f"{where}.storage_class", f"must be {_TIER['storage_class']}, got {cls!r}"
         )
-    after = None
-    if "after" in table:
-        try:
-            after = parse_duration(table["after"])
-        except ValueError as exc:
-            raise _err(source, f"{where}.after", str(exc)) from None
+    after = _duration(source, f"{where}.after", table["after"]) if "after" in table else None
     method = _choice(source, f"{where}.method", table.get("method", "copy"), ("copy", "tag"))
     return Tier(rule, cls, after, method)  # type: ignore[arg-type]
 
@@ -425,24 +427,6 @@ def builtin_policies() -> list[str]:
     return sorted(_builtin_files())
 
 
-def _is_bare_name(name: str) -> bool:
-    return "/" not in name and "\\" not in name and not name.endswith(".toml")
-
-
-def _missing_file(p: Path) -> PolicyError:
-    """A policy path that does not exist; named after a built-in policy, say so."""
-    name = p.name.removesuffix(".toml")
-    builtins = _builtin_files()
-    if name in builtins:
-        hint = (
-            f'the built-in policy "{name}" ships with s3ckpt: use policy="{name}" '
-            f"(Python) or --policy {name} (CLI)"
-        )
-    else:
-        hint = f"built-in policies: {', '.join(sorted(builtins)) or 'none installed'}"
-    return PolicyError(f"{p}: cannot read the policy file: no such file; {hint}", source=str(p))
-
-
 def load_policy(path: str | Path) -> Policy:
     """Read and parse a TOML policy file (see :func:`parse_policy`); its settings
     (``step_pattern``) apart from the rules: :meth:`PolicyFile.load`.
@@ -461,30 +445,3 @@ def load_policy(path: str | Path) -> Policy:
             neither a file nor a built-in policy (the message lists the built-in names).
     """
     return PolicyFile.load(path).as_policy()
-
-
-def _read(path: str | Path) -> tuple[str, str]:
-    """The text of the policy file (or built-in policy) ``path`` names, and its source."""
-    if isinstance(path, str) and _is_bare_name(path) and not Path(path).is_file():
-        builtins = _builtin_files()
-        if path in builtins:
-            res = builtins[path]
-            return res.read_text(encoding="utf-8"), str(res)
-        names = ", ".join(sorted(builtins)) or "none installed"
-        raise PolicyError(
-            f"{path}: no such policy file and no built-in policy of that name "
-            f"(built-in: {names}; a file path needs a / or the .toml suffix)",
-            source=path,
-        )
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise _missing_file(p) from exc
-    except OSError as exc:
-        raise PolicyError(
-            f"{p}: cannot read the policy file: {exc.strerror or exc}", source=str(p)
-        ) from exc
-    except UnicodeDecodeError as exc:
-        raise PolicyError(f"{p}: not UTF-8 text: {exc}", source=str(p)) from exc
-    return text, str(p)

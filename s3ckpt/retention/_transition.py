@@ -33,19 +33,23 @@ this module asks the store. Decisions:
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from s3ckpt.errors import ObjectNotFoundError, PreconditionFailedError, StoreError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, owned_tag
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, owned_tag
 from s3ckpt.metrics.instrument import in_context
-from s3ckpt.retention._catalog import DEFAULT_STORAGE_CLASS, READ_WORKERS, CheckpointInfo
+from s3ckpt.retention._catalog import DEFAULT_STORAGE_CLASS, CheckpointInfo
+from s3ckpt.retention._check_record import read_each
+from s3ckpt.retention._deleter import failure
 from s3ckpt.retention._lease import Lease
+from s3ckpt.retention._options import RetentionOptions
 from s3ckpt.retention._plan import Plan
 from s3ckpt.retention._tiers import ARCHIVE_CLASSES, TIER_TAG, Transition
-from s3ckpt.store.base import DeleteFailure, ObjectInfo, ObjectStore
+from s3ckpt.store.base import DeleteFailure, ObjectInfo, ObjectStore, archive_store
 
 __all__ = ["COPY_WORKERS", "Mover", "intent_of", "movable_keys", "survey", "survey_plan"]
 
@@ -82,14 +86,7 @@ def survey(
     Request cost: one LIST (per 1000 keys) per folder holding the checkpoint's objects
     (its prefix; for hashed prefixes also each shard folder), 16 checkpoints at a time.
     """
-    if not transitions:
-        return (), {}
-
-    def one(t: Transition) -> tuple[Transition, list[ObjectInfo]]:
-        return _survey_one(store, t, cutoff)
-
-    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-        done = list(pool.map(in_context(one), transitions))
+    done = read_each(lambda t: _survey_one(store, t, cutoff), transitions)
     pending = {t.name: objs for t, objs in done if t.skipped is None and objs}
     return tuple(t for t, _ in done), pending
 
@@ -99,20 +96,12 @@ def _survey_one(
 ) -> tuple[Transition, list[ObjectInfo]]:
     c = t.checkpoint
     movable = movable_keys(c)
-    marker_key = c.url.key(MANIFEST_NAME)
     folders = sorted({c.url.prefix} | {k.rpartition("/")[0] + "/" for k in movable})
     listed: dict[str, ObjectInfo] = {}
     for folder in folders:
         for o in store.list(folder):
             listed.setdefault(o.key, o)
-    if not c.committed_keys and c.tag is not None:
-        # A record without the marker's key list: the committed save's own names here.
-        movable = movable | {
-            k
-            for k in listed
-            if _direct(c, k) and owned_tag(_direct(c, k)) == c.tag and k.endswith(".distcp")
-        }
-    marker = listed.get(marker_key)
+    marker = listed.get(c.url.key(MANIFEST_NAME))
     why: str | None = None
     if marker is None:
         why = "its commit marker is gone since the scan (deleted or being deleted)"
@@ -125,27 +114,16 @@ def _survey_one(
     if why is not None:
         return replace(t, skipped=f"not moved: {why}", objects=0, bytes=0), []
     todo = [
-        o for k, o in sorted(listed.items()) if k in movable and _needs_move(o, t.storage_class)
+        o
+        for k, o in sorted(listed.items())
+        if k in movable
+        and (o.storage_class or DEFAULT_STORAGE_CLASS) not in (t.storage_class, *ARCHIVE_CLASSES)
     ]
-    classes: dict[str, int] = {}
+    classes: Counter[str] = Counter()
     for o in todo:
-        cls = o.storage_class or DEFAULT_STORAGE_CLASS
-        classes[cls] = classes.get(cls, 0) + o.size
-    return (
-        replace(t, objects=len(todo), bytes=sum(o.size for o in todo), from_classes=classes),
-        todo,
-    )
-
-
-def _direct(c: CheckpointInfo, key: str) -> str:
-    """``key``'s name directly under the checkpoint's prefix, or ""."""
-    name = key[len(c.url.prefix) :] if key.startswith(c.url.prefix) else ""
-    return "" if "/" in name else name
-
-
-def _needs_move(o: ObjectInfo, target: str) -> bool:
-    cls = o.storage_class or DEFAULT_STORAGE_CLASS
-    return cls != target and cls not in ARCHIVE_CLASSES
+        classes[o.storage_class or DEFAULT_STORAGE_CLASS] += o.size
+    size = sum(o.size for o in todo)
+    return replace(t, objects=len(todo), bytes=size, from_classes=dict(classes)), todo
 
 
 def _writing_tag(c: CheckpointInfo, objects: Iterable[ObjectInfo], cutoff: float) -> str | None:
@@ -181,8 +159,8 @@ class Mover:
     Attributes:
         store: The store.
         lease: The run's lease (None: no lease, as in tests).
-        on_progress: Called with ``("transition", {checkpoint, key, storage_class, bytes})``
-            after each object moved.
+        options: The run's ``on_progress``, called with ``("transition", {checkpoint, key,
+            storage_class, bytes})`` after each object moved.
         requests: Copy or tagging requests sent (S3Store's retries not counted).
         objects: Objects moved (or tagged).
         bytes: Their bytes.
@@ -192,7 +170,7 @@ class Mover:
 
     store: ObjectStore
     lease: Lease | None = None
-    on_progress: Callable[[str, dict[str, object]], None] | None = None
+    options: RetentionOptions = field(default_factory=RetentionOptions)
     requests: int = 0
     objects: int = 0
     bytes: int = 0
@@ -206,35 +184,22 @@ class Mover:
         """Move every object in ``pending`` of ``transitions`` (those not skipped); return
         the names whose every object is now in its class (or tagged)."""
         work = [(t, o) for t in transitions if t.skipped is None for o in pending.get(t.name, ())]
-        bad: set[str] = set()
         stop = threading.Event()  # a worker raised: start no further request
 
         def run(item: tuple[Transition, ObjectInfo]) -> bool:
-            if stop.is_set():
-                return False
             try:
-                return self._one(item)
+                return not stop.is_set() and self._one(*item)
             except BaseException:
                 stop.set()
                 raise
 
-        error: BaseException | None = None
-        if work:
-            with ThreadPoolExecutor(max_workers=COPY_WORKERS) as pool:
-                futures = [pool.submit(in_context(run), item) for item in work]
-                for fut, (t, _) in zip(futures, work, strict=True):
-                    try:
-                        ok = fut.result()
-                    except BaseException as exc:  # re-raised below, once the others stop
-                        error, ok = error or exc, False
-                    if not ok:
-                        bad.add(t.name)
-        if error is not None:
-            raise error
+        # The first error is raised once the pool has let the others finish (or skip).
+        with ThreadPoolExecutor(max_workers=COPY_WORKERS) as pool:
+            oks = list(pool.map(in_context(run), work))
+        bad = {t.name for (t, _), ok in zip(work, oks, strict=True) if not ok}
         return tuple(t.name for t in transitions if t.skipped is None and t.name not in bad)
 
-    def _one(self, item: tuple[Transition, ObjectInfo]) -> bool:
-        t, o = item
+    def _one(self, t: Transition, o: ObjectInfo) -> bool:
         with self._lock:
             if t.name in self.changed:
                 return False
@@ -242,10 +207,11 @@ class Mover:
                 self.lease.renew_if_due()
             self.requests += 1
         try:
+            store = archive_store(self.store, o.key, "set_storage_class")
             if t.method == "tag":
-                self.store.put_object_tags(o.key, {TIER_TAG: t.storage_class})
+                store.put_object_tags(o.key, {TIER_TAG: t.storage_class})
             else:
-                self.store.set_storage_class(o.key, t.storage_class, etag=o.etag, size=o.size)
+                store.set_storage_class(o.key, t.storage_class, etag=o.etag, size=o.size)
         except (PreconditionFailedError, ObjectNotFoundError):
             with self._lock:
                 if t.name not in self.changed:
@@ -253,21 +219,14 @@ class Mover:
             return False
         except StoreError as exc:
             with self._lock:
-                self.failures.append(DeleteFailure(o.key, exc.code or type(exc).__name__, str(exc)))
+                self.failures.append(failure(o.key, exc))
             return False
         with self._lock:
             self.objects += 1
             self.bytes += o.size
-        if self.on_progress is not None:
-            self.on_progress(
-                "transition",
-                {
-                    "checkpoint": t.name,
-                    "key": o.key,
-                    "storage_class": t.storage_class,
-                    "bytes": o.size,
-                },
-            )
+        self.options.progress(
+            "transition", checkpoint=t.name, key=o.key, storage_class=t.storage_class, bytes=o.size
+        )
         return True
 
     def changed_notes(self) -> tuple[str, ...]:

@@ -4,8 +4,11 @@
 * :class:`FsspecStore` — any other fsspec URL (``gs://``, ``az://``, ``file://``, ``memory://``).
 * :class:`MemoryStore` — in-process, with fault injection, for tests.
 
-:func:`retrying` builds the one retry policy (tenacity) from a :class:`TransferConfig`;
-:data:`TRANSIENT_CODES` are the S3 error codes it is worth retrying on.
+Every store is an :class:`ObjectStore` (what saves, loads, commits and retention need);
+storage classes, tags and restores are the separate :class:`~s3ckpt.store.base.ArchiveStore`
+(S3 and memory). Retries follow one policy (:class:`~s3ckpt.store.retry.RetryPolicy`, a
+fresh tenacity ``Retrying`` per call). What a store enforces is probed once
+(:func:`probe_capabilities`).
 """
 
 from __future__ import annotations
@@ -14,35 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.store._bucket import create_bucket
-from s3ckpt.store._capabilities import (
-    Capabilities,
-    cached_capabilities,
-    is_unsupported,
-    list_open_uploads,
-    lists_uploads,
-    probe_capabilities,
-    require_conditional_writes,
-)
-from s3ckpt.store._clock import StoreTime, check_skew, skew_note, store_time
+from s3ckpt.store._capabilities import probe_capabilities
 from s3ckpt.store._counting import CountingStore
-from s3ckpt.store._location import AtLocation, Location, LocationLike
-from s3ckpt.store._versions import (
-    Noncurrent,
-    VersionedStore,
-    Versions,
-    bucket_versioning,
-    noncurrent_versions,
-)
-from s3ckpt.store.base import (
-    CompletedPart,
-    DeleteFailure,
-    ObjectInfo,
-    ObjectStore,
-    RangeReader,
-    UploadInfo,
-)
+from s3ckpt.store._known import Capabilities
+from s3ckpt.store._location import Location
+from s3ckpt.store.base import ArchiveStore, ObjectInfo, ObjectStore
 from s3ckpt.store.memory import MemoryStore
-from s3ckpt.store.retry import TRANSIENT_CODES, retrying
 from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
@@ -50,39 +30,18 @@ if TYPE_CHECKING:
     from s3ckpt.store.s3 import S3Store
 
 __all__ = [
-    "AtLocation",
-    "Capabilities",
-    "CompletedPart",
-    "CountingStore",
-    "DeleteFailure",
-    "FsspecStore",
-    "Location",
-    "LocationLike",
-    "MemoryStore",
-    "Noncurrent",
-    "ObjectInfo",
     "ObjectStore",
-    "RangeReader",
+    "ArchiveStore",
     "S3Store",
-    "TRANSIENT_CODES",
-    "UploadInfo",
-    "VersionedStore",
-    "Versions",
-    "bucket_versioning",
-    "cached_capabilities",
-    "create_bucket",
-    "is_unsupported",
-    "list_open_uploads",
-    "lists_uploads",
-    "noncurrent_versions",
-    "require_conditional_writes",
-    "StoreTime",
-    "check_skew",
+    "FsspecStore",
+    "MemoryStore",
+    "CountingStore",
+    "Location",
+    "ObjectInfo",
+    "Capabilities",
     "open_store",
+    "create_bucket",
     "probe_capabilities",
-    "retrying",
-    "skew_note",
-    "store_time",
 ]
 
 
@@ -96,10 +55,7 @@ def open_store(
     """The store for ``url`` (the process's shared one for these settings) and the parsed
     URL: :meth:`Location.of` as a pair."""
     loc = Location.of(
-        url,
-        s3_config=s3_config,
-        transfer_config=transfer_config,
-        storage_options=storage_options,
+        url, s3_config=s3_config, transfer_config=transfer_config, storage_options=storage_options
     )
     return loc.store, loc.url
 

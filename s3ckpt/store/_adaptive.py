@@ -65,17 +65,17 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Slowest pacing, in request starts per second. Below it a process waits on the retries' own
+#: back-off (up to ``retry_max_delay``) instead, and a rate this low grows back in seconds once the
+#: throttling ends.
 MIN_RATE = 1.0
-"""Slowest pacing, in request starts per second. Below it a process waits on the retries'
-own back-off (up to ``retry_max_delay``) instead, and a rate this low grows back in
-seconds once the throttling ends."""
 
+#: Seconds in which pacing grows back by the rate one request at a time started (the rate pacing
+#: began from): from half of it, pacing ends 3 s after the last decrease.
 RATE_RECOVERY = 2.0
-"""Seconds in which pacing grows back by the rate one request at a time started (the rate
-pacing began from): from half of it, pacing ends 3 s after the last decrease."""
 
+#: Seconds between two INFO lines about decreases (the ones between are summed up).
 LOG_INTERVAL = 5.0
-"""Seconds between two INFO lines about decreases (the ones between are summed up)."""
 
 _WEIGHT = 0.2  # weight of the newest sample in a moving average
 _MIN_GAP = 1e-3  # seconds: no pacing starts faster than 1,000 requests per second
@@ -85,40 +85,41 @@ _MIN_GAP = 1e-3  # seconds: no pacing starts faster than 1,000 requests per seco
 class ThrottleStats:
     """What an :class:`AdaptiveLimiter` has seen and where it stands (a snapshot)."""
 
+    #: Attempts answered with throttling (each was retried or failed its request).
     throttles: int
-    """Attempts answered with throttling (each was retried or failed its request)."""
 
+    #: Congestion events answered: halvings of the window or of the pacing rate.
     decreases: int
-    """Congestion events answered: halvings of the window or of the pacing rate."""
 
+    #: Attempts allowed in flight (``floor(window)``); the ceiling when not limited.
     window: float
-    """Attempts allowed in flight (``floor(window)``); the ceiling when not limited."""
 
+    #: Pacing, in request starts per second; ``None`` when starts are not paced.
     rate: float | None
-    """Pacing, in request starts per second; ``None`` when starts are not paced."""
 
+    #: Attempts holding a slot now.
     in_flight: int
-    """Attempts holding a slot now."""
 
+    #: Whether the window or pacing holds attempts back now (``False`` at the ceiling).
     limited: bool
-    """Whether the window or pacing holds attempts back now (``False`` at the ceiling)."""
 
+    #: The window when nothing is throttled: the thread count of the stores using it.
     ceiling: int
-    """The window when nothing is throttled: the thread count of the stores using it."""
 
 
+@dataclass(slots=True, eq=False)
 class Slot:
-    """One attempt's hold on the limiter, from :meth:`AdaptiveLimiter.acquire`."""
+    """One attempt's hold on the limiter, from :meth:`AdaptiveLimiter.acquire`.
 
-    __slots__ = ("epoch", "queued", "started")
+    Attributes:
+        epoch: Decreases before this attempt started: a throttle of an older epoch is old news.
+        started: Clock time the attempt was let go.
+        queued: Seconds it waited for the window and for pacing.
+    """
 
-    def __init__(self, epoch: int, started: float, queued: float) -> None:
-        self.epoch = epoch
-        """Decreases before this attempt started: a throttle of an older epoch is old news."""
-        self.started = started
-        """Clock time the attempt was let go."""
-        self.queued = queued
-        """Seconds it waited for the window and for pacing."""
+    epoch: int
+    started: float
+    queued: float
 
 
 class AdaptiveLimiter:
@@ -321,9 +322,9 @@ class AdaptiveLimiter:
 
 
 # -- one limiter per process and (endpoint, bucket) --------------------------------------------
+#: Limiters :func:`shared_limiter` keeps (least recently used out); a store keeps the one it was
+#: given.
 MAX_SHARED_LIMITERS = 64
-"""Limiters :func:`shared_limiter` keeps (least recently used out); a store keeps the one
-it was given."""
 
 _limiters: ProcessCache[tuple[str | None, str], AdaptiveLimiter] = ProcessCache(MAX_SHARED_LIMITERS)
 

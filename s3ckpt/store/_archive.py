@@ -23,52 +23,57 @@ Decisions:
   checkpoint prefix (its parent, or the owner of a hashed-prefix shard) goes into the
   ``s3ckpt restore`` hint, so the reader needs no handler of its own.
 
+Also here, for :meth:`~s3ckpt.store.s3.S3Store.create_multipart` and the multipart copy:
+:func:`abort_orphan_uploads`, which aborts the uploads a retried CreateMultipartUpload whose
+reply was lost may have left.
+
 No botocore here (:class:`~s3ckpt.store.memory.MemoryStore` raises :func:`archived_error`
 too); the boto3 client is the store's.
 """
 
 from __future__ import annotations
 
+import logging
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from s3ckpt.config import S3Config, TransferConfig
+from s3ckpt.config import S3Config
 from s3ckpt.errors import (
     ArchivedObjectError,
-    ConfigError,
     ObjectNotFoundError,
     PreconditionFailedError,
     StoreError,
 )
-from s3ckpt.format import shard_owner
+from s3ckpt.format._hashed import shard_owner
 from s3ckpt.metrics.instrument import in_context
-from s3ckpt.store._orphans import abort_orphan_uploads
-from s3ckpt.store.base import ObjectInfo, ObjectStore, RestoreState, check_restore_args
+from s3ckpt.store.base import ObjectInfo, ObjectStore, RestoreState, S3Requests, check_restore_args
 
 __all__ = [
     "COPY_PART_LIMIT",
     "COPY_PART_SIZE",
     "StorageClassRequests",
+    "abort_orphan_uploads",
     "archived_error",
     "checkpoint_url",
-    "refuse",
     "same_class",
+    "sse_args",
 ]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 GIB = 1 << 30
 
+#: The largest object one CopyObject moves (S3's limit); above it, a multipart copy. A module
+#: constant so that tests can lower it.
 COPY_PART_LIMIT = 5 * GIB
-"""The largest object one CopyObject moves (S3's limit); above it, a multipart copy. A
-module constant so that tests can lower it."""
 
+#: The part size of a multipart copy of an object that was not uploaded in parts (its source has no
+#: part boundaries to keep).
 COPY_PART_SIZE = 512 << 20
-"""The part size of a multipart copy of an object that was not uploaded in parts (its
-source has no part boundaries to keep)."""
 
 _MAX_COPY_PART = 5 * GIB  # UploadPartCopy's largest range
 _MAX_PARTS = 10_000
@@ -110,75 +115,48 @@ def archived_error(
     return err
 
 
-class _S3Requests(Protocol):
-    """What the mixin needs of :class:`~s3ckpt.store.s3.S3Store`."""
-
-    s3_config: S3Config
-    transfer_config: TransferConfig
-
-    @property
-    def bucket(self) -> str: ...
-
-    @property
-    def client(self) -> Any: ...
-
-    def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T: ...
-
-    def _call_counted(
-        self, operation: str, key: str | None, fn: Callable[[], T]
-    ) -> tuple[T, int]: ...
-
-    def head(self, key: str) -> ObjectInfo | None: ...
-
-    def abort_multipart(self, key: str, upload_id: str) -> None: ...
-
-
 class StorageClassRequests:
-    """:meth:`~s3ckpt.store.base.ObjectStore.set_storage_class`,
-    :meth:`~s3ckpt.store.base.ObjectStore.put_object_tags` and
-    :meth:`~s3ckpt.store.base.ObjectStore.restore_object` on S3 (mixed into
+    """:meth:`~s3ckpt.store.base.ArchiveStore.set_storage_class`,
+    :meth:`~s3ckpt.store.base.ArchiveStore.put_object_tags` and
+    :meth:`~s3ckpt.store.base.ArchiveStore.restore_object` on S3 (mixed into
     :class:`~s3ckpt.store.s3.S3Store`)."""
 
     def set_storage_class(
-        self: _S3Requests,
+        self: S3Requests,
         key: str,
         storage_class: str,
         *,
         etag: str | None = None,
         size: int | None = None,
     ) -> ObjectInfo:
-        """See :meth:`~s3ckpt.store.base.ObjectStore.set_storage_class`.
+        """See :meth:`~s3ckpt.store.base.ArchiveStore.set_storage_class`.
 
         Cost: one CopyObject (plus a HEAD first without ``size``); above
         :data:`COPY_PART_LIMIT`, a HEAD, a GetObjectTagging, CreateMultipartUpload, one
         UploadPartCopy per part (up to ``TransferConfig.concurrency`` at once) and Complete.
         """
+
+        def fail(cls: type[StoreError], what: str, code: str | None = None) -> StoreError:
+            return cls(what, bucket=self.bucket, key=key, operation="copy", code=code)
+
         if size is None:
             info = self.head(key)
             if info is None:
-                raise ObjectNotFoundError(
-                    "set_storage_class: the object does not exist",
-                    bucket=self.bucket,
-                    key=key,
-                    operation="copy",
-                    code="NoSuchKey",
+                raise fail(
+                    ObjectNotFoundError, "set_storage_class: the object does not exist", "NoSuchKey"
                 )
             if etag is not None and info.etag != etag:
-                raise PreconditionFailedError(
-                    f"set_storage_class: the object changed (ETag {info.etag}, expected "
-                    f"{etag}): list it again",
-                    bucket=self.bucket,
-                    key=key,
-                    operation="copy",
-                    code="PreconditionFailed",
+                changed = f"the object changed (ETag {info.etag}, expected {etag}): list it again"
+                raise fail(
+                    PreconditionFailedError, f"set_storage_class: {changed}", "PreconditionFailed"
                 )
             if same_class(info.storage_class, storage_class):
                 return info
             size = info.size
         try:
+            moved = None
             if size > COPY_PART_LIMIT:
                 _multipart_copy(self, key, storage_class, etag, size)
-                moved = None
             else:
                 moved = _copy(self, key, storage_class, etag, size)
         except StoreError:
@@ -188,34 +166,24 @@ class StorageClassRequests:
             return done
         done = moved or _read_back(self, key, storage_class, size)
         if done is None:
-            raise ObjectNotFoundError(
-                "set_storage_class: the object was copied, then deleted or replaced before "
-                "it could be read back",
-                bucket=self.bucket,
-                key=key,
-                operation="copy",
+            raise fail(
+                ObjectNotFoundError,
+                "set_storage_class: the object was copied, then deleted or replaced before it "
+                "could be read back",
             )
         return done
 
-    def put_object_tags(self: _S3Requests, key: str, tags: Mapping[str, str]) -> None:
-        """See :meth:`~s3ckpt.store.base.ObjectStore.put_object_tags` (one
+    def put_object_tags(self: S3Requests, key: str, tags: Mapping[str, str]) -> None:
+        """See :meth:`~s3ckpt.store.base.ArchiveStore.put_object_tags` (one
         PutObjectTagging; a retry after a lost reply puts the same set again)."""
-        tag_set = [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
-        self._call(
-            "put_object_tags",
-            key,
-            partial(
-                self.client.put_object_tagging,
-                Bucket=self.bucket,
-                Key=key,
-                Tagging={"TagSet": tag_set},
-            ),
-        )
+        tagging = {"TagSet": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]}
+        args = {"Bucket": self.bucket, "Key": key, "Tagging": tagging}
+        self._call("put_object_tags", key, partial(self.client.put_object_tagging, **args))
 
     def restore_object(
-        self: _S3Requests, key: str, *, days: int, tier: str = "Standard"
+        self: S3Requests, key: str, *, days: int, tier: str = "Standard"
     ) -> RestoreState:
-        """See :meth:`~s3ckpt.store.base.ObjectStore.restore_object` (one RestoreObject;
+        """See :meth:`~s3ckpt.store.base.ArchiveStore.restore_object` (one RestoreObject;
         a retry after a lost reply answers 409 or 200, both states)."""
         check_restore_args(days, tier)
         request = {"Days": days, "GlacierJobParameters": {"Tier": tier}}
@@ -235,22 +203,32 @@ class StorageClassRequests:
         return RestoreState.RESTORED if status == 200 else RestoreState.STARTED
 
 
+def sse_args(cfg: S3Config, *, upload: bool) -> dict[str, Any]:
+    """Encryption (SSE-C on every request, SSE-KMS on uploads) and storage-class arguments."""
+    args: dict[str, Any] = {}
+    if cfg.sse_customer_key is not None:
+        args["SSECustomerAlgorithm"] = "AES256"
+        args["SSECustomerKey"] = cfg.sse_customer_key
+    elif upload and cfg.sse_kms_key_id is not None:
+        args["ServerSideEncryption"] = "aws:kms"
+        args["SSEKMSKeyId"] = cfg.sse_kms_key_id
+    if upload and cfg.storage_class is not None:
+        args["StorageClass"] = cfg.storage_class
+    return args
+
+
 def _sse(cfg: S3Config, storage_class: str) -> dict[str, Any]:
     """The written object's encryption (restated: a copy takes the bucket default
     otherwise) and the class; SSE-C keys for the copy source too."""
-    args: dict[str, Any] = {"StorageClass": storage_class}
+    args = {**sse_args(cfg, upload=True), "StorageClass": storage_class}
     if cfg.sse_customer_key is not None:
-        for prefix in ("", "CopySource"):
-            args[prefix + "SSECustomerAlgorithm"] = "AES256"
-            args[prefix + "SSECustomerKey"] = cfg.sse_customer_key
-    elif cfg.sse_kms_key_id is not None:
-        args["ServerSideEncryption"] = "aws:kms"
-        args["SSEKMSKeyId"] = cfg.sse_kms_key_id
+        args["CopySourceSSECustomerAlgorithm"] = "AES256"
+        args["CopySourceSSECustomerKey"] = cfg.sse_customer_key
     return args
 
 
 def _copy(
-    store: _S3Requests, key: str, storage_class: str, etag: str | None, size: int
+    store: S3Requests, key: str, storage_class: str, etag: str | None, size: int
 ) -> ObjectInfo | None:
     """One CopyObject onto itself; the object as the reply describes it (None when the
     reply says too little: the caller HEADs)."""
@@ -269,42 +247,28 @@ def _copy(
     if not result.get("ETag"):
         return None
     modified = result.get("LastModified")
-    return ObjectInfo(
-        key=key,
-        size=size,
-        etag=result["ETag"],
-        last_modified=modified.timestamp() if modified is not None else None,
-        storage_class=None if storage_class == "STANDARD" else storage_class,
-    )
+    stamp = modified.timestamp() if modified is not None else None
+    cls = None if storage_class == "STANDARD" else storage_class
+    return ObjectInfo(key, size, result["ETag"], stamp, cls)
 
 
 def _multipart_copy(
-    store: _S3Requests, key: str, storage_class: str, etag: str | None, size: int
+    store: S3Requests, key: str, storage_class: str, etag: str | None, size: int
 ) -> None:
     """A copy onto itself above CopyObject's limit, on the source's part boundaries."""
     cfg = store.s3_config
     sse = _sse(cfg, storage_class)
-    head_args = {
-        "Bucket": store.bucket,
-        "Key": key,
-        "PartNumber": 1,
-        **{k: v for k, v in sse.items() if k.startswith("SSECustomer")},
-    }
-    first = store._call("head", key, partial(store.client.head_object, **head_args))
+    obj = {"Bucket": store.bucket, "Key": key}
+    ssec = {k: v for k, v in sse.items() if k.startswith("SSECustomer")}  # the object's key
+    copy_sse = {k: v for k, v in sse.items() if "SSECustomer" in k}  # and the source's
+    head = partial(store.client.head_object, **obj, PartNumber=1, **ssec)
+    first = store._call("head", key, head)
     part_size = int(first["ContentLength"]) if int(first.get("PartsCount") or 1) > 1 else 0
     if not 0 < part_size <= _MAX_COPY_PART or -(-size // part_size) > _MAX_PARTS:
         part_size = max(COPY_PART_SIZE, -(-size // _MAX_PARTS))
-    tagging = store._call(
-        "get_object_tags",
-        key,
-        partial(store.client.get_object_tagging, Bucket=store.bucket, Key=key),
-    )
-    create: dict[str, Any] = {
-        "Bucket": store.bucket,
-        "Key": key,
-        "Metadata": first.get("Metadata") or {},
-        **{k: v for k, v in sse.items() if not k.startswith("CopySource")},
-    }
+    tagging = store._call("get_object_tags", key, partial(store.client.get_object_tagging, **obj))
+    create: dict[str, Any] = {**obj, "Metadata": first.get("Metadata") or {}}
+    create |= {k: v for k, v in sse.items() if not k.startswith("CopySource")}
     for name in ("ContentType", "ContentEncoding", "ContentDisposition", "CacheControl"):
         if first.get(name):
             create[name] = first[name]
@@ -321,19 +285,12 @@ def _multipart_copy(
     upload_id = created["UploadId"]
     if attempts > 1:
         abort_orphan_uploads(store, key, upload_id)  # type: ignore[arg-type]
-    copy_sse = {k: v for k, v in sse.items() if "SSECustomer" in k}
 
     def part(number: int) -> dict[str, Any]:
         start = (number - 1) * part_size
-        args: dict[str, Any] = {
-            "Bucket": store.bucket,
-            "Key": key,
-            "UploadId": upload_id,
-            "PartNumber": number,
-            "CopySource": {"Bucket": store.bucket, "Key": key},
-            "CopySourceRange": f"bytes={start}-{min(size, start + part_size) - 1}",
-            **copy_sse,
-        }
+        args: dict[str, Any] = {**obj, "UploadId": upload_id, "PartNumber": number, **copy_sse}
+        args["CopySource"] = obj
+        args["CopySourceRange"] = f"bytes={start}-{min(size, start + part_size) - 1}"
         if etag is not None:
             args["CopySourceIfMatch"] = etag
         resp = store._call("upload_part_copy", key, partial(store.client.upload_part_copy, **args))
@@ -348,14 +305,7 @@ def _multipart_copy(
         workers = max(1, min(store.transfer_config.concurrency, len(numbers), 16))
         with ThreadPoolExecutor(workers, thread_name_prefix="s3ckpt-copy") as pool:
             parts = list(pool.map(in_context(part), numbers))
-        complete: dict[str, Any] = {
-            "Bucket": store.bucket,
-            "Key": key,
-            "UploadId": upload_id,
-            "MultipartUpload": {"Parts": parts},
-        }
-        if cfg.sse_customer_key is not None:
-            complete.update({k: v for k, v in copy_sse.items() if not k.startswith("Copy")})
+        complete = {**obj, "UploadId": upload_id, "MultipartUpload": {"Parts": parts}, **ssec}
         store._call(
             "complete_multipart", key, partial(store.client.complete_multipart_upload, **complete)
         )
@@ -367,7 +317,7 @@ def _multipart_copy(
         raise
 
 
-def _read_back(store: _S3Requests, key: str, storage_class: str, size: int) -> ObjectInfo | None:
+def _read_back(store: S3Requests, key: str, storage_class: str, size: int) -> ObjectInfo | None:
     """The object's HEAD when it is in ``storage_class`` with ``size`` bytes (the move is
     done, whatever a lost reply or a retry said), else None."""
     try:
@@ -379,9 +329,31 @@ def _read_back(store: _S3Requests, key: str, storage_class: str, size: int) -> O
     return None
 
 
-def refuse(store: ObjectStore, key: str, operation: str) -> ConfigError:
-    """The error of a store without storage classes (fsspec URLs): names the URL."""
-    return ConfigError(
-        f"{operation} {store.url_scheme}://{store.bucket}/{key}: storage classes are an S3 "
-        "feature; this store has none"
-    )
+def abort_orphan_uploads(store: ObjectStore, key: str, keep: str) -> None:
+    """Abort uploads of exactly ``key`` other than ``keep`` (best effort).
+
+    A retried CreateMultipartUpload may have been applied by an attempt whose reply was
+    lost: that upload's id never reached us and its parts would be billed until a
+    lifecycle rule removes them. s3ckpt's keys are unique per save (see
+    :mod:`s3ckpt.format`), so any other upload of this very key is such an orphan.
+    """
+    try:
+        orphans = [
+            u.upload_id
+            for u in store.list_multipart_uploads(key)
+            if u.key == key and u.upload_id != keep
+        ]
+        for upload_id in orphans:
+            store.abort_multipart(key, upload_id)
+    except StoreError as exc:  # the save itself is fine; only cleanup is left behind
+        log.warning(
+            "could not abort orphaned multipart uploads of s3://%s/%s: %s", store.bucket, key, exc
+        )
+        return
+    if orphans:
+        log.info(
+            "aborted %d orphaned multipart upload(s) of s3://%s/%s left by a lost reply",
+            len(orphans),
+            store.bucket,
+            key,
+        )

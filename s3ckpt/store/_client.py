@@ -63,14 +63,19 @@ def _session(cfg: S3Config) -> botocore.session.Session:
     except ProfileNotFound as exc:
         name = exc.kwargs.get("profile") or cfg.profile
         source = "--profile / S3Config.profile" if cfg.profile else "AWS_PROFILE"
-        config_file = os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config"
-        creds_file = os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
+        config_file, creds_file = _aws_files()
         raise ConfigError(
             f"AWS profile {name!r} (from {source}) is in neither {config_file} nor "
             f"{creds_file} (AWS_CONFIG_FILE / AWS_SHARED_CREDENTIALS_FILE choose other "
             "files): name a profile listed by `aws configure list-profiles`, or create it "
             f"with `aws configure --profile {name}`"
         ) from None
+
+
+def _aws_files() -> tuple[str, str]:
+    """The AWS config and shared-credentials files botocore reads."""
+    config = os.environ.get("AWS_CONFIG_FILE") or "~/.aws/config"
+    return config, os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials"
 
 
 def _setting(session: botocore.session.Session, name: str) -> Any:
@@ -93,12 +98,11 @@ def _region(cfg: S3Config, session: botocore.session.Session) -> str:
     )
 
 
+#: Clients :func:`shared_client` keeps (least recently used out). A store keeps the client it was
+#: given, so an evicted client lives on in the stores that use it.
 MAX_SHARED_CLIENTS = 16
-"""Clients :func:`shared_client` keeps (least recently used out). A store keeps the client
-it was given, so an evicted client lives on in the stores that use it."""
 
-_ClientKey = tuple[Any, ...]
-_clients: ProcessCache[_ClientKey, Any] = ProcessCache(MAX_SHARED_CLIENTS)
+_clients: ProcessCache[tuple[Any, ...], Any] = ProcessCache(MAX_SHARED_CLIENTS)
 
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:
@@ -117,28 +121,7 @@ def aws_environment() -> tuple[Any, ...]:
     (:mod:`s3ckpt.store._location`), so a changed environment or profile gets a new client
     and store, as it would without the caches."""
     aws_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    files = tuple(
-        _file_stamp(os.environ.get(var) or default)
-        for var, default in (
-            ("AWS_CONFIG_FILE", "~/.aws/config"),
-            ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
-        )
-    )
-    return (aws_env, files)
-
-
-def _client_key(cfg: S3Config, tc: TransferConfig) -> _ClientKey:
-    """What a client is built from: the process, ``cfg``, the client settings of ``tc``
-    and :func:`aws_environment`. (A client keeps the credentials it resolved; refreshable
-    ones, such as an instance role's, refresh themselves.)"""
-    return (
-        os.getpid(),
-        cfg,
-        tc.read_concurrency,
-        tc.connect_timeout,
-        tc.read_timeout,
-        aws_environment(),
-    )
+    return (aws_env, tuple(_file_stamp(path) for path in _aws_files()))
 
 
 def profile_attempts(cfg: S3Config, tc: TransferConfig) -> TransferConfig:
@@ -169,8 +152,12 @@ def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> Any:
         ConfigError: an unknown profile, or a setting botocore cannot read (nothing is
             cached then).
     """
-    key = _client_key(s3_config, transfer_config)
-    return _clients.get(key, lambda: _new_client(s3_config, transfer_config))
+    # What a client is built from: the process, the config, the client settings of the
+    # transfer config and aws_environment() (a client keeps the credentials it resolved;
+    # refreshable ones, such as an instance role's, refresh themselves).
+    tc = transfer_config
+    key = (os.getpid(), s3_config, tc.read_concurrency, tc.connect_timeout, tc.read_timeout)
+    return _clients.get((*key, aws_environment()), lambda: _new_client(s3_config, tc))
 
 
 def _new_client(cfg: S3Config, tc: TransferConfig) -> Any:
@@ -235,20 +222,13 @@ def _watched_pool(pool: Any) -> Any:
     base = pool.ConnectionCls
 
     class WatchedConnection(base):  # type: ignore[misc, valid-type]
-        def request(
-            self,
-            method: Any,
-            url: Any,
-            body: Any = None,
-            headers: Any = None,
-            *args: Any,
-            **kwargs: Any,
-        ) -> Any:
+        def request(self, *args: Any, **kwargs: Any) -> Any:  # (method, url, body, headers)
             watch = current_watch()
             if watch is not None:
                 watch.guard(lambda: shutdown_socket(self.sock))
+                headers = kwargs.get("headers", args[3] if len(args) > 3 else None)
                 watch.add_bytes(_header_length(headers))
-            return super().request(method, url, body, headers, *args, **kwargs)
+            return super().request(*args, **kwargs)
 
         def getresponse(self, *args: Any, **kwargs: Any) -> Any:
             sock = self.sock  # the reply may take it over (Connection: close)

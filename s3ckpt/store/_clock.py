@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
+from s3ckpt._time import iso_z_seconds, utc
 from s3ckpt.errors import ClockSkewError
 from s3ckpt.store.base import ObjectStore
 
@@ -79,16 +80,16 @@ def store_time(store: ObjectStore, prefix: str = "") -> StoreTime:
     dated = getattr(store, "dated_list", None)
     if callable(dated):
         header, sent, received = dated(prefix)
-        local = _utc((sent + received) / 2)
+        local = utc((sent + received) / 2)
         when = _parse_date(header)
         if when is None:
             return StoreTime(local, local, LOCAL_SOURCE + "; it sent no Date header", where)
         return StoreTime(when + timedelta(seconds=0.5), local, where=where)
     clock = getattr(store, "now", None)
     if callable(clock):
-        local = _utc(time.time())
-        return StoreTime(_utc(float(clock())), local, "the store's clock", where)
-    local = _utc(time.time())
+        local = utc(time.time())
+        return StoreTime(utc(float(clock())), local, "the store's clock", where)
+    local = utc(time.time())
     return StoreTime(local, local, LOCAL_SOURCE, where)
 
 
@@ -123,15 +124,11 @@ def skew_note(t: StoreTime, limit: timedelta) -> str | None:
         return None
     way = "ahead of" if skew > timedelta(0) else "behind"
     store = f" of {t.where}" if t.where else ""
+    local, theirs = (iso_z_seconds(d.timestamp()) for d in (t.local, t.store))
     return (
-        f"this host's clock ({_fmt_time(t.local)}) is {_fmt_span(abs(skew))} {way} the "
-        f"store's{store} ({_fmt_time(t.store)}, from {t.source}), more than the grace "
-        f"period of {_fmt_span(limit)}"
+        f"this host's clock ({local}) is {_fmt_span(abs(skew))} {way} the store's{store} "
+        f"({theirs}, from {t.source}), more than the grace period of {_fmt_span(limit)}"
     )
-
-
-def _utc(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=UTC)
 
 
 def _parse_date(header: str | None) -> datetime | None:
@@ -142,10 +139,6 @@ def _parse_date(header: str | None) -> datetime | None:
     except (TypeError, ValueError, IndexError):
         return None
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def _fmt_time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _fmt_span(value: timedelta) -> str:

@@ -18,9 +18,9 @@ from s3ckpt.store.base import DeleteFailures, ObjectInfo, ObjectStore, RangeRead
 
 __all__ = ["CountingStore"]
 
+#: ``count(what, n)``: ``"objects listed"``, ``"uploads listed"``, ``"read"``, ``"deleted"`` or
+#: ``"uploads aborted"``, and how many.
 Count = Callable[[str, int], None]
-"""``count(what, n)``: ``"objects listed"``, ``"uploads listed"``, ``"read"``, ``"deleted"``
-or ``"uploads aborted"``, and how many."""
 
 
 class CountingStore:

@@ -4,9 +4,8 @@ Client errors are mapped by error *code* (HTTP status where the store sent none)
 :data:`_ERROR_TABLE`, never by message text; ``InvalidObjectState`` (a read of an archived
 object) becomes :func:`~s3ckpt.store._archive.archived_error`, which names the restore.
 Exceptions without a code are classified by *type*, as httpx's ``map_exceptions`` does:
-:data:`_RETRY_BY_TYPE` says which lower-layer exception types are worth retrying and
-:data:`_TIMEOUT_BY_TYPE` which are timeouts. The first matching row wins, so a subclass is
-listed before its base.
+:data:`_RETRIED` holds the lower-layer exception types worth retrying, and
+:func:`timeout_kind` tells the timeouts.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import botocore.exceptions as bce
 import urllib3.exceptions as u3e
 from botocore.parsers import ResponseParserError
 
+from s3ckpt._units import plural
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import (
     AccessDeniedError,
@@ -36,22 +36,19 @@ __all__ = ["is_throttle", "is_transient", "map_error", "timeout_kind"]
 
 # What to check when a transient code persisted through every retry; the codes are
 # retry.TRANSIENT_CODES (a code without a hint here fails at import).
+_THROTTLED = "the store kept throttling: lower max_concurrency or retry"
+_REWRITTEN = "check the network path (a proxy rewriting bodies, faulty hardware)"
 _TRANSIENT_HINTS: dict[str, str] = {
-    "SlowDown": "the store kept throttling: lower max_concurrency or retry",
-    "Throttling": "the store kept throttling: lower max_concurrency",
-    "ThrottlingException": "the store kept throttling",
-    "RequestLimitExceeded": "the store kept throttling",
-    "ServiceUnavailable": "the store stayed unavailable: retry later",
-    "503": "the store stayed unavailable: retry later",
-    "InternalError": "the store kept failing with 500s: retry later",
-    "500": "the store kept failing with 500s: retry later",
+    **dict.fromkeys(("SlowDown", "Throttling", "ThrottlingException"), _THROTTLED),
+    "RequestLimitExceeded": _THROTTLED,
+    **dict.fromkeys(("ServiceUnavailable", "503"), "the store stayed unavailable: retry later"),
+    **dict.fromkeys(("InternalError", "500"), "the store kept failing with 500s: retry later"),
     "502": "bad gateway: retry later",
     "504": "gateway timeout: retry later",
     "RequestTimeout": "the store timed out reading the request",
-    "BadDigest": "the body kept arriving with another checksum than the one sent: check "
-    "the network path (a proxy rewriting bodies, faulty hardware)",
+    "BadDigest": f"the body kept arriving with another checksum than the one sent: {_REWRITTEN}",
     "XAmzContentSHA256Mismatch": "the body kept arriving with another SHA-256 than the one "
-    "signed: check the network path (a proxy rewriting bodies, faulty hardware)",
+    f"signed: {_REWRITTEN}",
 }
 
 _WRONG_REGION = (
@@ -66,9 +63,9 @@ _ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
         "the bucket does not exist here: check the bucket name, the region and endpoint_url / "
         "AWS_ENDPOINT_URL",
     ),
-    "NoSuchKey": (ObjectNotFoundError, "the object does not exist"),
-    "404": (ObjectNotFoundError, "the object does not exist"),
-    "NotFound": (ObjectNotFoundError, "the object does not exist"),
+    **dict.fromkeys(
+        ("NoSuchKey", "404", "NotFound"), (ObjectNotFoundError, "the object does not exist")
+    ),
     "NoSuchUpload": (ObjectNotFoundError, "the multipart upload no longer exists"),
     "AccessDenied": (
         AccessDeniedError,
@@ -90,8 +87,10 @@ _ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
         AccessDeniedError,
         "not allowed to use the KMS key: check kms:GenerateDataKey / kms:Decrypt grants",
     ),
-    "PreconditionFailed": (PreconditionFailedError, "the object already exists or changed"),
-    "412": (PreconditionFailedError, "the object already exists or changed"),
+    **dict.fromkeys(
+        ("PreconditionFailed", "412"),
+        (PreconditionFailedError, "the object already exists or changed"),
+    ),
     "ConditionalRequestConflict": (
         PreconditionFailedError,
         "a concurrent conditional write to the same key won",
@@ -106,51 +105,33 @@ _ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
         AccessDeniedError,
         "this machine's clock is off by more than 15 minutes: fix NTP",
     ),
-    "PermanentRedirect": (StoreError, _WRONG_REGION),
-    "301": (StoreError, _WRONG_REGION),
-    "AuthorizationHeaderMalformed": (StoreError, _WRONG_REGION),
+    **dict.fromkeys(
+        ("PermanentRedirect", "301", "AuthorizationHeaderMalformed"), (StoreError, _WRONG_REGION)
+    ),
 }
 
-# Exception type -> worth retrying. A refused connection or an unknown hostname
-# (EndpointConnectionError) is not: retrying a typo only delays the error. The urllib3,
-# http.client and socket rows are resets that escape botocore's wrapping while a body
-# streams. A reply cut short or garbled (store/_reply.py, a body botocore cannot parse) is a
-# transport error like a reset.
-_RETRY_BY_TYPE: tuple[tuple[type[BaseException], bool], ...] = (
-    (IncompleteReplyError, True),
-    (WireChecksumError, True),
-    (ResponseParserError, True),
-    (bce.ConnectTimeoutError, True),
-    (bce.EndpointConnectionError, False),
-    (bce.ConnectionClosedError, True),
-    (bce.ReadTimeoutError, True),
-    (bce.ResponseStreamingError, True),
-    (bce.IncompleteReadError, True),
-    (bce.HTTPClientError, True),
-    (u3e.ProtocolError, True),
-    (u3e.ReadTimeoutError, True),
-    (http.client.IncompleteRead, True),
-    (ConnectionResetError, True),
-    (BrokenPipeError, True),
-    (TimeoutError, True),
+# Exception types worth retrying. A refused connection or an unknown hostname
+# (EndpointConnectionError, whose ConnectTimeoutError alone is here) is not: retrying a typo
+# only delays the error. The urllib3, http.client and socket types are resets that escape
+# botocore's wrapping while a body streams. A reply cut short or garbled (store/_reply.py, a
+# body botocore cannot parse) is a transport error like a reset.
+_RETRIED: tuple[type[BaseException], ...] = (
+    IncompleteReplyError,
+    WireChecksumError,
+    ResponseParserError,
+    bce.ConnectTimeoutError,
+    bce.HTTPClientError,  # ConnectionClosedError, ReadTimeoutError, ResponseStreamingError
+    bce.IncompleteReadError,
+    u3e.ProtocolError,
+    u3e.ReadTimeoutError,
+    http.client.IncompleteRead,
+    ConnectionResetError,
+    BrokenPipeError,
+    TimeoutError,
 )
-
-# Exception type -> the timeout it is.
-_TIMEOUT_BY_TYPE: tuple[tuple[type[BaseException], str], ...] = (
-    (bce.ConnectTimeoutError, "connect"),
-    (bce.ReadTimeoutError, "read"),
-    (u3e.ReadTimeoutError, "read"),
-    (TimeoutError, "read"),
-)
+_READ_TIMEOUTS = (bce.ReadTimeoutError, u3e.ReadTimeoutError, TimeoutError)
 
 _SERVER_ERRORS = (500, 502, 503, 504)
-
-
-def _lookup(table: tuple[tuple[type[BaseException], object], ...], exc: BaseException) -> object:
-    for exc_type, value in table:
-        if isinstance(exc, exc_type):
-            return value
-    return None
 
 
 def _error_code(exc: bce.ClientError) -> tuple[str, int]:
@@ -164,9 +145,8 @@ def _bucket_region(exc: bce.ClientError) -> str | None:
     header (a HEAD's 301 has no body), else the error's ``Region``; only a plausible name."""
     headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {}) or {}
     region = headers.get("x-amz-bucket-region") or (exc.response.get("Error") or {}).get("Region")
-    if isinstance(region, str) and 0 < len(region) <= 32 and region.replace("-", "").isalnum():
-        return region
-    return None
+    ok = isinstance(region, str) and 0 < len(region) <= 32 and region.replace("-", "").isalnum()
+    return region if ok else None
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -179,7 +159,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, bce.ClientError):
         code, status = _error_code(exc)
         return code in TRANSIENT_CODES or status in _SERVER_ERRORS
-    return _lookup(_RETRY_BY_TYPE, exc) is True
+    return isinstance(exc, _RETRIED)
 
 
 def is_throttle(exc: BaseException) -> bool:
@@ -198,9 +178,8 @@ def timeout_kind(exc: BaseException | None) -> str | None:
     for _ in range(6):  # botocore wraps urllib3 wraps socket: a short chain
         if exc is None:
             return None
-        kind = _lookup(_TIMEOUT_BY_TYPE, exc)
-        if isinstance(kind, str):
-            return kind
+        if isinstance(exc, (bce.ConnectTimeoutError, _READ_TIMEOUTS)):
+            return "connect" if isinstance(exc, bce.ConnectTimeoutError) else "read"
         kwargs = getattr(exc, "kwargs", None)  # botocore keeps the wrapped error there
         inner = kwargs.get("error") if isinstance(kwargs, dict) else None
         exc = inner if isinstance(inner, BaseException) else (exc.__cause__ or exc.__context__)
@@ -224,9 +203,11 @@ def map_error(
     request that kept timing out say how long the endpoint stayed silent and which
     settings bound that.
     """
-    where = f"{operation} s3://{bucket}/{key or ''}"
     if isinstance(exc, StoreError):
         return exc
+    cls: type[StoreError] = StoreError
+    code = name = type(exc).__name__
+    where = endpoint or "AWS S3"
     timeout = timeout_kind(exc)
     if timeout is not None and elapsed is not None:
         tc = transfer_config or TransferConfig()
@@ -236,28 +217,21 @@ def map_error(
             else f"read_timeout={tc.read_timeout:g} s to the first byte and "
             f"min_rate={tc.min_rate:g} B/s after it"
         )
-        return TransientStoreError(
-            f"{where}: the endpoint {endpoint or 'AWS S3'} did not answer within its "
-            f"{limit} ({attempts} attempt{'s' if attempts != 1 else ''}, {elapsed:.1f} s in "
-            f"all; request_deadline={tc.request_deadline:g} s): the endpoint is stalled "
-            "or black-holed, or the network is dropping packets. Check endpoint_url / "
-            "AWS_ENDPOINT_URL, that the server is healthy and the network path to it; on a "
-            "slow link raise TransferConfig.read_timeout and request_deadline, or lower min_rate",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-            code=type(exc).__name__,
+        cls = TransientStoreError
+        message = (
+            f"{operation} s3://{bucket}/{key or ''}: the endpoint {where} did not answer within "
+            f"its {limit} ({plural(attempts, 'attempt')}, {elapsed:.1f} s in all; "
+            f"request_deadline={tc.request_deadline:g} s): the endpoint is stalled or black-holed, "
+            "or the network is dropping packets. Check endpoint_url / AWS_ENDPOINT_URL, that the "
+            "server is healthy and the network path to it; on a slow link raise "
+            "TransferConfig.read_timeout and request_deadline, or lower min_rate"
         )
-    if isinstance(exc, bce.ClientError):
+    elif isinstance(exc, bce.ClientError):
         code, status = _error_code(exc)
         if code == "InvalidObjectState":  # an archived object: its class, and what to run
-            err = exc.response.get("Error", {}) or {}
+            cls_ = (exc.response.get("Error") or {}).get("StorageClass")
             return archived_error(
-                scheme="s3",
-                bucket=bucket,
-                key=key or "",
-                storage_class=err.get("StorageClass"),
-                operation=operation,
+                scheme="s3", bucket=bucket, key=key or "", storage_class=cls_, operation=operation
             )
         cls, hint = _ERROR_TABLE.get(code) or _ERROR_TABLE.get(
             str(status), (StoreError, "unexpected error from the store")
@@ -268,55 +242,29 @@ def map_error(
                 f"S3Config(region={region!r}) (or set AWS_REGION={region})"
             )
         tries = f" after {attempts} attempts" if cls is TransientStoreError else ""
-        return cls(
-            f"{operation} failed with {code} (HTTP {status}){tries}: {hint}",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-            code=code,
-        )
-    if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
-        return AccessDeniedError(
+        message = f"{operation} failed with {code} (HTTP {status}){tries}: {hint}"
+    elif isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+        cls, code = AccessDeniedError, "NoCredentials"
+        message = (
             f"{operation}: no usable AWS credentials found; set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance/container role",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-            code="NoCredentials",
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance/container role"
         )
-    if isinstance(exc, bce.EndpointConnectionError) and not isinstance(
+    elif isinstance(exc, bce.EndpointConnectionError) and not isinstance(
         exc, bce.ConnectTimeoutError
     ):
-        return EndpointError(
-            f"{operation}: cannot connect to endpoint {endpoint or 'AWS S3'} "
-            f"({type(exc).__name__}); check endpoint_url / AWS_ENDPOINT_URL, the hostname "
-            "and that the server is running",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-            code="EndpointConnectionError",
+        cls, code = EndpointError, "EndpointConnectionError"
+        message = (
+            f"{operation}: cannot connect to endpoint {where} ({name}); check "
+            "endpoint_url / AWS_ENDPOINT_URL, the hostname and that the server is running"
         )
-    if isinstance(exc, bce.ParamValidationError):
-        return StoreError(
-            f"{operation}: invalid request parameters: {exc}",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-            code="ParamValidation",
+    elif isinstance(exc, bce.ParamValidationError):
+        code, message = "ParamValidation", f"{operation}: invalid request parameters: {exc}"
+    elif is_transient(exc):
+        cls = TransientStoreError
+        message = (
+            f"{operation} failed after {attempts} attempts ({name}): the endpoint {where} kept "
+            "timing out or resetting connections"
         )
-    if is_transient(exc):
-        return TransientStoreError(
-            f"{operation} failed after {attempts} attempts ({type(exc).__name__}): "
-            f"the endpoint {endpoint or 'AWS S3'} kept timing out or resetting connections",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-            code=type(exc).__name__,
-        )
-    return StoreError(
-        f"{where} failed: {type(exc).__name__}: {exc}",
-        bucket=bucket,
-        key=key,
-        operation=operation,
-        code=type(exc).__name__,
-    )
+    else:
+        message = f"{operation} s3://{bucket}/{key or ''} failed: {name}: {exc}"
+    return cls(message, bucket=bucket, key=key, operation=operation, code=code)

@@ -42,11 +42,11 @@ from urllib.parse import quote
 
 __all__ = ["CONDITIONS", "RACE_PAUSE", "Committer", "Conflict", "committer_for", "md5_etag"]
 
+#: Conditional create (If-None-Match), replace (If-Match) and delete (If-Match).
 CONDITIONS = frozenset({"create", "replace", "delete"})
-"""Conditional create (If-None-Match), replace (If-Match) and delete (If-Match)."""
 
+#: Seconds slept between a check and its write (tests force races with it).
 RACE_PAUSE = 0.0
-"""Seconds slept between a check and its write (tests force races with it)."""
 
 
 class Conflict(Exception):
@@ -67,8 +67,8 @@ class Committer:
     """No atomic primitive: check, then write. Enforces nothing (:attr:`enforces` empty);
     the subclasses override what their backend does atomically."""
 
+    #: The conditions this backend enforces atomically (a subset of :data:`CONDITIONS`).
     enforces: frozenset[str] = frozenset()
-    """The conditions this backend enforces atomically (a subset of :data:`CONDITIONS`)."""
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
@@ -177,10 +177,7 @@ class _Local(Committer):
                     raise Conflict(path) from None
                 return
             if if_match is not None:
-                with open(path, "rb") as f:
-                    if md5_etag(f.read()) != if_match:
-                        raise Conflict(path)
-                _pause()
+                _must_match(path, if_match)
             os.replace(tmp, path)
 
     def delete(self, path: str) -> None:
@@ -189,31 +186,51 @@ class _Local(Committer):
 
     def delete_if_match(self, path: str, etag: str) -> None:
         with self._guard(path):
-            with open(path, "rb") as f:
-                if md5_etag(f.read()) != etag:
-                    raise Conflict(path)
-            _pause()
+            _must_match(path, etag)
             os.unlink(path)
+
+
+def _must_match(path: str, etag: str) -> None:
+    """A local file's MD5 ETag must be ``etag`` (then the race pause: tests widen the gap)."""
+    with open(path, "rb") as f:
+        if md5_etag(f.read()) != etag:
+            raise Conflict(path)
+    _pause()
 
 
 def _quoted(etag: object) -> str:
     return '"' + str(etag).strip('"') + '"'
 
 
-def _status_error(exc: Exception, path: str) -> Exception:
+@contextlib.contextmanager
+def _by_status(path: str) -> Iterator[None]:
     """An azure-core / gcsfs error by its HTTP status: 412 and 409 a Conflict, 404 gone."""
-    status = getattr(exc, "status_code", None) or getattr(exc, "code", None)
-    if status in (409, 412) or isinstance(exc, FileExistsError):
-        return Conflict(path)
-    if status == 404:
-        return FileNotFoundError(path)
-    return exc
+    try:
+        yield
+    except Exception as exc:
+        status = getattr(exc, "status_code", None) or getattr(exc, "code", None)
+        if status in (409, 412) or isinstance(exc, FileExistsError):
+            raise Conflict(path) from exc
+        if status == 404:
+            raise FileNotFoundError(path) from exc
+        raise
 
 
-class _Azure(Committer):
-    """adlfs: Put Blob and Delete Blob with Azure's own ``If-None-Match`` / ``If-Match``."""
+class _Remote(Committer):
+    """A service that decides the conditions itself (adlfs, gcsfs)."""
 
     enforces = CONDITIONS
+
+    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
+        """Move a completed upload into place: the server-side copy takes no If-None-Match
+        or generation condition, so a conditional one would not be atomic."""
+        if if_none_match:
+            raise NotImplementedError(f"a conditional CompleteMultipartUpload on {path}")
+        self.fs.mv(tmp, path)
+
+
+class _Azure(_Remote):
+    """adlfs: Put Blob and Delete Blob with Azure's own ``If-None-Match`` / ``If-Match``."""
 
     def etag(self, info: dict[str, Any]) -> str | None:
         value = info.get("etag") or info.get("ETag")
@@ -227,16 +244,9 @@ class _Azure(Committer):
             from azure.core import MatchConditions
 
             kwargs.update(etag=if_match, match_condition=MatchConditions.IfNotModified)
-        try:
+        with _by_status(path):
             result = self.fs.pipe_file(path, data, **kwargs)
-        except Exception as exc:
-            raise _status_error(exc, path) from exc
         return _quoted(result["etag"])
-
-    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
-        if if_none_match:  # a server-side copy has no If-None-Match here: not atomic
-            raise NotImplementedError("a conditional CompleteMultipartUpload on az://")
-        self.fs.mv(tmp, path)
 
     def delete_if_match(self, path: str, etag: str) -> None:
         from azure.core import MatchConditions
@@ -248,17 +258,13 @@ class _Azure(Committer):
             async with self.fs.service_client.get_blob_client(container, blob) as client:
                 await client.delete_blob(etag=etag, match_condition=MatchConditions.IfNotModified)
 
-        try:
+        with _by_status(path):
             sync(self.fs.loop, delete)
-        except Exception as exc:
-            raise _status_error(exc, path) from exc
         self.fs.invalidate_cache(path)
 
 
-class _Gcs(Committer):
+class _Gcs(_Remote):
     """gcsfs: uploads and deletes with ``ifGenerationMatch``; the ETag is the generation."""
-
-    enforces = CONDITIONS
 
     def etag(self, info: dict[str, Any]) -> str | None:
         generation = info.get("generation")
@@ -284,7 +290,7 @@ class _Gcs(Committer):
             + data
             + b"\n--==0==--"
         )
-        try:
+        with _by_status(path):
             out = sync(
                 self.fs.loop,
                 self.fs._call,
@@ -296,21 +302,14 @@ class _Gcs(Committer):
                 json_out=True,
                 **params,
             )
-        except Exception as exc:
-            raise _status_error(exc, path) from exc
         self.fs.invalidate_cache(path)
         return _quoted(out["generation"])
-
-    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
-        if if_none_match:  # gcsfs's copy takes no generation condition: not atomic
-            raise NotImplementedError("a conditional CompleteMultipartUpload on gs://")
-        self.fs.mv(tmp, path)
 
     def delete_if_match(self, path: str, etag: str) -> None:
         from fsspec.asyn import sync
 
         bucket, key, _ = self.fs.split_path(path)
-        try:
+        with _by_status(path):
             sync(
                 self.fs.loop,
                 self.fs._call,
@@ -320,8 +319,6 @@ class _Gcs(Committer):
                 key,
                 ifGenerationMatch=etag.strip('"'),
             )
-        except Exception as exc:
-            raise _status_error(exc, path) from exc
         self.fs.invalidate_cache(path)
 
 

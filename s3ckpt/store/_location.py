@@ -39,7 +39,7 @@ __all__ = ["AtLocation", "Location", "LocationLike", "parse_target", "shared_sto
 _STORES: ProcessCache[tuple[Any, ...], ObjectStore] = ProcessCache(64)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Location:
     """A parsed URL and the store that serves it.
 
@@ -55,8 +55,8 @@ class Location:
     store: ObjectStore
     # Settings for a store that holds none of its own (or the caller's, given with their
     # own store): None reads the store's, else the defaults. Set by Location.of only.
-    _s3_config: S3Config | None = field(default=None, repr=False)
-    _transfer_config: TransferConfig | None = field(default=None, repr=False)
+    _s3_config: S3Config | None = field(default=None, repr=False, hash=False)
+    _transfer_config: TransferConfig | None = field(default=None, repr=False, hash=False)
 
     @classmethod
     def of(
@@ -154,23 +154,10 @@ class Location:
     def __repr__(self) -> str:
         return f"Location({str(self.url)!r}, {self.store!r})"
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Location):
-            return NotImplemented
-        return (
-            self.url == other.url
-            and self.store is other.store
-            and (self._s3_config, self._transfer_config)
-            == (other._s3_config, other._transfer_config)
-        )
 
-    def __hash__(self) -> int:
-        return hash((self.url, id(self.store)))
-
-
+#: What every public entry point accepts as a location: a URL string, a local path
+#: (``os.PathLike``), a parsed :class:`~s3ckpt.uri.StoreURL`, or a :class:`Location`.
 LocationLike = str | os.PathLike[str] | StoreURL | Location
-"""What every public entry point accepts as a location: a URL string, a local path
-(``os.PathLike``), a parsed :class:`~s3ckpt.uri.StoreURL`, or a :class:`Location`."""
 
 
 class AtLocation:
@@ -242,8 +229,7 @@ def shared_store(
     except TypeError:  # unhashable options (a dict of credentials): a store of its own
         return _build(url, s3_config, transfer_config, options)
     return _STORES.get(
-        (url.scheme, url.bucket, frozen),
-        lambda: _build(url, s3_config, transfer_config, options),
+        (url.scheme, url.bucket, frozen), lambda: _build(url, s3_config, transfer_config, options)
     )
 
 

@@ -3,39 +3,23 @@ at the offset reached when the body breaks off."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any
 
-from tenacity import RetryCallState, Retrying
+from tenacity import RetryCallState, retry_if_exception
 
-from s3ckpt.config import TransferConfig
 from s3ckpt.errors import StoreError
 from s3ckpt.metrics.instrument import record_retry
 from s3ckpt.store._body import SocketBody, body_socket, shutdown_socket, socket_body
 from s3ckpt.store._deadline import AttemptTimedOut, Watch, start_watch
-from s3ckpt.store._errors import map_error
-from s3ckpt.store.retry import RetryCall
+from s3ckpt.store._errors import is_transient, map_error
+from s3ckpt.store.base import S3Requests
 
 __all__ = ["S3RangeReader"]
 
 log = logging.getLogger(__name__)
-
-
-class _RangedStore(Protocol):
-    """What the stream needs of :class:`~s3ckpt.store.s3.S3Store` (named here, not
-    imported: s3.py imports this module)."""
-
-    transfer_config: TransferConfig
-    retry_policy: Retrying
-
-    @property
-    def bucket(self) -> str: ...
-
-    @property
-    def endpoint_url(self) -> str | None: ...
-
-    def _get_object(self, key: str, first: int, last: int | None) -> Any: ...
 
 
 class S3RangeReader:
@@ -46,18 +30,17 @@ class S3RangeReader:
     botocore's ``StreamingBody.read``. A body that ends before the range does (a
     connection closed early) is treated like a reset.
 
-    A failed read is retried under the store's retry policy (the store's one
-    ``retry_policy``, :func:`~s3ckpt.store._request.store_retrying`) by a new GET from the
-    current offset. Attempts
-    count over the whole stream; the deadline counts from the start of each
-    :meth:`readinto` call, so a long transfer that keeps making progress is never cut by
-    it. Each GET's body has a total deadline, ``read_timeout + bytes / min_rate`` from the
-    reply (:class:`~s3ckpt.store._deadline.Watch`: the body's socket is shut down when it
-    passes), so a body that drips a byte at a time ends in a timeout, resumed and then
-    reported like any other.
+    A failed read is retried under the store's ``retry_policy`` by a new GET from the
+    current offset. Attempts count over the whole stream (``attempts_used``); the deadline
+    counts from the start of each :meth:`readinto` call, so a long transfer that keeps
+    making progress is never cut by it. Each GET's body has a total deadline,
+    ``read_timeout + bytes / min_rate`` from the reply (a
+    :class:`~s3ckpt.store._deadline.Watch` shuts the body's socket down when it passes),
+    so a body that drips a byte at a time ends in a timeout, resumed and then reported
+    like any other.
     """
 
-    def __init__(self, store: _RangedStore, key: str, start: int, length: int | None) -> None:
+    def __init__(self, store: S3Requests, key: str, start: int, length: int | None) -> None:
         self._store = store
         self._key = key
         self._pos = start
@@ -174,14 +157,14 @@ class S3RangeReader:
                 raise replay.pop()
             return self._read(buffer, want)
 
-        resumed = RetryCall(
-            attempt,
+        resumed = store.retry_policy.retrying(
+            retry=retry_if_exception(is_transient),
             since=started,
             attempts_used=self._failures - 1,
             before_sleep=self._log_resume,
         )
         try:
-            return store.retry_policy(resumed)
+            return resumed(attempt)
         except StoreError:
             raise
         except Exception as exc:
@@ -200,11 +183,7 @@ class S3RangeReader:
         record_retry("get")  # the GET that resumes is counted as a request by call()
         exc = state.outcome.exception() if state.outcome is not None else None
         log.debug(
-            "resuming GET s3://%s/%s at %d after %r",
-            self._store.bucket,
-            self._key,
-            self._pos,
-            exc,
+            "resuming GET s3://%s/%s at %d after %r", self._store.bucket, self._key, self._pos, exc
         )
 
     def close(self) -> None:
@@ -213,9 +192,7 @@ class S3RangeReader:
         if self._watch is not None:
             self._watch.finish()
             self._watch = None
-        if self._body is not None:
-            try:
+        with contextlib.suppress(Exception):  # closing a broken stream can itself fail
+            if self._body is not None:
                 self._body.close()
-            except Exception:  # closing a broken stream can itself fail; nothing to keep
-                pass
-            self._body = None
+        self._body = None

@@ -59,46 +59,30 @@ class WireChecksumError(TransientStoreError):
     from the bytes sent. Retried."""
 
 
-def _incomplete(operation: str, bucket: str, key: str | None, what: str) -> IncompleteReplyError:
-    return IncompleteReplyError(
-        f"{operation}: the reply was cut short or malformed ({what}); retried as a "
-        "transport error. If it persists, something between this host and the store "
-        "(a proxy, a load balancer) is truncating replies",
-        bucket=bucket,
-        key=key,
-        operation=operation,
-        code="IncompleteReply",
-    )
-
-
 class _Where:
-    """The request a check is about, for its error."""
-
-    __slots__ = ("bucket", "key", "operation")
+    """The request a check is about, and the field checks that raise its error."""
 
     def __init__(self, operation: str, bucket: str, key: str | None) -> None:
-        self.operation = operation
-        self.bucket = bucket
-        self.key = key
+        self.operation, self.bucket, self.key = operation, bucket, key
 
     def fail(self, what: str) -> IncompleteReplyError:
-        return _incomplete(self.operation, self.bucket, self.key, what)
+        return IncompleteReplyError(
+            f"{self.operation}: the reply was cut short or malformed ({what}); retried as a "
+            "transport error. If it persists, something between this host and the store "
+            "(a proxy, a load balancer) is truncating replies",
+            bucket=self.bucket,
+            key=self.key,
+            operation=self.operation,
+            code="IncompleteReply",
+        )
 
-    def text(self, obj: Mapping[str, Any], name: str, where: str = "") -> str:
+    def field(self, obj: Mapping[str, Any], name: str, kind: type, where: str = "") -> Any:
+        """``obj[name]`` when it is a ``kind`` (a non-empty text, an integer >= 0, a time)."""
         value = obj.get(name)
-        if not isinstance(value, str) or not value:
+        negative = isinstance(value, int) and value < 0
+        if not isinstance(value, kind) or isinstance(value, bool) or value == "" or negative:
             raise self.fail(f"no {name}{where}")
         return value
-
-    def integer(self, obj: Mapping[str, Any], name: str, where: str = "") -> int:
-        value = obj.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.fail(f"no {name}{where}")
-        return value
-
-    def time(self, obj: Mapping[str, Any], name: str, where: str = "") -> None:
-        if not isinstance(obj.get(name), dt.datetime):
-            raise self.fail(f"no {name}{where}")
 
     def entries(self, resp: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
         value = resp.get(name)
@@ -108,9 +92,18 @@ class _Where:
             raise self.fail(f"malformed {name}")
         return value
 
-
-def _b64_crc(value: int) -> str:
-    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+    def echo(self, resp: Mapping[str, Any], sent: str | None) -> None:
+        """A CRC32C echoed by the store must be the one sent (nothing echoed: unknown)."""
+        echoed = resp.get("ChecksumCRC32C")
+        if sent is not None and echoed is not None and echoed != sent:
+            raise WireChecksumError(
+                f"{self.operation}: the store computed CRC32C {echoed} over the bytes it "
+                f"received, but {sent} was sent: the body was corrupted in transit; retried",
+                bucket=self.bucket,
+                key=self.key,
+                operation=self.operation,
+                code="ChecksumMismatch",
+            )
 
 
 def composite_crc32c(part_checksums: Sequence[str]) -> str | None:
@@ -128,23 +121,8 @@ def composite_crc32c(part_checksums: Sequence[str]) -> str | None:
         raw += digest
     if not part_checksums:
         return None
-    return f"{_b64_crc(_crc.crc32c(raw))}-{len(part_checksums)}"
-
-
-def _check_echo(w: _Where, resp: Mapping[str, Any], sent: str | None) -> None:
-    """A CRC32C echoed by the store must be the one sent (nothing echoed: unknown)."""
-    echoed = resp.get("ChecksumCRC32C")
-    if sent is None or echoed is None:
-        return
-    if echoed != sent:
-        raise WireChecksumError(
-            f"{w.operation}: the store computed CRC32C {echoed} over the bytes it received, "
-            f"but {sent} was sent: the body was corrupted in transit; retried",
-            bucket=w.bucket,
-            key=w.key,
-            operation=w.operation,
-            code="ChecksumMismatch",
-        )
+    crc = base64.b64encode(_crc.crc32c(raw).to_bytes(4, "big")).decode("ascii")
+    return f"{crc}-{len(part_checksums)}"
 
 
 def check_written(
@@ -152,14 +130,15 @@ def check_written(
 ) -> str:
     """A PutObject or UploadPart reply: its ETag (and the CRC32C echo, when one came)."""
     w = _Where(operation, bucket, key)
-    etag = w.text(resp, "ETag")
-    _check_echo(w, resp, sent_crc32c)
+    etag: str = w.field(resp, "ETag", str)
+    w.echo(resp, sent_crc32c)
     return etag
 
 
 def check_create(resp: Mapping[str, Any], *, bucket: str, key: str) -> str:
     """A CreateMultipartUpload reply: its UploadId."""
-    return _Where("create_multipart", bucket, key).text(resp, "UploadId")
+    upload_id: str = _Where("create_multipart", bucket, key).field(resp, "UploadId", str)
+    return upload_id
 
 
 def check_complete(
@@ -168,19 +147,18 @@ def check_complete(
     """A CompleteMultipartUpload reply: its ETag; a composite CRC32C echo (``...-N``)
     must be the one the parts' checksums make."""
     w = _Where("complete_multipart", bucket, key)
-    etag = w.text(resp, "ETag")
+    etag: str = w.field(resp, "ETag", str)
     echoed = resp.get("ChecksumCRC32C")
     if part_checksums and isinstance(echoed, str) and "-" in echoed:
-        _check_echo(w, resp, composite_crc32c(part_checksums))
+        w.echo(resp, composite_crc32c(part_checksums))
     return etag
 
 
 def check_head(resp: Mapping[str, Any], *, bucket: str, key: str) -> None:
     """A HeadObject reply: ContentLength, LastModified and ETag."""
     w = _Where("head", bucket, key)
-    w.integer(resp, "ContentLength")
-    w.time(resp, "LastModified")
-    w.text(resp, "ETag")
+    for name, kind in (("ContentLength", int), ("LastModified", dt.datetime), ("ETag", str)):
+        w.field(resp, name, kind)
 
 
 def check_body(resp: Mapping[str, Any], *, bucket: str, key: str) -> None:
@@ -189,7 +167,16 @@ def check_body(resp: Mapping[str, Any], *, bucket: str, key: str) -> None:
     w = _Where("get", bucket, key)
     if resp.get("Body") is None:
         raise w.fail("no Body")
-    w.integer(resp, "ContentLength")
+    w.field(resp, "ContentLength", int)
+
+
+def _check_page(w: _Where, resp: Mapping[str, Any], token: str) -> None:
+    """IsTruncated, and the ``token`` to go on with when it is true."""
+    truncated = resp.get("IsTruncated")
+    if not isinstance(truncated, bool):
+        raise w.fail("no IsTruncated")
+    if truncated:
+        w.field(resp, token, str, " on a truncated page" if token.startswith("NextC") else "")
 
 
 def check_list_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> None:
@@ -204,21 +191,17 @@ def check_list_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> Non
     fewer entries than MaxKeys with IsTruncated false, so nothing tells it from a complete
     one (nor may a store be held to a count it does not keep)."""
     w = _Where("list_objects_v2", bucket, prefix)
-    truncated = resp.get("IsTruncated")
-    if not isinstance(truncated, bool):
-        raise w.fail("no IsTruncated")
-    if truncated:
-        w.text(resp, "NextContinuationToken", " on a truncated page")
+    _check_page(w, resp, "NextContinuationToken")
     contents = w.entries(resp, "Contents")
     for obj in contents:
-        name = w.text(obj, "Key", " in Contents")
-        w.integer(obj, "Size", f" for {name}")
-        w.time(obj, "LastModified", f" for {name}")
+        name = w.field(obj, "Key", str, " in Contents")
+        w.field(obj, "Size", int, f" for {name}")
+        w.field(obj, "LastModified", dt.datetime, f" for {name}")
     prefixes = w.entries(resp, "CommonPrefixes")
     for cp in prefixes:
-        w.text(cp, "Prefix", " in CommonPrefixes")
+        w.field(cp, "Prefix", str, " in CommonPrefixes")
     if "KeyCount" in resp:
-        count = w.integer(resp, "KeyCount")
+        count = w.field(resp, "KeyCount", int)
         if count not in (len(contents) + len(prefixes), len(contents)):
             raise w.fail(
                 f"KeyCount {count}, but {len(contents)} objects and {len(prefixes)} prefixes"
@@ -228,12 +211,9 @@ def check_list_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> Non
 def listed_object(obj: Mapping[str, Any]) -> ObjectInfo:
     """One ``Contents`` entry of a ListObjectsV2 page (checked by :func:`check_list_page`)."""
     lm = obj.get("LastModified")
+    stamp = lm.timestamp() if lm is not None else None
     return ObjectInfo(
-        key=obj["Key"],
-        size=int(obj.get("Size", 0)),
-        etag=obj.get("ETag"),
-        last_modified=lm.timestamp() if lm is not None else None,
-        storage_class=obj.get("StorageClass"),
+        obj["Key"], int(obj.get("Size", 0)), obj.get("ETag"), stamp, obj.get("StorageClass")
     )
 
 
@@ -241,22 +221,17 @@ def check_uploads_page(resp: Mapping[str, Any], *, bucket: str, prefix: str) -> 
     """A ListMultipartUploads page: IsTruncated (and the markers to go on with), each
     upload's Key and UploadId."""
     w = _Where("list_multipart_uploads", bucket, prefix)
-    truncated = resp.get("IsTruncated")
-    if not isinstance(truncated, bool):
-        raise w.fail("no IsTruncated")
-    if truncated:
-        w.text(resp, "NextKeyMarker")
+    _check_page(w, resp, "NextKeyMarker")
     for up in w.entries(resp, "Uploads"):
-        name = w.text(up, "Key", " in Uploads")
-        w.text(up, "UploadId", f" for {name}")
+        name = w.field(up, "Key", str, " in Uploads")
+        w.field(up, "UploadId", str, f" for {name}")
 
 
 def check_deleted(resp: Mapping[str, Any], *, bucket: str, keys: Iterable[str]) -> None:
     """A DeleteObjects reply (not quiet): every key asked for is in Deleted or Errors."""
     keys = list(keys)
     w = _Where("delete", bucket, keys[0] if keys else None)
-    answered = {e.get("Key") for e in w.entries(resp, "Deleted")}
-    answered |= {e.get("Key") for e in w.entries(resp, "Errors")}
+    answered = {e.get("Key") for n in ("Deleted", "Errors") for e in w.entries(resp, n)}
     missing = [k for k in keys if k not in answered]
     if missing:
         raise w.fail(f"{len(missing)} of {len(keys)} keys neither Deleted nor in Errors")

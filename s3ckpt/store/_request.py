@@ -1,6 +1,7 @@
-"""One S3 request: its encryption and checksum arguments, and its run under the store's
-retry policy (built once per store, :func:`store_retrying`), each attempt holding a slot
-of the store's adaptive limiter, with the failure mapped at the store's edge."""
+"""One S3 request: its checksum arguments, and its run under the store's
+retry policy (a fresh ``Retrying`` per request from the store's frozen
+:class:`~s3ckpt.store.retry.RetryPolicy`), each attempt holding a slot of the store's
+adaptive limiter, with the failure mapped at the store's edge."""
 
 from __future__ import annotations
 
@@ -11,38 +12,24 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tenacity import RetryCallState, Retrying, retry_if_exception
+from tenacity import RetryCallState, retry_if_exception
 
 from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError, PreconditionFailedError
-from s3ckpt.metrics import Outcome
+from s3ckpt.metrics._events import Outcome
 from s3ckpt.metrics.instrument import expected_outcome, record_request
-from s3ckpt.store._adaptive import AdaptiveLimiter
+from s3ckpt.store._adaptive import AdaptiveLimiter, Slot
 from s3ckpt.store._deadline import AttemptTimedOut, watching
 from s3ckpt.store._errors import is_throttle, is_transient, map_error, timeout_kind
 from s3ckpt.store.base import Buffer
-from s3ckpt.store.retry import RetryCall, cleanup_end, retrying
+from s3ckpt.store.retry import RetryPolicy, cleanup_end
 
-__all__ = ["call", "checksum_args", "sse_args", "store_retrying"]
+__all__ = ["call", "checksum_args"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def sse_args(cfg: S3Config, *, upload: bool) -> dict[str, Any]:
-    """Encryption (SSE-C on every request, SSE-KMS on uploads) and storage-class arguments."""
-    args: dict[str, Any] = {}
-    if cfg.sse_customer_key is not None:
-        args["SSECustomerAlgorithm"] = "AES256"
-        args["SSECustomerKey"] = cfg.sse_customer_key
-    elif upload and cfg.sse_kms_key_id is not None:
-        args["ServerSideEncryption"] = "aws:kms"
-        args["SSEKMSKeyId"] = cfg.sse_kms_key_id
-    if upload and cfg.storage_class is not None:
-        args["StorageClass"] = cfg.storage_class
-    return args
 
 
 def checksum_args(cfg: S3Config, data: Buffer, crc32c: int | None) -> dict[str, Any]:
@@ -52,20 +39,6 @@ def checksum_args(cfg: S3Config, data: Buffer, crc32c: int | None) -> dict[str, 
     value = _crc.crc32c(data) if crc32c is None else crc32c
     crc = base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
     return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc}
-
-
-def store_retrying(config: TransferConfig, sleep: Callable[[float], None] | None) -> Retrying:
-    """The S3 store's retry policy (:func:`~s3ckpt.store.retry.retrying`), built once per
-    store and shared by its requests and resumed reads on every thread: transient failures
-    only (:func:`is_transient`), timeouts told apart for the deadline
-    (:func:`timeout_kind`). Each call brings its own state as a
-    :class:`~s3ckpt.store.retry.RetryCall`."""
-    return retrying(
-        config,
-        retry=retry_if_exception(is_transient),
-        sleep=sleep,
-        timeout_kind=timeout_kind,
-    )
 
 
 class _Silence:
@@ -118,16 +91,16 @@ def call(
     key: str | None,
     endpoint: str | None,
     config: TransferConfig,
-    policy: Retrying,
-    sleep: Callable[[float], None] | None = None,
+    policy: RetryPolicy,
     limiter: AdaptiveLimiter | None = None,
 ) -> tuple[T, int]:
-    """``fn()`` under the store's retry ``policy`` (:func:`store_retrying`, built from
-    ``config``, which error messages quote); its result and the attempts it took.
+    """``fn()`` retried on transient failures (:func:`is_transient`) under ``policy``
+    (built from ``config``, which error messages quote); its result and the attempts it
+    took.
 
     With a ``limiter`` every attempt takes one of its slots before ``fn()`` and gives it
     back with the outcome (throttled, answered, or failed otherwise); the time an attempt
-    waits for its slot (and for pacing, slept with ``sleep``) does not count towards
+    waits for its slot (and for pacing, slept with the policy's ``sleep``) does not count towards
     ``config.request_deadline``.
 
     Every attempt runs under a total deadline (:func:`~s3ckpt.store._deadline.watching`:
@@ -148,13 +121,14 @@ def call(
     started = time.monotonic()
     where = (endpoint, bucket)
     end = _budget_end(config, _SILENCE.since(where))
-    throttled = [0]  # attempts answered with a throttling code (metrics)
+    attempts = throttled = 0  # throttled: attempts answered with a throttling code (metrics)
+    queued = 0.0  # seconds the attempts waited for the limiter: left out of the deadline
     outcome: Outcome = "failed"
 
     def before_sleep(state: RetryCallState) -> None:
+        nonlocal throttled
         exc = state.outcome.exception() if state.outcome else None
-        if exc is not None and is_throttle(exc):
-            throttled[0] += 1
+        throttled += exc is not None and is_throttle(exc)
         log.debug(
             "retrying %s s3://%s/%s after %s (attempt %d)",
             operation,
@@ -164,7 +138,55 @@ def call(
             state.attempt_number,
         )
 
-    def watched() -> T:
+    retrying = policy.retrying(
+        retry=retry_if_exception(is_transient),
+        queued=lambda: queued,
+        end=end,
+        before_sleep=before_sleep,
+    )
+    try:
+        for attempt in retrying:
+            with attempt:
+                attempts += 1
+                slot = None if limiter is None else limiter.acquire(policy.sleep)
+                queued += 0.0 if slot is None else slot.queued
+                result = _attempt(fn, config, end, where, limiter, slot)
+        outcome = "ok"
+        return result, attempts
+    except Exception as exc:  # mapped at this one edge
+        throttled += is_throttle(exc)  # the last attempt (before_sleep saw the others)
+        if timeout_kind(exc) is not None:
+            _SILENCE.gave_up(where, started)
+        mapped = map_error(
+            exc,
+            operation=operation,
+            bucket=bucket,
+            key=key,
+            endpoint=endpoint,
+            attempts=attempts,
+            elapsed=time.monotonic() - started,
+            transfer_config=config,
+        )
+        if isinstance(mapped, ObjectNotFoundError):
+            outcome = expected_outcome("not_found")
+        elif isinstance(mapped, PreconditionFailedError):
+            outcome = expected_outcome("precondition_failed")
+        raise mapped from exc
+    finally:
+        record_request(operation, max(attempts, 1), throttled, outcome)
+
+
+def _attempt(
+    fn: Callable[[], T],
+    config: TransferConfig,
+    end: float | None,
+    where: tuple[str | None, str],
+    limiter: AdaptiveLimiter | None,
+    slot: Slot | None,
+) -> T:
+    """One attempt under its total deadline, its limiter ``slot`` given back with the
+    outcome; a reply (anything but a timeout) tells that the endpoint answers."""
+    try:
         with watching(config.read_timeout, config.min_rate, end) as watch:
             try:
                 result = fn()
@@ -178,49 +200,11 @@ def call(
                 if timeout_kind(exc) is None:
                     _SILENCE.answered(where)
                 raise
-        _SILENCE.answered(where)
-        return result
-
-    def attempt() -> T:
-        if limiter is None:
-            return watched()
-        slot = limiter.acquire(sleep)
-        request.queued += slot.queued  # read by the deadline
-        try:
-            result = watched()
-        except BaseException as exc:
-            if is_throttle(exc):
-                limiter.throttled(slot)
-            else:
-                limiter.failed(slot)
-            raise
+    except BaseException as exc:
+        if limiter is not None and slot is not None:
+            (limiter.throttled if is_throttle(exc) else limiter.failed)(slot)
+        raise
+    _SILENCE.answered(where)
+    if limiter is not None and slot is not None:
         limiter.succeeded(slot)
-        return result
-
-    request = RetryCall(attempt, before_sleep=before_sleep, end=end)
-    try:
-        result: T = policy(request)
-        outcome = "ok"
-        return result, request.attempts
-    except Exception as exc:  # mapped at this one edge
-        if is_throttle(exc):  # the last attempt (before_sleep saw the others)
-            throttled[0] += 1
-        if timeout_kind(exc) is not None:
-            _SILENCE.gave_up(where, started)
-        mapped = map_error(
-            exc,
-            operation=operation,
-            bucket=bucket,
-            key=key,
-            endpoint=endpoint,
-            attempts=request.attempts,
-            elapsed=time.monotonic() - started,
-            transfer_config=config,
-        )
-        if isinstance(mapped, ObjectNotFoundError):
-            outcome = expected_outcome("not_found")
-        elif isinstance(mapped, PreconditionFailedError):
-            outcome = expected_outcome("precondition_failed")
-        raise mapped from exc
-    finally:
-        record_request(operation, max(request.attempts, 1), throttled[0], outcome)
+    return result

@@ -22,7 +22,7 @@ freed. Decisions:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -36,7 +36,7 @@ from s3ckpt.errors import (
 )
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store._cache import ProcessCache
-from s3ckpt.store.base import ObjectStore
+from s3ckpt.store.base import ObjectStore, S3Requests
 
 __all__ = [
     "Noncurrent",
@@ -98,11 +98,11 @@ class VersionedStore(Protocol):
         ...
 
 
+#: (endpoint, bucket) -> (status,): the status in a tuple, so that None is a value.
 _STATUS: ProcessCache[tuple[str, str], tuple[Status | None]] = ProcessCache(256)
-"""(endpoint, bucket) -> (status,): the status in a tuple, so that None is a value."""
+#: (endpoint, bucket) -> (prefix, NoncurrentDays) of each enabled rule that expires noncurrent
+#: versions of every object under its prefix.
 _RULES: ProcessCache[tuple[str, str], tuple[tuple[str, int], ...]] = ProcessCache(256)
-"""(endpoint, bucket) -> (prefix, NoncurrentDays) of each enabled rule that expires
-noncurrent versions of every object under its prefix."""
 
 
 def clear_versioning_cache() -> None:
@@ -128,27 +128,10 @@ def _expiry_rules(config: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
-class _S3Requests(Protocol):
-    """What the mixin needs of :class:`~s3ckpt.store.s3.S3Store`."""
-
-    page_size: int
-
-    @property
-    def bucket(self) -> str: ...
-
-    @property
-    def client(self) -> Any: ...
-
-    @property
-    def endpoint_url(self) -> str | None: ...
-
-    def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T: ...
-
-
 class VersionRequests:
     """The two version requests of :class:`~s3ckpt.store.s3.S3Store` (mixed in)."""
 
-    def versioning_status(self: _S3Requests) -> Status | None:
+    def versioning_status(self: S3Requests) -> Status | None:
         """See :meth:`VersionedStore.versioning_status`."""
 
         def fetch() -> tuple[Status | None]:
@@ -162,27 +145,16 @@ class VersionRequests:
 
         return _STATUS.get((self.endpoint_url or "", self.bucket), fetch)[0]
 
-    def list_noncurrent(self: _S3Requests, prefix: str) -> Iterator[tuple[str, int | None]]:
+    def list_noncurrent(self: S3Requests, prefix: str) -> Iterator[tuple[str, int | None]]:
         """See :meth:`VersionedStore.list_noncurrent` (ListObjectVersions, paged)."""
-        markers: dict[str, Any] = {}
-        while True:
-            args = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": self.page_size}
-            args.update(markers)
-            page: Callable[[], Any] = partial(self.client.list_object_versions, **args)
-            resp = self._call("list_object_versions", prefix, page)
+        for resp in self._paginate("list_object_versions", prefix):
             for v in resp.get("Versions", []) or []:
                 if not v.get("IsLatest"):
                     yield v["Key"], int(v.get("Size") or 0)
             for m in resp.get("DeleteMarkers", []) or []:
                 yield m["Key"], None
-            if not resp.get("IsTruncated"):
-                return
-            markers = {
-                "KeyMarker": resp.get("NextKeyMarker", ""),
-                "VersionIdMarker": resp.get("NextVersionIdMarker", ""),
-            }
 
-    def noncurrent_expiry_days(self: _S3Requests, prefix: str) -> int | None:
+    def noncurrent_expiry_days(self: S3Requests, prefix: str) -> int | None:
         """See :meth:`VersionedStore.noncurrent_expiry_days` (GetBucketLifecycleConfiguration;
         ``NoSuchLifecycleConfiguration`` is no rule)."""
 
@@ -255,12 +227,7 @@ class Versions:
 
     def total(self) -> Noncurrent | None:
         """The counts under every prefix together (None where they could not be counted)."""
-        if not self.counted:
-            return None
-        out = Noncurrent()
-        for n in self.by_prefix.values():
-            out = out + n
-        return out
+        return sum(self.by_prefix.values(), Noncurrent()) if self.counted else None
 
     def to_dict(self, prefix: str | None = None) -> dict[str, Any]:
         """JSON fields (``ls``, ``prune`` and ``report --json``) for ``prefix``, or for
@@ -321,14 +288,9 @@ def noncurrent_versions(store: ObjectStore, prefixes: Sequence[str]) -> Versions
             return Versions("off", {p: Noncurrent() for p in prefixes})
         out: dict[str, Noncurrent] = {}
         for prefix in dict.fromkeys(prefixes):
-            versions = size = markers = 0
-            for _key, nbytes in store.list_noncurrent(prefix):
-                if nbytes is None:
-                    markers += 1
-                else:
-                    versions += 1
-                    size += nbytes
-            out[prefix] = Noncurrent(versions, size, markers)
+            sizes = [n for _key, n in store.list_noncurrent(prefix)]
+            kept = [n for n in sizes if n is not None]  # None: a delete marker
+            out[prefix] = Noncurrent(len(kept), sum(kept), len(sizes) - len(kept))
     except StoreError as exc:
         unsupported = isinstance(exc, UnsupportedOperationError)  # 501: it keeps no versions
         return Versions("unsupported" if unsupported else "unknown", {}, reason=_why(exc))

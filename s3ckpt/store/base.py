@@ -12,10 +12,11 @@ Call sequence of a multipart upload::
     parts = [store.upload_part(key, upload_id, n, data) for n, data in ...]  # any order, parallel
     store.complete_multipart(key, upload_id, parts)      # or abort_multipart on any failure
 
-Storage classes (S3 only; other stores refuse them with a ``ConfigError``): an object moves
-to another class in place (:meth:`ObjectStore.set_storage_class`), is tagged for a lifecycle
-rule (:meth:`ObjectStore.put_object_tags`), and one in an archive class
-(:data:`ARCHIVE_CLASSES`) is read only after :meth:`ObjectStore.restore_object` made a
+Storage classes are a separate protocol, :class:`ArchiveStore` (S3 and the memory store;
+:func:`archive_store` refuses others with a ``ConfigError``): an object moves to another
+class in place (:meth:`ArchiveStore.set_storage_class`), is tagged for a lifecycle rule
+(:meth:`ArchiveStore.put_object_tags`), and one in an archive class
+(:data:`ARCHIVE_CLASSES`) is read only after :meth:`ArchiveStore.restore_object` made a
 temporary copy (:func:`restore_state` reads a HEAD's answer).
 
 Implementations must be picklable and safe to use from many threads.
@@ -24,14 +25,17 @@ Implementations must be picklable and safe to use from many threads.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError
+from s3ckpt.store.retry import RetryPolicy
 
 __all__ = [
     "ARCHIVE_CLASSES",
+    "ArchiveStore",
     "Buffer",
     "CompletedPart",
     "DeleteFailure",
@@ -40,17 +44,21 @@ __all__ = [
     "ObjectStore",
     "RangeReader",
     "RestoreState",
+    "S3Requests",
     "UploadInfo",
     "MAX_DELETE_BATCH",
     "RESTORE_TIERS",
+    "archive_store",
     "check_restore_args",
+    "common_prefixes",
     "restore_state",
 ]
 
 Buffer = bytes | bytearray | memoryview
+T = TypeVar("T")
 
+#: S3's DeleteObjects accepts at most 1000 keys per request.
 MAX_DELETE_BATCH = 1000
-"""S3's DeleteObjects accepts at most 1000 keys per request."""
 
 
 @dataclass(frozen=True)
@@ -60,42 +68,41 @@ class ObjectInfo:
     key: str
     size: int
     etag: str | None = None
+    #: Seconds since the epoch (UTC).
     last_modified: float | None = None
-    """Seconds since the epoch (UTC)."""
+    #: The S3 storage class a listing reports (``STANDARD``, ``STANDARD_IA``, ``GLACIER``, ...), or
+    #: None where the store does not say (S3 leaves it out for some objects; other stores have
+    #: none). None bills as ``STANDARD``. A HEAD fills it from ``x-amz-storage-class``, which S3
+    #: leaves out for ``STANDARD``.
     storage_class: str | None = None
-    """The S3 storage class a listing reports (``STANDARD``, ``STANDARD_IA``, ``GLACIER``,
-    ...), or None where the store does not say (S3 leaves it out for some objects; other
-    stores have none). None bills as ``STANDARD``. A HEAD fills it from
-    ``x-amz-storage-class``, which S3 leaves out for ``STANDARD``."""
+    #: A HEAD's raw ``x-amz-restore`` header (``ongoing-request="false", expiry-date="..."``) for an
+    #: archived object a restore was asked for; None otherwise (and in listings).
+    #: :func:`restore_state` reads it.
     restore: str | None = None
-    """A HEAD's raw ``x-amz-restore`` header (``ongoing-request="false", expiry-date="..."``)
-    for an archived object a restore was asked for; None otherwise (and in listings).
-    :func:`restore_state` reads it."""
 
 
+#: The storage classes whose objects S3 keeps offline: a GET fails (403 ``InvalidObjectState``)
+#: until a restore made a temporary copy. ``GLACIER_IR`` is not one (it reads at once, at a
+#: retrieval fee).
 ARCHIVE_CLASSES = frozenset({"GLACIER", "DEEP_ARCHIVE"})
-"""The storage classes whose objects S3 keeps offline: a GET fails (403
-``InvalidObjectState``) until a restore made a temporary copy. ``GLACIER_IR`` is not one
-(it reads at once, at a retrieval fee)."""
 
 
 class RestoreState(str, enum.Enum):
     """Where an object stands with its restore: what
-    :meth:`ObjectStore.restore_object` answers, and :func:`restore_state` reads from a HEAD.
+    :meth:`ArchiveStore.restore_object` answers, and :func:`restore_state` reads from a HEAD.
     """
 
+    #: A restore was asked for now (S3 answered 202).
     STARTED = "started"
-    """A restore was asked for now (S3 answered 202)."""
+    #: A restore asked for earlier is still running (409 ``RestoreAlreadyInProgress``, or a HEAD's
+    #: ``ongoing-request="true"``).
     IN_PROGRESS = "in_progress"
-    """A restore asked for earlier is still running (409 ``RestoreAlreadyInProgress``, or a
-    HEAD's ``ongoing-request="true"``)."""
+    #: A temporary copy is readable (200, or ``ongoing-request="false"``).
     RESTORED = "restored"
-    """A temporary copy is readable (200, or ``ongoing-request="false"``)."""
+    #: The object is in no archive class: nothing to restore, it reads at once.
     NOT_ARCHIVED = "not_archived"
-    """The object is in no archive class: nothing to restore, it reads at once."""
+    #: Archived and no restore asked for (a HEAD only; ``restore_object`` never answers this).
     ARCHIVED = "archived"
-    """Archived and no restore asked for (a HEAD only; ``restore_object`` never answers
-    this)."""
 
 
 def restore_state(info: ObjectInfo) -> RestoreState:
@@ -109,8 +116,8 @@ def restore_state(info: ObjectInfo) -> RestoreState:
     return RestoreState.RESTORED
 
 
+#: The retrieval tiers RestoreObject takes (fastest and dearest last).
 RESTORE_TIERS = ("Standard", "Bulk", "Expedited")
-"""The retrieval tiers RestoreObject takes (fastest and dearest last)."""
 
 
 def check_restore_args(days: int, tier: str) -> None:
@@ -122,14 +129,24 @@ def check_restore_args(days: int, tier: str) -> None:
         raise ConfigError(f"restore tier must be one of {', '.join(RESTORE_TIERS)}, got {tier!r}")
 
 
+def common_prefixes(
+    keys: Iterable[str], prefix: str, delimiter: str = "/", start_after: str | None = None
+) -> list[str]:
+    """The sorted "sub-folders" of ``prefix`` among ``keys`` (all under it), as S3's
+    ``CommonPrefixes``: for stores whose listings hold every key."""
+    rests = (k[len(prefix) :] for k in keys)
+    seen = {prefix + r.split(delimiter, 1)[0] + delimiter for r in rests if delimiter in r}
+    return sorted(p for p in seen if start_after is None or p > start_after)
+
+
 @dataclass(frozen=True)
 class CompletedPart:
     """One uploaded part, as :meth:`ObjectStore.complete_multipart` needs it."""
 
     part_number: int
     etag: str
+    #: Base64 CRC32C the store acknowledged, when checksums are on.
     checksum_crc32c: str | None = None
-    """Base64 CRC32C the store acknowledged, when checksums are on."""
     size: int = 0
 
 
@@ -151,8 +168,8 @@ class DeleteFailure:
     message: str
 
 
+#: What :meth:`ObjectStore.delete` returns (an alias: ``list`` is shadowed in store classes).
 DeleteFailures = list[DeleteFailure]
-"""What :meth:`ObjectStore.delete` returns (an alias: ``list`` is shadowed in store classes)."""
 
 
 @runtime_checkable
@@ -280,6 +297,13 @@ class ObjectStore(Protocol):
         """Open multipart uploads under ``prefix``."""
         ...
 
+
+@runtime_checkable
+class ArchiveStore(ObjectStore, Protocol):
+    """A store with storage classes (S3): the archive operations the tiers and ``s3ckpt
+    restore`` use, apart from the core :class:`ObjectStore` every store has. A store
+    without them is refused by :func:`archive_store`."""
+
     def set_storage_class(
         self, key: str, storage_class: str, *, etag: str | None = None, size: int | None = None
     ) -> ObjectInfo:
@@ -298,16 +322,12 @@ class ObjectStore(Protocol):
         Raises:
             PreconditionFailedError: ``etag`` is given and the object changed.
             ObjectNotFoundError: The object does not exist.
-            ConfigError: The store has no storage classes (not S3).
         """
         ...
 
     def put_object_tags(self, key: str, tags: Mapping[str, str]) -> None:
         """Replace ``key``'s tag set with ``tags`` (S3 ``PutObjectTagging``): how a
         lifecycle rule on a tag is told to move an object.
-
-        Raises:
-            ConfigError: The store has no tags (not S3).
         """
         ...
 
@@ -317,8 +337,50 @@ class ObjectStore(Protocol):
 
         Returns ``STARTED``, ``IN_PROGRESS``, ``RESTORED`` (a copy is readable; asking
         again extended it) or ``NOT_ARCHIVED`` (nothing to restore).
-
-        Raises:
-            ConfigError: The store has no storage classes (not S3).
         """
         ...
+
+
+def archive_store(store: ObjectStore, key: str, operation: str) -> ArchiveStore:
+    """``store`` as an :class:`ArchiveStore`, else the :class:`~s3ckpt.errors.ConfigError`
+    of a store without storage classes (fsspec URLs), naming the URL."""
+    if isinstance(store, ArchiveStore):
+        return store
+    raise ConfigError(
+        f"{operation} {store.url_scheme}://{store.bucket}/{key}: storage classes are an S3 "
+        "feature; this store has none"
+    )
+
+
+class S3Requests(Protocol):
+    """What the S3 store's helpers (:mod:`~s3ckpt.store._archive`,
+    :mod:`~s3ckpt.store._versions`, :mod:`~s3ckpt.store._range`) need of
+    :class:`~s3ckpt.store.s3.S3Store` (named here: s3.py imports them)."""
+
+    s3_config: S3Config
+    transfer_config: TransferConfig
+    retry_policy: RetryPolicy
+    page_size: int
+
+    @property
+    def bucket(self) -> str: ...
+
+    @property
+    def client(self) -> Any: ...
+
+    @property
+    def endpoint_url(self) -> str | None: ...
+
+    def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T: ...
+
+    def _call_counted(
+        self, operation: str, key: str | None, fn: Callable[[], T]
+    ) -> tuple[T, int]: ...
+
+    def _get_object(self, key: str, first: int, last: int | None) -> Any: ...
+
+    def _paginate(self, operation: str, prefix: str, **kwargs: Any) -> Iterator[dict[str, Any]]: ...
+
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    def abort_multipart(self, key: str, upload_id: str) -> None: ...

@@ -20,17 +20,17 @@ from typing import Any
 
 from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.store import _reply
-from s3ckpt.store._request import sse_args
-from s3ckpt.store.base import ObjectInfo, ObjectStore
-from s3ckpt.store.s3 import S3Store
+from s3ckpt.store.base import ObjectInfo, ObjectStore, common_prefixes
 
 __all__ = ["get_info", "list_folder"]
 
 
-def _s3(store: ObjectStore) -> S3Store | None:
+def _s3(store: ObjectStore) -> Any:
+    """The :class:`~s3ckpt.store.s3.S3Store` ``store`` is or wraps (duck-typed: that module
+    imports the capability probe, which lists through this one), else None."""
     inner: Any = store
     for _ in range(4):  # a wrapper (CountingStore) keeps its store as ``wrapped``
-        if isinstance(inner, S3Store):
+        if getattr(inner, "url_scheme", None) == "s3" and hasattr(inner, "_paginate"):
             return inner
         inner = getattr(inner, "wrapped", None)
         if inner is None:
@@ -44,16 +44,9 @@ def list_folder(store: ObjectStore, prefix: str) -> Iterator[ObjectInfo | str]:
     LIST requests with ``Delimiter="/"``; elsewhere one full listing of the prefix."""
     s3 = _s3(store)
     if s3 is None:
-        seen: set[str] = set()
-        for obj in store.list(prefix):
-            rest = obj.key[len(prefix) :]
-            if "/" in rest:
-                sub = prefix + rest.split("/", 1)[0] + "/"
-                if sub not in seen:
-                    seen.add(sub)
-                    yield sub
-            else:
-                yield obj
+        listed = list(store.list(prefix))
+        yield from (o for o in listed if "/" not in o.key[len(prefix) :])
+        yield from common_prefixes((o.key for o in listed), prefix)
         return
     for page in s3._paginate("list_objects_v2", prefix, Delimiter="/"):
         for obj in page.get("Contents", []) or []:
@@ -75,11 +68,8 @@ def get_info(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes | None
         if info is None:
             raise ObjectNotFoundError("object not found", bucket=store.bucket, key=key)
         return (None if info.size > max_bytes else store.get(key)), info
-    args = {"Bucket": s3.bucket, "Key": key, **sse_args(s3.s3_config, upload=False)}
 
-    def fetch() -> tuple[bytes | None, ObjectInfo]:
-        resp = s3.client.get_object(**args)
-        _reply.check_body(resp, bucket=s3.bucket, key=key)
+    def read(resp: Any) -> tuple[bytes | None, ObjectInfo]:
         size = int(resp.get("ContentLength", 0))
         body: bytes | None = None
         if size > max_bytes:
@@ -87,8 +77,7 @@ def get_info(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes | None
         else:
             body = bytes(resp["Body"].read())
         lm = resp.get("LastModified")
-        stamp = lm.timestamp() if lm is not None else None
-        return body, ObjectInfo(key, size, resp.get("ETag"), stamp)
+        return body, ObjectInfo(key, size, resp.get("ETag"), lm.timestamp() if lm else None)
 
-    result: tuple[bytes | None, ObjectInfo] = s3._call("get", key, fetch)
+    result: tuple[bytes | None, ObjectInfo] = s3._get(key, None, read)
     return result

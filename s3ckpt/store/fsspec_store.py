@@ -9,15 +9,18 @@ makes conditional puts and deletes atomic with the backend's own primitive (``fi
 ``memory://``, ``az://``, ``gs://``) and says which conditions it enforces
 (:attr:`FsspecStore.enforces`); elsewhere they are a check-then-write that the capability
 probe reports as ignored, so saves are refused unless single-writer mode is chosen.
-Storage classes, tags and restores are S3's: asked of this store they are a
+Storage classes, tags and restores are S3's: this store is no
+:class:`~s3ckpt.store.base.ArchiveStore`, so the tiers and restore refuse it with a
 ``ConfigError`` naming the URL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -29,7 +32,6 @@ from s3ckpt.errors import (
     StoreError,
     UnsupportedOperationError,
 )
-from s3ckpt.store._archive import refuse
 from s3ckpt.store._fsspec_commit import Committer, Conflict, committer_for, md5_etag
 from s3ckpt.store.base import (
     Buffer,
@@ -37,57 +39,48 @@ from s3ckpt.store.base import (
     DeleteFailure,
     DeleteFailures,
     ObjectInfo,
-    RestoreState,
     UploadInfo,
+    common_prefixes,
 )
 
 __all__ = ["FsspecStore"]
 
 
+_MAPPED: tuple[tuple[type[BaseException], type[StoreError], str], ...] = (
+    (
+        Conflict,
+        PreconditionFailedError,
+        "the condition did not hold (another writer changed the object)",
+    ),
+    (
+        NotImplementedError,
+        UnsupportedOperationError,
+        "{exc} is not supported by this store; s3ckpt never sends it",
+    ),
+    (FileNotFoundError, ObjectNotFoundError, "not found"),
+    (PermissionError, AccessDeniedError, "permission denied; check credentials and permissions"),
+)
+
+
 def _map(exc: BaseException, operation: str, bucket: str, key: str) -> StoreError:
     if isinstance(exc, StoreError):
         return exc
-    if isinstance(exc, Conflict):
-        return PreconditionFailedError(
-            f"{operation}: the condition did not hold (another writer changed the object)",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-        )
-    if isinstance(exc, NotImplementedError):
-        return UnsupportedOperationError(
-            f"{operation}: {exc} is not supported by this store; s3ckpt never sends it",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-        )
-    if isinstance(exc, FileNotFoundError):
-        return ObjectNotFoundError(
-            f"{operation}: not found", bucket=bucket, key=key, operation=operation
-        )
-    if isinstance(exc, PermissionError):
-        return AccessDeniedError(
-            f"{operation}: permission denied; check credentials and permissions",
-            bucket=bucket,
-            key=key,
-            operation=operation,
-        )
-    return StoreError(
-        f"{operation} failed: {type(exc).__name__}: {exc}",
-        bucket=bucket,
-        key=key,
-        operation=operation,
-    )
+    cls, text = StoreError, f"{operation} failed: {type(exc).__name__}: {exc}"
+    for kind, mapped, template in _MAPPED:
+        if isinstance(exc, kind):
+            cls, text = mapped, f"{operation}: " + template.format(exc=exc)
+            break
+    return cls(text, bucket=bucket, key=key, operation=operation)
 
 
+@dataclass
 class _Upload:
-    def __init__(self, handle: Any, key: str, tmp: str) -> None:
-        self.handle = handle
-        self.key = key
-        self.tmp = tmp
-        self.next_part = 1
-        self.pending: dict[int, bytes] = {}
-        self.lock = threading.Lock()
+    handle: Any
+    key: str
+    tmp: str
+    next_part: int = 1
+    pending: dict[int, bytes] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class FsspecStore:
@@ -139,6 +132,14 @@ class FsspecStore:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url_scheme"], state["_bucket"], **state["_options"])  # type: ignore[misc]
 
+    @contextlib.contextmanager
+    def _mapped(self, operation: str, key: str) -> Iterator[None]:
+        """Raise what the block raises as the store error it means (:func:`_map`)."""
+        try:
+            yield
+        except Exception as exc:
+            raise _map(exc, operation, self._bucket, key) from exc
+
     def _path(self, key: str) -> str:
         if self.url_scheme == "file":
             return "/" + key.lstrip("/")
@@ -166,25 +167,20 @@ class FsspecStore:
         """See :meth:`ObjectStore.put`. Conditional puts return (and ``if_match`` compares)
         the backend's ETag (Azure's; the generation on GCS; else the quoted MD5 of the
         content), atomically where :attr:`enforces` says so."""
-        conditional = if_none_match or if_match is not None
-        try:
+        with self._mapped("put", key):
             self._makedirs(key)
             etag = self.committer.write(
                 self._path(key), bytes(data), if_none_match=if_none_match, if_match=if_match
             )
-        except Exception as exc:
-            raise _map(exc, "put", self._bucket, key) from exc
-        return etag if conditional else ""
+        return etag if if_none_match or if_match is not None else ""
 
     def create_multipart(self, key: str) -> str:
         """See :meth:`ObjectStore.create_multipart`."""
-        try:
+        with self._mapped("create_multipart", key):
             self._makedirs(key)
             upload_id = uuid.uuid4().hex
             tmp = f"{self._path(key)}.{upload_id}.s3ckpt-partial"
             handle = self.fs.open(tmp, "wb")
-        except Exception as exc:
-            raise _map(exc, "create_multipart", self._bucket, key) from exc
         with self._lock:
             self._uploads[upload_id] = _Upload(handle, key, tmp)
         return upload_id
@@ -201,14 +197,11 @@ class FsspecStore:
     ) -> CompletedPart:
         """See :meth:`ObjectStore.upload_part`."""
         up = self._upload(upload_id, key)
-        with up.lock:
+        with up.lock, self._mapped("upload_part", key):
             up.pending[part_number] = bytes(data)
-            try:
-                while up.next_part in up.pending:
-                    up.handle.write(up.pending.pop(up.next_part))
-                    up.next_part += 1
-            except Exception as exc:
-                raise _map(exc, "upload_part", self._bucket, key) from exc
+            while up.next_part in up.pending:
+                up.handle.write(up.pending.pop(up.next_part))
+                up.next_part += 1
         return CompletedPart(part_number, f"part-{part_number}", None, len(data))
 
     def complete_multipart(
@@ -244,32 +237,22 @@ class FsspecStore:
             up = self._uploads.pop(upload_id, None)
         if up is None:
             return
-        try:
+        with contextlib.suppress(Exception):  # the file is being discarded anyway
             up.handle.close()
-        except Exception:  # the file is being discarded anyway
-            pass
-        try:
+        with self._mapped("abort_multipart", key), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(up.tmp)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise _map(exc, "abort_multipart", self._bucket, key) from exc
 
     def open_range(self, key: str, start: int = 0, length: int | None = None) -> _FsspecRange:
         """See :meth:`ObjectStore.open_range`."""
-        try:
+        with self._mapped("get", key):
             handle = self.fs.open(self._path(key), "rb")
             handle.seek(start)
-        except Exception as exc:
-            raise _map(exc, "get", self._bucket, key) from exc
         return _FsspecRange(handle, length)
 
     def get(self, key: str) -> bytes:
         """See :meth:`ObjectStore.get`."""
-        try:
+        with self._mapped("get", key):
             return bytes(self.fs.cat_file(self._path(key)))
-        except Exception as exc:
-            raise _map(exc, "get", self._bucket, key) from exc
 
     def head(self, key: str) -> ObjectInfo | None:
         """See :meth:`ObjectStore.head`."""
@@ -288,21 +271,18 @@ class FsspecStore:
             # returns and compares, so a head-then-conditional-put (a lease takeover) and
             # the conditional puts after it agree.
             try:
-                etag = md5_etag(self.fs.cat_file(self._path(key)))
-            except FileNotFoundError:
+                with self._mapped("head", key):
+                    etag = md5_etag(self.fs.cat_file(self._path(key)))
+            except ObjectNotFoundError:
                 return None
-            except Exception as exc:
-                raise _map(exc, "head", self._bucket, key) from exc
         return ObjectInfo(key, size, etag, _mtime(info))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """See :meth:`ObjectStore.list`."""
         base = self._path(prefix)
         root = base if base.endswith("/") else base.rsplit("/", 1)[0]
-        try:
+        with self._mapped("list", prefix):
             found = self.fs.find(root, detail=True) if self.fs.exists(root) else {}
-        except Exception as exc:
-            raise _map(exc, "list", self._bucket, prefix) from exc
         for path, info in sorted(found.items()):
             key = self._key(path)
             if key.startswith(prefix) and not key.endswith(".s3ckpt-partial"):
@@ -313,12 +293,8 @@ class FsspecStore:
         self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
     ) -> Iterator[str]:
         """See :meth:`ObjectStore.list_prefixes` (filtered here: fsspec lists everything)."""
-        seen = set()
-        for obj in self.list(prefix):
-            rest = obj.key[len(prefix) :]
-            if delimiter in rest:
-                seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-        yield from sorted(p for p in seen if start_after is None or p > start_after)
+        keys = [obj.key for obj in self.list(prefix)]
+        yield from common_prefixes(keys, prefix, delimiter, start_after)
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
@@ -335,10 +311,8 @@ class FsspecStore:
     def delete_if_match(self, key: str, etag: str) -> None:
         """See :meth:`ObjectStore.delete_if_match`. Compares the ETag :meth:`put` returns,
         atomically where :attr:`enforces` says so."""
-        try:
+        with self._mapped("delete", key):
             self.committer.delete_if_match(self._path(key), etag)
-        except Exception as exc:
-            raise _map(exc, "delete", self._bucket, key) from exc
 
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """Uploads open in this process (fsspec has no server-side multipart state)."""
@@ -348,25 +322,11 @@ class FsspecStore:
             if up.key.startswith(prefix):
                 yield UploadInfo(up.key, uid, None)
 
-    def set_storage_class(
-        self, key: str, storage_class: str, *, etag: str | None = None, size: int | None = None
-    ) -> ObjectInfo:
-        """Refused: storage classes are an S3 feature (``ConfigError`` naming the URL)."""
-        raise refuse(self, key, "set_storage_class")
 
-    def put_object_tags(self, key: str, tags: Mapping[str, str]) -> None:
-        """Refused: object tags are an S3 feature (``ConfigError`` naming the URL)."""
-        raise refuse(self, key, "put_object_tags")
-
-    def restore_object(self, key: str, *, days: int, tier: str = "Standard") -> RestoreState:
-        """Refused: there is nothing archived to restore here (``ConfigError``)."""
-        raise refuse(self, key, "restore_object")
-
-
+#: Objects up to this size without an ETag of their own get the MD5 one from :meth:`head` (control
+#: objects: leases, markers, pins); a larger one has none, so a HEAD never costs the read of a data
+#: object.
 _HEAD_MD5_LIMIT = 1 << 20
-"""Objects up to this size without an ETag of their own get the MD5 one from :meth:`head`
-(control objects: leases, markers, pins); a larger one has none, so a HEAD never costs the
-read of a data object."""
 
 
 def _mtime(info: dict[str, Any]) -> float | None:

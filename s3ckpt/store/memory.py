@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import io
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ from s3ckpt.store.base import (
     RestoreState,
     UploadInfo,
     check_restore_args,
+    common_prefixes,
     restore_state,
 )
 
@@ -133,18 +135,31 @@ class MemoryStore:
             self.faults.append(fault)
         return fault
 
+    def _changed(self, key: str, what: str = "object changed") -> PreconditionFailedError:
+        return PreconditionFailedError(
+            what, bucket=self._bucket, key=key, code="PreconditionFailed"
+        )
+
+    def _unsupported(self, operation: str, key: str, name: str) -> UnsupportedOperationError:
+        return UnsupportedOperationError(
+            f"{name} failed with NotImplemented (HTTP 501)",
+            bucket=self._bucket,
+            key=key,
+            operation=operation,
+            code="NotImplemented",
+        )
+
     def _enter(self, operation: str, key: str) -> None:
         with self._lock:
             self.calls[operation] = self.calls.get(operation, 0) + 1
             for fault in self.faults:
-                if fault.hits >= fault.times:
-                    continue
-                if fault.operation not in ("*", operation):
-                    continue
-                if not fnmatch.fnmatchcase(key, fault.key_glob):
-                    continue
-                fault.hits += 1
-                raise fault.error(key)
+                if (
+                    fault.hits < fault.times
+                    and fault.operation in ("*", operation)
+                    and fnmatch.fnmatchcase(key, fault.key_glob)
+                ):
+                    fault.hits += 1
+                    raise fault.error(key)
 
     def _store(
         self, key: str, data: bytes, if_none_match: bool, if_match: str | None = None
@@ -153,19 +168,9 @@ class MemoryStore:
             if self._ignore_conditions:  # a store that accepts the headers and ignores them
                 if_none_match, if_match = False, None
             if if_none_match and key in self.objects:
-                raise PreconditionFailedError(
-                    "object already exists", bucket=self._bucket, key=key, code="PreconditionFailed"
-                )
-            if if_match is not None:
-                current = self.objects.get(key)
-                if current is None:
-                    raise ObjectNotFoundError(
-                        "object not found", bucket=self._bucket, key=key, code="NoSuchKey"
-                    )
-                if current.etag != if_match:
-                    raise PreconditionFailedError(
-                        "object changed", bucket=self._bucket, key=key, code="PreconditionFailed"
-                    )
+                raise self._changed(key, "object already exists")
+            if if_match is not None and self._object(key).etag != if_match:
+                raise self._changed(key)
             etag = '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
             self.objects[key] = _Obj(data, etag, self._clock())
             return etag
@@ -198,9 +203,7 @@ class MemoryStore:
         self._enter("upload_part", key)
         payload = bytes(data)
         with self._lock:
-            if upload_id not in self.uploads:
-                raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
-            self.uploads[upload_id][1][part_number] = payload
+            self._upload(key, upload_id)[part_number] = payload
         etag = hashlib.md5(payload, usedforsecurity=False).hexdigest()
         return CompletedPart(part_number, etag, None, len(payload))
 
@@ -215,9 +218,7 @@ class MemoryStore:
         """See :meth:`ObjectStore.complete_multipart`."""
         self._enter("complete_multipart", key)
         with self._lock:
-            if upload_id not in self.uploads:
-                raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
-            stored = self.uploads[upload_id][1]
+            stored = self._upload(key, upload_id)
             numbers = sorted(p.part_number for p in parts)
             missing = [n for n in numbers if n not in stored]
             if missing:
@@ -230,41 +231,32 @@ class MemoryStore:
             self.uploads.pop(upload_id, None)
         return etag
 
+    def _upload(self, key: str, upload_id: str) -> dict[int, bytes]:
+        if upload_id not in self.uploads:
+            raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
+        return self.uploads[upload_id][1]
+
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """See :meth:`ObjectStore.abort_multipart`."""
         self._enter("abort_multipart", key)
         with self._lock:
             self.uploads.pop(upload_id, None)
 
-    def open_range(self, key: str, start: int = 0, length: int | None = None) -> _MemoryRange:
+    def open_range(self, key: str, start: int = 0, length: int | None = None) -> io.BytesIO:
         """See :meth:`ObjectStore.open_range`."""
-        self._enter("get", key)
-        with self._lock:
-            obj = self.objects.get(key)
-        if obj is None:
-            raise ObjectNotFoundError("object not found", bucket=self._bucket, key=key)
-        self._check_readable(key, obj)
-        end = len(obj.data) if length is None else min(len(obj.data), start + length)
-        return _MemoryRange(memoryview(obj.data)[start:end] if start < end else memoryview(b""))
+        data = self._readable(key).data
+        return io.BytesIO(data[start : None if length is None else start + length])
 
     def get(self, key: str) -> bytes:
         """See :meth:`ObjectStore.get`."""
-        self._enter("get", key)
-        with self._lock:
-            obj = self.objects.get(key)
-        if obj is None:
-            raise ObjectNotFoundError("object not found", bucket=self._bucket, key=key)
-        self._check_readable(key, obj)
-        return obj.data
+        return self._readable(key).data
 
     def head(self, key: str) -> ObjectInfo | None:
         """See :meth:`ObjectStore.head`."""
         self._enter("head", key)
         with self._lock:
             obj = self.objects.get(key)
-        if obj is None:
-            return None
-        return self._info(key, obj)
+        return None if obj is None else self._info(key, obj)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """See :meth:`ObjectStore.list`."""
@@ -279,14 +271,9 @@ class MemoryStore:
     ) -> Iterator[str]:
         """See :meth:`ObjectStore.list_prefixes`."""
         self._enter("list", prefix)
-        seen: set[str] = set()
         with self._lock:
-            keys = sorted(k for k in self.objects if k.startswith(prefix))
-        for k in keys:
-            rest = k[len(prefix) :]
-            if delimiter in rest:
-                seen.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-        yield from sorted(p for p in seen if start_after is None or p > start_after)
+            keys = [k for k in self.objects if k.startswith(prefix)]
+        yield from common_prefixes(keys, prefix, delimiter, start_after)
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
@@ -311,36 +298,17 @@ class MemoryStore:
         ``ignore_conditions`` it deletes whatever the ETag."""
         self._enter("delete_if_match", key)
         if not self._conditional_deletes:
-            raise UnsupportedOperationError(
-                "delete_if_match failed with NotImplemented (HTTP 501)",
-                bucket=self._bucket,
-                key=key,
-                operation="delete",
-                code="NotImplemented",
-            )
+            raise self._unsupported("delete", key, "delete_if_match")
         with self._lock:
-            current = self.objects.get(key)
-            if current is None:
-                raise ObjectNotFoundError(
-                    "object not found", bucket=self._bucket, key=key, code="NoSuchKey"
-                )
-            if current.etag != etag and not self._ignore_conditions:
-                raise PreconditionFailedError(
-                    "object changed", bucket=self._bucket, key=key, code="PreconditionFailed"
-                )
+            if self._object(key).etag != etag and not self._ignore_conditions:
+                raise self._changed(key)
             del self.objects[key]
 
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """See :meth:`ObjectStore.list_multipart_uploads`."""
         self._enter("list_multipart_uploads", prefix)
         if not self._list_uploads:
-            raise UnsupportedOperationError(
-                "list_multipart_uploads failed with NotImplemented (HTTP 501)",
-                bucket=self._bucket,
-                key=prefix,
-                operation="list_multipart_uploads",
-                code="NotImplemented",
-            )
+            raise self._unsupported("list_multipart_uploads", prefix, "list_multipart_uploads")
         with self._lock:
             ups = [(uid, k, t) for uid, (k, _, t) in self.uploads.items() if k.startswith(prefix)]
         for uid, k, t in sorted(ups, key=lambda u: (u[1], u[0])):
@@ -354,7 +322,10 @@ class MemoryStore:
             restore = f'ongoing-request="{ongoing}"'
         return ObjectInfo(key, len(obj.data), obj.etag, obj.mtime, obj.storage_class, restore)
 
-    def _check_readable(self, key: str, obj: _Obj) -> None:
+    def _readable(self, key: str) -> _Obj:
+        self._enter("get", key)
+        with self._lock:
+            obj = self._object(key)
         if restore_state(self._info(key, obj)) in (RestoreState.ARCHIVED, RestoreState.IN_PROGRESS):
             raise archived_error(
                 scheme="s3",
@@ -363,6 +334,7 @@ class MemoryStore:
                 storage_class=obj.storage_class,
                 operation="get",
             )
+        return obj
 
     def _object(self, key: str) -> _Obj:
         obj = self.objects.get(key)
@@ -375,15 +347,13 @@ class MemoryStore:
     def set_storage_class(
         self, key: str, storage_class: str, *, etag: str | None = None, size: int | None = None
     ) -> ObjectInfo:
-        """See :meth:`ObjectStore.set_storage_class`: the object keeps its bytes and ETag;
+        """See :meth:`ArchiveStore.set_storage_class`: the object keeps its bytes and ETag;
         an archived one being restored loses its temporary copy (as a copy on S3 does)."""
         self._enter("set_storage_class", key)
         with self._lock:
             obj = self._object(key)
             if etag is not None and obj.etag != etag and not self._ignore_conditions:
-                raise PreconditionFailedError(
-                    "object changed", bucket=self._bucket, key=key, code="PreconditionFailed"
-                )
+                raise self._changed(key)
             if not same_class(obj.storage_class, storage_class):
                 obj.storage_class = None if storage_class == "STANDARD" else storage_class
                 obj.restore_until = None
@@ -391,13 +361,13 @@ class MemoryStore:
             return self._info(key, obj)
 
     def put_object_tags(self, key: str, tags: Mapping[str, str]) -> None:
-        """See :meth:`ObjectStore.put_object_tags`."""
+        """See :meth:`ArchiveStore.put_object_tags`."""
         self._enter("put_object_tags", key)
         with self._lock:
             self._object(key).tags = dict(tags)
 
     def restore_object(self, key: str, *, days: int, tier: str = "Standard") -> RestoreState:
-        """See :meth:`ObjectStore.restore_object`: the copy is readable ``restore_seconds``
+        """See :meth:`ArchiveStore.restore_object`: the copy is readable ``restore_seconds``
         after the first request."""
         check_restore_args(days, tier)
         self._enter("restore", key)
@@ -415,18 +385,3 @@ class MemoryStore:
             "MemoryStore lives in one process and cannot be pickled; use S3Store (or an "
             "fsspec URL) for multi-process saves"
         )
-
-
-class _MemoryRange:
-    def __init__(self, view: memoryview) -> None:
-        self._view = view
-        self._pos = 0
-
-    def readinto(self, buffer: memoryview) -> int:
-        n = min(len(buffer), len(self._view) - self._pos)
-        buffer[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def close(self) -> None:
-        self._view = memoryview(b"")

@@ -38,13 +38,15 @@ from typing import Any, TypeVar
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.store import _archive, _reply, _versions, _wire
+from s3ckpt.store import _archive, _reply, _versions
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
+from s3ckpt.store._archive import sse_args
 from s3ckpt.store._body import BufferBody
+from s3ckpt.store._capabilities import checksum_verified
 from s3ckpt.store._client import profile_attempts, shared_client
-from s3ckpt.store._orphans import abort_orphan_uploads
+from s3ckpt.store._errors import timeout_kind
 from s3ckpt.store._range import S3RangeReader
-from s3ckpt.store._request import call, checksum_args, sse_args, store_retrying
+from s3ckpt.store._request import call, checksum_args
 from s3ckpt.store.base import (
     MAX_DELETE_BATCH,
     Buffer,
@@ -54,8 +56,28 @@ from s3ckpt.store.base import (
     ObjectInfo,
     UploadInfo,
 )
+from s3ckpt.store.retry import RetryPolicy
 
 __all__ = ["S3Store", "shared_client"]
+
+_HEAD_EXTRA = ("StorageClass", "Restore")  # ObjectInfo's storage_class and restore
+
+
+def _unchecked(resp: Any, *, bucket: str, prefix: str) -> None:
+    """A ListObjectVersions page (only counted, for a report: not checked)."""
+
+
+# A listing -> its reply check, its page-size argument and the markers it goes on with (the
+# reply's ``Next...`` of each).
+_PAGES: dict[str, tuple[Callable[..., None], str, tuple[str, ...]]] = {
+    "list_objects_v2": (_reply.check_list_page, "MaxKeys", ("ContinuationToken",)),
+    "list_multipart_uploads": (
+        _reply.check_uploads_page,
+        "MaxUploads",
+        ("KeyMarker", "UploadIdMarker"),
+    ),
+    "list_object_versions": (_unchecked, "MaxKeys", ("KeyMarker", "VersionIdMarker")),
+}
 
 T = TypeVar("T")
 
@@ -72,7 +94,8 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
 
     Its settings never change: :attr:`transfer_config` is the one given with the AWS
     profile's ``max_attempts`` applied here (:func:`~s3ckpt.store._client.profile_attempts`),
-    and :attr:`retry_policy`, built from it here, serves every request.
+    and :attr:`retry_policy` (a frozen :class:`~s3ckpt.store.retry.RetryPolicy`), built
+    from it here, gives every request a fresh ``Retrying``.
 
     Args:
         bucket: The bucket every key lives in.
@@ -103,8 +126,9 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         self.delete_batch_size = delete_batch_size
         self.s3_config = s3_config or S3Config()
         self.transfer_config = profile_attempts(self.s3_config, transfer_config or TransferConfig())
-        self._sleep = sleep
-        self.retry_policy = store_retrying(self.transfer_config, sleep)
+        self.retry_policy = RetryPolicy.of(
+            self.transfer_config, timeout_kind=timeout_kind, sleep=sleep
+        )
         self._bound: tuple[int, Any] | None = None  # (process id, its client)
         self._limiter_bound: tuple[int, AdaptiveLimiter] | None = None  # (process id, ...)
 
@@ -118,12 +142,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         state = self.__dict__.copy()
         state["_bound"] = None
         state["_limiter_bound"] = None
-        del state["retry_policy"]  # built again from the settings (tenacity's keeps locals)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.retry_policy = store_retrying(self.transfer_config, self._sleep)
 
     def __repr__(self) -> str:
         return f"S3Store(bucket={self._bucket!r}, endpoint={self.endpoint_url!r})"
@@ -133,18 +152,23 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         """The endpoint in force (``None``: AWS)."""
         return self.s3_config.resolved_endpoint_url()
 
+    def _per_process(self, slot: str, make: Callable[[], T]) -> T:
+        """The object in ``slot`` built by ``make`` in this process (again after a fork or
+        in a spawned child). One assignment: another thread sees the old pair or the new
+        one, never a parent's object next to this process's id."""
+        bound = getattr(self, slot)
+        if bound is None or bound[0] != os.getpid():
+            bound = (os.getpid(), make())
+            setattr(self, slot, bound)
+        return bound[1]
+
     @property
     def client(self) -> Any:
         """The process's boto3 S3 client (:func:`shared_client`, fetched on first use and
         again in a new process)."""
-        bound = self._bound
-        pid = os.getpid()
-        if bound is None or bound[0] != pid:
-            client = shared_client(self.s3_config, self.transfer_config)
-            # One assignment: another thread sees the old pair or the new one, never a
-            # parent's client next to this process's id.
-            bound = self._bound = (pid, client)
-        return bound[1]
+        return self._per_process(
+            "_bound", lambda: shared_client(self.s3_config, self.transfer_config)
+        )
 
     @property
     def limiter(self) -> AdaptiveLimiter | None:
@@ -153,14 +177,11 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         a new process); ``None`` when ``TransferConfig.adaptive`` is off."""
         if not self.transfer_config.adaptive:
             return None
-        bound = self._limiter_bound
-        pid = os.getpid()
-        if bound is None or bound[0] != pid:
-            limiter = shared_limiter(
-                self.endpoint_url, self._bucket, self.transfer_config.read_concurrency
-            )
-            bound = self._limiter_bound = (pid, limiter)
-        return bound[1]
+        tc = self.transfer_config
+        return self._per_process(
+            "_limiter_bound",
+            lambda: shared_limiter(self.endpoint_url, self._bucket, tc.read_concurrency),
+        )
 
     def throttle_stats(self) -> ThrottleStats | None:
         """Throttling seen by this process's requests to this endpoint and bucket (every
@@ -185,9 +206,17 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
             endpoint=self.endpoint_url,
             config=self.transfer_config,
             policy=self.retry_policy,
-            sleep=self._sleep,
             limiter=self.limiter,
         )
+
+    def _args(self, key: str, *, upload: bool = False, **extra: Any) -> dict[str, Any]:
+        """A request's Bucket, Key and encryption (and storage class, on ``upload``)."""
+        return {
+            "Bucket": self._bucket,
+            "Key": key,
+            **sse_args(self.s3_config, upload=upload),
+            **extra,
+        }
 
     # -- ObjectStore -------------------------------------------------------------------------
     def put(
@@ -200,33 +229,35 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         crc32c: int | None = None,
     ) -> str:
         """See :meth:`ObjectStore.put`."""
-        args = {
-            "Bucket": self._bucket,
-            "Key": key,
-            **sse_args(self.s3_config, upload=True),
-            **checksum_args(self.s3_config, data, crc32c),
-        }
-        if if_none_match:
+        return self.put_echoed(
+            key, data, if_none_match=if_none_match, if_match=if_match, crc32c=crc32c
+        )[0]
+
+    def put_echoed(
+        self, key: str, data: Buffer, *, if_match: str | None = None, **cond: Any
+    ) -> tuple[str, bool | None]:
+        """:meth:`put`, and whether the reply echoed the CRC32C sent (None: none was sent):
+        what the capability probe asks."""
+        crc = checksum_args(self.s3_config, data, cond.get("crc32c"))
+        args = self._args(key, upload=True, **crc)
+        if cond.get("if_none_match"):
             args["IfNoneMatch"] = "*"
         if if_match is not None:
             args["IfMatch"] = if_match
         sent = args.get("ChecksumCRC32C")
 
-        def send() -> str:
+        def send() -> tuple[str, bool | None]:
             resp = self.client.put_object(Body=BufferBody(data), **args)
-            return _reply.check_written(
+            etag = _reply.check_written(
                 resp, operation="put", bucket=self._bucket, key=key, sent_crc32c=sent
             )
+            return etag, None if sent is None else resp.get("ChecksumCRC32C") == sent
 
         return self._call("put", key, send)
 
     def create_multipart(self, key: str) -> str:
         """See :meth:`ObjectStore.create_multipart`."""
-        args: dict[str, Any] = {
-            "Bucket": self._bucket,
-            "Key": key,
-            **sse_args(self.s3_config, upload=True),
-        }
+        args = self._args(key, upload=True)
         if self.s3_config.checksum_algorithm == "CRC32C":
             args["ChecksumAlgorithm"] = "CRC32C"
         upload_id, attempts = self._call_counted(
@@ -237,7 +268,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
             ),
         )
         if attempts > 1:
-            abort_orphan_uploads(self, key, upload_id)
+            _archive.abort_orphan_uploads(self, key, upload_id)
         return upload_id
 
     def upload_part(
@@ -245,14 +276,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
     ) -> CompletedPart:
         """See :meth:`ObjectStore.upload_part`."""
         checksum = checksum_args(self.s3_config, data, crc32c)
-        args = {
-            "Bucket": self._bucket,
-            "Key": key,
-            "UploadId": upload_id,
-            "PartNumber": part_number,
-            **sse_args(self.s3_config, upload=False),
-            **checksum,
-        }
+        args = self._args(key, UploadId=upload_id, PartNumber=part_number, **checksum)
         sent = checksum.get("ChecksumCRC32C")
 
         def send() -> CompletedPart:
@@ -260,12 +284,8 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
             etag = _reply.check_written(
                 resp, operation="upload_part", bucket=self._bucket, key=key, sent_crc32c=sent
             )
-            return CompletedPart(
-                part_number=part_number,
-                etag=etag,
-                checksum_crc32c=resp.get("ChecksumCRC32C") or sent,
-                size=len(data),
-            )
+            crc = resp.get("ChecksumCRC32C") or sent
+            return CompletedPart(part_number, etag, crc, len(data))
 
         return self._call("upload_part", key, send)
 
@@ -278,23 +298,17 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         if_none_match: bool = False,
     ) -> str:
         """See :meth:`ObjectStore.complete_multipart`."""
-        body = []
-        for p in sorted(parts, key=lambda p: p.part_number):
-            entry: dict[str, Any] = {"PartNumber": p.part_number, "ETag": p.etag}
-            if p.checksum_crc32c and self.s3_config.checksum_algorithm == "CRC32C":
-                entry["ChecksumCRC32C"] = p.checksum_crc32c
-            body.append(entry)
-        args: dict[str, Any] = {
-            "Bucket": self._bucket,
-            "Key": key,
-            "UploadId": upload_id,
-            "MultipartUpload": {"Parts": body},
-        }
-        if self.s3_config.sse_customer_key is not None:
-            args.update(sse_args(self.s3_config, upload=False))
+        crc = self.s3_config.checksum_algorithm == "CRC32C"
+        body = [
+            {"PartNumber": p.part_number, "ETag": p.etag}
+            | ({"ChecksumCRC32C": p.checksum_crc32c} if p.checksum_crc32c and crc else {})
+            for p in sorted(parts, key=lambda p: p.part_number)
+        ]
+        # SSE-C keys only (no SSE-KMS arguments on a download-side request).
+        args = self._args(key, UploadId=upload_id, MultipartUpload={"Parts": body})
         if if_none_match:
             args["IfNoneMatch"] = "*"
-        checksums = [e["ChecksumCRC32C"] for e in body if "ChecksumCRC32C" in e]
+        checksums = [str(e["ChecksumCRC32C"]) for e in body if "ChecksumCRC32C" in e]
         sent = checksums if len(checksums) == len(body) else None
         return self._call(
             "complete_multipart",
@@ -310,19 +324,17 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
     def checksum_verified(self, key: str) -> bool:
         """Whether the store refuses an upload whose CRC32C does not match its body: one
         PUT of ``key`` (the caller's own object, re-sent as it is) with a wrong checksum,
-        once per (endpoint, bucket) and process (:mod:`s3ckpt.store._wire`)."""
-        return _wire.checksum_verified(self, key)
+        once per (endpoint, bucket) and process
+        (:func:`~s3ckpt.store._capabilities.checksum_verified`)."""
+        return checksum_verified(self, key)
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """See :meth:`ObjectStore.abort_multipart`."""
+        args = {"Bucket": self._bucket, "Key": key, "UploadId": upload_id}
         try:
             with expecting("not_found"):  # an upload already gone: aborted, as the protocol says
                 self._call(
-                    "abort_multipart",
-                    key,
-                    lambda: self.client.abort_multipart_upload(
-                        Bucket=self._bucket, Key=key, UploadId=upload_id
-                    ),
+                    "abort_multipart", key, partial(self.client.abort_multipart_upload, **args)
                 )
         except ObjectNotFoundError:
             pass
@@ -331,78 +343,61 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         """See :meth:`ObjectStore.open_range`."""
         return S3RangeReader(self, key, start, length)
 
-    def _get_object(self, key: str, first: int, last: int | None) -> Any:
-        rng = f"bytes={first}-{'' if last is None else last}"
-        args = {
-            "Bucket": self._bucket,
-            "Key": key,
-            "Range": rng,
-            **sse_args(self.s3_config, upload=False),
-        }
+    def _get(self, key: str, rng: str | None, read: Callable[[Any], T]) -> T:
+        """``read`` of a checked GetObject reply (of the byte range ``rng``, ``bytes=a-b``),
+        inside the attempt: a body that breaks off is retried with the request."""
+        args = self._args(key)
+        if rng:
+            args["Range"] = rng
 
-        def fetch() -> Any:
+        def fetch() -> T:
             resp = self.client.get_object(**args)
             _reply.check_body(resp, bucket=self._bucket, key=key)
-            return resp
+            return read(resp)
 
         return self._call("get", key, fetch)
+
+    def _get_object(self, key: str, first: int, last: int | None) -> Any:
+        return self._get(key, f"bytes={first}-{'' if last is None else last}", lambda r: r)
 
     def get(self, key: str) -> bytes:
         """See :meth:`ObjectStore.get`."""
-        args = {"Bucket": self._bucket, "Key": key, **sse_args(self.s3_config, upload=False)}
-
-        def fetch() -> bytes:
-            resp = self.client.get_object(**args)
-            _reply.check_body(resp, bucket=self._bucket, key=key)
-            return bytes(resp["Body"].read())
-
-        return self._call("get", key, fetch)
+        return self._get(key, None, lambda resp: bytes(resp["Body"].read()))
 
     def head(self, key: str) -> ObjectInfo | None:
         """See :meth:`ObjectStore.head`."""
-        args = {"Bucket": self._bucket, "Key": key, **sse_args(self.s3_config, upload=False)}
+        args = self._args(key)
+
+        def fetch() -> Any:
+            resp = self.client.head_object(**args)
+            _reply.check_head(resp, bucket=self._bucket, key=key)
+            return resp
+
         try:
             with expecting("not_found"):  # a HEAD asks whether it exists: 404 is an answer
-                resp = self._call("head", key, partial(self._head_checked, args))
+                resp = self._call("head", key, fetch)
         except ObjectNotFoundError:
             return None
-        return ObjectInfo(
-            key=key,
-            size=int(resp["ContentLength"]),
-            etag=resp["ETag"],
-            last_modified=resp["LastModified"].timestamp(),
-            storage_class=resp.get("StorageClass"),
-            restore=resp.get("Restore"),
-        )
-
-    def _head_checked(self, args: dict[str, Any]) -> Any:
-        resp = self.client.head_object(**args)
-        _reply.check_head(resp, bucket=self._bucket, key=args["Key"])
-        return resp
+        size, etag, stamp = int(resp["ContentLength"]), resp["ETag"], resp["LastModified"]
+        return ObjectInfo(key, size, etag, stamp.timestamp(), *map(resp.get, _HEAD_EXTRA))
 
     def _paginate(self, operation: str, prefix: str, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        token_args: dict[str, Any] = {}
+        """Every page of the listing ``operation`` of ``prefix``, each reply checked
+        (:mod:`~s3ckpt.store._reply`), :attr:`page_size` keys a page."""
+        check, size, markers = _PAGES[operation]
+        args = {"Bucket": self._bucket, "Prefix": prefix, size: self.page_size, **kwargs}
+
+        def fetch() -> Any:
+            resp = getattr(self.client, operation)(**args)
+            check(resp, bucket=self._bucket, prefix=prefix)
+            return resp
+
         while True:
-            size_arg = "MaxKeys" if operation == "list_objects_v2" else "MaxUploads"
-            args = {
-                "Bucket": self._bucket,
-                "Prefix": prefix,
-                size_arg: self.page_size,
-                **kwargs,
-                **token_args,
-            }
-            call: Callable[[], Any] = partial(self._page_checked, operation, args)
-            resp = self._call(operation, prefix, call)
+            resp = self._call(operation, prefix, fetch)
             yield resp
             if not resp.get("IsTruncated"):
                 return
-            if operation == "list_objects_v2":
-                token_args = {"ContinuationToken": resp["NextContinuationToken"]}
-            else:
-                token_args = {
-                    "KeyMarker": resp.get("NextKeyMarker", ""),
-                    "UploadIdMarker": resp.get("NextUploadIdMarker", ""),
-                }
+            args.update((m, resp.get(f"Next{m}", "")) for m in markers)
 
     def dated_list(self, prefix: str) -> tuple[str | None, float, float]:
         """The ``Date`` header of one ListObjectsV2 of ``prefix`` (one key at most), and this
@@ -421,30 +416,19 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         headers = (resp.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
         return headers.get("date"), sent[0], sent[1]
 
-    def _page_checked(self, operation: str, args: dict[str, Any]) -> Any:
-        resp = getattr(self.client, operation)(**args)
-        check = (
-            _reply.check_list_page if operation == "list_objects_v2" else _reply.check_uploads_page
-        )
-        check(resp, bucket=self._bucket, prefix=args["Prefix"])
-        return resp
-
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """See :meth:`ObjectStore.list`."""
         for page in self._paginate("list_objects_v2", prefix):
-            for obj in page.get("Contents", []) or []:
-                yield _reply.listed_object(obj)
+            yield from map(_reply.listed_object, page.get("Contents") or [])
 
     def list_prefixes(
         self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
     ) -> Iterator[str]:
         """See :meth:`ObjectStore.list_prefixes`."""
-        extra: dict[str, Any] = {"Delimiter": delimiter}
-        if start_after is not None:
-            # Keys <= start_after only make prefixes <= start_after, so S3 may skip them.
-            extra["StartAfter"] = start_after
-        for page in self._paginate("list_objects_v2", prefix, **extra):
-            for cp in page.get("CommonPrefixes", []) or []:
+        # Keys <= start_after only make prefixes <= start_after, so S3 may skip them.
+        extra = {"StartAfter": start_after} if start_after is not None else {}
+        for page in self._paginate("list_objects_v2", prefix, Delimiter=delimiter, **extra):
+            for cp in page.get("CommonPrefixes") or []:
                 # S3 still rolls the keys after start_after up into a prefix that starts
                 # before it (start_after "a/" and key "a/1" give "a/"): not after it.
                 if start_after is None or cp["Prefix"] > start_after:
@@ -458,37 +442,26 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
             batch = keys[i : i + self.delete_batch_size]
             # Not quiet: a reply cut short must not read as "all deleted" (_reply).
             req = {"Objects": [{"Key": k} for k in batch], "Quiet": False}
-            call: Callable[[], Any] = partial(self._delete_checked, req, batch)
-            resp = self._call("delete", batch[0], call)
-            for err in resp.get("Errors", []) or []:
+
+            def send(req: dict[str, Any] = req, batch: list[str] = batch) -> Any:
+                resp = self.client.delete_objects(Bucket=self._bucket, Delete=req)
+                _reply.check_deleted(resp, bucket=self._bucket, keys=batch)
+                return resp
+
+            for err in self._call("delete", batch[0], send).get("Errors") or []:
                 failures.append(
-                    DeleteFailure(
-                        key=err.get("Key", ""),
-                        code=err.get("Code", ""),
-                        message=err.get("Message", ""),
-                    )
+                    DeleteFailure(err.get("Key", ""), err.get("Code", ""), err.get("Message", ""))
                 )
         return failures
 
     def delete_if_match(self, key: str, etag: str) -> None:
         """See :meth:`ObjectStore.delete_if_match`."""
-        call: Callable[[], Any] = partial(
-            self.client.delete_object, Bucket=self._bucket, Key=key, IfMatch=etag
-        )
-        self._call("delete", key, call)
-
-    def _delete_checked(self, req: dict[str, Any], batch: Sequence[str]) -> Any:
-        resp = self.client.delete_objects(Bucket=self._bucket, Delete=req)
-        _reply.check_deleted(resp, bucket=self._bucket, keys=batch)
-        return resp
+        args = {"Bucket": self._bucket, "Key": key, "IfMatch": etag}
+        self._call("delete", key, partial(self.client.delete_object, **args))
 
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """See :meth:`ObjectStore.list_multipart_uploads`."""
         for page in self._paginate("list_multipart_uploads", prefix):
-            for up in page.get("Uploads", []) or []:
+            for up in page.get("Uploads") or []:
                 init = up.get("Initiated")
-                yield UploadInfo(
-                    key=up["Key"],
-                    upload_id=up["UploadId"],
-                    initiated=init.timestamp() if init is not None else None,
-                )
+                yield UploadInfo(up["Key"], up["UploadId"], init.timestamp() if init else None)

@@ -8,12 +8,12 @@ with an :class:`AssertionError` that says what is there instead.
 
 from __future__ import annotations
 
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag, shard_owner
-from s3ckpt.retention import CheckpointInfo, list_checkpoints, scan
+from s3ckpt.format._hashed import shard_owner
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag
+from s3ckpt.retention import CheckpointInfo, list_checkpoints
+from s3ckpt.retention._scan import scan
 from s3ckpt.store import Location, ObjectStore, open_store
 from s3ckpt.uri import StoreURL, parse_url
-
-__all__ = ["assert_clean", "assert_committed", "assert_no_partial_uploads", "committed_steps"]
 
 _SHOWN = 10  # problems, keys or uploads listed in one message
 
@@ -174,8 +174,7 @@ def _uncommitted_keys(c: CheckpointInfo) -> list[str]:
     for key in c.keys:
         if key in c.committed_keys:
             continue
-        owner = shard_owner(key)
-        if owner is not None:
+        if shard_owner(key) is not None:
             out.append(key)  # a data object in the run's shard folder
             continue
         rest = key[len(c.url.prefix) :]

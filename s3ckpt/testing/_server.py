@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
-
-__all__ = ["INSTALL", "LocalS3", "local_s3", "patched_env", "server_env"]
 
 INSTALL = 'pip install "s3ckpt[testing]"'
 """The install line that brings the embedded server's dependency (moto's server)."""
@@ -40,18 +37,18 @@ def patched_env(values: Mapping[str, str | None]) -> Iterator[None]:
     variables are left as the block left them."""
     saved = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set_env(values)
         yield
     finally:
-        for k, old in saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old
+        _set_env(saved)
+
+
+def _set_env(values: Mapping[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def server_env(endpoint_url: str, region: str) -> dict[str, str | None]:
@@ -70,36 +67,6 @@ def server_env(endpoint_url: str, region: str) -> dict[str, str | None]:
     return env
 
 
-class _Server:
-    """One running ``ThreadedMotoServer`` (shared by every :class:`LocalS3` made from it)."""
-
-    def __init__(self) -> None:
-        try:
-            from moto.server import ThreadedMotoServer
-        except ImportError as exc:
-            raise ImportError(
-                f"s3ckpt.testing's embedded S3 server needs moto's server, which is not "
-                f"installed: {INSTALL}"
-            ) from exc
-        # One INFO line per request otherwise, in every captured log.
-        werkzeug = logging.getLogger("werkzeug")
-        if werkzeug.level == logging.NOTSET:
-            werkzeug.setLevel(logging.ERROR)
-        self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        self._moto.start()
-        host, port = self._moto.get_host_and_port()
-        self.endpoint_url = f"http://{host}:{port}"
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def stop(self) -> None:
-        with self._lock:
-            if self._stopped:
-                return
-            self._stopped = True
-        self._moto.stop()
-
-
 class LocalS3:
     """A bucket on an embedded S3 server (moto) on 127.0.0.1: what :func:`local_s3` yields
     and the fixtures ``s3ckpt_server`` and ``s3ckpt_s3`` give.
@@ -115,9 +82,8 @@ class LocalS3:
         region: The region of the bucket and of :attr:`env`.
     """
 
-    def __init__(self, server: _Server, bucket: str, region: str) -> None:
-        self._server = server
-        self.endpoint_url = server.endpoint_url
+    def __init__(self, endpoint_url: str, bucket: str, region: str) -> None:
+        self.endpoint_url = endpoint_url
         self.bucket = bucket
         self.region = region
 
@@ -165,17 +131,12 @@ class LocalS3:
     def new_bucket(self, name: str | None = None) -> LocalS3:
         """Create another bucket on the same server (a random name when ``name`` is None)
         and return it. It lives as long as the server."""
-        return _new_bucket(self._server, name, self.region)
-
-
-def _new_bucket(server: _Server, name: str | None, region: str) -> LocalS3:
-    bucket = name or f"s3ckpt-test-{uuid.uuid4().hex[:12]}"
-    kwargs: dict[str, Any] = {"Bucket": bucket}
-    if region != "us-east-1":
-        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-    s3 = LocalS3(server, bucket, region)
-    s3.client().create_bucket(**kwargs)
-    return s3
+        s3 = LocalS3(self.endpoint_url, name or f"s3ckpt-test-{uuid.uuid4().hex[:12]}", self.region)
+        kwargs: dict[str, Any] = {"Bucket": s3.bucket}
+        if s3.region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": s3.region}
+        s3.client().create_bucket(**kwargs)
+        return s3
 
 
 @contextmanager
@@ -197,9 +158,23 @@ def local_s3(bucket: str | None = None, *, region: str = "us-east-1") -> Iterato
     Raises:
         ImportError: moto's server is not installed (``pip install "s3ckpt[testing]"``).
     """
-    server = _Server()
     try:
-        with patched_env(server_env(server.endpoint_url, region)):
-            yield _new_bucket(server, bucket, region)
+        from moto.server import ThreadedMotoServer
+    except ImportError as exc:
+        raise ImportError(
+            f"s3ckpt.testing's embedded S3 server needs moto's server, which is not "
+            f"installed: {INSTALL}"
+        ) from exc
+    # One INFO line per request otherwise, in every captured log.
+    werkzeug = logging.getLogger("werkzeug")
+    if werkzeug.level == logging.NOTSET:
+        werkzeug.setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint_url = f"http://{host}:{port}"
+        with patched_env(server_env(endpoint_url, region)):
+            yield LocalS3(endpoint_url, "", region).new_bucket(bucket)
     finally:
         server.stop()

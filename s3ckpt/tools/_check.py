@@ -8,7 +8,7 @@ Call sequence::
 
 The URL is a bucket prefix (every run under it), a run, or one checkpoint. The retention
 catalog (:func:`s3ckpt.retention.scan`) says which checkpoints are committed; each is then
-checked as :mod:`s3ckpt.tools._check_one` describes: the marker's digest, every object's
+checked as described below: the marker's digest, every object's
 existence and size (from a listing), both ``.metadata`` copies against the marker, and a
 sample of items re-read against their CRC32C. The others are skipped and counted, with the
 reason: saves in progress or dead (uncommitted), stock-DCP checkpoints (no checksums to
@@ -34,12 +34,42 @@ Decisions:
 
 Request cost: the catalog's (:func:`~s3ckpt.retention.scan`), then per committed checkpoint
 one LIST, one GET of the marker, one or two GETs of ``.metadata`` and the sample's ranged
-GETs (:mod:`s3ckpt.tools._check_one`); per run one GET and one PUT of its record. Checkpoints
+GETs (below); per run one GET and one PUT of its record. Checkpoints
 are checked one at a time, the reads of each on ``TransferConfig.concurrency`` threads.
+
+One committed checkpoint, in order:
+
+1. **Listing** (one LIST of its prefix): the marker is still there, and no object is in an
+   archive class (:data:`~s3ckpt.store.base.ARCHIVE_CLASSES`: such a checkpoint is skipped,
+   not read).
+2. **Marker**: ``s3ckpt.json`` parses and matches its own ``digest``
+   (:meth:`~s3ckpt.format.Manifest.from_json`).
+3. **Objects**: every data object the marker names exists with the recorded size, from the
+   listing; a HEAD only for an object the listing does not show (hashed-prefix saves keep
+   their objects in the run's shard folder: one HEAD each there).
+4. **Metadata**: the ``.metadata.{tag}`` the marker commits and the plain ``.metadata`` copy
+   for stock DCP readers both have the recorded size and CRC32C (one GET each).
+5. **Data** (``fraction > 0``): a random sample of items (:func:`~s3ckpt._verify.sample_items`)
+   is read back and each item's CRC32C compared with the marker's. Memory: one
+   ``read_chunk_size`` buffer per reading thread.
+
+Steps 3 to 5 are the one verifier's (:class:`s3ckpt._verify.Verifier`, shared with
+``s3ckpt verify`` and the commit-time check).
+
+A finding other than a read error is damage. Before a checkpoint with findings is reported,
+its marker is HEADed again: a marker deleted or rewritten meanwhile (a prune, a re-save,
+``attach_metrics``) makes it *skipped*, not damaged, so a check racing a job never reports
+damage that is not there.
+
+No torch: the check runs in the retention cron's image. Unlike ``verify`` it reads no
+``.metadata`` pickle and so checks no tensor framing; ``s3ckpt verify`` does that too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import math
 import random
 import time
@@ -47,20 +77,19 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from s3ckpt._time import iso_z
+from s3ckpt._verify import Fault, Verifier, manifest_items, sample_items
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.errors import ConfigError, S3CkptError
-from s3ckpt.format import CHECK_NAME
-from s3ckpt.retention import (
-    CheckpointInfo,
-    CheckpointState,
-    CheckRecord,
-    RetentionOptions,
-    RunCatalog,
-    read_check_record,
-    scan,
-)
-from s3ckpt.store import LocationLike, ObjectStore
-from s3ckpt.tools._check_one import check_checkpoint
+from s3ckpt.errors import ConfigError, CorruptCheckpointError, ObjectNotFoundError, S3CkptError
+from s3ckpt.format._manifest import MAX_MANIFEST_BYTES, Manifest, manifest_digest
+from s3ckpt.format._names import CHECK_NAME, MANIFEST_NAME
+from s3ckpt.metrics.instrument import expecting
+from s3ckpt.retention import CheckpointInfo, RetentionOptions
+from s3ckpt.retention._catalog import CheckpointState, RunCatalog
+from s3ckpt.retention._check_record import CheckRecord, read_check_record
+from s3ckpt.retention._scan import scan
+from s3ckpt.store import ObjectStore
+from s3ckpt.store._location import LocationLike
+from s3ckpt.store.base import ARCHIVE_CLASSES, ObjectInfo
 from s3ckpt.tools._check_result import CheckpointCheck, CheckResult, Finding, SkippedCheckpoint
 from s3ckpt.tools._open import as_location
 
@@ -77,8 +106,8 @@ _NOT_COMMITTED = {
     ),
     CheckpointState.FOREIGN: (
         "foreign",
-        "no s3ckpt.json: a stock DCP checkpoint has no checksums to check "
-        "(s3ckpt verify checks its structure)",
+        "no s3ckpt.json: a stock DCP checkpoint has no checksums "
+        "to check (s3ckpt verify checks its structure)",
     ),
 }
 
@@ -93,28 +122,17 @@ def parse_read_data(spec: str | float) -> tuple[float, str]:
         ConfigError: Anything else.
     """
     text = str(spec).strip().lower()
-    value: float | None = None
-    if text in ("all", "100%"):
-        value = 1.0
-    elif text.endswith("%"):
-        try:
+    value = 1.0 if text == "all" else math.nan
+    with contextlib.suppress(TypeError, ValueError):
+        if text.endswith("%"):
             value = float(text[:-1]) / 100
-        except ValueError:
-            value = None
-    elif not isinstance(spec, str) or text == "0":
-        try:
+        elif not isinstance(spec, str) or text == "0":
             value = float(spec)
-        except (TypeError, ValueError):
-            value = None
-    if value is None or not math.isfinite(value) or not 0 <= value <= 1:
+    if not 0 <= value <= 1:  # (NaN is not)
         raise ConfigError(
             f"read_data must be 0, a percentage such as 5% (up to 100%) or all, got {spec!r}"
         )
-    if value == 0:
-        return 0.0, "0"
-    if value == 1:
-        return 1.0, "all"
-    return value, f"{value * 100:g}%"
+    return value, "0" if value == 0 else "all" if value == 1 else f"{value * 100:g}%"
 
 
 def check(
@@ -167,7 +185,12 @@ def check(
         mine: list[CheckpointCheck] = []
         for c in cat.checkpoints:
             rng = random.Random(f"{seed}:{c.url}")
-            outcome = _one(location.store, c, run, fraction, rng, tc, on_bytes)
+            try:
+                outcome = check_checkpoint(location.store, c, run, fraction, rng, tc, on_bytes)
+            except S3CkptError as exc:  # this one cannot be checked now; the others still can
+                bad = Finding("read_error", None, None, None, None, f"not checked: {exc}")
+                now, etag = iso_z(datetime.now(UTC)), c.marker_etag
+                outcome = CheckpointCheck(*_head(c, run, now), marker_etag=etag, findings=(bad,))
             if isinstance(outcome, CheckpointCheck):
                 mine.append(outcome)
             else:
@@ -183,61 +206,19 @@ def check(
             else:
                 failures.append(failure)
     return CheckResult(
-        url=str(location.url),
-        read_data=spec,
-        seed=seed,
-        checked=tuple(checked),
-        skipped=tuple(skipped),
-        records=tuple(records),
-        record_failures=tuple(failures),
-        seconds=round(time.monotonic() - t0, 3),
+        str(location.url),
+        spec,
+        seed,
+        tuple(checked),
+        tuple(skipped),
+        tuple(records),
+        tuple(failures),
+        round(time.monotonic() - t0, 3),
     )
 
 
-def _one(
-    store: ObjectStore,
-    c: CheckpointInfo,
-    run: str,
-    fraction: float,
-    rng: random.Random,
-    tc: TransferConfig,
-    on_bytes: Callable[[int], None] | None,
-) -> Outcome:
-    """One checkpoint of the catalog: checked, or skipped with the reason."""
-    if c.state in _NOT_COMMITTED:
-        reason, detail = _NOT_COMMITTED[c.state]
-        return SkippedCheckpoint(str(c.url), run, c.name, reason, detail)
-    if c.overwrite_in_progress and c.error is None:  # (an unreadable marker names no tag)
-        return SkippedCheckpoint(
-            str(c.url),
-            run,
-            c.name,
-            "being_written",
-            "a new save is writing into this checkpoint's prefix; the next check reads it",
-        )
-    try:
-        return check_checkpoint(
-            store, c, run, fraction=fraction, rng=rng, config=tc, on_bytes=on_bytes
-        )
-    except S3CkptError as exc:  # this one cannot be checked now; the others still can
-        return CheckpointCheck(
-            str(c.url),
-            run,
-            c.name,
-            c.step,
-            c.tag,
-            iso_z(datetime.now(UTC)),
-            marker_etag=c.marker_etag,
-            findings=(Finding("read_error", None, None, None, None, f"not checked: {exc}"),),
-        )
-
-
 def _write_record(
-    store: ObjectStore,
-    cat: RunCatalog,
-    checks: list[CheckpointCheck],
-    spec: str,
-    whole_run: bool,
+    store: ObjectStore, cat: RunCatalog, checks: list[CheckpointCheck], spec: str, whole_run: bool
 ) -> str | None:
     """Merge ``checks`` into the run's record and write it; None, or why it failed."""
     key = cat.run.key(CHECK_NAME)
@@ -257,3 +238,136 @@ def _write_record(
             "give the role s3:PutObject on it, or pass --no-record)"
         )
     return None
+
+
+# -- one checkpoint ---------------------------------------------------------------------------
+_ORDER = {k: n for n, k in enumerate(("marker", "missing_object", "object_size", "metadata"))}
+"""Findings sort by kind (these first, the rest after), then object and item."""
+
+
+def _head(
+    c: CheckpointInfo, run: str, now: str
+) -> tuple[str, str, str, int | None, str | None, str]:
+    """The fields that name a :class:`CheckpointCheck`'s checkpoint, checked ``now``."""
+    return str(c.url), run, c.name, c.step, c.tag, now
+
+
+def _finding(f: Fault) -> Finding:
+    item = None if f.item is None else f.item.name
+    return Finding(f.kind, f.object, item, f.expected, f.found, f.message)
+
+
+def check_checkpoint(
+    store: ObjectStore,
+    info: CheckpointInfo,
+    run: str,
+    fraction: float,
+    rng: random.Random,
+    config: TransferConfig,
+    on_bytes: Callable[[int], None] | None = None,
+) -> CheckpointCheck | SkippedCheckpoint:
+    """Check one checkpoint of the catalog if it is committed, else skip it with the reason
+    (see the module docs); never raises for damage.
+
+    Raises:
+        StoreError: A listing, HEAD or metadata GET failed after its retries (the check of
+            the rest cannot be trusted to be complete).
+
+    Request cost: one LIST, one GET of the marker, one or two GETs of ``.metadata``, a HEAD
+    per object the listing does not show, the ranged GETs of the sample, and one HEAD of the
+    marker when anything was found.
+    """
+    url, prefix = str(info.url), info.url.prefix
+    marker_key = prefix + MANIFEST_NAME
+    head = _head(info, run, iso_z(datetime.now(UTC)))
+
+    def skipped(reason: str, detail: str) -> SkippedCheckpoint:
+        return SkippedCheckpoint(url, run, info.name, reason, detail)
+
+    if info.state in _NOT_COMMITTED:
+        return skipped(*_NOT_COMMITTED[info.state])
+    if info.overwrite_in_progress and info.error is None:  # (an unreadable marker: no tag)
+        return skipped(
+            "being_written",
+            "a new save is writing into this checkpoint's prefix; the next check reads it",
+        )
+
+    if info.error is not None:  # the marker cannot be read: nothing else can be checked
+        bad = Finding("marker", MANIFEST_NAME, None, "a readable marker", "unreadable", info.error)
+        return CheckpointCheck(*head, marker_etag=info.marker_etag, findings=(bad,))
+    listing = {o.key: o for o in store.list(prefix)}
+    marker = listing.get(marker_key)
+    if marker is None:
+        return skipped("changed", "its commit marker was deleted since the scan (a prune or rm)")
+    archived = [o for o in listing.values() if o.storage_class in ARCHIVE_CLASSES]
+    if archived:
+        classes = ", ".join(sorted({str(o.storage_class) for o in archived}))
+        return skipped(
+            "archived",
+            f"{len(archived)} of its objects are in {classes}: not read (restore them first, "
+            f"s3ckpt restore {url})",
+        )
+    v = Verifier(store, prefix.__add__, config, on_bytes=on_bytes)
+    found = None
+    if marker.size > MAX_MANIFEST_BYTES:
+        what = f"{marker_key} is larger than a commit marker may be; not read"
+        limit = f"at most {MAX_MANIFEST_BYTES} bytes"
+        found = Finding("marker", MANIFEST_NAME, None, limit, f"{marker.size} bytes", what)
+    else:
+        try:
+            with expecting("not_found"):
+                raw = store.get(marker_key)
+        except ObjectNotFoundError:
+            return skipped("changed", "its commit marker was deleted while it was checked")
+        v.count(len(raw))
+        try:
+            manifest = Manifest.from_json(raw, where=marker_key)
+        except CorruptCheckpointError as exc:
+            found = Finding("marker", MANIFEST_NAME, None, "a valid marker", "damaged", exc.message)
+    if found is not None:
+        result = CheckpointCheck(
+            *head, marker_etag=marker.etag, bytes_read=v.bytes_read, findings=(found,)
+        )
+        return _confirmed(store, marker_key, marker, result, skipped)
+    digest = manifest_digest(json.loads(raw))
+    v.key_of = functools.partial(manifest.object_key, prefix)
+    items = manifest_items(manifest)
+    sizes = v.sizes([o.name for o in manifest.objects], listing)
+    readable = set(v.objects(items, sizes, {o.name: o.size for o in manifest.objects}))
+    v.metadata(prefix, manifest, listing)
+    sample = [i for i in sample_items(items, fraction, rng) if i in readable]
+    v.read(sample, thread_name="s3ckpt-check")
+    findings = sorted(
+        map(_finding, v.faults), key=lambda f: (_ORDER.get(f.kind, 9), f.object or "", f.item or "")
+    )
+    result = CheckpointCheck(
+        *head,
+        digest,
+        marker.etag,
+        len(manifest.objects),
+        len(manifest.items),
+        v.items_read,
+        v.bytes_read,
+        tuple(findings),
+    )
+    return _confirmed(store, marker_key, marker, result, skipped) if findings else result
+
+
+def _confirmed(
+    store: ObjectStore,
+    marker_key: str,
+    marker: ObjectInfo,
+    result: CheckpointCheck,
+    skipped: Callable[[str, str], SkippedCheckpoint],
+) -> CheckpointCheck | SkippedCheckpoint:
+    """``result`` if the marker is still the one listed, else skipped (see the module docs)."""
+    now = store.head(marker_key)
+    if now is None:
+        return skipped("changed", "its commit marker was deleted while it was checked")
+    if now.etag is not None and marker.etag is not None and now.etag != marker.etag:
+        return skipped(
+            "changed",
+            "its commit marker was rewritten while it was checked (a new save or "
+            "attach_metrics); the next check reads the new one",
+        )
+    return result

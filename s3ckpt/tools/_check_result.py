@@ -3,15 +3,16 @@
 check as a :class:`CheckResult` (what the CLI prints, ``--json`` and the metrics file).
 
 Plain frozen values with ``to_dict()`` for stable JSON; the checking is in
-:mod:`s3ckpt.tools._check_one` and :mod:`s3ckpt.tools._check`.
+:mod:`s3ckpt.tools._check`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from s3ckpt.retention import CheckEntry
+from s3ckpt.retention._check_record import CheckEntry
 
 __all__ = ["SKIP_REASONS", "CheckResult", "CheckpointCheck", "Finding", "SkippedCheckpoint"]
 
@@ -45,14 +46,7 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys)."""
-        return {
-            "kind": self.kind,
-            "object": self.object,
-            "item": self.item,
-            "expected": self.expected,
-            "found": self.found,
-            "message": self.message,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -107,22 +101,8 @@ class CheckpointCheck:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys)."""
-        return {
-            "url": self.url,
-            "run": self.run,
-            "name": self.name,
-            "step": self.step,
-            "tag": self.tag,
-            "checked_at": self.checked_at,
-            "status": "damaged" if self.damaged else "incomplete" if self.incomplete else "ok",
-            "marker_digest": self.marker_digest,
-            "marker_etag": self.marker_etag,
-            "objects": self.objects,
-            "items": self.items,
-            "items_read": self.items_read,
-            "bytes_read": self.bytes_read,
-            "findings": [f.to_dict() for f in self.findings],
-        }
+        status = "damaged" if self.damaged else "incomplete" if self.incomplete else "ok"
+        return {**asdict(self), "status": status, "findings": [asdict(f) for f in self.findings]}
 
 
 @dataclass(frozen=True)
@@ -143,13 +123,7 @@ class SkippedCheckpoint:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys)."""
-        return {
-            "url": self.url,
-            "run": self.run,
-            "name": self.name,
-            "reason": self.reason,
-            "detail": self.detail,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -205,10 +179,7 @@ class CheckResult:
 
     def skipped_by_reason(self) -> dict[str, int]:
         """How many were skipped, by reason (every reason of :data:`SKIP_REASONS`)."""
-        out = dict.fromkeys(SKIP_REASONS, 0)
-        for s in self.skipped:
-            out[s.reason] = out.get(s.reason, 0) + 1
-        return out
+        return dict.fromkeys(SKIP_REASONS, 0) | Counter(s.reason for s in self.skipped)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys): ``s3ckpt check --json``."""

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Any, cast
 
 import torch
-from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    Metadata,
-    MetadataIndex,
-    TensorStorageMetadata,
-)
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 
+from s3ckpt.dcp import quiet_dcp
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import ConfigError
-from s3ckpt.format import ItemRecord, Manifest
-from s3ckpt.store import Location
+from s3ckpt.format._manifest import ItemRecord, Manifest
+from s3ckpt.metrics.instrument import in_context
+from s3ckpt.store._location import LocationLike
+from s3ckpt.tools._open import as_location
 
 __all__ = [
     "Chunk",
@@ -34,13 +36,14 @@ __all__ = [
 
 
 def open_reader(
-    source: Location | S3StorageReader, *, roll_forward: bool = True
+    source: LocationLike | S3StorageReader, *, roll_forward: bool = True, **how: Any
 ) -> S3StorageReader:
-    """An :class:`S3StorageReader` at ``source``, with its settings (reads ``s3ckpt.json``
-    and ``.metadata``); an open reader passes through."""
+    """An :class:`S3StorageReader` at ``source`` (reads ``s3ckpt.json`` and ``.metadata``);
+    an open reader passes through, anything else is opened by
+    :func:`~s3ckpt.tools._open.as_location` with ``how`` (its keywords)."""
     if isinstance(source, S3StorageReader):
         return source
-    return S3StorageReader(source, roll_forward=roll_forward)
+    return S3StorageReader(as_location(source, **how), roll_forward=roll_forward)
 
 
 # -- the checkpoint index ---------------------------------------------------------------------
@@ -71,17 +74,14 @@ class Entry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape or ():
-            n *= s
-        return n
+        return math.prod(self.shape or ())
 
     @property
     def nbytes(self) -> int:
         """Bytes of the full tensor (0 for non-tensor items)."""
         if self.kind != "tensor" or self.dtype is None:
             return 0
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
     @property
     def stored_bytes(self) -> int:
@@ -93,50 +93,27 @@ class Entry:
         return sorted({c.object for c in self.chunks})
 
 
-class _Stored(Protocol):
-    """What ``.metadata``'s ``storage_data`` says about one item (the fields of torch's
-    ``_StorageInfo`` the tools read; typed structurally, so no private torch name)."""
-
-    relative_path: str
-    offset: int
-    length: int
-
-
 def index_checkpoint(reader: S3StorageReader) -> dict[str, Entry]:
     """Every key of the checkpoint in ``.metadata`` order, with its chunks and records."""
     metadata: Metadata = reader.metadata
     manifest: Manifest | None = reader.manifest
     records = manifest.item_index() if manifest is not None else {}
-    storage = cast(dict[MetadataIndex, _Stored], metadata.storage_data)
+    storage = cast(dict[MetadataIndex, Any], metadata.storage_data)  # torch's _StorageInfo
     entries: dict[str, Entry] = {}
+    tensor_chunks: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
     for fqn, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
+        if isinstance(md, TensorStorageMetadata):  # else BytesStorageMetadata
             entries[fqn] = Entry(fqn, "tensor", md.properties.dtype, tuple(md.size))
+            tensor_chunks |= {(fqn, tuple(c.offsets)): tuple(c.sizes) for c in md.chunks}
         else:
-            assert isinstance(md, BytesStorageMetadata)
             entries[fqn] = Entry(fqn, "bytes")
-    tensor_chunks = {
-        (fqn, tuple(c.offsets)): tuple(c.sizes)
-        for fqn, md in metadata.state_dict_metadata.items()
-        if isinstance(md, TensorStorageMetadata)
-        for c in md.chunks
-    }
     for index, info in storage.items():
-        entry = entries.get(index.fqn)
-        if entry is None:
-            continue
-        offsets = tuple(index.offset) if index.offset is not None else None
-        sizes = tensor_chunks.get((index.fqn, offsets)) if offsets is not None else None
-        entry.chunks.append(
-            Chunk(
-                offsets=offsets,
-                sizes=sizes,
-                object=info.relative_path,
-                start=info.offset,
-                length=info.length,
-                record=records.get((index.fqn, offsets)),
-            )
-        )
+        if index.fqn in entries:
+            offsets = tuple(index.offset) if index.offset is not None else None
+            sizes = tensor_chunks.get((index.fqn, offsets)) if offsets is not None else None
+            record = records.get((index.fqn, offsets))
+            chunk = Chunk(offsets, sizes, info.relative_path, info.offset, info.length, record)
+            entries[index.fqn].chunks.append(chunk)
     for entry in entries.values():
         entry.chunks.sort(key=lambda c: c.offsets or ())
     return entries
@@ -173,26 +150,10 @@ class NameFilter:
 
 # -- sizes and dtypes ---------------------------------------------------------------------------
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "ki": 2**10,
-    "kib": 2**10,
-    "mi": 2**20,
-    "mib": 2**20,
-    "gi": 2**30,
-    "gib": 2**30,
-    "ti": 2**40,
-    "tib": 2**40,
-}
+_UNITS = {"": 1, "b": 1}
+for _n, _p in enumerate("kmgt", 1):
+    _UNITS |= dict.fromkeys((_p, _p + "b"), 10 ** (3 * _n))
+    _UNITS |= dict.fromkeys((_p + "i", _p + "ib"), 2 ** (10 * _n))
 
 
 def parse_size(text: str | int) -> int:
@@ -211,21 +172,12 @@ def parse_size(text: str | int) -> int:
 
 
 _DTYPES: dict[str, torch.dtype] = {
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp64": torch.float64,
-    "float64": torch.float64,
-    "double": torch.float64,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-    "float8_e5m2": torch.float8_e5m2,
+    **dict.fromkeys(("bf16", "bfloat16"), torch.bfloat16),
+    **dict.fromkeys(("fp16", "float16", "half"), torch.float16),
+    **dict.fromkeys(("fp32", "float32", "float"), torch.float32),
+    **dict.fromkeys(("fp64", "float64", "double"), torch.float64),
+    **dict.fromkeys(("fp8_e4m3", "float8_e4m3fn"), torch.float8_e4m3fn),
+    **dict.fromkeys(("fp8_e5m2", "float8_e5m2"), torch.float8_e5m2),
 }
 
 
@@ -242,3 +194,60 @@ def parse_dtype(text: str | torch.dtype | None) -> torch.dtype | None:
 def dtype_name(dtype: torch.dtype | None) -> str | None:
     """``torch.float32`` -> ``"float32"``."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+# -- full values, a bounded window at a time ------------------------------------------------
+# Each window is one ``dcp.load(..., no_dist=True)`` of a flat state dict holding just the
+# keys of that window, with destinations allocated from ``.metadata``: DCP assembles full
+# tensors from however many saved chunks (any world size) and the reader coalesces and
+# parallelises the ranged GETs, checking every CRC32C. No process group is needed.
+def load_entries(reader: S3StorageReader, entries: Sequence[Entry]) -> dict[str, Any]:
+    """Full values of ``entries``: tensors, and non-tensor items as they were saved
+    (decoded with ``torch.load(weights_only=True)`` checks by the reader)."""
+    state: dict[str, Any] = {
+        e.name: torch.empty(e.shape or (), dtype=e.dtype) if e.kind == "tensor" else None
+        for e in entries
+    }  # a None is replaced by the loaded object
+    if state:
+        reader.reset()
+        with quiet_dcp():
+            dcp.load(state, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+    return state
+
+
+def batches(entries: Sequence[Entry], window: int) -> Iterator[list[Entry]]:
+    """``entries`` in order, in windows of about ``window`` bytes (a larger one alone)."""
+    batch: list[Entry] = []
+    size = 0
+    for e in entries:
+        n = max(e.nbytes, e.stored_bytes)
+        if batch and size + n > window:
+            yield batch
+            batch, size = [], 0
+        batch.append(e)
+        size += n
+    if batch:
+        yield batch
+
+
+def iter_loaded(
+    reader: S3StorageReader, entries: Sequence[Entry], *, window: int
+) -> Iterator[tuple[Entry, Any]]:
+    """Yield ``(entry, value)`` in the order of ``entries``.
+
+    Keys are loaded in windows of about ``window`` bytes (a larger tensor is a window of
+    its own); the next window downloads while the caller works on this one, so memory
+    holds at most two windows (or the two largest tensors). Closing the generator early
+    waits for a download in flight.
+    """
+    windows = list(batches(entries, window))
+    with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-prefetch") as pool:
+        load = in_context(load_entries)  # requests count for the caller's operation
+        nxt = pool.submit(load, reader, windows[0]) if windows else None
+        for i, batch in enumerate(windows):
+            assert nxt is not None
+            values = nxt.result()
+            nxt = pool.submit(load, reader, windows[i + 1]) if i + 1 < len(windows) else None
+            for e in batch:
+                yield e, values.pop(e.name)
+            del values

@@ -10,7 +10,7 @@ float64, however large the checkpoints.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,16 +18,17 @@ import torch
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
-from s3ckpt.store import LocationLike, ObjectStore
+from s3ckpt.store import ObjectStore
+from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._common import (
     Entry,
     NameFilter,
+    batches,
     dtype_name,
     index_checkpoint,
+    load_entries,
     open_reader,
 )
-from s3ckpt.tools._load import load_entries
-from s3ckpt.tools._open import as_location_among
 
 __all__ = ["DiffResult", "TensorDiff", "diff_checkpoints"]
 
@@ -68,11 +69,8 @@ class TensorDiff:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("max_abs_diff", "mean_abs_diff"):
-            v = d[k]
-            if isinstance(v, float) and not math.isfinite(v):
-                d[k] = str(v)  # "nan" / "inf": keep the JSON standard
-        return d
+        stats = ("max_abs_diff", "mean_abs_diff")  # "nan" / "inf" as text: the JSON standard
+        return d | {k: str(d[k]) for k in stats if d[k] is not None and not math.isfinite(d[k])}
 
 
 @dataclass(frozen=True)
@@ -109,18 +107,16 @@ class DiffResult:
         }
 
 
-def _same_by_checksum(a: Entry, b: Entry) -> bool | None:
-    """True/False when both sides have comparable CRC32Cs; None when values are needed."""
-    if len(a.chunks) != len(b.chunks):
-        return None
-    for ca, cb in zip(a.chunks, b.chunks, strict=True):
-        if ca.offsets != cb.offsets or ca.sizes != cb.sizes:
-            return None
-        if ca.record is None or cb.record is None:
-            return None
-        if ca.record.crc32c != cb.record.crc32c or ca.length != cb.length:
-            return None  # maybe only the framing differs (another torch): compare values
-    return True
+def _same_by_checksum(a: Entry, b: Entry) -> bool:
+    """Both sides have the same chunks with the same CRC32Cs (else values decide: maybe
+    only the framing differs, another torch)."""
+    return len(a.chunks) == len(b.chunks) and all(
+        (ca.offsets, ca.sizes, ca.length) == (cb.offsets, cb.sizes, cb.length)
+        and ca.record is not None
+        and cb.record is not None
+        and ca.record.crc32c == cb.record.crc32c
+        for ca, cb in zip(a.chunks, b.chunks, strict=True)
+    )
 
 
 def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float, float]:
@@ -131,12 +127,9 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float, float
     if n == 0:
         return 0, 0.0, 0.0
     wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
-    changed = 0
-    max_d = 0.0
-    total = 0.0
+    changed, max_d, total = 0, 0.0, 0.0
     for i in range(0, n, _SLICE):
-        xa = fa[i : i + _SLICE].to(wide)
-        xb = fb[i : i + _SLICE].to(wide)
+        xa, xb = fa[i : i + _SLICE].to(wide), fb[i : i + _SLICE].to(wide)
         same = (xa == xb) | (torch.isnan(xa) & torch.isnan(xb))
         k = int((~same).sum())
         if not k:
@@ -173,22 +166,6 @@ def _values_equal(x: Any, y: Any) -> bool:
         return False
 
 
-def _batches(
-    pairs: Sequence[tuple[Entry, Entry]], window: int
-) -> Iterable[list[tuple[Entry, Entry]]]:
-    batch: list[tuple[Entry, Entry]] = []
-    size = 0
-    for a, b in pairs:
-        n = max(a.nbytes, a.stored_bytes)
-        if batch and size + n > window:
-            yield batch
-            batch, size = [], 0
-        batch.append((a, b))
-        size += n
-    if batch:
-        yield batch
-
-
 def diff_checkpoints(
     a: LocationLike | S3StorageReader,
     b: LocationLike | S3StorageReader,
@@ -215,75 +192,52 @@ def diff_checkpoints(
             value (those checksums could not decide), after each window.
     """
     settings: dict[str, Any] = {"s3_config": s3_config, "transfer_config": transfer_config}
-    if not isinstance(a, S3StorageReader):
-        a = as_location_among(a, store=store_a, **settings)
-    ra = open_reader(a)
-    if not isinstance(b, S3StorageReader):
-        near = ra.location if store_a is None else None
-        b = as_location_among(b, near=near, store=store_b, **settings)
-    rb = open_reader(b)
+    ra = open_reader(a, among=True, store=store_a, **settings)
+    near = ra.location if store_a is None else None
+    rb = open_reader(b, among=True, near=near, store=store_b, **settings)
     names = NameFilter.of(include, exclude)
     ea = {k: v for k, v in index_checkpoint(ra).items() if names(k)}
     eb = {k: v for k, v in index_checkpoint(rb).items() if names(k)}
     results: dict[str, TensorDiff] = {}
-    to_load: list[tuple[Entry, Entry]] = []
+    to_load: dict[str, tuple[Entry, Entry, tuple[Any, ...]]] = {}
     for name, x in ea.items():
         y = eb.get(name)
-        common = {
-            "dtype_a": dtype_name(x.dtype),
-            "shape_a": x.shape,
-        }
         if y is None:
-            results[name] = TensorDiff(name, "only_in_a", **common)  # type: ignore[arg-type]
+            results[name] = TensorDiff(name, "only_in_a", None, dtype_name(x.dtype), None, x.shape)
             continue
-        both: dict[str, Any] = {**common, "dtype_b": dtype_name(y.dtype), "shape_b": y.shape}
+        both = (dtype_name(x.dtype), dtype_name(y.dtype), x.shape, y.shape)  # a, b, a, b
         if x.kind != y.kind:
-            results[name] = TensorDiff(name, "kind_changed", **both)
+            results[name] = TensorDiff(name, "kind_changed", None, *both)
         elif x.kind == "tensor" and x.shape != y.shape:
-            results[name] = TensorDiff(name, "shape_changed", **both)
+            results[name] = TensorDiff(name, "shape_changed", None, *both)
         elif x.kind == "tensor" and x.dtype != y.dtype:
-            results[name] = TensorDiff(name, "dtype_changed", **both)
+            results[name] = TensorDiff(name, "dtype_changed", None, *both)
         elif _same_by_checksum(x, y):
-            results[name] = TensorDiff(name, "identical", "checksum", **both)
+            results[name] = TensorDiff(name, "identical", "checksum", *both)
         else:
-            to_load.append((x, y))
-    compared = 0
-    total = sum(max(x.nbytes, x.stored_bytes) for x, _ in to_load)
-    done = 0
+            to_load[name] = (x, y, both)
+    compared = done = 0
+    total = sum(max(x.nbytes, x.stored_bytes) for x, _, _ in to_load.values())
     if progress is not None and to_load:
         progress(0, total)
-    for batch in _batches(to_load, read_window):
-        va = load_entries(ra, [x for x, _ in batch])
-        vb = load_entries(rb, [y for _, y in batch])
-        for x, y in batch:
-            both = {
-                "dtype_a": dtype_name(x.dtype),
-                "shape_a": x.shape,
-                "dtype_b": dtype_name(y.dtype),
-                "shape_b": y.shape,
-            }
-            p, q = va.pop(x.name), vb.pop(y.name)
+    for batch in batches([x for x, _, _ in to_load.values()], read_window):
+        va = load_entries(ra, batch)
+        vb = load_entries(rb, [to_load[x.name][1] for x in batch])
+        for x in batch:
+            both = to_load[x.name][2]
+            p, q = va.pop(x.name), vb.pop(x.name)
+            stats: dict[str, Any] = {}
             if x.kind == "tensor":
                 changed, mx, mean = compare_tensors(p, q)
                 compared += x.nbytes
-                status = "changed" if changed else "identical"
-                results[x.name] = TensorDiff(
-                    x.name,
-                    status,
-                    "values",
-                    changed_elements=changed,
-                    max_abs_diff=mx,
-                    mean_abs_diff=mean,
-                    **both,
-                )
+                stats = {"changed_elements": changed, "max_abs_diff": mx, "mean_abs_diff": mean}
             else:
-                same = _values_equal(p, q)
-                results[x.name] = TensorDiff(
-                    x.name, "identical" if same else "changed", "values", **both
-                )
+                changed = not _values_equal(p, q)
+            status = "changed" if changed else "identical"
+            results[x.name] = TensorDiff(x.name, status, "values", *both, **stats)
         del va, vb
         if progress is not None:
-            done += sum(max(x.nbytes, x.stored_bytes) for x, _ in batch)
+            done += sum(max(x.nbytes, x.stored_bytes) for x in batch)
             progress(done, total)
     ordered = [results[k] for k in ea]
     ordered += [

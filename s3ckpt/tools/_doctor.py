@@ -17,7 +17,7 @@ means for the user's checkpoints and what to do. In order:
    lease runs, with ``race_pairs``): conditional create (If-None-Match), replace (If-Match)
    and delete, each answered 412 alone and raced :data:`~s3ckpt.tools._doctor_store.
    RACE_PAIRS` times from two threads (exactly one winner each time); checksum echo and
-   verification; then (:mod:`s3ckpt.tools._doctor_probes`) ListMultipartUploads listing an
+   verification; then ListMultipartUploads listing an
    upload another process opened, a run listed with ``Delimiter="/"`` two keys a page, and
    the bucket's versioning.
 5. **permissions** the trainer and pruner roles need, each exercised for real, and a small
@@ -34,22 +34,15 @@ Needs no torch: without it the round trip is the raw one and a row says so.
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.errors import (
-    AccessDeniedError,
-    ConfigError,
-    EndpointError,
-    NoSuchBucketError,
-    StoreError,
-    TransientStoreError,
-)
-from s3ckpt.store import Location, LocationLike, ObjectStore
+from s3ckpt.errors import AccessDeniedError
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._doctor_checks import (
     Scratch,
     clean_up,
@@ -57,49 +50,34 @@ from s3ckpt.tools._doctor_checks import (
     permission_rows,
     round_trip_rows,
 )
-from s3ckpt.tools._doctor_probes import listing_row, other_upload_row, versioning_row
 from s3ckpt.tools._doctor_report import Check, CheckStatus, DoctorReport
 from s3ckpt.tools._doctor_store import (
     WARN_SKEW,
     capability_rows,
     clock_row,
     identity_rows,
+    listing_row,
+    other_upload_row,
     s3_client,
+    versioning_row,
 )
 from s3ckpt.tools._open import as_location
-from s3ckpt.uri import StoreURL
 
-__all__ = [
-    "SCRATCH_PREFIX",
-    "WARN_SKEW",
-    "Check",
-    "CheckStatus",
-    "DoctorReport",
-    "run_doctor",
-]
+__all__ = ["SCRATCH_PREFIX", "WARN_SKEW", "Check", "CheckStatus", "DoctorReport", "run_doctor"]
 
+#: The scratch prefix's name under the checked URL: ``s3ckpt-doctor-{8 hex digits}/``.
 SCRATCH_PREFIX = "s3ckpt-doctor-"
-"""The scratch prefix's name under the checked URL: ``s3ckpt-doctor-{8 hex digits}/``."""
 
 # Codes of errors that say the credentials themselves are unusable (not that one action
 # is denied): the command cannot check anything, so they end it (exit 3).
 _CREDENTIAL_CODES = frozenset(
-    {
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "NoCredentials",
-        "RequestTimeTooSkewed",
-    }
+    "InvalidAccessKeyId SignatureDoesNotMatch ExpiredToken InvalidToken NoCredentials "  # noqa: SIM905
+    "RequestTimeTooSkewed".split()
 )
-# Codes S3 answers when the bucket lives in another region than the client signs for.
-_WRONG_REGION_CODES = frozenset({"PermanentRedirect", "AuthorizationHeaderMalformed", "301"})
 
 
 def run_doctor(
-    location: LocationLike | ObjectStore,
-    url: StoreURL | None = None,
+    location: LocationLike,
     *,
     s3_config: S3Config | None = None,
     transfer_config: TransferConfig | None = None,
@@ -112,9 +90,7 @@ def run_doctor(
     Args:
         location: The location to check (a URL, a local folder or a
             :class:`~s3ckpt.store.Location`); the checks write only under its scratch
-            prefix. The older form ``run_doctor(store, url)`` names the store and the
-            parsed URL apart.
-        url: With a store as ``location``: the location in it.
+            prefix.
         s3_config / transfer_config: How to open a URL ``location``.
         use_torch: Round-trip through ``dcp.save`` / ``dcp.load`` (``None``: when torch
             can be imported); ``False`` runs the raw put / multipart round trip.
@@ -127,12 +103,7 @@ def run_doctor(
             another region. Nothing was created then.
         KeyboardInterrupt: after the cleanup ran (its row went to ``on_check``).
     """
-    if isinstance(location, (Location, StoreURL, str, os.PathLike)):
-        where = as_location(location, s3_config=s3_config, transfer_config=transfer_config)
-    elif url is None:
-        raise ConfigError("run_doctor(store, url) needs the url in that store")
-    else:
-        where = as_location(url, store=location)
+    where = as_location(location, s3_config=s3_config, transfer_config=transfer_config)
     store = where.store
     rows: list[Check] = []
 
@@ -170,7 +141,8 @@ def run_doctor(
 
 # -- preflight -------------------------------------------------------------------------------
 def _preflight(where: Location) -> bool:
-    """One LIST of ``where``'s prefix; errors that leave nothing to check are raised.
+    """One LIST of ``where``'s prefix; errors that leave nothing to check are raised (a
+    bucket in another region: the store's error names the region to pass).
 
     Returns:
         Whether the LIST was denied (a permission row says so later).
@@ -181,19 +153,6 @@ def _preflight(where: Location) -> bool:
         if exc.code in _CREDENTIAL_CODES:
             raise
         return True
-    except (NoSuchBucketError, EndpointError, TransientStoreError):
-        raise
-    except StoreError as exc:
-        if exc.code in _WRONG_REGION_CODES:
-            raise type(exc)(
-                f"the bucket answers from another region than the client signs for "
-                f"({exc.code}): pass --region (or set AWS_REGION) to the bucket's region",
-                bucket=exc.bucket,
-                key=exc.key,
-                operation=exc.operation,
-                code=exc.code,
-            ) from None
-        raise
     return False
 
 

@@ -15,20 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3ckpt._crc import crc32c
-from s3ckpt.errors import (
-    AccessDeniedError,
-    ConditionalWritesError,
-    S3CkptError,
-    find_s3ckpt_error,
-)
-from s3ckpt.store import Location, ObjectStore, is_unsupported
-from s3ckpt.tools._doctor_report import Check, CheckStatus
+from s3ckpt.errors import AccessDeniedError, ConditionalWritesError, S3CkptError, find_s3ckpt_error
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._known import is_unsupported
+from s3ckpt.tools._doctor_report import Check, CheckStatus, fail, ok, skip, warn
 from s3ckpt.uri import StoreURL
 
 __all__ = ["Scratch", "clean_up", "interrupted_cleanup", "permission_rows", "round_trip_rows"]
 
+#: S3's smallest part but the last.
 MIN_PART = 5 * 1024 * 1024
-"""S3's smallest part but the last."""
 
 
 @dataclass
@@ -38,8 +34,8 @@ class Scratch:
 
     location: Location
     uploads: list[tuple[str, str]] = field(default_factory=list)
+    #: The store answered an abort 405/501: it cannot abort uploads.
     no_abort: bool = False
-    """The store answered an abort 405/501: it cannot abort uploads."""
 
     @property
     def store(self) -> ObjectStore:
@@ -97,13 +93,17 @@ _OPERATIONS = {
     "abort": "AbortMultipartUpload",
     "delete": "DeleteObjects",
 }
+LIFECYCLE = (
+    "a bucket lifecycle rule with AbortIncompleteMultipartUpload removes them (terraform/ sets one)"
+)
+NO_LIST_UPLOADS = (
+    "gc cannot see open uploads: saves in progress are told by their heartbeats alone, and "
+    f"abandoned uploads stay (billed) until {LIFECYCLE}"
+)
 # check -> what s3ckpt does on a store without it (the others it cannot do without)
 _UNSUPPORTED = {
-    "list uploads": "gc cannot see open uploads: saves in progress are told by their "
-    "heartbeats alone, and abandoned uploads stay (billed) until a bucket lifecycle rule "
-    "with AbortIncompleteMultipartUpload removes them (terraform/ sets one)",
-    "abort": "a failed save's uploads cannot be aborted: they stay (billed) until a bucket "
-    "lifecycle rule with AbortIncompleteMultipartUpload removes them (terraform/ sets one)",
+    "list uploads": NO_LIST_UPLOADS,
+    "abort": f"a failed save's uploads cannot be aborted: they stay (billed) until {LIFECYCLE}",
 }
 
 
@@ -114,9 +114,7 @@ def _denied(name: str, store: ObjectStore, url: StoreURL, exc: BaseException) ->
         grant = f"grant {action} on {where}"
         if store.url_scheme != "s3":
             grant += " (or the store's equivalent)"
-        return Check(
-            f"permission {name}", CheckStatus.FAIL, f"denied ({exc.code})", f"{effect}: {grant}"
-        )
+        return fail(f"permission {name}", f"denied ({exc.code})", f"{effect}: {grant}")
     if is_unsupported(exc):
         code = getattr(exc, "code", None) or "501"
         then = _UNSUPPORTED.get(name)
@@ -126,7 +124,7 @@ def _denied(name: str, store: ObjectStore, url: StoreURL, exc: BaseException) ->
             f"the store does not support {_OPERATIONS[name]} ({code}): not a permission",
             then or f"s3ckpt needs {_OPERATIONS[name]}: use a store that implements it",
         )
-    return Check(f"permission {name}", CheckStatus.FAIL, _message(exc), effect)
+    return fail(f"permission {name}", _message(exc), effect)
 
 
 def _message(exc: BaseException) -> str:
@@ -140,22 +138,21 @@ def _run(
     """The row of one permission: ``fn`` returns ``None`` when the answer was right, else
     what was wrong; ``needs`` names a failed earlier check it depends on (then skipped)."""
     if needs is not None:
-        return Check(f"permission {name}", CheckStatus.SKIP, f"not tried: needs {needs}")
+        return skip(f"permission {name}", f"not tried: needs {needs}")
     try:
         wrong = fn()
     except S3CkptError as exc:
         return _denied(name, work.store, work.url, exc)
     if wrong is not None:
-        return Check(
+        return fail(
             f"permission {name}",
-            CheckStatus.FAIL,
             wrong,
             "the store answered wrongly: s3ckpt cannot rely on it; report it to the "
             "store's operator",
         )
     action = _PERMISSIONS[name][0]
     detail = f"{action}: allowed" if work.store.url_scheme == "s3" else "allowed"
-    return Check(f"permission {name}", CheckStatus.OK, detail)
+    return ok(f"permission {name}", detail)
 
 
 def permission_rows(work: Scratch, *, list_denied: bool = False) -> list[Check]:
@@ -258,11 +255,11 @@ def round_trip_rows(work: Scratch, *, use_torch: bool | None = None) -> list[Che
             return [_dcp_round_trip(work)]
         except ImportError as exc:  # torch there but broken (numpy, a bad build)
             broken = f"torch cannot be imported ({exc})"
-            return [_raw_round_trip(work), Check("torch", CheckStatus.WARN, broken, _NO_TORCH)]
+            return [_raw_round_trip(work), warn("torch", broken, _NO_TORCH)]
     why = "not installed" if not _torch_available() else "not asked for"
     return [
         _raw_round_trip(work),
-        Check("torch", CheckStatus.SKIP, f"{why}: the dcp.save / dcp.load round trip was skipped"),
+        skip("torch", f"{why}: the dcp.save / dcp.load round trip was skipped"),
     ]
 
 
@@ -295,17 +292,15 @@ def _raw_round_trip(work: Scratch) -> Check:
     if wrong:
         return _round_trip_failed(f"read back with another CRC32C: {', '.join(wrong)}")
     size = len(one) + sum(len(d) for d in parts_data)
-    return Check(
+    return ok(
         "round trip",
-        CheckStatus.OK,
         f"put + 2-part multipart ({size / 2**20:.1f} MiB) read back, CRC32C equal",
     )
 
 
 def _round_trip_failed(detail: str) -> Check:
-    return Check(
+    return fail(
         "round trip",
-        CheckStatus.FAIL,
         detail,
         "a checkpoint saved here would not load back as saved: see the detail and the rows above",
     )
@@ -341,9 +336,8 @@ def _dcp_round_trip(work: Scratch) -> Check:
         raise
     except BaseException as exc:  # torch's CheckpointException is one
         if isinstance(find_s3ckpt_error(exc), ConditionalWritesError):
-            return Check(
+            return fail(
                 "round trip",
-                CheckStatus.FAIL,
                 "dcp.save refused: the store ignores conditional writes",
                 "every save refuses here, as it must without conditional writes: use a "
                 "store that enforces them, or single-writer mode (S3Config(single_writer="
@@ -363,9 +357,8 @@ def _dcp_round_trip(work: Scratch) -> Check:
     if differ:
         return _round_trip_failed(f"dcp.load gave other bytes than dcp.save wrote: {differ}")
     size = sum(v.numel() * v.element_size() for v in saved.values() if isinstance(v, torch.Tensor))
-    return Check(
+    return ok(
         "round trip",
-        CheckStatus.OK,
         f"dcp.save + dcp.load of {len(saved)} items ({size / 1024:.0f} KiB), bit-exact",
     )
 
@@ -407,23 +400,19 @@ def clean_up(work: Scratch) -> tuple[Check, tuple[str, ...]]:
         _remove_empty_folders("/" + prefix)
     where = str(work.url)
     if not left:
-        return Check(
+        return ok(
             "cleanup",
-            CheckStatus.OK,
             f"removed {removed} object{'s' if removed != 1 else ''} under {where}",
         ), ()
     shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
     why = f" ({problems[0]})" if problems else ""
-    return Check("cleanup", CheckStatus.WARN, f"left behind: {shown}{why}", _remove_hint(work)), (
-        tuple(left)
-    )
+    return warn("cleanup", f"left behind: {shown}{why}", _remove_hint(work)), (tuple(left))
 
 
 def interrupted_cleanup(work: Scratch) -> Check:
     """The cleanup row when the cleanup itself was interrupted."""
-    return Check(
+    return warn(
         "cleanup",
-        CheckStatus.WARN,
         f"interrupted: whatever is left is under {work.url}",
         _remove_hint(work),
     )

@@ -3,23 +3,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Check", "CheckStatus", "DoctorReport"]
+__all__ = ["Check", "CheckStatus", "DoctorReport", "fail", "ok", "skip", "warn"]
 
 
 class CheckStatus(str, Enum):
     """How one check came out."""
 
     OK = "ok"
+    #: The store will not keep checkpoints safe as configured (the CLI exits 1).
     FAIL = "fail"
-    """The store will not keep checkpoints safe as configured (the CLI exits 1)."""
+    #: Works, with a cost or a caveat the meaning explains.
     WARN = "warn"
-    """Works, with a cost or a caveat the meaning explains."""
+    #: Not checked here; the detail says why.
     SKIP = "skip"
-    """Not checked here; the detail says why."""
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,7 @@ class Check:
 
     def to_dict(self) -> dict[str, str]:
         """``{"name", "status", "detail", "meaning"}``."""
-        return {
-            "name": self.name,
-            "status": self.status.value,
-            "detail": self.detail,
-            "meaning": self.meaning,
-        }
+        return {**asdict(self), "status": self.status.value}
 
 
 @dataclass(frozen=True)
@@ -91,3 +86,23 @@ class DoctorReport:
             "checks": [c.to_dict() for c in self.checks],
             "left_behind": list(self.left_behind),
         }
+
+
+def ok(name: str, detail: str) -> Check:
+    """An ``ok`` row."""
+    return Check(name, CheckStatus.OK, detail)
+
+
+def skip(name: str, detail: str) -> Check:
+    """A ``skip`` row (``detail`` says why)."""
+    return Check(name, CheckStatus.SKIP, detail)
+
+
+def warn(name: str, detail: str, meaning: str) -> Check:
+    """A ``warn`` row."""
+    return Check(name, CheckStatus.WARN, detail, meaning)
+
+
+def fail(name: str, detail: str, meaning: str) -> Check:
+    """A ``fail`` row."""
+    return Check(name, CheckStatus.FAIL, detail, meaning)

@@ -1,31 +1,47 @@
-"""The doctor's checks that only read: credentials, endpoint, clock skew and the store's
-capabilities (see :mod:`s3ckpt.tools._doctor` for the order and cost)."""
+"""The doctor's rows of the store itself: credentials, endpoint, clock skew and the store's
+capabilities (checks that only read), then what saves and scans rely on beyond single
+requests: another process's open upload listed, a run listed folder by folder with paging,
+and the bucket's versioning. The probing is the store's capability module's
+(:func:`~s3ckpt.store.probe_capabilities`, :func:`~s3ckpt.store.other_process_upload`,
+:func:`~s3ckpt.store.listing_mistakes`); these functions render it (see
+:mod:`s3ckpt.tools._doctor` for the order and cost)."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import subprocess
 import time
 from datetime import timedelta
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from s3ckpt.errors import AccessDeniedError, S3CkptError, StoreError
-from s3ckpt.retention import MIN_GRACE
-from s3ckpt.store import Capabilities, ObjectStore, probe_capabilities, store_time
-from s3ckpt.tools._doctor_report import Check, CheckStatus
+from s3ckpt.retention._liveness import MIN_GRACE
+from s3ckpt.store import Capabilities, ObjectStore, probe_capabilities
+from s3ckpt.store._capabilities import listing_mistakes, other_process_upload
+from s3ckpt.store._clock import store_time
+from s3ckpt.store._known import is_unsupported
+from s3ckpt.store._versions import VersionedStore
+from s3ckpt.tools._doctor_checks import LIFECYCLE, NO_LIST_UPLOADS, Scratch
+from s3ckpt.tools._doctor_report import Check, CheckStatus, fail, ok, skip, warn
 
 __all__ = [
+    "LISTING_PAGE",
     "RACE_PAIRS",
     "WARN_SKEW",
     "capability_rows",
     "clock_row",
     "identity_rows",
+    "listing_row",
+    "other_upload_row",
     "s3_client",
+    "versioning_row",
 ]
 
+#: A clock skew above this is a warning; above :data:`~s3ckpt.retention.MIN_GRACE` a failure. (The
+#: ``Date`` header has one-second resolution.)
 WARN_SKEW = timedelta(seconds=5)
-"""A clock skew above this is a warning; above :data:`~s3ckpt.retention.MIN_GRACE` a
-failure. (The ``Date`` header has one-second resolution.)"""
 
 
 def s3_client(store: ObjectStore) -> Any:
@@ -40,10 +56,7 @@ def identity_rows(store: ObjectStore, seen: list[str]) -> list[Check]:
     client = s3_client(store)
     if client is None:
         why = f"not an S3 store ({store.url_scheme}://): no AWS credentials or endpoint involved"
-        return [
-            Check("credentials", CheckStatus.SKIP, why),
-            Check("endpoint", CheckStatus.SKIP, why),
-        ]
+        return [skip(name, why) for name in ("credentials", "endpoint")]
     cfg = store.s3_config  # type: ignore[attr-defined]
     return [_credentials_row(cfg, client), _endpoint_row(cfg, client, store.bucket, seen)]
 
@@ -64,17 +77,15 @@ def _credentials_row(cfg: Any, client: Any) -> Check:
     try:
         creds = session.get_credentials()
     except Exception as exc:  # a credential_process or SSO cache that fails a second time
-        return Check(
+        return warn(
             "credentials",
-            CheckStatus.WARN,
             f"could not resolve them again: {type(exc).__name__}",
             "the store accepted this host's requests, but where the credentials come "
             "from is unknown; check them with `aws sts get-caller-identity`",
         )
     if creds is None:  # the preflight LIST passed anonymously: a public or open endpoint
-        return Check(
+        return warn(
             "credentials",
-            CheckStatus.WARN,
             "no credentials found: requests are unsigned",
             "the store accepted anonymous requests; anyone who reaches it can read and "
             "delete checkpoints: require credentials on the endpoint",
@@ -84,7 +95,7 @@ def _credentials_row(cfg: Any, client: Any) -> Check:
     detail = f"from {method}" + (f" (access key …{key[-4:]})" if len(key) >= 8 else "")
     endpoint = cfg.resolved_endpoint_url()
     if not _is_aws(endpoint):
-        return Check("credentials", CheckStatus.OK, f"{detail}; STS not asked (custom endpoint)")
+        return ok("credentials", f"{detail}; STS not asked (custom endpoint)")
     try:
         from botocore.config import Config
 
@@ -95,14 +106,13 @@ def _credentials_row(cfg: Any, client: Any) -> Check:
         )
         arn = str(sts.get_caller_identity().get("Arn", "?"))
     except Exception as exc:  # any failure is the row's detail, not a crash
-        return Check(
+        return warn(
             "credentials",
-            CheckStatus.WARN,
             f"{detail}; STS GetCallerIdentity failed: {type(exc).__name__}",
             "the caller's identity is unknown (STS unreachable or denied); the S3 checks "
             "below still say what these credentials may do",
         )
-    return Check("credentials", CheckStatus.OK, f"{detail}; {arn}")
+    return ok("credentials", f"{detail}; {arn}")
 
 
 def _endpoint_row(cfg: Any, client: Any, bucket: str, seen: list[str]) -> Check:
@@ -115,21 +125,19 @@ def _endpoint_row(cfg: Any, client: Any, bucket: str, seen: list[str]) -> Check:
     detail = f"region {region}, {endpoint}, {style}-style addressing"
     parts = urlsplit(endpoint)
     if not cfg.verify_tls:
-        return Check(
+        return warn(
             "endpoint",
-            CheckStatus.WARN,
             detail + ", TLS not verified",
             "--no-verify-tls: anyone on the network path can impersonate the store; "
             "install the endpoint's CA certificate (AWS_CA_BUNDLE) instead",
         )
     if parts.scheme == "http" and not _is_loopback(parts.hostname or ""):
-        return Check(
+        return warn(
             "endpoint",
-            CheckStatus.WARN,
             detail + ", plain http",
             "checkpoints travel unencrypted to a remote host: use an https:// endpoint",
         )
-    return Check("endpoint", CheckStatus.OK, detail)
+    return ok("endpoint", detail)
 
 
 def _is_loopback(host: str) -> bool:
@@ -146,14 +154,13 @@ def clock_row(store: ObjectStore, prefix: str) -> Check:
     try:
         t = store_time(store, prefix)
     except S3CkptError as exc:
-        return Check(
+        return warn(
             "clock skew",
-            CheckStatus.WARN,
             f"could not read the store's time: {exc}",
             "ages are measured in the store's time; this host's skew is unknown",
         )
     if not t.measured:
-        return Check("clock skew", CheckStatus.SKIP, f"not measured: {t.source}")
+        return skip("clock skew", f"not measured: {t.source}")
     skew = round(t.skew.total_seconds(), 1)
     if skew == 0:
         detail = "0.0 s: this host's clock agrees with the store's"
@@ -161,28 +168,28 @@ def clock_row(store: ObjectStore, prefix: str) -> Check:
         way = "ahead of" if skew > 0 else "behind"
         detail = f"{skew:+.1f} s: this host's clock is {abs(skew):.1f} s {way} the store's"
     if abs(skew) > MIN_GRACE.total_seconds():
-        return Check(
+        return fail(
             "clock skew",
-            CheckStatus.FAIL,
             detail,
             f"more than the minimum grace ({MIN_GRACE.total_seconds():g} s): gc, prune and "
             "rm refuse to act from this host; fix its clock (NTP / chrony)",
         )
     if abs(skew) > WARN_SKEW.total_seconds():
-        return Check(
+        return warn(
             "clock skew",
-            CheckStatus.WARN,
             detail,
             "ages are measured in the store's time, so checkpoints are safe, but times "
             "shown from this host are off: check NTP",
         )
-    return Check("clock skew", CheckStatus.OK, detail)
+    return ok("clock skew", detail)
 
 
 # -- capabilities ----------------------------------------------------------------------------
+Kind = Literal["create", "replace", "delete"]
+
+#: Pairs raced per conditional request (:func:`~s3ckpt.store.probe_capabilities`'s ``race_pairs``):
+#: enough to catch a check-then-write on most runs, about 100 requests.
 RACE_PAIRS = 8
-"""Pairs raced per conditional request (:func:`~s3ckpt.store.probe_capabilities`'s
-``race_pairs``): enough to catch a check-then-write on most runs, about 100 requests."""
 
 
 def capability_rows(store: ObjectStore, key: str) -> list[Check]:
@@ -193,12 +200,11 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
         )
     except AccessDeniedError as exc:
         why = f"not probed: {exc.message} (see the permission rows)"
-        return [Check(n, CheckStatus.SKIP, why) for n in _CAPABILITY_NAMES]
+        return [skip(n, why) for n in _CAPABILITY_NAMES]
     except StoreError as exc:
         return [
-            Check(
+            fail(
                 n,
-                CheckStatus.FAIL,
                 f"the probe failed: {exc}",
                 "s3ckpt cannot tell what this store guarantees, so saves refuse: "
                 "see the error, then run doctor again",
@@ -217,62 +223,45 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
         else "refused unless S3Config(single_writer=True) / --single-writer says only one "
         "process at a time writes a prefix"
     )
+    lease = (
+        "gc, prune and rm fence a checkpoint with a tombstone (a conditional PUT) in any case; "
+        "only their last request, deleting their own tombstone, is then a plain DELETE under "
+        "the run's lease instead of one conditional on its ETag (a deleter paused past its "
+        "lease in that last moment could remove a marker committed meanwhile)"
+    )
+    create = f"two saves of one prefix could both report success and one be lost; {opt_in}"
+    replace = (
+        "overwrites and the retention lease cannot exclude each other (two pruners or two "
+        f"overwrites could both win); {opt_in}"
+    )
     rows = [
-        _conditional_row(
-            store,
-            caps,
-            "create",
-            "If-None-Match",
-            missing,
-            f"two saves of one prefix could both report success and one be lost; {opt_in}",
-        ),
-        _conditional_row(
-            store,
-            caps,
-            "replace",
-            "If-Match",
-            missing,
-            "overwrites and the retention lease cannot exclude each other (two "
-            f"pruners or two overwrites could both win); {opt_in}",
-        ),
-        _conditional_row(
-            store,
-            caps,
-            "delete",
-            "DeleteObject If-Match",
-            CheckStatus.WARN,
-            "gc, prune and rm fence a checkpoint with a tombstone (a conditional PUT) in "
-            "any case; only their last request, deleting their own tombstone, is then a "
-            "plain DELETE under the run's lease instead of one conditional on its ETag (a "
-            "deleter paused past its lease in that last moment could remove a marker "
-            "committed meanwhile)",
-        ),
+        _conditional_row(store, caps, "create", "If-None-Match", missing, create),
+        _conditional_row(store, caps, "replace", "If-Match", missing, replace),
+        _conditional_row(store, caps, "delete", "DeleteObject If-Match", CheckStatus.WARN, lease),
         _checksum_row(store, caps.checksum_echo),
         _verification_row(store, key),
     ]
     note = f" (probed in {took:.1f} s)" if took >= 1 else ""
-    first = rows[0]
-    rows[0] = Check(first.name, first.status, first.detail + note, first.meaning)
+    rows[0] = dataclasses.replace(rows[0], detail=rows[0].detail + note)
     return rows
 
 
 def _conditional_row(
     store: ObjectStore,
     caps: Capabilities,
-    kind: Literal["create", "replace", "delete"],
+    kind: Kind,
     header: str,
     missing: CheckStatus,
     meaning: str,
 ) -> Check:
     """One conditional request's row: answered 412 alone, and exactly one winner in every
-    race (:mod:`s3ckpt.store._race`)."""
+    race (:func:`s3ckpt.store._capabilities.race`)."""
     name = f"conditional {kind}"
-    ok = getattr(caps, f"conditional_{kind}")
     raced = caps.race(kind)
-    if ok:
+    if getattr(caps, f"conditional_{kind}"):
         alone = "honoured" if kind == "delete" else "answered 412, as required"
         won = f"; one of two won each of {raced.pairs} races" if raced else ""
-        return Check(name, CheckStatus.OK, f"{header} {alone}{won}")
+        return ok(name, f"{header} {alone}{won}")
     if raced is not None and not raced.atomic:
         detail = f"{raced.describe()}: the store's {header} is a check then a write"
         return Check(name, missing, detail, meaning)
@@ -284,7 +273,7 @@ def _conditional_row(
         )
         return Check(name, missing, detail, meaning)
     if kind == "delete" and not caps.delete_probed:
-        return Check(name, CheckStatus.SKIP, "not probed")
+        return skip(name, "not probed")
     if kind == "delete":
         return Check(name, missing, f"{header} not supported (ignored, refused or 501)", meaning)
     return Check(name, missing, f"{header} ignored (the write went through)", meaning)
@@ -308,12 +297,11 @@ def _checksum_row(store: ObjectStore, echo: bool | None) -> Check:
             why = "uploads carry no checksum (S3Config.checksum_algorithm='NONE')"
         else:
             why = "no PUT of the probe succeeded"
-        return Check("checksum echo", CheckStatus.SKIP, f"not probed: {why}")
+        return skip("checksum echo", f"not probed: {why}")
     if echo:
-        return Check("checksum echo", CheckStatus.OK, "the store echoes the CRC32C it received")
-    return Check(
+        return ok("checksum echo", "the store echoes the CRC32C it received")
+    return warn(
         "checksum echo",
-        CheckStatus.WARN,
         "the store does not echo x-amz-checksum-crc32c",
         "a byte flipped in transit would go unnoticed by the store: s3ckpt re-reads each "
         "committed object's CRC32C before the marker (verify_after_write), one more read per save",
@@ -327,17 +315,128 @@ def _verification_row(store: ObjectStore, key: str) -> Check:
     probe = getattr(store, "checksum_verified", None)
     cfg = getattr(store, "s3_config", None)
     if probe is None or cfg is None or cfg.checksum_algorithm != "CRC32C":
-        return Check(name, CheckStatus.SKIP, "not probed: no CRC32C on uploads to this store")
+        return skip(name, "not probed: no CRC32C on uploads to this store")
     try:
         verified = bool(probe(key))
     except StoreError as exc:
-        return Check(name, CheckStatus.SKIP, f"not probed: {exc}")
+        return skip(name, f"not probed: {exc}")
     if verified:
-        return Check(name, CheckStatus.OK, "an upload with a wrong CRC32C is refused")
-    return Check(
+        return ok(name, "an upload with a wrong CRC32C is refused")
+    return warn(
         name,
-        CheckStatus.WARN,
         "the store accepted an upload whose CRC32C was wrong",
         "a byte flipped in transit would be stored: saves re-read every object against its "
         "CRC32C before the marker (verify_after_write, on by default here), one more read per save",
+    )
+
+
+# -- beyond single requests: uploads, listings, versions ------------------------------------
+#: Keys per LIST page in the listing probe: every folder listed spans several pages.
+LISTING_PAGE = 2
+
+
+def other_upload_row(work: Scratch) -> Check:
+    """``list uploads``: ✔ only when an upload another process opened is listed (gc finds
+    the uploads of saves that died elsewhere this way). Cost: a process start, a
+    CreateMultipartUpload, a ListMultipartUploads and an abort."""
+    name, store = "list uploads", work.store
+    key = work.key("uploads/other-process")
+    try:
+        listed, how = other_process_upload(
+            store,
+            key,
+            work.key("uploads/"),
+            lambda upload_id: work.uploads.append((key, upload_id)),
+        )
+    except AccessDeniedError as exc:
+        return skip(name, f"not probed: {exc.message} (see the permissions)")
+    except StoreError as exc:
+        if is_unsupported(exc):
+            return warn(
+                name,
+                f"the store does not support ListMultipartUploads ({exc.code})",
+                NO_LIST_UPLOADS,
+            )
+        return fail(name, f"the probe failed: {exc}", "see the error")
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        return skip(name, f"not measured: {exc}")
+    if listed:
+        return ok(name, f"ListMultipartUploads lists an upload {how} opened")
+    return warn(
+        name,
+        f"ListMultipartUploads does not list an upload {how} opened (only this process's own)",
+        "gc cannot see the uploads of saves that died in other processes: they stay "
+        f"(billed on S3, partial files elsewhere) until {LIFECYCLE} or you remove them",
+    )
+
+
+def listing_row(work: Scratch) -> Check:
+    """``listing``: a run laid out as s3ckpt writes it, listed with ``Delimiter="/"`` at the
+    run and at a checkpoint, two keys a page: every folder and object comes back exactly
+    once. Cost: 11 PUTs and about 10 LISTs."""
+    name = "listing"
+    try:
+        wrong = listing_mistakes(work.store, work.key("listing/"), LISTING_PAGE)
+    except AccessDeniedError as exc:
+        return skip(name, f"not probed: {exc.message} (see the permissions)")
+    except S3CkptError as exc:
+        return fail(
+            name,
+            f"listing a run with Delimiter=/ failed: {exc}",
+            "ls, load(step='latest'), prune and gc list runs this way and would fail here: "
+            "report it to the store's operator",
+        )
+    if wrong:
+        shown = "; ".join(wrong[:3]) + (f" and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+        return fail(
+            name,
+            f"a delimited listing, {LISTING_PAGE} keys a page, came back wrong: {shown}",
+            "ls, load(step='latest'), prune and gc would miss or double-count checkpoints: "
+            "report it to the store's operator",
+        )
+    return ok(
+        name,
+        f"a run and a checkpoint listed with Delimiter=/, {LISTING_PAGE} keys a page: every "
+        "folder and object exactly once",
+    )
+
+
+# -- versioning ------------------------------------------------------------------------------
+_VERSIONS_DOC = "docs/operations.md, 'Versioned buckets'"
+
+
+def versioning_row(store: ObjectStore) -> Check:
+    """``versioning``: GetBucketVersioning, and what prune then frees."""
+    name = "versioning"
+    if not isinstance(store, VersionedStore):
+        return skip(
+            name,
+            f"not an S3 store ({store.url_scheme}://): no object versions; deletes free bytes",
+        )
+    try:
+        status = store.versioning_status()
+    except AccessDeniedError as exc:
+        return warn(
+            name,
+            f"could not read it: {exc.code or 'AccessDenied'} (s3:GetBucketVersioning)",
+            "on a versioned bucket prune's deletes leave noncurrent versions (billed); "
+            f"grant s3:GetBucketVersioning to know, and see {_VERSIONS_DOC}",
+        )
+    except StoreError as exc:
+        if is_unsupported(exc):
+            why = f"the store does not support GetBucketVersioning ({exc.code})"
+            return skip(name, why)
+        return warn(name, f"could not read it: {exc}", f"see {_VERSIONS_DOC}")
+    if status is None:
+        return ok(name, "never enabled: prune, gc and rm free what they delete")
+    kept = (
+        "a deleted checkpoint stays as noncurrent versions (billed)"
+        if status == "Enabled"
+        else "versions made while it was enabled stay as noncurrent versions (billed)"
+    )
+    return warn(
+        name,
+        f"{status}: {kept} until a lifecycle rule expires them",
+        "prune reports the noncurrent bytes it leaves; expire them with a "
+        "NoncurrentVersionExpiration lifecycle rule (terraform/ sets one): see " + _VERSIONS_DOC,
     )

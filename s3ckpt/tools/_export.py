@@ -9,59 +9,200 @@ How safetensors export stays within bounded memory:
    before a byte is read. A converter that cannot run on ``meta`` tensors is planned on
    real values instead (the checkpoint is then read twice).
 2. Stream. Tensors are loaded a window at a time (full tensors assembled from any number
-   of saved chunks, see :mod:`s3ckpt.tools._load`), converted, cast and written into the
-   open shard's multipart upload, then dropped. Memory: two read windows (or the two
-   largest tensors) plus the upload buffers (``TransferConfig.max_inflight_bytes +
-   part_size``), independent of the shard size and of the model size.
+   of saved chunks, see :func:`~s3ckpt.tools._common.iter_loaded`), converted, cast and
+   written into the open shard's multipart upload, then dropped. Memory: two read windows
+   (or the two largest tensors) plus the upload buffers (``TransferConfig.max_inflight_bytes
+   + part_size``), independent of the shard size and of the model size.
 3. Commit. Shards first, ``model.safetensors.index.json`` last. On failure every upload of
    this export is aborted and completed shards are deleted.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from s3ckpt._transfer import Uploader, format_leftovers
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import CheckpointExistsError, ConfigError
-from s3ckpt.store import Location, LocationLike, ObjectStore
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._common import (
     Entry,
     NameFilter,
     dtype_name,
     index_checkpoint,
+    iter_loaded,
     open_reader,
     parse_dtype,
     parse_size,
 )
-from s3ckpt.tools._convert import (
-    Converter,
-    check_converted,
-    convert,
-    load_converter,
-    plan_export,
-    split_shards,
-)
-from s3ckpt.tools._load import iter_loaded
-from s3ckpt.tools._open import as_location_among
+from s3ckpt.tools._open import as_location
 from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
-from s3ckpt.transfer import Uploader, format_leftovers
 
 __all__ = [
     "INDEX_NAME",
+    "Converter",
     "ExportResult",
     "ExportedFile",
     "SkippedItem",
     "export_checkpoint",
+    "load_converter",
 ]
 
+# -- planning: converters, and what each source tensor becomes ---------------------------
+Converter = Callable[[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
+"""``(name, tensor) -> iterable of (new_name, new_tensor)``: rename (yield one pair with a
+new name), reshape or transpose, split (yield several), or drop (yield nothing). Called
+once per tensor, after ``only`` stripped the prefix and before the dtype cast. It should
+work on ``meta`` tensors (shape and dtype only) so the export can be planned without
+reading data; plain renames, views, ``chunk``/``split`` and ``transpose`` all do."""
+
+
+@dataclass
+class Out:
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass
+class Group:
+    """One source tensor and the outputs the converter makes of it."""
+
+    entry: Entry
+    name: str
+    """The source name after ``only`` stripped its prefix."""
+    outs: list[Out] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(o.nbytes for o in self.outs)
+
+
+def load_converter(spec: str | Converter | None) -> Converter | None:
+    """A converter from ``"package.module:function"`` (or ``"path/file.py:function"``)."""
+    if spec is None or callable(spec):
+        return spec
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ConfigError(f"converter {spec!r}: expected MODULE:FUNCTION, e.g. mypkg.convert:to_hf")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name).expanduser().resolve()
+            loaded = importlib.util.spec_from_file_location(path.stem, path)
+            if loaded is None or loaded.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(mod_name)
+    except (ImportError, OSError) as exc:
+        raise ConfigError(f"converter {spec!r}: cannot import {mod_name!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ConfigError(f"converter {spec!r}: {mod_name!r} has no attribute {attr!r}")
+    if not callable(obj):
+        raise ConfigError(f"converter {spec!r} is not callable")
+    return obj
+
+
+def convert(
+    converter: Converter | None, name: str, tensor: torch.Tensor, dtype: torch.dtype | None
+) -> list[tuple[str, torch.Tensor]]:
+    pairs = [(name, tensor)] if converter is None else list(converter(name, tensor))
+    out = []
+    for new_name, t in pairs:
+        if not isinstance(new_name, str) or not isinstance(t, torch.Tensor):
+            raise ConfigError(
+                f"converter output for {name!r} must be (str, Tensor) pairs, got "
+                f"({type(new_name).__name__}, {type(t).__name__})"
+            )
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        out.append((new_name, t))
+    return out
+
+
+def plan_export(
+    reader: S3StorageReader,
+    tensors: Sequence[tuple[Entry, str]],
+    conv: Converter | None,
+    cast: torch.dtype | None,
+    read_window: int,
+    notes: list[str],
+) -> list[Group]:
+    groups = [Group(e, n) for e, n in tensors]
+
+    def plan(g: Group, value: torch.Tensor) -> None:
+        g.outs = [Out(n, t.dtype, tuple(t.shape)) for n, t in convert(conv, g.name, value, cast)]
+
+    try:
+        for g in groups:
+            plan(g, torch.empty(g.entry.shape or (), dtype=g.entry.dtype, device="meta"))
+    except ConfigError:
+        raise
+    except Exception as exc:
+        notes.append(
+            f"the converter does not run on meta tensors ({type(exc).__name__}: {exc}); "
+            "planned on real values, so the checkpoint was read twice"
+        )
+        by_entry = {id(g.entry): g for g in groups}
+        for entry, value in iter_loaded(reader, [g.entry for g in groups], window=read_window):
+            plan(by_entry[id(entry)], value)
+    seen: dict[str, str] = {}
+    for g in groups:
+        for o in g.outs:
+            if o.name in seen:
+                raise ConfigError(
+                    f"two tensors would be exported as {o.name!r} (from {seen[o.name]!r} and "
+                    f"{g.name!r}); fix the converter or the name filters"
+                )
+            seen[o.name] = g.name
+    return groups
+
+
+def check_converted(group: Group, outs: Sequence[tuple[str, torch.Tensor]]) -> None:
+    got = [(n, t.dtype, tuple(t.shape)) for n, t in outs]
+    want = [(o.name, o.dtype, o.shape) for o in group.outs]
+    if got != want:
+        raise ConfigError(
+            f"the converter turned {group.name!r} into {got}, but planning (on its shape "
+            f"alone) gave {want}; a converter must decide names, shapes and dtypes from "
+            "the name, shape and dtype, not from the values"
+        )
+
+
+def split_shards(groups: Sequence[Group], limit: int) -> list[list[Group]]:
+    shards: list[list[Group]] = []
+    size = 0
+    for g in groups:
+        if not shards or (size + g.nbytes > limit and shards[-1]):
+            shards.append([])
+            size = 0
+        shards[-1].append(g)
+        size += g.nbytes
+    return shards or [[]]
+
+
+# -- the export ---------------------------------------------------------------------------------
 INDEX_NAME = "model.safetensors.index.json"
 TORCH_NAME = "model.pt"
 
@@ -108,14 +249,9 @@ class ExportResult:
 def _select(
     entries: Mapping[str, Entry], only: str | None, names: NameFilter
 ) -> list[tuple[Entry, str]]:
-    chosen: list[tuple[Entry, str]] = []
     prefix = f"{only.rstrip('.')}." if only else ""
-    for fqn, entry in entries.items():
-        if prefix and not fqn.startswith(prefix):
-            continue
-        name = fqn[len(prefix) :]
-        if names(name):
-            chosen.append((entry, name))
+    stripped = ((e, fqn[len(prefix) :]) for fqn, e in entries.items() if fqn.startswith(prefix))
+    chosen = [(e, name) for e, name in stripped if names(name)]
     if only and not chosen:
         tops = sorted({k.split(".", 1)[0] for k in entries})
         raise ConfigError(
@@ -191,43 +327,74 @@ def export_checkpoint(
     shard_limit = parse_size(max_shard_size)
     conv = load_converter(converter)
     settings: dict[str, Any] = {"s3_config": s3_config, "transfer_config": transfer_config}
-    if not isinstance(checkpoint, S3StorageReader):
-        checkpoint = as_location_among(checkpoint, store=store, **settings)
-    reader = open_reader(checkpoint)
-    entries = index_checkpoint(reader)
-    chosen = _select(entries, only, NameFilter.of(include, exclude))
+    reader = open_reader(checkpoint, among=True, store=store, **settings)
+    chosen = _select(index_checkpoint(reader), only, NameFilter.of(include, exclude))
     near = reader.location if store is None else None
-    out = as_location_among(dest, near=near, store=dest_store, **settings)
-    tc = transfer_config or out.transfer_config
-    if format == "torch":
-        return _export_torch(
-            reader, chosen, out, cast, conv, overwrite, read_window, tc, t0, progress
-        )
+    out = as_location(dest, among=True, near=near, store=dest_store, **settings)
     out_store, url = out.store, out.url
-
+    tc = transfer_config or out.transfer_config
+    key = url.key(INDEX_NAME)
+    if format == "torch":
+        whole = url.prefix.rstrip("/")
+        key = whole if whole.endswith((".pt", ".pth", ".bin")) else url.key(TORCH_NAME)
+    shown = f"{url.scheme}://{url.bucket}/{key}"
+    if not overwrite and out_store.head(key) is not None:
+        raise CheckpointExistsError(
+            f"an export already exists at {shown}; pass overwrite=True (--overwrite) to "
+            "replace it, or pick another destination",
+            bucket=out_store.bucket,
+            key=key,
+        )
+    if format == "torch":
+        renamed = {id(e): n for e, n in chosen}
+        state: dict[str, Any] = {}
+        total = sum(e.nbytes for e, _ in chosen)
+        done = 0
+        for entry, value in iter_loaded(reader, [e for e, _ in chosen], window=read_window):
+            name = renamed[id(entry)]
+            if isinstance(value, torch.Tensor):
+                pairs = convert(conv, name, value, cast)
+                done += entry.nbytes
+            else:
+                pairs = [(name, value)]
+            for k, v in pairs:
+                if k in state:
+                    raise ConfigError(f"two entries would be exported as {k!r}; fix the converter")
+                state[k] = v
+            if progress is not None:
+                progress(done, total)
+        uploader = _uploader(out_store, tc, tc.part_size)
+        try:
+            sink = uploader.sink(key)
+            torch.save(state, sink)
+            size = sink.tell()
+            sink.close()
+            uploader.finish()
+        except BaseException:
+            uploader.abort()
+            raise
+        saved = [v for v in state.values() if isinstance(v, torch.Tensor)]
+        file = ExportedFile(key.rsplit("/", 1)[-1], size, len(saved))
+        nbytes = sum(t.numel() * t.element_size() for t in saved)
+        seconds = round(time.perf_counter() - t0, 3)
+        return ExportResult(
+            reader.checkpoint_id, shown, "torch", (file,), len(saved), nbytes, seconds=seconds
+        )
     tensors = [(e, n) for e, n in chosen if e.kind == "tensor"]
     skipped = [
         SkippedItem(n, "not a tensor (safetensors holds tensors only; use --format torch)")
         for e, n in chosen
         if e.kind != "tensor"
     ]
-    if not overwrite and out_store.head(url.key(INDEX_NAME)) is not None:
-        raise CheckpointExistsError(
-            f"an export already exists at {url} ({INDEX_NAME}); pass overwrite=True "
-            "(--overwrite) to replace it, or pick another destination",
-            bucket=out_store.bucket,
-            key=url.key(INDEX_NAME),
-        )
     notes: list[str] = []
     groups = plan_export(reader, tensors, conv, cast, read_window, notes)
     for g in groups:
-        bad = [o for o in g.outs if o.dtype not in TORCH_TO_ST]
-        if bad:
-            g.outs = [o for o in g.outs if o.dtype in TORCH_TO_ST]
-            skipped += [
-                SkippedItem(o.name, f"dtype {dtype_name(o.dtype)} has no safetensors code")
-                for o in bad
-            ]
+        skipped += [
+            SkippedItem(o.name, f"dtype {dtype_name(o.dtype)} has no safetensors code")
+            for o in g.outs
+            if o.dtype not in TORCH_TO_ST
+        ]
+        g.outs = [o for o in g.outs if o.dtype in TORCH_TO_ST]
     groups = [g for g in groups if g.outs]
     shards = split_shards(groups, shard_limit)
     n = len(shards)
@@ -235,28 +402,19 @@ def export_checkpoint(
     meta = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     total = sum(g.nbytes for g in groups)
     weight_map = {o.name: names[i] for i, shard in enumerate(shards) for g in shard for o in g.outs}
-
     biggest = max((sum(g.nbytes for g in s) for s in shards), default=0)
-    part_size = tc.part_size_for(biggest + 2**20)
-    uploader = Uploader(
-        out_store,
-        part_size=part_size,
-        n_buffers=tc.upload_buffers(part_size),
-        max_concurrency=tc.max_concurrency,
-    )
+    uploader = _uploader(out_store, tc, tc.part_size_for(biggest + 2**20))
     files: list[ExportedFile] = []
     done = 0
     try:
         loaded = iter_loaded(reader, [g.entry for g in groups], window=read_window)
         for i, shard in enumerate(shards):
-            header, data_size = build_header(
-                [(o.name, o.dtype, o.shape) for g in shard for o in g.outs], meta
-            )
+            header_items = [(o.name, o.dtype, o.shape) for g in shard for o in g.outs]
+            header, data_size = build_header(header_items, meta)
             sink = uploader.sink(url.key(names[i]))
             sink.write(header)
             for g in shard:
-                entry, value = next(loaded)
-                assert entry is g.entry
+                _entry, value = next(loaded)  # g.entry's
                 outs = convert(conv, g.name, value, cast)
                 del value
                 check_converted(g, outs)
@@ -266,14 +424,12 @@ def export_checkpoint(
                 del outs
                 if progress is not None:
                     progress(done, total)
-            files.append(
-                ExportedFile(names[i], len(header) + data_size, sum(len(g.outs) for g in shard))
-            )
             sink.close()
+            files.append(ExportedFile(names[i], len(header) + data_size, len(header_items)))
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         raw = json.dumps(index, indent=2).encode("utf-8") + b"\n"
         uploader.finish()
-        out_store.put(url.key(INDEX_NAME), raw)
+        out_store.put(key, raw)
         files.append(ExportedFile(INDEX_NAME, len(raw), 0))
         _remove_stale_shards(out, set(names), notes)
     except BaseException:
@@ -281,16 +437,15 @@ def export_checkpoint(
         if leftovers:
             notes.append(format_leftovers(leftovers))
         raise
-    return ExportResult(
-        source=reader.checkpoint_id,
-        dest=str(url),
-        format="safetensors",
-        files=tuple(files),
-        tensors=sum(len(g.outs) for g in groups),
-        tensor_bytes=total,
-        skipped=tuple(skipped),
-        notes=tuple(notes),
-        seconds=round(time.perf_counter() - t0, 3),
+    count, seconds = sum(len(g.outs) for g in groups), round(time.perf_counter() - t0, 3)
+    result = ExportResult(reader.checkpoint_id, str(url), "safetensors", tuple(files), count, total)
+    return replace(result, skipped=tuple(skipped), notes=tuple(notes), seconds=seconds)
+
+
+def _uploader(store: ObjectStore, tc: TransferConfig, part_size: int) -> Uploader:
+    n_buffers = tc.upload_buffers(part_size)
+    return Uploader(
+        store, part_size=part_size, n_buffers=n_buffers, max_concurrency=tc.max_concurrency
     )
 
 
@@ -310,71 +465,3 @@ def _remove_stale_shards(out: Location, keep: set[str], notes: list[str]) -> Non
         notes.append(f"removed {len(stale) - len(failures)} shard(s) of the earlier export")
         if failures:
             notes.append(format_leftovers([f.key for f in failures]))
-
-
-def _export_torch(
-    reader: S3StorageReader,
-    chosen: Sequence[tuple[Entry, str]],
-    out: Location,
-    cast: torch.dtype | None,
-    conv: Converter | None,
-    overwrite: bool,
-    read_window: int,
-    tc: TransferConfig,
-    t0: float,
-    progress: Progress | None,
-) -> ExportResult:
-    out_store, url = out.store, out.url
-    prefix = url.prefix.rstrip("/")
-    if prefix.endswith((".pt", ".pth", ".bin")):
-        key, shown = prefix, f"{url.scheme}://{url.bucket}/{prefix}"
-    else:
-        key, shown = url.key(TORCH_NAME), str(url) + TORCH_NAME
-    if not overwrite and out_store.head(key) is not None:
-        raise CheckpointExistsError(
-            f"{shown} already exists; pass overwrite=True (--overwrite) to replace it",
-            bucket=out_store.bucket,
-            key=key,
-        )
-    names = {id(e): n for e, n in chosen}
-    state: dict[str, Any] = {}
-    total = sum(e.nbytes for e, _ in chosen)
-    done = 0
-    for entry, value in iter_loaded(reader, [e for e, _ in chosen], window=read_window):
-        name = names[id(entry)]
-        if isinstance(value, torch.Tensor):
-            pairs = convert(conv, name, value, cast)
-            done += entry.nbytes
-        else:
-            pairs = [(name, value)]
-        for n, v in pairs:
-            if n in state:
-                raise ConfigError(f"two entries would be exported as {n!r}; fix the converter")
-            state[n] = v
-        if progress is not None:
-            progress(done, total)
-    uploader = Uploader(
-        out_store,
-        part_size=tc.part_size,
-        n_buffers=tc.upload_buffers(tc.part_size),
-        max_concurrency=tc.max_concurrency,
-    )
-    try:
-        sink = uploader.sink(key)
-        torch.save(state, sink)
-        size = sink.tell()
-        sink.close()
-        uploader.finish()
-    except BaseException:
-        uploader.abort()
-        raise
-    tensors = [v for v in state.values() if isinstance(v, torch.Tensor)]
-    return ExportResult(
-        source=reader.checkpoint_id,
-        dest=shown,
-        format="torch",
-        files=(ExportedFile(key.rsplit("/", 1)[-1], size, len(tensors)),),
-        tensors=len(tensors),
-        tensor_bytes=sum(t.numel() * t.element_size() for t in tensors),
-        seconds=round(time.perf_counter() - t0, 3),
-    )

@@ -13,14 +13,14 @@ world size reshards it into FSDP2 / DTensor / plain state dicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -31,11 +31,11 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import quiet_dcp
 from s3ckpt.dcp.writer import S3StorageWriter
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError
-from s3ckpt.store import Location, LocationLike, ObjectStore
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._export import INDEX_NAME
-from s3ckpt.tools._open import as_location_among
+from s3ckpt.tools._open import as_location
 from s3ckpt.tools._safetensors import HeaderEntry, header_length, parse_header
-from s3ckpt.uri import StoreURL
 
 __all__ = ["ImportResult", "import_safetensors"]
 
@@ -60,91 +60,78 @@ class ImportResult:
         return asdict(self)
 
 
+@dataclass
 class _Source:
-    """One safetensors file and how to get a tensor's bytes out of it."""
+    """One safetensors file or object, and how to read a range of it."""
 
-    def __init__(self, name: str, entries: list[HeaderEntry], data_start: int) -> None:
-        self.name = name
-        self.entries = entries
-        self.data_start = data_start
-
-    def tensor(self, entry: HeaderEntry) -> torch.Tensor:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class _LocalSource(_Source):
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115 - closed in close()
-        size = os.fstat(self._file.fileno()).st_size
-        first = self._file.read(8)
-        n = header_length(first, where=str(path))
-        raw = self._file.read(n)
-        if len(raw) != n:
-            raise CorruptCheckpointError(f"{path} ends inside its safetensors header")
-        entries, _meta, start = parse_header(raw, where=str(path))
-        if entries and start + entries[-1].end > size:
-            raise CorruptCheckpointError(
-                f"{path} is truncated: its header needs {start + entries[-1].end} bytes, "
-                f"the file has {size}"
-            )
-        super().__init__(str(path), entries, start)
-        # A private (copy-on-write) map: writable for torch.frombuffer, never written back.
-        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
-
-    def tensor(self, entry: HeaderEntry) -> torch.Tensor:
-        if entry.nbytes == 0 or self._map is None:
-            return torch.empty(entry.shape, dtype=entry.dtype)
-        flat = torch.frombuffer(
-            self._map, dtype=torch.uint8, count=entry.nbytes, offset=self.data_start + entry.begin
-        )
-        return flat.view(entry.dtype).reshape(entry.shape)
-
-    def close(self) -> None:
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                pass  # a tensor still views it; the map goes with the last one
-        self._file.close()
-
-
-class _RemoteSource(_Source):
-    def __init__(self, store: ObjectStore, key: str, shown: str) -> None:
-        self._store = store
-        self._key = key
-        self._shown = shown
-        n = header_length(self._read(0, 8), where=shown)
-        entries, _meta, start = parse_header(self._read(8, n), where=shown)
-        super().__init__(shown, entries, start)
-
-    def _read(self, start: int, length: int) -> bytearray:
-        buf = bytearray(length)
-        view = memoryview(buf)
-        stream = self._store.open_range(self._key, start, length)
-        try:
-            got = 0
-            while got < length:
-                n = stream.readinto(view[got:])
-                if n <= 0:
-                    raise CorruptCheckpointError(
-                        f"{self._shown} is truncated "
-                        f"({length - got} bytes missing at offset {start + got})",
-                        bucket=self._store.bucket,
-                        key=self._key,
-                    )
-                got += n
-        finally:
-            stream.close()
-        return buf
+    name: str
+    read: Callable[[int, int], Any]
+    """``read(start, length)``: a writable buffer of exactly those bytes."""
+    close: Callable[[], None]
+    size: int | None = None
+    """Known for a local file (its truncation is found before anything is written)."""
+    entries: list[HeaderEntry] = field(default_factory=list)
+    data_start: int = 0
 
     def tensor(self, entry: HeaderEntry) -> torch.Tensor:
         if entry.nbytes == 0:
             return torch.empty(entry.shape, dtype=entry.dtype)
-        buf = self._read(self.data_start + entry.begin, entry.nbytes)
+        buf = self.read(self.data_start + entry.begin, entry.nbytes)
         return torch.frombuffer(buf, dtype=torch.uint8).view(entry.dtype).reshape(entry.shape)
+
+
+def _open_source(src: Location, key: str) -> _Source:
+    """A local file memory-mapped (a private, copy-on-write map: writable for
+    ``torch.frombuffer``, never written back), an object read by ranged GETs."""
+    local = src.url.scheme == "file"  # shown as the path it is
+    store, shown = src.store, "/" + key if local else f"{src.url.scheme}://{src.url.bucket}/{key}"
+
+    def truncated(start: int, length: int, got: int) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"{shown} is truncated ({length - got} bytes missing at offset {start + got})",
+            bucket=store.bucket,
+            key=key,
+        )
+
+    if local:
+        try:
+            with open(shown, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(f"no safetensors file or folder at {shown}") from None
+
+        def read(start: int, length: int) -> Any:
+            if start + length > size:
+                raise truncated(start, length, max(size - start, 0))
+            return memoryview(mapped)[start : start + length]
+
+        def close() -> None:
+            with contextlib.suppress(BufferError):  # a tensor still views it: goes with it
+                if isinstance(mapped, mmap.mmap):
+                    mapped.close()
+
+        source = _Source(shown, read, close, size)
+    else:
+
+        def fetch(start: int, length: int) -> bytearray:
+            buf = bytearray(length)
+            with contextlib.closing(store.open_range(key, start, length)) as stream:
+                got = 0
+                while got < length:
+                    n = stream.readinto(memoryview(buf)[got:])
+                    if n <= 0:
+                        raise truncated(start, length, got)
+                    got += n
+            return buf
+
+        source = _Source(shown, fetch, lambda: None)
+    n = header_length(source.read(0, 8), where=shown)
+    source.entries, source.data_start = parse_header(bytes(source.read(8, n)), where=shown)
+    need = source.data_start + (source.entries[-1].end if source.entries else 0)
+    if source.size is not None and need > source.size:
+        raise truncated(0, need, source.size)
+    return source
 
 
 def _index_files(raw: bytes, where: str) -> list[str]:
@@ -159,47 +146,21 @@ def _index_files(raw: bytes, where: str) -> list[str]:
     return files
 
 
-def _is_local(src: str) -> bool:
-    """A local path or ``file://`` URL: read through a memory map, not a store."""
-    return "://" not in src or src.startswith("file://")
-
-
-def _local_sources(src: str) -> list[_Source]:
-    """The safetensors files a local ``src`` names (a file, an index, or a folder)."""
-    path = Path(src.removeprefix("file://")).expanduser()
-    if path.is_dir():
-        index = path / INDEX_NAME
-        if index.exists():
-            names = _index_files(index.read_bytes(), str(index))
-            files = [path / n for n in names]
-        else:
-            files = sorted(path.glob("*.safetensors"))
-    elif path.name.endswith(".index.json"):
-        files = [path.parent / n for n in _index_files(path.read_bytes(), str(path))]
-    elif path.exists():
-        files = [path]
-    else:
-        raise CheckpointNotFoundError(f"no safetensors file or folder at {path}")
-    if not files:
-        raise CheckpointNotFoundError(f"no *.safetensors files in {path}")
-    return [_LocalSource(f) for f in files]
-
-
-def _remote_sources(src: Location) -> list[_Source]:
-    """The safetensors objects ``src`` names: one object, an index, or a prefix."""
+def _sources(src: Location) -> list[_Source]:
+    """The safetensors files ``src`` names: one file, an index, or a folder / prefix (its
+    index, else every ``*.safetensors`` directly in it)."""
     st, url = src.store, src.url
     whole = url.prefix.rstrip("/")
-    base = StoreURL(url.scheme, url.bucket, whole.rsplit("/", 1)[0] + "/" if "/" in whole else "")
     shown = f"{url.scheme}://{url.bucket}/"
     if whole.endswith(".safetensors"):
         keys = [whole]
     elif whole.endswith(".index.json"):
-        keys = [base.key(n) for n in _index_files(st.get(whole), shown + whole)]
+        base = whole.rsplit("/", 1)[0] + "/" if "/" in whole else ""
+        keys = [base + n for n in _index_files(st.get(whole), shown + whole)]
     else:
-        index_info = st.head(url.key(INDEX_NAME))
-        if index_info is not None:
-            names = _index_files(st.get(url.key(INDEX_NAME)), shown + url.key(INDEX_NAME))
-            keys = [url.key(n) for n in names]
+        index = url.key(INDEX_NAME)
+        if st.head(index) is not None:
+            keys = [url.key(n) for n in _index_files(st.get(index), shown + index)]
         else:
             keys = sorted(
                 o.key
@@ -212,7 +173,7 @@ def _remote_sources(src: Location) -> list[_Source]:
                 bucket=st.bucket,
                 key=url.prefix,
             )
-    return [_RemoteSource(st, k, shown + k) for k in keys]
+    return [_open_source(src, k) for k in keys]
 
 
 class _LazySavePlanner(DefaultSavePlanner):
@@ -225,11 +186,8 @@ class _LazySavePlanner(DefaultSavePlanner):
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
         super().__init__()
-        self._fetch = fetch
-        self._progress = progress
-        self._total = sum(e.nbytes for _, e in fetch.values())
-        self._done = 0
-        self._lock = threading.Lock()
+        self._fetch, self._progress, self._lock = fetch, progress, threading.Lock()
+        self._total, self._done = sum(e.nbytes for _, e in fetch.values()), 0
 
     def resolve_data(self, write_item: Any) -> Any:
         source, entry = self._fetch[write_item.index.fqn]
@@ -284,28 +242,22 @@ def import_safetensors(
     # A file URL's trailing "/" matters, so the text is shown (and recorded) as given.
     text = os.fspath(src) if isinstance(src, (str, os.PathLike)) else str(src)
     settings: dict[str, Any] = {"s3_config": s3_config, "transfer_config": transfer_config}
-    source_at: Location | None = None
-    if isinstance(src, (str, os.PathLike)) and _is_local(text):
-        sources = _local_sources(text)
-    else:
-        source_at = as_location_among(src, store=src_store, **settings)
-        sources = _remote_sources(source_at)
+    source_at = as_location(src, among=True, store=src_store, **settings)
+    sources = _sources(source_at)
     try:
         fetch: dict[str, tuple[_Source, HeaderEntry]] = {}
         flat: dict[str, torch.Tensor] = {}
-        where: dict[str, str] = {}
         for source in sources:
             for entry in source.entries:
-                if entry.name in where:
-                    raise ConfigError(
-                        f"tensor {entry.name!r} is in both {where[entry.name]} and {source.name}"
-                    )
-                where[entry.name] = source.name
-                flat[entry.name] = torch.empty(entry.shape, dtype=entry.dtype, device="meta")
                 fqn = f"{prefix}.{entry.name}" if prefix else entry.name
+                if entry.name in flat:
+                    raise ConfigError(
+                        f"tensor {entry.name!r} is in both {fetch[fqn][0].name} and {source.name}"
+                    )
+                flat[entry.name] = torch.empty(entry.shape, dtype=entry.dtype, device="meta")
                 fetch[fqn] = (source, entry)
         state: dict[str, Any] = {prefix: flat} if prefix else dict(flat)
-        out = as_location_among(dest, near=source_at, store=store, **settings)
+        out = as_location(dest, among=True, near=source_at, store=store, **settings)
         writer = S3StorageWriter(
             out,
             overwrite=overwrite,
@@ -323,13 +275,14 @@ def import_safetensors(
     finally:
         for source in sources:
             source.close()
+    files, nbytes = tuple(s.name for s in sources), sum(e.nbytes for _, e in fetch.values())
     return ImportResult(
-        source=text,
-        dest=writer.checkpoint_id,
-        files=tuple(s.name for s in sources),
-        tensors=len(fetch),
-        tensor_bytes=sum(e.nbytes for _, e in fetch.values()),
-        prefix=prefix or None,
-        step=step,
-        seconds=round(time.perf_counter() - t0, 3),
+        text,
+        writer.checkpoint_id,
+        files,
+        len(fetch),
+        nbytes,
+        prefix or None,
+        step,
+        round(time.perf_counter() - t0, 3),
     )

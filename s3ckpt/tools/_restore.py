@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from s3ckpt.config import S3Config, TransferConfig
@@ -40,11 +40,20 @@ from s3ckpt.errors import (
     NoSuchBucketError,
     StoreError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.metrics.instrument import in_context
-from s3ckpt.retention import CheckpointState, list_checkpoints
-from s3ckpt.store import Location, LocationLike, ObjectInfo, ObjectStore
-from s3ckpt.store.base import ARCHIVE_CLASSES, RestoreState, check_restore_args, restore_state
+from s3ckpt.retention import list_checkpoints
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.store import Location, ObjectInfo, ObjectStore
+from s3ckpt.store._location import LocationLike
+from s3ckpt.store.base import (
+    ARCHIVE_CLASSES,
+    RestoreState,
+    archive_store,
+    check_restore_args,
+    restore_state,
+)
 from s3ckpt.tools._open import as_location
 from s3ckpt.uri import StoreURL
 
@@ -55,6 +64,7 @@ Progress = Callable[[int, int], None]
 restored."""
 
 _FATAL = (AccessDeniedError, NoSuchBucketError, EndpointError)
+_PENDING = (RestoreState.STARTED, RestoreState.IN_PROGRESS, RestoreState.ARCHIVED)
 _WORKERS = 8
 
 
@@ -72,13 +82,8 @@ class ObjectRestore:
 
     def to_dict(self) -> dict[str, Any]:
         """Stable JSON keys."""
-        return {
-            "key": self.key,
-            "size": self.size,
-            "storage_class": self.storage_class or "STANDARD",
-            "state": self.state.value,
-            "error": self.error,
-        }
+        cls = self.storage_class or "STANDARD"
+        return {**asdict(self), "storage_class": cls, "state": self.state.value}
 
 
 @dataclass(frozen=True)
@@ -113,18 +118,12 @@ class RestoreResult:
     def counts(self) -> dict[str, int]:
         """Objects per state (``started``, ``in_progress``, ``restored``, ``not_archived``,
         ``archived``: a request that failed)."""
-        out = {s.value: 0 for s in RestoreState}
-        for o in self.objects:
-            out[o.state.value] += 1
-        return out
+        return {s.value: sum(o.state is s for o in self.objects) for s in RestoreState}
 
     @property
     def bytes(self) -> dict[str, int]:
         """Bytes per state, as :attr:`counts`."""
-        out = {s.value: 0 for s in RestoreState}
-        for o in self.objects:
-            out[o.state.value] += o.size
-        return out
+        return {s.value: sum(o.size for o in self.objects if o.state is s) for s in RestoreState}
 
     @property
     def failed(self) -> list[ObjectRestore]:
@@ -189,11 +188,9 @@ def restore_checkpoint(
     if not poll_seconds > 0:
         raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
     started = time.monotonic()
-    location = as_location(
-        target, s3_config=s3_config, transfer_config=transfer_config, store=store
-    )
-    urls = _checkpoints(location)
-    checkpoints = [_objects(location.at(u)) for u in urls]
+    how: dict[str, Any] = dict(s3_config=s3_config, transfer_config=transfer_config, store=store)
+    location = as_location(target, **how)
+    checkpoints = [_objects(location.at(u)) for u in _checkpoints(location)]
     total = sum(o.size for c in checkpoints for o in c.objects if _archived(o))
     done = [0]
 
@@ -201,8 +198,8 @@ def restore_checkpoint(
         if not _archived(obj):
             return obj
         try:
-            state = location.store.restore_object(obj.key, days=days, tier=tier)
-            out = replace(obj, state=state)
+            archive = archive_store(location.store, obj.key, "restore_object")
+            out = replace(obj, state=archive.restore_object(obj.key, days=days, tier=tier))
         except _FATAL:
             raise
         except StoreError as exc:
@@ -216,28 +213,35 @@ def restore_checkpoint(
         checkpoints = [
             replace(c, objects=tuple(pool.map(in_context(ask), c.objects))) for c in checkpoints
         ]
-    if wait:
-        checkpoints = _wait(location.store, checkpoints, poll_seconds, progress, sleep)
-    return RestoreResult(
-        url=str(location.url),
-        days=days,
-        tier=tier,
-        checkpoints=tuple(checkpoints),
-        waited=wait,
-        seconds=time.monotonic() - started,
-    )
+    if wait:  # HEAD the objects still being restored every poll_seconds until none is
+        asked = [
+            o for c in checkpoints for o in c.objects if o.state is not RestoreState.NOT_ARCHIVED
+        ]
+        total = sum(o.size for o in asked if o.error is None)
+        states = {o.key: o for o in asked}
+
+        def poll(obj: ObjectRestore) -> ObjectRestore:
+            info = location.store.head(obj.key)
+            return obj if info is None else replace(obj, state=restore_state(info))
+
+        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="s3ckpt-restore") as pool:
+            while True:
+                pending = [o for o in states.values() if o.error is None and o.state in _PENDING]
+                if progress is not None:
+                    progress(total - sum(o.size for o in pending), total)
+                if not pending:
+                    break
+                sleep(poll_seconds)
+                states.update((o.key, o) for o in pool.map(in_context(poll), pending))
+        checkpoints = [
+            replace(c, objects=tuple(states.get(o.key, o) for o in c.objects)) for c in checkpoints
+        ]
+    elapsed = time.monotonic() - started
+    return RestoreResult(str(location.url), days, tier, tuple(checkpoints), wait, elapsed)
 
 
 def _archived(obj: ObjectRestore) -> bool:
     return (obj.storage_class or "STANDARD") in ARCHIVE_CLASSES and obj.error is None
-
-
-def _pending(obj: ObjectRestore) -> bool:
-    return obj.error is None and obj.state in (
-        RestoreState.STARTED,
-        RestoreState.IN_PROGRESS,
-        RestoreState.ARCHIVED,
-    )
 
 
 def _checkpoints(location: Location) -> list[StoreURL]:
@@ -268,16 +272,12 @@ def _objects(location: Location) -> CheckpointRestore:
     """The checkpoint's objects, each with its class (listing, or HEAD outside it)."""
     store, url = location.store, location.url
     listed = {i.key: i for i in store.list(url.prefix)}
-    manifest = None
     marker = listed.get(url.key(MANIFEST_NAME))
+    keys: Iterable[str] = sorted(listed)
     if marker is not None:
         manifest = Manifest.from_json(store.get(marker.key), where=marker.key)
-    if manifest is None:
-        keys: Iterable[str] = sorted(listed)
-    else:
         names = {url.key(METADATA_NAME), url.key(manifest.metadata_key)}
-        names |= {manifest.object_key(url.prefix, o.name) for o in manifest.objects}
-        keys = sorted(names)
+        keys = sorted(names | {manifest.object_key(url.prefix, o.name) for o in manifest.objects})
     objects = []
     for key in keys:
         info: ObjectInfo | None = listed.get(key) or store.head(key)  # a shard: a HEAD
@@ -285,33 +285,3 @@ def _objects(location: Location) -> CheckpointRestore:
             continue  # a .metadata copy that is not there (the plain one of an old save)
         objects.append(ObjectRestore(key, info.size, info.storage_class, restore_state(info)))
     return CheckpointRestore(str(url), tuple(objects))
-
-
-def _wait(
-    store: ObjectStore,
-    checkpoints: list[CheckpointRestore],
-    poll_seconds: float,
-    progress: Progress | None,
-    sleep: Callable[[float], None],
-) -> list[CheckpointRestore]:
-    """HEAD the objects still being restored every ``poll_seconds`` until none is."""
-    asked = [o for c in checkpoints for o in c.objects if o.state is not RestoreState.NOT_ARCHIVED]
-    total = sum(o.size for o in asked if o.error is None)
-    states = {o.key: o for o in asked}
-
-    def poll(obj: ObjectRestore) -> ObjectRestore:
-        info = store.head(obj.key)
-        return obj if info is None else replace(obj, state=restore_state(info))
-
-    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="s3ckpt-restore") as pool:
-        while True:
-            pending = [o for o in states.values() if _pending(o)]
-            done = total - sum(o.size for o in pending)
-            if progress is not None:
-                progress(done, total)
-            if not pending:
-                break
-            sleep(poll_seconds)
-            for obj in pool.map(in_context(poll), pending):
-                states[obj.key] = obj
-    return [replace(c, objects=tuple(states.get(o.key, o) for o in c.objects)) for c in checkpoints]

@@ -11,6 +11,7 @@ can fetch any tensor with one ranged read.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,10 +67,6 @@ class HeaderEntry:
         return self.end - self.begin
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def build_header(
     tensors: Sequence[tuple[str, torch.dtype, tuple[int, ...]]],
     metadata: Mapping[str, str] | None = None,
@@ -81,10 +78,7 @@ def build_header(
         doc["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     offset = 0
     for name, dtype, shape in tensors:
-        numel = 1
-        for s in shape:
-            numel *= s
-        n = numel * _itemsize(dtype)
+        n = math.prod(shape) * dtype.itemsize
         doc[name] = {
             "dtype": TORCH_TO_ST[dtype],
             "shape": list(shape),
@@ -96,13 +90,11 @@ def build_header(
     return struct.pack("<Q", len(raw)) + raw, offset
 
 
-def parse_header(
-    raw: bytes | bytearray, *, where: str
-) -> tuple[list[HeaderEntry], dict[str, str], int]:
+def parse_header(raw: bytes, *, where: str) -> tuple[list[HeaderEntry], int]:
     """Parse the JSON header bytes (without the 8-byte length).
 
-    Returns the entries in data order, ``__metadata__``, and where the data starts in the
-    file (``8 + len(raw)``).
+    Returns the entries in data order and where the data starts in the file
+    (``8 + len(raw)``); ``__metadata__`` is skipped.
 
     Raises:
         CorruptCheckpointError: naming ``where``, for anything that is not a valid header.
@@ -111,7 +103,7 @@ def parse_header(
         doc = json.loads(raw.decode("utf-8"))
         if not isinstance(doc, dict):
             raise ValueError("header is not a JSON object")
-        metadata = {str(k): str(v) for k, v in (doc.pop("__metadata__", None) or {}).items()}
+        doc.pop("__metadata__", None)
         entries = []
         for name, spec in doc.items():
             dtype = ST_DTYPES.get(spec["dtype"])
@@ -119,16 +111,13 @@ def parse_header(
                 raise ValueError(f"tensor {name!r} has unsupported dtype {spec['dtype']!r}")
             shape = tuple(int(s) for s in spec["shape"])
             begin, end = (int(x) for x in spec["data_offsets"])
-            numel = 1
-            for s in shape:
-                numel *= s
-            if end - begin != numel * _itemsize(dtype) or begin < 0:
+            if end - begin != math.prod(shape) * dtype.itemsize or begin < 0:
                 raise ValueError(f"tensor {name!r}: data_offsets do not match dtype and shape")
             entries.append(HeaderEntry(str(name), dtype, shape, begin, end))
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise CorruptCheckpointError(f"{where} is not a valid safetensors file: {exc}") from exc
     entries.sort(key=lambda e: (e.begin, e.end))
-    return entries, metadata, 8 + len(raw)
+    return entries, 8 + len(raw)
 
 
 def header_length(first8: bytes | bytearray, *, where: str) -> int:
@@ -145,10 +134,5 @@ def header_length(first8: bytes | bytearray, *, where: str) -> int:
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The raw bytes of a CPU tensor in row-major order (a view when already contiguous)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    if t.numel() == 0:
-        return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    t = tensor.detach().cpu().contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")

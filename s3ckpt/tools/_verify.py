@@ -1,4 +1,4 @@
-"""``s3ckpt verify``: re-read every byte and check every CRC32C.
+"""``s3ckpt verify``: re-read every byte and check every CRC32C; and ``s3ckpt inspect``.
 
 What is checked, in order:
 
@@ -8,46 +8,74 @@ What is checked, in order:
 2. Objects (one HEAD each, in parallel): each exists, has the size ``s3ckpt.json``
    recorded, and is long enough for every byte range ``.metadata`` points into it.
 3. Data (s3ckpt checkpoints): every item is read back with coalesced, parallel ranged
-   GETs (whole objects where they fit in ``TransferConfig.read_request_size``) and its
-   CRC32C compared. Memory: ``max_concurrency * read_chunk_size`` (56 MiB by default).
-   Checkpoints of other DCP writers carry no checksums; steps 1 and 2 still run, and
+   GETs and its CRC32C and tensor framing compared, by the one verifier
+   (:mod:`s3ckpt._verify`). Memory: ``read_concurrency * read_chunk_size``. Checkpoints
+   of other DCP writers carry no checksums; steps 1 and 2 still run, and
    ``read_data=True`` reads every range back too.
+4. Both ``.metadata`` copies against the marker (one GET each).
 
 Nothing stops at the first problem: the result names every bad tensor and object.
+
+``s3ckpt inspect`` (:func:`inspect_checkpoint`) reads the same structure and checks
+nothing: what a checkpoint holds, from ``.metadata`` and ``s3ckpt.json`` alone, and the
+state of its life as the catalog decides it (:func:`s3ckpt.retention.probe_checkpoint` with
+the run's ``s3ckpt.check.json``: committed, archived or damaged, and why). Cost: four GETs
+(the run's check record, the marker to judge it, the marker and the metadata to read it);
+no tensor data is downloaded.
 """
 
 from __future__ import annotations
 
-import threading
+import math
+import re
 import time
-from collections import defaultdict
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from s3ckpt import _crc
+from s3ckpt._verify import Item, Verifier, item_name
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp.reader import S3StorageReader
-from s3ckpt.format import (
-    FRAMING_HEAD,
-    FRAMING_TAIL,
-    MANIFEST_NAME,
-    tensor_framing_error,
-)
-from s3ckpt.metrics.instrument import in_context, record_checksum_failure
-from s3ckpt.store import LocationLike, ObjectInfo, ObjectStore
-from s3ckpt.tools._common import Chunk, Entry, index_checkpoint, open_reader
-from s3ckpt.tools._open import as_location
-from s3ckpt.tools._structure import Problem, stock_metadata_problems, structure_problems, where
-from s3ckpt.transfer import RangeWalk, ReadFailure, SpanReader
-from s3ckpt.transfer import Span as WalkSpan
+from s3ckpt.errors import StoreError
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.retention._check_record import read_check_record
+from s3ckpt.retention._scan import probe_checkpoint
+from s3ckpt.store import ObjectStore
+from s3ckpt.store._location import LocationLike
+from s3ckpt.tools._common import Chunk, Entry, NameFilter, dtype_name, index_checkpoint, open_reader
 
-__all__ = ["Problem", "VerifyResult", "verify_checkpoint"]
+__all__ = [
+    "InspectResult",
+    "ObjectSummary",
+    "Problem",
+    "TensorSummary",
+    "VerifyResult",
+    "inspect_checkpoint",
+    "verify_checkpoint",
+]
 
 Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a checkpoint."""
+
+    kind: str
+    """``checksum`` (bytes changed), ``truncated`` (object too short for an item),
+    ``missing_object``, ``object_size`` (differs from ``s3ckpt.json``), ``structure``
+    (metadata and marker disagree, chunks do not cover a tensor), ``metadata`` (a copy of
+    ``.metadata`` is missing or damaged), ``read_error``."""
+    object: str | None
+    """Object name relative to the checkpoint prefix."""
+    item: str | None
+    """State-dict key of the damaged tensor or value."""
+    chunk: tuple[int, ...] | None
+    """Offsets of the damaged chunk in the full tensor (sharded saves)."""
+    message: str
 
 
 @dataclass(frozen=True)
@@ -84,13 +112,7 @@ class VerifyResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (stable keys)."""
         d = asdict(self)
-        d["ok"] = self.ok
-        d["bad_items"] = self.bad_items
-        d["bad_objects"] = self.bad_objects
-        return d
-
-
-_Span = tuple[Entry, Chunk]
+        return d | {"ok": self.ok, "bad_items": self.bad_items, "bad_objects": self.bad_objects}
 
 
 def verify_checkpoint(
@@ -118,252 +140,270 @@ def verify_checkpoint(
             itself is missing, malformed or does not match (nothing else can be checked).
     """
     t0 = time.perf_counter()
-    if not isinstance(checkpoint, S3StorageReader):
-        checkpoint = as_location(
-            checkpoint, s3_config=s3_config, transfer_config=transfer_config, store=store
-        )
     # No roll-forward: verify reports a stale .metadata copy rather than repairing it.
-    reader = open_reader(checkpoint, roll_forward=False)
-    tc = transfer_config or reader.transfer_config
+    how: dict[str, Any] = dict(s3_config=s3_config, transfer_config=transfer_config, store=store)
+    reader = open_reader(checkpoint, roll_forward=False, **how)
     entries = index_checkpoint(reader)
     manifest = reader.manifest
-    has_crc = manifest is not None
-    if read_data is None:
-        read_data = has_crc
-    problems = structure_problems(reader, entries)
-    if manifest is not None:
-        problems += stock_metadata_problems(reader, manifest)
+    problems = _structure(reader, entries)
+    items = []
+    for e in entries.values():
+        for c in e.chunks:
+            crc, at = (c.record.crc32c if c.record else None), item_name(repr(e.name), c.offsets)
+            items.append(Item(c.object, c.start, c.length, crc, at, None, (e, c), _framing(e, c)))
+    recorded = {o.name: o.size for o in manifest.objects} if manifest is not None else {}
 
-    per_object: dict[str, list[_Span]] = defaultdict(list)
-    for entry in entries.values():
-        for c in entry.chunks:
-            per_object[c.object].append((entry, c))
-    expected = {o.name: o.size for o in manifest.objects} if manifest is not None else {}
-    names = sorted(set(per_object) | set(expected))
-    infos = _head_all(reader.store, [reader.object_key(n) for n in names], tc.max_concurrency)
-
-    readable: dict[str, list[_Span]] = {}
-    for name, info in zip(names, infos, strict=True):
-        spans = per_object.get(name, [])
-        if info is None:
-            problems.append(
-                Problem(
-                    "missing_object",
-                    name,
-                    None,
-                    None,
-                    f"object {name} is missing ({len(spans)} items in it)",
-                )
-            )
-            problems += [
-                Problem(
-                    "missing_object", name, e.name, c.offsets, f"{where(e, c)}: {name} is missing"
-                )
-                for e, c in spans
-            ]
-            continue
-        want = expected.get(name)
-        if want is not None and info.size != want:
-            problems.append(
-                Problem(
-                    "object_size",
-                    name,
-                    None,
-                    None,
-                    f"object {name} has {info.size} bytes, {MANIFEST_NAME} recorded {want}"
-                    + ("; it was truncated" if info.size < want else "; it was changed"),
-                )
-            )
-        ok: list[_Span] = []
-        for e, c in spans:
-            if c.start + c.length > info.size:
-                problems.append(
-                    Problem(
-                        "truncated",
-                        name,
-                        e.name,
-                        c.offsets,
-                        f"{where(e, c)} needs bytes {c.start}-{c.start + c.length - 1} of "
-                        f"{name}, which has {info.size}; the object is truncated",
-                    )
-                )
-            else:
-                ok.append((e, c))
-        readable[name] = ok
-
-    items_read = bytes_read = 0
-    if read_data:
-        items_read, bytes_read, found = _read_back(reader, readable, has_crc, tc, progress)
-        problems += found
-
-    return VerifyResult(
-        url=reader.checkpoint_id,
-        format="s3ckpt" if has_crc else "dcp",
-        checksums=has_crc,
-        items=sum(len(e.chunks) for e in entries.values()),
-        items_read=items_read,
-        bytes_read=bytes_read,
-        objects=len(names),
-        problems=tuple(problems),
-        seconds=round(time.perf_counter() - t0, 3),
-    )
-
-
-class _Framing:
-    """Collects the bytes around a tensor's data while an item streams past, to check that
-    its zip framing puts the tensor where the manifest says (a resealed manifest with a
-    moved ``data_offset`` must not pass)."""
-
-    def __init__(self, data_offset: int, nbytes: int) -> None:
-        self.head_from = max(0, data_offset - FRAMING_HEAD)
-        self.data_offset = data_offset
-        self.tail_from = data_offset + nbytes
-        self.nbytes = nbytes
-        self.head = bytearray(data_offset - self.head_from)
-        self.tail = bytearray(FRAMING_TAIL)
-        self.tail_len = 0
-
-    @classmethod
-    def of(cls, entry: Entry, chunk: Chunk) -> _Framing | None:
-        rec = chunk.record
-        if rec is None or rec.data_offset is None or entry.dtype is None or chunk.sizes is None:
-            return None
-        numel = 1
-        for n in chunk.sizes:
-            numel *= n
-        if numel == 0:
-            return None
-        return cls(rec.data_offset, numel * torch.empty((), dtype=entry.dtype).element_size())
-
-    def feed(self, at: int, data: memoryview) -> None:
-        """Bytes ``[at, at + len(data))`` of the item."""
-        end = at + len(data)
-        lo, hi = max(at, self.head_from), min(end, self.data_offset)
-        if lo < hi:
-            self.head[lo - self.head_from : hi - self.head_from] = data[lo - at : hi - at]
-        lo, hi = max(at, self.tail_from), min(end, self.tail_from + FRAMING_TAIL)
-        if lo < hi:
-            self.tail[lo - self.tail_from : hi - self.tail_from] = data[lo - at : hi - at]
-            self.tail_len = max(self.tail_len, hi - self.tail_from)
-
-    def error(self) -> str | None:
-        return tensor_framing_error(self.head, self.tail[: self.tail_len], self.nbytes)
-
-
-def _head_all(store: ObjectStore, keys: list[str], concurrency: int) -> list[ObjectInfo | None]:
-    if len(keys) <= 1:
-        return [store.head(k) for k in keys]
-    with ThreadPoolExecutor(min(concurrency, len(keys))) as pool:
-        return list(pool.map(in_context(store.head), keys))
-
-
-def _read_back(
-    reader: S3StorageReader,
-    spans: dict[str, list[_Span]],
-    has_crc: bool,
-    tc: TransferConfig,
-    progress: Progress | None,
-) -> tuple[int, int, list[Problem]]:
-    """Read every span back with coalesced ranged GETs and check each item; never raises
-    for data. Returns (items read, bytes read, problems in request order)."""
-    lock = threading.Lock()
-    state = {"bytes": 0, "items": 0}
-    found: dict[int, list[Problem]] = defaultdict(list)
-
-    def on_bytes(n: int) -> None:
-        with lock:
-            state["bytes"] += n
-            done = state["bytes"]
+    def on_bytes(_: int) -> None:
         if progress is not None:
-            progress(done, total)
+            progress(v.bytes_read, v.total)
 
-    def on_span(span: WalkSpan[_Span], stream: SpanReader) -> None:
-        entry, chunk = span.payload
-        crc = 0
-        framing = _Framing.of(entry, chunk)
-        at = 0  # offset inside the item
-        for piece in stream.chunks(entry.name):
-            crc = _crc.crc32c(piece, crc)
-            if framing is not None:
-                framing.feed(at, piece)
-            at += len(piece)
-        checked = _check_item(span, crc, framing, has_crc)
-        with lock:
-            state["items"] += 1
-            found[span.job] += checked
-
-    def on_failure(failure: ReadFailure[_Span]) -> None:
-        if failure.kind == "truncated":
-            lost = [
-                Problem(
-                    "truncated",
-                    s.name,
-                    e.name,
-                    c.offsets,
-                    f"{where(e, c)}: {s.name} ended early while reading it back; "
-                    "the object is truncated",
-                )
-                for s in failure.spans
-                for e, c in [s.payload]
-            ]
-        else:
-            lost = [
-                Problem("read_error", s.name, e.name, c.offsets, f"{where(e, c)}: {failure.error}")
-                for s in failure.spans
-                for e, c in [s.payload]
-            ]
-        with lock:
-            found[failure.job] += lost
-
-    walk: RangeWalk[_Span] = RangeWalk(
-        reader.store,
-        reader.object_key,
-        config=tc,
-        on_span=on_span,
-        on_failure=on_failure,
-        on_bytes=on_bytes,
-        thread_name_prefix="s3ckpt-verify",
+    tc = transfer_config or reader.transfer_config
+    v = Verifier(reader.store, reader.object_key, tc, on_bytes=on_bytes)
+    names = sorted({i.object for i in items} | set(recorded))
+    readable = v.objects(items, v.sizes(names), recorded)
+    if manifest is not None if read_data is None else read_data:
+        v.read(readable)
+    bytes_read, v.on_bytes = v.bytes_read, None  # data bytes only
+    if manifest is not None and manifest.metadata_key != METADATA_NAME:
+        v.metadata(reader.url.prefix, manifest)  # (a format-1 copy: checked by the open)
+    for f in sorted(v.faults, key=lambda f: not f.kind.endswith("metadata")):
+        if f.kind in ("missing_object", "object_size", "metadata", "stale_metadata"):
+            problems.append(Problem(f.kind.removeprefix("stale_"), f.object, None, None, f.message))
+        kind = "truncated" if f.kind == "object_size" else f.kind
+        for i in f.items:
+            e, c = i.ref
+            text = f.message if f.item is not None else f"{i.name}: {f.message}"
+            problems.append(Problem(kind, f.object, e.name, c.offsets, text))
+    sums, seconds = manifest is not None, round(time.perf_counter() - t0, 3)
+    return VerifyResult(
+        reader.checkpoint_id,
+        "s3ckpt" if sums else "dcp",
+        sums,
+        len(items),
+        v.items_read,
+        bytes_read,
+        len(names),
+        tuple(problems),
+        seconds,
     )
-    jobs = walk.plan(
-        {name: [(c.start, c.start + c.length, (e, c)) for e, c in ok] for name, ok in spans.items()}
-    )
-    total = sum(req.size for _, req in jobs)
-    walk.run(jobs)
-    problems = [p for job in range(len(jobs)) for p in found.get(job, [])]
-    return state["items"], state["bytes"], problems
 
 
-def _check_item(
-    span: WalkSpan[_Span], crc: int, framing: _Framing | None, has_crc: bool
-) -> list[Problem]:
-    """The problems of one item read back: its framing and its CRC32C."""
-    entry, chunk = span.payload
-    name, start, end = span.name, span.start, span.end
-    problems = []
-    why = framing.error() if framing is not None else None
-    if why is not None:
-        problems.append(
-            Problem(
-                "structure",
-                name,
-                entry.name,
-                chunk.offsets,
-                f"{where(entry, chunk)}: {why} (bytes {start}-{end - 1} of {name}); "
-                f"{MANIFEST_NAME} does not describe the bytes stored",
-            )
-        )
+def _framing(entry: Entry, chunk: Chunk) -> tuple[int, int] | None:
+    """``(data_offset, nbytes)`` of a tensor item whose framing can be checked (the torch
+    pass: the dtype's size comes from ``.metadata``)."""
     rec = chunk.record
-    if has_crc and rec is not None and crc != rec.crc32c:
-        record_checksum_failure()
-        problems.append(
-            Problem(
-                "checksum",
-                name,
-                entry.name,
-                chunk.offsets,
-                f"{where(entry, chunk)}: crc32c {crc:08x}, recorded {rec.crc32c:08x} "
-                f"(bytes {start}-{end - 1} of {name}); the data changed after it was "
-                "saved",
+    if rec is None or rec.data_offset is None or entry.dtype is None or not chunk.sizes:
+        return None
+    numel = math.prod(chunk.sizes)
+    return (rec.data_offset, numel * entry.dtype.itemsize) if numel else None
+
+
+def _structure(reader: S3StorageReader, entries: dict[str, Entry]) -> list[Problem]:
+    """``.metadata`` against itself and ``s3ckpt.json``: chunks inside and covering each
+    tensor, a stored item and a manifest row at the same place for every chunk, every
+    object committed."""
+    manifest, md = reader.manifest, reader.metadata.state_dict_metadata
+    problems: list[Problem] = []
+
+    def bad(obj: str | None, name: str | None, at: Any, message: str) -> None:
+        problems.append(Problem("structure", obj, name, at, message))
+
+    for name, entry in entries.items():
+        if not entry.chunks:
+            bad(None, name, None, f"{name!r} has no stored item")
+            continue
+        meta = md[name]
+        if isinstance(meta, TensorStorageMetadata) and entry.shape is not None:
+            stored = {c.offsets for c in entry.chunks}
+            for c in meta.chunks:
+                offs, sizes = tuple(c.offsets), list(c.sizes)
+                if any(o + s > d for o, s, d in zip(offs, sizes, entry.shape, strict=False)):
+                    why = f"of size {sizes} lies outside the tensor's shape {list(entry.shape)}"
+                    bad(None, name, offs, f"{name!r}: chunk at {list(offs)} {why}")
+                if offs not in stored:
+                    why = "has no stored item in .metadata's storage_data"
+                    bad(None, name, offs, f"{name!r}: chunk at {list(offs)} {why}")
+            covered = sum(math.prod(c.sizes) for c in meta.chunks)
+            if covered != entry.numel:
+                why = f"saved chunks hold {covered} elements, the tensor has {entry.numel}"
+                bad(None, name, None, f"{name!r}: {why}")
+        for c in entry.chunks if manifest is not None else ():
+            rec, at = c.record, item_name(repr(name), c.offsets)
+            if rec is None:
+                bad(c.object, name, c.offsets, f"{at} has no row in {MANIFEST_NAME}")
+            elif (rec.object, rec.start, rec.length) != (c.object, c.start, c.length):
+                here = f"{c.object}[{c.start}:{c.start + c.length}]"
+                there = f"{rec.object}[{rec.start}:{rec.start + rec.length}]"
+                msg = f"{at}: .metadata places it at {here}, {MANIFEST_NAME} at {there}"
+                bad(c.object, name, c.offsets, msg)
+    if manifest is not None:
+        committed = {o.name for o in manifest.objects}
+        for obj in sorted({c.object for e in entries.values() for c in e.chunks} - committed):
+            bad(
+                obj, None, None, f".metadata points into {obj}, which {MANIFEST_NAME} does not list"
             )
-        )
     return problems
+
+
+# -- inspect ------------------------------------------------------------------------------------
+_RANK_RE = re.compile(r"^__(\d+)_\d+[.\w]*\.distcp$")
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    """One state-dict key."""
+
+    name: str
+    kind: str
+    """``"tensor"`` or ``"bytes"`` (a pickled non-tensor value)."""
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    nbytes: int
+    """Bytes of the full tensor (0 for non-tensor values)."""
+    stored_bytes: int
+    """Bytes of its saved items, framing included."""
+    chunks: int
+    objects: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ObjectSummary:
+    """One data object."""
+
+    name: str
+    size: int | None
+    """From ``s3ckpt.json``; ``None`` for other writers' checkpoints (not listed)."""
+    rank: int | None
+    items: int
+
+
+@dataclass(frozen=True)
+class InspectResult:
+    """What :func:`inspect_checkpoint` found."""
+
+    url: str
+    format: str
+    """``"s3ckpt"`` (committed by ``s3ckpt.json``, with checksums) or ``"dcp"`` (another
+    DCP writer's checkpoint: ``.metadata`` only)."""
+    checksums: bool
+    step: int | None
+    created: float | None
+    world_size: int | None
+    """From ``s3ckpt.json``; for other writers, inferred from ``__RANK_*.distcp`` names."""
+    save_id: str | None
+    metrics: dict[str, float]
+    user: dict[str, Any]
+    versions: dict[str, str]
+    tensor_count: int
+    tensor_bytes: int
+    other_count: int
+    """Non-tensor entries."""
+    stored_bytes: int
+    """Data objects plus metadata (from ``s3ckpt.json``), else the saved items' bytes."""
+    metadata_bytes: int | None
+    tensors: tuple[TensorSummary, ...]
+    objects: tuple[ObjectSummary, ...]
+    layout: dict[str, Any] | None = None
+    """Where the data objects are, as ``s3ckpt.json`` records it (hashed prefixes:
+    ``{"prefix_strategy": "hashed", "fanout": ..., ...}``); ``None``: under the prefix."""
+    life: str | None = None
+    """The state of its life as the catalog decides it (:class:`s3ckpt.retention.Life`:
+    ``committed``, ``archived``, ``damaged``...; what ``ls`` shows); ``None`` without a
+    commit marker (another writer's checkpoint)."""
+    damage: str | None = None
+    """Why it is damaged (``s3ckpt check``'s finding, an unreadable marker); ``None`` when
+    it is not, or when the run's check record could not be read."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (stable keys)."""
+        return asdict(self)
+
+
+def inspect_checkpoint(
+    checkpoint: LocationLike | S3StorageReader,
+    *,
+    include: Iterable[str] | str | None = None,
+    exclude: Iterable[str] | str | None = None,
+    s3_config: S3Config | None = None,
+    transfer_config: TransferConfig | None = None,
+    store: ObjectStore | None = None,
+) -> InspectResult:
+    """Describe ``checkpoint`` without downloading tensor data.
+
+    Args:
+        checkpoint: URL (``s3://...``, fsspec URL, local path), a
+            :class:`~s3ckpt.store.Location` or an open reader.
+        include / exclude: Glob filters on the names listed in ``tensors`` (totals always
+            cover the whole checkpoint).
+        s3_config / transfer_config / store: How to open a URL ``checkpoint`` (a Location
+            carries its own).
+    """
+    how: dict[str, Any] = dict(s3_config=s3_config, transfer_config=transfer_config, store=store)
+    reader = open_reader(checkpoint, **how)
+    manifest, info = reader.manifest, None
+    if manifest is not None:  # the catalog's verdict: the marker judged with the check record
+        try:
+            record = read_check_record(reader.store, reader.url.parent)
+        except StoreError:
+            record = None  # what a check found is unknown; the marker is still judged
+        info = probe_checkpoint(reader.store, reader.url.parent, reader.url.name, record)
+    entries = index_checkpoint(reader).values()
+    names = NameFilter.of(include, exclude)
+    tensors = tuple(
+        TensorSummary(
+            e.name,
+            e.kind,
+            dtype_name(e.dtype),
+            e.shape,
+            e.nbytes,
+            e.stored_bytes,
+            len(e.chunks),
+            tuple(e.objects),
+        )
+        for e in entries
+        if names(e.name)
+    )
+    per_object = Counter(c.object for e in entries for c in e.chunks)
+    if manifest is not None:
+        objects = tuple(
+            ObjectSummary(o.name, o.size, o.rank, per_object[o.name]) for o in manifest.objects
+        )
+        own: dict[str, Any] = {
+            "format": "s3ckpt",
+            "checksums": True,
+            "step": manifest.step,
+            "created": manifest.created,
+            "world_size": manifest.world_size,
+            "save_id": manifest.save_id,
+            "metrics": dict(manifest.metrics),
+            "user": dict(manifest.user),
+            "versions": dict(manifest.versions),
+            "stored_bytes": manifest.total_bytes,
+            "metadata_bytes": manifest.metadata_size,
+            "layout": manifest.layout.to_doc() if manifest.layout else None,
+            "life": info.life.value if info is not None else None,
+            "damage": info.damage if info is not None else None,
+        }
+    else:
+        objects = tuple(
+            ObjectSummary(n, None, int(m.group(1)) if (m := _RANK_RE.match(n)) else None, k)
+            for n, k in sorted(per_object.items())
+        )
+        ranks = [o.rank for o in objects if o.rank is not None]
+        own = {
+            "format": "dcp",
+            "checksums": False,
+            **dict.fromkeys(("step", "created", "save_id", "metadata_bytes")),
+            **{k: {} for k in ("metrics", "user", "versions")},
+            "world_size": max(ranks) + 1 if ranks else None,
+            "stored_bytes": sum(e.stored_bytes for e in entries),
+        }
+    return InspectResult(
+        url=reader.checkpoint_id,
+        tensor_count=sum(1 for e in entries if e.kind == "tensor"),
+        tensor_bytes=sum(e.nbytes for e in entries),
+        other_count=sum(1 for e in entries if e.kind != "tensor"),
+        tensors=tensors,
+        objects=objects,
+        **own,
+    )

@@ -50,7 +50,8 @@ def _assert_identical(a: Any, b: Any, path: str = "") -> None:
 
 
 def _committed(run: str) -> dict[str, int | None]:
-    from s3ckpt.retention import CheckpointState, list_checkpoints
+    from s3ckpt.retention import list_checkpoints
+    from s3ckpt.retention._catalog import CheckpointState
     from s3ckpt.store import open_store
 
     store, url = open_store(run)

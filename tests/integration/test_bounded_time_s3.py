@@ -20,7 +20,7 @@ import torch
 from s3ckpt import Checkpointer, S3Config, TransferConfig
 from s3ckpt.cli import main
 from s3ckpt.errors import S3CkptError
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME
 from tests.faultproxy import FaultProxy
 from tests.integration._faulted_saves import TC
 

@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.cli import main
 from s3ckpt.errors import ConditionalWritesError, DeleteRefusedError, find_s3ckpt_error
-from s3ckpt.format import LATEST_NAME, LEASE_NAME, MANIFEST_NAME
+from s3ckpt.format._names import LATEST_NAME, LEASE_NAME, MANIFEST_NAME
 from s3ckpt.retention import KeepLast, RetentionOptions, delete_checkpoint, prune
 from s3ckpt.store import Location
 from s3ckpt.store._capabilities import cached_capabilities, clear_capabilities_cache

@@ -16,7 +16,8 @@ import torch.distributed.checkpoint as dcp
 
 from s3ckpt import S3StorageWriter
 from s3ckpt.cli import main
-from s3ckpt.format import CHECK_NAME, METADATA_NAME, Manifest
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import CHECK_NAME, METADATA_NAME
 from tests._helpers import list_keys
 
 pytestmark = pytest.mark.integration

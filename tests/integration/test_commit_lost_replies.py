@@ -14,7 +14,8 @@ import pytest
 import torch.distributed.checkpoint as dcp
 
 from s3ckpt import HashedPrefixes, S3Config, S3StorageWriter
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, Manifest
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from tests._helpers import list_keys, open_uploads
 from tests.faultproxy import FaultProxy
 from tests.integration._faulted_saves import TC, assert_loads, small_state

@@ -31,19 +31,15 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from s3ckpt import (
-    Checkpointer,
-    CheckpointExistsError,
-    S3Config,
-    S3StorageReader,
-    S3StorageWriter,
-)
+from s3ckpt import Checkpointer, S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt._commit import heartbeat_body
 from s3ckpt.cli import main as cli_main
 from s3ckpt.config import MiB
-from s3ckpt.errors import LeaseHeldError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME, Manifest, data_name, heartbeat_name
-from s3ckpt.retention import KeepLast, Lease, list_checkpoints
+from s3ckpt.errors import CheckpointExistsError, LeaseHeldError, find_s3ckpt_error
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME, data_name, heartbeat_name
+from s3ckpt.retention import KeepLast, list_checkpoints
+from s3ckpt.retention._lease import Lease
 from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL

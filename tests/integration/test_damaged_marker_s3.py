@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from s3ckpt.cli import main
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._helpers import list_keys

@@ -9,13 +9,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from s3ckpt import (
-    CheckpointExistsError,
-    S3Config,
-    S3StorageReader,
-    S3StorageWriter,
-)
+from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB
+from s3ckpt.errors import CheckpointExistsError
 from tests import _helpers
 from tests._helpers import assert_same, list_keys, open_uploads, zeros_like_state
 from tests._http import free_port

@@ -21,7 +21,7 @@ import torch
 from s3ckpt import Checkpointer, S3Config
 from s3ckpt.cli import main
 from s3ckpt.errors import TransientStoreError
-from s3ckpt.format import FAILED_PREFIX, LATEST_NAME, MANIFEST_NAME
+from s3ckpt.format._names import FAILED_PREFIX, LATEST_NAME, MANIFEST_NAME
 from s3ckpt.retention import RetentionOptions, gc
 from s3ckpt.retention._abandoned import FAILURE_SETTLE
 from s3ckpt.store import Location, open_store

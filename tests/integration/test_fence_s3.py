@@ -18,9 +18,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from s3ckpt import Checkpointer, S3StorageReader, S3StorageWriter
-from s3ckpt._tombstone import SaveFencedError
 from s3ckpt.dcp._finish import SaveCommit
-from s3ckpt.errors import find_s3ckpt_error
+from s3ckpt.errors import SaveFencedError, find_s3ckpt_error
 from s3ckpt.retention import RetentionOptions, gc, list_checkpoints
 
 pytestmark = [pytest.mark.integration]

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from s3ckpt import Checkpointer
-from s3ckpt.format import Manifest
+from s3ckpt.format._manifest import Manifest
 from tests._http import free_port
 from tests._spawn import run_ranks
 from tests.integration import _heal_workers as workers

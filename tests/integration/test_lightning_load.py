@@ -40,7 +40,7 @@ from s3ckpt.errors import (
     UnsafeCheckpointError,
 )
 from s3ckpt.lightning import S3CheckpointIO, install
-from s3ckpt.lightning._legacy import load_object
+from s3ckpt.lightning._load import load_object
 from s3ckpt.store import MemoryStore
 from s3ckpt.tools import flatten_state_dict, unflatten_state_dict
 from tests._http import free_port

@@ -39,9 +39,8 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
 from s3ckpt.errors import CheckpointNotFoundError, DeleteRefusedError
 from s3ckpt.lightning import S3CheckpointIO
-from s3ckpt.lightning._async import MAX_PENDING_REMOVALS, Removals
-from s3ckpt.lightning._fs import _S3CkptFileSystem, install_filesystem
-from s3ckpt.lightning._tracked import Tracking
+from s3ckpt.lightning._async import MAX_PENDING_REMOVALS, Removals, Tracking
+from s3ckpt.lightning._last import _S3CkptFileSystem, install_filesystem
 from s3ckpt.retention import KeepBest, KeepLast, Policy, list_checkpoints
 from s3ckpt.store import open_store
 from tests._helpers import list_keys

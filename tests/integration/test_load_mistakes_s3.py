@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from s3ckpt import Checkpointer, ConfigError, StateMismatchError
+from s3ckpt import Checkpointer, ConfigError
+from s3ckpt.errors import StateMismatchError
 from tests._helpers import list_keys
 from tests._http import free_port
 from tests._spawn import run_ranks

@@ -29,10 +29,11 @@ import pytest
 from benchmarks._chromium import CHROMIUM, launch
 from s3ckpt.cli import main
 from s3ckpt.config import S3Config
-from s3ckpt.format import METADATA_NAME, data_name, heartbeat_name
-from s3ckpt.retention import CheckpointInfo, CheckpointState, pin
+from s3ckpt.format._names import METADATA_NAME, data_name, heartbeat_name
+from s3ckpt.retention import CheckpointInfo, pin
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.tools.report import (
+from s3ckpt.tools._report import (
     DEFAULT_PRICES,
     GIB,
     CheckpointRow,

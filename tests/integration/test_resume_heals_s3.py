@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from s3ckpt import Checkpointer
 from s3ckpt.cli import main
 from s3ckpt.errors import ChecksumMismatchError, CorruptCheckpointError, S3CkptError
-from s3ckpt.format import Manifest
+from s3ckpt.format._manifest import Manifest
 
 pytestmark = pytest.mark.integration
 

@@ -18,19 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from s3ckpt._tombstone import is_gone
+from s3ckpt._tombstone import read_tombstone
 from s3ckpt.cli import main
 from s3ckpt.errors import LeaseHeldError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, data_name, heartbeat_name
-from s3ckpt.retention import (
-    CheckpointState,
-    KeepLast,
-    Lease,
-    RetentionOptions,
-    list_checkpoints,
-    plan,
-    prune,
-)
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, data_name, heartbeat_name
+from s3ckpt.retention import KeepLast, RetentionOptions, list_checkpoints, plan, prune
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._lease import Lease
 from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
@@ -77,7 +71,7 @@ def shared_store(bucket: str) -> S3Store:
 
 @pytest.fixture(autouse=True)
 def _cli_reuses_clients(monkeypatch: pytest.MonkeyPatch) -> None:
-    import s3ckpt._cli.retention as cli_mod
+    import s3ckpt._cli as cli_mod
     from s3ckpt.store import Location
     from s3ckpt.uri import parse_url
 
@@ -298,7 +292,8 @@ def test_gc_aborts_stale_uploads_and_removes_abandoned_saves(
     assert open_uploads(s3_client, bucket, run.prefix) == []
     # what stays is the fence of the reaped save (it may only be paused): a finished tombstone
     assert keys_under(store, dead.prefix) == {dead.key(MANIFEST_NAME)}
-    assert is_gone(store, dead.key(MANIFEST_NAME))
+    found = read_tombstone(store, dead.key(MANIFEST_NAME))
+    assert found is not None and found[0].done
     assert len(list_checkpoints(Location.of(run, store=store))) == 2
     code, out, _ = cli(capsys, "gc", str(run), "--json")
     assert code == 0 and json.loads(out)["abandoned"] == []

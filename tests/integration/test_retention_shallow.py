@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from s3ckpt.cli import main
-from s3ckpt.format import MANIFEST_NAME, PIN_NAME, heartbeat_name
-from s3ckpt.retention import KeepLast, KeepWithin, RetentionOptions, prune, scan
+from s3ckpt.format._names import MANIFEST_NAME, PIN_NAME, heartbeat_name
+from s3ckpt.retention import KeepLast, KeepWithin, RetentionOptions, prune
+from s3ckpt.retention._scan import scan
 from s3ckpt.retention._shallow import find_runs, walk
 from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
@@ -70,7 +71,7 @@ def test_shallow_catalog_agrees_with_deep_and_lists_no_committed_keys(bucket: st
     assert by["step_000000001"].to_dict()["bytes_by_class"] is None  # unknown, not STANDARD
     deep_size = {c.name: c.size for cat in deep for c in cat.checkpoints}["step_000000001"]
     assert 0 < by["step_000000001"].size <= deep_size  # what the marker commits
-    listed = {o.key for o in walk(store, root, None).objects}
+    listed = {o.key for o in walk(store, root, None)[0]}
     assert not any("step_000000001/__" in k for k in listed)  # data never listed
     assert any("step_000000005/" in k for k in listed)  # the uncommitted one is, deeply
     assert find_runs(store, root, None) == ["fleet/run-a/", "fleet/team/run-b/"]

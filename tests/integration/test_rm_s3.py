@@ -9,7 +9,7 @@ import time
 import pytest
 
 from s3ckpt.cli import main
-from s3ckpt.format import LATEST_NAME, LEASE_NAME, MANIFEST_NAME
+from s3ckpt.format._names import LATEST_NAME, LEASE_NAME, MANIFEST_NAME
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._helpers import list_keys

@@ -585,7 +585,7 @@ def test_clients_round_trip_a_state_dict(
     # The round trip itself must make no errors. The first s3ckpt save of a process to an
     # (endpoint, bucket) also probes the store once: conditional PUTs that must fail with 412
     # (store/_capabilities.py) and one PUT with a wrong CRC32C that a verifying store refuses
-    # with 400 (store/_wire.py). Those errors are the probes' expected answers, not the
+    # with 400 (store/_capabilities.py). Those errors are the probes' expected answers, not the
     # round trip's, so one save to a scratch prefix warms the per-process caches first.
     dcp.save(sd, storage_writer=S3StorageWriter(f"s3://{pair}/warm-up/step_0", s3_config=cfg))
     sim.reset_stats()

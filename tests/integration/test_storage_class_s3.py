@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB, TransferConfig
 from s3ckpt.errors import ArchivedObjectError, PreconditionFailedError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store import _archive
 from s3ckpt.store.base import RestoreState, restore_state
 from s3ckpt.store.s3 import S3Store

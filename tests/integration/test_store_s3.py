@@ -13,18 +13,15 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from s3ckpt import (
+from s3ckpt import CheckpointNotFoundError, S3Config, S3StorageReader, S3StorageWriter
+from s3ckpt.config import MiB
+from s3ckpt.errors import (
     AccessDeniedError,
-    CheckpointNotFoundError,
     EndpointError,
     InvalidURLError,
     NoSuchBucketError,
     PreconditionFailedError,
-    S3Config,
-    S3StorageReader,
-    S3StorageWriter,
 )
-from s3ckpt.config import MiB
 from s3ckpt.store.s3 import S3Store
 from tests._helpers import SMALL, assert_same, list_keys, open_uploads, zeros_like_state
 from tests._http import free_port

@@ -14,9 +14,10 @@ import pytest
 
 from s3ckpt._commit import boot_id, pid_namespace
 from s3ckpt.config import S3Config
-from s3ckpt.format import data_name, heartbeat_name
+from s3ckpt.format._names import data_name, heartbeat_name
 from s3ckpt.retention import KeepWithin, RetentionOptions, gc, list_checkpoints, prune
-from s3ckpt.store import Location, store_time
+from s3ckpt.store import Location
+from s3ckpt.store._clock import store_time
 from s3ckpt.store.s3 import S3Store
 from s3ckpt.uri import StoreURL
 from tests._retention_util import write_checkpoint

@@ -20,8 +20,8 @@ import torch
 
 from s3ckpt import Checkpointer, TransferConfig
 from s3ckpt.config import MiB
-from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.retention import CheckpointState
+from s3ckpt.format._names import MANIFEST_NAME
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.store import open_store
 from s3ckpt.testing import (
     LocalS3,

@@ -18,11 +18,11 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.cli import main
 from s3ckpt.config import MiB
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.retention import KeepEvery, KeepLast, RetentionOptions, Tier, list_checkpoints, prune
 from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
-from s3ckpt.tools.report import PriceTable, collect_report
+from s3ckpt.tools._report import PriceTable, collect_report
 from s3ckpt.uri import StoreURL
 from tests import _helpers
 from tests._helpers import assert_same, zeros_like_state

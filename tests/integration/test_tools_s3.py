@@ -14,7 +14,7 @@ from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
 from s3ckpt.cli import main
 from s3ckpt.errors import IncompleteRestoreError
-from s3ckpt.format import Manifest
+from s3ckpt.format._manifest import Manifest
 from s3ckpt.tools import load_verified
 from tests._helpers import SMALL, list_keys
 

@@ -12,7 +12,7 @@ import torch
 
 from s3ckpt import Checkpointer
 from s3ckpt.cli import main
-from s3ckpt.store import noncurrent_versions
+from s3ckpt.store._versions import noncurrent_versions
 from s3ckpt.store.s3 import S3Store
 
 pytestmark = pytest.mark.integration

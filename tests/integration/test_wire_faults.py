@@ -18,7 +18,8 @@ import torch.distributed.checkpoint as dcp
 
 from s3ckpt import S3Config, S3StorageWriter
 from s3ckpt.errors import ChecksumMismatchError, CorruptCheckpointError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME, Manifest
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store.s3 import S3Store
 from tests._helpers import list_keys, open_uploads
 from tests.faultproxy import FaultProxy

@@ -86,7 +86,7 @@ def test_everything_but_dcp_checkpointer_and_tools_imports_without_numpy_or_torc
         for p in (ROOT / "s3ckpt").rglob("*.py")
     )
     names = [n for n in names if not n.startswith(_TORCH_PACKAGES)]
-    assert "s3ckpt.transfer._upload" in names and "s3ckpt._cli.retention" in names, names
+    assert "s3ckpt._transfer._upload" in names and "s3ckpt._cli.retention" in names, names
     code = f"""
 import importlib, sys
 for name in {names!r}:

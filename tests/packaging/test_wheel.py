@@ -43,7 +43,7 @@ def test_the_wheel_holds_the_package_license_py_typed_and_policies(
     assert f"{info}/licenses/LICENSE" in names
     assert "s3ckpt/py.typed" in names
     assert {f"s3ckpt/policies/{f}" for f in POLICY_FILES} <= names
-    assert {"s3ckpt/tools/report/report.css", "s3ckpt/tools/report/report.js"} <= names
+    assert {"s3ckpt/tools/_report/report.css", "s3ckpt/tools/_report/report.js"} <= names
     modules = {
         str(p.relative_to(ROOT))
         for p in (ROOT / "s3ckpt").rglob("*.py")
@@ -171,7 +171,7 @@ def test_the_demo_prints_its_retention_reasons_from_the_wheel(
     # The demo's catalog and reasons (its step 3) need no torch: run them from the installed
     # wheel, in a folder without the repository's policies/.
     code = (
-        "from s3ckpt.demo._summary import print_checkpoints; from s3ckpt.store import Location; "
+        "from s3ckpt.demo._train import print_checkpoints; from s3ckpt.store import Location; "
         f"print_checkpoints(Location.of('s3://{seeded_bucket}/runs/a/'))"
     )
     proc = subprocess.run(

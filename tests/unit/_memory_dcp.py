@@ -5,7 +5,6 @@ spans that share bytes."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 import torch
@@ -68,22 +67,31 @@ def read_overlapping_spans(
 
     Returns the bytes each span was handed, by its offset, and the reader.
     """
+    from types import SimpleNamespace
+
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
+    from s3ckpt._transfer import Request
     from s3ckpt.dcp._decode import ItemSpan
-    from s3ckpt.transfer import Request
+    from s3ckpt.dcp._split import Piece, SplitItem
 
     seen: dict[int, bytes] = {}
 
-    class Recording:  # in place of the reader's span decoder
-        def decode(self, source, key, span, planner, lock):  # type: ignore[no-untyped-def]
-            buf = memoryview(bytearray(span.info.length))
-            source.readinto_all(buf, "x")
+    class Recording:  # in place of the reader's span decoder: each span read whole
+        def direct(self, span, key):  # type: ignore[no-untyped-def]
+            return None
+
+        def decode_buffer(self, span, key, buf, crc):  # type: ignore[no-untyped-def]
             seen[span.info.offset] = bytes(buf)
 
     reader = S3StorageReader(url, store=store, **reader_kw)
-    req: Request[ItemSpan] = Request(0, OVERLAPPING[-1][1])
+    req: Request[Piece] = Request(0, OVERLAPPING[-1][1])
+    read = SimpleNamespace(storage_index=SimpleNamespace(fqn="x"))
     for start, end in OVERLAPPING:
-        req.spans.append((start, end, ItemSpan(_StorageInfo(key, start, end - start), None)))
-    reader._fetch(key, req, Recording(), None, threading.Lock())  # type: ignore[arg-type]
+        span = ItemSpan(_StorageInfo(key, start, end - start), None, [read])  # type: ignore[list-item]
+        item = SplitItem(span, key, Recording(), 1)  # type: ignore[arg-type]
+        req.spans.append((start, end, Piece(item, 0, 0, end - start)))
+    walk = reader._walk()
+    walk.fetch(key, req)
+    reader.bytes_read += walk.bytes_requested
     return seen, reader

@@ -36,9 +36,9 @@ from s3ckpt.store._adaptive import (
     forget_limiters,
     shared_limiter,
 )
-from s3ckpt.store._errors import is_throttle
-from s3ckpt.store._request import call, store_retrying
-from s3ckpt.store.retry import THROTTLE_CODES, TRANSIENT_CODES, retrying
+from s3ckpt.store._errors import is_throttle, timeout_kind
+from s3ckpt.store._request import call
+from s3ckpt.store.retry import THROTTLE_CODES, TRANSIENT_CODES, RetryPolicy, retrying
 from s3ckpt.store.s3 import S3Store
 
 
@@ -390,8 +390,7 @@ def _run(errors: list[BaseException], limiter: AdaptiveLimiter | None) -> int:
         key="k",
         endpoint=None,
         config=tc,
-        policy=store_retrying(tc, lambda s: None),
-        sleep=lambda s: None,
+        policy=RetryPolicy.of(tc, timeout_kind=timeout_kind, sleep=lambda s: None),
         limiter=limiter,
     )
     assert result == "ok"

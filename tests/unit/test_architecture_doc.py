@@ -3,7 +3,7 @@ module and package of ``s3ckpt/`` by file name, and names nothing that does not 
 
 A row's first cell lists modules as backticked paths relative to ``s3ckpt/``; a bare name
 (`` `_scan.py` ``) is in the folder of the path before it in the same cell
-(`` `retention/_catalog.py`, `_scan.py` ``), and a folder (`` `tools/report/` ``) stands for
+(`` `retention/_catalog.py`, `_scan.py` ``), and a folder (`` `tools/_report/` ``) stands for
 its ``__init__.py``.
 """
 

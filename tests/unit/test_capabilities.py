@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import torch
 
-from s3ckpt._tombstone import is_tombstone, tombstone_body
+from s3ckpt._tombstone import Tombstone
 from s3ckpt.config import S3Config
 from s3ckpt.errors import CheckpointError, ConditionalWritesError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.retention import Lease, RetentionOptions, delete_checkpoint, gc, list_checkpoints
+from s3ckpt.format._names import MANIFEST_NAME
+from s3ckpt.retention import RetentionOptions, delete_checkpoint, gc, list_checkpoints
+from s3ckpt.retention._lease import Lease
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.store._capabilities import (
     clear_capabilities_cache,
@@ -119,7 +120,7 @@ def test_rm_never_deletes_a_marker_that_changed_after_the_scan(conditional_delet
     assert any("changed after it was planned" in n for n in r.notes)
     assert keys_under(store, RUN.child(ckpt_name(1)).prefix) == before or not before
     marker = RUN.child(ckpt_name(1)).key(MANIFEST_NAME)
-    assert not is_tombstone(store.get(marker))
+    assert Tombstone.parse(store.get(marker)) is None
     names = {
         c.name
         for c in list_checkpoints(
@@ -163,12 +164,12 @@ def test_a_lost_reply_of_a_conditional_delete_is_decided_by_reading_back() -> No
 def test_an_overwrite_never_replaces_a_tombstone() -> None:
     store = MemoryStore("bkt")
     save(store, {"t": torch.ones(4)})
-    store.put("run/step_1/" + MANIFEST_NAME, tombstone_body("a-deleter"))
+    store.put("run/step_1/" + MANIFEST_NAME, Tombstone("a-deleter", names=(".metadata",)).to_json())
     with pytest.raises(BaseException) as err:  # DCP wraps what a storage layer raises
         save(store, {"t": torch.ones(4)}, overwrite=True)
     found = find_s3ckpt_error(err.value)
     assert isinstance(found, CheckpointError) and "being deleted" in str(found)
-    assert is_tombstone(store.get("run/step_1/" + MANIFEST_NAME))
+    assert Tombstone.parse(store.get("run/step_1/" + MANIFEST_NAME)) is not None
 
 
 def test_no_list_multipart_uploads_scans_with_one_warning_and_gc_says_so() -> None:

@@ -12,35 +12,26 @@ from pathlib import Path
 import pytest
 
 from s3ckpt._crc import crc32c
+from s3ckpt._verify import sample_items
 from s3ckpt.errors import ConfigError
-from s3ckpt.format import (
+from s3ckpt.format._manifest import ItemRecord, Manifest, ObjectRecord
+from s3ckpt.format._names import (
     CHECK_NAME,
     MANIFEST_NAME,
     METADATA_NAME,
-    ItemRecord,
-    Manifest,
-    ObjectRecord,
     data_name,
     heartbeat_name,
     metadata_name,
 )
-from s3ckpt.metrics import CheckMetricsFile, CheckValues
-from s3ckpt.metrics._check_textfile import last_success
-from s3ckpt.retention import (
-    CheckEntry,
-    CheckRecord,
-    KeepLast,
-    Life,
-    RetentionOptions,
-    RunCatalog,
-    gc,
-    prune,
-    read_check_record,
-    scan,
-)
+from s3ckpt.metrics import CheckMetricsFile
+from s3ckpt.metrics._prometheus import CheckValues, last_success
+from s3ckpt.retention import KeepLast, RetentionOptions, gc, prune
+from s3ckpt.retention._catalog import Life, RunCatalog
+from s3ckpt.retention._check_record import CheckEntry, CheckRecord, read_check_record
+from s3ckpt.retention._scan import scan
 from s3ckpt.store import Location, MemoryStore
-from s3ckpt.tools import check, parse_read_data
-from s3ckpt.tools._check_one import sample_items
+from s3ckpt.tools import check
+from s3ckpt.tools._check import parse_read_data
 from s3ckpt.uri import StoreURL
 
 ROOT = "memory://bkt/runs/"

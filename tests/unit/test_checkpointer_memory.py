@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from s3ckpt import Checkpointer, CheckpointExistsError, CheckpointNotFoundError
-from s3ckpt.errors import SaveInProgressError, StoreError
-from s3ckpt.retention import CheckpointState, KeepLast
+from s3ckpt import Checkpointer, CheckpointNotFoundError
+from s3ckpt.errors import CheckpointExistsError, SaveInProgressError, StoreError
+from s3ckpt.retention import KeepLast
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.store import MemoryStore
 
 URL = "s3://unit-bkt/run"
@@ -295,7 +296,8 @@ def test_a_given_store_and_a_parsed_url_open_no_other_store(
 
 
 def test_retention_history_keeps_every_pass_with_its_step_and_failure() -> None:
-    from s3ckpt.checkpointer import RETENTION_HISTORY, RetentionRecord
+    from s3ckpt.checkpointer import RetentionRecord
+    from s3ckpt.checkpointer._retention import RETENTION_HISTORY
     from s3ckpt.retention import PruneResult
 
     store = MemoryStore("unit-bkt")
@@ -323,8 +325,7 @@ def test_retention_history_keeps_every_pass_with_its_step_and_failure() -> None:
 
 
 def test_retention_history_is_bounded() -> None:
-    from s3ckpt.checkpointer import RETENTION_HISTORY
-    from s3ckpt.checkpointer._retention import RetentionRunner
+    from s3ckpt.checkpointer._retention import RETENTION_HISTORY, RetentionRunner
     from s3ckpt.uri import parse_url
 
     store = MemoryStore("unit-bkt")

@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from s3ckpt.cli import main
-from s3ckpt.demo._summary import resume_proof
-from s3ckpt.demo._train import TrainLog
+from s3ckpt.demo._train import TrainLog, resume_proof
 
 
 @pytest.fixture

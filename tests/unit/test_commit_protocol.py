@@ -19,23 +19,19 @@ from torch.distributed.checkpoint.api import CheckpointException
 from s3ckpt import (
     Checkpointer,
     CheckpointError,
-    CheckpointExistsError,
     ConfigError,
     CorruptCheckpointError,
     S3StorageReader,
     S3StorageWriter,
+)
+from s3ckpt.errors import (
+    CheckpointExistsError,
     TransientStoreError,
     UncommittedCheckpointError,
+    find_s3ckpt_error,
 )
-from s3ckpt.errors import find_s3ckpt_error
-from s3ckpt.format import (
-    MANIFEST_NAME,
-    METADATA_NAME,
-    Manifest,
-    data_name,
-    manifest_digest,
-    owned_tag,
-)
+from s3ckpt.format._manifest import Manifest, manifest_digest
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, data_name, owned_tag
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import verify_checkpoint
 from tests._helpers import assert_same
@@ -363,7 +359,7 @@ def test_gc_reclaims_a_killed_writers_save_at_once_on_the_same_host() -> None:
     import sys
 
     from s3ckpt._commit import boot_id, pid_namespace
-    from s3ckpt.format import heartbeat_name
+    from s3ckpt.format._names import heartbeat_name
     from s3ckpt.retention import gc
     from s3ckpt.uri import parse_url
 

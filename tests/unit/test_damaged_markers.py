@@ -19,7 +19,8 @@ from s3ckpt._time import utc
 from s3ckpt._tombstone import Tombstone
 from s3ckpt.cli import main
 from s3ckpt.errors import CorruptCheckpointError, DeleteRefusedError, PolicyError
-from s3ckpt.format import MANIFEST_NAME, MAX_INT, Manifest, manifest_digest
+from s3ckpt.format._manifest import Manifest, manifest_digest
+from s3ckpt.format._names import MANIFEST_NAME, MAX_INT
 from s3ckpt.retention import (
     KeepLast,
     KeepWithin,
@@ -27,12 +28,12 @@ from s3ckpt.retention import (
     delete_checkpoint,
     gc,
     list_checkpoints,
-    parse_duration,
     parse_policy,
     plan,
     prune,
-    scan,
 )
+from s3ckpt.retention._duration import parse_duration
+from s3ckpt.retention._scan import scan
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import write_checkpoint

@@ -24,7 +24,8 @@ from torch.testing._internal.distributed.checkpoint_utils import (
 
 from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt.errors import ChecksumMismatchError, ConfigError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME, Manifest
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store import MemoryStore
 from s3ckpt.tools import verify_checkpoint
 from tests._helpers import assert_same

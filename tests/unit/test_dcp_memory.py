@@ -11,7 +11,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from s3ckpt import (
-    CheckpointExistsError,
     CheckpointNotFoundError,
     ChecksumMismatchError,
     CorruptCheckpointError,
@@ -21,8 +20,8 @@ from s3ckpt import (
     UnsafeCheckpointError,
 )
 from s3ckpt.config import MiB
-from s3ckpt.errors import find_s3ckpt_error
-from s3ckpt.format import Manifest
+from s3ckpt.errors import CheckpointExistsError, find_s3ckpt_error
+from s3ckpt.format._manifest import Manifest
 from s3ckpt.store import MemoryStore
 from tests._helpers import assert_same, zeros_like_state
 from tests.unit._memory_dcp import URL, load, make_state, save

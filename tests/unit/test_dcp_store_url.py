@@ -127,7 +127,7 @@ def test_a_reset_to_another_prefix_of_the_bucket_keeps_the_opened_store(
 def test_the_marker_check_tells_a_deleted_step_from_a_taken_one() -> None:
     from s3ckpt._tombstone import Tombstone
     from s3ckpt.errors import CheckpointExistsError
-    from s3ckpt.format import MANIFEST_NAME
+    from s3ckpt.format._names import MANIFEST_NAME
 
     store = MemoryStore("bkt")
     key = parse_url(URL).key(MANIFEST_NAME)

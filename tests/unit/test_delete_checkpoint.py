@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from s3ckpt._tombstone import is_tombstone
+from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -15,21 +15,18 @@ from s3ckpt.errors import (
     LeaseHeldError,
     TransientStoreError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.format._names import LATEST_NAME, LEASE_NAME, MANIFEST_NAME, METADATA_NAME
 from s3ckpt.retention import (
-    LATEST_NAME,
-    LEASE_NAME,
-    CheckpointState,
-    DeleteResult,
     KeepLast,
-    Lease,
-    LeaseRecord,
     RetentionOptions,
     delete_checkpoint,
     list_checkpoints,
     pin,
     prune,
 )
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._lease import Lease, LeaseRecord
+from s3ckpt.retention._results import DeleteResult
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.store.base import DeleteFailures
 from s3ckpt.uri import StoreURL
@@ -218,7 +215,7 @@ def test_a_lost_reply_of_the_fence_or_of_its_delete_is_decided_by_reading_back(
 
     def put_twice(key: str, data: bytes, **kw: object) -> str:
         etag = real_put(key, data, **kw)  # type: ignore[arg-type]
-        if key.endswith(MANIFEST_NAME) and is_tombstone(data):
+        if key.endswith(MANIFEST_NAME) and Tombstone.parse(data) is not None:
             real_put(key, data, **kw)  # type: ignore[arg-type]  # the retry: 412
         return etag
 
@@ -252,7 +249,8 @@ def test_a_crash_mid_way_is_finished_by_the_next_pruner(store: MemoryStore, cloc
     with pytest.raises(KeyboardInterrupt):
         rm(store, clock, 1, on_progress=crash)
     c1 = RUN.child(ckpt_name(1))
-    assert is_tombstone(store.get(c1.key(MANIFEST_NAME))) and len(keys_under(store, c1.prefix)) > 1
+    assert Tombstone.parse(store.get(c1.key(MANIFEST_NAME))) is not None
+    assert len(keys_under(store, c1.prefix)) > 1
     state = {
         c.name: c.state
         for c in list_checkpoints(
@@ -314,4 +312,4 @@ def test_a_latest_pointer_naming_the_deleted_checkpoint_falls_back_to_a_listing(
     pointer.write(3)
     assert rm(store, clock, 3, allow_newest=True).deleted
     assert store.head(RUN.key(LATEST_NAME)) is not None, "the pointer is left as it is"
-    assert pointer.find(timedelta(hours=2)) == 2
+    assert next(pointer.candidates(timedelta(hours=2))).step == 2

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from s3ckpt.cli import main
 from s3ckpt.errors import AccessDeniedError, NoSuchBucketError, StoreError
-from s3ckpt.retention import MIN_GRACE
+from s3ckpt.retention._liveness import MIN_GRACE
 from s3ckpt.store import Location, MemoryStore
-from s3ckpt.tools import Check, CheckStatus, DoctorReport, run_doctor
+from s3ckpt.tools import run_doctor
+from s3ckpt.tools._doctor_report import Check, CheckStatus, DoctorReport
 from s3ckpt.tools._doctor_store import WARN_SKEW
 from s3ckpt.uri import parse_url
 
@@ -58,7 +59,7 @@ ROWS = [
 
 def doctor(store: MemoryStore, **kw: object) -> DoctorReport:
     """The raw round trip (no torch import: these tests stay fast)."""
-    return run_doctor(store, URL, use_torch=False, **kw)  # type: ignore[arg-type]
+    return run_doctor(Location.of(URL, store=store), use_torch=False, **kw)
 
 
 def status(report: DoctorReport) -> dict[str, CheckStatus]:

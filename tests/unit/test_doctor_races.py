@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from s3ckpt.errors import ConditionalWritesError, ObjectNotFoundError, PreconditionFailedError
-from s3ckpt.store import Location, MemoryStore, ObjectInfo, cached_capabilities
-from s3ckpt.store._capabilities import clear_capabilities_cache, require_conditional_writes
-from s3ckpt.store._race import race
-from s3ckpt.tools import CheckStatus, DoctorReport, run_doctor
+from s3ckpt.store import Location, MemoryStore, ObjectInfo
+from s3ckpt.store._capabilities import clear_capabilities_cache, race, require_conditional_writes
+from s3ckpt.store._known import cached_capabilities
+from s3ckpt.tools import run_doctor
+from s3ckpt.tools._doctor_report import CheckStatus, DoctorReport
 from s3ckpt.tools._doctor_store import RACE_PAIRS
 from s3ckpt.uri import parse_url
 
@@ -59,7 +60,7 @@ class CheckThenWrite(MemoryStore):
 
 
 def doctor(store: MemoryStore) -> DoctorReport:
-    return run_doctor(store, URL, use_torch=False)  # type: ignore[arg-type]
+    return run_doctor(Location.of(URL, store=store), use_torch=False)
 
 
 def rows(report: DoctorReport) -> dict[str, tuple[CheckStatus, str]]:

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import torch
 
-from s3ckpt._tombstone import SaveFencedError, Tombstone
-from s3ckpt.errors import StoreError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME, Manifest
+from s3ckpt._tombstone import Tombstone
+from s3ckpt.errors import SaveFencedError, StoreError, find_s3ckpt_error
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.retention import (
-    CheckpointState,
     KeepLast,
     RetentionOptions,
     delete_checkpoint,
@@ -32,6 +32,7 @@ from s3ckpt.retention import (
     list_checkpoints,
     prune,
 )
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import Clock, ckpt_name, keys_under, write_checkpoint

@@ -21,7 +21,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from s3ckpt.config import S3Config
 from s3ckpt.errors import ConditionalWritesError, PreconditionFailedError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store import _fsspec_commit
 from s3ckpt.store._capabilities import (
     clear_capabilities_cache,

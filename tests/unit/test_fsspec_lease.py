@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from s3ckpt.retention import Lease
+from s3ckpt.retention._lease import Lease
 from s3ckpt.store import open_store
 
 

@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from s3ckpt._gc_pause import gc_paused
-from s3ckpt.dcp._unpickler import load_metadata
-from s3ckpt.format import ItemRecord, Manifest, ObjectRecord
+from s3ckpt.dcp._safe import load_metadata
+from s3ckpt.format._manifest import ItemRecord, Manifest, ObjectRecord
 
 
 @contextmanager

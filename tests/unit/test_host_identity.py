@@ -24,7 +24,7 @@ from s3ckpt._commit import (
     writer_gone,
 )
 from s3ckpt.errors import LeaseHeldError
-from s3ckpt.format import LEASE_NAME, data_name, heartbeat_name
+from s3ckpt.format._names import LEASE_NAME, data_name, heartbeat_name
 from s3ckpt.retention import gc
 from s3ckpt.retention._lease import Lease, LeaseRecord
 from s3ckpt.store import Location, MemoryStore

@@ -14,19 +14,19 @@ from typing import Any
 
 import pytest
 
-from s3ckpt._tombstone import tombstone_body
-from s3ckpt.format import MANIFEST_NAME, Manifest
+from s3ckpt._tombstone import Tombstone
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import LEASE_NAME, MANIFEST_NAME
 from s3ckpt.retention import (
-    LEASE_NAME,
-    CheckpointState,
     KeepLast,
-    LeaseRecord,
     RetentionOptions,
     delete_checkpoint,
     gc,
     list_checkpoints,
     prune,
 )
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._lease import LeaseRecord
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
@@ -225,7 +225,7 @@ def test_a_dead_deleters_tombstone_is_finished(clock: Clock) -> None:
     fill(store, clock, [1, 2, 3])
     planned = store.head(marker(1)).etag  # type: ignore[union-attr]
     # the dead pruner swapped its tombstone in (PUT If-Match) and died before deleting it
-    store.put(marker(1), tombstone_body("dead"), if_match=planned)
+    store.put(marker(1), Tombstone("dead", names=(".metadata",)).to_json(), if_match=planned)
     dead = LeaseRecord(
         "dead",
         "other-host",

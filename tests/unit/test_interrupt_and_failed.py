@@ -22,7 +22,7 @@ from s3ckpt.errors import (
     find_interrupt,
     unwrap_checkpoint_exception,
 )
-from s3ckpt.format import (
+from s3ckpt.format._names import (
     LATEST_NAME,
     MANIFEST_NAME,
     data_name,
@@ -30,8 +30,9 @@ from s3ckpt.format import (
     heartbeat_name,
     owned_tag,
 )
-from s3ckpt.retention import CheckpointInfo, CheckpointState, RetentionOptions, gc, list_checkpoints
+from s3ckpt.retention import CheckpointInfo, RetentionOptions, gc, list_checkpoints
 from s3ckpt.retention._abandoned import FAILURE_SETTLE
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL, parse_url
 from tests._helpers import SMALL
@@ -277,7 +278,7 @@ def _ls(store: MemoryStore, monkeypatch: pytest.MonkeyPatch, *extra: str) -> str
     import sys
     import types
 
-    import s3ckpt._cli.retention as cli_mod
+    import s3ckpt._cli as cli_mod
     from s3ckpt.cli import main
 
     monkeypatch.setattr(

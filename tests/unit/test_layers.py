@@ -1,7 +1,9 @@
 """The house drawn from the imports (docs/architecture.md): every import of an s3ckpt module
 inside the package, at any depth (lazy and ``TYPE_CHECKING`` imports included), runs down a
-layer or stays inside its own package, never reaches into another package's private module,
-and never imports the package face ``s3ckpt/__init__.py``."""
+layer or stays inside its own package, and never imports the package face
+``s3ckpt/__init__.py``. A lower package's private modules may be imported: a package's face
+(its ``__all__``, pinned by test_public_faces.py) is what users get, not what the house shares
+inside (issue 39: small faces)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ LAYERS: list[set[str]] = [
     {"_step_names", "_scalars"},  # steps from checkpoint names (RE2); metric values as floats
     {"config", "uri", "format"},  # configuration, URLs, the names and manifest on the bucket
     {"store"},  # ObjectStore: S3Store, FsspecStore, MemoryStore, retry policy
-    {"transfer", "_commit", "_tombstone"},  # part pool, uploads, read walk; commit protocol
+    {"_transfer", "_commit", "_tombstone"},  # part pool, uploads, read walk; commit protocol
+    {"_verify"},  # the one read-back verifier (commit-time check, verify, check)
     {"dcp", "retention"},  # torch's StorageWriter/Reader; catalog -> policy -> plan -> apply
     {"checkpointer", "tools"},  # siblings: the training loop's API and the people's tools
+    {"_plugin_common"},  # what the framework plug-ins share (DCP errors, one decision per load)
     {"lightning", "accelerate", "torchtitan", "testing"},  # framework glue; the testing kit
     {"demo"},  # the main job: a small training run on the Checkpointer
     {"_cli"},  # the command line (``cli.py`` is its entry point, ``__main__.py`` runs it)
@@ -99,9 +103,6 @@ def _violations() -> list[str]:
                 bad.append(f"{where}: {tunit} is in no layer")
             elif RANK[tunit] >= RANK[unit]:
                 bad.append(f"{where}: runs {'across' if RANK[tunit] == RANK[unit] else 'up'}")
-            rest = target.split(".")[2:]
-            if any(p.startswith("_") for p in rest):
-                bad.append(f"{where}: a private module of another package")
     return bad
 
 
@@ -110,8 +111,8 @@ def test_every_import_runs_down_a_layer() -> None:
 
 
 def test_the_check_sees_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The checker itself can fail: a store module importing dcp is an arrow up, and a tool
-    importing a private dcp module is reported too."""
+    """The checker itself can fail: a store module importing dcp is an arrow up; a tool
+    importing a private dcp module (a lower layer) is not."""
     pkg = tmp_path / "s3ckpt"
     for sub in ("store", "dcp", "tools"):
         (pkg / sub).mkdir(parents=True)
@@ -123,5 +124,5 @@ def test_the_check_sees_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", pkg)
     found = _violations()
     assert any("store/bad.py:1 imports s3ckpt.dcp._upload: runs up" in v for v in found), found
-    assert any("tools/bad.py:1" in v and "private module" in v for v in found), found
+    assert not any("tools/bad.py:1" in v for v in found), found
     assert not any("tools/bad.py:2" in v for v in found), found

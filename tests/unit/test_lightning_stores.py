@@ -12,8 +12,9 @@ import pytest
 pytest.importorskip("lightning")  # the `lightning` extra; the test extra installs it
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.lightning import S3CheckpointIO, _stores, install
-from s3ckpt.lightning._stores import StoreSettings, location_for, remember, settings_for
+from s3ckpt.lightning import S3CheckpointIO, install
+from s3ckpt.lightning import _common as _stores
+from s3ckpt.lightning._common import StoreSettings, location_for, remember, settings_for
 from s3ckpt.store import Location
 from s3ckpt.uri import parse_url
 

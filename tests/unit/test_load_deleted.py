@@ -10,7 +10,7 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, find_s3ckpt_error
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.retention import delete_checkpoint
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import parse_url

@@ -15,10 +15,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from s3ckpt import Checkpointer, ConfigError, S3CkptError, StateMismatchError
+from s3ckpt import Checkpointer, ConfigError, S3CkptError
 from s3ckpt.dcp import S3StorageReader
 from s3ckpt.dcp.restore import check_state_dict
-from s3ckpt.errors import AccessDeniedError, CheckpointError, find_s3ckpt_error
+from s3ckpt.errors import AccessDeniedError, CheckpointError, StateMismatchError, find_s3ckpt_error
 from s3ckpt.store import MemoryStore
 
 BUCKET = "unit-bkt"

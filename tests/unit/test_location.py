@@ -17,8 +17,8 @@ from tenacity import retry_if_exception_type
 from s3ckpt import Checkpointer, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB, S3Config, TransferConfig
 from s3ckpt.errors import ConfigError, InvalidURLError
-from s3ckpt.store import Location, MemoryStore, S3Store, retrying
-from s3ckpt.store.retry import RetryCall
+from s3ckpt.store import Location, MemoryStore, S3Store
+from s3ckpt.store.retry import RetryPolicy
 from s3ckpt.uri import StoreURL, parse_url
 
 URL = "s3://bkt/run"
@@ -50,9 +50,9 @@ def test_an_s3_store_resolves_its_settings_once_and_never_changes_them(aws_env: 
     # The caller's choice wins over the profile's; the same settings share one store.
     assert S3Store("bkt", None, TransferConfig(max_attempts=5)).transfer_config.max_attempts == 5
     assert Location.of(URL + "/other", transfer_config=TC).store is store
-    # A pickled store (spawned workers) keeps the resolved settings and builds its policy.
+    # A pickled store (spawned workers) keeps the resolved settings and its frozen policy.
     again = pickle.loads(pickle.dumps(store))
-    assert again.transfer_config == tc and again.retry_policy is not policy
+    assert again.transfer_config == tc and again.retry_policy == policy
 
 
 def test_a_store_without_settings_gets_them_from_its_location() -> None:
@@ -116,26 +116,27 @@ def test_the_upload_buffer_count_is_derived_in_one_place() -> None:
     assert tc.upload_buffers(64 * MiB) == 2 and tc.upload_buffers(256 * MiB) == 2
 
 
-def test_one_policy_serves_calls_on_many_threads_each_with_its_own_state() -> None:
+def test_one_policy_serves_calls_on_many_threads_each_with_its_own_retrying() -> None:
     tc = TransferConfig(max_attempts=4, retry_initial_delay=0.0, request_deadline=30.0)
-    policy = retrying(tc, retry=retry_if_exception_type(ConnectionResetError), sleep=lambda s: 0)
+    policy = RetryPolicy.of(tc, sleep=lambda s: None)
+    resets = retry_if_exception_type(ConnectionResetError)
     barrier = threading.Barrier(8)
     made: dict[int, int] = {}
 
     def one(i: int) -> None:
-        left = [i % 4]  # call i fails i % 4 times (within the 4 attempts), then answers
+        left, calls = [i % 4], [0]  # call i fails i % 4 times (within the 4 attempts)
 
         def attempt() -> int:
-            if call.attempts == 1:
+            calls[0] += 1
+            if calls[0] == 1:
                 barrier.wait()  # every call's first attempt in flight at once
             if left[0]:
                 left[0] -= 1
                 raise ConnectionResetError
             return i
 
-        call: RetryCall[int] = RetryCall(attempt, attempts_used=0)
-        assert policy(call) == i
-        made[i] = call.attempts
+        assert policy.retrying(retry=resets)(attempt) == i
+        made[i] = calls[0]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:
@@ -144,11 +145,12 @@ def test_one_policy_serves_calls_on_many_threads_each_with_its_own_state() -> No
         t.join()
     assert made == {i: i % 4 + 1 for i in range(8)}
     # Attempts a call already spent count against the policy's, for that call only.
-    spent: RetryCall[None] = RetryCall(_always_reset, attempts_used=2)
+    spent = [0]
+
+    def always_reset() -> None:
+        spent[0] += 1
+        raise ConnectionResetError
+
     with pytest.raises(ConnectionResetError):
-        policy(spent)
-    assert spent.attempts == 2
-
-
-def _always_reset() -> None:
-    raise ConnectionResetError
+        policy.retrying(retry=resets, attempts_used=2)(always_reset)
+    assert spent[0] == 2

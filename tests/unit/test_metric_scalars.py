@@ -12,7 +12,7 @@ import torch
 
 from s3ckpt import Checkpointer
 from s3ckpt.errors import ConfigError
-from s3ckpt.format import check_metrics
+from s3ckpt.format._manifest import check_metrics
 from s3ckpt.store import MemoryStore
 
 URL = "s3://unit-bkt/runs/scalars"

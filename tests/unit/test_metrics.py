@@ -17,7 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 import s3ckpt.metrics as metrics
 from s3ckpt.errors import LeaseHeldError
 from s3ckpt.metrics import instrument
-from s3ckpt.retention import KeepLast, Lease, RetentionOptions, gc, prune
+from s3ckpt.metrics._events import RequestCounts
+from s3ckpt.metrics._prometheus import render_textfile
+from s3ckpt.retention import KeepLast, RetentionOptions, gc, prune
+from s3ckpt.retention._lease import Lease
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import Clock, clock_and_store_fixtures, write_checkpoint
@@ -83,16 +86,16 @@ def test_requests_count_for_the_innermost_operation_and_follow_in_context() -> N
     before = metrics.totals()
     with metrics.capture() as events:
         with instrument.operation("save", "s3://b/r/step_1", step=1) as outer:
-            instrument.record_request("put", 1, 0, True)
+            instrument.record_request("put", 1, 0, "ok")
             with instrument.operation("prune", "s3://b/r/"):
-                instrument.record_request("delete", 3, 2, True)
+                instrument.record_request("delete", 3, 2, "ok")
             with ThreadPoolExecutor(4) as pool:
                 # carried into the pool: counted for the save
                 list(pool.map(instrument.in_context(_one_get), range(8)))
                 # not carried: in the totals only
                 list(pool.map(_one_get, range(5)))
-            outer.add_bytes(123)
-        instrument.record_request("head", 1, 0, False)  # outside any operation
+            outer.add(bytes=123)
+        instrument.record_request("head", 1, 0, "failed")  # outside any operation
     prune_event, save_event = events
     assert (prune_event.kind, prune_event.requests, prune_event.retries) == ("prune", 1, 2)
     assert prune_event.throttled == 2
@@ -106,7 +109,7 @@ def test_requests_count_for_the_innermost_operation_and_follow_in_context() -> N
 
 
 def _one_get(_: int) -> None:
-    instrument.record_request("get", 1, 0, True)
+    instrument.record_request("get", 1, 0, "ok")
 
 
 def _req(t: metrics.Totals, op: str) -> int:
@@ -126,7 +129,7 @@ def test_a_bound_recorder_counts_on_another_thread_and_finishes_once() -> None:
 
     def work() -> None:
         with instrument.bound(rec):
-            instrument.record_request("get", 2, 1, True)
+            instrument.record_request("get", 2, 1, "ok")
             instrument.record_checksum_failure()
 
     t = threading.Thread(target=work)
@@ -247,8 +250,8 @@ def test_opentelemetry_instruments_receive_events() -> None:
     with metrics.OpenTelemetryMetrics(provider):
         rec = instrument.Recorder("save", "s3://bkt/run/step_5", step=5)
         with instrument.bound(rec):
-            instrument.record_request("put", 3, 2, True)
-        rec.add_bytes(1000)
+            instrument.record_request("put", 3, 2, "ok")
+        rec.add(bytes=1000)
         rec.finish(blocked_s=0.25)
     rec2 = instrument.Recorder("load", "s3://bkt/run/step_5")
     rec2.finish()  # after close: not recorded
@@ -293,8 +296,8 @@ def test_public_names() -> None:
 
 
 # -- outcomes: expected 404s and 412s are not failures -----------------------------------------
-def _counts(t: metrics.Totals, op: str) -> metrics.RequestCounts:
-    return t.operations.get(op, metrics.RequestCounts())
+def _counts(t: metrics.Totals, op: str) -> RequestCounts:
+    return t.operations.get(op, RequestCounts())
 
 
 def test_expected_answers_count_apart_from_failures() -> None:
@@ -325,14 +328,14 @@ def test_expected_answers_count_apart_from_failures() -> None:
     assert after.expected - before.expected == 2
 
 
-def test_expecting_ends_with_its_block_and_bools_still_count() -> None:
+def test_expecting_ends_with_its_block_and_outcomes_count() -> None:
     with instrument.expecting("not_found", "precondition_failed"):
         assert instrument.expected_outcome("not_found") == "not_found"
         assert instrument.expected_outcome("precondition_failed") == "precondition_failed"
     assert instrument.expected_outcome("not_found") == "failed"
     before = metrics.totals()
-    instrument.record_request("head", 1, 0, False)  # the older form: ok=False
-    instrument.record_request("head", 1, 0, True)
+    instrument.record_request("head", 1, 0, "failed")
+    instrument.record_request("head", 1, 0, "ok")
     after = metrics.totals()
     assert after.failed - before.failed == 1
     assert after.requests - before.requests == 2
@@ -341,7 +344,7 @@ def test_expecting_ends_with_its_block_and_bools_still_count() -> None:
 
 
 def test_the_text_file_carries_failed_and_expected_requests(tmp_path: Path) -> None:
-    text = metrics.render_textfile(
+    text = render_textfile(
         "gc",
         [],
         success=True,

@@ -1,4 +1,4 @@
-"""NumPy values through the safe loader (s3ckpt/dcp/_numpy_safe.py): arrays of every plain
+"""NumPy values through the safe loader (s3ckpt/dcp/_safe.py): arrays of every plain
 dtype, structured records, dtypes and scalars round-trip through dcp.save / dcp.load on
 MemoryStore by default; object arrays, ndarray subclasses and direct ``numpy.ndarray(...)``
 calls are refused with s3ckpt's error; NumPy 1.x names load; a refusal names every global

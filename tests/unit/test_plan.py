@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from s3ckpt.transfer import coalesce, pack
+from s3ckpt._transfer import coalesce, pack
 
 
 @given(st.lists(st.integers(0, 10**9), max_size=60), st.integers(1, 12))

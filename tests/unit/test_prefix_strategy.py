@@ -26,27 +26,21 @@ from s3ckpt import (
     HashedPrefixes,
     S3StorageReader,
     S3StorageWriter,
-    UncommittedCheckpointError,
 )
 from s3ckpt._tombstone import Tombstone
-from s3ckpt.format import (
-    FORMAT_VERSION,
+from s3ckpt.errors import UncommittedCheckpointError
+from s3ckpt.format._hashed import SHARDS_DIR, shard_name, shard_owner
+from s3ckpt.format._manifest import FORMAT_VERSION, LAYOUT_FORMAT_VERSION, Manifest, ObjectRecord
+from s3ckpt.format._names import (
     LATEST_NAME,
-    LAYOUT_FORMAT_VERSION,
     LEASE_NAME,
     MANIFEST_NAME,
     METADATA_NAME,
-    SHARDS_DIR,
-    Manifest,
-    ObjectRecord,
     data_name,
     heartbeat_name,
     owned_tag,
-    shard_name,
-    shard_owner,
 )
 from s3ckpt.retention import (
-    CheckpointState,
     KeepLast,
     RetentionOptions,
     delete_checkpoint,
@@ -55,6 +49,7 @@ from s3ckpt.retention import (
     list_runs,
     prune,
 )
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.retention._scan import _ckpt_dir
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import export_checkpoint, verify_checkpoint
@@ -288,7 +283,7 @@ def _manifest(**kw: Any) -> Manifest:
 
 
 def _resealed(raw: bytes, **changes: Any) -> bytes:
-    from s3ckpt.format import manifest_digest
+    from s3ckpt.format._manifest import manifest_digest
 
     d = json.loads(raw)
     d.update(changes)

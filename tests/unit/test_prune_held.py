@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from s3ckpt.format import CHECK_NAME, LEASE_NAME
+from s3ckpt.format._names import CHECK_NAME, LEASE_NAME
 from s3ckpt.retention import KeepLast, RetentionOptions, prune
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL

@@ -10,8 +10,9 @@ import torch
 from s3ckpt import Checkpointer
 from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import StoreError
-from s3ckpt.format import MANIFEST_NAME
-from s3ckpt.retention import CheckpointState, KeepLast, RetentionOptions, list_checkpoints, prune
+from s3ckpt.format._names import MANIFEST_NAME
+from s3ckpt.retention import KeepLast, RetentionOptions, list_checkpoints, prune
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import parse_url
 

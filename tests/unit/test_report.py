@@ -20,9 +20,7 @@ import pytest
 from s3ckpt.cli import main
 from s3ckpt.errors import ConfigError, PolicyError
 from s3ckpt.retention import (
-    MIN_GRACE,
     CheckpointInfo,
-    CheckpointState,
     KeepBest,
     KeepLast,
     KeepPinned,
@@ -31,8 +29,10 @@ from s3ckpt.retention import (
     parse_policy,
     prune,
 )
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._liveness import MIN_GRACE
 from s3ckpt.store import Location, MemoryStore
-from s3ckpt.tools.report import (
+from s3ckpt.tools._report import (
     DEFAULT_PRICES,
     GIB,
     CheckpointRow,

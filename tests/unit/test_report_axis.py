@@ -3,7 +3,7 @@ from -1; a single step sits in the middle; ticks are whole steps."""
 
 from __future__ import annotations
 
-from s3ckpt.tools.report._svg import _step_axis, _time_range
+from s3ckpt.tools._report._svg import _step_axis, _time_range
 
 
 def test_one_checkpoint_at_step_0_has_no_negative_step() -> None:

@@ -20,25 +20,22 @@ from s3ckpt.errors import (
     PolicyError,
     TransientStoreError,
 )
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, data_name
+from s3ckpt.format._names import LATEST_NAME, LEASE_NAME, MANIFEST_NAME, METADATA_NAME, data_name
 from s3ckpt.retention import (
-    LATEST_NAME,
-    LEASE_NAME,
     AnyOf,
-    CheckpointState,
     KeepBest,
     KeepLast,
-    Lease,
-    LeaseRecord,
     RetentionOptions,
     gc,
     list_checkpoints,
     list_runs,
     pin,
     prune,
-    scan,
     unpin,
 )
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._lease import Lease, LeaseRecord
+from s3ckpt.retention._scan import scan
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (

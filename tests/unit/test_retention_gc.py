@@ -16,28 +16,20 @@ import pytest
 
 from s3ckpt._tombstone import Tombstone
 from s3ckpt.cli import main
-from s3ckpt.format import (
+from s3ckpt.format._manifest import Manifest
+from s3ckpt.format._names import (
+    LEASE_NAME,
     MANIFEST_NAME,
     METADATA_NAME,
     MIN_GRACE_SECONDS,
-    Manifest,
     data_name,
     heartbeat_name,
     metadata_name,
 )
-from s3ckpt.retention import (
-    LEASE_NAME,
-    CheckpointState,
-    KeepBest,
-    KeepLast,
-    Lease,
-    LeaseRecord,
-    RetentionOptions,
-    gc,
-    list_checkpoints,
-    prune,
-    scan,
-)
+from s3ckpt.retention import KeepBest, KeepLast, RetentionOptions, gc, list_checkpoints, prune
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._lease import Lease, LeaseRecord
+from s3ckpt.retention._scan import scan
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
@@ -75,7 +67,7 @@ def fenced(store: MemoryStore, ckpt: StoreURL) -> set[str]:
 
 
 def run_cli(store: MemoryStore, monkeypatch: pytest.MonkeyPatch, *argv: str) -> tuple[int, str]:
-    import s3ckpt._cli.retention as cli_mod
+    import s3ckpt._cli as cli_mod
 
     # PATH is a memory:// URL: the command parses it, and runs on this test's store, on a
     # host whose clock agrees with the store's (the CLI judges by the store's time).

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-import s3ckpt.retention._options as options_mod
+import s3ckpt._step_names as step_names
 import s3ckpt.retention._plan as plan_mod
 import s3ckpt.retention._prune as prune_mod
 from s3ckpt import metrics
@@ -21,7 +21,6 @@ from s3ckpt.errors import ConfigError, LeaseHeldError, PolicyError
 from s3ckpt.retention import (
     KeepLast,
     KeepPinned,
-    Lease,
     PolicyFile,
     RetentionOptions,
     delete_checkpoint,
@@ -30,8 +29,9 @@ from s3ckpt.retention import (
     list_runs,
     prune,
     prune_runs,
-    scan,
 )
+from s3ckpt.retention._lease import Lease
+from s3ckpt.retention._scan import scan
 from s3ckpt.store import CountingStore, Location, MemoryStore
 from s3ckpt.uri import StoreURL
 from tests._retention_util import Clock, ckpt_name, clock_and_store_fixtures, write_checkpoint
@@ -112,8 +112,9 @@ def test_prune_checks_the_policy_once_and_compiles_the_pattern_once(
 
     monkeypatch.setattr(prune_mod, "check_policy", counting("check", prune_mod.check_policy))
     monkeypatch.setattr(plan_mod, "check_policy", counting("plan", plan_mod.check_policy))
-    compile_ = options_mod.compile_step_pattern
-    monkeypatch.setattr(options_mod, "compile_step_pattern", counting("compile", compile_))
+    # The pattern is compiled by RE2 once per run; its copies hand the compiled one on.
+    step_names._compile.cache_clear()
+    monkeypatch.setattr(step_names.re2, "compile", counting("compile", step_names.re2.compile))
     prune(
         Location.of(RUN, store=store),
         KeepLast(1),

@@ -14,7 +14,6 @@ from s3ckpt.retention import (
     AllOf,
     AnyOf,
     CheckpointInfo,
-    CheckpointState,
     KeepBest,
     KeepCalendar,
     KeepEvery,
@@ -22,12 +21,12 @@ from s3ckpt.retention import (
     KeepPinned,
     KeepWithin,
     RetentionOptions,
-    format_duration,
     load_policy,
-    parse_duration,
     parse_policy,
     plan,
 )
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention._duration import format_duration, parse_duration
 from s3ckpt.uri import StoreURL
 
 RUN = StoreURL("s3", "bucket", "runs/a/")

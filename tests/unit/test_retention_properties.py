@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from s3ckpt.retention import (
     CheckpointInfo,
-    CheckpointState,
     KeepBest,
     KeepCalendar,
     KeepEvery,
@@ -21,6 +20,7 @@ from s3ckpt.retention import (
     RetentionOptions,
     plan,
 )
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.uri import StoreURL
 
 RUN = StoreURL("s3", "bucket", "runs/p/")

@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from s3ckpt.errors import ConfigError
-from s3ckpt.format import PIN_NAME
-from s3ckpt.retention import KeepCalendar, KeepLast, RetentionOptions, prune, scan
+from s3ckpt.format._names import PIN_NAME
+from s3ckpt.retention import KeepCalendar, KeepLast, RetentionOptions, prune
+from s3ckpt.retention._scan import scan
 from s3ckpt.retention._shallow import find_runs, walk
 from s3ckpt.store import Location
 from s3ckpt.store.memory import MemoryStore
@@ -50,7 +51,7 @@ def test_shallow_catalog_matches_deep() -> None:
         for cat in shallow
     ] == view
     assert all(c.shallow and c.bytes_by_class == {} for cat in shallow for c in cat.checkpoints)
-    assert not any("__" in o.key for o in walk(store, root, None).objects)
+    assert not any("__" in o.key for o in walk(store, root, None)[0])
     assert find_runs(store, root, None) == ["r/a/", "r/g/b/"]
 
 

@@ -8,13 +8,11 @@ from typing import Any
 import pytest
 
 from s3ckpt.errors import PolicyError
-from s3ckpt.format import MANIFEST_NAME, METADATA_NAME, heartbeat_name
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, heartbeat_name
 from s3ckpt.retention import (
-    TIER_TAG,
     KeepBest,
     KeepEvery,
     KeepLast,
-    Lease,
     PolicyFile,
     RetentionOptions,
     Tier,
@@ -22,6 +20,8 @@ from s3ckpt.retention import (
     plan,
     prune,
 )
+from s3ckpt.retention._lease import Lease
+from s3ckpt.retention._tiers import TIER_TAG
 from s3ckpt.retention._transition import movable_keys
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.uri import StoreURL
@@ -367,7 +367,7 @@ def test_movable_keys_exclude_the_marker_and_per_save_metadata(
 def test_the_ready_made_tiered_policy_loads_with_its_tiers(
     store: MemoryStore, clock: Clock
 ) -> None:
-    from s3ckpt.checkpointer import resolve_policy
+    from s3ckpt.checkpointer._retention import resolve_policy
     from s3ckpt.retention import load_policy
     from tests.unit.test_retention_policy import POLICIES
 

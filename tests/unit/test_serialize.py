@@ -10,7 +10,6 @@ import zipfile
 import pytest
 import torch
 
-from s3ckpt.dcp import _serialize
 from s3ckpt.dcp._serialize import fast_path_available, save_item
 
 SAMPLES = [
@@ -84,12 +83,14 @@ def test_falls_back_to_torch_save_when_the_private_api_changes(
         raise TypeError("PyTorchFileWriter(): incompatible constructor arguments")
 
     monkeypatch.setattr(torch._C, "PyTorchFileWriter", changed)
-    monkeypatch.setattr(_serialize, "_fast", None)
-    assert not fast_path_available()
-    t = SAMPLES[0]
-    monkeypatch.undo()  # torch.save itself needs the real writer
-    monkeypatch.setattr(_serialize, "_fast", False)
-    assert _ours(t) == _stock(t)
+    fast_path_available.cache_clear()
+    try:
+        assert not fast_path_available()
+        t = SAMPLES[0]
+        monkeypatch.undo()  # torch.save itself needs the real writer; the answer is kept
+        assert _ours(t) == _stock(t)
+    finally:
+        fast_path_available.cache_clear()
 
 
 class _FailingSink(io.RawIOBase):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from s3ckpt._step_names import MAX_STEP_DIGITS, checkpoint_step, compile_step_pattern
 from s3ckpt.cli import main
 from s3ckpt.errors import ConfigError, PolicyError
-from s3ckpt.format import checkpoint_name
+from s3ckpt.format._names import checkpoint_name
 from s3ckpt.retention import (
     KeepEvery,
     KeepLast,

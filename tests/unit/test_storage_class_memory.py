@@ -13,9 +13,9 @@ from s3ckpt.errors import (
     ConfigError,
     PreconditionFailedError,
 )
-from s3ckpt.format import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store import Location, MemoryStore
-from s3ckpt.store.base import RestoreState, restore_state
+from s3ckpt.store.base import ArchiveStore, RestoreState, archive_store, restore_state
 from s3ckpt.store.fsspec_store import FsspecStore
 from s3ckpt.tools import restore_checkpoint
 from s3ckpt.uri import StoreURL
@@ -72,13 +72,10 @@ def test_memory_store_moves_reads_and_restores_like_s3(store: MemoryStore, clock
 
 def test_fsspec_store_refuses_storage_classes_naming_the_url(tmp_path: object) -> None:
     fs = FsspecStore("memory", "bkt")
-    for call in (
-        lambda: fs.set_storage_class("a/b", "GLACIER"),
-        lambda: fs.put_object_tags("a/b", {}),
-        lambda: fs.restore_object("a/b", days=1),
-    ):
+    assert not isinstance(fs, ArchiveStore) and isinstance(MemoryStore(), ArchiveStore)
+    for operation in ("set_storage_class", "put_object_tags", "restore_object"):
         with pytest.raises(ConfigError, match=r"memory://bkt/a/b: storage classes are an S3"):
-            call()
+            archive_store(fs, "a/b", operation)
 
 
 def test_restore_of_a_checkpoint_asks_for_every_archived_object_and_waits(

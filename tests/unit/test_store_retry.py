@@ -19,8 +19,9 @@ from s3ckpt.config import TransferConfig
 from s3ckpt.errors import TransientStoreError
 from s3ckpt.retention import RetentionOptions
 from s3ckpt.retention._deleter import Deleter
-from s3ckpt.store import TRANSIENT_CODES, MemoryStore, retrying
+from s3ckpt.store import MemoryStore
 from s3ckpt.store._errors import _ERROR_TABLE, is_transient, map_error, timeout_kind
+from s3ckpt.store.retry import TRANSIENT_CODES, retrying
 
 
 class _Flaky:

@@ -13,7 +13,7 @@ import pytest
 
 from s3ckpt.cli import main
 from s3ckpt.errors import ClockSkewError, LeaseHeldError
-from s3ckpt.format import LEASE_NAME, MANIFEST_NAME, heartbeat_name
+from s3ckpt.format._names import LEASE_NAME, MANIFEST_NAME, heartbeat_name
 from s3ckpt.retention import (
     KeepCalendar,
     KeepLast,
@@ -26,14 +26,8 @@ from s3ckpt.retention import (
     prune,
 )
 from s3ckpt.retention._lease import Lease, LeaseRecord
-from s3ckpt.store import (
-    Location,
-    MemoryStore,
-    StoreTime,
-    check_skew,
-    skew_note,
-    store_time,
-)
+from s3ckpt.store import Location, MemoryStore
+from s3ckpt.store._clock import StoreTime, check_skew, skew_note, store_time
 from s3ckpt.uri import StoreURL
 from tests._retention_util import (
     Clock,
@@ -147,7 +141,7 @@ def test_the_cli_exits_5_on_skew_and_ls_only_warns(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import s3ckpt._cli.retention as cli_mod
+    import s3ckpt._cli as cli_mod
 
     monkeypatch.setattr(
         cli_mod, "open_location", lambda args, target, **kw: Location.of(target, store=store)

@@ -17,29 +17,24 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from s3ckpt import (
-    CheckpointExistsError,
-    ConfigError,
-    S3StorageReader,
-    S3StorageWriter,
-)
+from s3ckpt import ConfigError, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB
-from s3ckpt.errors import IncompleteRestoreError
-from s3ckpt.format import Manifest
+from s3ckpt.dcp.restore import find_unrestored
+from s3ckpt.errors import CheckpointExistsError, IncompleteRestoreError
+from s3ckpt.format._manifest import Manifest
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import (
-    INDEX_NAME,
     check_restored,
     diff_checkpoints,
     export_checkpoint,
     fill_nan,
-    find_unrestored,
     import_safetensors,
     inspect_checkpoint,
     load_verified,
     verify_checkpoint,
 )
 from s3ckpt.tools._common import parse_size
+from s3ckpt.tools._export import INDEX_NAME
 from tests import _helpers
 
 SMALL = dataclasses.replace(_helpers.SMALL, read_request_size=4 * MiB)

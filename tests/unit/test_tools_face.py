@@ -1,5 +1,5 @@
 """The ``s3ckpt.tools`` face holds what users call: the report's functions and model (also in
-``s3ckpt.tools.report``), not its price helpers or the tools' argument parsers (an inspect
+``s3ckpt.tools._report``), not its price helpers or the tools' argument parsers (an inspect
 result is ``InspectResult``, one name per concept: ``s3ckpt.retention.CheckpointInfo`` is a
 catalog record)."""
 
@@ -8,22 +8,22 @@ from __future__ import annotations
 import pytest
 
 import s3ckpt.tools
-import s3ckpt.tools.report
+import s3ckpt.tools._report
 
-REPORT_NAMES = ("collect_report", "build_report", "render_html", "PriceTable", "Report")
+REPORT_NAMES = ("collect_report", "build_report", "render_html")
 MOVED = {
-    "GIB": s3ckpt.tools.report,
-    "format_usd": s3ckpt.tools.report,
-    "parse_price": s3ckpt.tools.report,
-    "DEFAULT_PRICES": s3ckpt.tools.report,
+    "GIB": s3ckpt.tools._report,
+    "format_usd": s3ckpt.tools._report,
+    "parse_price": s3ckpt.tools._report,
+    "DEFAULT_PRICES": s3ckpt.tools._report,
 }
 INTERNAL = ("NameFilter", "parse_size", "parse_dtype")
 
 
 def test_the_report_is_reachable_from_the_face_and_its_package() -> None:
     for name in REPORT_NAMES:
-        assert name in s3ckpt.tools.__all__ and name in s3ckpt.tools.report.__all__
-        assert getattr(s3ckpt.tools, name) is getattr(s3ckpt.tools.report, name)
+        assert name in s3ckpt.tools.__all__ and name in s3ckpt.tools._report.__all__
+        assert getattr(s3ckpt.tools, name) is getattr(s3ckpt.tools._report, name)
 
 
 def test_the_face_holds_no_report_internals_or_parsers() -> None:

@@ -12,7 +12,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as s
 
-from s3ckpt.tools import SCHEMA_KEY, flatten_state_dict, unflatten_state_dict
+from s3ckpt.tools import flatten_state_dict, unflatten_state_dict
+from s3ckpt.tools.packing import SCHEMA_KEY
 
 
 def same(a: Any, b: Any) -> bool:

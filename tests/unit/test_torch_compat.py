@@ -35,7 +35,7 @@ from torch.distributed.tensor._utils import _compute_local_shape_and_global_offs
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from s3ckpt.dcp import _torch
-from s3ckpt.dcp._unpickler import load_metadata
+from s3ckpt.dcp._safe import load_metadata
 from s3ckpt.errors import S3CkptError
 
 _V = re.escape(torch.__version__)

@@ -14,11 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from s3ckpt import S3StorageReader, S3StorageWriter, TransferConfig
-from s3ckpt.config import KiB, MiB
-from s3ckpt.errors import CorruptCheckpointError, TransientStoreError
-from s3ckpt.store import MemoryStore
-from s3ckpt.tools import verify_checkpoint
-from s3ckpt.transfer import (
+from s3ckpt._transfer import (
     PartPool,
     RangeWalk,
     ReadFailure,
@@ -27,6 +23,10 @@ from s3ckpt.transfer import (
     Uploader,
     coalesce,
 )
+from s3ckpt.config import KiB, MiB
+from s3ckpt.errors import CorruptCheckpointError, TransientStoreError
+from s3ckpt.store import MemoryStore
+from s3ckpt.tools import verify_checkpoint
 from tests._helpers import SMALL
 from tests.unit._memory_dcp import OVERLAPPING, read_overlapping_spans
 

@@ -10,9 +10,9 @@ import mmap
 import pytest
 
 from s3ckpt._crc import crc32c
+from s3ckpt._transfer import ObjectSink, Uploader
+from s3ckpt._transfer._sink import _address
 from s3ckpt.store.memory import MemoryStore
-from s3ckpt.transfer import ObjectSink, Uploader
-from s3ckpt.transfer._sink import _address
 
 MiB = 1 << 20
 

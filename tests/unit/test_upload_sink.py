@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from s3ckpt._crc import crc32c
+from s3ckpt._transfer import ItemCrc, ObjectSink, Uploader
 from s3ckpt.store.memory import MemoryStore
-from s3ckpt.transfer import ItemCrc, ObjectSink, Uploader
 
 MiB = 1 << 20
 

@@ -13,8 +13,14 @@ import pytest
 
 from s3ckpt.cli import main
 from s3ckpt.errors import AccessDeniedError, UnsupportedOperationError
-from s3ckpt.store import VersionedStore, bucket_versioning, noncurrent_versions, open_store
-from s3ckpt.store._versions import Status, _expiry_rules
+from s3ckpt.store import open_store
+from s3ckpt.store._versions import (
+    Status,
+    VersionedStore,
+    _expiry_rules,
+    bucket_versioning,
+    noncurrent_versions,
+)
 from tests._retention_util import write_checkpoint
 
 
@@ -121,7 +127,7 @@ def test_which_lifecycle_rules_expire_noncurrent_versions() -> None:
 
 def test_ls_says_once_that_it_could_not_count(capsys: pytest.CaptureFixture[str]) -> None:
     from s3ckpt._cli._retention_output import print_ls
-    from s3ckpt.retention import RunCatalog
+    from s3ckpt.retention._catalog import RunCatalog
     from s3ckpt.uri import StoreURL
 
     runs = [RunCatalog(StoreURL("s3", "b", f"runs/{r}/"), ()) for r in "ab"]

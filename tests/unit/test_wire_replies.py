@@ -15,10 +15,11 @@ from s3ckpt import _crc
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._verify import verify_objects, verify_wanted
 from s3ckpt.errors import ChecksumMismatchError, ConfigError, TransientStoreError
-from s3ckpt.format import Manifest
+from s3ckpt.format._manifest import Manifest
 from s3ckpt.store import MemoryStore, _reply
-from s3ckpt.store._errors import is_transient
-from s3ckpt.store._request import call, store_retrying
+from s3ckpt.store._errors import is_transient, timeout_kind
+from s3ckpt.store._request import call
+from s3ckpt.store.retry import RetryPolicy
 from s3ckpt.uri import parse_url
 from tests.unit._memory_dcp import URL, make_state, save
 
@@ -150,7 +151,7 @@ def test_a_reply_echoing_another_checksum_is_retried() -> None:
         key="k",
         endpoint=None,
         config=TC,
-        policy=store_retrying(TC, lambda s: None),
+        policy=RetryPolicy.of(TC, timeout_kind=timeout_kind, sleep=lambda s: None),
     )
     assert (etag, attempts) == ('"2"', 2)
 
@@ -173,7 +174,7 @@ def test_a_checksum_echo_that_never_matches_fails_transient() -> None:
             key="k",
             endpoint=None,
             config=TC,
-            policy=store_retrying(TC, lambda s: None),
+            policy=RetryPolicy.of(TC, timeout_kind=timeout_kind, sleep=lambda s: None),
         )
 
 
@@ -208,7 +209,7 @@ def _saved() -> tuple[MemoryStore, Manifest]:
 
 def test_verify_objects_passes_a_sound_save() -> None:
     store, manifest = _saved()
-    verify_objects(store, parse_url(URL), manifest, workers=2)
+    verify_objects(store, parse_url(URL), manifest)
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last", "metadata"])
@@ -227,7 +228,7 @@ def test_verify_objects_names_the_object_item_and_rank_of_a_flipped_byte(where: 
     data[at] ^= 0xFF
     store.put(key, bytes(data))
     with pytest.raises(ChecksumMismatchError) as info:
-        verify_objects(store, url, manifest, workers=3)
+        verify_objects(store, url, manifest)
     assert info.value.key == key
     assert "was sent" in str(info.value) and "previous checkpoint is intact" in str(info.value)
     if where != "metadata":

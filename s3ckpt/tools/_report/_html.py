@@ -8,7 +8,7 @@ table row. No network, no server, no library: one file that opens from disk.
 
 The stylesheet and the script are package data (``report.css``, ``report.js``, read once
 with :mod:`importlib.resources`); ``report.js`` is a ``%``-template filled with the label
-anchors of :mod:`~s3ckpt.tools.report._svg` (``%(lo)s``, ``%(hi)s``), and the page's
+anchors of :mod:`~s3ckpt.tools._report._svg` (``%(lo)s``, ``%(hi)s``), and the page's
 Content-Security-Policy admits exactly that script by its SHA-256.
 """
 
@@ -19,36 +19,35 @@ import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from importlib import resources
+from typing import Any
 
 from s3ckpt._time import iso_z
 from s3ckpt._units import format_bytes
 from s3ckpt._version import __version__
-from s3ckpt.retention import Policy, PolicyFile, RetentionOptions, format_duration
-from s3ckpt.store import LocationLike
-from s3ckpt.tools.report._collect import collect_report
-from s3ckpt.tools.report._model import STATES, CheckpointRow, Report, RunReport
-from s3ckpt.tools.report._prices import PriceTable, format_usd
-from s3ckpt.tools.report._svg import ANCHOR_HI, ANCHOR_LO, chart
-from s3ckpt.tools.report._text import esc, metric_text, number, utc_text
+from s3ckpt.retention import Policy, PolicyFile, RetentionOptions
+from s3ckpt.retention._duration import format_duration
+from s3ckpt.store._location import LocationLike
+from s3ckpt.tools._report._model import STATES, CheckpointRow, Report, RunReport, collect_report
+from s3ckpt.tools._report._prices import PriceTable, format_usd
+from s3ckpt.tools._report._svg import (
+    ANCHOR_HI,
+    ANCHOR_LO,
+    chart,
+    esc,
+    metric_text,
+    number,
+    utc_text,
+)
 
 __all__ = ["build_report", "render_html"]
+
+_ACTIONS = ("keep", "delete", "skip")
 
 
 @functools.cache
 def _asset(name: str) -> str:
     """A file of this package's data (``report.css``, ``report.js``), read once."""
-    return resources.files("s3ckpt.tools.report").joinpath(name).read_text(encoding="utf-8")
-
-
-def _css() -> str:
-    return "\n" + _asset("report.css")
-
-
-def _script() -> str:
-    # No innerHTML anywhere: data reaches the page only as escaped markup rendered here; the
-    # script reads attributes and writes textContent. Listeners are delegated (one per event
-    # type for the whole document), so 10,000 points cost nothing to wire.
-    return (_asset("report.js") % {"lo": ANCHOR_LO, "hi": ANCHOR_HI}).strip()
+    return resources.files("s3ckpt.tools._report").joinpath(name).read_text(encoding="utf-8")
 
 
 def _dd(field_: str, value: object, text: str, label: str) -> str:
@@ -59,44 +58,27 @@ def _dd(field_: str, value: object, text: str, label: str) -> str:
 
 
 def _summary(doc: Mapping[str, object], has_plan: bool, scope: str) -> str:
-    out = [f'<dl class="summary" data-scope="{esc(scope)}">']
-    if "runs" in doc:
-        out.append(_dd("runs", doc["runs"], str(doc["runs"]), "runs"))
-    out.append(_dd("checkpoints", doc["checkpoints"], str(doc["checkpoints"]), "checkpoints"))
-    for state in (*STATES, "pinned"):
-        n = doc.get(state, 0)
-        out.append(_dd(state, n, str(n), state.replace("_", " ")))
-    size = int(doc["total_size"])  # type: ignore[call-overload]
-    out.append(_dd("total_size", size, format_bytes(size), "total size"))
-    out.append(_dd("num_objects", doc["num_objects"], str(doc["num_objects"]), "objects"))
-    cost = float(doc["cost_month"])  # type: ignore[arg-type]
-    out.append(_dd("cost_month", number(cost), f"{format_usd(cost)}/mo", "storage now"))
+    def item(field_: str, label: str | None = None, kind: str = "count") -> str:
+        v: Any = doc.get(field_, 0)
+        value, text = v, str(v)
+        if kind == "bytes":
+            value, text = int(v), format_bytes(int(v))
+        elif kind == "usd":
+            value, text = number(float(v)), f"{format_usd(float(v))}/mo"
+        return _dd(field_, value, text, label or field_.replace("_", " "))
+
+    out = [item(n) for n in ("runs", "checkpoints", *STATES, "pinned") if n in doc or n != "runs"]
+    out += [item("total_size", "total size", "bytes"), item("num_objects", "objects")]
+    out.append(item("cost_month", "storage now", "usd"))
     if has_plan:
-        for action in ("keep", "delete", "skip"):
-            n = doc.get(action, 0)
-            out.append(_dd(action, n, str(n), action))
-        freed = int(doc["bytes_freed"])  # type: ignore[call-overload]
-        out.append(_dd("bytes_freed", freed, format_bytes(freed), "freed by the plan"))
-        out.append(
-            _dd(
-                "objects_deleted",
-                doc["objects_deleted"],
-                str(doc["objects_deleted"]),
-                "objects deleted",
-            )
-        )
-        after = float(doc["cost_month_after"])  # type: ignore[arg-type]
-        saved = float(doc["cost_saved"])  # type: ignore[arg-type]
-        out.append(
-            _dd("cost_month_after", number(after), f"{format_usd(after)}/mo", "after the plan")
-        )
-        out.append(_dd("cost_saved", number(saved), f"{format_usd(saved)}/mo", "saved"))
-    old = doc.get("noncurrent_bytes")
-    if isinstance(old, int) and doc.get("versioning") in ("Enabled", "Suspended"):
-        label = "noncurrent versions (billed until expired)"
-        out.append(_dd("noncurrent_bytes", old, format_bytes(old), label))
-    out.append("</dl>")
-    return "".join(out)
+        out += [item(a) for a in _ACTIONS]
+        out += [item("bytes_freed", "freed by the plan", "bytes"), item("objects_deleted")]
+        out.append(item("cost_month_after", "after the plan", "usd"))
+        out.append(item("cost_saved", "saved", "usd"))
+    versioned = doc.get("versioning") in ("Enabled", "Suspended")
+    if versioned and isinstance(doc.get("noncurrent_bytes"), int):
+        out.append(item("noncurrent_bytes", "noncurrent versions (billed until expired)", "bytes"))
+    return f'<dl class="summary" data-scope="{esc(scope)}">' + "".join(out) + "</dl>"
 
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -111,8 +93,7 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("metrics", "metric", "num"),
     ("$/month", "cost", "num"),
     ("pinned", "pinned", "str"),
-    ("action", "action", "str"),
-    ("reasons", "", ""),
+    ("action", "action", "str"),  # then "reasons", not sorted
 )
 
 
@@ -133,12 +114,11 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
         attrs.append(f'data-metric="{number(mv)}"')
     if c.pinned:
         attrs.append(f'data-pinned="{esc(c.pinned)}"')
-    if r.info.bytes_by_class and set(r.info.bytes_by_class) != {"STANDARD"}:
-        attrs.append(
-            'data-classes="'
-            + esc(" ".join(f"{k}={v}" for k, v in sorted(r.info.bytes_by_class.items())))
-            + '"'
-        )
+    by_class = sorted(c.bytes_by_class.items())
+    classes = ""
+    if by_class and {k for k, _ in by_class} != {"STANDARD"}:
+        attrs.append(f'data-classes="{esc(" ".join(f"{k}={v}" for k, v in by_class))}"')
+        classes = f'<small class="cls">{esc(", ".join(k for k, _ in by_class))}</small>'
     metrics = "".join(
         f'<span data-metric="{esc(k)}" data-value="{number(v)}">'
         f"{esc(k)}={esc(metric_text(v))}</span> "
@@ -146,9 +126,6 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
     )
     reasons = "".join(f"<li>{esc(x)}</li>" for x in r.reasons)
     action = f'<span class="act a-{r.action}">{r.action}</span>' if r.action else "-"
-    classes = ""
-    if r.info.bytes_by_class and set(r.info.bytes_by_class) != {"STANDARD"}:
-        classes = '<small class="cls">' + esc(", ".join(sorted(r.info.bytes_by_class))) + "</small>"
     return (
         f"<tr {' '.join(attrs)}>"
         f"<td>{i + 1}</td>"
@@ -196,16 +173,13 @@ def _run_section(rr: RunReport, k: int) -> str:
             "click it to find its row.</figcaption></figure>"
         )
         head = "".join(
-            (
-                f'<th data-sort="{key}" data-type="{kind}" aria-sort="none">{esc(h)}</th>'
-                if key
-                else f"<th>{esc(h)}</th>"
-            )
+            f'<th data-sort="{key}" data-type="{kind}" aria-sort="none">{esc(h)}</th>'
             for h, key, kind in _COLUMNS
         )
         body = "".join(_row(r, i, rid, rr.metric) for i, r in enumerate(rr.rows))
         out.append(
-            f'<div class="tablewrap"><table class="checkpoints"><thead><tr>{head}</tr></thead>'
+            f'<div class="tablewrap"><table class="checkpoints"><thead><tr>{head}<th>reasons</th>'
+            "</tr></thead>"
             f"<tbody>{body}</tbody></table></div>"
         )
     else:
@@ -233,42 +207,26 @@ def _prices(report: Report, used: Iterable[str]) -> str:
 
 def _filter_css(has_plan: bool) -> str:
     """One rule per filter value: filtering is a body attribute, no per-row script."""
-    rules = []
-    for s in STATES:
-        rules.append(
-            f'body[data-fstate="{s}"] tr.checkpoint:not([data-state="{s}"]),'
-            f'body[data-fstate="{s}"] .pt:not(.s-{s}){{display:none!important}}'
-        )
-    rules.append(
-        'body[data-fstate="pinned"] tr.checkpoint:not([data-pinned]),'
-        'body[data-fstate="pinned"] .pt:not(.pinned){display:none!important}'
+    rules = [("fstate", s, f'[data-state="{s}"]', f"s-{s}") for s in STATES]
+    rules.append(("fstate", "pinned", "[data-pinned]", "pinned"))
+    rules += [("faction", a, f'[data-action="{a}"]', f"a-{a}") for a in _ACTIONS if has_plan]
+    return "\n".join(
+        f'body[data-{f}="{v}"] tr.checkpoint:not({row}),'
+        f'body[data-{f}="{v}"] .pt:not(.{pt}){{display:none!important}}'
+        for f, v, row, pt in rules
     )
-    for a in ("keep", "delete", "skip") if has_plan else ():
-        rules.append(
-            f'body[data-faction="{a}"] tr.checkpoint:not([data-action="{a}"]),'
-            f'body[data-faction="{a}"] .pt:not(.a-{a}){{display:none!important}}'
-        )
-    return "\n".join(rules)
-
-
-# No innerHTML anywhere: data reaches the page only as escaped markup rendered above; the
-# script reads attributes and writes textContent. Listeners are delegated (one per event
-# type for the whole document), so 10,000 points cost nothing to wire.
 
 
 def _legend(has_plan: bool) -> str:
-    def dot(cls: str, extra: str = "") -> str:
+    def dot(cls: str, extra: str = "", r: int = 4) -> str:
         return (
             f'<svg width="14" height="14" viewBox="0 0 14 14"><circle class="{cls}" cx="7" '
-            f'cy="7" r="4"/>{extra}</svg>'
+            f'cy="7" r="{r}"/>{extra}</svg>'
         )
 
     items = [f"{dot(f'sw s-{s}')} {s.replace('_', ' ')}" for s in STATES]
     items.append(f"{dot('sw s-committed', '<circle class=ring cx=7 cy=7 r=6 />')} pinned (ring)")
-    items.append(
-        '<svg width="14" height="14" viewBox="0 0 14 14"><circle class="best" cx="7" cy="7" '
-        'r="6"/></svg> best by the metric'
-    )
+    items.append(f"{dot('best', r=6)} best by the metric")
     if has_plan:
         items.append(f"{dot('sw s-committed a-keep')} kept (filled)")
         items.append(f"{dot('sw s-committed a-delete')} deleted by the plan (hollow)")
@@ -291,12 +249,12 @@ def render_html(report: Report) -> str:
     checkpoint (``id`` ``{run id}-p{i}``, row ``{run id}-c{i}``) with a ``<title>``.
     """
     has_plan = report.policy is not None
-    used: set[str] = set()
-    for rr in report.runs:
-        used |= set(rr.bytes_by_class())
-    script = _script()
-    digest = hashlib.sha256(script.encode("utf-8")).digest()
-    script_hash = base64.b64encode(digest).decode("ascii")
+    used = {cls for rr in report.runs for cls in rr.bytes_by_class()}
+    # No innerHTML anywhere: data reaches the page only as escaped markup rendered here; the
+    # script reads attributes and writes textContent. Listeners are delegated (one per event
+    # type for the whole document), so 10,000 points cost nothing to wire.
+    script = (_asset("report.js") % {"lo": ANCHOR_LO, "hi": ANCHOR_HI}).strip()
+    script_hash = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode()
     csp = (
         "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
         f"script-src 'sha256-{script_hash}'"
@@ -309,20 +267,17 @@ def render_html(report: Report) -> str:
     meta.append(f"grace {esc(format_duration(report.grace))}")
     if report.include_foreign:
         meta.append("foreign checkpoints included")
-    state_opts = "".join(
-        f'<option value="{s}">{s.replace("_", " ")}</option>' for s in (*STATES, "pinned")
-    )
-    toolbar = (
-        '<div class="toolbar"><label>state <select data-filter="state">'
-        f'<option value="">all</option>{state_opts}</select></label>'
-    )
-    if has_plan:
-        toolbar += (
-            '<label>action <select data-filter="action"><option value="">all</option>'
-            '<option value="keep">keep</option><option value="delete">delete</option>'
-            '<option value="skip">skip</option></select></label>'
+
+    def select(name: str, values: Iterable[str]) -> str:
+        opts = "".join(f'<option value="{v}">{v.replace("_", " ")}</option>' for v in values)
+        return (
+            f'<label>{name} <select data-filter="{name}"><option value="">all</option>'
+            f"{opts}</select></label>"
         )
-    toolbar += "</div>"
+
+    toolbar = select("state", (*STATES, "pinned")) + (
+        select("action", _ACTIONS) if has_plan else ""
+    )
     notes = "".join(f'<p class="muted">note: {esc(n)}</p>' for n in report.notes)
     runs = "".join(_run_section(rr, k) for k, rr in enumerate(report.runs))
     if not report.runs:
@@ -333,14 +288,15 @@ def render_html(report: Report) -> str:
         f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f'<meta name="generator" content="s3ckpt {esc(__version__)}">'
-        f"<title>{esc(report.title)}</title><style>{_css()}{_filter_css(has_plan)}</style></head>"
+        f"<title>{esc(report.title)}</title><style>\n{_asset('report.css')}"
+        f"{_filter_css(has_plan)}</style></head>"
         f'<body data-fstate="" data-faction=""><main data-root="{esc(report.root)}" '
         f'data-now="{esc(iso_z(report.now))}" data-policy="{esc(report.policy or "")}">'
         f"<h1>{esc(report.title)}</h1>"
         f'<p class="meta">{" · ".join(meta)}</p>{notes}'
         + _summary(report.summary(), has_plan, "all")
         + _prices(report, used)
-        + toolbar
+        + f'<div class="toolbar">{toolbar}</div>'
         + _legend(has_plan)
         + runs
         + f"</main><footer>Generated by s3ckpt {esc(__version__)} at "
@@ -360,8 +316,8 @@ def build_report(
 ) -> str:
     """The report page of ``location`` as one self-contained HTML document.
 
-    :func:`~s3ckpt.tools.report.collect_report` then :func:`render_html`; the arguments are
-    :func:`~s3ckpt.tools.report.collect_report`'s. Example::
+    :func:`~s3ckpt.tools._report.collect_report` then :func:`render_html`; the arguments are
+    :func:`~s3ckpt.tools._report.collect_report`'s. Example::
 
         from s3ckpt.retention import RetentionOptions, load_policy
         from s3ckpt.tools import build_report

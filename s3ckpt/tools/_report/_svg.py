@@ -1,5 +1,9 @@
 """The run's chart as inline SVG: geometry (scales, ticks, the step and commit-time axes)
-and the markup of points, the metric curve and the best checkpoint.
+and the markup of points, the metric curve and the best checkpoint; and how values are
+written into the page (:func:`esc`, :func:`number`, :func:`metric_text`, :func:`utc_text`).
+
+Every string from a bucket (run and checkpoint names, metric names, pin reasons) is
+untrusted and goes through :func:`esc`; nothing reaches the page unescaped.
 
 Both x axes are drawn: points sit at their step (``cx``, ``data-xs``) and carry their
 commit-time position (``data-xt``), so the page's script toggles the axis by moving
@@ -8,17 +12,40 @@ attributes, never by computing geometry. Points without a y value sit in a "no v
 
 from __future__ import annotations
 
+import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
 from s3ckpt._units import format_bytes, plural
-from s3ckpt.retention import CheckpointState
-from s3ckpt.tools.report._model import CheckpointRow, RunReport
-from s3ckpt.tools.report._prices import format_usd
-from s3ckpt.tools.report._text import esc, metric_text
+from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.tools._report._model import CheckpointRow, RunReport
+from s3ckpt.tools._report._prices import format_usd
 
-__all__ = ["ANCHOR_HI", "ANCHOR_LO", "chart"]
+__all__ = ["ANCHOR_HI", "ANCHOR_LO", "chart", "esc", "metric_text", "number", "utc_text"]
+
+
+def esc(value: object) -> str:
+    """Escaped for HTML text and double-quoted attributes (bucket data is untrusted)."""
+    return html.escape(str(value))
+
+
+def number(v: float) -> str:
+    """A float for a data attribute: ``repr`` when finite, else what ``parseFloat`` reads."""
+    if math.isnan(v):
+        return "NaN"
+    return repr(float(v)) if math.isfinite(v) else "Infinity" if v > 0 else "-Infinity"
+
+
+def metric_text(v: float) -> str:
+    """A metric value as the page prints it: six significant digits (``nan``, ``inf``)."""
+    return f"{v:.6g}" if math.isfinite(v) else str(v)
+
+
+def utc_text(t: datetime | None) -> str:
+    """``t`` in UTC to the second (``2025-06-01 12:00:00Z``); empty for None."""
+    return "" if t is None else t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
 
 # Chart geometry (viewBox units).
 _W, _H = 960, 290
@@ -38,9 +65,8 @@ def _nice_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
-    out = []
-    v = first
+    out: list[float] = []
+    v = math.ceil(lo / step) * step
     while v <= hi + step * 1e-9:
         out.append(round(v, 12))
         v += step
@@ -66,17 +92,11 @@ _TIME_STEPS = [
 ]
 
 
-def _time_ticks(lo: float, hi: float, n: int = 6) -> tuple[list[float], str]:
+def _time_ticks(lo: float, hi: float, n: int = 6) -> tuple[list[int], str]:
     span = max(hi - lo, 1.0)
     step = next((s for s in _TIME_STEPS if span / s <= n), _TIME_STEPS[-1])
     fmt = "%Y-%m-%d" if step >= 86400 else "%m-%d %H:%M"
-    first = math.ceil(lo / step) * step
-    ticks: list[float] = []
-    v = first
-    while v <= hi:
-        ticks.append(v)
-        v += step
-    return ticks, fmt
+    return list(range(math.ceil(lo / step) * step, math.floor(hi) + 1, step)), fmt
 
 
 def _step_axis(steps: Sequence[float]) -> tuple[float, float, list[float]]:
@@ -104,15 +124,11 @@ def _time_range(times: Sequence[float]) -> tuple[float, float]:
     return (lo - 1800.0, hi + 1800.0) if hi <= lo else (lo, hi)
 
 
-class _Scale:
-    def __init__(self, lo: float, hi: float, out_lo: float, out_hi: float) -> None:
-        if hi <= lo:
-            pad = abs(lo) * 0.05 or 1.0
-            lo, hi = lo - pad, hi + pad
-        self.lo, self.hi, self.out_lo, self.out_hi = lo, hi, out_lo, out_hi
-
-    def __call__(self, v: float) -> float:
-        return self.out_lo + (v - self.lo) / (self.hi - self.lo) * (self.out_hi - self.out_lo)
+def _scale(lo: float, hi: float, out_lo: float, out_hi: float) -> Callable[[float], float]:
+    if hi <= lo:
+        pad = abs(lo) * 0.05 or 1.0
+        lo, hi = lo - pad, hi + pad
+    return lambda v: out_lo + (v - lo) / (hi - lo) * (out_hi - out_lo)
 
 
 def _fmt_tick(v: float) -> str:
@@ -133,17 +149,14 @@ def _y_value(r: CheckpointRow, metric: str | None) -> float | None:
 
 def _title(r: CheckpointRow, metric: str | None) -> str:
     c = r.info
-    lines = [f"{c.name} · step {'-' if c.step is None else c.step}"]
     state = c.state.value
     if c.damaged:  # marker unreadable, or check found damage: never deleted by a plan
         state += f" · damaged: {c.damage}"
     if c.pinned:
         state += f" · pinned: {c.pinned}"
-    lines.append(state)
-    lines.append(
-        f"{format_bytes(c.size)} ({c.size} B) · {plural(c.num_objects, 'object')} · "
-        f"{format_usd(r.cost)}/mo"
-    )
+    size = f"{format_bytes(c.size)} ({c.size} B) · {plural(c.num_objects, 'object')}"
+    lines = [f"{c.name} · step {'-' if c.step is None else c.step}", state]
+    lines.append(f"{size} · {format_usd(r.cost)}/mo")
     if metric is not None and metric in c.metrics:
         lines.append(f"{metric} = {metric_text(c.metrics[metric])}")
     if r.action is not None:
@@ -159,13 +172,14 @@ def chart(rr: RunReport, rid: str) -> str:
     times = [r.time.timestamp() for r in rows if r.time is not None]
     ys = [y for y in (_y_value(r, rr.metric) for r in rows) if y is not None]
     step_lo, step_hi, step_ticks = _step_axis(steps)
-    sx = _Scale(step_lo, step_hi, *_XR)
-    st = _Scale(*_time_range(times), *_XR)
+    sx = _scale(step_lo, step_hi, *_XR)
+    t_lo, t_hi = _time_range(times)  # (never equal)
+    st = _scale(t_lo, t_hi, *_XR)
     ylo, yhi = min(ys, default=0.0), max(ys, default=1.0)
     ticks_y = _nice_ticks(ylo, yhi, 5)
     if len(ticks_y) > 1:
         ylo, yhi = min(ylo, ticks_y[0]), max(yhi, ticks_y[-1])
-    sy = _Scale(ylo, yhi, _PLOT_B, _T + 6)
+    sy = _scale(ylo, yhi, _PLOT_B, _T + 6)
     n = len(rows)
     radius = 4.0 if n <= 300 else 3.0 if n <= 3000 else 2.2
     out: list[str] = []
@@ -191,43 +205,33 @@ def chart(rr: RunReport, rid: str) -> str:
         f'<line class="laneline" x1="{_L}" x2="{_W - _R}" y1="{_LANE}" y2="{_LANE}"/>'
         f'<line class="axis" x1="{_L}" x2="{_W - _R}" y1="{_AXIS}" y2="{_AXIS}"/>'
     )
-    # x axes: both drawn, CSS shows the one the section's data-x names.
-    out.append('<g class="ax ax-step">')
-    for t in step_ticks:
-        x = sx(t)
-        if _XR[0] - 1 <= x <= _XR[1] + 1:
-            out.append(
-                f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_AXIS}" y2="{_AXIS + 5}"/>'
-                f'<text x="{x:.1f}" y="{_AXIS + 18}">{esc(_fmt_tick(t))}</text>'
-            )
-    out.append(f'<text class="xlabel" x="{_W - _R}" y="{_H - 4}">step</text></g>')
-    out.append('<g class="ax ax-time">')
-    tt, fmt = _time_ticks(st.lo, st.hi) if times else ([], "")
-    for t in tt:
-        x = st(t)
-        if _XR[0] - 1 <= x <= _XR[1] + 1:
-            label = datetime.fromtimestamp(t, UTC).strftime(fmt)
-            out.append(
-                f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_AXIS}" y2="{_AXIS + 5}"/>'
-                f'<text x="{x:.1f}" y="{_AXIS + 18}">{esc(label)}</text>'
-            )
-    out.append(f'<text class="xlabel" x="{_W - _R}" y="{_H - 4}">commit time (UTC)</text></g>')
 
-    xs: list[str] = []
-    xt: list[str] = []
-    yv: list[float | None] = []
-    for r in rows:
-        xs.append("" if r.info.step is None else f"{sx(float(r.info.step)):.1f}")
-        xt.append("" if r.time is None else f"{st(r.time.timestamp()):.1f}")
-        yv.append(_y_value(r, rr.metric))
+    # x axes: both drawn, CSS shows the one the section's data-x names.
+    def x_axis(
+        name: str, scale: Callable[[float], float], ticks: Iterable[tuple[float, str]], label: str
+    ) -> None:
+        out.append(f'<g class="ax ax-{name}">')
+        for t, text in ticks:
+            x = scale(t)
+            if _XR[0] - 1 <= x <= _XR[1] + 1:
+                out.append(
+                    f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_AXIS}" y2="{_AXIS + 5}"/>'
+                    f'<text x="{x:.1f}" y="{_AXIS + 18}">{esc(text)}</text>'
+                )
+        out.append(f'<text class="xlabel" x="{_W - _R}" y="{_H - 4}">{label}</text></g>')
+
+    x_axis("step", sx, ((t, _fmt_tick(t)) for t in step_ticks), "step")
+    tt, fmt = _time_ticks(t_lo, t_hi) if times else ([], "")
+    dates = ((t, datetime.fromtimestamp(t, UTC).strftime(fmt)) for t in tt)
+    x_axis("time", st, dates, "commit time (UTC)")
+
+    xs = ["" if r.info.step is None else f"{sx(float(r.info.step)):.1f}" for r in rows]
+    xt = ["" if r.time is None else f"{st(r.time.timestamp()):.1f}" for r in rows]
+    yv = [_y_value(r, rr.metric) for r in rows]
 
     # The metric curve: committed (and foreign) points with a value, in x order.
-    curve = [
-        i
-        for i, r in enumerate(rows)
-        if yv[i] is not None
-        and r.info.state in (CheckpointState.COMMITTED, CheckpointState.FOREIGN)
-    ]
+    on_curve = (CheckpointState.COMMITTED, CheckpointState.FOREIGN)
+    curve = [i for i, r in enumerate(rows) if yv[i] is not None and r.info.state in on_curve]
     if len(curve) > 1:
         ps = " ".join(f"{xs[i]},{sy(yv[i] or 0.0):.1f}" for i in curve if xs[i])
         by_t = sorted((i for i in curve if xt[i]), key=lambda i: float(xt[i]))
@@ -239,8 +243,7 @@ def chart(rr: RunReport, rid: str) -> str:
         c = r.info
         y = _LANE if yv[i] is None else sy(yv[i] or 0.0)
         cls = f"pt s-{c.state.value}" + (f" a-{r.action}" if r.action else "")
-        if c.pinned:
-            cls += " pinned"
+        cls += " pinned" if c.pinned else ""
         hide = ' style="display:none"' if not xs[i] else ""
         cx = xs[i] or "0"
         if c.pinned:
@@ -260,18 +263,15 @@ def chart(rr: RunReport, rid: str) -> str:
         y = sy(yv[i] or 0.0)
         hide = ' style="display:none"' if not xs[i] else ""
         value = metric_text(r.info.metrics[rr.metric or ""])
+        x = float(xs[i] or 0)  # a label near either edge hangs towards the middle
+        anchor = "end" if x > ANCHOR_HI else "start" if x < ANCHOR_LO else "middle"
         out.append(
             f'<circle class="best" cx="{xs[i] or 0}" cy="{y:.1f}" r="{radius + 5:.1f}" '
             f'data-xs="{xs[i]}" data-xt="{xt[i]}"{hide}/>'
             f'<text class="bestlabel" x="{xs[i] or 0}" y="{max(y - radius - 9, 12):.1f}" '
-            f'text-anchor="{_anchor(float(xs[i] or 0))}" '
+            f'text-anchor="{anchor}" '
             f'data-xs="{xs[i]}" data-xt="{xt[i]}"{hide}>best {esc(rr.metric)} '
             f"{esc(value)} · {esc(r.info.name)}</text>"
         )
     out.append("</svg>")
     return "".join(out)
-
-
-def _anchor(x: float) -> str:
-    """Where a label at ``x`` hangs: towards the middle near either edge of the chart."""
-    return "end" if x > ANCHOR_HI else "start" if x < ANCHOR_LO else "middle"

@@ -7,7 +7,7 @@ Call sequence::
     walk.run(jobs)
 
 :meth:`RangeWalk.plan` coalesces each object's spans into requests of at most
-``read_request_size`` bytes (:func:`~s3ckpt.transfer.coalesce`), largest first so the long
+``read_request_size`` bytes (:func:`~s3ckpt._transfer.coalesce`), largest first so the long
 poles start early. :meth:`RangeWalk.run` makes one ranged GET per request on a pool of
 ``concurrency`` threads and reads it front to back: gaps between spans are skipped, and
 each span is handed to ``on_span`` with a :class:`SpanReader` that yields exactly that
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar, cast
 
 from s3ckpt import _crc
+from s3ckpt._transfer._plan import Request, coalesce
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import CorruptCheckpointError, S3CkptError
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store.base import ObjectStore, RangeReader
-from s3ckpt.transfer._plan import Request, coalesce
 
 __all__ = ["RangeWalk", "ReadFailure", "Span", "SpanReader"]
 
@@ -55,8 +55,8 @@ class Span(Generic[T]):
     end: int
     payload: T
     job: int
-    """Index in the job list given to :meth:`RangeWalk.run` of the request reading it
-    (a span read by a request of its own keeps the index of the job it came from)."""
+    # Index in the job list given to :meth:`RangeWalk.run` of the request reading it
+    # (a span read by a request of its own keeps the index of the job it came from).
 
 
 @dataclass(frozen=True)
@@ -92,23 +92,25 @@ class SpanReader:
         rank: int | None = None,
         on_bytes: Callable[[int], None] | None = None,
     ) -> None:
-        self._stream = stream
-        self._key = key
-        self._bucket = bucket
-        self._rank = rank
-        self._chunk = chunk
-        self._on_bytes = on_bytes
+        self._stream, self._key, self._bucket, self._rank = stream, key, bucket, rank
+        self._chunk, self._on_bytes = chunk, on_bytes
         self._scratch: memoryview | None = None
         self._left = 0  # bytes of the current span not read yet
         self.truncated = False
 
-    def _truncated(self, message: str) -> CorruptCheckpointError:
-        self.truncated = True
-        return CorruptCheckpointError(message, bucket=self._bucket, key=self._key, rank=self._rank)
-
-    def _read(self, view: memoryview) -> int:
+    def _read(self, view: memoryview, missing: str) -> int:
+        """Read into ``view`` (at least one byte); an early end raises "the object is
+        truncated" saying what is ``missing``."""
         got = self._stream.readinto(view)
-        if got > 0 and self._on_bytes is not None:
+        if got <= 0:
+            self.truncated = True
+            raise CorruptCheckpointError(
+                f"object ends early {missing}; the object is truncated",
+                bucket=self._bucket,
+                key=self._key,
+                rank=self._rank,
+            )
+        if self._on_bytes is not None:
             self._on_bytes(got)
         return got
 
@@ -119,11 +121,6 @@ class SpanReader:
             self._scratch = memoryview(bytearray(want))
         return self._scratch
 
-    @property
-    def left(self) -> int:
-        """Bytes of the current span not read yet."""
-        return self._left
-
     def readinto_all(self, view: memoryview, what: str, crc: int = 0) -> int:
         """Fill ``view`` completely with the span's next bytes; return their CRC32C
         continued from ``crc``. ``what`` names the item in a truncation error."""
@@ -132,12 +129,8 @@ class SpanReader:
         if n > self._left:
             raise ValueError(f"reading {n} bytes of a span with {self._left} left")
         while off < n:
-            got = self._read(view[off : min(n, off + self._chunk)])
-            if got <= 0:
-                raise self._truncated(
-                    f"object ends early while reading {what!r} ({n - off} of {n} bytes "
-                    "missing); the object is truncated"
-                )
+            missing = f"while reading {what!r} ({n - off} of {n} bytes missing)"
+            got = self._read(view[off : min(n, off + self._chunk)], missing)
             crc = _crc.crc32c(view[off : off + got], crc)
             off += got
         self._left -= n
@@ -148,12 +141,8 @@ class SpanReader:
         until the next one (they share one buffer)."""
         buf = self._buffer(self._left)
         while self._left > 0:
-            got = self._read(buf[: min(len(buf), self._left)])
-            if got <= 0:
-                raise self._truncated(
-                    f"object ends early while reading {what!r} ({self._left} bytes "
-                    "missing); the object is truncated"
-                )
+            missing = f"while reading {what!r} ({self._left} bytes missing)"
+            got = self._read(buf[: min(len(buf), self._left)], missing)
             self._left -= got
             yield buf[:got]
 
@@ -163,20 +152,7 @@ class SpanReader:
             raise ValueError(f"cannot skip back {-n} bytes in a stream")
         buf = self._buffer(n)
         while n > 0:
-            got = self._read(buf[: min(n, len(buf))])
-            if got <= 0:
-                raise self._truncated(
-                    "object ends early (in a gap between items); the object is truncated"
-                )
-            n -= got
-
-    def _begin(self, length: int) -> None:
-        self._left = length
-
-    def _drain(self) -> None:
-        """Skip what ``on_span`` left of its span, so the next span starts in place."""
-        left, self._left = self._left, 0
-        self.skip(left)
+            n -= self._read(buf[: min(n, len(buf))], "(in a gap between items)")
 
 
 class RangeWalk(Generic[T]):
@@ -211,13 +187,8 @@ class RangeWalk(Generic[T]):
         rank: int | None = None,
         thread_name_prefix: str = "s3ckpt-get",
     ) -> None:
-        self.store = store
-        self.key_of = key_of
-        self.config = config
-        self.on_span = on_span
-        self.on_failure = on_failure
-        self.on_bytes = on_bytes
-        self.rank = rank
+        self.store, self.key_of, self.config, self.rank = store, key_of, config, rank
+        self.on_span, self.on_failure, self.on_bytes = on_span, on_failure, on_bytes
         self.thread_name_prefix = thread_name_prefix
         self.bytes_requested = 0
         self._lock = threading.Lock()
@@ -273,13 +244,9 @@ class RangeWalk(Generic[T]):
                 raise
             self.on_failure(ReadFailure("open", exc, spans, job))
             return
+        chunk, on_bytes = self.config.read_chunk_size, self.on_bytes
         reader = SpanReader(
-            stream,
-            key,
-            self.store.bucket,
-            chunk=self.config.read_chunk_size,
-            rank=self.rank,
-            on_bytes=self.on_bytes,
+            stream, key, self.store.bucket, chunk=chunk, rank=self.rank, on_bytes=on_bytes
         )
         overlapping: list[tuple[int, int, T]] = []
         i = 0
@@ -291,9 +258,10 @@ class RangeWalk(Generic[T]):
                     overlapping.append(req.spans[i])
                     continue
                 reader.skip(span.start - pos)
-                reader._begin(span.end - span.start)
+                reader._left = span.end - span.start
                 self.on_span(span, reader)
-                reader._drain()
+                left, reader._left = reader._left, 0  # what on_span left unread: skipped
+                reader.skip(left)
                 pos = span.end
             with self._lock:
                 self.bytes_requested += req.size

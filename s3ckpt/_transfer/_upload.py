@@ -21,15 +21,60 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from s3ckpt import _crc
+from s3ckpt._transfer._sink import ObjectSink, PartCrc
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store.base import CompletedPart, ObjectStore
-from s3ckpt.transfer._pool import PartPool
-from s3ckpt.transfer._sink import ObjectSink, PartCrc
 
-__all__ = ["Uploader", "format_leftovers"]
+__all__ = ["PartPool", "Uploader", "format_leftovers"]
 
 log = logging.getLogger(__name__)
+
+
+class PartPool:
+    """``n_buffers`` part-sized buffers; :meth:`take` blocks while every one is in flight.
+
+    Back-pressure by a semaphore, as s3transfer's ``BoundedExecutor`` does: a slot is
+    acquired before a buffer is taken and released when the buffer comes back (its part
+    was sent). Buffers are allocated on first use and reused, so memory is at most
+    ``n_buffers * part_size``. :meth:`close_for_failure` wakes every waiter at once.
+    """
+
+    def __init__(self, part_size: int, n_buffers: int) -> None:
+        self.part_size = part_size
+        self.n_buffers = n_buffers
+        self._slots = threading.Semaphore(n_buffers)
+        self._lock = threading.Lock()
+        self._free: list[bytearray] = []
+        self._failed = False
+
+    def take(self) -> bytearray | None:
+        """A free buffer; blocks while all are in flight. None once the pool has failed."""
+        self._slots.acquire()
+        if self._failed:
+            self._slots.release()  # pass the wake-up on to the next waiter
+            return None
+        with self._lock:
+            return self._free.pop() if self._free else bytearray(self.part_size)
+
+    def give(self, buf: bytearray) -> None:
+        """Return a buffer taken with :meth:`take` (its part was sent, or not needed)."""
+        with self._lock:
+            self._free.append(buf)
+        self._slots.release()
+
+    def close_for_failure(self) -> None:
+        """Make every current and future :meth:`take` return None without waiting."""
+        with self._lock:
+            if self._failed:
+                return
+            self._failed = True
+        self._slots.release()  # each woken waiter releases again: all of them wake
+
+    def clear(self) -> None:
+        """Drop the free buffers."""
+        with self._lock:
+            self._free.clear()
 
 
 class _Aborted(S3CkptError):
@@ -57,9 +102,7 @@ class Uploader:
         max_concurrency: int,
         rank: int | None = None,
     ) -> None:
-        self.store = store
-        self.part_size = part_size
-        self.rank = rank
+        self.store, self.part_size, self.rank = store, part_size, rank
         self._buffers = PartPool(part_size, max(2, n_buffers))
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="s3ckpt-up")
         # Completing an object waits on its parts: a separate pool avoids starving them.
@@ -117,18 +160,18 @@ class Uploader:
         return fut
 
     # -- requests made for sinks -------------------------------------------------------------
-    def start_upload(self, key: str) -> str:
-        """CreateMultipartUpload for ``key``, registered so it is aborted on failure."""
-        upload_id = self.store.create_multipart(key)
-        with self._lock:
-            self._open_uploads[key] = upload_id
-        return upload_id
-
     def begin_upload(self, key: str) -> Future[str]:
-        """CreateMultipartUpload for ``key`` in the background (:meth:`start_upload`): the
-        upload id, which the object's parts wait for. Queued before them, so it starts
-        first; a creation that fails, is skipped or cancelled fails them too."""
-        return self.submit(lambda: self.start_upload(key))
+        """CreateMultipartUpload for ``key`` in the background, registered so it is aborted
+        on failure: the upload id, which the object's parts wait for. Queued before them, so
+        it starts first; a creation that fails, is skipped or cancelled fails them too."""
+
+        def create() -> str:
+            upload_id = self.store.create_multipart(key)
+            with self._lock:
+                self._open_uploads[key] = upload_id
+            return upload_id
+
+        return self.submit(create)
 
     def send_part(
         self,
@@ -187,13 +230,7 @@ class Uploader:
         def complete() -> None:
             wait(parts)
             upload_id = upload.result()
-            done = []
-            for f in parts:
-                exc = f.exception()
-                if exc is not None:
-                    raise exc
-                done.append(f.result())
-            _complete(self.store, key, upload_id, done)
+            _complete(self.store, key, upload_id, [f.result() for f in parts])
             self._done(key)
 
         return self.submit(complete, completer=True)

@@ -15,25 +15,24 @@ Pipeline, all pure but the listing::
 
 Modules, one concept each: ``_prices`` (:class:`PriceTable`, :func:`parse_price`,
 :func:`format_usd`), ``_model`` (:class:`Report`, :class:`RunReport`,
-:class:`CheckpointRow`), ``_collect`` (:func:`collect_report`: the scan and each run's
-dry-run plan), ``_svg`` (the chart), ``_text`` (escaping and numbers in the page), ``_html``
+:class:`CheckpointRow`, and :func:`collect_report`: the scan and each run's dry-run plan),
+``_svg`` (the chart; escaping and numbers in the page), ``_html``
 (:func:`render_html`, :func:`build_report`); ``report.css`` and ``report.js`` are package
 data. Needs no torch (the retention cron image can run it).
 
 Example::
 
     from s3ckpt.retention import load_policy
-    from s3ckpt.tools.report import build_report
+    from s3ckpt.tools._report import build_report
 
     page = build_report("s3://bucket/runs/", policy=load_policy("pretraining"))
 """
 
 from __future__ import annotations
 
-from s3ckpt.tools.report._collect import collect_report
-from s3ckpt.tools.report._html import build_report, render_html
-from s3ckpt.tools.report._model import STATES, CheckpointRow, Report, RunReport
-from s3ckpt.tools.report._prices import (
+from s3ckpt.tools._report._html import build_report, render_html
+from s3ckpt.tools._report._model import STATES, CheckpointRow, Report, RunReport, collect_report
+from s3ckpt.tools._report._prices import (
     DEFAULT_PRICES,
     GIB,
     PRICES_SOURCE,

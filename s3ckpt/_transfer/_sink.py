@@ -1,5 +1,5 @@
 """The write side of one object: :class:`ObjectSink`, the stream ``torch.save`` writes an
-object's items into, cut into parts for the :class:`~s3ckpt.transfer.Uploader`, and the
+object's items into, cut into parts for the :class:`~s3ckpt._transfer.Uploader`, and the
 CRC32C of each item it brackets (:class:`ItemCrc`).
 
 CPU on the writing thread is the save's critical path (it serialises every item), so the
@@ -16,12 +16,12 @@ import ctypes
 import io
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 from s3ckpt import _crc
 from s3ckpt.store.base import CompletedPart
 
-__all__ = ["ItemCrc", "ObjectSink", "PartCrc", "Uploads"]
+__all__ = ["ItemCrc", "ObjectSink", "PartCrc"]
 
 
 class PartCrc:
@@ -54,47 +54,15 @@ class ItemCrc:
         return total
 
 
-class Uploads(Protocol):
-    """What a sink asks of its :class:`~s3ckpt.transfer.Uploader`."""
-
-    part_size: int
-
-    def take_buffer(self) -> bytearray: ...
-    def give_buffer(self, buf: bytearray) -> None: ...
-    def raise_if_failed(self) -> None: ...
-    def begin_upload(self, key: str) -> Future[str]: ...
-    def send_part(
-        self,
-        key: str,
-        upload: Future[str],
-        part_no: int,
-        body: memoryview,
-        *,
-        buffer: bytearray | None = None,
-        hold: object | None = None,
-        crc: PartCrc | None = None,
-    ) -> Future[CompletedPart]: ...
-    def send_object(self, key: str, buffer: bytearray | None, size: int) -> Future[None]: ...
-    def send_complete(
-        self, key: str, upload: Future[str], parts: list[Future[CompletedPart]]
-    ) -> Future[None]: ...
-
-
 class _PyBuffer(ctypes.Structure):
     """CPython's ``Py_buffer`` (the buffer protocol's view), to read a buffer's address."""
 
     _fields_ = (
         ("buf", ctypes.c_void_p),
         ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_void_p),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p),
-        ("internal", ctypes.c_void_p),
+        ("len_itemsize", ctypes.c_ssize_t * 2),
+        ("readonly_ndim", ctypes.c_int * 2),
+        ("format_shape_strides_suboffsets_internal", ctypes.c_void_p * 5),
     )
 
 
@@ -146,22 +114,20 @@ class ObjectSink(io.RawIOBase):
     of waiting for CreateMultipartUpload's round trip.
     """
 
-    def __init__(self, uploader: Uploads, key: str) -> None:
+    def __init__(self, uploader: Any, key: str) -> None:
+        """``uploader``: the :class:`~s3ckpt._transfer.Uploader` that sends its parts."""
         super().__init__()
-        self._up = uploader
-        self.key = key
+        self._up, self.key = uploader, key
         self._buf: bytearray | None = None
         self._buf_view = memoryview(b"")
-        self._fill = 0
-        self._pos = 0
-        self._part_no = 0
+        self._fill = self._pos = self._part_no = 0
         self._upload: Future[str] | None = None
         self._parts: list[Future[CompletedPart]] = []
-        self._item_crc = 0
-        self._item_run = 0  # bytes folded into _item_crc since the item's last borrowed part
+        # _item_run: bytes folded into _item_crc since the item's last borrowed part;
+        # _crc_from: offset in the current buffer where the item's unfolded bytes start.
+        self._item_crc = self._item_run = self._crc_from = 0
         self._item_pieces: list[tuple[int | PartCrc, int]] = []
         self._in_item = False
-        self._crc_from = 0  # offset in the current buffer where the item's unfolded bytes start
         self._watch: tuple[int, int] | None = None
         self._watch_pos: int | None = None
         self._hold: object | None = None
@@ -212,8 +178,7 @@ class ObjectSink(io.RawIOBase):
             if self._buf is None:
                 self._buf = self._up.take_buffer()
                 self._buf_view = memoryview(self._buf)
-                self._fill = 0
-                self._crc_from = 0
+                self._fill = self._crc_from = 0
             take = min(n - off, len(self._buf) - self._fill)
             # Through a memoryview: ``bytearray[a:b] = view`` first copies ``view`` into a
             # temporary bytearray (CPython), a second copy of every byte saved into freshly
@@ -260,21 +225,16 @@ class ObjectSink(io.RawIOBase):
         ``watch_ptr`` of ``watch_nbytes`` bytes being written, which may be uploaded from
         its own memory if ``hold`` (the object owning it) is given. Returns the offset."""
         self._item_crc = self._item_run = 0
-        self._item_pieces = []
-        self._in_item = True
-        self._crc_from = self._fill
+        self._item_pieces, self._in_item, self._crc_from = [], True, self._fill
         self._watch = (watch_ptr, watch_nbytes) if watch_ptr else None
-        self._watch_pos = None
-        self._hold = hold if watch_ptr else None
+        self._watch_pos, self._hold = None, hold if watch_ptr else None
         return self._pos
 
     def end_item(self) -> tuple[ItemCrc, int | None]:
         """CRC32C of the item's bytes (an :class:`ItemCrc`: read :meth:`ItemCrc.value`
         once the uploader finished) and the offset of the watched buffer (or None)."""
         self._fold_crc()
-        self._in_item = False
-        self._watch = None
-        self._hold = None
+        self._in_item, self._watch, self._hold = False, None, None
         pieces = [*self._item_pieces, (self._item_crc, self._item_run)]
         self._item_pieces = []
         return ItemCrc(pieces), self._watch_pos
@@ -284,9 +244,7 @@ class ObjectSink(io.RawIOBase):
         self._fold_crc()
         buf, fill = self._buf, self._fill
         assert buf is not None
-        self._buf = None
-        self._buf_view = memoryview(b"")
-        self._fill = 0
+        self._buf, self._buf_view, self._fill = None, memoryview(b""), 0
         self._submit_part(memoryview(buf)[:fill], buffer=buf)
 
     def _submit_part(

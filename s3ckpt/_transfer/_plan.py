@@ -14,13 +14,13 @@ T = TypeVar("T")
 _MiB = 1024 * 1024
 
 MIN_READ_PIECE = 8 * _MiB
-"""The smallest ranged GET a load cuts a large item into: S3's guidance (8-16 MB byte-range
-fetches); below it a request's time to first byte (~30 ms) costs more than a connection more
-earns."""
+# The smallest ranged GET a load cuts a large item into: S3's guidance (8-16 MB byte-range
+# fetches); below it a request's time to first byte (~30 ms) costs more than a connection more
+# earns.
 
 READS_PER_CONNECTION = 2
-"""Ranged GETs per connection a load aims for: enough that a slow request leaves no
-connection idle for long, few enough that each request is long next to its first byte."""
+# Ranged GETs per connection a load aims for: enough that a slow request leaves no
+# connection idle for long, few enough that each request is long next to its first byte.
 
 
 def read_piece_size(total: int, connections: int, *, ceiling: int) -> int:
@@ -32,8 +32,6 @@ def read_piece_size(total: int, connections: int, *, ceiling: int) -> int:
     connections kept busy: 1 GiB on 14 connections reads in 37 MiB pieces (28 GETs, two
     rounds; the first byte's ~30 ms is 7 % of each), where one GET per 192 MiB tensor kept
     five busy."""
-    if connections < 1:
-        raise ValueError("connections must be >= 1")
     want = -(-total // (connections * READS_PER_CONNECTION))
     want = -(-want // _MiB) * _MiB
     return max(min(MIN_READ_PIECE, ceiling), min(want, ceiling))
@@ -45,8 +43,6 @@ def pack(sizes: Sequence[int], n_bins: int) -> list[list[int]]:
     Largest first into the lightest bin (LPT); within a bin, indices keep their original
     order so related items (a module's parameters) stay adjacent. Empty bins are dropped.
     """
-    if n_bins < 1:
-        raise ValueError("n_bins must be >= 1")
     heap: list[tuple[int, int]] = [(0, b) for b in range(n_bins)]
     bins: list[list[int]] = [[] for _ in range(n_bins)]
     for idx in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):

@@ -59,21 +59,22 @@ PRICES_SOURCE = "AWS S3 list prices, us-east-1, first tier, as of 2025-06"
 _CLASS_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
-def _check_price(storage_class: str, value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: the price of {storage_class} must be a number, got {value!r}")
-    price = float(value)
-    if not math.isfinite(price) or price < 0:
-        raise ConfigError(f"{where}: the price of {storage_class} must be >= 0, got {value!r}")
-    return price
-
-
-def _check_class(name: object, where: str) -> str:
-    if not isinstance(name, str) or not _CLASS_NAME.match(name.strip().upper()):
-        raise ConfigError(
-            f"{where}: {name!r} is not a storage class name (e.g. STANDARD, STANDARD_IA, GLACIER)"
-        )
-    return name.strip().upper()
+def _checked(prices: Mapping[str, object], where: str) -> dict[str, float]:
+    """``prices`` with upper-case class names, each price a finite number >= 0."""
+    out = {}
+    for name, value in prices.items():
+        cls = name.strip().upper() if isinstance(name, str) else ""
+        if not _CLASS_NAME.match(cls):
+            raise ConfigError(
+                f"{where}: {name!r} is not a storage class name (e.g. STANDARD, STANDARD_IA, "
+                "GLACIER)"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: the price of {cls} must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{where}: the price of {cls} must be >= 0, got {value!r}")
+        out[cls] = float(value)
+    return out
 
 
 @dataclass(frozen=True)
@@ -93,10 +94,7 @@ class PriceTable:
     source: str = PRICES_SOURCE
 
     def __post_init__(self) -> None:
-        checked = {}
-        for name, value in self.prices.items():
-            cls = _check_class(name, "price table")
-            checked[cls] = _check_price(cls, value, "price table")
+        checked = _checked(self.prices, "price table")
         object.__setattr__(self, "prices", MappingProxyType(checked))
 
     def price(self, storage_class: str, where: str = "") -> float:
@@ -123,9 +121,7 @@ class PriceTable:
 
     def with_prices(self, prices: Mapping[str, float], source: str | None = None) -> PriceTable:
         """This table with ``prices`` added or replaced (other classes keep their price)."""
-        merged = dict(self.prices)
-        for name, value in prices.items():
-            merged[_check_class(name, "price")] = _check_price(name, value, "price")
+        merged = {**self.prices, **_checked(prices, "price")}
         return PriceTable(merged, source if source is not None else f"{self.source}, overridden")
 
     @classmethod
@@ -164,11 +160,7 @@ class PriceTable:
             )
         if not isinstance(table, dict):
             raise ConfigError(f"{p}: [prices] must be a table of CLASS = USD_PER_GB_MONTH")
-        prices = {}
-        for name, value in table.items():
-            cls_name = _check_class(name, str(p))
-            prices[cls_name] = _check_price(cls_name, value, str(p))
-        return (base or cls()).with_prices(prices, source or f"{p}")
+        return (base or cls()).with_prices(_checked(table, str(p)), source or f"{p}")
 
 
 def parse_price(text: str) -> tuple[str, float]:
@@ -180,12 +172,12 @@ def parse_price(text: str) -> tuple[str, float]:
     name, sep, value = text.partition("=")
     if not sep:
         raise ConfigError(f"expected CLASS=USD_PER_GB_MONTH (e.g. STANDARD=0.023), got {text!r}")
-    cls = _check_class(name, "--price")
     try:
         price = float(value)
     except ValueError:
         raise ConfigError(f"--price {text}: {value!r} is not a number") from None
-    return cls, _check_price(cls, price, "--price")
+    ((cls, price),) = _checked({name: price}, "--price").items()
+    return cls, price
 
 
 def format_usd(v: float) -> str:

@@ -1,0 +1,139 @@
+"""What the framework plug-ins (lightning, accelerate, torchtitan) share: DCP calls with
+s3ckpt's errors in place of DCP's, and one decision for every rank of a collective load.
+
+A rank that reads the store on its own may see what another rank does not (a transient
+failure, a checkpoint changing under it) and decide differently: raise where the others
+go on into ``dcp.load``, or fall back to another checkpoint. The others then wait in a
+collective that never comes. :func:`agree` (rank 0 decides, every rank gets its answer)
+and :func:`together` (every rank runs it, every rank raises if one failed) keep each
+decision the same on all ranks.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from s3ckpt.checkpointer import RetentionRecord
+from s3ckpt.checkpointer._retention import RetentionRunner
+from s3ckpt.dcp import quiet_dcp
+from s3ckpt.errors import CheckpointError, unwrap_checkpoint_exception
+from s3ckpt.retention import Policy
+from s3ckpt.store import Location
+from s3ckpt.uri import StoreURL
+
+_T = TypeVar("_T")
+
+
+def rank_of(group: dist.ProcessGroup | None = None) -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
+
+
+@contextmanager
+def dcp_errors(what: str, url: StoreURL | None = None, rank: int | None = None) -> Iterator[None]:
+    """DCP's logging quietened, and every failure an s3ckpt error (an ``Exception``) in place
+    of DCP's ``CheckpointException`` (:func:`~s3ckpt.errors.unwrap_checkpoint_exception`),
+    naming ``url`` and ``rank`` when given."""
+    try:
+        with quiet_dcp():
+            yield
+    except BaseException as exc:
+        where: dict[str, Any] = {}
+        if url is not None:
+            what, where = f"{what} of {url}", {"bucket": url.bucket, "key": url.prefix}
+        err = unwrap_checkpoint_exception(exc, what, rank=rank, **where)
+        raise err from err.__cause__
+
+
+def agree(fn: Callable[[], _T], group: dist.ProcessGroup | None) -> _T:
+    """``fn()`` on rank 0 of ``group`` (``None``: one process), its result or exception on
+    every rank."""
+    outcome: tuple[bool, Any] = (True, None)
+    if rank_of(group) == 0:
+        try:
+            outcome = (True, fn())
+        except Exception as exc:
+            outcome = (False, _portable(exc))
+    if group is not None:
+        box = [outcome]
+        dist.broadcast_object_list(box, src=0, group=group)
+        outcome = box[0]
+    if not outcome[0]:
+        raise outcome[1]
+    return outcome[1]
+
+
+def together(fn: Callable[[], _T], group: dist.ProcessGroup | None) -> _T:
+    """``fn()`` on every rank of ``group``; when it failed on any rank, every rank raises:
+    the failed rank its own exception, the others the first failed rank's (the same type,
+    so a fallback decides the same everywhere)."""
+    result: Any = None
+    try:
+        result, error = fn(), None
+    except Exception as exc:
+        error = exc
+    if group is not None:
+        errors: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(errors, None if error is None else _portable(error), group=group)
+        if error is None:  # the first failed rank's
+            error = next((exc for exc in errors if exc is not None), None)
+    if error is not None:
+        raise error
+    return result
+
+
+def _portable(exc: Exception) -> Exception:
+    """``exc``, or (when it does not pickle) a :class:`CheckpointError` with its words: what
+    one rank sends the others must arrive, or they would wait for it forever."""
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return CheckpointError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+class Retention:
+    """A plug-in's retention passes: one :class:`~s3ckpt.checkpointer.RetentionRunner` per
+    run (made on its first pass), each running its passes one at a time in the background.
+
+    Attributes:
+        last: The runner of the last pass scheduled (``None`` before the first).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runners: dict[StoreURL, RetentionRunner] = {}
+        self.last: RetentionRunner | None = None
+
+    def schedule(self, run: Location, policy: Policy, grace: timedelta, step: int | None) -> None:
+        """Queue a pass of ``policy`` over ``run`` after the commit of ``step``."""
+        with self._lock:
+            runner = self._runners.get(run.url)
+            if runner is None:
+                runner = self._runners[run.url] = RetentionRunner(run.store, run.url)
+            self.last = runner
+        runner.schedule(policy, grace, step)
+
+    @property
+    def history(self) -> tuple[RetentionRecord, ...]:
+        """Every run's passes (the last 100 per run), oldest first."""
+        records = [r for runner in list(self._runners.values()) for r in runner.history]
+        return tuple(sorted(records, key=lambda r: r.started))
+
+    def wait(self) -> None:
+        """Block until the passes queued so far have run."""
+        for runner in list(self._runners.values()):
+            runner.wait()
+
+    def close(self) -> None:
+        """Run the passes queued so far, then stop every runner."""
+        for runner in list(self._runners.values()):
+            runner.close()
+        self._runners.clear()

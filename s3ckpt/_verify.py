@@ -1,0 +1,341 @@
+"""The one read-back verifier (no torch): a checkpoint's bytes against what was recorded.
+
+Used by the commit-time check (:mod:`s3ckpt.dcp._verify`: every item and the ``.metadata``
+of a save, before its marker), ``s3ckpt verify`` (:mod:`s3ckpt.tools._verify`: every item
+``.metadata`` names, plus the torch pass for framing, :attr:`Item.framing`) and ``s3ckpt
+check`` (:mod:`s3ckpt.tools._check`: a sample of the items, :func:`sample_items`)::
+
+    v = Verifier(store, key_of, transfer_config)
+    readable = v.objects(items, v.sizes(names, listing), recorded_sizes)
+    v.metadata(prefix, manifest, listing)        # both .metadata copies
+    v.read(readable)                             # coalesced ranged GETs, CRC32C per item
+    v.faults                                     # what is wrong; each caller words its result
+
+Nothing raises for damage: every finding is a :class:`Fault`. Reads use the walk of the DCP
+reader (:class:`~s3ckpt._transfer.RangeWalk`): memory one ``read_chunk_size`` buffer per
+reading thread.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from s3ckpt._crc import crc32c
+from s3ckpt._transfer import RangeWalk, ReadFailure, Span, SpanReader
+from s3ckpt.config import TransferConfig
+from s3ckpt.errors import ObjectNotFoundError, S3CkptError
+from s3ckpt.format._manifest import (
+    FRAMING_HEAD,
+    FRAMING_TAIL,
+    ItemRecord,
+    Manifest,
+    tensor_framing_error,
+)
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.metrics.instrument import expecting, in_context, record_checksum_failure
+from s3ckpt.store import ObjectInfo, ObjectStore
+
+__all__ = ["Fault", "Item", "Verifier", "item_name", "manifest_items", "sample_items"]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One saved item to check: where it lies, its recorded CRC32C (None: read only) and the
+    name faults give it."""
+
+    object: str
+    start: int
+    length: int
+    crc32c: int | None
+    name: str
+    rank: int | None = None
+    ref: Any = None
+    """The caller's handle (a manifest row; verify's entry and chunk)."""
+    framing: tuple[int, int] | None = None
+    """``(data_offset, nbytes)`` of a tensor item: its zip framing must put the data there."""
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One thing wrong. ``kind``: ``checksum``, ``structure`` (framing), ``truncated``,
+    ``missing_object``, ``object_size``, ``metadata`` (the committed ``.metadata``),
+    ``stale_metadata`` (the plain copy), ``read_error``. ``item`` is the item it names (a
+    finding about one item); ``items`` every item it costs."""
+
+    kind: str
+    object: str | None
+    message: str
+    item: Item | None = None
+    items: tuple[Item, ...] = ()
+    expected: str | None = None
+    found: str | None = None
+    error: S3CkptError | None = None
+
+
+def item_name(fqn: str, offset: Sequence[int] | None) -> str:
+    """``model.w``, or ``model.w (chunk at [4, 0])`` for a shard."""
+    return f"{fqn} (chunk at {list(offset)})" if offset and any(offset) else fqn
+
+
+def manifest_items(
+    manifest: Manifest, name: Callable[[ItemRecord], str] = lambda i: item_name(i.fqn, i.offset)
+) -> list[Item]:
+    """The marker's items, in its order, each with the rank that wrote its object."""
+    ranks = {o.name: o.rank for o in manifest.objects}
+    return [
+        Item(i.object, i.start, i.length, i.crc32c, name(i), ranks.get(i.object), i)
+        for i in manifest.items
+    ]
+
+
+def sample_items(items: Sequence[Any], fraction: float, rng: random.Random) -> list[Any]:
+    """A ``fraction`` of the items' bytes (each has a ``length``), chosen at random (at
+    least one item when ``fraction > 0``; all at ``>= 1``), in their order (for coalesced
+    reads). Sized by bytes, what a read costs, not by count."""
+    if fraction <= 0 or not items:
+        return []
+    if fraction >= 1:
+        return list(items)
+    order = list(range(len(items)))
+    rng.shuffle(order)
+    want = fraction * sum(i.length for i in items)
+    taken: list[int] = []
+    got = 0
+    for i in order:
+        if taken and got >= want:
+            break
+        taken.append(i)
+        got += items[i].length
+    return [items[i] for i in sorted(taken)]
+
+
+class _Framing:
+    """The bytes around a tensor's data, kept while its item streams past: its zip framing
+    must put the data at ``data_offset`` (a resealed marker with a moved offset must fail)."""
+
+    def __init__(self, data_offset: int, nbytes: int) -> None:
+        self.head_from = max(0, data_offset - FRAMING_HEAD)
+        self.data_offset, self.tail_from, self.nbytes = data_offset, data_offset + nbytes, nbytes
+        self.head = bytearray(data_offset - self.head_from)
+        self.tail = bytearray(FRAMING_TAIL)
+        self.tail_len = 0
+
+    def feed(self, at: int, data: memoryview) -> None:
+        end = at + len(data)
+        lo, hi = max(at, self.head_from), min(end, self.data_offset)
+        if lo < hi:
+            self.head[lo - self.head_from : hi - self.head_from] = data[lo - at : hi - at]
+        lo, hi = max(at, self.tail_from), min(end, self.tail_from + FRAMING_TAIL)
+        if lo < hi:
+            self.tail[lo - self.tail_from : hi - self.tail_from] = data[lo - at : hi - at]
+            self.tail_len = max(self.tail_len, hi - self.tail_from)
+
+    def error(self) -> str | None:
+        return tensor_framing_error(self.head, self.tail[: self.tail_len], self.nbytes)
+
+
+_METADATA_FIX = {
+    "metadata": "s3ckpt still loads from the plain .metadata while it is intact; copy it over "
+    "{key} (its CRC32C must match the marker's), or load an earlier checkpoint",
+    "stale_metadata": "`s3ckpt gc --apply`, or any s3ckpt load with write access, copies {key} "
+    "back over it",
+}
+_METADATA_ROLE = {
+    "metadata": "the committed metadata",
+    "stale_metadata": "the copy stock DCP readers load",
+}
+
+
+class Verifier:
+    """One check of one checkpoint's objects; collects :attr:`faults` (module docs).
+
+    Args:
+        store / key_of: Where the objects are; the store key of an object name.
+        config: ``concurrency`` (HEADs), the read walk's settings.
+        on_bytes: Called with the size of every piece read (from reading threads).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        key_of: Callable[[str], str],
+        config: TransferConfig,
+        *,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store, self.key_of, self.config, self.on_bytes = store, key_of, config, on_bytes
+        self.faults: list[Fault] = []
+        self.items_read = self.bytes_read = self.total = 0
+        self._lock = threading.Lock()
+
+    def count(self, n: int) -> None:
+        """``n`` more bytes read."""
+        with self._lock:
+            self.bytes_read += n
+        if self.on_bytes is not None:
+            self.on_bytes(n)
+
+    def sizes(
+        self, names: Iterable[str], listing: Mapping[str, ObjectInfo] | None = None
+    ) -> dict[str, int | None]:
+        """Each object's size (None: missing), from ``listing`` (by key), else a HEAD each."""
+        keys = {n: self.key_of(n) for n in names}
+        listing = listing or {}
+        unlisted = [k for k in keys.values() if k not in listing]
+        heads: dict[str, ObjectInfo | None] = {}
+        if unlisted:
+            with ThreadPoolExecutor(max(1, min(self.config.concurrency, len(unlisted)))) as pool:
+                heads = dict(
+                    zip(unlisted, pool.map(in_context(self.store.head), unlisted), strict=True)
+                )
+        found = {n: listing.get(k) or heads.get(k) for n, k in keys.items()}
+        return {n: None if info is None else info.size for n, info in found.items()}
+
+    def objects(
+        self, items: Sequence[Item], sizes: Mapping[str, int | None], recorded: Mapping[str, int]
+    ) -> list[Item]:
+        """Faults for missing objects, sizes other than ``recorded``, items past an object's
+        end; returns the items that can be read."""
+        by_object: dict[str, list[Item]] = defaultdict(list)
+        for i in items:
+            by_object[i.object].append(i)
+        readable: list[Item] = []
+        for name, size in sizes.items():
+            mine, want = by_object[name], recorded.get(name)
+            if size is None:
+                message = f"{name} is missing ({len(mine)} items in it); the checkpoint was "
+                message += "partly deleted"
+                expected = None if want is None else f"{want} bytes"
+                self.faults.append(
+                    Fault("missing_object", name, message, None, tuple(mine), expected, "missing")
+                )
+                continue
+            past = tuple(i for i in mine if i.end > size)
+            readable += [i for i in mine if i.end <= size]
+            if want is not None and size != want:
+                what = (
+                    f"truncated ({len(past)} items lie past its end)" if size < want else "changed"
+                )
+                message = f"object {name} has {size} bytes, {MANIFEST_NAME} recorded {want}; "
+                message += f"it was {what}"
+                fault = Fault(
+                    "object_size", name, message, None, past, f"{want} bytes", f"{size} bytes"
+                )
+                self.faults.append(fault)
+            elif past:
+                message = f"{name} has {size} bytes, too few for {len(past)} items; it is truncated"
+                self.faults.append(Fault("truncated", name, message, items=past))
+        return readable
+
+    def metadata(
+        self, prefix: str, manifest: Manifest, listing: Mapping[str, ObjectInfo] | None = None
+    ) -> None:
+        """Both ``.metadata`` copies against the marker's size and CRC32C: the committed
+        ``.metadata.{tag}`` (``metadata``) and the plain copy stock DCP readers load
+        (``stale_metadata``). One GET each, unless ``listing`` shows it missing or resized."""
+        want = f"{manifest.metadata_size} bytes, crc32c {manifest.metadata_crc32c:08x}"
+        copies = {"metadata": manifest.metadata_key}
+        if manifest.metadata_key != METADATA_NAME:
+            copies["stale_metadata"] = METADATA_NAME
+        for kind, name in copies.items():
+            info = None if listing is None else listing.get(prefix + name)
+            found = "missing" if listing is not None and info is None else None
+            if info is not None and info.size != manifest.metadata_size:
+                found = f"{info.size} bytes"
+            elif found is None:
+                try:
+                    with expecting("not_found"):
+                        raw = self.store.get(prefix + name)
+                    self.count(len(raw))
+                    crc = crc32c(raw)
+                    if (len(raw), crc) != (manifest.metadata_size, manifest.metadata_crc32c):
+                        record_checksum_failure()
+                        found = f"{len(raw)} bytes, crc32c {crc:08x}"
+                except ObjectNotFoundError:
+                    found = "missing"
+            if found is not None:
+                fix = _METADATA_FIX[kind].format(key=manifest.metadata_key)
+                message = f"{name} ({_METADATA_ROLE[kind]}) is {found}; "
+                message += f"{MANIFEST_NAME} committed {want}: {fix}"
+                self.faults.append(Fault(kind, name, message, expected=want, found=found))
+
+    def read(self, items: Sequence[Item], *, thread_name: str = "s3ckpt-verify") -> None:
+        """Read ``items`` back (coalesced ranged GETs, ``read_concurrency`` at a time) and
+        compare each one's CRC32C (and framing); their faults in request order."""
+        found: dict[int, list[Fault]] = defaultdict(list)
+
+        def on_span(span: Span[Item], stream: SpanReader) -> None:
+            item = span.payload
+            crc, at = 0, 0
+            frame = _Framing(*item.framing) if item.framing is not None else None
+            for piece in stream.chunks(item.name):
+                crc = crc32c(piece, crc)
+                if frame is not None:
+                    frame.feed(at, piece)
+                at += len(piece)
+            where = f"{item.name} (bytes {item.start}-{item.end - 1} of {item.object})"
+            faults = []
+            why = frame.error() if frame is not None else None
+            if why is not None:
+                message = f"{where}: {why}; {MANIFEST_NAME} does not describe the bytes stored"
+                faults.append(Fault("structure", item.object, message, item, (item,)))
+            if item.crc32c is not None and crc != item.crc32c:
+                record_checksum_failure()
+                expected, got = f"crc32c {item.crc32c:08x}", f"crc32c {crc:08x}"
+                message = f"{where}: {got}, {MANIFEST_NAME} recorded {item.crc32c:08x}; "
+                message += "the data changed after it was saved"
+                faults.append(Fault("checksum", item.object, message, item, (item,), expected, got))
+            with self._lock:
+                self.items_read += 1
+                found[span.job] += faults
+
+        def on_failure(failure: ReadFailure[Item]) -> None:
+            lost = tuple(s.payload for s in failure.spans)
+            names = sorted({i.name for i in lost})
+            obj = failure.spans[0].name if failure.spans else None
+            if failure.kind == "truncated":
+                shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+                message = f"{obj} ended early while reading {len(names)} items back ({shown}); "
+                first = min(lost, key=lambda i: i.name) if lost else None
+                fault = Fault(
+                    "truncated",
+                    obj,
+                    message + "the object is truncated",
+                    first,
+                    lost,
+                    "the recorded bytes",
+                    "the object ended early",
+                    failure.error,
+                )
+            else:
+                message = f"{len(names)} items of {obj} could not be read: {failure.error}"
+                fault = Fault("read_error", obj, message, items=lost, error=failure.error)
+            with self._lock:
+                found[failure.job].append(fault)
+
+        walk: RangeWalk[Item] = RangeWalk(
+            self.store,
+            self.key_of,
+            config=self.config,
+            on_span=on_span,
+            on_failure=on_failure,
+            on_bytes=self.count,
+            thread_name_prefix=thread_name,
+        )
+        spans: dict[str, list[tuple[int, int, Item]]] = defaultdict(list)
+        for i in items:
+            spans[i.object].append((i.start, i.end, i))
+        jobs = walk.plan(spans)
+        self.total = sum(req.size for _, req in jobs)
+        walk.run(jobs)
+        self.faults += [f for job in range(len(jobs)) for f in found.get(job, [])]
