@@ -186,11 +186,11 @@ class StoreClasses:
             def hook(op: str, key: str, phase: str) -> None:
                 # Hold the first request that changes the checkpoint (its marker's
                 # conditional delete, a batch, or a tombstone PUT), not the capability
-                # probe's DeleteObject If-Match on the lease: that is sent inside
+                # probe's DeleteObject If-Match beside the lease: that is sent inside
                 # Lease.acquire, before the deleter lists and plans under the lease, and
                 # an overwrite that commits then is simply part of what it plans.
                 deleting = phase == "before" and (
-                    (op in ("DeleteObjects", "DeleteObject") and not key.endswith(LEASE_NAME))
+                    (op in ("DeleteObjects", "DeleteObject") and f"{LEASE_NAME}.probe-" not in key)
                     or (op == "PutObject" and key.endswith("/" + MANIFEST_NAME))
                 )
                 if deleting and not at_delete.is_set():

@@ -111,5 +111,9 @@ class NodeServer:
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.terminate()
-            self._proc.wait(timeout=10)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # a loaded CI machine: SIGTERM not handled yet
+                self._proc.kill()
+                self._proc.wait(timeout=30)
         shutil.rmtree(self.data, ignore_errors=True)

@@ -75,7 +75,7 @@ everything else goes to Lightning's own function (:mod:`s3ckpt.lightning._load`)
 Stores are shared with the rest of the process (:meth:`s3ckpt.store.Location.of`). Where
 no plug-in is at hand (``load_from_checkpoint``, the file system), a bucket is opened with
 the settings of the plug-in that last opened it, else of the last plug-in constructed, else
-the environment's (``AWS_ENDPOINT_URL``, profile, region): :mod:`s3ckpt.lightning._common`.
+the environment's (``AWS_ENDPOINT_URL``, profile, region): :mod:`s3ckpt.lightning._async`.
 
 Sharded strategies (``ModelParallelStrategy``, i.e. FSDP2 and tensor parallelism) do not use
 ``CheckpointIO`` for sharded state: use :class:`S3ModelParallelStrategy`, which saves every
@@ -86,7 +86,8 @@ Needs ``pip install "s3ckpt[lightning]"``.
 
 from __future__ import annotations
 
-from s3ckpt.lightning._io import S3CheckpointIO, S3ModelCheckpoint, S3ModelParallelStrategy, setup
+from s3ckpt.lightning._io import S3CheckpointIO, S3ModelCheckpoint, S3ModelParallelStrategy
+from s3ckpt.lightning._last import setup
 from s3ckpt.lightning._load import install_load_hook
 
 __all__ = ["S3CheckpointIO", "S3ModelCheckpoint", "S3ModelParallelStrategy", "install"]

@@ -34,43 +34,157 @@ Lightning's ``AsyncCheckpointIO.teardown`` does not call the wrapped plug-in's t
 :func:`install_async_teardown` makes it do so for the s3ckpt plug-in, so the last removals
 and retention passes run when ``fit`` ends.
 
-What ``ModelCheckpoint`` tracks (:class:`Tracking`, :class:`KeepTracked`), read from the
-checkpoint dicts the plug-in saves.
+What ``ModelCheckpoint`` tracks (:meth:`Removals.protect`, :class:`KeepTracked`), read
+from the checkpoint dicts the plug-in saves.
 
 Lightning puts every callback's state into the checkpoint it saves, and a
 ``ModelCheckpoint`` updates its tracking (``best_k_models``, ``best_model_path``,
 ``kth_best_model_path``, ``last_model_path``) *before* it saves, so the dict being saved
-holds the tracking state after that save. :class:`Tracking` keeps the latest such state
+holds the tracking state after that save. :class:`Removals` keeps the latest such state
 per callback (by its state key); the union is what no retention policy of the plug-in may
 delete (:class:`KeepTracked`), and what a deferred ``remove_checkpoint`` waits to see
-untracked (:mod:`s3ckpt.lightning._async`).
+untracked.
 
 A checkpoint saved with ``save_weights_only=True`` carries no callback states: it leaves
 the tracking as it was.
+
+Also helpers the Lightning plug-in's modules share: remote paths, the metrics a save
+records, ``map_location`` for loaded tensors, and which settings open a bucket's store
+when no plug-in is at hand.
+
+``MyModule.load_from_checkpoint("s3://...")``, the fsspec file system and
+``ckpt_path="last"`` without a trainer plug-in open stores with no :class:`S3CheckpointIO`
+to ask. They take the settings from a registry, in this order: the settings of the plug-in
+that last opened that bucket (scheme and bucket) in this process (a save, load or removal
+registers them); else those of the last :class:`S3CheckpointIO` constructed (a
+``ModelCheckpoint`` lists its folder before the first save); else the environment's
+(``S3Config()``: ``AWS_ENDPOINT_URL``, profile, region). Every store comes from
+:meth:`s3ckpt.store.Location.of`, the one process-wide cache: a plug-in and the hook with
+the same settings share one store. Nothing here runs at import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import torch
+from fsspec.core import split_protocol
+
+from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     DeleteRefusedError,
     LeaseHeldError,
     ObjectNotFoundError,
 )
-from s3ckpt.lightning._common import log
 from s3ckpt.retention import CheckpointInfo, Policy
+from s3ckpt.store import Location
 from s3ckpt.uri import StoreURL, parse_url
+
+log = logging.getLogger("s3ckpt.lightning")
+
+# Keys of a sharded checkpoint: the model's and optimizers' DTensor state dicts as DCP
+# saves them, and everything else Lightning saves, packed (s3ckpt.tools.packing), under
+# this key.
+_REST = "lightning"
+
+
+def _is_remote(path: Any) -> bool:
+    protocol, _ = split_protocol(str(path))
+    return protocol not in (None, "file", "local")
+
+
+def _metrics_of(checkpoint: Mapping[str, Any]) -> dict[str, float]:
+    """Each ModelCheckpoint's monitored value at this save, by its metric name."""
+    out: dict[str, float] = {}
+    callbacks = checkpoint.get("callbacks")
+    for state in callbacks.values() if isinstance(callbacks, Mapping) else ():
+        if isinstance(state, Mapping) and isinstance(state.get("monitor"), str):
+            with contextlib.suppress(TypeError, ValueError):
+                value = float(state.get("current_score"))  # type: ignore[arg-type]
+                if math.isfinite(value):
+                    out[state["monitor"]] = value
+    return out
+
+
+def _to_device(obj: Any, map_location: Any) -> Any:
+    """``obj`` (a checkpoint read into CPU memory) with its tensors placed as torch.load's
+    ``map_location`` would place tensors saved on the CPU: a device (``str``, ``int`` or
+    :class:`torch.device`); a dict, by its ``"cpu"`` entry; a function, called as
+    ``fn(storage, "cpu")`` (Lightning's default keeps CPU tensors where they are).
+    A DCP checkpoint does not record the device a tensor was saved from, so ``"cpu"`` is
+    the only source location a mapping can name."""
+    if isinstance(map_location, dict):
+        map_location = map_location.get("cpu")
+    if map_location is None:
+        return obj
+    if not callable(map_location):
+        device = torch.device(map_location)
+        return _map_tensors(obj, lambda t: t.to(device))
+    fn = map_location
+
+    def place(t: torch.Tensor) -> torch.Tensor:
+        moved = fn(t.untyped_storage(), "cpu")
+        return t if moved is None or moved.device == t.device else t.to(moved.device)
+
+    return _map_tensors(obj, place)
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor; containers keep their type (an
+    ``OrderedDict`` its ``_metadata``)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        out = type(obj)() if type(obj) in (dict, OrderedDict) else {}
+        out.update((k, _map_tensors(v, fn)) for k, v in obj.items())
+        if isinstance(out, OrderedDict) and hasattr(obj, "_metadata"):
+            out._metadata = obj._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)):
+        mapped = [_map_tensors(v, fn) for v in obj]
+        return mapped if isinstance(obj, list) else tuple(mapped)
+    return obj
+
+
+_LOCK = threading.Lock()
+# (scheme, bucket) -> the settings of the plug-in that last opened it; None -> those of the
+# last plug-in constructed.
+_SETTINGS: dict[tuple[str, str] | None, tuple[S3Config, TransferConfig]] = {}
+
+
+def remember(s3_config: S3Config, transfer: TransferConfig, url: StoreURL | None = None) -> None:
+    """Register a plug-in's settings: for ``url``'s bucket, or (``None``, at the plug-in's
+    construction) as the fallback for buckets no plug-in opened."""
+    with _LOCK:
+        _SETTINGS[None if url is None else (url.scheme, url.bucket)] = (s3_config, transfer)
+
+
+def location_for(target: str | StoreURL) -> Location:
+    """``target`` opened with the settings registered for its bucket (see the module).
+
+    Raises:
+        InvalidURLError: ``target`` is not a URL s3ckpt reads.
+    """
+    url = target if isinstance(target, StoreURL) else parse_url(str(target))
+    with _LOCK:
+        found = _SETTINGS.get((url.scheme, url.bucket)) or _SETTINGS.get(None)
+    s3_config, transfer_config = found or (None, None)
+    return Location.of(url, s3_config=s3_config, transfer_config=transfer_config)
+
 
 MAX_PENDING_REMOVALS = 1000
 """Removals :class:`Removals` remembers at most (a few hundred bytes each)."""
+
+_TRACKED_FIELDS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 # Refusals that pass with time: retried after the next commit. Any other refusal (pinned,
 # abandoned, foreign) is final: the checkpoint stays, with a warning.
@@ -88,16 +202,20 @@ class _Pending:
 class Removals:
     """The plug-in's ``remove_checkpoint`` requests, carried out when safe (see module).
 
+    Also what ``ModelCheckpoint`` tracks (see the module), updated by :meth:`begin_save`:
+    saves (AsyncCheckpointIO's worker) update it while ``remove_checkpoint`` (the training
+    thread) reads it.
+
     Args:
-        tracking: What ``ModelCheckpoint`` tracks, updated by :meth:`begin_save`.
         delete: Deletes one checkpoint (``delete_checkpoint``), raising s3ckpt's errors.
     """
 
-    def __init__(self, tracking: Tracking, delete: Callable[[str], Any]) -> None:
-        self.tracking = tracking
+    def __init__(self, delete: Callable[[str], Any]) -> None:
         self._delete = delete
         self._cond = threading.Condition()
-        self._saving: dict[str, int] = {}
+        self._tracked: dict[str, frozenset[str]] = {}  # by the callback's state key
+        self._warned = False
+        self._saving: Counter[str] = Counter()  # saves uploading, by path
         self._deleting: set[str] = set()
         self._pending: OrderedDict[str, _Pending] = OrderedDict()
 
@@ -129,24 +247,22 @@ class Removals:
         with self._cond:
             while key in self._deleting:
                 self._cond.wait()
-            self.tracking.update(checkpoint)
+            self._track(checkpoint)
             pending = self._pending.get(key)
             if pending is not None:
                 if pending.thread == threading.get_ident():
                     del self._pending[key]  # requested after the removal, on its thread
                 else:
                     pending.gone = False
-            self._saving[key] = self._saving.get(key, 0) + 1
+            self._saving[key] += 1
 
     def end_save(self, path: Any) -> None:
         """The save of ``path`` ended (committed or failed)."""
         key = path_key(path)
         with self._cond:
-            left = self._saving.get(key, 1) - 1
-            if left:
-                self._saving[key] = left
-            else:
-                self._saving.pop(key, None)
+            self._saving[key] -= 1
+            if self._saving[key] <= 0:
+                del self._saving[key]
 
     def flush(self, keys: Iterable[str] | None = None, *, final: bool = False) -> None:
         """Carry out the waiting removals that are safe now (``keys``: only those).
@@ -156,7 +272,7 @@ class Removals:
         """
         with self._cond:
             chosen = [k for k in (self._pending if keys is None else keys) if k in self._pending]
-            tracked = self.tracking.paths()
+            tracked = frozenset().union(*self._tracked.values())
             ready: list[tuple[str, _Pending]] = []
             for key in chosen:
                 p = self._pending[key]
@@ -199,19 +315,48 @@ class Removals:
             err, level = exc, logging.INFO
         except Exception as exc:  # a store error: never fail training over a cleanup
             err = exc
-        if final:
-            log.warning(
-                "s3ckpt: left %s in place (retention or `s3ckpt rm` can delete it): %s", p.path, err
-            )
-        elif not p.warned:
+        if final or not p.warned:
             p.warned = True
-            log.log(
-                level,
-                "s3ckpt: left %s in place for now (retried after the next commit): %s",
-                p.path,
-                err,
-            )
+            later = "for now (retried after the next commit)"
+            where = "(retention or `s3ckpt rm` can delete it)" if final else later
+            level = logging.WARNING if final else level
+            log.log(level, "s3ckpt: left %s in place %s: %s", p.path, where, err)
         return False
+
+    def _track(self, checkpoint: Mapping[str, Any]) -> None:
+        """Take the callback states of a checkpoint being saved (replacing each callback's
+        earlier state; callbacks it does not carry keep theirs). A ``ModelCheckpoint``
+        state is one with ``best_k_models``; its paths are spelled by :func:`path_key`."""
+        callbacks = checkpoint.get("callbacks")
+        for key, state in callbacks.items() if isinstance(callbacks, Mapping) else ():
+            if isinstance(state, Mapping) and isinstance(state.get("best_k_models"), Mapping):
+                paths = [*state["best_k_models"], *(state.get(n) for n in _TRACKED_FIELDS)]
+                self._tracked[str(key)] = frozenset(
+                    path_key(p) for p in paths if isinstance(p, str) and p
+                )
+
+    def protect(self, policy: Policy, run: StoreURL) -> Policy:
+        """``policy`` plus :class:`KeepTracked` for the tracked checkpoints directly in
+        ``run``. Warns once when no checkpoint saved so far carried a ``ModelCheckpoint``
+        state: there is nothing to protect then."""
+        with self._cond:
+            tracked = frozenset().union(*self._tracked.values())
+            unknown, self._warned = not self._tracked and not self._warned, True
+        if unknown:
+            log.warning(
+                "s3ckpt: the checkpoints saved to %s carry no ModelCheckpoint state "
+                "(save_weights_only=True, or no ModelCheckpoint), so the retention policy "
+                "cannot tell what ModelCheckpoint tracks and does not protect it (nor rank by "
+                "its metric): let save_top_k prune alone (policy=None)",
+                run,
+            )
+        names = set()
+        for path in tracked:
+            with contextlib.suppress(Exception):
+                url = parse_url(path)
+                if url.parent == run and url.name:
+                    names.add(url.name)
+        return policy | KeepTracked(frozenset(names)) if names else policy
 
 
 def install_async_teardown() -> None:
@@ -236,9 +381,6 @@ def install_async_teardown() -> None:
     AsyncCheckpointIO.teardown = teardown
 
 
-_PATH_FIELDS = ("best_model_path", "kth_best_model_path", "last_model_path")
-
-
 def path_key(path: Any) -> str:
     """One spelling per checkpoint URL (``s3://b/run/x.ckpt`` and ``.../x.ckpt/`` agree)."""
     text = str(path)
@@ -246,66 +388,6 @@ def path_key(path: Any) -> str:
         return str(parse_url(text))
     except Exception:  # not a URL s3ckpt reads: compare it as written
         return text
-
-
-class Tracking:
-    """The latest tracking state of every ``ModelCheckpoint`` seen in a saved checkpoint.
-
-    Thread-safe: saves (AsyncCheckpointIO's worker) update it while
-    ``remove_checkpoint`` (the training thread) reads it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by_callback: dict[str, frozenset[str]] = {}
-        self._warned = False
-
-    def update(self, checkpoint: Mapping[str, Any]) -> None:
-        """Take the callback states of a checkpoint being saved (replacing each callback's
-        earlier state; callbacks it does not carry keep theirs). A ``ModelCheckpoint``
-        state is one with ``best_k_models``; its paths are spelled by :func:`path_key`."""
-        callbacks = checkpoint.get("callbacks")
-        if not isinstance(callbacks, Mapping):
-            return
-        for key, state in callbacks.items():
-            if isinstance(state, Mapping) and isinstance(state.get("best_k_models"), Mapping):
-                paths = [*state["best_k_models"], *(state.get(n) for n in _PATH_FIELDS)]
-                found = frozenset(path_key(p) for p in paths if isinstance(p, str) and p)
-                with self._lock:
-                    self._by_callback[str(key)] = found
-
-    def warn_if_unknown(self, run: StoreURL) -> None:
-        """Warn once when a policy is about to run and no checkpoint saved so far carried
-        a ``ModelCheckpoint`` state: there is nothing to protect it from the policy."""
-        with self._lock:
-            if self._by_callback or self._warned:
-                return
-            self._warned = True
-        log.warning(
-            "s3ckpt: the checkpoints saved to %s carry no ModelCheckpoint state "
-            "(save_weights_only=True, or no ModelCheckpoint), so the retention policy cannot "
-            "tell what ModelCheckpoint tracks and does not protect it (nor rank by its "
-            "metric): let save_top_k prune alone (policy=None)",
-            run,
-        )
-
-    def paths(self) -> frozenset[str]:
-        """Every path some ``ModelCheckpoint`` tracks (its latest state), as :func:`path_key`
-        spells them."""
-        with self._lock:
-            return frozenset().union(*self._by_callback.values())
-
-    def names_in(self, run: StoreURL) -> frozenset[str]:
-        """The tracked checkpoints that live directly in ``run``, by name."""
-        out = set()
-        for path in self.paths():
-            try:
-                url = parse_url(path)
-            except Exception:
-                continue
-            if url.parent == run and url.name:
-                out.add(url.name)
-        return frozenset(out)
 
 
 @dataclass(frozen=True)
@@ -328,9 +410,3 @@ class KeepTracked(Policy):
 
     def describe(self) -> str:
         return f"tracked by ModelCheckpoint ({len(self.names)})"
-
-
-def protect(policy: Policy, names: Iterable[str]) -> Policy:
-    """``policy``, plus :class:`KeepTracked` for ``names`` when there are any."""
-    chosen = frozenset(names)
-    return policy | KeepTracked(chosen) if chosen else policy

@@ -19,27 +19,17 @@ from s3ckpt.checkpointer import RetentionRecord
 from s3ckpt.checkpointer._latest import Candidate, load_newest_good
 from s3ckpt.checkpointer._retention import resolve_policy
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp import S3StorageWriter
+from s3ckpt.dcp import S3StorageReader, S3StorageWriter
 from s3ckpt.errors import CheckpointError
-from s3ckpt.lightning._async import Removals, Tracking, install_async_teardown, protect
-from s3ckpt.lightning._common import _REST, StoreSettings, _is_remote, _metrics_of, remember
-from s3ckpt.lightning._last import find_last, fix_parse_ckpt_path, install_filesystem
-from s3ckpt.lightning._load import load_remote, open_reader
+from s3ckpt.lightning._async import _REST, Removals, _is_remote, _metrics_of, remember
+from s3ckpt.lightning._last import find_last, install_filesystem, setup
+from s3ckpt.lightning._load import load_remote
 from s3ckpt.retention import Policy, RetentionOptions, delete_checkpoint
 from s3ckpt.retention._liveness import DEFAULT_GRACE
 from s3ckpt.store import Location
 from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
 
 _T = TypeVar("_T")
-
-
-def setup(register_filesystem: bool | None) -> None:
-    """What a Trainer using the plug-in needs, installed when it is constructed (idempotent)
-    rather than at import: the ``s3://`` file system, ``ckpt_path="last"`` by store time, and
-    ``AsyncCheckpointIO``'s teardown reaching the plug-in."""
-    install_filesystem(register_filesystem)
-    fix_parse_ckpt_path()
-    install_async_teardown()
 
 
 class S3ModelCheckpoint(ModelCheckpoint):
@@ -121,10 +111,8 @@ class S3CheckpointIO(CheckpointIO):
         self.fallback = fallback
         self._resume: list[Candidate] = []  # ckpt_path="last": the chosen one, then fallbacks
         self._retention = Retention()
-        self._tracking = Tracking()
-        self._removals = Removals(self._tracking, self._delete)
-        self._store_settings = StoreSettings(self.s3_config, self.transfer_config)
-        remember(self._store_settings)
+        self._removals = Removals(self._delete)
+        remember(self.s3_config, self.transfer_config)
         setup(register_filesystem)
 
     # -- Lightning's CheckpointIO ------------------------------------------------------------
@@ -147,9 +135,7 @@ class S3CheckpointIO(CheckpointIO):
         if not _is_remote(path):
             self._torch_io.save_checkpoint(checkpoint, path, storage_options)
             return
-        here = self._open(path)
-        self._save(pack_state(checkpoint), here, checkpoint, None, True)
-        self._after_commit(here, checkpoint)
+        self._save(pack_state(checkpoint), path, checkpoint, None, True)
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -222,11 +208,7 @@ class S3CheckpointIO(CheckpointIO):
         process_group: dist.ProcessGroup | None,
     ) -> None:
         """Every rank: save ``sharded`` (DTensor state dicts) and ``rest`` as one checkpoint."""
-        here = self._open(path)
-        state = {**sharded, _REST: pack_state(rest)}
-        self._save(state, here, rest, process_group, False)
-        if dist.get_rank(process_group) == 0:
-            self._after_commit(here, rest)
+        self._save({**sharded, _REST: pack_state(rest)}, path, rest, process_group, False)
 
     def load_sharded(
         self,
@@ -244,7 +226,12 @@ class S3CheckpointIO(CheckpointIO):
         """
 
         def read(here: Location) -> dict[str, Any]:
-            reader = open_reader(here, weights_only, self.safe_globals, self.verify_checksums)
+            reader = S3StorageReader(
+                here,
+                verify_checksums=self.verify_checksums,
+                allow_unsafe_pickle=weights_only is False,
+                safe_globals=self.safe_globals,
+            )
             rest = packed_destinations(reader.metadata, _REST)
             if rest is None:
                 raise CheckpointError(
@@ -292,26 +279,28 @@ class S3CheckpointIO(CheckpointIO):
     def _open(self, path: Any) -> Location:
         """``path`` in the process's shared store for this plug-in's settings, which are
         registered for its bucket (for ``load_from_checkpoint`` and the file system)."""
-        here = self._store_settings.open(str(path))
-        remember(self._store_settings, here.url)
+        here = Location.of(
+            str(path), s3_config=self.s3_config, transfer_config=self.transfer_config
+        )
+        remember(self.s3_config, self.transfer_config, here.url)
         return here
 
-    @staticmethod
-    def _step(checkpoint: Mapping[str, Any]) -> int | None:
-        step = checkpoint.get("global_step")
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
-
     def _save(
-        self, state: dict[str, Any], here: Location, ckpt: Mapping[str, Any], pg: Any, one: bool
+        self, state: dict[str, Any], path: Any, ckpt: Mapping[str, Any], pg: Any, one: bool
     ) -> None:
-        """Save ``state`` at ``here`` on process group ``pg`` (``one``: in this process alone)."""
+        """Save ``state`` at ``path`` on process group ``pg`` (``one``: in this process
+        alone); then, on rank 0, the removals that waited for this commit and a retention
+        pass that keeps what any ``ModelCheckpoint`` tracks."""
+        here = self._open(path)
+        step = ckpt.get("global_step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else None
         self._removals.begin_save(str(here), ckpt)
         writer = S3StorageWriter(
             here.url,
             s3_config=self.s3_config,
             transfer_config=self.transfer_config,
             overwrite=True,
-            step=self._step(ckpt),
+            step=step,
             metrics=_metrics_of(ckpt),
             store=here.store,
         )
@@ -320,21 +309,15 @@ class S3CheckpointIO(CheckpointIO):
                 dcp.save(state, storage_writer=writer, process_group=pg, no_dist=one)
         finally:
             self._removals.end_save(str(here))
+        if one or dist.get_rank(pg) == 0:
+            self._removals.flush()
+            if self.policy is not None:
+                policy = self._removals.protect(self.policy, here.parent.url)
+                self._retention.schedule(here.parent, policy, self.retention_grace, step)
 
     def _delete(self, path: str) -> None:
         options = RetentionOptions(grace=self.retention_grace)
         delete_checkpoint(self._open(path), options=options)
-
-    def _after_commit(self, here: Location, checkpoint: Mapping[str, Any]) -> None:
-        """Rank 0, after a commit: the removals that waited for it, then a retention pass
-        that keeps what any ``ModelCheckpoint`` tracks."""
-        self._removals.flush()
-        if self.policy is None:
-            return
-        run = here.parent
-        self._tracking.warn_if_unknown(run.url)
-        policy = protect(self.policy, self._tracking.names_in(run.url))
-        self._retention.schedule(run, policy, self.retention_grace, self._step(checkpoint))
 
 
 class S3ModelParallelStrategy(ModelParallelStrategy):

@@ -17,7 +17,7 @@ things break on S3:
   object's own, for a single-file checkpoint), and hands Lightning the chosen path. Local
   candidates keep Lightning's ``fs.modified``.
 
-The resume heals (:func:`resume_chain`): a candidate the catalog knows damaged (``s3ckpt
+The resume heals (:func:`newest_last`): a candidate the catalog knows damaged (``s3ckpt
 check`` found it, or its marker is unreadable) is skipped with a WARNING, and the chain of
 what to fall back to (the older candidates, then every committed checkpoint of the
 candidates' folders, newest first) goes to the trainer's :class:`S3CheckpointIO`, whose
@@ -61,10 +61,19 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from s3ckpt.checkpointer._latest import Candidate, load_newest_good
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
-from s3ckpt.lightning._common import _is_remote, location_for, log
+from s3ckpt.lightning._async import _is_remote, install_async_teardown, location_for, log
 from s3ckpt.retention import list_checkpoints
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
+
+
+def setup(register_filesystem: bool | None) -> None:
+    """What a Trainer using the plug-in needs, installed when it is constructed (idempotent)
+    rather than at import: the ``s3://`` file system, ``ckpt_path="last"`` by store time, and
+    ``AsyncCheckpointIO``'s teardown reaching the plug-in."""
+    install_filesystem(register_filesystem)
+    fix_parse_ckpt_path()
+    install_async_teardown()
 
 
 def find_last(cb: ModelCheckpoint, trainer: Any, find: Any) -> set[str]:
@@ -82,6 +91,7 @@ def find_last(cb: ModelCheckpoint, trainer: Any, find: Any) -> set[str]:
 
 def fix_parse_ckpt_path() -> None:
     """Resolve ``ckpt_path="last"`` by store time when a candidate is remote (see module)."""
+    from lightning.pytorch.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
     original = _CheckpointConnector._parse_ckpt_path
@@ -92,7 +102,17 @@ def fix_parse_ckpt_path() -> None:
         self: _CheckpointConnector, state_fn: Any, ckpt_path: Any, *args: Any, **kwargs: Any
     ) -> Any:
         if ckpt_path == "last":
-            candidates = last_candidates(self.trainer)
+            # What Lightning considers: each OnExceptionCheckpoint's path and each
+            # ModelCheckpoint's last*.ckpt files.
+            found = {
+                getattr(cb, "ckpt_path", None)
+                for cb in self.trainer.callbacks
+                if isinstance(cb, OnExceptionCheckpoint)
+            }
+            for cb in self.trainer.checkpoint_callbacks:
+                if isinstance(cb, ModelCheckpoint):
+                    found |= find_last(cb, self.trainer, cb._find_last_checkpoints)
+            candidates = sorted(str(p) for p in found if p)
             if any(_is_remote(p) for p in candidates):
                 ckpt_path = newest_last(self.trainer, candidates)
                 if ckpt_path is None:  # Lightning's own words for this case
@@ -108,26 +128,37 @@ def fix_parse_ckpt_path() -> None:
     _CheckpointConnector._parse_ckpt_path = _parse_ckpt_path
 
 
-def last_candidates(trainer: Any) -> list[str]:
-    """What Lightning considers for ``ckpt_path="last"``: each ``OnExceptionCheckpoint``'s
-    path and each ``ModelCheckpoint``'s ``last*.ckpt`` files."""
-    from lightning.pytorch.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
-
-    found = {
-        getattr(cb, "ckpt_path", None)
-        for cb in trainer.callbacks
-        if isinstance(cb, OnExceptionCheckpoint)
-    }
-    for cb in trainer.checkpoint_callbacks:
-        if isinstance(cb, ModelCheckpoint):
-            found |= find_last(cb, trainer, cb._find_last_checkpoints)
-    return sorted(str(p) for p in found if p)
-
-
 def newest_last(trainer: Any, candidates: list[str]) -> str | None:
-    """The good candidate with the newest modification time (None when none exists): the
-    head of :func:`resume_chain`, which the trainer's plug-in is told for its load."""
-    chain = resume_chain(trainer, candidates)
+    """The good candidate with the newest modification time (None when none exists), and
+    the chain of what to fall back to, which the trainer's plug-in is told for its load.
+
+    The chain, in order: the candidates that exist, newest first by modification time,
+    then the other committed checkpoints of the remote candidates' folders, newest first
+    (by step, then commit time); each with the catalog's verdict on it
+    (:attr:`~s3ckpt.retention.CheckpointInfo.damage`): one known damaged is skipped.
+
+    Request cost: a candidate's HEADs (:func:`modified`), and one catalog per remote folder
+    (:func:`~s3ckpt.retention.list_checkpoints`)."""
+    stamps = {p: t for p in candidates if (t := modified(p, trainer)) is not None}
+    folders: dict[str, list[Candidate]] = {}
+    known: dict[str, Candidate] = {}  # the listed folders' checkpoints not yet in the chain
+    chain = []
+    for path in sorted(stamps, key=stamps.__getitem__, reverse=True):
+        c = None
+        try:
+            here = _location(path, trainer) if _is_remote(path) else None
+            if here is not None and str(here.url.parent) not in folders:
+                listed = Candidate.newest_first(list_checkpoints(here.parent))
+                folders[str(here.url.parent)] = listed
+                known.update((c.url, c) for c in listed)
+            c = known.pop(str(here.url), None) if here is not None else None
+        except S3CkptError as exc:  # what is known about damage is then unknown: loads verify
+            log.warning(
+                "s3ckpt: cannot list the folder of %s (%s); no fallback beyond it", path, exc
+            )
+        chain.append(Candidate(path, c.step, c.damage) if c is not None else Candidate(path))
+    rest = [c for listed in folders.values() for c in listed if c.url in known]
+    chain += [Candidate(c.url.rstrip("/"), c.step, c.damage) for c in rest]
     remote = [c.url for c in chain if _is_remote(c.url)]
     if not remote:
         return chain[0].url if chain else None
@@ -140,41 +171,6 @@ def newest_last(trainer: Any, candidates: list[str]) -> str | None:
     if io is not None:
         io.resume_from(good)
     return good[0].url
-
-
-def resume_chain(trainer: Any, candidates: list[str]) -> list[Candidate]:
-    """What ``ckpt_path="last"`` may load, in order: the candidates that exist, newest
-    first by modification time, then the other committed checkpoints of the remote
-    candidates' folders, newest first (by step, then commit time); each with the catalog's
-    verdict on it (:attr:`~s3ckpt.retention.CheckpointInfo.damage`).
-
-    Request cost: a candidate's HEADs (:func:`modified`), and one catalog per remote folder
-    (:func:`~s3ckpt.retention.list_checkpoints`)."""
-    stamps = {p: t for p in candidates if (t := modified(p, trainer)) is not None}
-    ordered = sorted(stamps, key=stamps.__getitem__, reverse=True)
-    folders: dict[str, list[Candidate]] = {}
-    urls: dict[str, str] = {}  # a remote candidate's path: its URL as the catalog spells it
-    for path in ordered:
-        try:
-            here = _location(path, trainer) if _is_remote(path) else None
-            if here is not None and str(here.url.parent) not in folders:
-                folders[str(here.url.parent)] = Candidate.newest_first(
-                    list_checkpoints(here.parent)
-                )
-        except S3CkptError as exc:  # what is known about damage is then unknown: loads verify
-            log.warning(
-                "s3ckpt: cannot list the folder of %s (%s); no fallback beyond it", path, exc
-            )
-            continue
-        if here is not None:
-            urls[path] = str(here.url)
-    known = {c.url: c for found in folders.values() for c in found}
-    chain = []
-    for path in ordered:
-        c = known.pop(urls.get(path, ""), None)
-        chain.append(Candidate(path, c.step, c.damage) if c is not None else Candidate(path))
-    rest = [c for found in folders.values() for c in found if c.url in known]
-    return chain + [Candidate(c.url.rstrip("/"), c.step, c.damage) for c in rest]
 
 
 def modified(path: str, trainer: Any = None) -> float | None:
@@ -193,8 +189,7 @@ def modified(path: str, trainer: Any = None) -> float | None:
     try:
         return fs.modified(path).timestamp()
     except IsADirectoryError:  # a folder: time it by what is in it
-        stamp = fs.modified(f"{path.rstrip('/')}/{MANIFEST_NAME}")
-        return stamp.timestamp()
+        return fs.modified(f"{path.rstrip('/')}/{MANIFEST_NAME}").timestamp()
 
 
 def checkpoint_mtime(location: Location) -> float | None:
@@ -221,7 +216,7 @@ def _plugin(trainer: Any) -> Any:
 
 def _location(path: str, trainer: Any) -> Location:
     """``path`` in the trainer's s3ckpt plug-in's store (its endpoint and credentials),
-    else with the settings registered for its bucket (:mod:`s3ckpt.lightning._common`)."""
+    else with the settings registered for its bucket (:mod:`s3ckpt.lightning._async`)."""
     io = _plugin(trainer)
     return location_for(path) if io is None else io._open(path)
 
@@ -267,13 +262,6 @@ class _S3CkptFileSystem(AbstractFileSystem):
     protocol = _PROTOCOLS
     root_marker = ""
 
-    @classmethod
-    def _strip_protocol(cls, path: Any) -> str:
-        text = str(path)
-        for p in ("s3://", "s3a://"):
-            text = text.removeprefix(p)
-        return text.rstrip("/")
-
     def _split(self, path: Any) -> tuple[ObjectStore, str, str]:
         bucket, _, key = self._strip_protocol(path).partition("/")
         return location_for(f"s3://{bucket}/").store, bucket, key
@@ -285,9 +273,8 @@ class _S3CkptFileSystem(AbstractFileSystem):
             return _file(f"{bucket}/{key}", head)
         if not key or any(True for _ in store.list(key + "/")):
             return _dir(f"{bucket}/{key}" if key else bucket)
-        with _FS_LOCK:
-            if (bucket, key) in _MADE:
-                return _dir(f"{bucket}/{key}")
+        if (bucket, key) in _MADE:  # a membership test needs no lock
+            return _dir(f"{bucket}/{key}")
         raise FileNotFoundError(str(path))
 
     def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
@@ -343,13 +330,12 @@ class _S3CkptFileSystem(AbstractFileSystem):
         with _FS_LOCK:
             _MADE.discard((bucket, key))
 
-    def rm_file(self, path: Any) -> None:
-        """Delete one plain object; a checkpoint, or a file inside one, is refused."""
+    def _rm(self, path: Any) -> None:
+        """Delete one plain object (``rm_file``, ``rm``); a checkpoint, or a file inside
+        one, is refused."""
         store, bucket, key = self._split(path)
         if not key or store.head(key) is None:
-            with _FS_LOCK:
-                made = (bucket, key) in _MADE
-            if key and made:
+            if key and (bucket, key) in _MADE:
                 return self.rmdir(path)
             if key and self.isdir(path):
                 raise IsADirectoryError(
@@ -366,9 +352,6 @@ class _S3CkptFileSystem(AbstractFileSystem):
         failures = store.delete([key])
         if failures:
             raise OSError(f"could not delete s3://{bucket}/{key}: {failures[0]}")
-
-    def _rm(self, path: Any) -> None:
-        self.rm_file(path)
 
     def _open(self, path: Any, mode: str = "rb", **kwargs: Any) -> Any:
         store, bucket, key = self._split(path)

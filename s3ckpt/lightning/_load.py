@@ -45,11 +45,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
-import itertools
 import pickle
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +54,15 @@ import fsspec
 import torch
 import torch.distributed.checkpoint as dcp
 from fsspec.core import split_protocol
+from fsspec.spec import AbstractBufferedFile
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 
 from s3ckpt._plugin_common import dcp_errors
 from s3ckpt._units import format_bytes
 from s3ckpt.dcp import SAFE_GLOBALS, S3StorageReader, SafeGlobal
+from s3ckpt.dcp._safe import _torch_globals, global_name, reason
 from s3ckpt.errors import (
     CheckpointNotFoundError,
     CorruptCheckpointError,
@@ -72,26 +72,10 @@ from s3ckpt.errors import (
     UnsafeCheckpointError,
 )
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
-from s3ckpt.lightning._common import _REST, _is_remote, _to_device, location_for, log
+from s3ckpt.lightning._async import _REST, _is_remote, _to_device, location_for, log
 from s3ckpt.lightning._last import checkpoint_mtime
 from s3ckpt.store import Location, ObjectInfo, ObjectStore
 from s3ckpt.tools.packing import is_packed, item_destinations, unpack_state
-
-
-def open_reader(
-    location: Location,
-    weights_only: bool | None,
-    safe_globals: Sequence[SafeGlobal] = (),
-    verify_checksums: bool = True,
-) -> S3StorageReader:
-    """A reader of the checkpoint at ``location`` (its store and settings); extra
-    ``safe_globals``; ``weights_only=False`` is full pickle."""
-    return S3StorageReader(
-        location,
-        verify_checksums=verify_checksums,
-        allow_unsafe_pickle=weights_only is False,
-        safe_globals=safe_globals,
-    )
 
 
 def load_remote(
@@ -125,10 +109,15 @@ def load_remote(
                 "the prefix: loading the object",
                 url,
             )
-        block = location.transfer_config.part_size
-        return load_object(store, obj, map_location, weights_only, safe_globals, block)
+        part = location.transfer_config.part_size
+        return load_object(store, obj, map_location, weights_only, safe_globals, part)
     try:
-        reader = open_reader(location, weights_only, safe_globals, verify_checksums)
+        reader = S3StorageReader(
+            location,
+            verify_checksums=verify_checksums,
+            allow_unsafe_pickle=weights_only is False,
+            safe_globals=safe_globals,
+        )
     except CheckpointNotFoundError as exc:
         if type(exc) is not CheckpointNotFoundError:
             raise  # an uncommitted s3ckpt save: its own message says what to do
@@ -162,13 +151,10 @@ def rebuild(flat: Mapping[str, Any], metadata: Metadata) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for fqn, value in flat.items():
         path = paths.get(fqn)
-        _set_path(nested, tuple(path) if path else (fqn,), value)
-    rest = nested.pop(_REST, None)
-    if not is_packed(rest):
-        if rest is not None:
-            nested[_REST] = rest
+        set_element(nested, tuple(path) if path else (fqn,), value)
+    if not is_packed(nested.get(_REST)):
         return nested
-    ckpt: dict[str, Any] = unpack_state(rest)
+    ckpt: dict[str, Any] = unpack_state(nested.pop(_REST))
     optimizers = sorted(
         (int(k.split("_", 1)[1]), k)
         for k in nested
@@ -180,25 +166,6 @@ def rebuild(flat: Mapping[str, Any], metadata: Metadata) -> dict[str, Any]:
         ckpt["optimizer_states"] = [nested.pop(k) for _, k in optimizers]
     ckpt.update(nested)
     return ckpt
-
-
-def _set_path(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
-    """``root[path[0]][path[1]]... = value``, creating dicts (str keys) and lists (int
-    indices, padded with None until every index is set) on the way."""
-    node: Any = root
-    for here, nxt in itertools.pairwise(path):
-        empty: Any = [] if isinstance(nxt, int) else {}
-        if isinstance(node, list):
-            node.extend([None] * (here + 1 - len(node)))
-            if node[here] is None:
-                node[here] = empty
-            node = node[here]
-        else:
-            node = node.setdefault(here, empty)
-    last = path[-1]
-    if isinstance(node, list):
-        node.extend([None] * (last + 1 - len(node)))
-    node[last] = value
 
 
 # -- load_from_checkpoint -------------------------------------------------------------------
@@ -237,7 +204,7 @@ def install_load_hook() -> None:
     s3ckpt or DCP prefix, or a stock Lightning object) is read by :func:`load_remote`, as
     ``S3CheckpointIO.load_checkpoint`` reads it (``map_location`` and ``weights_only``
     honoured, :data:`s3ckpt.dcp.SAFE_GLOBALS` allowed, the store configured as
-    :mod:`s3ckpt.lightning._common` says: a plug-in's settings for the bucket, else the
+    :mod:`s3ckpt.lightning._async` says: a plug-in's settings for the bucket, else the
     environment's: ``AWS_ENDPOINT_URL``, profile, region); so is a missing one on a scheme no
     other fsspec file system reads (``CheckpointNotFoundError``, a ``FileNotFoundError``).
     Everything else, local files and file objects above all, goes to Lightning's own
@@ -265,9 +232,6 @@ def install_load_hook() -> None:
     saving.pl_load = pl_load
 
 
-_GLOBALS_LOCK = threading.Lock()
-
-
 def load_object(
     store: ObjectStore,
     info: ObjectInfo,
@@ -292,10 +256,7 @@ def load_object(
             f"{where} is an empty object (0 bytes), not a torch.save checkpoint", **ctx
         )
     log.info("s3ckpt: loading %s, one torch.save object of %s (stock Lightning)", where, size)
-    raw = _RangeFile(store, info.key, info.size, where)
-    f: io.IOBase = io.BufferedReader(raw, block)
-    if info.size <= block:  # one GET
-        f = io.BytesIO(f.read(info.size))
+    f = _RangeFile(store, info, block, where)
 
     def unchanged() -> None:
         now = store.head(info.key) if info.etag is not None else info
@@ -308,30 +269,29 @@ def load_object(
                 **ctx,
             )
 
+    safe = weights_only is not False
     try:
-        if weights_only is False:
-            obj = torch.load(f, map_location=map_location, weights_only=False)
-        else:
-            with _allowed([*SAFE_GLOBALS, *safe_globals]):
-                obj = torch.load(f, map_location=map_location, weights_only=True)
+        with contextlib.ExitStack() as allowed:
+            if safe:  # torch's allow-list is process-wide: s3ckpt's readers share its lock
+                allowed.enter_context(_torch_globals)
+                allowed.enter_context(
+                    torch.serialization.safe_globals([*SAFE_GLOBALS, *safe_globals])
+                )
+            obj = torch.load(f, map_location=map_location, weights_only=safe)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
-        failed = exc if isinstance(exc, S3CkptError) else raw.error  # torch may wrap it
+        failed = exc if isinstance(exc, S3CkptError) else f.error  # torch may wrap it
         if failed is not None:
             raise (gone if isinstance(failed, ObjectNotFoundError) else failed) from exc
         unchanged()
-        text = str(exc).split("WeightsUnpickler error:")[-1].strip().split("\n\n", 1)[0]
-        reason = " ".join(text.split()) or type(exc).__name__  # torch's words, first paragraph
-        if weights_only is not False and isinstance(exc, pickle.UnpicklingError):
-            names = [
-                g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
-                for g in safe_globals
-            ]
-            listed = ", safe_globals " + ", ".join(names) if names else ""
+        why = reason(exc)
+        if safe and isinstance(exc, pickle.UnpicklingError):
+            names = ", ".join(map(global_name, safe_globals))
+            listed = f", safe_globals {names}" if names else ""
             raise UnsafeCheckpointError(
                 f"{where} ({size}) does not load with torch.load(weights_only=True): "
-                f"{reason} (torch's weights_only defaults, s3ckpt.dcp.SAFE_GLOBALS{listed}). "
+                f"{why} (torch's weights_only defaults, s3ckpt.dcp.SAFE_GLOBALS{listed}). "
                 "If the types it holds are plain values, pass them as "
                 "S3CheckpointIO(safe_globals=[...]) (or torch.serialization.add_safe_globals); "
                 "if you trust this bucket, load with weights_only=False",
@@ -339,73 +299,38 @@ def load_object(
             ) from exc
         raise CorruptCheckpointError(
             f"{where} ({size}) is not a checkpoint torch.load can read: "
-            f"{type(exc).__name__}: {reason}",
+            f"{type(exc).__name__}: {why}",
             **ctx,
         ) from exc
     unchanged()
     return obj
 
 
-class _RangeFile(io.RawIOBase):
-    """A read-only, seekable file over one object: each ``readinto`` is one ranged GET
-    (resumed by the store on a transient failure mid-body)."""
+class _RangeFile(AbstractBufferedFile):
+    """A read-only, seekable file over one object, read ``block`` bytes ahead: each read
+    past what is held is one ranged GET (resumed by the store on a transient failure
+    mid-body); an object up to ``block`` bytes is one GET."""
 
-    def __init__(self, store: ObjectStore, key: str, size: int, where: str) -> None:
-        super().__init__()
-        self._store, self._key, self._size, self._where = store, key, size, where
-        self._pos = 0
+    def __init__(self, store: ObjectStore, info: ObjectInfo, block: int, where: str) -> None:
+        self._store, self._where = store, where
         self.error: S3CkptError | None = None
+        super().__init__(None, info.key, block_size=block, size=info.size)
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        pos = offset + {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if pos < 0:
-            raise ValueError(f"negative seek position {pos}")
-        self._pos = pos
-        return pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        want, got = min(len(view), self._size - self._pos), 0
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        buf = bytearray(end - start)
+        view, got = memoryview(buf), 0
         try:
-            if want > 0:
-                with contextlib.closing(self._store.open_range(self._key, self._pos, want)) as r:
-                    while got < want and (n := r.readinto(view[got:want])):
-                        got += n
-            if got < want:
+            with contextlib.closing(self._store.open_range(self.path, start, len(buf))) as r:
+                while got < len(buf) and (n := r.readinto(view[got:])):
+                    got += n
+            if got < len(buf):
                 raise CorruptCheckpointError(
-                    f"{self._where} ended at byte {self._pos + got}, before the {self._size} "
+                    f"{self._where} ended at byte {start + got}, before the {self.size} "
                     "bytes its HEAD reported (rewritten or truncated while it was read)",
                     bucket=self._store.bucket,
-                    key=self._key,
+                    key=self.path,
                 )
         except S3CkptError as exc:
             self.error = exc
             raise
-        self._pos += got
-        return got
-
-
-@contextlib.contextmanager
-def _allowed(globs: Sequence[SafeGlobal]) -> Iterator[None]:
-    """``globs`` added to torch's allowed globals for the duration (see the module)."""
-    with _GLOBALS_LOCK:
-        present = set(torch.serialization.get_safe_globals())
-        extra = [g for g in dict.fromkeys(globs) if g not in present]
-        torch.serialization.add_safe_globals(extra)
-    try:
-        yield
-    finally:
-        if extra:
-            with _GLOBALS_LOCK:
-                keep = [g for g in torch.serialization.get_safe_globals() if g not in extra]
-                torch.serialization.clear_safe_globals()
-                torch.serialization.add_safe_globals(keep)
+        return bytes(buf)

@@ -114,17 +114,16 @@ def _refused(action: Callable[[], object]) -> bool:
     return lost is False
 
 
-def _probe_delete(store: ObjectStore, key: str, body: bytes, echo: list[bool]) -> bool:
-    try:
-        with expecting("precondition_failed"):  # the answer a conforming store gives
-            store.delete_if_match(key, WRONG_ETAG)
-    except PreconditionFailedError:
+def _probe_delete(store: ObjectStore, key: str, put: Callable[..., str], body: bytes) -> bool:
+    """``DeleteObject If-Match: <wrong ETag>`` answered 412 and left ``key``; a store that
+    deleted it gets it back. Not implemented, denied, InvalidArgument ...: not enforced."""
+    lost = _lost(partial(store.delete_if_match, key, WRONG_ETAG))
+    if isinstance(lost, BaseException) and not isinstance(lost, StoreError):
+        raise lost
+    if lost is False:
         return store.head(key) is not None
-    except StoreError as exc:  # not implemented, denied, InvalidArgument ...
-        log.debug("s3ckpt: conditional DeleteObject probe failed: %s", exc)
-        return False
-    if store.head(key) is None:  # the store deleted it: put the caller's object back
-        _lost(lambda: _put(store, key, body, echo, if_none_match=True))
+    if lost is True and store.head(key) is None:
+        _lost(partial(put, key, body, if_none_match=True))
     return False
 
 
@@ -150,7 +149,8 @@ def probe_capabilities(
     """What ``store`` enforces, probed on ``key``, an object the caller owns (see the
     module docs); cached per (endpoint, bucket) and process. ``body`` creates a missing
     ``key``; ``probe_delete`` adds the conditional delete (pruners: a trainer may not
-    delete); ``race_pairs`` races that many pairs of each kind on ``{key}.race-KIND.N``
+    delete; a cached answer without it is probed again whole); ``race_pairs`` races that
+    many pairs of each kind on ``{key}.race-KIND.N``
     (left there for the caller to remove; never answered from the cache).
 
     Raises:
@@ -162,7 +162,7 @@ def probe_capabilities(
         return cached
     echo: list[bool] = []
     put = partial(_put, store, echo=echo)
-    races: list[RaceResult] = list(cached.races) if cached is not None else []
+    races: list[RaceResult] = []
     info = store.head(key)
     if info is None:
         if body is None:
@@ -180,14 +180,10 @@ def probe_capabilities(
             if body is None:
                 raise ValueError(f"cannot probe {key!r}: it vanished") from None
     current: bytes = body
-    if cached is not None:
-        create, replace_ = cached.conditional_create, cached.conditional_replace
-        list_uploads = cached.list_uploads
-    else:
-        create = _refused(lambda: put(key, current, if_none_match=True))
-        replace_ = _refused(lambda: put(key, current, if_match=WRONG_ETAG))
-        list_uploads = _probe_list_uploads(store, key)
-    delete = _probe_delete(store, key, current, echo) if probe_delete else False
+    create = _refused(lambda: put(key, current, if_none_match=True))
+    replace_ = _refused(lambda: put(key, current, if_match=WRONG_ETAG))
+    list_uploads = _probe_list_uploads(store, key)
+    delete = _probe_delete(store, key, put, current) if probe_delete else False
     for kind, alone in (("create", create), ("replace", replace_), ("delete", delete)):
         if race_pairs and alone:  # a condition ignored alone needs no race to fail
             races.append(race(store, f"{key}.race-{kind}", kind, pairs=race_pairs, put=put))  # type: ignore[arg-type]
@@ -195,8 +191,6 @@ def probe_capabilities(
     enforces = getattr(store, "enforces", None)  # a store that knows its checks are not
     if isinstance(enforces, frozenset):  # atomic (FsspecStore) says so: a 412 seen is no proof
         atomic = {k: atomic[k] and k in enforces for k in RACED}
-    if cached is not None and cached.checksum_echo is not None:
-        echo = [cached.checksum_echo]
     caps = Capabilities(
         conditional_create=create and atomic["create"],
         conditional_replace=replace_ and atomic["replace"],
@@ -313,7 +307,6 @@ def race(
     pairs: int = 1,
     body: bytes | None = None,
     put: Callable[..., str] | None = None,
-    tag: str = "s3ckpt race",
 ) -> RaceResult:
     """Race ``pairs`` pairs of ``kind`` on ``key.0``, ``key.1`` ... (``body``: one pair of
     creates of ``key`` itself with these bytes), the two requests of a pair sent at once
@@ -336,13 +329,15 @@ def race(
 
     with ThreadPoolExecutor(2, thread_name_prefix="s3ckpt-race") as pool:
         for i in range(pairs):
-            k = f"{key}.{i}" if body is None else key
-            mine = [body, body] if body is not None else [_bytes(tag, kind, i, s) for s in "ab"]
+            if body is None:
+                k, mine = f"{key}.{i}", [f"s3ckpt race {kind} {i} {s}\n".encode() for s in "ab"]
+            else:
+                k, mine = key, [body, body]
             requests: list[Callable[[], object]]
             if kind == "create":
                 requests = [partial(put, k, b, if_none_match=True) for b in mine]
             else:
-                etag = put(k, _bytes(tag, kind, i, "first")) or _etag(store, k)
+                etag = put(k, f"s3ckpt race {kind} {i} first\n".encode()) or _etag(store, k)
                 requests = [partial(put, k, b, if_match=etag) for b in mine]
                 if kind == "delete":
                     mine[0] = b""  # the deleter's result: the key is gone
@@ -357,10 +352,6 @@ def race(
             elif _read(store, k) != mine[winners[0]]:
                 counts[2] += 1
     return RaceResult(kind, pairs, *counts)
-
-
-def _bytes(tag: str, kind: str, i: int, side: str) -> bytes:
-    return f"{tag} {kind} {i} {side}\n".encode()
 
 
 def _etag(store: ObjectStore, key: str) -> str:
@@ -394,62 +385,43 @@ store.abort_multipart(key, upload_id)
 
 
 def other_process_upload(
-    store: ObjectStore, key: str, prefix: str, opened: Callable[[str], None]
+    store: ObjectStore, key: str, prefix: str, opened: Callable[[tuple[str, str]], None]
 ) -> tuple[bool, str]:
     """Whether ``ListMultipartUploads`` of ``prefix`` lists an upload of ``key`` another
     process opened (``python -c``, the store pickled to it: a registry in one process would
-    pass a second client; ``memory://`` gets a second copy of itself), and how it was
-    opened. ``opened(upload_id)`` is told the upload at once (for cleanup)."""
-    proc = _other_process(store, key)
-    try:
-        if proc is None:
-            upload_id, how = (
-                _second_copy(store).create_multipart(key),
-                "a second copy of this in-process store",
-            )
-        else:
-            assert proc.stdout is not None
-            upload_id, how = proc.stdout.readline().strip(), "another process"
-            if not upload_id:
-                _, err = proc.communicate(timeout=60)
-                last = (err.strip().splitlines() or ["it exited"])[-1]
-                raise RuntimeError(f"the other process could not open an upload: {last}")
-        opened(upload_id)
-        return upload_id in {u.upload_id for u in store.list_multipart_uploads(prefix)}, how
-    finally:
-        if proc is not None and proc.returncode is None:
-            try:  # let it abort its upload and end (killed after 60 s)
-                proc.communicate("done\n", timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-
-
-def _other_process(store: ObjectStore, key: str) -> subprocess.Popen[str] | None:
-    if store.url_scheme == "memory":
-        return None
+    pass a second client; a store that cannot be pickled, ``memory://``, opens it itself),
+    and how it was opened. ``opened((key, upload_id))`` is told the upload at once (for
+    cleanup)."""
     try:
         blob = base64.b64encode(pickle.dumps(store)).decode("ascii")
-    except Exception:  # a store that lives in this process only (a test's wrapper)
-        return None
+    except Exception:  # a store that lives in this process only (memory://, a test's wrapper)
+        upload_id = store.create_multipart(key)
+        opened((key, upload_id))
+        listed = {u.upload_id for u in store.list_multipart_uploads(prefix)}
+        return upload_id in listed, "a second copy of this in-process store"
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     pipe = subprocess.PIPE
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", _CHILD], stdin=pipe, stdout=pipe, stderr=pipe, text=True, env=env
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(f"{blob}\n{key}\n")
-    proc.stdin.flush()
-    return proc
-
-
-def _second_copy(store: ObjectStore) -> ObjectStore:
-    try:
-        copied: ObjectStore = pickle.loads(pickle.dumps(store))
-    except Exception:  # MemoryStore: the store is the server; it has no second client
-        return store
-    return copied
+    ) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{blob}\n{key}\n")
+        proc.stdin.flush()
+        try:
+            upload_id = proc.stdout.readline().strip()
+            if not upload_id:
+                last = (proc.communicate(timeout=60)[1].strip().splitlines() or ["it exited"])[-1]
+                raise RuntimeError(f"the other process could not open an upload: {last}")
+            opened((key, upload_id))
+            listed = {u.upload_id for u in store.list_multipart_uploads(prefix)}
+            return upload_id in listed, "another process"
+        finally:
+            if proc.returncode is None:  # let it abort its upload and end (killed after 60 s)
+                try:
+                    proc.communicate("done\n", timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
 
 
 _RUN_OBJECTS = ("s3ckpt.latest.json",)
@@ -473,19 +445,15 @@ def listing_mistakes(store: ObjectStore, run: str, page: int) -> list[str]:
         paged.page_size = page
     ckpt = run + _FOLDERS[1]
 
-    def names(entries: Iterable[Any]) -> list[str]:
-        return [e if isinstance(e, str) else e.key for e in entries]
-
     folders = {run + f for f in _FOLDERS}
-    wrong = _compare("run", names(list_folder(paged, run)), folders | {run + _RUN_OBJECTS[0]})
+    wrong = _compare("run", list_folder(paged, run), folders | {run + _RUN_OBJECTS[0]})
     wrong += _compare("run folders", paged.list_prefixes(run), folders)
-    return wrong + _compare(
-        "checkpoint", names(list_folder(paged, ckpt)), {ckpt + k for k in _CHECKPOINT}
-    )
+    return wrong + _compare("checkpoint", list_folder(paged, ckpt), {ckpt + k for k in _CHECKPOINT})
 
 
-def _compare(where: str, got: Iterable[str], want: set[str]) -> list[str]:
-    seen = Counter(got)
+def _compare(where: str, got: Iterable[Any], want: set[str]) -> list[str]:
+    """What of ``want`` ``got`` (keys, or entries with a ``key``) lacks, has twice or more."""
+    seen = Counter(e if isinstance(e, str) else e.key for e in got)
     wrong = [f"{where}: missing {k}" for k in sorted(want - set(seen))]
     wrong += [f"{where}: {k} {n} times" for k, n in sorted(seen.items()) if k in want and n > 1]
     return wrong + [f"{where}: unexpected {k}" for k in sorted(set(seen) - want)]

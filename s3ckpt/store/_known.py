@@ -4,6 +4,7 @@ stores answered ``ListMultipartUploads`` with 501, and the warnings already give
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import warnings
@@ -121,26 +122,25 @@ def identity(store: ObjectStore) -> tuple[str, str]:
     return (where, store.bucket)
 
 
+def _slot(store: ObjectStore) -> tuple[Any, Any]:
+    """The cache that holds ``store``'s probe and its key there."""
+    return (_by_endpoint, identity(store)) if is_s3(store) else (_by_store, store)
+
+
 def cached_capabilities(store: ObjectStore) -> Capabilities | None:
     """What this process already probed for ``store``'s endpoint and bucket (no request)."""
+    cache, key = _slot(store)
     with _lock:
-        if is_s3(store):
-            return _by_endpoint.get(identity(store))
         try:
-            return _by_store.get(store)
+            return cache.get(key)
         except TypeError:  # not weak-referenceable
             return None
 
 
 def cache_put(store: ObjectStore, caps: Capabilities) -> None:
-    with _lock:
-        if is_s3(store):
-            _by_endpoint[(caps.endpoint, caps.bucket)] = caps
-            return
-        try:
-            _by_store[store] = caps
-        except TypeError:
-            pass
+    cache, key = _slot(store)
+    with _lock, contextlib.suppress(TypeError):
+        cache[key] = caps
 
 
 def clear_capabilities_cache() -> None:

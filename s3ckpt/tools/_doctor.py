@@ -41,12 +41,11 @@ from typing import Any
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import AccessDeniedError
-from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store import ObjectStore
 from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._doctor_checks import (
     Scratch,
     clean_up,
-    interrupted_cleanup,
     permission_rows,
     round_trip_rows,
 )
@@ -107,53 +106,34 @@ def run_doctor(
     store = where.store
     rows: list[Check] = []
 
-    def emit(check: Check) -> None:
-        rows.append(check)
-        if on_check is not None:
-            on_check(check)
+    def emit(*checks: Check) -> None:
+        for check in checks:
+            rows.append(check)
+            if on_check is not None:
+                on_check(check)
 
     work = Scratch(where.child(f"{SCRATCH_PREFIX}{secrets.token_hex(4)}"))
+    # Preflight: one LIST of the prefix; errors that leave nothing to check are raised (a
+    # bucket in another region: the store's error names the region to pass); a denied
+    # LIST is the list permission's row later.
     with _request_urls(store) as seen:
-        list_denied = _preflight(where)
-    for check in identity_rows(store, seen):
-        emit(check)
-    left: tuple[str, ...] = ()
+        try:
+            next(iter(store.list(where.url.prefix)), None)
+        except AccessDeniedError as exc:
+            if exc.code in _CREDENTIAL_CODES:
+                raise
+    emit(*identity_rows(store, seen))
     try:
         emit(clock_row(store, where.url.prefix))
-        for check in capability_rows(store, work.key("capabilities")):
-            emit(check)
+        emit(*capability_rows(store, work.key("capabilities")))
         emit(other_upload_row(work))
         emit(listing_row(work))
         emit(versioning_row(store))
-        for check in permission_rows(work, list_denied=list_denied):
-            emit(check)
-        for check in round_trip_rows(work, use_torch=use_torch):
-            emit(check)
+        emit(*permission_rows(work))
+        emit(*round_trip_rows(work, use_torch=use_torch))
     finally:
-        try:
-            cleanup, left = clean_up(work)
-        except KeyboardInterrupt:  # a second Ctrl-C: say where the rest is, then stop
-            emit(interrupted_cleanup(work))
-            raise
-        emit(cleanup)
+        left = clean_up(work, emit)
     return DoctorReport(str(where.url), str(work.url), tuple(rows), left)
-
-
-# -- preflight -------------------------------------------------------------------------------
-def _preflight(where: Location) -> bool:
-    """One LIST of ``where``'s prefix; errors that leave nothing to check are raised (a
-    bucket in another region: the store's error names the region to pass).
-
-    Returns:
-        Whether the LIST was denied (a permission row says so later).
-    """
-    try:
-        next(iter(where.store.list(where.url.prefix)), None)
-    except AccessDeniedError as exc:
-        if exc.code in _CREDENTIAL_CODES:
-            raise
-        return True
-    return False
 
 
 @contextmanager
@@ -165,13 +145,12 @@ def _request_urls(store: ObjectStore) -> Iterator[list[str]]:
     if client is None:
         yield seen
         return
-    handler_id = f"s3ckpt-doctor-{id(seen)}"
 
     def record(request: Any, **_: Any) -> None:
         seen.append(str(request.url))
 
-    client.meta.events.register("before-send.s3", record, unique_id=handler_id)
+    client.meta.events.register("before-send.s3", record)
     try:
         yield seen
     finally:
-        client.meta.events.unregister("before-send.s3", unique_id=handler_id)
+        client.meta.events.unregister("before-send.s3", record)

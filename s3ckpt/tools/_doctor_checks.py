@@ -7,6 +7,7 @@ Everything here writes only under one scratch prefix (:class:`Scratch`), and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import warnings
@@ -15,13 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from s3ckpt._crc import crc32c
+from s3ckpt._units import plural
 from s3ckpt.errors import AccessDeniedError, ConditionalWritesError, S3CkptError, find_s3ckpt_error
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.store._known import is_unsupported
 from s3ckpt.tools._doctor_report import Check, CheckStatus, fail, ok, skip, warn
 from s3ckpt.uri import StoreURL
 
-__all__ = ["Scratch", "clean_up", "interrupted_cleanup", "permission_rows", "round_trip_rows"]
+__all__ = ["Scratch", "clean_up", "permission_rows", "round_trip_rows"]
 
 #: S3's smallest part but the last.
 MIN_PART = 5 * 1024 * 1024
@@ -60,6 +62,16 @@ class Scratch:
     def finished(self, key: str, upload_id: str) -> None:
         """The upload was completed or aborted: nothing left to abort."""
         self.uploads.remove((key, upload_id))
+
+    def upload(self, key: str, *parts: bytes) -> None:
+        """A multipart upload of ``parts``, each sent with its CRC32C, completed."""
+        upload_id = self.create_multipart(key)
+        sent = [
+            self.store.upload_part(key, upload_id, n, d, crc32c=crc32c(d))
+            for n, d in enumerate(parts, 1)
+        ]
+        self.store.complete_multipart(key, upload_id, sent)
+        self.finished(key, upload_id)
 
 
 # -- permissions -----------------------------------------------------------------------------
@@ -107,26 +119,6 @@ _UNSUPPORTED = {
 }
 
 
-def _denied(name: str, store: ObjectStore, url: StoreURL, exc: BaseException) -> Check:
-    action, effect = _PERMISSIONS[name]
-    where = f"arn:aws:s3:::{url.bucket}" + ("" if action == "s3:ListBucket" else f"/{url.prefix}*")
-    if isinstance(exc, AccessDeniedError):
-        grant = f"grant {action} on {where}"
-        if store.url_scheme != "s3":
-            grant += " (or the store's equivalent)"
-        return fail(f"permission {name}", f"denied ({exc.code})", f"{effect}: {grant}")
-    if is_unsupported(exc):
-        code = getattr(exc, "code", None) or "501"
-        then = _UNSUPPORTED.get(name)
-        return Check(
-            f"permission {name}",
-            CheckStatus.FAIL if then is None else CheckStatus.WARN,
-            f"the store does not support {_OPERATIONS[name]} ({code}): not a permission",
-            then or f"s3ckpt needs {_OPERATIONS[name]}: use a store that implements it",
-        )
-    return fail(f"permission {name}", _message(exc), effect)
-
-
 def _message(exc: BaseException) -> str:
     inner = find_s3ckpt_error(exc)
     return str(inner) if inner is not None else f"{type(exc).__name__}: {exc}"
@@ -136,42 +128,49 @@ def _run(
     name: str, work: Scratch, fn: Callable[[], str | None], *, needs: str | None = None
 ) -> Check:
     """The row of one permission: ``fn`` returns ``None`` when the answer was right, else
-    what was wrong; ``needs`` names a failed earlier check it depends on (then skipped)."""
+    what was wrong; ``needs`` names a failed earlier check it depends on (then skipped).
+    A denial says what to grant; a request the store does not implement (405/501) is no
+    permission, and a warning where s3ckpt can do without it."""
+    row, (action, effect) = f"permission {name}", _PERMISSIONS[name]
     if needs is not None:
-        return skip(f"permission {name}", f"not tried: needs {needs}")
+        return skip(row, f"not tried: needs {needs}")
     try:
         wrong = fn()
+    except AccessDeniedError as exc:
+        url = work.url
+        where = f"arn:aws:s3:::{url.bucket}" + ("" if name == "list" else f"/{url.prefix}*")
+        grant = f"grant {action} on {where}"
+        if work.store.url_scheme != "s3":
+            grant += " (or the store's equivalent)"
+        return fail(row, f"denied ({exc.code})", f"{effect}: {grant}")
     except S3CkptError as exc:
-        return _denied(name, work.store, work.url, exc)
+        if not is_unsupported(exc):
+            return fail(row, _message(exc), effect)
+        operation, then = _OPERATIONS[name], _UNSUPPORTED.get(name)
+        return Check(
+            row,
+            CheckStatus.FAIL if then is None else CheckStatus.WARN,
+            f"the store does not support {operation} ({getattr(exc, 'code', None) or '501'}): "
+            "not a permission",
+            then or f"s3ckpt needs {operation}: use a store that implements it",
+        )
     if wrong is not None:
         return fail(
-            f"permission {name}",
+            row,
             wrong,
             "the store answered wrongly: s3ckpt cannot rely on it; report it to the "
             "store's operator",
         )
-    action = _PERMISSIONS[name][0]
-    detail = f"{action}: allowed" if work.store.url_scheme == "s3" else "allowed"
-    return ok(f"permission {name}", detail)
+    return ok(row, f"{action}: allowed" if work.store.url_scheme == "s3" else "allowed")
 
 
-def permission_rows(work: Scratch, *, list_denied: bool = False) -> list[Check]:
+def permission_rows(work: Scratch) -> list[Check]:
     """Exercise each action the trainer and pruner roles need, for real, under the scratch
     prefix: put, head, get, list, multipart (create, upload, complete), list uploads, abort
-    and delete. Cost: about 12 requests, a few KiB.
-
-    Args:
-        list_denied: The preflight LIST was denied (the list row says so without asking
-            again).
-    """
+    and delete. Cost: about 12 requests, a few KiB."""
     store = work.store
-    obj, mp_key, ab_key = (
-        work.key("perm/object"),
-        work.key("perm/multipart"),
-        work.key("perm/abort"),
-    )
+    obj, mp_key, ab_key = (work.key(f"perm/{n}") for n in ("object", "multipart", "abort"))
     data = b"s3ckpt doctor: permission check\n" * 32
-    rows: list[Check] = []
 
     def put() -> str | None:
         store.put(obj, data)
@@ -187,18 +186,11 @@ def permission_rows(work: Scratch, *, list_denied: bool = False) -> list[Check]:
         return None if store.get(obj) == data else "GET returned other bytes than were written"
 
     def listed() -> str | None:
-        if list_denied:
-            raise AccessDeniedError(
-                "list denied", bucket=work.url.bucket, key=work.url.prefix, code="AccessDenied"
-            )
         keys = {o.key for o in store.list(work.url.prefix)}
         return None if obj in keys else "LIST does not show the object just written"
 
     def multipart() -> str | None:
-        upload_id = work.create_multipart(mp_key)
-        part = store.upload_part(mp_key, upload_id, 1, data)
-        store.complete_multipart(mp_key, upload_id, [part])
-        work.finished(mp_key, upload_id)
+        work.upload(mp_key, data)
         return None if store.get(mp_key) == data else "the completed upload reads back wrong"
 
     def list_uploads() -> str | None:
@@ -225,9 +217,8 @@ def permission_rows(work: Scratch, *, list_denied: bool = False) -> list[Check]:
         return None if store.head(obj) is None else "the object is still there after DELETE"
 
     state: dict[str, Any] = {}
-    rows.append(_run("put", work, put))
-    put_ok = rows[-1].status is CheckStatus.OK
-    no_put = None if put_ok else "put"
+    rows = [_run("put", work, put)]
+    no_put = None if rows[0].status is CheckStatus.OK else "put"
     rows.append(_run("head", work, head, needs=no_put))
     rows.append(_run("get", work, get, needs=no_put))
     rows.append(_run("list", work, listed, needs=no_put))
@@ -248,19 +239,16 @@ def round_trip_rows(work: Scratch, *, use_torch: bool | None = None) -> list[Che
     :class:`~s3ckpt.dcp.S3StorageWriter` / :class:`~s3ckpt.dcp.S3StorageReader` when torch
     is there (``use_torch``), else a put and a two-part multipart upload read back and
     compared by CRC32C (about 5.1 MiB), and a row saying torch is missing."""
-    if use_torch is None:
-        use_torch = _torch_available()
-    if use_torch:
+    available = _torch_available()
+    if available if use_torch is None else use_torch:
         try:
             return [_dcp_round_trip(work)]
         except ImportError as exc:  # torch there but broken (numpy, a bad build)
-            broken = f"torch cannot be imported ({exc})"
-            return [_raw_round_trip(work), warn("torch", broken, _NO_TORCH)]
-    why = "not installed" if not _torch_available() else "not asked for"
-    return [
-        _raw_round_trip(work),
-        skip("torch", f"{why}: the dcp.save / dcp.load round trip was skipped"),
-    ]
+            row = warn("torch", f"torch cannot be imported ({exc})", _NO_TORCH)
+    else:
+        why = "not asked for" if available else "not installed"
+        row = skip("torch", f"{why}: the dcp.save / dcp.load round trip was skipped")
+    return [_raw_round_trip(work), row]
 
 
 _NO_TORCH = (
@@ -272,26 +260,17 @@ _NO_TORCH = (
 def _raw_round_trip(work: Scratch) -> Check:
     store = work.store
     small, big = work.key("roundtrip/put"), work.key("roundtrip/multipart")
-    one = os.urandom(64 * 1024)
-    parts_data = [os.urandom(MIN_PART), os.urandom(100 * 1024)]
+    one, parts = os.urandom(64 * 1024), [os.urandom(MIN_PART), os.urandom(100 * 1024)]
     try:
         store.put(small, one, crc32c=crc32c(one))
-        upload_id = work.create_multipart(big)
-        parts = [
-            store.upload_part(big, upload_id, n, d, crc32c=crc32c(d))
-            for n, d in enumerate(parts_data, 1)
-        ]
-        store.complete_multipart(big, upload_id, parts)
-        work.finished(big, upload_id)
-        whole = b"".join(parts_data)
-        wrong = [
-            k for k, want in ((small, one), (big, whole)) if crc32c(store.get(k)) != crc32c(want)
-        ]
+        work.upload(big, *parts)
+        sent = ((small, one), (big, b"".join(parts)))
+        wrong = [k for k, want in sent if crc32c(store.get(k)) != crc32c(want)]
     except S3CkptError as exc:
         return _round_trip_failed(_message(exc))
     if wrong:
         return _round_trip_failed(f"read back with another CRC32C: {', '.join(wrong)}")
-    size = len(one) + sum(len(d) for d in parts_data)
+    size = len(one) + sum(map(len, parts))
     return ok(
         "round trip",
         f"put + 2-part multipart ({size / 2**20:.1f} MiB) read back, CRC32C equal",
@@ -313,17 +292,15 @@ def _dcp_round_trip(work: Scratch) -> Check:
     from s3ckpt.dcp import S3StorageReader, S3StorageWriter, quiet_dcp
 
     g = torch.Generator().manual_seed(27)
-    saved: dict[str, Any] = {
+    tensors = {
         "weight": torch.randn(64, 64, generator=g),
         "half": torch.randn(33, 7, generator=g).to(torch.bfloat16),
         "ints": torch.arange(1000, dtype=torch.int64),
         "mask": torch.rand(17, generator=g) > 0.5,
-        "extra": {"step": 27, "name": "s3ckpt doctor"},
     }
-    loaded: dict[str, Any] = {
-        k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else {"step": 0, "name": ""}
-        for k, v in saved.items()
-    }
+    saved: dict[str, Any] = {**tensors, "extra": {"step": 27, "name": "s3ckpt doctor"}}
+    loaded: dict[str, Any] = {k: torch.zeros_like(v) for k, v in tensors.items()}
+    loaded["extra"] = {"step": 0, "name": ""}
     at = work.location.child("roundtrip")
     try:
         with quiet_dcp(), warnings.catch_warnings():
@@ -344,19 +321,15 @@ def _dcp_round_trip(work: Scratch) -> Check:
                 "True)) if only one process at a time ever writes to a prefix",
             )
         return _round_trip_failed(f"dcp: {_message(exc)}")
-    differ = [
-        k
-        for k, v in saved.items()
-        if isinstance(v, torch.Tensor)
-        and not torch.equal(
-            v.contiguous().view(torch.uint8), loaded[k].contiguous().view(torch.uint8)
-        )
-    ]
-    if loaded["extra"] != saved["extra"]:
-        differ.append("extra")
+
+    def bits(t: Any) -> Any:
+        return t.contiguous().view(torch.uint8)
+
+    differ = [k for k, v in tensors.items() if not torch.equal(bits(v), bits(loaded[k]))]
+    differ += ["extra"] if loaded["extra"] != saved["extra"] else []
     if differ:
         return _round_trip_failed(f"dcp.load gave other bytes than dcp.save wrote: {differ}")
-    size = sum(v.numel() * v.element_size() for v in saved.values() if isinstance(v, torch.Tensor))
+    size = sum(v.numel() * v.element_size() for v in tensors.values())
     return ok(
         "round trip",
         f"dcp.save + dcp.load of {len(saved)} items ({size / 1024:.0f} KiB), bit-exact",
@@ -364,58 +337,49 @@ def _dcp_round_trip(work: Scratch) -> Check:
 
 
 # -- cleanup ---------------------------------------------------------------------------------
-def clean_up(work: Scratch) -> tuple[Check, tuple[str, ...]]:
+def clean_up(work: Scratch, emit: Callable[[Check], None]) -> tuple[str, ...]:
     """Remove everything under the scratch prefix: the uploads the checks opened (and any
-    other open upload listed there), then every object. Never raises a store error: what
-    could not be removed is the row's detail and the tuple returned (keys, and ``upload
-    KEY ID`` for uploads)."""
+    other open upload listed there), then every object, and ``emit`` the cleanup row. Never
+    raises a store error: what could not be removed is the row's detail and the tuple
+    returned (keys, and ``upload KEY ID`` for uploads). Interrupted (a second Ctrl-C), the
+    row says where the rest is, then the interrupt goes on."""
     store, prefix = work.store, work.url.prefix
-    problems: list[str] = []
-    for key, upload_id in list(work.uploads):
+    try:
+        with contextlib.suppress(S3CkptError):  # no ListMultipartUploads: a row says so
+            listed = [(u.key, u.upload_id) for u in store.list_multipart_uploads(prefix)]
+            work.uploads = list(dict.fromkeys([*work.uploads, *listed]))
+        problems: list[str] = []
+        for key, upload_id in list(work.uploads):
+            try:
+                store.abort_multipart(key, upload_id)
+                work.finished(key, upload_id)
+            except S3CkptError as exc:
+                work.no_abort = work.no_abort or is_unsupported(exc)
+                problems.append(f"abort {key}: {exc.message}")
         try:
-            store.abort_multipart(key, upload_id)
-            work.finished(key, upload_id)
+            keys = [o.key for o in store.list(prefix)]
+            removed = len(keys) - len(store.delete(keys))
+            left = sorted({o.key for o in store.list(prefix)})
         except S3CkptError as exc:
-            work.no_abort = work.no_abort or is_unsupported(exc)
-            problems.append(f"abort {key}: {exc.message}")
-    try:
-        for up in store.list_multipart_uploads(prefix):
-            work.uploads.append((up.key, up.upload_id))
-            store.abort_multipart(up.key, up.upload_id)
-            work.finished(up.key, up.upload_id)
-    except S3CkptError:
-        pass  # no ListMultipartUploads (a row says so); the uploads we opened are aborted
-    removed = 0
-    left: list[str] = []
-    try:
-        keys = [o.key for o in store.list(prefix)]
-        failures = store.delete(keys)
-        removed = len(keys) - len(failures)
-        left = sorted({o.key for o in store.list(prefix)})
-    except S3CkptError as exc:
-        problems.append(exc.message)
-        left = [f"{prefix} (could not list it)"]
-    left += [f"upload {key} {upload_id}" for key, upload_id in work.uploads]
-    if store.url_scheme == "file" and not left:
-        _remove_empty_folders("/" + prefix)
-    where = str(work.url)
+            problems.append(exc.message)
+            removed, left = 0, [f"{prefix} (could not list it)"]
+        left += [f"upload {key} {upload_id}" for key, upload_id in work.uploads]
+        if store.url_scheme == "file" and not left:
+            _remove_empty_folders("/" + prefix)
+    except KeyboardInterrupt:
+        emit(
+            warn(
+                "cleanup", f"interrupted: whatever is left is under {work.url}", _remove_hint(work)
+            )
+        )
+        raise
     if not left:
-        return ok(
-            "cleanup",
-            f"removed {removed} object{'s' if removed != 1 else ''} under {where}",
-        ), ()
+        emit(ok("cleanup", f"removed {plural(removed, 'object')} under {work.url}"))
+        return ()
     shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
     why = f" ({problems[0]})" if problems else ""
-    return warn("cleanup", f"left behind: {shown}{why}", _remove_hint(work)), (tuple(left))
-
-
-def interrupted_cleanup(work: Scratch) -> Check:
-    """The cleanup row when the cleanup itself was interrupted."""
-    return warn(
-        "cleanup",
-        f"interrupted: whatever is left is under {work.url}",
-        _remove_hint(work),
-    )
+    emit(warn("cleanup", f"left behind: {shown}{why}", _remove_hint(work)))
+    return tuple(left)
 
 
 def _remove_hint(work: Scratch) -> str:

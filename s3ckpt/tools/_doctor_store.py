@@ -13,7 +13,7 @@ import ipaddress
 import subprocess
 import time
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from s3ckpt.errors import AccessDeniedError, S3CkptError, StoreError
@@ -21,7 +21,7 @@ from s3ckpt.retention._liveness import MIN_GRACE
 from s3ckpt.store import Capabilities, ObjectStore, probe_capabilities
 from s3ckpt.store._capabilities import listing_mistakes, other_process_upload
 from s3ckpt.store._clock import store_time
-from s3ckpt.store._known import is_unsupported
+from s3ckpt.store._known import RaceKind, is_unsupported
 from s3ckpt.store._versions import VersionedStore
 from s3ckpt.tools._doctor_checks import LIFECYCLE, NO_LIST_UPLOADS, Scratch
 from s3ckpt.tools._doctor_report import Check, CheckStatus, fail, ok, skip, warn
@@ -62,10 +62,8 @@ def identity_rows(store: ObjectStore, seen: list[str]) -> list[Check]:
 
 
 def _is_aws(endpoint: str | None) -> bool:
-    if endpoint is None:
-        return True
-    host = (urlsplit(endpoint).hostname or "").lower()
-    return host.endswith((".amazonaws.com", ".amazonaws.com.cn"))
+    host = "" if endpoint is None else (urlsplit(endpoint).hostname or "").lower()
+    return endpoint is None or host.endswith((".amazonaws.com", ".amazonaws.com.cn"))
 
 
 def _credentials_row(cfg: Any, client: Any) -> Check:
@@ -116,13 +114,12 @@ def _credentials_row(cfg: Any, client: Any) -> Check:
 
 
 def _endpoint_row(cfg: Any, client: Any, bucket: str, seen: list[str]) -> Check:
-    region = client.meta.region_name
     endpoint = client.meta.endpoint_url
     style = "unknown"
     if seen:
         host = urlsplit(seen[0]).hostname or ""
         style = "virtual-hosted" if host.startswith(f"{bucket}.") else "path"
-    detail = f"region {region}, {endpoint}, {style}-style addressing"
+    detail = f"region {client.meta.region_name}, {endpoint}, {style}-style addressing"
     parts = urlsplit(endpoint)
     if not cfg.verify_tls:
         return warn(
@@ -141,10 +138,8 @@ def _endpoint_row(cfg: Any, client: Any, bucket: str, seen: list[str]) -> Check:
 
 
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
@@ -185,8 +180,6 @@ def clock_row(store: ObjectStore, prefix: str) -> Check:
 
 
 # -- capabilities ----------------------------------------------------------------------------
-Kind = Literal["create", "replace", "delete"]
-
 #: Pairs raced per conditional request (:func:`~s3ckpt.store.probe_capabilities`'s ``race_pairs``):
 #: enough to catch a check-then-write on most runs, about 100 requests.
 RACE_PAIRS = 8
@@ -249,7 +242,7 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
 def _conditional_row(
     store: ObjectStore,
     caps: Capabilities,
-    kind: Kind,
+    kind: RaceKind,
     header: str,
     missing: CheckStatus,
     meaning: str,
@@ -272,9 +265,7 @@ def _conditional_row(
             "then a write (single-writer)"
         )
         return Check(name, missing, detail, meaning)
-    if kind == "delete" and not caps.delete_probed:
-        return skip(name, "not probed")
-    if kind == "delete":
+    if kind == "delete":  # doctor always probes it
         return Check(name, missing, f"{header} not supported (ignored, refused or 501)", meaning)
     return Check(name, missing, f"{header} ignored (the write went through)", meaning)
 
@@ -342,12 +333,7 @@ def other_upload_row(work: Scratch) -> Check:
     name, store = "list uploads", work.store
     key = work.key("uploads/other-process")
     try:
-        listed, how = other_process_upload(
-            store,
-            key,
-            work.key("uploads/"),
-            lambda upload_id: work.uploads.append((key, upload_id)),
-        )
+        listed, how = other_process_upload(store, key, work.key("uploads/"), work.uploads.append)
     except AccessDeniedError as exc:
         return skip(name, f"not probed: {exc.message} (see the permissions)")
     except StoreError as exc:

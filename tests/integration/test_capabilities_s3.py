@@ -236,7 +236,7 @@ def test_an_overwrite_committed_while_a_deleters_request_is_held_survives(
     """Chaos class 12's interleaving, at the HTTP request: the deleter's request is held at
     the proxy while an overwrite of step 1 commits. ``marker``: the fence (the tombstone's
     conditional PUT), sent after the listing under the lease (412: skipped as changed).
-    ``probe``: the capability probe's DeleteObject on the lease, sent inside
+    ``probe``: the capability probe's DeleteObject on its own key beside the lease, sent inside
     ``Lease.acquire`` before that listing, so the deleter plans with the overwrite
     committed: it is the run's most recently committed checkpoint, kept by prune and
     refused by rm (without ``allow_newest``)."""
@@ -248,8 +248,8 @@ def test_an_overwrite_committed_while_a_deleters_request_is_held_survives(
 
     def hook(op: str, key: str, phase: str) -> None:
         # ``marker``: the deleter's fence, the tombstone PUT If-Match (its first request on
-        # the marker key); ``probe``: the probe's DeleteObject on the lease.
-        at = key.endswith(LEASE_NAME if held == "probe" else MANIFEST_NAME)
+        # the marker key); ``probe``: the probe's DeleteObject on its key beside the lease.
+        at = f"{LEASE_NAME}.probe-" in key if held == "probe" else key.endswith(MANIFEST_NAME)
         want = "DeleteObject" if held == "probe" else "PutObject"
         if op == want and phase == "before" and at and not seen:
             seen.append(key)

@@ -39,7 +39,7 @@ from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
 from s3ckpt.errors import CheckpointNotFoundError, DeleteRefusedError
 from s3ckpt.lightning import S3CheckpointIO
-from s3ckpt.lightning._async import MAX_PENDING_REMOVALS, Removals, Tracking
+from s3ckpt.lightning._async import MAX_PENDING_REMOVALS, Removals
 from s3ckpt.lightning._last import _S3CkptFileSystem, install_filesystem
 from s3ckpt.retention import KeepBest, KeepLast, Policy, list_checkpoints
 from s3ckpt.store import open_store
@@ -446,7 +446,7 @@ A, B, C = (f"s3://b/run/epoch=0-step={s}.ckpt" for s in (1, 2, 3))
 
 def test_removal_waits_until_the_displacing_save_arrives() -> None:
     deletes = _Deletes()
-    removals = Removals(Tracking(), deletes)
+    removals = Removals(deletes)
     _on_other_thread(removals.begin_save, A, _ckpt(A))  # the executor's thread
     removals.request(A)  # uploading now: wait
     _on_other_thread(removals.end_save, A)
@@ -461,7 +461,7 @@ def test_removal_waits_until_the_displacing_save_arrives() -> None:
 def test_a_save_requested_after_the_removal_is_kept() -> None:
     deletes = _Deletes()
     deletes.raises[C] = CheckpointNotFoundError("none")
-    removals = Removals(Tracking(), deletes)
+    removals = Removals(deletes)
     removals.request(C)  # nothing there: remembered
     assert deletes.calls == [C] and removals.pending == (C,)
     _on_other_thread(removals.begin_save, C, _ckpt(C))  # tracked again: a new save of it
@@ -475,7 +475,7 @@ def test_a_save_requested_after_the_removal_is_kept() -> None:
 def test_refused_as_newest_is_retried_and_a_resave_on_the_same_thread_cancels() -> None:
     deletes = _Deletes()
     deletes.raises[A] = DeleteRefusedError("newest", reason="newest")
-    removals = Removals(Tracking(), deletes)
+    removals = Removals(deletes)
     removals.request(A)
     assert removals.pending == (A,)
     del deletes.raises[A]
@@ -493,7 +493,7 @@ def test_refused_as_newest_is_retried_and_a_resave_on_the_same_thread_cancels() 
 def test_a_pinned_checkpoint_is_left_and_pending_removals_are_bounded() -> None:
     deletes = _Deletes()
     deletes.raises[A] = DeleteRefusedError("pinned", reason="pinned")
-    removals = Removals(Tracking(), deletes)
+    removals = Removals(deletes)
     removals.request(A)
     assert removals.pending == ()
     missing = CheckpointNotFoundError("none")

@@ -77,6 +77,7 @@ _TORCH_PACKAGES = (
     "s3ckpt.lightning",
     "s3ckpt.accelerate",
     "s3ckpt.torchtitan",
+    "s3ckpt._plugin_common",  # what the framework plug-ins share (torch.distributed)
 )
 
 

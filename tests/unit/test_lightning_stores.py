@@ -13,10 +13,9 @@ pytest.importorskip("lightning")  # the `lightning` extra; the test extra instal
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.lightning import S3CheckpointIO, install
-from s3ckpt.lightning import _common as _stores
-from s3ckpt.lightning._common import StoreSettings, location_for, remember, settings_for
+from s3ckpt.lightning import _async as _stores
+from s3ckpt.lightning._async import location_for
 from s3ckpt.store import Location
-from s3ckpt.uri import parse_url
 
 OURS = S3Config(endpoint_url="http://127.0.0.1:9", region="us-east-1")
 OTHER = S3Config(endpoint_url="http://127.0.0.1:10", region="us-east-1")
@@ -25,13 +24,11 @@ OTHER = S3Config(endpoint_url="http://127.0.0.1:10", region="us-east-1")
 @pytest.fixture(autouse=True)
 def empty_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The process's registry, empty for the test and restored after it."""
-    monkeypatch.setattr(_stores, "_BY_BUCKET", {})
-    monkeypatch.setattr(_stores, "_LAST", [])
+    monkeypatch.setattr(_stores, "_SETTINGS", {})
     yield
 
 
 def test_without_a_plugin_the_environment_opens_a_bucket() -> None:
-    assert settings_for(parse_url("s3://bkt/run/")) == StoreSettings()
     assert location_for("s3://bkt/run/x.ckpt").store is Location.of("s3://bkt/run/").store
 
 
@@ -54,10 +51,12 @@ def test_a_plugin_and_the_hook_share_one_store_per_settings() -> None:
     assert a.transfer_config.part_size == tc.part_size
 
 
-def test_remember_keys_by_scheme_and_bucket() -> None:
-    remember(StoreSettings(OURS), parse_url("s3://ours/run/"))
-    assert settings_for(parse_url("s3://ours/other/")).s3_config == OURS
-    assert settings_for(parse_url("s3://theirs/run/")) == StoreSettings()
+def test_settings_are_kept_by_scheme_and_bucket() -> None:
+    io = S3CheckpointIO(s3_config=OURS, register_filesystem=False)
+    io._open("s3://ours/run/")
+    S3CheckpointIO(s3_config=OTHER, register_filesystem=False)
+    assert location_for("s3://ours/other/").s3_config == OURS  # the bucket, any prefix
+    assert location_for("s3://theirs/run/").s3_config == OTHER
 
 
 def test_install_is_idempotent() -> None:

@@ -159,7 +159,9 @@ def test_apply_deletes_marker_then_metadata_then_data_in_batches(
     real = store.delete
 
     def spy(keys):  # type: ignore[no-untyped-def]
-        order.append(",".join(sorted({k.rpartition("/")[2].split(".")[0] or "." for k in keys})))
+        if not all(".probe-" in k for k in keys):  # the lease probe removes its own key
+            names = {k.rpartition("/")[2].split(".")[0] or "." for k in keys}
+            order.append(",".join(sorted(names)))
         return real(keys)
 
     store.delete = spy  # type: ignore[method-assign]
