@@ -145,9 +145,17 @@ def test_a_black_holed_endpoint_ends_retention_commands_in_bounded_time(
     run = f"s3://{bucket}/run/"
     proxies: list[FaultProxy] = []
 
+    # The first DeleteObjects of prune and rm removes the lease's capability probe object
+    # (the save before probed without the delete: the pruner probes again, beside the lease);
+    # the endpoint goes silent at the one after it, the checkpoint's, with the lease held.
+    skip = 0 if argv[0] == "gc" else 1
+    deletes: list[str] = []
+
     def hook(op: str, key: str, phase: str) -> None:
         if len(proxies) == 2 and op == "DeleteObjects" and phase == "before":
-            proxies[0].arm("*", "stall", times=10**6)  # everything after this delete
+            deletes.append(key)
+            if len(deletes) > skip:
+                proxies[0].arm("*", "stall", times=10**6)  # everything after this delete
 
     with FaultProxy(moto_endpoint, fault_rate=0.0, hook=hook) as proxy:
         proxies.append(proxy)
@@ -157,7 +165,7 @@ def test_a_black_holed_endpoint_ends_retention_commands_in_bounded_time(
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint_url)
         # prune and rm go silent at their first delete, the lease held; gc (nothing to
         # delete here) at its first request.
-        proxy.arm("DeleteObjects" if argv[0] != "gc" else "*", "stall", times=10**6)
+        proxy.arm("DeleteObjects" if argv[0] != "gc" else "*", "stall", times=10**6, skip=skip)
         proxies.append(proxy)  # from here on, the first delete silences the endpoint
         args = [a.format(run=run, policy=policy) for a in argv]
         started = time.monotonic()
