@@ -11,7 +11,6 @@ decision the same on all ranks.
 
 from __future__ import annotations
 
-import pickle
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,9 +20,10 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from s3ckpt.checkpointer import RetentionRecord
+from s3ckpt.checkpointer._ranks import RankGroup, portable
 from s3ckpt.checkpointer._retention import RetentionRunner
 from s3ckpt.dcp import quiet_dcp
-from s3ckpt.errors import CheckpointError, unwrap_checkpoint_exception
+from s3ckpt.errors import unwrap_checkpoint_exception
 from s3ckpt.retention import Policy
 from s3ckpt.store import Location
 from s3ckpt.uri import StoreURL
@@ -54,20 +54,8 @@ def dcp_errors(what: str, url: StoreURL | None = None, rank: int | None = None) 
 
 def agree(fn: Callable[[], _T], group: dist.ProcessGroup | None) -> _T:
     """``fn()`` on rank 0 of ``group`` (``None``: one process), its result or exception on
-    every rank."""
-    outcome: tuple[bool, Any] = (True, None)
-    if rank_of(group) == 0:
-        try:
-            outcome = (True, fn())
-        except Exception as exc:
-            outcome = (False, _portable(exc))
-    if group is not None:
-        box = [outcome]
-        dist.broadcast_object_list(box, src=0, group=group)
-        outcome = box[0]
-    if not outcome[0]:
-        raise outcome[1]
-    return outcome[1]
+    every rank (:meth:`~s3ckpt.checkpointer._ranks.RankGroup.on_coordinator`)."""
+    return fn() if group is None else RankGroup(group).on_coordinator(fn)
 
 
 def together(fn: Callable[[], _T], group: dist.ProcessGroup | None) -> _T:
@@ -81,22 +69,12 @@ def together(fn: Callable[[], _T], group: dist.ProcessGroup | None) -> _T:
         error = exc
     if group is not None:
         errors: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(errors, None if error is None else _portable(error), group=group)
+        dist.all_gather_object(errors, None if error is None else portable(error), group=group)
         if error is None:  # the first failed rank's
             error = next((exc for exc in errors if exc is not None), None)
     if error is not None:
         raise error
     return result
-
-
-def _portable(exc: Exception) -> Exception:
-    """``exc``, or (when it does not pickle) a :class:`CheckpointError` with its words: what
-    one rank sends the others must arrive, or they would wait for it forever."""
-    try:
-        pickle.dumps(exc)
-    except Exception:
-        return CheckpointError(f"{type(exc).__name__}: {exc}")
-    return exc
 
 
 class Retention:

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from s3ckpt.errors import CheckpointError
 
-__all__ = ["RankGroup"]
+__all__ = ["RankGroup", "portable"]
 
 _T = TypeVar("_T")
 
@@ -42,20 +42,26 @@ class RankGroup:
         if not self.distributed:
             return fn()
         value: _T | None = None
-        error: BaseException | None = None
+        error: Exception | None = None
         if self.is_coordinator:
             try:
                 value = fn()
             except Exception as exc:
                 error = exc
-        shared = error
-        try:
-            pickle.dumps(error)
-        except Exception:  # an error that cannot cross to the other ranks: its text does
-            shared = CheckpointError(f"the coordinator failed: {type(error).__name__}: {error}")
+        shared = None if error is None else portable(error, "the coordinator failed: ")
         box = [(value, shared)]
         dist.broadcast_object_list(box, src=self.coordinator_global, group=self.process_group)
         value, shared = box[0]
         if (raised := error or shared) is not None:
             raise raised
         return value  # type: ignore[return-value]
+
+
+def portable(exc: Exception, prefix: str = "") -> Exception:
+    """``exc``, or (when it does not pickle) a :class:`~s3ckpt.errors.CheckpointError` with
+    its words: what one rank sends the others must arrive, or they would wait for it."""
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return CheckpointError(f"{prefix}{type(exc).__name__}: {exc}")
+    return exc

@@ -71,7 +71,6 @@ from s3ckpt.format._names import LEASE_NAME
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store._capabilities import require_conditional_writes
 from s3ckpt.store._clock import store_time
-from s3ckpt.store._known import cached_capabilities
 from s3ckpt.store.base import ObjectStore
 from s3ckpt.store.retry import cleanup
 from s3ckpt.uri import StoreURL
@@ -262,9 +261,6 @@ class Lease:
         self._record = record
         return True
 
-    def _probe_key(self) -> str:
-        return f"{self.key}.probe-{uuid.uuid4().hex[:12]}"
-
     def acquire(self) -> Lease:
         """Take the lease or raise :class:`~s3ckpt.errors.LeaseHeldError`.
 
@@ -273,26 +269,14 @@ class Lease:
         """
         if self.ttl <= timedelta(0):
             raise ValueError("lease ttl must be positive")
-        # Once per process: refuse on a store ignoring conditional writes. The probe writes
-        # (and, where If-Match is ignored, deletes) its key, so it runs on a key of this
-        # pruner's own, never on the shared lease another pruner may hold right now.
-        caps = cached_capabilities(self.store)
-        probe = None if caps is not None and caps.delete_probed else self._probe_key()
-        try:
-            require_conditional_writes(
-                self.store,
-                probe or self.key,
-                what=f"the lease on {self.run}",
-                body=self._new_record(released=True).to_json(),
-                probe_delete=True,
-            )
-        finally:
-            if probe is not None:
-                try:
-                    with cleanup():
-                        self.store.delete([probe])
-                except S3CkptError as exc:  # a leftover probe object is harmless
-                    log.debug("s3ckpt: could not remove the probe object %s: %s", probe, exc)
+        require_conditional_writes(  # once per process: refuse on a store ignoring them
+            self.store,
+            self.key,
+            what=f"the lease on {self.run}",
+            body=self._new_record(released=True).to_json(),
+            probe_delete=True,
+            beside=True,  # never on the shared lease another pruner may hold right now
+        )
         for _ in range(3):
             # 412: the last pruner's released lease is there (the usual case), or our own
             # write whose reply was lost (read back, and ours): read on.

@@ -31,6 +31,7 @@ import pickle
 import subprocess
 import sys
 import threading
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +62,7 @@ from s3ckpt.store._known import (
     warned,
 )
 from s3ckpt.store.base import ObjectStore
+from s3ckpt.store.retry import cleanup
 
 __all__ = [
     "cached_capabilities",
@@ -145,13 +147,17 @@ def probe_capabilities(
     body: bytes | None = None,
     probe_delete: bool = True,
     race_pairs: int = 0,
+    beside: bool = False,
 ) -> Capabilities:
     """What ``store`` enforces, probed on ``key``, an object the caller owns (see the
     module docs); cached per (endpoint, bucket) and process. ``body`` creates a missing
     ``key``; ``probe_delete`` adds the conditional delete (pruners: a trainer may not
     delete; a cached answer without it is probed again whole); ``race_pairs`` races that
     many pairs of each kind on ``{key}.race-KIND.N``
-    (left there for the caller to remove; never answered from the cache).
+    (left there for the caller to remove; never answered from the cache). ``beside``: the
+    caller does not own ``key`` (a lease another process may hold, which a store ignoring
+    ``If-Match`` would let the probe overwrite or delete): probe a new
+    ``{key}.probe-<id>`` made from ``body`` instead, removed after.
 
     Raises:
         ValueError: ``key`` does not exist and no ``body`` was given.
@@ -160,6 +166,18 @@ def probe_capabilities(
     cached = None if race_pairs else cached_capabilities(store)
     if cached is not None and (cached.delete_probed or not probe_delete):
         return cached
+    if beside:
+        own = f"{key}.probe-{uuid.uuid4().hex[:12]}"
+        try:
+            return probe_capabilities(
+                store, own, body=body, probe_delete=probe_delete, race_pairs=race_pairs
+            )
+        finally:
+            try:
+                with cleanup():  # a short budget: a silent store is not waited for again
+                    store.delete([own])
+            except StoreError as exc:  # a leftover probe object is harmless
+                log.debug("s3ckpt: could not remove the probe object %s: %s", own, exc)
     echo: list[bool] = []
     put = partial(_put, store, echo=echo)
     races: list[RaceResult] = []
@@ -215,15 +233,16 @@ def require_conditional_writes(
     body: bytes | None = None,
     single_writer: bool | None = None,
     probe_delete: bool = False,
+    beside: bool = False,
 ) -> Capabilities:
     """Probe (once) and refuse ``what`` on a store that ignores conditional writes;
     ``single_writer`` (None: the store's ``S3Config.single_writer``) warns instead, once
-    per process and endpoint.
+    per process and endpoint. ``beside``: see :func:`probe_capabilities`.
 
     Raises:
         ConditionalWritesError: ``If-None-Match`` or ``If-Match`` is ignored.
     """
-    caps = probe_capabilities(store, key, body=body, probe_delete=probe_delete)
+    caps = probe_capabilities(store, key, body=body, probe_delete=probe_delete, beside=beside)
     if caps.conditional_writes:
         return caps
     pairs = (("If-None-Match", caps.conditional_create), ("If-Match", caps.conditional_replace))
