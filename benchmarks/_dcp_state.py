@@ -6,18 +6,23 @@ A shape is a number of large 2-D fp32 tensors holding 3/4 of the bytes and a num
 - ``mix`` (the default, the history's shape): 4 large + 2000 small tensors
   (at 1024 MiB: 4 x 192 MiB + 2000 x 128 KiB);
 - ``large5`` (issue 30's outside benchmark): 5 large + 512 small tensors
-  (at 1024 MiB: 5 x ~153.6 MiB + 512 x 512 KiB).
+  (at 1024 MiB: 5 x ~153.6 MiB + 512 x 512 KiB);
+- ``tiny`` (issue 40's many-small-tensors case): 200,000 tensors of 4 fp32 each and no large
+  ones, a fixed ~3 MiB whatever ``size_mib`` says (``BENCH_DCP_TINY_COUNT`` overrides the
+  count, for quick checks; the workers inherit it).
 
 Decisions: tensor sizes come from one pure function (:func:`shape_numels`) so that the source
 (:func:`build_state_dict`, seeded) and the destination (:func:`blank_state_dict`, zero-filled,
 never generated from the source) always agree; a large tensor's element count is a multiple
-of 1024 (its rows are 1024 wide). torch and crc32c are imported inside the functions, so the
+of 1024 (its rows are 1024 wide). A shape with a fixed ``small_numel`` has fixed sizes and
+ignores ``size_mib``. torch and crc32c are imported inside the functions, so the
 orchestrator and the tests of the pure parts never import torch.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,7 @@ __all__ = [
     "checksum_blob",
     "checksum_state_dict",
     "shape_numels",
+    "state_dict_mib",
     "tensor_bytes",
     "tensors_in_order",
 ]
@@ -41,14 +47,30 @@ _FP32 = 4
 
 @dataclass(frozen=True)
 class Shape:
-    """How many large and small tensors a state dict has (large ones: 3/4 of the bytes)."""
+    """How many large and small tensors a state dict has (large ones: 3/4 of the bytes), or,
+    with ``small_numel`` set, exactly ``n_small`` tensors of ``small_numel`` fp32 each (then
+    ``n_large`` must be 0 and the size is fixed)."""
 
     name: str
     n_large: int
     n_small: int
+    small_numel: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.small_numel is not None and self.n_large:
+            raise ValueError("a shape with a fixed small_numel has no large tensors")
+        if self.small_numel is None and not self.n_large:
+            raise ValueError("a shape without large tensors needs a fixed small_numel")
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the sizes are fixed (``size_mib`` ignored)."""
+        return self.small_numel is not None
 
     def describe(self) -> str:
-        """``'4 large + 2000 small tensors'``."""
+        """``'4 large + 2000 small tensors'`` or ``'200000 tensors of 4 fp32'``."""
+        if self.small_numel is not None:
+            return f"{self.n_small} tensors of {self.small_numel} fp32, no large ones"
         return f"{self.n_large} large + {self.n_small} small tensors"
 
 
@@ -56,20 +78,31 @@ class Shape:
 SHAPES: dict[str, Shape] = {
     "mix": Shape("mix", 4, 2000),
     "large5": Shape("large5", 5, 512),
+    "tiny": Shape("tiny", 0, int(os.environ.get("BENCH_DCP_TINY_COUNT", "200000")), 4),
 }
 
 
 def shape_numels(size_mib: int, shape: str = "mix") -> tuple[int, int]:
-    """(elements per large tensor, elements per small tensor) of a ``size_mib`` state dict.
+    """(elements per large tensor, elements per small tensor) of a ``size_mib`` state dict
+    (a fixed shape: ``(0, small_numel)`` whatever ``size_mib``).
 
     Raises:
         KeyError: ``shape`` is not one of :data:`SHAPES`.
     """
     s = SHAPES[shape]
+    if s.small_numel is not None:
+        return 0, s.small_numel
     total = size_mib * MiB
     large_numel = max(1024, (total * 3 // 4) // s.n_large // _FP32 // 1024 * 1024)
     small_numel = max(1, (total - s.n_large * large_numel * _FP32) // s.n_small // _FP32)
     return large_numel, small_numel
+
+
+def state_dict_mib(size_mib: int, shape: str = "mix") -> float:
+    """MiB of tensor data a ``size_mib`` state dict of ``shape`` holds."""
+    s = SHAPES[shape]
+    large_numel, small_numel = shape_numels(size_mib, shape)
+    return (s.n_large * large_numel + s.n_small * small_numel) * _FP32 / MiB
 
 
 def _names(shape: str) -> tuple[list[str], list[str]]:

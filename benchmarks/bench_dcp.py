@@ -30,10 +30,15 @@ drifts in machine load hit every backend alike.
 Readable numbers (issue 30): with ``--server s3sim`` the server's own ceiling (PUT and GET of
 large objects, shaping off, lean clients; ``_dcp_ceiling``) is measured before the backends'
 runs and again after them, and every backend's MB/s is reported as a fraction of it beside
-its ratio to the best peer. Before every run the machine is sampled (1-min load average,
+its ratio to the best peer. Issue 40: the shaped lean-client limit (``--limit-clients`` lean
+client processes, 16 MiB bodies with their CRC32C, through the benchmark's own s3sim with its
+shaping, under a prefix of its bucket; ``_dcp_ceiling.measure_shaped_limit``) is measured
+before and after the runs too (``--no-shaped-limit`` skips it), every backend's MB/s is also
+reported as a fraction of it (the fair 100 %), and every save records the bytes it stored and
+s3ckpt's marker size. Before every run the machine is sampled (1-min load average,
 CPU busy fraction over ~1 s from /proc/stat, nproc; ``_dcp_machine``) and a run taken on a
 busy machine is marked ``busy`` (``*`` in the table); ``--quiet-wait`` waits for quiet.
-``--shape`` picks the state dict (``_dcp_state``: ``mix`` or ``large5``). The summary, the
+``--shape`` picks the state dict (``_dcp_state``: ``mix``, ``large5`` or ``tiny``). The summary, the
 ratios and the goals table are ``_dcp_report``'s.
 
 Usage::
@@ -71,7 +76,12 @@ _ROOT = os.path.dirname(_HERE)
 if _ROOT not in sys.path:
     sys.path.insert(1, _ROOT)  # benchmarks.s3sim
 
-from _dcp_ceiling import best_ceiling, measure_ceiling  # noqa: E402
+from _dcp_ceiling import (  # noqa: E402
+    LIMIT_CLIENTS,
+    best_ceiling,
+    measure_ceiling,
+    measure_shaped_limit,
+)
 from _dcp_machine import BUSY_FRACTION, LOAD_PER_CPU, OwnLoad, wait_quiet  # noqa: E402
 from _dcp_report import (  # noqa: E402
     BACKENDS,
@@ -589,6 +599,54 @@ def _run_ceiling(args: argparse.Namespace, when: str, sample: Any) -> dict[str, 
     return c
 
 
+def _run_shaped_limit(args: argparse.Namespace, when: str, sample: Any, server: SimServer,
+                      client: Any, bucket: str) -> dict[str, Any]:
+    """The shaped lean-client limit now (``_dcp_ceiling``) through the benchmark's own server,
+    under ``bucket/_shaped-limit/...`` (deleted after), with the machine state before it."""
+    machine = sample()
+    prefix = f"_shaped-limit/{when}-{uuid.uuid4().hex[:8]}"
+    try:
+        c = measure_shaped_limit(server.sim, bucket, prefix, args.size_mib, args.shape,
+                                 args.limit_clients)
+    except Exception as e:  # the backends are still reported without it
+        c = {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        with contextlib.suppress(Exception):
+            _delete_prefix(client, bucket, prefix + "/")
+    c.update(when=when, busy=machine["busy"], machine=machine)
+    if "error" in c:
+        print(f"[shaped limit {when}] ERROR {c['error']}", file=sys.stderr, flush=True)
+    else:
+        print(f"[shaped limit {when}] PUT {c['put_mb_per_s']:.0f} MB/s GET "
+              f"{c['get_mb_per_s']:.0f} MB/s ({c['clients']} clients, {c['object_mib']} MiB "
+              f"bodies + CRC32C, {c['total_mib']} MiB, 503s retried {c['retried_503']}, "
+              f"{c['measure_s']:.1f}s){_machine_txt(machine)}", file=sys.stderr, flush=True)
+    return c
+
+
+def _stored(client: Any, bucket: str, prefix: str) -> dict[str, Any]:
+    """What a save left under ``prefix/``: total bytes, object count, and the sizes of the
+    ``s3ckpt.json`` marker and torch's ``.metadata`` (None where there is none)."""
+    total = count = 0
+    marker = metadata = None
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                  Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            total += o["Size"]
+            count += 1
+            name = o["Key"][len(prefix) + 1 :]
+            if name == "s3ckpt.json" or (marker is None and name.endswith("/s3ckpt.json")):
+                marker = o["Size"]
+            elif name == ".metadata":
+                metadata = o["Size"]
+    out: dict[str, Any] = {"stored_bytes": total, "stored_objects": count}
+    if marker is not None:
+        out["marker_bytes"] = marker
+    if metadata is not None:
+        out["metadata_bytes"] = metadata
+    return out
+
+
 def _machine_txt(m: dict[str, Any]) -> str:
     frac = m.get("cpu_busy_fraction")
     return (f" load1 {m['load1']:.1f} (own ~{m.get('load1_own_estimate') or 0:.1f})"
@@ -611,10 +669,14 @@ def _delete_prefix(client: Any, bucket: str, prefix: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size-mib", type=int, default=1024, help="state dict size (default 1024)")
+    p.add_argument("--size-mib", type=int, default=1024,
+                   help="state dict size (default 1024; ignored for the tensor sizes of "
+                        "--shape tiny, which are fixed)")
     p.add_argument("--shape", choices=sorted(SHAPES), default="mix",
                    help="the state dict: mix (4 large + 2000 small tensors, default) or large5 "
-                        "(5 large + 512 small); large tensors hold 3/4 of the bytes")
+                        "(5 large + 512 small), large tensors holding 3/4 of the bytes; or "
+                        "tiny (200,000 tensors of 4 fp32, ~3 MiB, no large ones; --size-mib "
+                        "ignored)")
     p.add_argument("--runs", type=int, default=3, help="interleaved runs per backend and op")
     p.add_argument("--backends", default=",".join(BACKENDS),
                    help=f"comma-separated subset of {','.join(BACKENDS)}")
@@ -637,6 +699,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="s3sim: skip measuring the server's own ceiling before and after")
     p.add_argument("--ceiling-clients", type=int, default=2,
                    help="client processes of the ceiling (one connection each; default 2)")
+    p.add_argument("--no-shaped-limit", action="store_true",
+                   help="s3sim: skip measuring the shaped lean-client limit (the same server, "
+                        "its shaping on) before and after")
+    p.add_argument("--limit-clients", type=int, default=LIMIT_CLIENTS,
+                   help="client processes of the shaped limit (one keep-alive connection "
+                        f"each, 16 MiB bodies with CRC32C; default {LIMIT_CLIENTS})")
     p.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
                    help="before each run, wait up to SECONDS for the machine to go quiet "
                         "(see benchmarks/README.md for the busy rule; default 0: no wait)")
@@ -660,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     do_load = "load" in ops
     do_ceiling = args.server == "s3sim" and not args.no_ceiling
+    do_limit = args.server == "s3sim" and not args.no_shaped_limit
+    if args.limit_clients < 1:
+        p.error("--limit-clients must be >= 1")
 
     # SIGTERM unwinds like Ctrl-C, so the moto server and a running worker are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -679,6 +750,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
+    limits: list[dict[str, Any]] = []
     started = time.time()
     try:
         server.wait_ready()
@@ -701,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.shape} ({SHAPES[args.shape].describe()})", file=sys.stderr)
         if do_ceiling:
             ceilings.append(_run_ceiling(args, "before", sample))
+        if do_limit:
+            assert isinstance(server, SimServer)
+            limits.append(_run_shaped_limit(args, "before", sample, server, client, bucket))
 
         for run in range(1, args.runs + 1):
             for b in backends:
@@ -714,6 +789,11 @@ def main(argv: list[str] | None = None) -> int:
                     save = _run_worker({**spec, "op": "save"}, env, server, args.timeout,
                                        sample())
                     save["run"] = run
+                    if "error" not in save:
+                        try:
+                            save.update(_stored(client, bucket, prefix))
+                        except Exception as e:  # a listing failure costs the column only
+                            print(f"[{b} save run {run}] listing failed: {e}", file=sys.stderr)
                     results.append(save)
                     _progress(save)
                     if do_load and "error" not in save:
@@ -732,9 +812,13 @@ def main(argv: list[str] | None = None) -> int:
                     _delete_prefix(client, bucket, prefix)
                 if args.out:  # keep what we have, should a long run be cut short
                     with open(args.out + ".partial", "w") as f:
-                        json.dump({"runs": results, "ceilings": ceilings}, f, indent=2)
+                        json.dump({"runs": results, "ceilings": ceilings,
+                                   "shaped_limits": limits}, f, indent=2)
         if do_ceiling:
             ceilings.append(_run_ceiling(args, "after", sample))
+        if do_limit:
+            assert isinstance(server, SimServer)
+            limits.append(_run_shaped_limit(args, "after", sample, server, client, bucket))
         with contextlib.suppress(Exception):
             client.delete_bucket(Bucket=bucket)
     finally:
@@ -748,8 +832,10 @@ def main(argv: list[str] | None = None) -> int:
     fracs = [r["cpu_busy_before"] for r in judged if r.get("cpu_busy_before") is not None]
     busy, n_judged = busy_count(results)
     ceiling = best_ceiling([c for c in ceilings if "error" not in c])
+    limit = best_ceiling([c for c in limits if "error" not in c])
     meta = {
         "size_mib": args.size_mib,
+        "size_fixed": SHAPES[args.shape].fixed,
         "shape": args.shape,
         "shape_desc": SHAPES[args.shape].describe(),
         "runs": args.runs,
@@ -771,14 +857,15 @@ def main(argv: list[str] | None = None) -> int:
                      f"load1 - own load estimate > {LOAD_PER_CPU} x nproc",
         "quiet_wait_s": args.quiet_wait,
         "ceiling": {"measured": ceilings, "best": ceiling} if do_ceiling else None,
+        "shaped_limit": {"measured": limits, "best": limit} if do_limit else None,
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
         "duration_s": time.time() - started,
         "python": platform.python_version(),
         "versions": _versions(),
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
     }
-    summary = summarize(results, backends, ceiling)
-    rat = ratios(summary, ceiling)
+    summary = summarize(results, backends, ceiling, limit)
+    rat = ratios(summary, ceiling, limit)
     table = render(summary, rat, backends, meta)
     print(table)
     errors = [r for r in results if "error" in r]
@@ -810,6 +897,8 @@ def _progress(r: dict[str, Any]) -> None:
         + (f" (own ~{r['load1_own_estimate']:.1f})" if r.get("load1_own_estimate") else "")
         + (f" cpu-busy {frac:.0%}" if frac is not None else "")
         + (f" read {r['bytes_read'] / MiB:.0f}MiB" if "bytes_read" in r else "")
+        + (f" stored {r['stored_bytes'] / MB:.1f}MB" if "stored_bytes" in r else "")
+        + (f" marker {r['marker_bytes']}B" if "marker_bytes" in r else "")
         + mark,
         file=sys.stderr, flush=True,
     )

@@ -33,6 +33,7 @@ import random
 import socket
 import threading
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 
 from s3ckpt import _crc
@@ -80,13 +81,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
 
 def pid_namespace() -> str:
     """This process's PID namespace (``""`` where /proc does not say)."""
-    try:
+    with suppress(OSError):
         return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return ""
+    return ""
 
 
 @functools.cache  # read once: a process never changes boots
@@ -94,25 +96,20 @@ def boot_id() -> str:
     """This boot of this host: ``/proc/sys/kernel/random/boot_id`` (``""`` where there is
     none). Unlike a hostname it is never shared by two machines, and it changes on reboot,
     when every pid of the previous boot is gone."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return ""
+    with suppress(OSError, UnicodeDecodeError), open(_BOOT_ID, encoding="ascii") as f:
+        return f.read().strip()
+    return ""
 
 
 def process_start(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (field 22 of
     ``/proc/<pid>/stat``); None when it does not exist or /proc does not say. Together with
     the boot id it names one process: a pid reused later starts later."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-        # Field 2 (the command) is in parentheses and may hold spaces or ")": split after
-        # the last ")". Field 3 is then the first, so field 22 is the 20th.
-        return int(raw.rpartition(b")")[2].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    # Field 2 (the command) is in parentheses and may hold spaces or ")": split after the
+    # last ")". Field 3 is then the first, so field 22 is the 20th.
+    with suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rpartition(b")")[2].split()[19])
+    return None
 
 
 def process_gone(host: str, pidns: str, pid: int, boot: str = "", start: int | None = None) -> bool:
@@ -125,10 +122,8 @@ def process_gone(host: str, pidns: str, pid: int, boot: str = "", start: int | N
     Anything missing (a record without a boot id or a pid namespace, no /proc) proves
     nothing: the caller's grace period decides.
     """
-    mine = boot_id()
-    if not (boot and mine and boot == mine and pidns and pid > 0):
-        return False
-    if host != socket.gethostname() or pidns != pid_namespace():
+    here = (boot_id(), pid_namespace(), socket.gethostname())
+    if not (boot and pidns and pid > 0 and (boot, pidns, host) == here):
         return False
     try:
         os.kill(pid, 0)  # whether it exists in this PID namespace
@@ -136,10 +131,8 @@ def process_gone(host: str, pidns: str, pid: int, boot: str = "", start: int | N
         return True
     except OSError:
         pass  # exists but not ours to signal, or cannot tell: alive
-    if start is None:
-        return False  # alive, and nothing says it is another process: the safe side
-    now = process_start(pid)
-    return now is not None and now != start
+    # Alive, and with no start time nothing says it is another process: the safe side.
+    return start is not None and process_start(pid) not in (None, start)
 
 
 @dataclass(frozen=True)
@@ -216,18 +209,12 @@ def writer_gone(raw: bytes) -> bool:
     (:func:`s3ckpt.retention._liveness.dead_saves` reads only the coordinator's). Anything
     unreadable proves nothing.
     """
-    try:
+    with suppress(ValueError, KeyError, TypeError, AttributeError):  # ValueError: bad UTF-8 too
         doc = json.loads(raw.decode("utf-8"))
-        start = doc.get("start")
-        return process_gone(
-            str(doc["host"]),
-            str(doc["pidns"]),
-            int(doc["pid"]),
-            str(doc.get("boot") or ""),  # older writers recorded none: nothing provable
-            None if start is None else int(start),
-        )
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        boot = str(doc.get("boot") or "")  # older writers recorded none: nothing provable
+        start = None if doc.get("start") is None else int(doc["start"])
+        return process_gone(str(doc["host"]), str(doc["pidns"]), int(doc["pid"]), boot, start)
+    return False
 
 
 class Heartbeat:
@@ -340,13 +327,10 @@ def record_failure(
 def failure_reason(raw: bytes) -> str:
     """The error a failure record's body names (``"(unreadable failure record)"`` when it
     names none: a bucket's contents are not trusted)."""
-    try:
+    with suppress(ValueError, KeyError, TypeError, AttributeError):  # ValueError: bad UTF-8 too
         doc = json.loads(raw.decode("utf-8"))
-        text = str(doc["error"])
-        rank = int(doc["rank"])
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-        return "(unreadable failure record)"
-    return f"rank {rank}: {text[:MAX_FAILURE_TEXT]}"
+        return f"rank {int(doc['rank'])}: {str(doc['error'])[:MAX_FAILURE_TEXT]}"
+    return "(unreadable failure record)"
 
 
 def read_marker(store: ObjectStore, url: StoreURL) -> tuple[Manifest, str | None] | None:
@@ -367,10 +351,9 @@ def read_marker(store: ObjectStore, url: StoreURL) -> tuple[Manifest, str | None
 
 def get_or_none(store: ObjectStore, key: str) -> bytes | None:
     """``store.get(key)``; None when there is no such object."""
-    try:
+    with suppress(ObjectNotFoundError):
         return store.get(key)
-    except ObjectNotFoundError:
-        return None
+    return None
 
 
 def restore_stock_metadata(store: ObjectStore, ckpt: StoreURL, manifest: Manifest) -> None:
@@ -407,19 +390,16 @@ def check_metadata(raw: bytes | None, manifest: Manifest, *, bucket: str, key: s
     missing) is the ``.metadata`` the manifest commits."""
     name = key.rpartition("/")[2]
     if raw is None:
-        raise CorruptCheckpointError(
+        message = (
             f"{MANIFEST_NAME} commits {name}, which is missing; the checkpoint was partly "
-            "deleted. Load an earlier checkpoint",
-            bucket=bucket,
-            key=key,
+            "deleted. Load an earlier checkpoint"
         )
-    if not metadata_matches(raw, manifest):
-        crc = _crc.crc32c(raw)
-        raise CorruptCheckpointError(
+    elif not metadata_matches(raw, manifest):
+        message = (
             f"{name} does not match the one {MANIFEST_NAME} committed (size {len(raw)} vs "
-            f"{manifest.metadata_size}, crc32c {crc:08x} vs {manifest.metadata_crc32c:08x}); "
-            "it was changed after the commit",
-            bucket=bucket,
-            key=key,
+            f"{manifest.metadata_size}, crc32c {_crc.crc32c(raw):08x} vs "
+            f"{manifest.metadata_crc32c:08x}); it was changed after the commit"
         )
-    return raw
+    else:
+        return raw
+    raise CorruptCheckpointError(message, bucket=bucket, key=key)

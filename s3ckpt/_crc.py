@@ -55,4 +55,6 @@ def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
         raise ValueError(f"len2 must be >= 0, got {len2}")
     if len2 == 0:
         return crc1
+    if crc1 == 0:  # shifting zero gives zero (the start of every item's fold): skip the work
+        return crc2
     return _multmodp(_x8nmodp(len2), crc1) ^ crc2

@@ -11,6 +11,7 @@ decision the same on all ranks.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from s3ckpt.checkpointer import RetentionRecord
 from s3ckpt.checkpointer._ranks import RankGroup, portable
 from s3ckpt.checkpointer._retention import RetentionRunner
-from s3ckpt.dcp import quiet_dcp
+from s3ckpt.dcp import S3StorageReader, quiet_dcp
 from s3ckpt.errors import unwrap_checkpoint_exception
 from s3ckpt.retention import Policy
 from s3ckpt.store import Location
@@ -52,6 +53,17 @@ def dcp_errors(what: str, url: StoreURL | None = None, rank: int | None = None) 
         raise err from err.__cause__
 
 
+def open_reader(where: Location, plugin: Any, allow_unsafe_pickle: bool) -> S3StorageReader:
+    """The checkpoint at ``where``, opened with a plug-in's ``verify_checksums`` and
+    ``safe_globals``."""
+    return S3StorageReader(
+        where,
+        verify_checksums=plugin.verify_checksums,
+        allow_unsafe_pickle=allow_unsafe_pickle,
+        safe_globals=plugin.safe_globals,
+    )
+
+
 def agree(fn: Callable[[], _T], group: dist.ProcessGroup | None) -> _T:
     """``fn()`` on rank 0 of ``group`` (``None``: one process), its result or exception on
     every rank (:meth:`~s3ckpt.checkpointer._ranks.RankGroup.on_coordinator`)."""
@@ -75,6 +87,27 @@ def together(fn: Callable[[], _T], group: dist.ProcessGroup | None) -> _T:
     if error is not None:
         raise error
     return result
+
+
+def patch_once(owner: Any, name: str) -> Callable[[Callable[..., Any]], None]:
+    """Decorator: replace ``owner.name`` (a function, or an instance's bound method) with
+    the decorated ``fn``, called as ``fn(original, *args, **kwargs)`` under the original's
+    name and docstring. Idempotent: a replacement of ours is not wrapped again; nothing
+    happens when ``owner`` has no ``name``."""
+
+    def install(fn: Callable[..., Any]) -> None:
+        original = getattr(owner, name, None)
+        if original is None or getattr(original, "_s3ckpt_hook", False):
+            return
+
+        @functools.wraps(original)
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            return fn(original, *args, **kwargs)
+
+        patched._s3ckpt_hook = True  # type: ignore[attr-defined]
+        setattr(owner, name, patched)
+
+    return install
 
 
 class Retention:

@@ -14,13 +14,6 @@ from s3ckpt.errors import ConfigError
 __all__ = ["metric_scalar"]
 
 
-def _size(value: Any) -> int | None:
-    """Elements of a tensor (``numel()``) or an array (``size``); None if it says nothing."""
-    numel = getattr(value, "numel", None)
-    size = numel() if callable(numel) else getattr(value, "size", None)
-    return size if isinstance(size, int) else None
-
-
 def metric_scalar(name: str, value: Any) -> Any:
     """``value`` as a Python number when it is a one-element tensor or array, else as it is.
 
@@ -46,8 +39,9 @@ def metric_scalar(name: str, value: Any) -> Any:
     item = getattr(value, "item", None)
     if not callable(item):
         return value
-    size = _size(value)
-    if size is not None and size != 1:
+    numel = getattr(value, "numel", None)  # elements of a tensor, or (size) of an array
+    size = numel() if callable(numel) else getattr(value, "size", None)
+    if isinstance(size, int) and size != 1:
         shape = getattr(value, "shape", None)
         where = f" of shape {list(shape)}" if shape is not None else ""
         raise ConfigError(

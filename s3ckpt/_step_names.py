@@ -36,7 +36,7 @@ _STEP_FORMS = (
 )
 _HF_NAME = re.compile(r"checkpoint-" + _DIGITS)
 _ONLY_DIGITS = re.compile(_DIGITS)
-_STEP_EXTENSIONS = (".ckpt", ".pt", ".pth")
+_STEP_EXTENSION = re.compile(r"\.(?:ckpt|pt|pth)\Z")
 
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # RE2 would print every refused pattern on stderr
@@ -75,17 +75,15 @@ def compile_step_pattern(pattern: str | re.Pattern[str] | StepMatcher) -> StepMa
         ConfigError: Not a string, not a regular expression RE2 runs (backreferences and
             lookarounds are not), or not exactly one capture group; the message says which.
     """
-    if isinstance(pattern, re.Pattern):
-        if pattern.flags & ~re.UNICODE:
-            raise ConfigError(
-                f"step pattern '{pattern.pattern}' was compiled with flags ({pattern.flags}); "
-                "give the pattern as a string and write flags inline, e.g. (?i)"
-            )
-        pattern = pattern.pattern
+    if isinstance(pattern, re.Pattern) and pattern.flags & ~re.UNICODE:
+        raise ConfigError(
+            f"step pattern '{pattern.pattern}' was compiled with flags ({pattern.flags}); "
+            "give the pattern as a string and write flags inline, e.g. (?i)"
+        )
     if isinstance(pattern, str):
         return _compile(pattern)
     if isinstance(getattr(pattern, "pattern", None), str) and hasattr(pattern, "fullmatch"):
-        return _compile(pattern.pattern)  # one of ours (or any RE2 object): checked again
+        return _compile(pattern.pattern)  # a re.Pattern, one of ours (or any RE2 object)
     raise ConfigError(
         f"a step pattern must be a regular expression (string), got {type(pattern).__name__}"
     )
@@ -112,8 +110,7 @@ def _compile(pattern: str) -> StepMatcher:
             r"exactly one, around the step's digits (e.g. 'ckpt_e\d+_s(\d+)'; write other "
             "groups as (?:...))"
         )
-    matcher: StepMatcher = compiled
-    return matcher
+    return compiled
 
 
 def checkpoint_step(
@@ -147,15 +144,9 @@ def checkpoint_step(
     if pattern is not None:
         m = compile_step_pattern(pattern).fullmatch(name)
         digits = m.group(1) if m else None
-        if not isinstance(digits, str) or not _ONLY_DIGITS.fullmatch(digits):
-            return None
-        return int(digits)
-    for ext in _STEP_EXTENSIONS:
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-            break
-    found = {int(m.group(1)) for form in _STEP_FORMS for m in form.finditer(name)}
-    if found:
+        return int(digits) if isinstance(digits, str) and _ONLY_DIGITS.fullmatch(digits) else None
+    name = _STEP_EXTENSION.sub("", name)
+    if found := {int(m.group(1)) for form in _STEP_FORMS for m in form.finditer(name)}:
         return found.pop() if len(found) == 1 else None
     m = _HF_NAME.fullmatch(name)
     return int(m.group(1)) if m else None

@@ -29,6 +29,7 @@ tombstone would let its ``If-None-Match`` PUT succeed. Such a tombstone is rewri
 from __future__ import annotations
 
 import json
+from contextlib import closing, suppress
 from dataclasses import asdict, dataclass, replace
 
 from s3ckpt._step_names import checkpoint_step
@@ -87,7 +88,7 @@ class Tombstone:
         """The tombstone in a marker body, or None when it is none (a manifest, garbage)."""
         if not raw or len(raw) > MAX_TOMBSTONE_BYTES or _MARK not in bytes(raw[:64]):
             return None  # (a manifest is never parsed twice)
-        try:
+        with suppress(ValueError, TypeError, AttributeError, RecursionError):
             doc = json.loads(raw.decode("utf-8"))
             if not isinstance(doc, dict) or doc.get("format") != TOMBSTONE_FORMAT:
                 return None
@@ -101,8 +102,7 @@ class Tombstone:
                 done=bool(doc.get("done", False)),
                 tag=str(doc["tag"]) if doc.get("tag") else None,
             )
-        except (ValueError, TypeError, AttributeError, RecursionError):
-            return None
+        return None
 
 
 def read_tombstone(store: ObjectStore, key: str) -> tuple[Tombstone, str | None] | None:
@@ -123,10 +123,9 @@ def read_object(store: ObjectStore, key: str) -> tuple[ObjectInfo, bytes] | None
     tombstone naming its owner), that write finished before the HEAD, so the HEAD's ETag is
     that write's. That is how a conditional write whose reply was lost is recognised."""
     info = store.head(key)
-    try:
+    with suppress(ObjectNotFoundError):
         return None if info is None else (info, store.get(key))
-    except ObjectNotFoundError:
-        return None
+    return None
 
 
 def step_taken(store: ObjectStore, key: str) -> bool:
@@ -142,25 +141,18 @@ def step_taken(store: ObjectStore, key: str) -> bool:
             head = read_head(store, key, len(_MARK) + 2)
         except ObjectNotFoundError:
             return False
-    if _MARK not in head:
-        return True
-    # A finished tombstone: a deleted step any new save may take (its commit replaces the
-    # tombstone by its ETag).
-    found = read_tombstone(store, key)
+    # Only a finished tombstone is a deleted step any new save may take (its commit replaces
+    # the tombstone by its ETag).
+    found = read_tombstone(store, key) if _MARK in head else None
     return found is None or not found[0].done
 
 
 def read_head(store: ObjectStore, key: str, size: int) -> bytes:
     """The first ``size`` bytes of ``key`` (fewer if it is shorter): one ranged GET."""
-    buf = bytearray(size)
-    got = 0
-    reader = store.open_range(key, 0, size)
-    try:
-        with memoryview(buf) as view:
-            while got < size and (n := reader.readinto(view[got:])) > 0:
-                got += n
-    finally:
-        reader.close()
+    buf, got = bytearray(size), 0
+    with closing(store.open_range(key, 0, size)) as reader, memoryview(buf) as view:
+        while got < size and (n := reader.readinto(view[got:])) > 0:
+            got += n
     return bytes(buf[:got])
 
 

@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from s3ckpt._crc import crc32c
@@ -109,14 +110,9 @@ def sample_items(items: Sequence[Any], fraction: float, rng: random.Random) -> l
     order = list(range(len(items)))
     rng.shuffle(order)
     want = fraction * sum(i.length for i in items)
-    taken: list[int] = []
-    got = 0
-    for i in order:
-        if taken and got >= want:
-            break
-        taken.append(i)
-        got += items[i].length
-    return [items[i] for i in sorted(taken)]
+    sums = accumulate(items[i].length for i in order)
+    n = next((n for n, got in enumerate(sums, 1) if got >= want), len(order))
+    return [items[i] for i in sorted(order[:n])]
 
 
 class _Framing:
@@ -124,24 +120,22 @@ class _Framing:
     must put the data at ``data_offset`` (a resealed marker with a moved offset must fail)."""
 
     def __init__(self, data_offset: int, nbytes: int) -> None:
-        self.head_from = max(0, data_offset - FRAMING_HEAD)
-        self.data_offset, self.tail_from, self.nbytes = data_offset, data_offset + nbytes, nbytes
-        self.head = bytearray(data_offset - self.head_from)
-        self.tail = bytearray(FRAMING_TAIL)
-        self.tail_len = 0
+        head_from, self.tail_from = max(0, data_offset - FRAMING_HEAD), data_offset + nbytes
+        self.head, self.tail = bytearray(data_offset - head_from), bytearray(FRAMING_TAIL)
+        self.parts = ((head_from, self.head), (self.tail_from, self.tail))
+        self.nbytes, self.seen = nbytes, 0
 
-    def feed(self, at: int, data: memoryview) -> None:
-        end = at + len(data)
-        lo, hi = max(at, self.head_from), min(end, self.data_offset)
-        if lo < hi:
-            self.head[lo - self.head_from : hi - self.head_from] = data[lo - at : hi - at]
-        lo, hi = max(at, self.tail_from), min(end, self.tail_from + FRAMING_TAIL)
-        if lo < hi:
-            self.tail[lo - self.tail_from : hi - self.tail_from] = data[lo - at : hi - at]
-            self.tail_len = max(self.tail_len, hi - self.tail_from)
+    def feed(self, data: memoryview) -> None:
+        """The next piece of the item (pieces come in order, from its first byte)."""
+        at, self.seen = self.seen, self.seen + len(data)
+        for start, buf in self.parts:
+            lo, hi = max(at, start), min(self.seen, start + len(buf))
+            if lo < hi:
+                buf[lo - start : hi - start] = data[lo - at : hi - at]
 
     def error(self) -> str | None:
-        return tensor_framing_error(self.head, self.tail[: self.tail_len], self.nbytes)
+        tail = self.tail[: max(0, self.seen - self.tail_from)]  # as much of it as was read
+        return tensor_framing_error(self.head, tail, self.nbytes)
 
 
 _METADATA_FIX = {
@@ -192,12 +186,10 @@ class Verifier:
         keys = {n: self.key_of(n) for n in names}
         listing = listing or {}
         unlisted = [k for k in keys.values() if k not in listing]
-        heads: dict[str, ObjectInfo | None] = {}
-        if unlisted:
-            with ThreadPoolExecutor(max(1, min(self.config.concurrency, len(unlisted)))) as pool:
-                heads = dict(
-                    zip(unlisted, pool.map(in_context(self.store.head), unlisted), strict=True)
-                )
+        with ThreadPoolExecutor(max(1, min(self.config.concurrency, len(unlisted)))) as pool:
+            heads = dict(
+                zip(unlisted, pool.map(in_context(self.store.head), unlisted), strict=True)
+            )
         found = {n: listing.get(k) or heads.get(k) for n, k in keys.items()}
         return {n: None if info is None else info.size for n, info in found.items()}
 
@@ -206,19 +198,18 @@ class Verifier:
     ) -> list[Item]:
         """Faults for missing objects, sizes other than ``recorded``, items past an object's
         end; returns the items that can be read."""
+        add = self.faults.append
         by_object: dict[str, list[Item]] = defaultdict(list)
         for i in items:
             by_object[i.object].append(i)
         readable: list[Item] = []
         for name, size in sizes.items():
             mine, want = by_object[name], recorded.get(name)
+            expected = None if want is None else f"{want} bytes"
             if size is None:
                 message = f"{name} is missing ({len(mine)} items in it); the checkpoint was "
                 message += "partly deleted"
-                expected = None if want is None else f"{want} bytes"
-                self.faults.append(
-                    Fault("missing_object", name, message, None, tuple(mine), expected, "missing")
-                )
+                add(Fault("missing_object", name, message, None, tuple(mine), expected, "missing"))
                 continue
             past = tuple(i for i in mine if i.end > size)
             readable += [i for i in mine if i.end <= size]
@@ -228,13 +219,10 @@ class Verifier:
                 )
                 message = f"object {name} has {size} bytes, {MANIFEST_NAME} recorded {want}; "
                 message += f"it was {what}"
-                fault = Fault(
-                    "object_size", name, message, None, past, f"{want} bytes", f"{size} bytes"
-                )
-                self.faults.append(fault)
+                add(Fault("object_size", name, message, None, past, expected, f"{size} bytes"))
             elif past:
                 message = f"{name} has {size} bytes, too few for {len(past)} items; it is truncated"
-                self.faults.append(Fault("truncated", name, message, items=past))
+                add(Fault("truncated", name, message, items=past))
         return readable
 
     def metadata(
@@ -276,17 +264,15 @@ class Verifier:
 
         def on_span(span: Span[Item], stream: SpanReader) -> None:
             item = span.payload
-            crc, at = 0, 0
+            crc = 0
             frame = _Framing(*item.framing) if item.framing is not None else None
             for piece in stream.chunks(item.name):
                 crc = crc32c(piece, crc)
                 if frame is not None:
-                    frame.feed(at, piece)
-                at += len(piece)
+                    frame.feed(piece)
             where = f"{item.name} (bytes {item.start}-{item.end - 1} of {item.object})"
             faults = []
-            why = frame.error() if frame is not None else None
-            if why is not None:
+            if frame is not None and (why := frame.error()) is not None:
                 message = f"{where}: {why}; {MANIFEST_NAME} does not describe the bytes stored"
                 faults.append(Fault("structure", item.object, message, item, (item,)))
             if item.crc32c is not None and crc != item.crc32c:
@@ -306,17 +292,10 @@ class Verifier:
             if failure.kind == "truncated":
                 shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
                 message = f"{obj} ended early while reading {len(names)} items back ({shown}); "
+                message += "the object is truncated"
                 first = min(lost, key=lambda i: i.name) if lost else None
-                fault = Fault(
-                    "truncated",
-                    obj,
-                    message + "the object is truncated",
-                    first,
-                    lost,
-                    "the recorded bytes",
-                    "the object ended early",
-                    failure.error,
-                )
+                expected, got = "the recorded bytes", "the object ended early"
+                fault = Fault("truncated", obj, message, first, lost, expected, got, failure.error)
             else:
                 message = f"{len(names)} items of {obj} could not be read: {failure.error}"
                 fault = Fault("read_error", obj, message, items=lost, error=failure.error)

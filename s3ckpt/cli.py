@@ -87,8 +87,7 @@ def _main(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0), bad usage (2), a failure the demo reported (1-3)
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
-    func = getattr(args, "func", None)
-    if func is None:
+    if (func := getattr(args, "func", None)) is None:
         parser.print_help()
         return EXIT_USAGE
     try:

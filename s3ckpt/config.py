@@ -75,25 +75,9 @@ _DERIVE = _Unchosen(0)
 """Default of the derived fields: "derive me"."""
 
 
-def derived_concurrency(target_throughput_gbps: float) -> int:
-    """Connections for a throughput target: ``ceil(target MB/s / CONNECTION_MBPS)``, within
-    ``1 .. MAX_DERIVED_CONCURRENCY`` (10 Gbit/s: 1,250 MB/s, 14 connections)."""
-    mbps = target_throughput_gbps * 1000.0 / 8.0
-    return max(1, min(MAX_DERIVED_CONCURRENCY, math.ceil(mbps / CONNECTION_MBPS)))
-
-
-def derived_inflight_bytes(part_size: int, concurrency: int) -> int:
-    """Upload buffers in flight: one part per connection, at most as many parts as keep
-    ``max_inflight_bytes + part_size`` within :data:`UPLOAD_MEMORY_BOUND` (one part, at
-    least)."""
-    parts_in_bound = (UPLOAD_MEMORY_BOUND - part_size) // part_size
-    return part_size * max(1, min(concurrency, parts_in_bound))
-
-
 def _max_attempts_default() -> int:
     """``AWS_MAX_ATTEMPTS`` when set, else :data:`DEFAULT_MAX_ATTEMPTS` (marked as unchosen)."""
-    text = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
-    if not text:
+    if not (text := os.environ.get("AWS_MAX_ATTEMPTS", "").strip()):
         return _Unchosen(DEFAULT_MAX_ATTEMPTS)
     try:
         value = int(text)
@@ -185,12 +169,8 @@ class S3Config:
             raise ConfigError(
                 "S3Config: choose either sse_kms_key_id or sse_customer_key, not both"
             )
-        if self.endpoint_url is not None and not self.endpoint_url.startswith(
-            ("http://", "https://")
-        ):
-            raise ConfigError(
-                f"S3Config.endpoint_url={self.endpoint_url!r} must start with http:// or https://"
-            )
+        if (url := self.endpoint_url) is not None and not url.startswith(("http://", "https://")):
+            raise ConfigError(f"S3Config.endpoint_url={url!r} must start with http:// or https://")
 
     def resolved_endpoint_url(self) -> str | None:
         """The endpoint in force: the field, else ``AWS_ENDPOINT_URL_S3`` /
@@ -343,12 +323,18 @@ class TransferConfig:
             raise bad("target_throughput_gbps", "> 0 (Gbit/s)")
         # Fields nobody chose are derived (again, after dataclasses.replace).
         if type(self.max_concurrency) is _Unchosen:
-            object.__setattr__(self, "max_concurrency", _Unchosen(derived_concurrency(target)))
+            # ceil(target MB/s / CONNECTION_MBPS), within 1 .. MAX_DERIVED_CONCURRENCY
+            # (10 Gbit/s: 1,250 MB/s, 14 connections).
+            n = math.ceil(target * 1000.0 / 8.0 / CONNECTION_MBPS)
+            n = max(1, min(MAX_DERIVED_CONCURRENCY, n))
+            object.__setattr__(self, "max_concurrency", _Unchosen(n))
         if self.max_concurrency < 1:
             raise bad("max_concurrency", ">= 1")
         if type(self.max_inflight_bytes) is _Unchosen:
-            inflight = derived_inflight_bytes(self.part_size, self.max_concurrency)
-            object.__setattr__(self, "max_inflight_bytes", _Unchosen(inflight))
+            # One part per connection, at most as many parts as keep ``max_inflight_bytes +
+            # part_size`` within UPLOAD_MEMORY_BOUND (one part, at least).
+            parts = max(1, min(self.max_concurrency, UPLOAD_MEMORY_BOUND // self.part_size - 1))
+            object.__setattr__(self, "max_inflight_bytes", _Unchosen(self.part_size * parts))
         if self.max_inflight_bytes < self.part_size:
             raise bad("max_inflight_bytes", f">= part_size ({self.part_size})")
         for name, least, words in (

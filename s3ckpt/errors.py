@@ -393,8 +393,7 @@ def unwrap_checkpoint_exception(
         except BaseException as exc:
             raise unwrap_checkpoint_exception(exc, f"the load of {url}")
     """
-    found = find_interrupt(exc) or find_s3ckpt_error(exc)
-    if found is not None:
+    if (found := find_interrupt(exc) or find_s3ckpt_error(exc)) is not None:
         if isinstance(found, S3CkptError) and found is not exc and found.__cause__ is None:
             found.__cause__ = exc
         found.__suppress_context__ |= found is not exc  # no "during handling of" the wrapper

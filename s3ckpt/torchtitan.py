@@ -176,14 +176,12 @@ class S3CheckpointManager(CheckpointManager):
         """Retention by policy after the save just started commits, instead of ``rm -r``."""
         if self._retention is None:
             super()._purge_stale_checkpoints()
-            return
-        if self.policy is None or rank_of() != 0:
-            return
-        pending = self.save_future  # set for async saves; a sync save has committed
-        if pending is None:
-            self._schedule_retention()
-        else:
-            pending.add_done_callback(self._after_upload)
+        elif self.policy is not None and rank_of() == 0:
+            pending = self.save_future  # set for async saves; a sync save has committed
+            if pending is None:
+                self._schedule_retention()
+            else:
+                pending.add_done_callback(self._after_upload)
 
     def _save_last_step(self, curr_step: int) -> None:
         super()._save_last_step(curr_step)
@@ -232,7 +230,7 @@ class S3CheckpointManager(CheckpointManager):
         of an ``s3://`` folder counting."""
         if self._retention is None:
             return super()._load(step)
-        from_hf = from_quantized = False
+        from_hf, from_quantized = False, self.initial_load_in_hf_quantized  # (initial loads)
         committed = self._committed()
         if step == -1 and committed:  # resume (fault tolerance): initial_* ignored, as stock
             assert self._location is not None
@@ -250,20 +248,16 @@ class S3CheckpointManager(CheckpointManager):
                     f"--checkpoint.load_step={step}: {checkpoint_id} is not a committed "
                     f"checkpoint (no s3ckpt.json); committed steps: {steps or 'none'}"
                 )
-            model_only = step == 0
+            model_only, from_quantized = step == 0, False
         elif self.initial_load_path:
-            checkpoint_id = self.initial_load_path
-            model_only = self.initial_load_model_only
+            checkpoint_id, model_only = self.initial_load_path, self.initial_load_model_only
             from_hf = self.initial_load_in_hf
-            from_quantized = self.initial_load_in_hf_quantized
             if not _is_s3(checkpoint_id) and not filesystem.isdir(checkpoint_id):
                 raise ValueError(f"Checkpoint.initial_load_path is invalid: {checkpoint_id}")
         elif self.initial_load_in_hf:
             if self.sd_adapter is None or not self.sd_adapter.hf_assets_path:
                 raise ValueError("initial_load_in_hf needs a model with hf_assets_path")
-            checkpoint_id = self.sd_adapter.hf_assets_path
-            model_only, from_hf = True, True
-            from_quantized = self.initial_load_in_hf_quantized
+            checkpoint_id, model_only, from_hf = self.sd_adapter.hf_assets_path, True, True
         else:
             log.info("s3ckpt: no committed checkpoint in %s; a fresh start", self.folder)
             return False

@@ -101,8 +101,7 @@ def check_url_text(url: str) -> None:
     Raises:
         InvalidURLError: naming the character (its escape and code point) and its position.
     """
-    m = _CONTROL.search(url)
-    if m is not None:
+    if (m := _CONTROL.search(url)) is not None:
         ch = m.group()
         raise InvalidURLError(
             f"checkpoint URL {url!r} has the control character {ch!r} (U+{ord(ch):04X}) at "
@@ -134,8 +133,7 @@ def parse_url(url: str) -> StoreURL:
     text = url.strip()
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
-    if scheme in ("s3a", "s3n"):
-        scheme = "s3"
+    scheme = "s3" if scheme in ("s3a", "s3n") else scheme
     if not scheme or "://" not in text:
         raise InvalidURLError(
             f"not a checkpoint URL: {url!r}; expected s3://BUCKET/PREFIX "
@@ -151,11 +149,14 @@ def parse_url(url: str) -> StoreURL:
             "S3-compatible store write s3://BUCKET/PREFIX and give the endpoint with "
             "--endpoint-url / S3Config.endpoint_url / AWS_ENDPOINT_URL"
         )
-    if scheme not in ("s3", "file", "memory") and not _fsspec_knows(scheme):
-        raise InvalidURLError(
-            f"unsupported URL scheme {scheme!r} in {url!r}: expected s3://BUCKET/PREFIX, "
-            "a local path, or a URL of an fsspec file system (gs://, az://, file://, ...)"
-        )
+    if scheme not in ("s3", "file", "memory"):
+        from fsspec.registry import known_implementations, registry  # installed or installable
+
+        if scheme not in known_implementations and scheme not in registry:
+            raise InvalidURLError(
+                f"unsupported URL scheme {scheme!r} in {url!r}: expected s3://BUCKET/PREFIX, "
+                "a local path, or a URL of an fsspec file system (gs://, az://, file://, ...)"
+            )
     bucket = parts.netloc
     if scheme == "file":
         # file:///abs/path -> bucket "" is not allowed by S3 rules; keep the path whole.
@@ -171,8 +172,7 @@ def parse_url(url: str) -> StoreURL:
     # "s3://b//run": the key would start with "/", which stripping would silently change.
     if "//" in prefix or parts.path.startswith("//"):
         raise InvalidURLError(f"checkpoint URL {url!r} has an empty path segment ('//')")
-    size = len(prefix.encode("utf-8"))
-    if size > MAX_PREFIX_BYTES:
+    if (size := len(prefix.encode("utf-8"))) > MAX_PREFIX_BYTES:
         raise InvalidURLError(
             f"checkpoint URL {url[:60]!r}... names a key prefix of {size} bytes (UTF-8); S3 "
             f"keys hold at most {MAX_KEY_BYTES} bytes and s3ckpt appends up to "
@@ -180,13 +180,6 @@ def parse_url(url: str) -> StoreURL:
             f"prefix may have at most {MAX_PREFIX_BYTES}: shorten it by {size - MAX_PREFIX_BYTES}"
         )
     return StoreURL(scheme, bucket, prefix)
-
-
-def _fsspec_knows(scheme: str) -> bool:
-    """Whether fsspec has a file system for ``scheme`` (installed or installable)."""
-    from fsspec.registry import known_implementations, registry
-
-    return scheme in known_implementations or scheme in registry
 
 
 def as_url(location: str | os.PathLike[str]) -> str:
@@ -197,9 +190,7 @@ def as_url(location: str | os.PathLike[str]) -> str:
     """
     text = os.fspath(location)
     check_url_text(text)  # before the path is resolved (a NUL would be a ValueError there)
-    if "://" in text:
-        return text
-    return "file://" + str(Path(text).expanduser().resolve())
+    return text if "://" in text else "file://" + str(Path(text).expanduser().resolve())
 
 
 def parse_location(location: str | os.PathLike[str] | StoreURL) -> StoreURL:
@@ -208,6 +199,4 @@ def parse_location(location: str | os.PathLike[str] | StoreURL) -> StoreURL:
     Raises:
         InvalidURLError: as :func:`parse_url`.
     """
-    if isinstance(location, StoreURL):
-        return location
-    return parse_url(as_url(location))
+    return location if isinstance(location, StoreURL) else parse_url(as_url(location))

@@ -205,13 +205,10 @@ class Command:
     def __init__(self, args: argparse.Namespace, target: str, *, counted: bool = True) -> None:
         self.command: str = args.command
         self.metrics: MetricsFile | CheckMetricsFile | None = None
-        if path := getattr(args, "metrics_file", None):
-            check = self.command == "check"
-            self.metrics = (
-                CheckMetricsFile(path)
-                if check
-                else MetricsFile(path, self.command, dry_run=not args.apply)
-            )
+        if (path := getattr(args, "metrics_file", None)) and self.command == "check":
+            self.metrics = CheckMetricsFile(path)
+        elif path:
+            self.metrics = MetricsFile(path, self.command, dry_run=not args.apply)
         self.location = open_location(args, target, folder=True)
         self.counter = ProgressCounter(self.command, enabled=counted and progress_enabled(args))
         if self.counter.enabled:
@@ -270,9 +267,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_CLOCK
     if isinstance(exc, (ConfigError, CheckpointNotFoundError, DeleteRefusedError)):
         return EXIT_USAGE
-    if isinstance(exc, S3CkptError) and not isinstance(exc, StoreError):
-        return EXIT_PARTIAL
-    return EXIT_STORE
+    partial = isinstance(exc, S3CkptError) and not isinstance(exc, StoreError)
+    return EXIT_PARTIAL if partial else EXIT_STORE
 
 
 def error(message: str) -> None:

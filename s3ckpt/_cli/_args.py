@@ -14,7 +14,6 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from s3ckpt._step_names import compile_step_pattern
@@ -85,17 +84,13 @@ duration = refusing(parse_duration, ValueError)
 step_pattern = refusing(lambda text: compile_step_pattern(text) and text, ConfigError)
 
 
-def iso_time(text: str) -> datetime:
-    """``--now``: an ISO time from 1970 to 2999 (UTC when it names no offset)."""
-    try:
-        value = parse_iso(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an ISO time such as 2025-03-01T12:00:00Z, got {text!r}"
-        ) from None
-    if not 1970 <= value.year < 3000:  # ``now - grace`` must stay inside datetime's range
-        raise argparse.ArgumentTypeError(f"expected a time from 1970 to 2999, got {text!r}")
-    return value
+#: ``--now``: an ISO time (UTC when it names no offset) from 1970 to 2999, so that
+#: ``now - grace`` stays inside datetime's range.
+iso_time = _number(
+    parse_iso,
+    "an ISO time from 1970 to 2999, such as 2025-03-01T12:00:00Z",
+    lambda v: 1970 <= v.year < 3000,
+)
 
 
 def metrics_path(text: str) -> str:
@@ -154,6 +149,10 @@ def retention_options(args: argparse.Namespace) -> RetentionOptions:
     return RetentionOptions(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
 
+#: What runs a command: the parsed arguments in, the exit code out.
+Handler = Callable[[argparse.Namespace], int]
+
+
 def commands(
     sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 ) -> Callable[..., argparse.ArgumentParser]:
@@ -161,11 +160,7 @@ def commands(
     options ``common``, run by the handler."""
 
     def add(
-        name: str,
-        func: Callable[[argparse.Namespace], int],
-        help: str,
-        description: str | None = None,
-        **kwargs: Any,
+        name: str, func: Handler, help: str, description: str | None = None, **kwargs: Any
     ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=help, description=description, **kwargs)
         p.set_defaults(func=func)

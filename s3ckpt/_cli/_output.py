@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from s3ckpt._units import format_bytes
 
@@ -117,13 +117,12 @@ def progress_enabled(args: argparse.Namespace) -> bool | None:
 
 
 class _StatusLine:
-    """One line on a terminal, redrawn in place at most ten times a second from any
-    thread; nothing at all when ``stream`` is not a TTY (unless ``enabled=True``). A
-    context manager: the line is closed on leaving."""
+    """One line on stderr, redrawn in place at most ten times a second from any thread;
+    nothing at all when stderr is not a TTY (unless ``enabled=True``). A context manager:
+    the line is closed on leaving."""
 
-    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None):
-        self.label = label
-        self.stream = stream or sys.stderr
+    def __init__(self, label: str, enabled: bool | None = None):
+        self.label, self.stream = label, sys.stderr
         if enabled is None:
             try:
                 enabled = self.stream.isatty()
@@ -137,19 +136,16 @@ class _StatusLine:
         if not self.enabled:
             return
         with self._lock:
-            now = time.monotonic()
-            if now - self._last < 0.1 and not force:
+            if (now := time.monotonic()) - self._last < 0.1 and not force:
                 return
             self._last = now
-            self.stream.write("\r" + text(now - self._t0))
-            self.stream.flush()
+            print("\r" + text(now - self._t0), end="", file=self.stream, flush=True)
             self._drawn = True
 
     def _end(self, text: str) -> None:
         with self._lock:
             if self._drawn:
-                self.stream.write(text)
-                self.stream.flush()
+                print(text, end="", file=self.stream, flush=True)
                 self._drawn = False
 
     def clear(self) -> None:
@@ -171,7 +167,7 @@ class ProgressBar(_StatusLine):
     """``label [#####.....] 1.2 GiB / 3.4 GiB  210.5 MiB/s  ETA 0:11`` on a terminal.
 
     Callable as ``bar(done, total)`` (bytes) from any thread; draws at most ten times a
-    second and only when ``stream`` is a TTY (or ``enabled=True``).
+    second and only when stderr is a TTY (or ``enabled=True``).
     """
 
     def __call__(self, done: int, total: int) -> None:
@@ -193,18 +189,17 @@ class ProgressCounter(_StatusLine):
     total is not known ahead (a listing, a prune).
 
     ``counter.add(what, n)`` from any thread counts ``n`` more ``what`` (in the order
-    first seen); draws at most ten times a second and only when ``stream`` is a TTY (or
+    first seen); draws at most ten times a second and only when stderr is a TTY (or
     ``enabled=True``).
     """
 
-    def __init__(self, label: str, stream: TextIO | None = None, enabled: bool | None = None):
-        super().__init__(label, stream, enabled)
+    def __init__(self, label: str, enabled: bool | None = None):
+        super().__init__(label, enabled)
         self.counts: dict[str, int] = {}
-        self._count_lock = threading.Lock()
 
     def add(self, what: str, n: int = 1) -> None:
         """Count ``n`` more ``what`` and redraw."""
-        with self._count_lock:
+        with self._lock:
             self.counts[what] = self.counts.get(what, 0) + n
             parts = ", ".join(f"{v} {k}" for k, v in self.counts.items())
         self._draw(lambda elapsed: f"{self.label}: {parts}  {elapsed:.1f} s\x1b[K", force=False)

@@ -205,17 +205,13 @@ def print_prune(result: PruneResult, versions: Versions | None = None) -> None:
         )
         _versions_line(versions, result.run)
         return
-    resumed = ""
-    if result.resumed:
-        freed = (
-            f"{format_bytes(p.bytes_freed + result.resumed_bytes)}, "
-            f"{plural(p.objects_deleted + result.resumed_objects, 'object')}"
-        )
-        resumed = f"; {len(result.resumed)} of them finished for an interrupted prune ("
-        resumed += f"{', '.join(result.resumed)})"
+    names, objects = result.resumed, p.objects_deleted + result.resumed_objects
+    freed = f"{format_bytes(p.bytes_freed + result.resumed_bytes)}, {plural(objects, 'object')}"
+    resumed = f"; {len(names)} of them finished for an interrupted prune ({', '.join(names)})"
     print(
         f"  deleted {len(result.deleted)} of {result.targets} ({freed}) in "
-        f"{plural(result.delete_requests, 'DeleteObjects request')}, {counts}{deferred}{resumed}"
+        f"{plural(result.delete_requests, 'DeleteObjects request')}, {counts}{deferred}"
+        + (resumed if names else "")
     )
     _versions_line(versions, result.run)
     print_failures(result.failures)
@@ -243,18 +239,14 @@ def print_gc(r: GcResult) -> None:
         state = f"removed {len(r.removed)}"
         if r.skipped:
             state += f", skipped {len(r.skipped)}: lease held by another pruner"
-        rest = len(r.abandoned) - len(r.removed) - len(r.skipped)
-        if rest > 0:
+        if (rest := len(r.abandoned) - len(r.removed) - len(r.skipped)) > 0:
             state += f", {rest} not (fully) removed"
     else:
         state = "would remove"
     print(f"abandoned saves: {len(r.abandoned)} ({state})")
-    removed, skipped = set(r.removed), set(r.skipped)
+    marks = {**dict.fromkeys(r.skipped, "  SKIPPED"), **dict.fromkeys(r.removed, "  removed")}
     for c in r.abandoned:
-        mark = ""
-        if done:
-            url = str(c.url)
-            mark = "  removed" if url in removed else "  SKIPPED" if url in skipped else "  LEFT"
+        mark = marks.get(str(c.url), "  LEFT") if done else ""
         print(
             f"  {c.url}  {format_bytes(c.size)}, {plural(c.num_objects, 'object')}, "
             f"last activity {when(c.last_activity)}{mark}"

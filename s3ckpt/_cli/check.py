@@ -49,14 +49,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "reads to mark damaged checkpoints.",
     )
     p.add_argument("path", metavar="PATH")
-    p.add_argument(
-        "--read-data",
-        type=refusing(lambda text: parse_read_data(text)[1], ConfigError),
-        default="0",
-        metavar="SHARE",
-        help="how much of each checkpoint's item bytes to read back: 0 (the default: none, "
-        "as restic's check), a percentage such as 5%%, or all",
+    h = (
+        "how much of each checkpoint's item bytes to read back: 0 (the default: none, as "
+        "restic's check), a percentage such as 5%%, or all"
     )
+    share = refusing(lambda text: parse_read_data(text)[1], ConfigError)
+    p.add_argument("--read-data", type=share, default="0", metavar="SHARE", help=h)
     h = (
         "draw the samples from this seed (the same seed reads the same items of a "
         "checkpoint again; default: a new one, printed)"

@@ -63,15 +63,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "(classes it does not name keep the defaults)"
     )
     p.add_argument("--prices", metavar="FILE", help=h)
-    p.add_argument(
-        "--price",
-        action="append",
-        type=refusing(parse_price, ConfigError),
-        default=[],
-        metavar="CLASS=USD",
-        help="the price of one storage class in USD per GB-month, e.g. STANDARD=0.021 "
-        "(repeatable; wins over --prices)",
+    h = (
+        "the price of one storage class in USD per GB-month, e.g. STANDARD=0.021 (repeatable; "
+        "wins over --prices)"
     )
+    price = refusing(parse_price, ConfigError)
+    p.add_argument("--price", action="append", type=price, default=[], metavar="CLASS=USD", help=h)
     p.add_argument("--title", help="the page's title (default: s3ckpt report: PATH)")
     h = (
         "a save is in progress while any of its objects, heartbeats or open uploads is "
@@ -145,8 +142,7 @@ def _report(args: argparse.Namespace) -> int:
         )
     page = render_html(report)
     if to_stdout:
-        sys.stdout.write(page)
-        sys.stdout.flush()
+        print(page, end="", flush=True)
         print(_summary_line(report, "the page to stdout"), file=sys.stderr)
     else:
         _write(args.html, page)

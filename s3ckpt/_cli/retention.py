@@ -39,16 +39,9 @@ from s3ckpt._cli import (
     error,
     exit_code_for,
 )
+from s3ckpt._cli import _retention_output as output
 from s3ckpt._cli._args import STEP_PATTERN_HELP, add_options, commands, duration, retention_options
 from s3ckpt._cli._output import ProgressCounter, add_output_options, print_json, warn_damaged
-from s3ckpt._cli._retention_output import (
-    ls_json,
-    print_gc,
-    print_ls,
-    print_prune,
-    print_rm,
-    versions_json,
-)
 from s3ckpt._units import plural
 from s3ckpt.errors import LeaseHeldError, S3CkptError
 from s3ckpt.metrics import capture
@@ -127,14 +120,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "rewrites a committed checkpoint's missing or stale plain .metadata.",
     )
     p.add_argument("path", metavar="PATH")
+    h = (
+        "an extra margin: abort an open upload of a dead save (see --grace) only once it "
+        "started this long ago; an upload of a live save is never aborted, however old "
+        f"(default {format_duration(DEFAULT_GC_AGE)}: a dead save's uploads go at once)"
+    )
     p.add_argument(
-        "--older-than",
-        type=duration,
-        default=DEFAULT_GC_AGE,
-        metavar="DURATION",
-        help="an extra margin: abort an open upload of a dead save (see --grace) only once "
-        "it started this long ago; an upload of a live save is never aborted, however old "
-        f"(default {format_duration(DEFAULT_GC_AGE)}: a dead save's uploads go at once)",
+        "--older-than", type=duration, default=DEFAULT_GC_AGE, metavar="DURATION", help=h
     )
     add_options(p, "--grace")
     p.add_argument("--apply", action="store_true", help="abort and delete (default: dry run)")
@@ -201,9 +193,9 @@ def _ls(args: argparse.Namespace) -> int:
         # What a versioned bucket keeps as noncurrent versions under each run.
         versions = noncurrent_versions(cmd.location.store, [cat.run.prefix for cat in catalogs])
     if args.json:
-        print_json(ls_json(cmd.location.url, catalogs, versions), strict=True)
+        print_json(output.ls_json(cmd.location.url, catalogs, versions), strict=True)
     else:
-        print_ls(cmd.location.url, catalogs, versions)
+        output.print_ls(cmd.location.url, catalogs, versions)
         sys.stdout.flush()  # the table before the warnings on stderr
     return cmd.finish(EXIT_OK, damaged=[c for cat in catalogs for c in cat.checkpoints])
 
@@ -237,12 +229,12 @@ def _prune(args: argparse.Namespace) -> int:
                 code = EXIT_PARTIAL
             # What the deletes left as noncurrent versions (a versioned bucket keeps the bytes).
             versions = noncurrent_versions(cmd.location.store, [result.run.prefix])
-            docs.append({**result.to_dict(), **versions_json(versions, result.run)})
+            docs.append({**result.to_dict(), **output.versions_json(versions, result.run)})
             if not args.json:
                 cmd.counter.clear()
                 if i:
                     print()
-                print_prune(result, versions)
+                output.print_prune(result, versions)
                 sys.stdout.flush()  # before the progress line is drawn again on stderr
             cmd.counter.add(f"of {plural(len(runs.runs), 'run')} done")
         if args.json:
@@ -289,7 +281,7 @@ def _gc(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**result.to_dict(), "exit_code": code}, strict=True)
     else:
-        print_gc(result)
+        output.print_gc(result)
     return code
 
 
@@ -314,7 +306,7 @@ def _rm(args: argparse.Namespace) -> int:
         code = code or rc
         docs.append({**result.to_dict(), "exit_code": rc})
         if not args.json:
-            print_rm(result)
+            output.print_rm(result)
             sys.stdout.flush()
     if args.json:
         print_json({"dry_run": args.dry_run, "exit_code": code, "checkpoints": docs}, strict=True)

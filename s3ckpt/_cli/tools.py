@@ -208,6 +208,7 @@ def _print_inspect(info: InspectResult, *, summary: bool) -> None:
     )
     meta = f" incl. {format_bytes(info.metadata_bytes)} metadata" if info.metadata_bytes else ""
     others = plural(info.other_count, "other value")
+    stored = f"{format_bytes(info.stored_bytes)} in {plural(len(info.objects), 'object')}{meta}"
     head = [
         ("checkpoint", info.url),
         ("format", "s3ckpt (committed; CRC32C per item)" if info.checksums else _NO_CRC),
@@ -219,10 +220,7 @@ def _print_inspect(info: InspectResult, *, summary: bool) -> None:
         ("metrics", ", ".join(f"{k}={v:g}" for k, v in info.metrics.items())),
         ("written by", ", ".join(f"{k} {v}" for k, v in info.versions.items())),
         ("tensors", f"{info.tensor_count} ({format_bytes(info.tensor_bytes)}), {others}"),
-        (
-            "stored",
-            f"{format_bytes(info.stored_bytes)} in {plural(len(info.objects), 'object')}{meta}",
-        ),
+        ("stored", stored),
     ]
     print_table([[k, str(v)] for k, v in head if v])
     if summary:
@@ -273,15 +271,12 @@ def _verify(args: argparse.Namespace) -> int:
     return EXIT_PARTIAL
 
 
-_DIFF_LABELS = {
-    "identical": "identical",
-    "changed": "changed",
-    "shape_changed": "shape changed",
-    "dtype_changed": "dtype changed",
-    "kind_changed": "type changed",
-    "only_in_a": "only in A",
-    "only_in_b": "only in B",
-}
+_DIFF_LABELS = {"kind_changed": "type changed", "only_in_a": "only in A", "only_in_b": "only in B"}
+
+
+def _label(status: str, labels: dict[str, str]) -> str:
+    """How a state (``shape_changed`` ...) prints: its entry in ``labels``, else its words."""
+    return labels.get(status, status.replace("_", " "))
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -309,15 +304,14 @@ def _diff(args: argparse.Namespace) -> int:
                     f"max |a-b| {e.max_abs_diff:.6g}  mean {e.mean_abs_diff:.6g}  "
                     f"({e.changed_elements} elements)"
                 )
-            rows.append([_DIFF_LABELS[e.status], e.name, detail])
+            rows.append([_label(e.status, _DIFF_LABELS), e.name, detail])
         if rows:
             print()
             print_table(rows)
-        counts = {k: v for k, v in res.counts.items() if v}
         by_crc = sum(1 for e in res.entries if e.method == "checksum")
         print(
             "\n"
-            + ", ".join(f"{v} {_DIFF_LABELS[k]}" for k, v in counts.items())
+            + ", ".join(f"{v} {_label(k, _DIFF_LABELS)}" for k, v in res.counts.items() if v)
             + f" ({by_crc} decided by checksum, "
             f"{format_bytes(res.bytes_compared)} compared by value)"
         )
@@ -340,13 +334,11 @@ def _export(args: argparse.Namespace) -> int:
         f"exported {plural(res.tensors, 'tensor')} ({format_bytes(res.tensor_bytes)}) from "
         f"{res.source} to {res.dest} in {res.seconds:.1f} s"
     )
-    print_table(
-        [
-            ["  " + f.name, format_bytes(f.size), plural(f.tensors, "tensor") if f.tensors else ""]
-            for f in res.files
-        ],
-        right={1},
-    )
+    rows = [
+        ["  " + f.name, format_bytes(f.size), plural(f.tensors, "tensor") if f.tensors else ""]
+        for f in res.files
+    ]
+    print_table(rows, right={1})
     for s in res.skipped:
         print(f"skipped {s.name}: {s.reason}")
     for n in res.notes:
@@ -382,13 +374,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 _TIERS = ("Standard", "Bulk", "Expedited")
-_LABELS = {
-    "started": "started",
-    "in_progress": "in progress",
-    "restored": "restored",
-    "not_archived": "not archived",
-    "archived": "failed",
-}
+_RESTORE_LABELS = {"archived": "failed"}  # a restore request that failed
 
 
 def _restore(args: argparse.Namespace) -> int:
@@ -413,8 +399,8 @@ def _restore(args: argparse.Namespace) -> int:
             f"{plural(len(res.objects), 'object')} ({res.tier} tier, {res.days} days)"
         )
         rows = [
-            [f"  {_LABELS[state]}", plural(n, "object"), format_bytes(res.bytes[state])]
-            for state, n in res.counts.items()
+            [f"  {_label(s, _RESTORE_LABELS)}", plural(n, "object"), format_bytes(res.bytes[s])]
+            for s, n in res.counts.items()
             if n
         ]
         print_table(rows, right={1, 2})

@@ -247,6 +247,12 @@ class ObjectSink(io.RawIOBase):
         self._buf, self._buf_view, self._fill = None, memoryview(b""), 0
         self._submit_part(memoryview(buf)[:fill], buffer=buf)
 
+    def begin(self) -> None:
+        """Create the object's multipart upload now (in the background), not at its first
+        part: the object will not fit one buffer."""
+        if self._upload is None:
+            self._upload = self._up.begin_upload(self.key)
+
     def _submit_part(
         self,
         body: memoryview,
@@ -256,8 +262,7 @@ class ObjectSink(io.RawIOBase):
         crc: PartCrc | None = None,
     ) -> None:
         """Upload ``body`` as the next part; ``buffer`` goes back to the pool afterwards."""
-        if self._upload is None:
-            self._upload = self._up.begin_upload(self.key)
+        self.begin()
         self._part_no += 1
         self._parts.append(
             self._up.send_part(

@@ -14,7 +14,9 @@ completed, so a failed save leaves nothing behind.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -77,6 +79,68 @@ class PartPool:
             self._free.clear()
 
 
+#: Task priorities of the upload threads, most urgent first: a creation (its parts wait
+#: for it), a part or object in a pool buffer (the writer waits for the buffer), a part
+#: sent from a tensor's own memory (nobody waits for it).
+CREATE, BUFFERED, BORROWED = 0, 1, 2
+
+
+class _Lanes:
+    """``n`` upload threads that take the most urgent queued task first (:data:`CREATE`,
+    :data:`BUFFERED`, :data:`BORROWED`; in order of submission within a priority).
+
+    In first-come order, a large tensor's parts (sent from its own memory, many at once)
+    would queue ahead of the parts that hold pool buffers, and the writing thread would
+    wait for a free buffer while those went out; taken by urgency, the buffers come back
+    as fast as a connection frees and the tensor's parts fill every other connection. A
+    creation always goes first, so a part waiting for its upload id never waits on a
+    task still in the queue."""
+
+    def __init__(self, n: int, name: str) -> None:
+        self._queue: queue.PriorityQueue[tuple[int, int, Any, Any]] = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True) for i in range(n)
+        ]
+        self._started: bool | None = False  # None: shut down
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], Any], priority: int) -> Future[Any]:
+        """Queue ``fn``; the threads start with the first task."""
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._started is None:
+                raise RuntimeError("upload threads already shut down")
+            self._queue.put((priority, next(self._order), fut, fn))
+            if not self._started:
+                self._started = True
+                for t in self._threads:
+                    t.start()
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            _, _, fut, fn = self._queue.get()
+            if fut is None:
+                return
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:
+                    fut.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Let the threads end once the queue is empty, and wait for them."""
+        with self._lock:
+            started, self._started = self._started, None
+            if started:
+                for _ in self._threads:
+                    self._queue.put((BORROWED + 1, next(self._order), None, None))
+        if started:
+            for t in self._threads:
+                t.join()
+
+
 class _Aborted(S3CkptError):
     """Raised inside the uploader once another task failed."""
 
@@ -104,9 +168,13 @@ class Uploader:
     ) -> None:
         self.store, self.part_size, self.rank = store, part_size, rank
         self._buffers = PartPool(part_size, max(2, n_buffers))
-        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="s3ckpt-up")
-        # Completing an object waits on its parts: a separate pool avoids starving them.
-        self._completer = ThreadPoolExecutor(2, thread_name_prefix="s3ckpt-complete")
+        self._pool = _Lanes(max_concurrency, "s3ckpt-up")
+        # Completing an object waits on its parts: a separate pool avoids starving them, and
+        # one thread per connection lets the objects whose last parts land together complete
+        # together, not one round trip after another at the end of the save.
+        self._completer = ThreadPoolExecutor(
+            max(2, max_concurrency), thread_name_prefix="s3ckpt-complete"
+        )
         self._lock = threading.Lock()
         self._open_uploads: dict[str, str] = {}  # key -> upload id
         self._completed: list[str] = []
@@ -141,8 +209,11 @@ class Uploader:
         if self._error is not None:
             raise self._error
 
-    def submit(self, fn: Callable[[], Any], *, completer: bool = False) -> Future[Any]:
-        """Run ``fn`` in the background, recording its failure."""
+    def submit(
+        self, fn: Callable[[], Any], *, completer: bool = False, priority: int = BUFFERED
+    ) -> Future[Any]:
+        """Run ``fn`` in the background (on an upload thread by ``priority``, or on the
+        completer), recording its failure."""
 
         def run() -> Any:
             if self._error is not None:
@@ -154,7 +225,10 @@ class Uploader:
                 raise
 
         # in_context: the part's request counts for the save that queued it (metrics).
-        fut = (self._completer if completer else self._pool).submit(in_context(run))
+        if completer:
+            fut = self._completer.submit(in_context(run))
+        else:
+            fut = self._pool.submit(in_context(run), priority)
         with self._lock:
             self._futures.append(fut)
         return fut
@@ -171,7 +245,7 @@ class Uploader:
                 self._open_uploads[key] = upload_id
             return upload_id
 
-        return self.submit(create)
+        return self.submit(create, priority=CREATE)
 
     def send_part(
         self,
@@ -204,7 +278,7 @@ class Uploader:
                 if buffer is not None:
                     self.give_buffer(buffer)
 
-        return self.submit(send)
+        return self.submit(send, priority=BUFFERED if buffer is not None else BORROWED)
 
     def send_object(self, key: str, buffer: bytearray | None, size: int) -> Future[None]:
         """PUT the first ``size`` bytes of ``buffer`` (or nothing) as ``key`` in the
@@ -245,9 +319,14 @@ class Uploader:
             self._open_uploads.pop(key, None)
             self._completed.append(key)
 
-    def sink(self, key: str) -> ObjectSink:
-        """A stream that uploads to ``key``."""
-        return ObjectSink(self, key)
+    def sink(self, key: str, size_hint: int = 0) -> ObjectSink:
+        """A stream that uploads to ``key``. An object expected to fill more than one part
+        (``size_hint`` bytes) creates its multipart upload at once, so the round trip
+        overlaps filling its first part."""
+        sink = ObjectSink(self, key)
+        if size_hint > self.part_size:
+            sink.begin()
+        return sink
 
     # -- end ----------------------------------------------------------------------------------
     def finish(self) -> list[str]:
@@ -292,7 +371,7 @@ class Uploader:
 
     def close(self) -> None:
         """Release threads and buffers."""
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
         self._completer.shutdown(wait=True)
         self._buffers.clear()
 

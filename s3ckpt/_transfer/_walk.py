@@ -47,10 +47,9 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Span(Generic[T]):
-    """One byte range ``[start, end)`` of object ``name`` (store key ``key``)."""
+    """One byte range ``[start, end)`` of object ``name``."""
 
     name: str
-    key: str
     start: int
     end: int
     payload: T
@@ -209,8 +208,7 @@ class RangeWalk(Generic[T]):
             for name, spans in spans_by_object.items()
             for req in coalesce(list(spans), tc.coalesce_gap, limit)
         ]
-        jobs.sort(key=lambda j: -j[1].size)
-        return jobs
+        return sorted(jobs, key=lambda j: -j[1].size)
 
     def run(self, jobs: Sequence[tuple[str, Request[T]]]) -> None:
         """Make every request of ``jobs``, ``config.read_concurrency`` at a time."""
@@ -236,7 +234,7 @@ class RangeWalk(Generic[T]):
     def fetch(self, name: str, req: Request[T], *, job: int = 0) -> None:
         """Make one request, then one for each span that overlaps an earlier one."""
         key = self.key_of(name)
-        spans = [Span(name, key, s, e, p, job) for s, e, p in req.spans]
+        spans = [Span(name, s, e, p, job) for s, e, p in req.spans]
         try:
             stream = self.store.open_range(key, req.start, req.size)
         except S3CkptError as exc:
@@ -270,10 +268,8 @@ class RangeWalk(Generic[T]):
                 exc.rank = self.rank
             if self.on_failure is None:
                 raise
-            if reader.truncated:
-                self.on_failure(ReadFailure("truncated", exc, spans[i:], job))
-            else:
-                self.on_failure(ReadFailure("error", exc, spans, job))
+            kind: Literal["truncated", "error"] = "truncated" if reader.truncated else "error"
+            self.on_failure(ReadFailure(kind, exc, spans[i:] if reader.truncated else spans, job))
         finally:
             stream.close()
         for start, end, payload in overlapping:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,13 +14,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import state_dict as tsd
 
-from s3ckpt._plugin_common import Retention, agree, dcp_errors, rank_of, together
+from s3ckpt._plugin_common import Retention, agree, dcp_errors, open_reader, rank_of, together
 from s3ckpt._step_names import checkpoint_step
 from s3ckpt.accelerate import _state as st
 from s3ckpt.checkpointer import RetentionRecord
 from s3ckpt.checkpointer._latest import Candidate, load_newest_good
+from s3ckpt.checkpointer._retention import resolve_policy
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp import S3StorageReader, S3StorageWriter, SafeGlobal
+from s3ckpt.dcp import S3StorageWriter, SafeGlobal
 from s3ckpt.errors import (
     CheckpointError,
     CheckpointExistsError,
@@ -30,10 +30,8 @@ from s3ckpt.errors import (
 )
 from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.retention import KeepLast, RetentionOptions, list_checkpoints
-from s3ckpt.retention import load_policy as load_policy_file
 from s3ckpt.store import Location
 from s3ckpt.tools.packing import pack_state, packed_destinations, unpack_state
-from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -48,15 +46,6 @@ _REPLACED = ("save_state", "load_state", "save_model", "prepare")
 def is_url(location: object) -> bool:
     """Whether accelerate's ``output_dir`` / ``input_dir`` names a store (has ``://``)."""
     return location is not None and "://" in str(location)
-
-
-@dataclass(frozen=True)
-class _Target:
-    """Where a save or load goes: the checkpoint and its run (the parent prefix)."""
-
-    ckpt: Location
-    run: Location
-    automatic: bool = False
 
 
 class S3Checkpointing:
@@ -97,7 +86,8 @@ class S3Checkpointing:
                 "engines save themselves (DDP, FSDP and single-process runs are supported)"
             )
         self.accelerator = accelerator
-        self.policy: Policy | None = load_policy_file(policy) if isinstance(policy, str) else policy
+        self._fsdp = accelerator.distributed_type == DistributedType.FSDP
+        self.policy = resolve_policy(policy)
         self.s3_config = s3_config or S3Config()
         self.transfer_config = transfer_config or TransferConfig()
         self.verify_checksums = verify_checksums
@@ -110,21 +100,14 @@ class S3Checkpointing:
         self._retention = Retention()
         # A dedicated gloo group (a collective): checkpoint traffic never interleaves with
         # training collectives, and DCP's object gathers need a CPU backend under NCCL.
-        self._pg: dist.ProcessGroup | None = None
         self._rank = rank_of()
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            self._pg = dist.new_group(backend="gloo")
+        several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self._pg = dist.new_group(backend="gloo") if several else None
         # The originals (the class's methods bound to this instance), then ours in their place.
         self._original = {name: getattr(accelerator, name) for name in _REPLACED}
         for name in _REPLACED:
             setattr(accelerator, name, getattr(self, "_prepare" if name == "prepare" else name))
         self._watch()
-
-    @property
-    def _fsdp(self) -> bool:
-        from accelerate.utils import DistributedType
-
-        return bool(self.accelerator.distributed_type == DistributedType.FSDP)
 
     # -- public API ---------------------------------------------------------------------------
     def save_state(
@@ -149,7 +132,7 @@ class S3Checkpointing:
             return self._original["save_state"](
                 output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
             )
-        return self._save(target)
+        return self._save(*target)
 
     def load_state(
         self,
@@ -181,8 +164,7 @@ class S3Checkpointing:
                     key=run.url.prefix,
                 )
         elif input_dir is not None and is_url(input_dir):
-            ckpt = self._at(str(input_dir))
-            self._load(_Target(ckpt, ckpt.parent))
+            self._load(self._at(str(input_dir)), automatic=False)
         else:
             self._original["load_state"](
                 input_dir, load_kwargs=load_kwargs, **load_model_func_kwargs
@@ -192,8 +174,7 @@ class S3Checkpointing:
         """The URL of the newest good committed checkpoint under ``run`` (by step, then
         commit time; damaged ones skipped), or ``None``. Collective: the main process
         lists, every rank gets the answer."""
-        good = [c for c in agree(lambda: self._candidates(self._at(run)), self._pg) if not c.damage]
-        return good[0].url if good else None
+        return next((c.url for c in self._candidates(self._at(run)) if not c.damage), None)
 
     def load_latest(self, run: str) -> str | None:
         """Load the newest good checkpoint under ``run``; its URL (``None``, nothing
@@ -250,20 +231,17 @@ class S3Checkpointing:
             )
             return
         where = self._at(str(save_directory))
-        url = where.url
-        state_dict = st.model_state_dict(self.accelerator, model, url)  # collective under FSDP
+        state_dict = st.model_state_dict(self.accelerator, model, where.url)  # collective (FSDP)
         written = agree(
             lambda: st.write_model_files(
                 state_dict,
-                url,
-                where.store,
-                self.transfer_config,
+                where,
                 max_shard_size=max_shard_size,
                 safe_serialization=safe_serialization,
             ),
             self._pg,
         )
-        log.info("s3ckpt: saved model %s (%s)", url, ", ".join(written))
+        log.info("s3ckpt: saved model %s (%s)", where.url, ", ".join(written))
 
     def remove(self) -> None:
         """Give the accelerator its own ``save_state``, ``load_state``, ``save_model``
@@ -294,40 +272,43 @@ class S3Checkpointing:
             return self._at(str(acc.project_dir)).child("checkpoints")
         return None
 
-    def _save_target(self, output_dir: str | None) -> _Target | None:
+    def _save_target(self, output_dir: str | None) -> tuple[Location, bool] | None:
+        """Where a save goes (the checkpoint, in its run: the parent prefix), and whether by
+        automatic naming; None: accelerate's own."""
         acc, run = self.accelerator, self._auto_run()
         if run is not None:
-            return _Target(run.child(f"checkpoint_{acc.save_iteration}"), run, automatic=True)
+            return run.child(f"checkpoint_{acc.save_iteration}"), True
         if acc.project_configuration.automatic_checkpoint_naming or not is_url(output_dir):
             return None
-        ckpt = self._at(str(output_dir))
-        return _Target(ckpt, ckpt.parent)
+        return self._at(str(output_dir)), False
 
     def _candidates(self, run: Location) -> list[Candidate]:
         """The committed checkpoints under ``run``, newest first, as the catalog judged
-        them (main process)."""
-        return Candidate.newest_first(
-            list_checkpoints(run, options=RetentionOptions(grace=self.retention_grace))
+        them: the main process lists, every rank gets the answer."""
+        options = RetentionOptions(grace=self.retention_grace)
+        return agree(
+            lambda: Candidate.newest_first(list_checkpoints(run, options=options)), self._pg
         )
 
     def _load_newest(self, run: Location, *, automatic: bool) -> str | None:
         """Every rank: load the newest good checkpoint under ``run``; its URL, or None."""
-        candidates = agree(lambda: self._candidates(run), self._pg)
         found = load_newest_good(
-            candidates,
-            lambda c: self._load(_Target(run.at(c.url), run, automatic=automatic)),
+            self._candidates(run),
+            lambda c: self._load(run.at(c.url), automatic=automatic),
             fallback=self.fallback,
             run=run.url,
         )
         return None if found is None else found[0].url
 
     # -- save -----------------------------------------------------------------------------------
-    def _save(self, target: _Target) -> str:
+    def _save(self, ckpt: Location, automatic: bool) -> str:
         import accelerate
 
         acc = self.accelerator
-        url, store = target.ckpt.url, target.ckpt.store
-        step = self._step(url)
+        url = ckpt.url
+        # The step: the user's, else the folder name's, else the count of saves.
+        step = checkpoint_step(url.name) if self._step_fn is None else int(self._step_fn())
+        step = int(acc.save_iteration) if step is None else step
         models = list(acc._models)
         model_sds = [tsd.get_model_state_dict(m) for m in models]
         # accelerate's save pre-hooks see (models, weights, output_dir) and may take weights
@@ -339,8 +320,8 @@ class S3Checkpointing:
         other = st.other_state(acc, self._rank)
         sd.update((name, pack_state(value)) for name, value in other.items())
 
-        committed = agree(lambda: store.head(url.key(MANIFEST_NAME)) is not None, self._pg)
-        if committed and target.automatic:
+        committed = agree(lambda: ckpt.store.head(url.key(MANIFEST_NAME)) is not None, self._pg)
+        if committed and automatic:
             raise CheckpointExistsError(
                 f"{url} is already committed (automatic checkpoint naming, save_iteration "
                 f"{acc.save_iteration}); set accelerator.project_configuration.iteration to "
@@ -349,13 +330,10 @@ class S3Checkpointing:
                 key=url.key(MANIFEST_NAME),
             )
         writer = S3StorageWriter(
-            url,
-            s3_config=self.s3_config,
-            transfer_config=self.transfer_config,
+            ckpt,
             overwrite=committed,  # safe: the old checkpoint stays loadable until this commits
             step=step,
             user_metadata={"framework": "accelerate", "accelerate_version": accelerate.__version__},
-            store=store,
         )
         with dcp_errors("save", url, self._rank):
             dcp.save(sd, storage_writer=writer, process_group=self._pg)
@@ -365,7 +343,12 @@ class S3Checkpointing:
         acc.project_configuration.iteration += 1
         self.last_saved = str(url)
         log.info("s3ckpt: saved %s (step %d)", url, step)
-        self._schedule_retention(target, step)
+        # Retention on the main process: the policy, else (automatic naming) total_limit.
+        policy, limit = self.policy, acc.project_configuration.total_limit
+        if policy is None and automatic and limit is not None:
+            policy = KeepLast(int(limit))
+        if policy is not None and self._rank == 0:
+            self._retention.schedule(ckpt.parent, policy, self.retention_grace, step)
         return str(url)
 
     @staticmethod
@@ -376,28 +359,13 @@ class S3Checkpointing:
             sd[st.entry_name("optim", j)] = tsd.get_optimizer_state_dict(owner, opt)
         return sd
 
-    def _step(self, url: StoreURL) -> int:
-        if self._step_fn is not None:
-            return int(self._step_fn())
-        found = checkpoint_step(url.name)
-        return found if found is not None else int(self.accelerator.save_iteration)
-
     # -- load -----------------------------------------------------------------------------------
-    def _load(self, target: _Target) -> None:
+    def _load(self, ckpt: Location, *, automatic: bool) -> None:
         acc = self.accelerator
-        url = target.ckpt.url
+        url = ckpt.url
         # Each rank reads the marker and .metadata itself; one that fails makes every rank
         # raise (the same error), so none waits in dcp.load for it (_plugin_common).
-        reader = together(
-            lambda: S3StorageReader(
-                target.ckpt,
-                verify_checksums=self.verify_checksums,
-                allow_unsafe_pickle=self.allow_unsafe_pickle,
-                safe_globals=self.safe_globals,
-            ),
-            self._pg,
-        )
-        metadata = reader.metadata
+        reader = together(lambda: open_reader(ckpt, self, self.allow_unsafe_pickle), self._pg)
         models = list(acc._models)
         # accelerate's load pre-hooks see (models, input_dir) and may take models out
         # (they loaded those themselves); under FSDP they see none.
@@ -408,13 +376,13 @@ class S3Checkpointing:
             load_models = models
         opts = st.optimizers(acc, models)
         sd = self._entries([tsd.get_model_state_dict(m) for m in load_models], opts)
-        saved = {fqn.split(".")[0] for fqn in metadata.state_dict_metadata}
+        saved = {fqn.split(".")[0] for fqn in reader.metadata.state_dict_metadata}
         missing = [k for k, v in sd.items() if k not in saved and v]
         # Everything else loads into destinations the checkpoint describes, then unpacks
         # to exactly the values saved (s3ckpt/accelerate/_state.py).
         names = st.other_names(acc, self._rank)
         for name in names:
-            flat = packed_destinations(metadata, name)
+            flat = packed_destinations(reader.metadata, name)
             if flat is not None:
                 sd[name] = flat
             elif not name.startswith(st.OPTIONAL):
@@ -445,7 +413,7 @@ class S3Checkpointing:
             acc.scaler.load_state_dict(state["scaler"])  # before the optimizers (FSDP2)
         for j, (opt, owner) in enumerate(opts):
             tsd.set_optimizer_state_dict(owner, opt, sd[st.entry_name("optim", j)])
-        st.apply_state(acc, state, automatic=target.automatic)
+        st.apply_state(acc, state, automatic=automatic)
         rng = state.get(f"random_states_{self._rank}")
         if rng is None:
             log.info("s3ckpt: %s has no random states for rank %d; not restored", url, self._rank)
@@ -457,12 +425,3 @@ class S3Checkpointing:
     def _at(self, target: str) -> Location:
         """``target`` in the process's shared store for this plug-in's settings."""
         return Location.of(target, s3_config=self.s3_config, transfer_config=self.transfer_config)
-
-    def _schedule_retention(self, target: _Target, step: int) -> None:
-        policy = self.policy
-        limit = self.accelerator.project_configuration.total_limit
-        if policy is None and target.automatic and limit is not None:
-            policy = KeepLast(int(limit))
-        if policy is None or self._rank != 0:
-            return
-        self._retention.schedule(target.run, policy, self.retention_grace, step)

@@ -22,21 +22,21 @@ earlier sharded save left when the new save is one file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
 import re
-import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from s3ckpt._plugin_common import patch_once
 from s3ckpt._transfer import ObjectSink, Uploader, format_leftovers
-from s3ckpt.config import TransferConfig
 from s3ckpt.errors import ConfigError
-from s3ckpt.store import ObjectStore
-from s3ckpt.tools._safetensors import TORCH_TO_ST
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
 from s3ckpt.uri import StoreURL
 
 if TYPE_CHECKING:
@@ -122,18 +122,13 @@ def watch_epochs(loader: Any) -> None:
     the middle of an epoch stores that state, so the resumed epoch draws the same order
     and a stateful loader (or ``skip_first_batches``) skips exactly the batches seen.
     Idempotent."""
-    original = getattr(loader, "set_epoch", None)
-    if original is None or getattr(original, "_s3ckpt_watch", False):
-        return
 
-    def set_epoch(epoch: int) -> None:
+    @patch_once(loader, "set_epoch")
+    def set_epoch(original: Callable[[int], None], epoch: int) -> None:
         generator = _generator(loader, _sampler(loader))
         if generator is not None:
             setattr(loader, _EPOCH_START, (int(epoch), generator.get_state()))
         original(epoch)
-
-    set_epoch._s3ckpt_watch = True  # type: ignore[attr-defined]
-    loader.set_epoch = set_epoch
 
 
 def loader_state(loader: Any) -> dict[str, Any]:
@@ -151,12 +146,10 @@ def loader_state(loader: Any) -> dict[str, Any]:
     sampler = _sampler(loader)
     generator = _generator(loader, sampler)
     if generator is not None:
-        started = getattr(loader, _EPOCH_START, None)
+        epoch, began = getattr(loader, _EPOCH_START, (None, None))
         mid_epoch = not getattr(loader, "end_of_dataloader", True)
-        if started is not None and started[0] == iteration and mid_epoch:
-            state["generator"] = started[1]
-        else:
-            state["generator"] = generator.get_state()
+        at_start = began is not None and epoch == iteration and mid_epoch
+        state["generator"] = began if at_start else generator.get_state()
     if isinstance(sampler, SeedableRandomSampler):
         state["sampler"] = {"epoch": int(sampler.epoch), "initial_seed": int(sampler.initial_seed)}
     if getattr(loader, "use_stateful_dataloader", False):
@@ -201,10 +194,8 @@ def _sampler(loader: Any) -> Any:
 def _generator(loader: Any, sampler: Any) -> torch.Generator | None:
     """The generator the loader shuffles with: the one accelerate synchronises across
     ranks at each epoch's start, else the sampler's own."""
-    found = getattr(loader, "synchronized_generator", None)
-    if not isinstance(found, torch.Generator):
-        found = getattr(sampler, "generator", None)
-    return found if isinstance(found, torch.Generator) else None
+    found = (getattr(loader, "synchronized_generator", None), getattr(sampler, "generator", None))
+    return next((g for g in found if isinstance(g, torch.Generator)), None)
 
 
 # -- random number generators ------------------------------------------------------------------
@@ -215,20 +206,16 @@ def _device_rng_module() -> tuple[str, Any] | None:
         return None
     name = accel.current_accelerator().type
     module = torch.get_device_module(name)
-    if not hasattr(module, "get_rng_state_all"):
-        return None
-    return name, module
+    return (name, module) if hasattr(module, "get_rng_state_all") else None
 
 
 def rng_state() -> dict[str, Any]:
     """This process's RNG states: Python's, NumPy's legacy global one, torch's CPU one and
     each accelerator device's."""
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
+    with contextlib.suppress(ImportError):
         import numpy as np
-    except ImportError:
-        pass
-    else:
+
         state["numpy"] = np.random.get_state()
     device = _device_rng_module()
     if device is not None:
@@ -257,8 +244,6 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 
 log = logging.getLogger("s3ckpt")
 
-_SHARD = re.compile(r"(.*?)-\d{5}-of-\d{5}")
-
 
 def model_state_dict(acc: Accelerator, model: torch.nn.Module, url: StoreURL) -> dict[str, Any]:
     """The state dict ``Accelerator.save_model`` saves: an offloaded model's, else
@@ -283,15 +268,14 @@ def model_state_dict(acc: Accelerator, model: torch.nn.Module, url: StoreURL) ->
 
 def write_model_files(
     state_dict: dict[str, Any],
-    url: StoreURL,
-    store: ObjectStore,
-    transfer_config: TransferConfig,
+    where: Location,
     *,
     max_shard_size: int | str,
     safe_serialization: bool,
 ) -> list[str]:
-    """Write ``state_dict`` under ``url`` as ``Accelerator.save_model`` writes a folder;
-    returns the names written (shards, then the index when sharded).
+    """Write ``state_dict`` under ``where`` (with its transfer settings) as
+    ``Accelerator.save_model`` writes a folder; returns the names written (shards, then
+    the index when sharded).
 
     Raises:
         ConfigError: a tensor of a dtype safetensors cannot store, or a non-tensor value
@@ -299,6 +283,8 @@ def write_model_files(
     """
     from accelerate.utils import clean_state_dict_for_safetensors, constants
     from huggingface_hub import split_torch_state_dict_into_shards
+
+    url, store, transfer_config = where.url, where.store, where.transfer_config
 
     if safe_serialization:
         state_dict = clean_state_dict_for_safetensors(dict(state_dict))
@@ -330,10 +316,7 @@ def write_model_files(
     try:
         for filename, shard in shards.items():
             sink = uploader.sink(url.key(filename))
-            if safe_serialization:
-                _write_safetensors(sink, shard)
-            else:
-                torch.save(shard, sink)
+            (_write_safetensors if safe_serialization else torch.save)(shard, sink)
             sink.close()
         uploader.finish()
     except BaseException as exc:
@@ -355,23 +338,16 @@ def _nbytes(shard: Mapping[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in shard.values() if isinstance(t, torch.Tensor))
 
 
-def _write_safetensors(sink: ObjectSink, shard: Mapping[str, torch.Tensor]) -> None:
+def _write_safetensors(shard: Mapping[str, torch.Tensor], sink: ObjectSink) -> None:
     """One safetensors file: the 8-byte header length, the JSON header (8-byte aligned,
     as safetensors pads it), then each tensor's bytes in header order."""
-    doc: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, t in shard.items():
-        n = t.numel() * t.element_size()
-        doc[name] = {"dtype": TORCH_TO_ST[t.dtype], "shape": list(t.shape)}
-        doc[name]["data_offsets"] = [offset, offset + n]
-        offset += n
-    raw = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    sink.write(struct.pack("<Q", len(raw)) + raw)
+    header, _ = build_header(
+        [(n, t.dtype, tuple(t.shape)) for n, t in shard.items()], {"format": "pt"}
+    )
+    sink.write(header)
     for t in shard.values():
         if t.numel():
-            flat = t.detach().to("cpu").contiguous().reshape(-1)
-            sink.write(memoryview(flat.view(torch.uint8).numpy()))
+            sink.write(tensor_bytes(t))
 
 
 def _remove_stale(
@@ -380,19 +356,15 @@ def _remove_stale(
     """Delete what an earlier save left under ``url`` that this save's files replace:
     shards of accelerate's pattern the new files do not include, and the index when the
     new save is not sharded. Other objects there are left alone."""
-    stem = weights.rsplit(".", 1)[0]
-    stale = []
-    for info in store.list(url.prefix):
-        name = info.key[len(url.prefix) :]
-        if name in keep or "/" in name:
-            continue
-        base = name.rsplit(".", 1)[0]
-        if name == index_name or (
-            name.startswith(stem)
-            and name.endswith(weights[len(stem) :])
-            and _SHARD.fullmatch(base) is not None
-        ):
-            stale.append(info.key)
+    stem, ext = weights.rsplit(".", 1)
+    shard = re.compile(rf"{re.escape(stem)}.*-\d{{5}}-of-\d{{5}}\.{re.escape(ext)}")
+    stale = [
+        info.key
+        for info in store.list(url.prefix)
+        if (name := info.key[len(url.prefix) :]) not in keep
+        and "/" not in name
+        and (name == index_name or shard.fullmatch(name))
+    ]
     if stale:
         failures = store.delete(stale)
         if failures:  # the new files are complete; the old ones only clutter the folder

@@ -58,7 +58,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, SupportsFloat
+from typing import Any, Literal, SupportsFloat
 
 import torch
 import torch.distributed as dist
@@ -91,14 +91,12 @@ from s3ckpt.format._hashed import check_prefix_strategy
 from s3ckpt.format._manifest import Manifest, check_metrics
 from s3ckpt.format._names import MANIFEST_NAME, checkpoint_name
 from s3ckpt.metrics import instrument
+from s3ckpt.retention import CheckpointInfo, Policy, PruneResult, RetentionOptions, list_checkpoints
 from s3ckpt.retention._liveness import DEFAULT_GRACE
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.store._capabilities import require_conditional_writes
 from s3ckpt.store._location import AtLocation, LocationLike
 from s3ckpt.uri import StoreURL
-
-if TYPE_CHECKING:
-    from s3ckpt.retention import CheckpointInfo, Policy, PruneResult
 
 # What a training loop calls or reads. The layout names (LATEST_NAME, checkpoint_name) are
 # s3ckpt.format's. RetentionRunner and resolve_policy stay importable from here for the
@@ -355,8 +353,6 @@ class Checkpointer(AtLocation):
     def list(self) -> list[CheckpointInfo]:
         """Every checkpoint under the run (committed, in progress, abandoned), oldest first.
         Local call: lists the bucket from whichever rank calls it."""
-        from s3ckpt.retention import RetentionOptions, list_checkpoints
-
         return list_checkpoints(self.location, options=RetentionOptions(grace=self.retention_grace))
 
     def attach_metrics(self, step: int, metrics: Mapping[str, SupportsFloat]) -> None:

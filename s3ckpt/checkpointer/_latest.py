@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from difflib import get_close_matches
 from itertools import islice
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from s3ckpt._step_names import checkpoint_step
 from s3ckpt.checkpointer._ranks import RankGroup
@@ -55,15 +55,11 @@ from s3ckpt.format._names import (
     checkpoint_name,
 )
 from s3ckpt.metrics.instrument import expecting
-from s3ckpt.retention import RetentionOptions, list_checkpoints
-from s3ckpt.retention._catalog import CheckpointState
+from s3ckpt.retention import CheckpointInfo, RetentionOptions, list_checkpoints
 from s3ckpt.retention._check_record import read_check_record
 from s3ckpt.retention._scan import probe_checkpoint
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
-
-if TYPE_CHECKING:
-    from s3ckpt.retention import CheckpointInfo
 
 __all__ = ["Candidate", "LatestPointer", "load_newest_good", "nearby_runs", "warn_if_misspelt"]
 
@@ -248,7 +244,7 @@ class LatestPointer:
         options = RetentionOptions(grace=grace)
         catalog = list_checkpoints(Location(self.url, self._store), options=options)
         for c in sorted(catalog, key=lambda c: c.step or 0, reverse=True):
-            if c.state == CheckpointState.COMMITTED and c.step is not None and c.step not in seen:
+            if c.is_committed and c.step is not None and c.step not in seen:
                 seen.add(c.step)
                 yield c.step, c.damage
         if not seen and not self._run_checked:  # nothing to resume: a wrong URL? (once)
@@ -286,7 +282,7 @@ class LatestPointer:
 #   ``None`` (a new run looks the same), but :func:`warn_if_misspelt` logs a WARNING naming
 #   the URL and the runs nearest to it by likeness of name, found by a bounded search.
 #
-# Request cost: :func:`checkpoint_at` is one or two HEADs; :func:`nearby_runs` at most
+# Request cost: :func:`refuse_checkpoint_url` is one or two HEADs; :func:`nearby_runs` at most
 # ``2 + _MAX_UNCLES`` LISTs of sub-prefixes (each stopped after :data:`_MAX_LISTED`
 # prefixes, one request) plus :data:`_MAX_PROBES` LISTs to confirm candidates. Both run only
 # when a load finds nothing (and the run check once before a Checkpointer's first save).
@@ -301,31 +297,24 @@ _MAX_PROBES = 6
 _MAX_NAMED = 3
 
 
-def checkpoint_at(store: ObjectStore, url: StoreURL) -> str | None:
-    """``"s3ckpt"`` if ``url`` itself holds a commit marker, ``"dcp"`` if it holds a
-    stock DCP ``.metadata``, else ``None`` (one or two HEADs)."""
-    with expecting("not_found"):  # a run holds neither: the normal answer is 404
-        if store.head(url.key(MANIFEST_NAME)) is not None:
-            return "s3ckpt"
-        if store.head(url.key(METADATA_NAME)) is not None:
-            return "dcp"
-    return None
-
-
 def refuse_checkpoint_url(store: ObjectStore, url: StoreURL, *, saving: bool) -> None:
-    """Raise :class:`~s3ckpt.errors.ConfigError` if ``url`` is a checkpoint, not a run.
+    """Raise :class:`~s3ckpt.errors.ConfigError` if ``url`` is a checkpoint, not a run: it
+    holds a commit marker or a stock DCP ``.metadata`` (one or two HEADs).
 
     The message names the run to give the Checkpointer instead (the checkpoint's parent)
     and the step to load, or, for a checkpoint the Checkpointer would not name so (another
     framework's, stock DCP), how to load it directly.
     """
-    kind = checkpoint_at(store, url)
-    if kind is None:
+    with expecting("not_found"):  # a run holds neither: the normal answer is 404
+        marker = next(
+            (m for m in (MANIFEST_NAME, METADATA_NAME) if store.head(url.key(m)) is not None), None
+        )
+    if marker is None:
         return
     run, name = url.parent, url.name
     step = checkpoint_step(name)
-    own = kind == "s3ckpt" and step is not None and checkpoint_name(step) == name
-    what = "a committed checkpoint" if kind == "s3ckpt" else "a DCP checkpoint (.metadata)"
+    own = marker == MANIFEST_NAME and step is not None and checkpoint_name(step) == name
+    what = "a committed checkpoint" if marker == MANIFEST_NAME else "a DCP checkpoint (.metadata)"
     if saving:
         todo = (
             f"saving here would nest checkpoints inside it. Give the Checkpointer the run: "
@@ -344,7 +333,7 @@ def refuse_checkpoint_url(store: ObjectStore, url: StoreURL, *, saving: bool) ->
     raise ConfigError(
         f"{url} is {what}, not a run of checkpoints: {todo}",
         bucket=store.bucket,
-        key=url.key(MANIFEST_NAME if kind == "s3ckpt" else METADATA_NAME),
+        key=url.key(marker),
     )
 
 

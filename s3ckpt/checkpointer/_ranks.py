@@ -48,8 +48,7 @@ class RankGroup:
                 value = fn()
             except Exception as exc:
                 error = exc
-        shared = None if error is None else portable(error, "the coordinator failed: ")
-        box = [(value, shared)]
+        box = [(value, None if error is None else portable(error, "the coordinator failed: "))]
         dist.broadcast_object_list(box, src=self.coordinator_global, group=self.process_group)
         value, shared = box[0]
         if (raised := error or shared) is not None:

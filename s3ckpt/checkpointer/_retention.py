@@ -16,15 +16,13 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from s3ckpt.checkpointer._async import wait_at_exit
 from s3ckpt.errors import AccessDeniedError, LeaseHeldError
+from s3ckpt.retention import Policy, PolicyFile, PruneResult, RetentionOptions, load_policy, prune
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.uri import StoreURL
-
-if TYPE_CHECKING:
-    from s3ckpt.retention import Policy, PolicyFile, PruneResult
 
 __all__ = ["RETENTION_HISTORY", "RetentionRecord", "RetentionRunner", "resolve_policy"]
 
@@ -73,11 +71,8 @@ def resolve_policy(policy: Policy | PolicyFile | str | None) -> Policy | None:
     <s3ckpt.retention.PolicyFile.as_policy>`), as do a :class:`~s3ckpt.retention.PolicyFile`'s
     given in Python (``PolicyFile(KeepLast(3), tiers=(Tier(...),))``)."""
     if isinstance(policy, str):
-        from s3ckpt.retention import load_policy
-
         return load_policy(policy)
-    as_policy = getattr(policy, "as_policy", None)  # a PolicyFile (no import at start-up)
-    return as_policy() if callable(as_policy) else policy
+    return policy.as_policy() if isinstance(policy, PolicyFile) else policy
 
 
 LEASE_RETRIES = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -137,19 +132,15 @@ class RetentionRunner:
         return []
 
     def _run(self, policy: Policy, grace: timedelta, step: int | None) -> None:
-        from s3ckpt.retention import RetentionOptions, prune
-
         started, t0 = time.time(), time.perf_counter()
+        run, options = Location(self._url, self._store), RetentionOptions(grace=grace)
         try:
             # The run's lease is often held for a moment by this job itself (a plug-in's
             # removal of one checkpoint, the previous pass's release): try again for a few
             # seconds before calling the pass failed.
             for pause in (*LEASE_RETRIES, None):
                 try:
-                    options = RetentionOptions(grace=grace)
-                    result = prune(
-                        Location(self._url, self._store), policy, apply=True, options=options
-                    )
+                    result = prune(run, policy, apply=True, options=options)
                     break
                 except LeaseHeldError:
                     if pause is None:

@@ -6,11 +6,9 @@ and FSDP2 (``fully_shard``) all work.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -25,14 +23,13 @@ __all__ = ["apply_state_dict", "collect_state_dict"]
 def collect_state_dict(model: Any, optimizer: Any, train_state: Any) -> dict[str, Any]:
     """The state dict to save (or to load into): ``model``, ``optim`` when an optimizer is
     given, ``train_state`` when a train state is given."""
-    opts = StateDictOptions()
     sd: dict[str, Any] = {}
     if optimizer is None:
-        sd["model"] = get_model_state_dict(model, options=opts)
+        sd["model"] = get_model_state_dict(model)
     else:
-        sd["model"], sd["optim"] = get_state_dict(model, optimizer, options=opts)
+        sd["model"], sd["optim"] = get_state_dict(model, optimizer)
     if train_state is not None:
-        fn: Callable[[], Any] | None = getattr(train_state, "state_dict", None)
+        fn = getattr(train_state, "state_dict", None)
         if fn is None or not callable(getattr(train_state, "load_state_dict", None)):
             raise ConfigError(
                 "train_state must have state_dict() and load_state_dict() (torch's Stateful); "

@@ -30,8 +30,9 @@ import io
 import math
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -56,9 +57,6 @@ from s3ckpt.errors import (
 from s3ckpt.format._manifest import ItemRecord, tensor_framing_error
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.metrics.instrument import record_checksum_failure
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ByteSource",
@@ -144,16 +142,14 @@ class SpanDecoder:
         per_object: SpansByObject = defaultdict(dict)
         reader = self.reader
         for read in plan.items:
-            info = reader.metadata.storage_data.get(read.storage_index)
-            if info is None:
+            if (info := reader.metadata.storage_data.get(read.storage_index)) is None:
                 raise self._error(
                     CorruptCheckpointError,
                     f"{read.storage_index.fqn} is in the plan but not in .metadata",
                     self.url.key(METADATA_NAME),
                 )
             spans = per_object[info.relative_path]
-            span = spans.get((info.offset, info.length))
-            if span is None:
+            if (span := spans.get((info.offset, info.length))) is None:
                 record = reader._records.get(item_key(read.storage_index))
                 if reader.manifest is not None and record is None and reader.verify_checksums:
                     raise self._error(
@@ -179,27 +175,23 @@ class SpanDecoder:
     def direct(self, span: ItemSpan, key: str) -> DirectTarget | None:
         """Where ``span``'s bytes land when its tensor streams straight into the destination
         (see the module docs), or None when the item must be read whole and decoded."""
-        read, record = span.reads[0], span.record
-        chunk = self.reader._chunks.get(item_key(read.storage_index))
+        read, layout = span.reads[0], self._layout(span)
         if (
             len(span.reads) != 1
-            or span.info.transform_descriptors
             or read.type != LoadItemType.TENSOR
-            or chunk is None
-            or record is None
-            or record.data_offset is None
+            or layout is None
             or any(read.storage_offsets)
-            or tuple(read.lengths) != tuple(chunk[1])
+            or tuple(read.lengths) != tuple(layout[1])
         ):
             return None
+        dtype, sizes, data_offset = layout
         with self.lock:
             target = self.planner.resolve_tensor(read).detach()
-        if (target.device.type, target.dtype, target.is_contiguous()) != ("cpu", chunk[0], True):
-            return None
-        if tuple(target.size()) != tuple(chunk[1]):
+        found = (target.device.type, target.dtype, target.is_contiguous(), tuple(target.size()))
+        if found != ("cpu", dtype, True, tuple(sizes)):
             return None
         nbytes = target.numel() * target.element_size()
-        tail_len = span.info.length - record.data_offset - nbytes
+        tail_len = span.info.length - data_offset - nbytes
         if tail_len < 0:
             raise self._error(
                 CorruptCheckpointError,
@@ -207,7 +199,7 @@ class SpanDecoder:
                 "bytes past the item's end",
                 key,
             )
-        return DirectTarget(target, record.data_offset, nbytes, tail_len)
+        return DirectTarget(target, data_offset, nbytes, tail_len)
 
     def finish_direct(
         self,
@@ -220,7 +212,6 @@ class SpanDecoder:
     ) -> None:
         """Check a directly streamed item (its CRC32C ``crc``, its framing ``head`` and
         ``tail``) and commit its tensor."""
-        assert span.record is not None  # direct() needs the record
         fqn = span.reads[0].storage_index.fqn
         self._check(crc, span.record, key, fqn)
         self._check_framing(head, tail, direct.nbytes, key, fqn)
@@ -236,13 +227,10 @@ class SpanDecoder:
     ) -> None:
         """Check and decode an item read whole into ``buf`` (``crc``: its CRC32C) into
         every read item that needs it."""
-        record = span.record
         fqn = span.reads[0].storage_index.fqn
-        if record is not None:
-            self._check(crc, record, key, fqn)
+        self._check(crc, span.record, key, fqn)
         data = self.untransform(span, key, buf)
-        first = span.reads[0]
-        if first.type == LoadItemType.BYTE_IO:
+        if span.reads[0].type == LoadItemType.BYTE_IO:
             self._check_safe(data, key, fqn)
             for read in span.reads:
                 with self.lock:
@@ -271,8 +259,9 @@ class SpanDecoder:
         """``cls(message)`` about object ``key`` on this rank."""
         return cls(message, bucket=self.bucket, key=key, rank=self.rank, **extra)
 
-    def _check(self, crc: int, record: ItemRecord, key: str, fqn: str) -> None:
-        if self.reader.verify_checksums and crc != record.crc32c:
+    def _check(self, crc: int, record: ItemRecord | None, key: str, fqn: str) -> None:
+        """``crc`` against the item's manifest row (none: nothing to check against)."""
+        if record is not None and self.reader.verify_checksums and crc != record.crc32c:
             record_checksum_failure()  # for the load current here
             raise self._error(
                 ChecksumMismatchError,
@@ -287,8 +276,7 @@ class SpanDecoder:
         """The item's own zip framing must put the tensor where the manifest says (see
         :func:`~s3ckpt.format.tensor_framing_error`): a manifest edited and re-sealed
         cannot make a reader take other bytes for the tensor."""
-        why = tensor_framing_error(head, tail, nbytes)
-        if why is not None:
+        if (why := tensor_framing_error(head, tail, nbytes)) is not None:
             raise self._error(
                 CorruptCheckpointError,
                 f"{fqn}: {why}; {MANIFEST_NAME} does not describe the bytes stored (it was "
@@ -325,7 +313,16 @@ class SpanDecoder:
                 key,
             ) from exc
 
-    # -- a whole item's bytes ----------------------------------------------------------------
+    # -- a stored item's bytes ---------------------------------------------------------------
+    def _layout(self, span: ItemSpan) -> tuple[torch.dtype, Sequence[int], int] | None:
+        """The saved chunk's dtype and sizes and where its data starts in the item, when
+        ``.metadata`` and ``s3ckpt.json`` say so and no stream transform changed the bytes."""
+        record = span.record
+        chunk = self.reader._chunks.get(item_key(span.reads[0].storage_index))
+        if record is None or record.data_offset is None or chunk is None:
+            return None
+        return None if span.info.transform_descriptors else (*chunk, record.data_offset)
+
     def untransform(self, span: ItemSpan, key: str, buf: bytearray) -> bytes | bytearray:
         """The item's bytes with its stream transforms undone (``buf`` itself without any)."""
         descriptors = span.info.transform_descriptors
@@ -359,21 +356,14 @@ class SpanDecoder:
 
     def _decode_tensor(self, buf: bytes | bytearray, span: ItemSpan, key: str) -> torch.Tensor:
         """``buf``, an item's bytes with its transforms undone, as the saved tensor."""
-        read = span.reads[0]
-        record = span.record
-        chunk = self.reader._chunks.get(item_key(read.storage_index))
-        if (
-            record is not None
-            and record.data_offset is not None
-            and chunk is not None
-            and not span.info.transform_descriptors
-        ):
-            dtype, sizes = chunk
+        read, layout = span.reads[0], self._layout(span)
+        if layout is not None:
+            dtype, sizes, at = layout
             numel = math.prod(sizes)
             if numel == 0:
                 return torch.empty(tuple(sizes), dtype=dtype)
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            at, view = record.data_offset, memoryview(buf)
+            view = memoryview(buf)
             self._check_framing(view[:at], view[at + nbytes :], nbytes, key, read.storage_index.fqn)
             flat = torch.frombuffer(buf, dtype=dtype, count=numel, offset=at)
             return flat.view(tuple(sizes))

@@ -71,9 +71,10 @@ _PIECE_THREADS = 4
 # ``max_concurrency`` threads; the store's connection pool has ``max_concurrency + 4``.
 
 
-class _Stop(Exception):
+class _Stop(BaseException):
     """The exchange cannot go on: a rank raised its flag (``error`` None: every rank stops
-    at this round), or a collective failed (``error``: a rank died, a timeout)."""
+    at this round), or a collective failed (``error``: a rank died, a timeout). Not an
+    ``Exception``: no ``except Exception`` on the way (decoding a span) records it."""
 
     def __init__(self, error: Exception | None = None) -> None:
         super().__init__(str(error))
@@ -121,16 +122,13 @@ class FanOutRead:
             if self.error is None:
                 self.error = exc
 
-    def _failed(self) -> bool:
-        return self.error is not None
-
     # -- owner side -------------------------------------------------------------------------
     def _read_piece(self, piece: int) -> torch.Tensor:
         """Read ``piece`` from the store (prefetch thread); a failure is recorded and
         re-raised (the round then raises this rank's flag)."""
         table = self.table
         buf = torch.empty(table.cuts[piece + 1] - table.cuts[piece], dtype=torch.uint8)
-        if self._failed():
+        if self.error is not None:
             return buf  # the group stops at the next round: read nothing more
         view = memoryview(buf.numpy())
         spans: dict[str, list[tuple[int, int, tuple[int, str]]]] = {}
@@ -180,13 +178,11 @@ class FanOutRead:
                 "process_group=",
                 rank=self.rank,
             )
-        if me != self.rank:
-            self._fail(
-                ConfigError(
-                    f"fan_out: this is rank {self.rank} of the load but rank {me} of the "
-                    "reader's process group; pass the group dcp.load runs on as process_group=",
-                    rank=self.rank,
-                )
+        if me != self.rank:  # no thread runs yet: the first error
+            self.error = ConfigError(
+                f"fan_out: this is rank {self.rank} of the load but rank {me} of the "
+                "reader's process group; pass the group dcp.load runs on as process_group=",
+                rank=self.rank,
             )
         backend = str(dist.get_backend(group)).lower()
         cuda = "nccl" in backend and "gloo" not in backend
@@ -222,14 +218,14 @@ class FanOutRead:
                     self._left = key[2]
                     needed = shared.get(key)
                     try:  # as a direct read would; a failure skips the rest of the span
-                        if needed is not None and not self._failed():
+                        if needed is not None and self.error is None:
                             decode_span(self.decoder, self, self.reader.object_key(key[0]), needed)
-                    except _Stop:
-                        raise
                     except Exception as exc:
                         self._fail(exc)
-                    left, self._left = self._left, 0  # what decoding left (a failure)
-                    self._skip(left)
+                    # Pass over what decoding left (a failure), taking part in its broadcasts.
+                    left, self._left = self._left, 0
+                    while left > 0:
+                        left -= len(self._take(left))
             except _Stop as stop:
                 if stop.error is not None:
                     raise stop.error from None
@@ -239,7 +235,7 @@ class FanOutRead:
                 direct.join()
             # Cancel the prefetches not started; wait for the one running.
             self._prefetch.shutdown(wait=True, cancel_futures=True)
-        if aborted or self._flags_up(self._failed()):
+        if aborted or self._flags_up(self.error is not None):
             self._raise(me)
 
     def _direct(self, spans: SpansByObject) -> None:
@@ -283,12 +279,9 @@ class FanOutRead:
         mine = first + self._me
         error = False
         if mine in self._own:
-            try:
-                self._own[mine].result()
-            except Exception:
-                error = True  # recorded by the reading thread
+            error = self._own[mine].exception() is not None  # recorded by the reading thread
             self._want(mine + self.table.world)
-        if _collective(self._flags_up, error or self._failed()):
+        if _collective(self._flags_up, error or self.error is not None):
             raise _Stop
 
     def _next(self) -> None:
@@ -299,18 +292,15 @@ class FanOutRead:
         self._piece = i
         owner, n = table.owner(i), table.cuts[i + 1] - table.cuts[i]
         src = self._own.pop(i).result()[:n] if owner == self._me else None
-        if self._host is None:  # CPU: the broadcast's buffer is the bytes
-            host = src if src is not None else self._recv[:n]
-            _collective(dist.broadcast, host, group=self.group, group_src=owner)
-        else:
-            gpu = self._recv[:n]
-            if src is not None:
-                gpu.copy_(src)
-            _collective(dist.broadcast, gpu, group=self.group, group_src=owner)
-            host = src if src is not None else self._host[:n].copy_(gpu)
+        # CPU: the broadcast's buffer is the bytes; NCCL: it is the GPU buffer.
+        wire = src if src is not None and self._host is None else self._recv[:n]
+        if src is not None and wire is not src:
+            wire.copy_(src)
+        _collective(dist.broadcast, wire, group=self.group, group_src=owner)
         if src is None:
             self.bytes_received += n
-        self._view, self._at = memoryview(host.numpy()), 0
+            src = wire if self._host is None else self._host[:n].copy_(wire)
+        self._view, self._at = memoryview(src.numpy()), 0
 
     def _take(self, n: int) -> memoryview:
         """Up to ``n`` (> 0) next bytes of the stream, valid until the next call."""
@@ -320,15 +310,9 @@ class FanOutRead:
         self._at += len(got)
         return got
 
-    def _skip(self, n: int) -> None:
-        """Pass over the next ``n`` bytes of the stream (taking part in their broadcasts)."""
-        while n > 0:
-            n -= len(self._take(n))
-
     def readinto_all(self, view: memoryview, what: str, crc: int = 0) -> int:
         """Fill ``view`` with the current span's next bytes; their CRC32C continued from
-        ``crc`` (the decoder's :class:`~s3ckpt.dcp._decode.ByteSource`)."""
-        view = view.cast("B") if view.format != "B" else view
+        ``crc`` (the decoder's :class:`~s3ckpt.dcp._decode.ByteSource`; its views are bytes)."""
         if len(view) > self._left:
             raise ValueError(f"reading {len(view)} bytes of a span with {self._left} left")
         off = 0

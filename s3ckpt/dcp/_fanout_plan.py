@@ -24,7 +24,7 @@ import functools
 import itertools
 import logging
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -100,12 +100,8 @@ class FanOutPlan:
         """``(span index, start in span, end in span)`` of each span part in ``piece``."""
         lo, hi = self.cuts[piece], self.cuts[piece + 1]
         starts = self._starts
-        out = []
-        i = bisect_right(starts, lo) - 1
-        while i < len(self.spans) and starts[i] < hi:
-            out.append((i, max(lo - starts[i], 0), min(hi, starts[i + 1]) - starts[i]))
-            i += 1
-        return out
+        found = range(bisect_right(starts, lo) - 1, min(bisect_left(starts, hi), len(self.spans)))
+        return [(i, max(lo - starts[i], 0), min(hi, starts[i + 1]) - starts[i]) for i in found]
 
 
 def plan_fan_out(
@@ -137,8 +133,7 @@ def plan_fan_out(
     if why:
         log.debug("s3ckpt: fan_out=True but %s; every rank reads directly", why)
         return plans
-    table = build_table(plans, storage_data, piece_size=piece_size)
-    if table is None:
+    if (table := build_table(plans, storage_data, piece_size=piece_size)) is None:
         log.debug("s3ckpt: fan_out=True but no stored item is read by two ranks")
         return plans
     log.debug(
@@ -166,11 +161,10 @@ def build_table(
     for rank, plan in enumerate(plans):
         for item in plan.items:
             info = storage_data.get(item.storage_index)
-            if info is None:
-                continue
-            key = (info.relative_path, info.offset, info.length)
-            readers.setdefault(key, set()).add(rank)
-            names.setdefault(key, item.storage_index.fqn)
+            if info is not None:
+                key = (info.relative_path, info.offset, info.length)
+                readers.setdefault(key, set()).add(rank)
+                names.setdefault(key, item.storage_index.fqn)
     spans = sorted(k for k, ranks in readers.items() if len(ranks) >= 2 and k[2] > 0)
     if not spans:
         return None
@@ -185,15 +179,12 @@ def build_table(
 def cut_stream(spans: list[SpanKey], world: int, piece_size: int) -> list[int]:
     """Piece boundaries of the stream of ``spans`` (see the module docs): ``[0, ..., total]``,
     every piece at most ``piece_size`` bytes and none empty."""
-    total = sum(length for _, _, length in spans)
+    starts = list(itertools.accumulate((length for _, _, length in spans), initial=0))
+    total = starts[-1]
     spread = max(math.ceil(total / world), min(_SPREAD_FLOOR, piece_size))
     target = max(1, min(piece_size, spread))
-    boundaries: list[int] = []  # stream offsets where a new object starts
-    pos = 0
-    for i, (name, _, length) in enumerate(spans):
-        if i and name != spans[i - 1][0]:
-            boundaries.append(pos)
-        pos += length
+    # Stream offsets where a new object starts.
+    boundaries = [starts[i] for i in range(1, len(spans)) if spans[i][0] != spans[i - 1][0]]
     cuts = [0]
     while total - cuts[-1] > target:
         at = cuts[-1] + target
@@ -202,8 +193,6 @@ def cut_stream(spans: list[SpanKey], world: int, piece_size: int) -> list[int]:
         j = bisect_right(boundaries, at)
         near = [b for b in boundaries[max(j - 1, 0) : j + 1] if abs(b - at) <= target // 4]
         near = [b for b in near if cuts[-1] < b < total and b - cuts[-1] <= piece_size]
-        if near:
-            at = min(near, key=lambda b: abs(b - at))
-        cuts.append(at)
+        cuts.append(min(near, key=lambda b: abs(b - at), default=at))
     cuts.append(total)
     return cuts

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -64,6 +65,23 @@ from s3ckpt.store.base import DeleteFailure, DeleteFailures, ObjectInfo
 from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageInfo", "SaveCommit", "delete_own"]
+
+_T = TypeVar("_T")
+
+
+def _together(first: Callable[[], object], second: Callable[[], _T]) -> _T:
+    """Run both at once (``first`` on a thread of its own, its requests counted for the
+    caller's operation) and return ``second``'s result; the first failure raises, after
+    both ended."""
+    with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-commit") as pool:
+        other = pool.submit(in_context(first))
+        try:
+            result = second()
+        finally:
+            wait([other])
+        other.result()
+    return result
+
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +170,18 @@ class SaveCommit:
             layout=self.layout,
         )
         try:
-            Heartbeat(self.store, self.url, tag, self.rank, self.step).beat()
-            self.store.put(self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c)
-            self._check_objects(manifest)
+            _together(
+                Heartbeat(self.store, self.url, tag, self.rank, self.step).beat,
+                lambda: self.store.put(
+                    self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c
+                ),
+            )
+            # Both reads, at once: the conditional marker PUT below, not their order, is
+            # what fences a save whose objects a deleter reaped meanwhile.
+            previous = _together(lambda: self._check_objects(manifest), self._previous_marker)
             verify = verify_wanted(self.store, self.verify_after_write, heartbeats[self.rank])
             if verify:
                 verify_objects(self.store, self.url, manifest)
-            previous = self._previous_marker()
             manifest_bytes = manifest.to_json()
             retracted = self._retract_stock_metadata(previous)
         except BaseException:
@@ -387,11 +410,15 @@ class SaveCommit:
     ) -> None:
         """Publish the stock ``.metadata`` copy and clean up; never fails the save."""
         try:
-            self.store.put(self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c)
             stale = list(heartbeats)
             if previous is not None and previous[0] is not None:
                 stale += self._replaced(previous[0], manifest)
-            failures = self.store.delete(stale)
+            failures = _together(
+                lambda: self.store.put(
+                    self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c
+                ),
+                lambda: self.store.delete(stale),
+            )
             if failures:
                 # A trainer role without s3:DeleteObject (the default of terraform/) is
                 # expected to leave these to `s3ckpt gc`: say so quietly.

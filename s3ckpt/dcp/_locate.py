@@ -16,7 +16,6 @@ from s3ckpt._commit import check_metadata, get_or_none, metadata_matches, read_m
 from s3ckpt._tombstone import Tombstone, deleted_error
 from s3ckpt.errors import (
     CheckpointNotFoundError,
-    ObjectNotFoundError,
     S3CkptError,
     UncommittedCheckpointError,
 )
@@ -50,21 +49,15 @@ def locate(
             one it commits.
     """
     marker_key = url.key(MANIFEST_NAME)
-    manifest: Manifest | None = None
-    try:
-        with expecting("not_found"):  # no marker: a stock DCP checkpoint, or uncommitted
-            raw_marker = store.get(marker_key)
-        tomb = Tombstone.parse(raw_marker)
-        if tomb is not None:  # pruned, gc'd or removed: deleted, not damaged
-            raise deleted_error(url, tomb, bucket=store.bucket, key=marker_key)
-        manifest = Manifest.from_json(raw_marker, where=marker_key)
-    except ObjectNotFoundError:
-        pass
-    if manifest is None:
-        meta_key, raw = _uncommitted_metadata(store, url, allow_uncommitted)
-    else:
-        meta_key, raw = _committed_metadata(store, url, manifest, roll_forward)
-    return manifest, meta_key, raw
+    with expecting("not_found"):
+        raw_marker = get_or_none(store, marker_key)
+    if raw_marker is None:  # no marker: a stock DCP checkpoint, or uncommitted
+        return (None, *_uncommitted_metadata(store, url, allow_uncommitted))
+    # A tombstone: pruned, gc'd or removed (deleted, not damaged).
+    if (tomb := Tombstone.parse(raw_marker)) is not None:
+        raise deleted_error(url, tomb, bucket=store.bucket, key=marker_key)
+    manifest = Manifest.from_json(raw_marker, where=marker_key)
+    return (manifest, *_committed_metadata(store, url, manifest, roll_forward))
 
 
 def _committed_metadata(
@@ -112,15 +105,8 @@ def _uncommitted_metadata(
     """``.metadata`` of a prefix without a commit marker: a stock DCP checkpoint, or an
     s3ckpt save that never committed, which is refused unless ``allow_uncommitted``."""
     marker_key = url.key(MANIFEST_NAME)
-    tagged: list[str] = []
-    owned = False
-    for info in store.list(url.prefix):
-        name = info.key[len(url.prefix) :]
-        if "/" in name or owned_tag(name) is None:
-            continue
-        owned = True
-        if name.startswith(METADATA_NAME + "."):
-            tagged.append(info.key)
+    names = (info.key[len(url.prefix) :] for info in store.list(url.prefix))
+    owned = [name for name in names if "/" not in name and owned_tag(name) is not None]
     if owned and not allow_uncommitted:
         raise UncommittedCheckpointError(
             f"{url} holds an s3ckpt save that never committed (no {MANIFEST_NAME}): "
@@ -130,7 +116,8 @@ def _uncommitted_metadata(
             bucket=store.bucket,
             key=marker_key,
         )
-    for key in [url.key(METADATA_NAME), *sorted(tagged)]:
+    tagged = sorted(url.key(name) for name in owned if name.startswith(METADATA_NAME + "."))
+    for key in [url.key(METADATA_NAME), *tagged]:
         raw = get_or_none(store, key)
         if raw is not None:
             return key, raw

@@ -35,14 +35,9 @@ def compare(
     torch's ``DefaultLoadPlanner`` matches them: by flattened key, tensors by global size."""
     flat, _ = flatten_state_dict(state_dict)
     saved = metadata.state_dict_metadata
-    shapes: dict[str, tuple[Shape, Shape]] = {}
-    missing: list[str] = []
-    for fqn, value in flat.items():
-        md = saved.get(fqn)
-        if md is None:
-            missing.append(fqn)
-        elif (pair := _mismatch(md, value)) is not None:
-            shapes[fqn] = pair
+    missing = [fqn for fqn in flat if fqn not in saved]
+    found = {fqn: _mismatch(saved.get(fqn), value) for fqn, value in flat.items()}
+    shapes = {fqn: pair for fqn, pair in found.items() if pair is not None}
     sections = tuple(f"{name}." for name in unexpected_under if name in state_dict)
     unexpected = [fqn for fqn in saved if fqn.startswith(sections) and fqn not in flat]
     return shapes, missing, unexpected

@@ -59,6 +59,7 @@ it asked for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import io
@@ -227,9 +228,7 @@ _WHY = re.compile(r"WeightsUnpickler error:\s*(.+?)(?:\n\n|$)", re.DOTALL)
 
 def global_name(obj: SafeGlobal) -> str:
     """The dotted name a pickle uses for ``obj``."""
-    if isinstance(obj, tuple):
-        return obj[1]
-    return f"{obj.__module__}.{obj.__qualname__}"
+    return obj[1] if isinstance(obj, tuple) else f"{obj.__module__}.{obj.__qualname__}"
 
 
 def missing_global(exc: BaseException) -> str | None:
@@ -237,8 +236,7 @@ def missing_global(exc: BaseException) -> str | None:
     message only: what is refused is decided by torch, never by this text)."""
     text = str(exc)
     for pattern in (_UNLISTED, _REDUCE, _BUILD):
-        found = pattern.search(text)
-        if found is not None:
+        if (found := pattern.search(text)) is not None:
             return found.group(1).strip()
     return None
 
@@ -263,11 +261,9 @@ def missing_globals(
 
 def reason(exc: BaseException) -> str:
     """One line on why torch refused an item (its own words, without its boilerplate)."""
-    text = str(exc)
-    found = _WHY.search(text)
-    if found is not None:
+    if (found := _WHY.search(str(exc))) is not None:
         return " ".join(found.group(1).split())
-    lines = text.strip().splitlines()
+    lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
 
 
@@ -284,10 +280,7 @@ def check_item(data: bytes | bytearray | memoryview, allowed: Sequence[SafeGloba
     with _torch_globals:
         present = set(torch.serialization.get_safe_globals())
         extra = [g for g in dict.fromkeys(allowed) if g not in present]
-        if not extra:
-            torch.load(io.BytesIO(data), weights_only=True)
-            return
-        with torch.serialization.safe_globals(extra):
+        with torch.serialization.safe_globals(extra) if extra else contextlib.nullcontext():
             torch.load(io.BytesIO(data), weights_only=True)
 
 

@@ -25,6 +25,8 @@ is: the same checks, the same errors, naming the object, the item and the rank.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -47,7 +49,7 @@ class SplitItem:
         self.span, self.key, self.fqn = span, key, span.reads[0].storage_index.fqn
         self._decoder = decoder
         self._lock = threading.Lock()
-        self._crcs: list[tuple[int, int] | None] = [None] * n_pieces  # (crc, length)
+        self._crcs = [(0, 0)] * n_pieces  # (crc, length) of each piece
         self._left = n_pieces
         self._direct: DirectTarget | None = None
         self._head = self._tail = bytearray()
@@ -78,10 +80,7 @@ class SplitItem:
             self._left -= 1
             if self._left:
                 return
-        total = 0
-        for part in self._crcs:
-            assert part is not None
-            total = crc32c_combine(total, part[0], part[1])
+        total = functools.reduce(lambda acc, part: crc32c_combine(acc, *part), self._crcs, 0)
         if self._direct is not None:
             self._decoder.finish_direct(
                 self.span, self.key, self._direct, self._head, self._tail, total
@@ -123,17 +122,14 @@ def split_spans(
     ``key_of`` maps an object name to its store key (errors name the key)."""
     out: WalkSpans = {}
     for name, spans in per_object.items():
-        key = key_of(name)
-        walk: list[tuple[int, int, Piece]] = []
+        key, walk = key_of(name), out.setdefault(name, [])
         for span in spans.values():
             start, length = span.info.offset, span.info.length
             n = max(1, math.ceil(length / piece_size))
             item = SplitItem(span, key, decoder, n)
             bounds = [length * i // n for i in range(n + 1)]  # n < piece_size <= length / n
-            for i in range(n):
-                lo, hi = bounds[i], bounds[i + 1]
+            for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
                 walk.append((start + lo, start + hi, Piece(item, i, lo, hi)))
-        out[name] = walk
     return out
 
 

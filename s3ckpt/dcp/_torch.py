@@ -24,7 +24,7 @@ versions and are tested by taking the private names away (``tests/unit/test_torc
 from __future__ import annotations
 
 import dataclasses
-import threading
+import functools
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
@@ -71,10 +71,8 @@ def _storage_info() -> type:
     pickles under that name, byte for byte as torch's would, and stays readable by any
     torch that reads older checkpoints and by s3ckpt's restricted unpickler.
     """
-    cls = getattr(filesystem, "_StorageInfo", None)
-    if cls is None:
-        cls = _own_storage_info()
-        filesystem._StorageInfo = cls
+    if (cls := getattr(filesystem, "_StorageInfo", None)) is None:
+        filesystem._StorageInfo = cls = _own_storage_info()
         return cls
     names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else ()
     if names != _STORAGE_INFO_FIELDS:
@@ -111,10 +109,8 @@ def _own_flatten(
     mapping: dict[str, tuple[Any, ...]] = {}
 
     def leaf(value: Any) -> bool:
-        if isinstance(value, Mapping):
-            return False
         if not isinstance(value, list):
-            return True
+            return not isinstance(value, Mapping)
         return not any(
             isinstance(v, torch.Tensor) or (isinstance(v, (Mapping, list)) and not leaf(v))
             for v in value
@@ -133,8 +129,7 @@ def _own_flatten(
             for i, v in enumerate(value):
                 walk((*path, i), v)
 
-    for key, value in state_dict.items():
-        walk((str(key),), value)
+    walk((), state_dict)
     return flat, mapping
 
 
@@ -194,16 +189,15 @@ def _shard_chunk(
 def local_chunks(tensor: torch.Tensor) -> list[ChunkStorageMetadata]:
     """The chunks of the global tensor that ``tensor`` holds on this rank, as DCP plans
     them: a DTensor's local shard, a plain tensor whole at offset 0."""
-    create = getattr(tensor, "__create_chunk_list__", None)
-    if callable(create):
+    if callable(create := getattr(tensor, "__create_chunk_list__", None)):
         return list(create())
     from torch.distributed.tensor import DTensor
 
     if not isinstance(tensor, DTensor):
         return [ChunkStorageMetadata(offsets=torch.Size([0] * tensor.dim()), sizes=tensor.size())]
     mesh = tensor.device_mesh
-    coordinate = mesh.get_coordinate()
-    if coordinate is None:  # this rank is not in the mesh: it holds nothing
+    # A rank not in the mesh holds nothing.
+    if (coordinate := mesh.get_coordinate()) is None:
         return [ChunkStorageMetadata(offsets=torch.Size([]), sizes=torch.Size([0]))]
     sizes, offsets = _shard_chunk(tensor.shape, mesh.shape, coordinate, tensor.placements)
     return [ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))]
@@ -211,25 +205,21 @@ def local_chunks(tensor: torch.Tensor) -> list[ChunkStorageMetadata]:
 
 # --- transform_load_stream: undo an item's stream transforms (DCP extensions) -----------
 
-_lock = threading.Lock()
-_transforms: Any = None  # torch's _StorageReaderTransforms, or the exception that stopped it
 
-
+@functools.cache
 def _reader_transforms() -> Any:
-    global _transforms
-    with _lock:
-        if _transforms is None:
-            try:
-                from torch.distributed.checkpoint._extension import ExtensionRegistry
-                from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
+    """torch's ``_StorageReaderTransforms``, or the exception that stopped it (probed once,
+    when an item first needs it)."""
+    try:
+        from torch.distributed.checkpoint._extension import ExtensionRegistry
+        from torch.distributed.checkpoint.filesystem import _StorageReaderTransforms
 
-                transforms = _StorageReaderTransforms(ExtensionRegistry())
-                if not callable(getattr(transforms, "transform_load_stream", None)):
-                    raise AttributeError("_StorageReaderTransforms has no transform_load_stream")
-                _transforms = transforms
-            except Exception as exc:
-                _transforms = exc
-        return _transforms
+        transforms = _StorageReaderTransforms(ExtensionRegistry())
+        if not callable(getattr(transforms, "transform_load_stream", None)):
+            raise AttributeError("_StorageReaderTransforms has no transform_load_stream")
+        return transforms
+    except Exception as exc:
+        return exc
 
 
 def transform_load_stream(

@@ -20,6 +20,7 @@ download bandwidth B, a save of S bytes takes S / B longer (e.g. 10 GB at 1 GB/s
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -77,8 +78,7 @@ def verify_objects(store: ObjectStore, url: StoreURL, manifest: Manifest) -> Non
 
     v = Verifier(store, key_of, getattr(store, "transfer_config", None) or TransferConfig())
     v.read(items)
-    failed = [f.error for f in v.faults if f.kind == "read_error" and f.error is not None]
-    if failed:
+    if failed := [f.error for f in v.faults if f.kind == "read_error" and f.error is not None]:
         raise failed[0]
     if not v.faults:
         return
@@ -122,11 +122,9 @@ def verify_marker(store: ObjectStore, url: StoreURL, body: bytes) -> None:
         stored = store.get(key)
         if stored == body:
             return
-        try:
+        with contextlib.suppress(CorruptCheckpointError):
             Manifest.from_json(stored, where=key)
             return  # a sound marker: another save (an overwrite) replaced ours meanwhile
-        except CorruptCheckpointError:
-            pass
         if attempt or info is None:
             break
         log.warning("s3ckpt: the marker of %s arrived altered; writing it again", url)

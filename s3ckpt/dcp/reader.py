@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from s3ckpt._gc_pause import gc_paused
 from s3ckpt._transfer import RangeWalk, SpanReader, read_piece_size
 from s3ckpt._transfer import Span as WalkSpan
 from s3ckpt.config import S3Config, TransferConfig
@@ -249,12 +250,13 @@ class S3StorageReader(Located, StorageReader):
         """Index saved chunks (dtype and shape) for direct streaming."""
         self.rank = int(kwargs.get("rank", 0) or 0)
         self.metadata = metadata
-        self._chunks: dict[ItemKey, tuple[torch.dtype, torch.Size]] = {
-            (fqn, tuple(chunk.offsets)): (md.properties.dtype, chunk.sizes)
-            for fqn, md in metadata.state_dict_metadata.items()
-            if isinstance(md, TensorStorageMetadata)
-            for chunk in md.chunks
-        }
+        with gc_paused():  # a tuple per chunk, no cycles (see s3ckpt._gc_pause)
+            self._chunks: dict[ItemKey, tuple[torch.dtype, torch.Size]] = {
+                (fqn, tuple(chunk.offsets)): (md.properties.dtype, chunk.sizes)
+                for fqn, md in metadata.state_dict_metadata.items()
+                if isinstance(md, TensorStorageMetadata)
+                for chunk in md.chunks
+            }
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """No storage-specific planning."""
@@ -288,7 +290,9 @@ class S3StorageReader(Located, StorageReader):
                 self.bytes_read += fan.bytes_read
                 self.bytes_received += fan.bytes_received
         else:
-            self._read_direct(decoder.group(plan), decoder)
+            with gc_paused():
+                per_object = decoder.group(plan)
+            self._read_direct(per_object, decoder)
         result: Future[None] = Future()
         result.set_result(None)
         return result
@@ -301,8 +305,9 @@ class S3StorageReader(Located, StorageReader):
         tc = self.transfer_config
         total = sum(s.info.length for spans in per_object.values() for s in spans.values())
         piece = read_piece_size(total, tc.read_concurrency, ceiling=tc.read_request_size)
-        spans = split_spans(per_object, decoder, piece_size=piece, key_of=self.object_key)
-        jobs = walk.plan(spans, max_size=piece)
+        with gc_paused():  # a few objects per item, in a burst (see s3ckpt._gc_pause)
+            spans = split_spans(per_object, decoder, piece_size=piece, key_of=self.object_key)
+            jobs = walk.plan(spans, max_size=piece)
         try:
             walk.run(jobs)
         finally:

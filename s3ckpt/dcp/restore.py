@@ -81,9 +81,7 @@ def _coverage(
     local_shape: tuple[int, ...], offsets: tuple[int, ...], md: TensorStorageMetadata
 ) -> torch.Tensor | None:
     """Bool mask over the local shard: True where some saved chunk covers it (None: all)."""
-    if not local_shape:
-        return None if md.chunks else torch.zeros((), dtype=torch.bool)
-    mask = torch.zeros(local_shape, dtype=torch.bool)
+    mask = torch.zeros(local_shape, dtype=torch.bool)  # a scalar: covered by any chunk
     for c in md.chunks:
         index = []
         for lo, n, co, cs in zip(offsets, local_shape, c.offsets, c.sizes, strict=False):
@@ -113,8 +111,7 @@ def find_unrestored(state_dict: Any, metadata: Metadata) -> dict[str, str]:
             missing[fqn] = "saved as a non-tensor value, destination is a tensor"
             continue
         local, offsets, _shape = _local(value)
-        mask = _coverage(tuple(local.shape), offsets, md)
-        if mask is None:
+        if (mask := _coverage(tuple(local.shape), offsets, md)) is None:
             continue  # every element covered: NaN there is the saved value
         if local.is_floating_point() or local.is_complex():
             n = int((torch.isnan(local.detach().cpu()) & ~mask).sum())
@@ -186,21 +183,15 @@ def check_state_dict(
         dist.all_gather_object(everyone, found, group=process_group)
     else:
         everyone = [found]
+    first = next((r for r, (s, m, _u) in enumerate(everyone) if s or (strict and m)), None)
     shapes: dict[str, tuple[Shape, Shape]] = {}
-    missing: dict[str, None] = {}
-    first: int | None = None
-    for r, (s, m, _u) in enumerate(everyone):
-        if s or (strict and m):
-            first = r if first is None else first
+    for s, _m, _u in everyone:  # the first rank's shapes of a key
         shapes.update({k: v for k, v in s.items() if k not in shapes})
-        missing.update(dict.fromkeys(m))
-    unexpected = set(everyone[0][2]).intersection(*(u for _s, _m, u in everyone[1:]))
-    unexpected_keys = [k for k in everyone[0][2] if k in unexpected]
-    if not strict:
-        missing, unexpected_keys = {}, []
-    if not (shapes or missing or unexpected_keys):
-        return
-    raise mismatch_error(shapes, list(missing), unexpected_keys, url, first)
+    missing = list(dict.fromkeys(k for _s, m, _u in everyone for k in m)) if strict else []
+    others = [set(u) for _s, _m, u in everyone[1:]]  # unexpected: on no rank
+    unexpected = [k for k in everyone[0][2] if strict and all(k in u for u in others)]
+    if shapes or missing or unexpected:
+        raise mismatch_error(shapes, missing, unexpected, url, first)
 
 
 def load_verified(

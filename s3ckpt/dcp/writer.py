@@ -75,7 +75,7 @@ from s3ckpt._transfer import ItemCrc, Uploader, format_leftovers, pack
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._finish import S3StorageInfo, SaveCommit, delete_own
 from s3ckpt.dcp._located import Located, reported
-from s3ckpt.dcp._serialize import check_extensions, estimate_size, write_item
+from s3ckpt.dcp._serialize import Framings, check_extensions, estimate_size, write_item
 from s3ckpt.errors import (
     ConfigError,
     S3CkptError,
@@ -309,17 +309,20 @@ class S3StorageWriter(Located, StorageWriter):
             self.store, self.url, rank_plan.tag, rank_plan.rank, self.step
         ).start()
         layout = rank_plan.layout
+        framings = Framings()
         try:
             for i, indices in enumerate(bins):
                 name = (data_name if layout is None else shard_name)(
                     rank_plan.rank, i, rank_plan.tag
                 )
-                sink = uploader.sink(object_key(self.url.prefix, name, layout))
+                sink = uploader.sink(
+                    object_key(self.url.prefix, name, layout), sum(sizes[i] for i in indices)
+                )
                 first = len(crcs)
                 for idx in indices:
                     item = plan.items[idx]
                     info, crc = write_item(
-                        sink, planner, item, name, rank_plan.rank, self.extensions
+                        sink, planner, item, name, rank_plan.rank, self.extensions, framings
                     )
                     crcs.append((info, crc))
                     results.append(WriteResult(item.index, info.length, info))

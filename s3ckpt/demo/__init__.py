@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NoReturn
 
 __all__ = ["demo_server", "main"]
@@ -138,9 +138,9 @@ def _main(argv: list[str] | None) -> None:
     if importlib.util.find_spec("torch") is None:  # checked without importing torch
         fail(f"the demo trains a model with torch, which is not installed: {INSTALL}", EXIT_USAGE)
     run_name = f"runs/demo-{uuid.uuid4().hex[:6]}"
-    url = os.environ.get("S3CKPT_DEMO_URL")
     if configured:
-        url = (url or f"s3://{DEMO_BUCKET}").rstrip("/") + "/" + run_name
+        url = (os.environ.get("S3CKPT_DEMO_URL") or f"s3://{DEMO_BUCKET}").rstrip("/")
+        url += "/" + run_name
         print(f"using configured endpoint {os.environ.get('AWS_ENDPOINT_URL', 'AWS S3')}")
         if prepare(url, create_bucket=not os.environ.get("S3CKPT_DEMO_URL")):
             print(f"created the bucket {DEMO_BUCKET} there")
@@ -149,7 +149,6 @@ def _main(argv: list[str] | None) -> None:
         with demo_server():  # no AWS_ENDPOINT_URL: the embedded server, which sets it
             endpoint = os.environ["AWS_ENDPOINT_URL"]
             print(f"no S3 endpoint configured: started an embedded S3 server (moto) at {endpoint}")
-            prepare(f"s3://{DEMO_BUCKET}/", create_bucket=True)
             # moto takes any credentials: dummy ones, never the user's, go into the hint.
             hint = f"export AWS_ENDPOINT_URL={endpoint} AWS_ACCESS_KEY_ID=demo "
             hint += "AWS_SECRET_ACCESS_KEY=demo"
@@ -165,11 +164,10 @@ def _main(argv: list[str] | None) -> None:
                     "above; Ctrl-C stops it",
                     flush=True,
                 )
-                try:
+                with suppress(KeyboardInterrupt):
                     while True:
                         time.sleep(3600)
-                except KeyboardInterrupt:
-                    print("stopped the embedded S3 server", flush=True)
+                print("stopped the embedded S3 server", flush=True)
     if code:
         raise SystemExit(code)
 
@@ -209,13 +207,12 @@ def prepare(url: str, create_bucket: bool) -> bool:
     """Fail early, in one line, when the run's bucket cannot be used; with
     ``create_bucket``, create a missing bucket (the demo's own, on the embedded server or
     an endpoint that ``AWS_ENDPOINT_URL`` names). Returns whether it created the bucket."""
+    from s3ckpt import store
     from s3ckpt.errors import ConfigError, NoSuchBucketError, S3CkptError
     from s3ckpt.retention import list_checkpoints
-    from s3ckpt.store import Location
-    from s3ckpt.store import create_bucket as create
 
     try:
-        run = Location.of(url)
+        run = store.Location.of(url)
         if run.url.scheme != "s3":
             raise ConfigError(f"S3CKPT_DEMO_URL must be an s3:// URL, got {url!r}")
         try:
@@ -224,7 +221,7 @@ def prepare(url: str, create_bucket: bool) -> bool:
             if not create_bucket:
                 raise
             try:
-                create(run.store)
+                store.create_bucket(run.store)
             except S3CkptError as exc:
                 fail(f"cannot create the demo's bucket {run.bucket!r}: {exc}", EXIT_STORE)
             list_checkpoints(run)
@@ -250,48 +247,17 @@ def run(url: str, args: argparse.Namespace, *, env_hint: str = "") -> int:
     cmd = [sys.executable, "-m", "s3ckpt.demo", "--child", url, *shape.split()]
     kill_at = args.kill_at
     print(f"== training process 1 (SIGKILLed while its async save of step {kill_at} uploads) ==")
-    blocked: list[float] = []
     first, second = t.TrainLog(), t.TrainLog()
-    child = subprocess.Popen(
-        [*cmd, "--stop-at", str(kill_at)], stdout=subprocess.PIPE, text=True, bufsize=1
-    )
-    assert child.stdout is not None
-    killed = False
-    try:
-        for line in child.stdout:
-            first.read(line, blocked)
-            if line.startswith(f"save: step {kill_at} started"):
-                killed = True
-                break
-    finally:
-        child.kill()  # also when the parent is interrupted: the child may be stopped
-        child.stdout.close()
-        child.wait()
-    if not killed:
-        _child_failed(1, child.returncode)
-    print(f"   [killed: exit status {child.returncode}]\n")
+    until = f"save: step {kill_at} started"
+    status = t.watch(1, [*cmd, "--stop-at", str(kill_at)], first, until)
+    print(f"   [killed: exit status {status}]\n")
     print("== training process 2 (resumes from latest) ==")
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
-    try:
-        assert child.stdout is not None
-        with child.stdout:
-            for line in child.stdout:
-                second.read(line, blocked)
-    except BaseException:
-        child.kill()  # the parent was interrupted: so is the run
-        child.wait()
-        raise
-    if child.wait() != 0:
-        _child_failed(2, child.returncode)
+    t.watch(2, cmd, second)
     print("\n== checkpoints under the run ==")
     catalog = t.print_checkpoints(Location.of(url))
-    t.print_blocked(blocked, second.sync_s, args.steps)
-    exact = t.print_proof(first, second)
+    t.print_blocked(first.blocked + second.blocked, second.sync_s, args.steps)
+    exact, verdict = t.resume_proof(first, second)  # the exact-resume proof
+    print("\n== exact resume ==")
+    print(textwrap.fill(verdict, width=92, initial_indent="  ", subsequent_indent="  "))
     t.print_next(url, catalog, env_hint)
     return 0 if exact else EXIT_FAILED
-
-
-def _child_failed(n: int, returncode: int) -> NoReturn:
-    # The child printed its own error (one line for an s3ckpt error) on stderr.
-    code = returncode if returncode in (EXIT_USAGE, EXIT_STORE) else EXIT_FAILED
-    fail(f"training process {n} failed (exit status {returncode}); its error is above", code)

@@ -19,14 +19,16 @@ import functools
 import os
 import re
 import signal
-import textwrap
+import subprocess
 import time
 import warnings
 from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from s3ckpt.demo import DEMO_POLICY, EXIT_INTERRUPTED, EXIT_STORE, EXIT_USAGE, fail
+from s3ckpt._units import format_bytes, plural
+from s3ckpt.demo import DEMO_POLICY, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STORE, EXIT_USAGE, fail
+from s3ckpt.errors import ConfigError, S3CkptError
 
 if TYPE_CHECKING:
     from s3ckpt.checkpointer import SaveHandle
@@ -76,18 +78,15 @@ class TrainState:
         self.generator.set_state(sd["rng"])
 
 
-def train(
-    url: str, steps: int, every: int, width: int, depth: int, *, stop_at: int | None = None
-) -> None:
-    """The training job: resume from latest, train, async-save every ``every`` steps.
+def train(args: argparse.Namespace) -> None:
+    """The training job of ``--child URL``: resume from latest, train ``--steps``,
+    async-save every ``--every`` steps.
 
     Prints one line per step and per checkpoint event, and ``#loss STEP HEX`` with each
-    step's exact loss; the parent reads them.
-
-    Args:
-        stop_at: Right after starting the async save of this step, stop the process
-            (SIGSTOP) where it stands, so that the parent's SIGKILL lands while that save
-            uploads however fast the store is and however late the parent reads the line.
+    step's exact loss; the parent reads them. Right after starting the async save of step
+    ``--stop-at``, it stops the process (SIGSTOP) where it stands, so that the parent's
+    SIGKILL lands while that save uploads however fast the store is and however late the
+    parent reads the line.
     """
     import torch
 
@@ -95,13 +94,13 @@ def train(
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    model = _model(width, depth)
+    model = _model(args.width, args.depth)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = TrainState()
-    with Checkpointer(url, policy=DEMO_POLICY) as ckpt:
+    cross_entropy = torch.nn.functional.cross_entropy
+    with Checkpointer(args.child, policy=DEMO_POLICY) as ckpt:
         t0 = time.perf_counter()
-        resumed = ckpt.load(model, opt, state)
-        if resumed is None:
+        if (resumed := ckpt.load(model, opt, state)) is None:
             print("start: no checkpoint under the run, training from step 0", flush=True)
         else:
             print(
@@ -110,40 +109,32 @@ def train(
                 flush=True,
             )
         handle = None
-        for step in range(state.step + 1, steps + 1):
+        for step in range(state.step + 1, args.steps + 1):
             if handle is not None:
                 handle.staged.result()  # parameters may change only once staged
             tokens = torch.randint(0, VOCAB, (16, 64), generator=state.generator)
             logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)
-            )
+            loss = cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
             loss.backward()
             opt.step()
             opt.zero_grad()
             state.step = step
             print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
             print(f"#loss {step} {loss.item().hex()}", flush=True)
-            if step % every == 0:
-                h = ckpt.async_save(step, model, opt, state, metrics={"loss": loss.item()})
-                h.committed.add_done_callback(functools.partial(_report_commit, h))
-                handle = h
+            if step % args.every == 0:
+                handle = ckpt.async_save(step, model, opt, state, metrics={"loss": loss.item()})
+                handle.committed.add_done_callback(functools.partial(_report_commit, handle))
                 print(f"save: step {step} started (async)", flush=True)
-                if step == stop_at and hasattr(signal, "SIGSTOP"):
+                if step == args.stop_at and hasattr(signal, "SIGSTOP"):
                     os.kill(os.getpid(), signal.SIGSTOP)
         ckpt.wait()
         # A synchronous save of the same state, for comparison with the async ones.
-        t0 = time.perf_counter()
-        sync = ckpt.save(steps + 1, model, opt, state)
-        print(
-            f"sync: a synchronous save of the same state blocked {sync.blocked_seconds:.2f} s",
-            flush=True,
-        )
+        sync = ckpt.save(args.steps + 1, model, opt, state)
+        print(f"sync: a synchronous save of the same state blocked {sync.blocked_seconds:.2f} s")
 
 
 def _report_commit(h: SaveHandle, fut: Future[None]) -> None:
-    exc = fut.exception()
-    if exc is not None:
+    if (exc := fut.exception()) is not None:
         print(f"commit: step {h.step} FAILED: {exc}", flush=True)
     else:
         print(
@@ -160,31 +151,57 @@ class TrainLog:
         self.losses: dict[int, str] = {}  # step -> exact loss (float.hex)
         self.resumed: int | None = None
         self.sync_s: float | None = None
+        self.blocked: list[float] = []  # training blocked per async save, in seconds
 
-    def read(self, line: str, blocked: list[float]) -> None:
+    def read(self, line: str) -> None:
         """Take one line: a loss is kept, anything else echoed (every fifth step) and the
         resume, the synchronous save's time and each async save's blocked time noted."""
         if m := LOSS_LINE.match(line):
             self.losses[int(m.group(1))] = m.group(2)
             return
-        m = re.match(r"step +(\d+) ", line)
-        if m is None or int(m.group(1)) % 5 == 0:  # keep the log short: every fifth step
+        # Keep the log short: every fifth step.
+        if (m := re.match(r"step +(\d+) ", line)) is None or int(m.group(1)) % 5 == 0:
             print("   " + line, end="", flush=True)
         if m := re.search(r"training blocked ([0-9.]+) ms", line):
-            blocked.append(float(m.group(1)) / 1000)
+            self.blocked.append(float(m.group(1)) / 1000)
         if m := re.match(r"resume: loaded step (\d+)", line):
             self.resumed = int(m.group(1))
         if m := re.match(r"sync: .* blocked ([0-9.]+) s", line):
             self.sync_s = float(m.group(1))
 
 
+def watch(n: int, cmd: list[str], log: TrainLog, until: str | None = None) -> int:
+    """Run training process ``n``, its output read into ``log``; SIGKILL it
+    at the line that starts with ``until``. Returns its exit status; fails (exit 1, or the
+    child's 2 or 3) when it failed or ended before ``until``."""
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
+    assert child.stdout is not None
+    try:
+        with child.stdout:
+            for line in child.stdout:
+                log.read(line)
+                if until is not None and line.startswith(until):
+                    break
+            else:  # it ended by itself: a failure, unless it is the resumed run ending
+                if child.wait() != 0 or until is not None:
+                    _child_failed(n, child.returncode)
+    finally:
+        child.kill()  # at ``until``, or the parent was interrupted: so is the run
+        child.wait()
+    return child.returncode
+
+
+def _child_failed(n: int, returncode: int) -> NoReturn:
+    # The child printed its own error (one line for an s3ckpt error) on stderr.
+    code = returncode if returncode in (EXIT_USAGE, EXIT_STORE) else EXIT_FAILED
+    fail(f"training process {n} failed (exit status {returncode}); its error is above", code)
+
+
 def child(args: argparse.Namespace) -> None:
     """``--child URL``: one training process; an s3ckpt error is one line and exit 3 (2 for
     a configuration error)."""
-    from s3ckpt.errors import ConfigError, S3CkptError
-
     try:
-        train(args.child, args.steps, args.every, args.width, args.depth, stop_at=args.stop_at)
+        train(args)
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent says it
         raise SystemExit(EXIT_INTERRUPTED) from None
     except S3CkptError as exc:
@@ -194,19 +211,16 @@ def child(args: argparse.Namespace) -> None:
 def print_checkpoints(run: Location) -> list[CheckpointInfo]:
     """Print the run's checkpoints with the reasons :data:`DEMO_POLICY` keeps each one (a
     plan of the built-in policy: no torch, no source tree needed); return the catalog."""
-    from s3ckpt._units import format_bytes
     from s3ckpt.retention import list_checkpoints, load_policy, plan
 
     catalog = list_checkpoints(run)
     reasons = dict(plan(catalog, load_policy(DEMO_POLICY), datetime.now(UTC)).keep)
-    leftovers = False
     for c in catalog:
         why = "; ".join(reasons.get(c.name, ())) or "-"
         if c.state.value != "committed":
-            leftovers = True
             why = "not a checkpoint (no commit marker): never loaded, never pruned"
         print(f"  {c.name}  {c.state.value:<11} {format_bytes(c.size):>10}  kept: {why}")
-    if leftovers:
+    if any(c.state.value != "committed" for c in catalog):
         print(
             "  (objects without a commit marker: a save or a prune that the kill interrupted.\n"
             "   Recent objects look in progress, so nothing touches them yet; once the grace\n"
@@ -223,14 +237,11 @@ def print_blocked(blocked: list[float], sync_s: float | None, steps: int) -> Non
         return
     import statistics
 
-    from s3ckpt._units import plural
-
     mean = sum(blocked) / len(blocked)
     median = statistics.median(blocked)
     print(
         f"\ntraining blocked per async save: median {1000 * median:.1f} ms, mean "
-        f"{1000 * mean:.1f} ms over {plural(len(blocked), 'save')} (the first save of each "
-        "process "
+        f"{1000 * mean:.1f} ms over {plural(len(blocked), 'save')} (the first save of each process "
         f"allocates the staging cache), vs {sync_s:.2f} s for a synchronous save of the same "
         f"state: {100 * median / sync_s:.1f} % (median), {100 * mean / sync_s:.1f} % (mean)"
     )
@@ -241,25 +252,14 @@ def print_blocked(blocked: list[float], sync_s: float | None, steps: int) -> Non
     )
 
 
-def print_proof(first: TrainLog, second: TrainLog) -> bool:
-    """Print the exact-resume proof (:func:`resume_proof`); return whether it held."""
-    exact, verdict = resume_proof(first, second)
-    print("\n== exact resume ==")
-    print(textwrap.fill(verdict, width=92, initial_indent="  ", subsequent_indent="  "))
-    return exact
-
-
 def resume_proof(first: TrainLog, second: TrainLog) -> tuple[bool, str]:
     """Compare the losses of the steps both processes trained: process 1 trained them
     uninterrupted, process 2 after loading the checkpoint. Each such step depends on the
     model, the optimizer state and the data RNG restored, so equal losses, bit for bit,
     show that all three came back exactly."""
-    from s3ckpt._units import plural
-
     if second.resumed is None:
         return False, "process 2 found no committed checkpoint to resume from."
-    both = sorted(set(first.losses) & set(second.losses))
-    if not both:
+    if not (both := sorted(set(first.losses) & set(second.losses))):
         return True, (
             f"process 2 resumed from step {second.resumed}, the last step process 1 trained "
             "(its save committed before the kill): no step was trained by both processes, so "
@@ -275,9 +275,8 @@ def resume_proof(first: TrainLog, second: TrainLog) -> tuple[bool, str]:
         return False, (
             f"MISMATCH: process 2 resumed from step {second.resumed} and trained {span} again, "
             f"but {len(differ)} of those {plural(len(both), 'loss', 'losses')} differ from "
-            f"process 1's ({shown}): "
-            "the checkpoint did not restore the model, the optimizer state or the data RNG "
-            "exactly."
+            f"process 1's ({shown}): the checkpoint did not restore the model, the optimizer "
+            "state or the data RNG exactly."
         )
     last = both[-1]
     same = {1: "its loss is", 2: "both losses are"}.get(len(both), f"all {len(both)} losses are")

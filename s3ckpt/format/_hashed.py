@@ -32,8 +32,8 @@ SHARDS_DIR = "s3ckpt-shards"
 SHARD_SUFFIX = ".shard"
 """The end of a hashed-prefix data name (:func:`shard_name`)."""
 _SHARD_NAME = re.compile(r"(__\d+_\d+)\." + TAG_PATTERN + re.escape(SHARD_SUFFIX))
-_SHARD_HEX = re.compile(r"[0-9a-f]{1,3}")
-_SHARDS_SEGMENT = SHARDS_DIR + "/"
+_SHARD_KEY = re.compile(r"(.*/)?" + SHARDS_DIR + r"/[0-9a-f]{1,3}/([^/]*)/([^/]*)", re.DOTALL)
+"""``{run}/s3ckpt-shards/{h}/{ckpt}/{name}``: groups ``{run}/`` (None at the root), ckpt, name."""
 
 
 def shard_name(rank: int, index: int, tag: str) -> str:
@@ -151,14 +151,13 @@ def _split_checkpoint(prefix: str) -> tuple[str, str]:
     module's sibling layer, so the two lines are repeated here): ``run/step_1//`` names no
     checkpoint folder, and :func:`shard_owner` reads keys back the same way."""
     head, sep, ckpt = (prefix[:-1] if prefix.endswith("/") else prefix).rpartition("/")
-    run = head + sep
     if not ckpt:
         raise ConfigError(
             "hashed prefixes need a checkpoint prefix under a run (the shard folder is placed "
             f"in the run); '{prefix}' names no checkpoint folder (the bucket's root, or a "
             "prefix ending in an empty segment)"
         )
-    return run, ckpt
+    return head + sep, ckpt
 
 
 def object_key(prefix: str, name: str, layout: HashedPrefixes | None) -> str:
@@ -169,7 +168,7 @@ def object_key(prefix: str, name: str, layout: HashedPrefixes | None) -> str:
 
 def in_shard_tree(key: str) -> bool:
     """Whether a folder on ``key``'s path is named :data:`SHARDS_DIR`."""
-    return key.startswith(_SHARDS_SEGMENT) or ("/" + _SHARDS_SEGMENT) in key
+    return key.startswith(SHARDS_DIR + "/") or f"/{SHARDS_DIR}/" in key
 
 
 @dataclass(frozen=True)
@@ -193,21 +192,14 @@ def shard_owner(key: str) -> ShardOwner | None:
     key in a shard folder (a foreign file, a deeper path) belongs to no checkpoint, so no
     retention ever deletes it.
     """
-    parts = key.rsplit("/", 4)
-    if len(parts) == 4:
-        run, (shards, h, ckpt, name) = "", parts
-    elif len(parts) == 5:
-        run, shards, h, ckpt, name = parts[0] + "/", *parts[1:]
-    else:
+    m = _SHARD_KEY.fullmatch(key)
+    if m is None:
         return None
-    if shards != SHARDS_DIR or not _SHARD_HEX.fullmatch(h):
-        return None
+    run, ckpt, name = m.group(1) or "", m.group(2), m.group(3)
     tag = shard_tag(name)
     if tag is None or not SEGMENT.fullmatch(ckpt) or ckpt in (".", "..", SHARDS_DIR):
         return None
-    if in_shard_tree(run):
-        return None
-    return ShardOwner(f"{run}{ckpt}/", name, tag)
+    return None if in_shard_tree(run) else ShardOwner(f"{run}{ckpt}/", name, tag)
 
 
 def check_prefix_strategy(value: Any) -> HashedPrefixes | None:

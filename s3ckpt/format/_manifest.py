@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import struct
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,17 +57,12 @@ not read at all (the catalog lists it as damaged), so a hostile object cannot ex
 memory of a scan."""
 
 
-def _canonical(doc: Mapping[str, Any]) -> bytes:
-    body = {k: v for k, v in doc.items() if k != "digest"}
-    return json.dumps(
-        body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    ).encode("ascii")
-
-
 def manifest_digest(doc: Mapping[str, Any]) -> str:
     """``sha256:<hex>`` of a marker document's canonical content (sorted keys, compact,
     ASCII; the ``digest`` field itself left out): what ``digest`` must say."""
-    return "sha256:" + hashlib.sha256(_canonical(doc)).hexdigest()
+    body = {k: v for k, v in doc.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)  # ASCII
+    return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 _ITEM_FIELDS = ["fqn", "offset", "object", "start", "length", "crc32c", "data_offset"]
@@ -247,8 +243,7 @@ class Manifest:
             recorded = doc.get("digest")
             if not isinstance(recorded, str):
                 raise ValueError(f"format_version {version} needs a 'digest'")
-            actual = manifest_digest(doc)
-            if recorded != actual:
+            if recorded != (actual := manifest_digest(doc)):
                 raise CorruptCheckpointError(
                     f"{where} does not match its own digest (recorded {recorded}, content "
                     f"hashes to {actual}): it was changed or corrupted after it was written; do "
@@ -281,12 +276,10 @@ class Manifest:
         layout = None
         if version >= LAYOUT_FORMAT_VERSION:
             layout = HashedPrefixes.from_doc(doc["layout"])
-            for o in objects:
-                if shard_tag(o.name) is None:
-                    raise ValueError(f"object {o.name!r} is no hashed-prefix data name")
+            if bad := [o.name for o in objects if shard_tag(o.name) is None]:
+                raise ValueError(f"object {bad[0]!r} is no hashed-prefix data name")
         elif "layout" in doc:
             raise ValueError(f"a layout needs format_version {LAYOUT_FORMAT_VERSION}")
-        step = doc.get("step")
         return cls(
             save_id=as_str(doc["save_id"]),
             created=created_time(doc["created"]),
@@ -296,7 +289,7 @@ class Manifest:
             metadata_size=nonneg(meta["size"]),
             objects=objects,
             items=items,
-            step=None if step is None else nonneg(step),
+            step=None if doc.get("step") is None else nonneg(doc["step"]),
             metrics={str(k): metric_from_json(v) for k, v in (doc.get("metrics") or {}).items()},
             user=dict(doc.get("user") or {}),
             versions={str(k): str(v) for k, v in (doc.get("versions") or {}).items()},
@@ -359,9 +352,7 @@ def check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
 def metric_to_json(value: float) -> float | str:
     """Finite metrics as JSON numbers; NaN and +-inf as the strings float() reads back."""
     value = float(value)
-    if math.isfinite(value):
-        return value
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value if math.isfinite(value) else json.dumps(value)  # "NaN", "Infinity", ...
 
 
 def metric_from_json(value: Any) -> float:
@@ -397,8 +388,7 @@ def tensor_framing_error(
     at = head.rfind(b"PK\x03\x04")
     if at < 0 or len(head) - at < 30:
         return "no zip record header ends where the tensor data is said to begin"
-    name_len = int.from_bytes(head[at + 26 : at + 28], "little")
-    extra_len = int.from_bytes(head[at + 28 : at + 30], "little")
+    name_len, extra_len = struct.unpack_from("<HH", head, at + 26)
     if at + 30 + name_len + extra_len != len(head):
         return "the zip record header before the tensor data does not end at data_offset"
     if b"/data/" not in head[at + 30 : at + 30 + name_len]:
@@ -406,12 +396,8 @@ def tensor_framing_error(
     tail = bytes(tail[:FRAMING_TAIL])
     if tail[:4] != b"PK\x07\x08" or len(tail) < 16:
         return "no zip data descriptor follows the tensor data"
-    small = (int.from_bytes(tail[8:12], "little"), int.from_bytes(tail[12:16], "little"))
-    large = (
-        (int.from_bytes(tail[8:16], "little"), int.from_bytes(tail[16:24], "little"))
-        if len(tail) >= 24
-        else None
-    )
-    if small != (nbytes, nbytes) and large != (nbytes, nbytes):
+    small = struct.unpack_from("<II", tail, 8)
+    large = struct.unpack_from("<QQ", tail, 8) if len(tail) >= 24 else None
+    if (nbytes, nbytes) not in (small, large):
         return f"the zip record of the tensor data is not {nbytes} bytes long"
     return None

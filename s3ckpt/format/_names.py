@@ -108,11 +108,7 @@ def owned_tag(name: str) -> str | None:
     ``name`` is relative to the checkpoint prefix (no ``/``). Stock DCP names
     (``__0_0.distcp``), the plain ``.metadata``, the marker and foreign files give None.
     """
-    for pattern in _OWNED:
-        m = pattern.fullmatch(name)
-        if m is not None:
-            return m.group(1)
-    return None
+    return next((m.group(1) for p in _OWNED if (m := p.fullmatch(name))), None)
 
 
 def checkpoint_name(step: int) -> str:

@@ -78,6 +78,7 @@ from typing import Any
 import torch
 from fsspec.core import split_protocol
 
+from s3ckpt._plugin_common import patch_once
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import (
     CheckpointNotFoundError,
@@ -260,9 +261,7 @@ class Removals:
         """The save of ``path`` ended (committed or failed)."""
         key = path_key(path)
         with self._cond:
-            self._saving[key] -= 1
-            if self._saving[key] <= 0:
-                del self._saving[key]
+            self._saving -= Counter([key])  # (a count that reaches 0 is dropped)
 
     def flush(self, keys: Iterable[str] | None = None, *, final: bool = False) -> None:
         """Carry out the waiting removals that are safe now (``keys``: only those).
@@ -364,21 +363,14 @@ def install_async_teardown() -> None:
     its executor has finished every queued save). Idempotent; other plug-ins unchanged."""
     from lightning.pytorch.plugins.io import AsyncCheckpointIO
 
-    original = AsyncCheckpointIO.teardown
-    if getattr(original, "_s3ckpt_fixed", False):
-        return
-
-    def teardown(self: AsyncCheckpointIO) -> None:
+    @patch_once(AsyncCheckpointIO, "teardown")
+    def teardown(original: Callable[[AsyncCheckpointIO], None], self: AsyncCheckpointIO) -> None:
         try:
             original(self)
         finally:
             inner = self.checkpoint_io
             if getattr(inner, "_s3ckpt_plugin", False):
                 inner.teardown()
-
-    teardown._s3ckpt_fixed = True  # type: ignore[attr-defined]
-    teardown.__doc__ = original.__doc__
-    AsyncCheckpointIO.teardown = teardown
 
 
 def path_key(path: Any) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -14,12 +14,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from s3ckpt._plugin_common import Retention, dcp_errors
+from s3ckpt._plugin_common import Retention, dcp_errors, open_reader
 from s3ckpt.checkpointer import RetentionRecord
 from s3ckpt.checkpointer._latest import Candidate, load_newest_good
 from s3ckpt.checkpointer._retention import resolve_policy
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp import S3StorageReader, S3StorageWriter
+from s3ckpt.dcp import S3StorageWriter
 from s3ckpt.errors import CheckpointError
 from s3ckpt.lightning._async import _REST, Removals, _is_remote, _metrics_of, remember
 from s3ckpt.lightning._last import find_last, install_filesystem, setup
@@ -226,12 +226,7 @@ class S3CheckpointIO(CheckpointIO):
         """
 
         def read(here: Location) -> dict[str, Any]:
-            reader = S3StorageReader(
-                here,
-                verify_checksums=self.verify_checksums,
-                allow_unsafe_pickle=weights_only is False,
-                safe_globals=self.safe_globals,
-            )
+            reader = open_reader(here, self, allow_unsafe_pickle=weights_only is False)
             rest = packed_destinations(reader.metadata, _REST)
             if rest is None:
                 raise CheckpointError(
@@ -245,8 +240,7 @@ class S3CheckpointIO(CheckpointIO):
             state = {**sharded, _REST: rest}
             with dcp_errors("a checkpoint save or load"):
                 dcp.load(state, storage_reader=reader, process_group=process_group)
-            out: dict[str, Any] = unpack_state(state[_REST])
-            return out
+            return cast(dict[str, Any], unpack_state(state[_REST]))
 
         return self._resumed(path, read)
 
@@ -295,15 +289,7 @@ class S3CheckpointIO(CheckpointIO):
         step = ckpt.get("global_step")
         step = step if isinstance(step, int) and not isinstance(step, bool) else None
         self._removals.begin_save(str(here), ckpt)
-        writer = S3StorageWriter(
-            here.url,
-            s3_config=self.s3_config,
-            transfer_config=self.transfer_config,
-            overwrite=True,
-            step=step,
-            metrics=_metrics_of(ckpt),
-            store=here.store,
-        )
+        writer = S3StorageWriter(here, overwrite=True, step=step, metrics=_metrics_of(ckpt))
         try:
             with dcp_errors("a checkpoint save or load"):
                 dcp.save(state, storage_writer=writer, process_group=pg, no_dist=one)
@@ -316,8 +302,7 @@ class S3CheckpointIO(CheckpointIO):
                 self._retention.schedule(here.parent, policy, self.retention_grace, step)
 
     def _delete(self, path: str) -> None:
-        options = RetentionOptions(grace=self.retention_grace)
-        delete_checkpoint(self._open(path), options=options)
+        delete_checkpoint(self._open(path), options=RetentionOptions(grace=self.retention_grace))
 
 
 class S3ModelParallelStrategy(ModelParallelStrategy):
@@ -343,11 +328,9 @@ class S3ModelParallelStrategy(ModelParallelStrategy):
         setup(None)  # what S3CheckpointIO installs when constructed, for a strategy without
 
     def _s3ckpt_io(self) -> S3CheckpointIO:
-        io_: CheckpointIO = self.checkpoint_io  # type: ignore[has-type]
-        if not isinstance(io_, S3CheckpointIO):
-            io_ = S3CheckpointIO()
-            self.checkpoint_io = io_
-        return io_
+        if not isinstance(self.checkpoint_io, S3CheckpointIO):  # type: ignore[has-type]
+            self.checkpoint_io = S3CheckpointIO()
+        return self.checkpoint_io
 
     def _s3ckpt_pg(self) -> dist.ProcessGroup | None:
         if dist.get_backend() == "gloo":
@@ -394,6 +377,5 @@ class S3ModelParallelStrategy(ModelParallelStrategy):
         """Rank 0: delete one checkpoint through s3ckpt (see :class:`S3CheckpointIO`)."""
         if not _is_remote(filepath):
             super().remove_checkpoint(filepath)
-            return
-        if self.is_global_zero:
+        elif self.is_global_zero:
             self._s3ckpt_io().remove_checkpoint(filepath)

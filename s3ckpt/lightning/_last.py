@@ -58,6 +58,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks.model_checkpoint import ModelCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from s3ckpt._plugin_common import patch_once
 from s3ckpt.checkpointer._latest import Candidate, load_newest_good
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
@@ -94,12 +95,14 @@ def fix_parse_ckpt_path() -> None:
     from lightning.pytorch.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
-    original = _CheckpointConnector._parse_ckpt_path
-    if getattr(original, "_s3ckpt_fixed", False):
-        return
-
+    @patch_once(_CheckpointConnector, "_parse_ckpt_path")
     def _parse_ckpt_path(
-        self: _CheckpointConnector, state_fn: Any, ckpt_path: Any, *args: Any, **kwargs: Any
+        original: Any,
+        self: _CheckpointConnector,
+        state_fn: Any,
+        ckpt_path: Any,
+        *args: Any,
+        **kwargs: Any,
     ) -> Any:
         if ckpt_path == "last":
             # What Lightning considers: each OnExceptionCheckpoint's path and each
@@ -124,9 +127,6 @@ def fix_parse_ckpt_path() -> None:
                     return None
         return original(self, state_fn, ckpt_path, *args, **kwargs)
 
-    _parse_ckpt_path._s3ckpt_fixed = True  # type: ignore[attr-defined]
-    _CheckpointConnector._parse_ckpt_path = _parse_ckpt_path
-
 
 def newest_last(trainer: Any, candidates: list[str]) -> str | None:
     """The good candidate with the newest modification time (None when none exists), and
@@ -140,7 +140,7 @@ def newest_last(trainer: Any, candidates: list[str]) -> str | None:
     Request cost: a candidate's HEADs (:func:`modified`), and one catalog per remote folder
     (:func:`~s3ckpt.retention.list_checkpoints`)."""
     stamps = {p: t for p in candidates if (t := modified(p, trainer)) is not None}
-    folders: dict[str, list[Candidate]] = {}
+    folders: set[str] = set()  # those listed
     known: dict[str, Candidate] = {}  # the listed folders' checkpoints not yet in the chain
     chain = []
     for path in sorted(stamps, key=stamps.__getitem__, reverse=True):
@@ -148,17 +148,17 @@ def newest_last(trainer: Any, candidates: list[str]) -> str | None:
         try:
             here = _location(path, trainer) if _is_remote(path) else None
             if here is not None and str(here.url.parent) not in folders:
-                listed = Candidate.newest_first(list_checkpoints(here.parent))
-                folders[str(here.url.parent)] = listed
-                known.update((c.url, c) for c in listed)
+                known.update(
+                    (c.url, c) for c in Candidate.newest_first(list_checkpoints(here.parent))
+                )
+                folders.add(str(here.url.parent))
             c = known.pop(str(here.url), None) if here is not None else None
         except S3CkptError as exc:  # what is known about damage is then unknown: loads verify
             log.warning(
                 "s3ckpt: cannot list the folder of %s (%s); no fallback beyond it", path, exc
             )
         chain.append(Candidate(path, c.step, c.damage) if c is not None else Candidate(path))
-    rest = [c for listed in folders.values() for c in listed if c.url in known]
-    chain += [Candidate(c.url.rstrip("/"), c.step, c.damage) for c in rest]
+    chain += [Candidate(c.url.rstrip("/"), c.step, c.damage) for c in known.values()]
     remote = [c.url for c in chain if _is_remote(c.url)]
     if not remote:
         return chain[0].url if chain else None
@@ -271,26 +271,21 @@ class _S3CkptFileSystem(AbstractFileSystem):
         head = store.head(key) if key else None
         if head is not None:
             return _file(f"{bucket}/{key}", head)
-        if not key or any(True for _ in store.list(key + "/")):
+        # (a membership test of _MADE needs no lock)
+        if not key or (bucket, key) in _MADE or any(True for _ in store.list(key + "/")):
             return _dir(f"{bucket}/{key}" if key else bucket)
-        if (bucket, key) in _MADE:  # a membership test needs no lock
-            return _dir(f"{bucket}/{key}")
         raise FileNotFoundError(str(path))
 
     def ls(self, path: Any, detail: bool = True, **kwargs: Any) -> list[Any]:
         store, bucket, key = self._split(path)
         prefix = key + "/" if key else ""
-        found = {
-            f"{bucket}/{p.rstrip('/')}": _dir(f"{bucket}/{p.rstrip('/')}")
-            for p in store.list_prefixes(prefix)
-        }
+        with _FS_LOCK:  # folders made here, then the store's, then its objects
+            made = [k for b, k in _MADE if b == bucket and k.rpartition("/")[0] == key]
+        names = [*made, *(p.rstrip("/") for p in store.list_prefixes(prefix))]
+        found = {f"{bucket}/{k}": _dir(f"{bucket}/{k}") for k in names}
         for obj in store.list(prefix):
             if "/" not in obj.key[len(prefix) :]:
                 found[f"{bucket}/{obj.key}"] = _file(f"{bucket}/{obj.key}", obj)
-        with _FS_LOCK:
-            made = [k for b, k in _MADE if b == bucket and k.rpartition("/")[0] == key]
-        for k in made:
-            found.setdefault(f"{bucket}/{k}", _dir(f"{bucket}/{k}"))
         entries = sorted(found.values(), key=lambda e: e["name"])
         if not entries:
             entries = [self.info(path)]  # a file, or FileNotFoundError

@@ -44,11 +44,10 @@ read: :class:`~s3ckpt.errors.CorruptCheckpointError`; deleted meanwhile:
 from __future__ import annotations
 
 import contextlib
-import functools
 import pickle
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fsspec
 import torch
@@ -59,7 +58,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 
-from s3ckpt._plugin_common import dcp_errors
+from s3ckpt._plugin_common import dcp_errors, patch_once
 from s3ckpt._units import format_bytes
 from s3ckpt.dcp import SAFE_GLOBALS, S3StorageReader, SafeGlobal
 from s3ckpt.dcp._safe import _torch_globals, global_name, reason
@@ -145,8 +144,7 @@ def rebuild(flat: Mapping[str, Any], metadata: Metadata) -> dict[str, Any]:
     DCP checkpoint comes back nested by those paths.
     """
     if is_packed(flat):
-        out: dict[str, Any] = unpack_state(flat)
-        return out
+        return cast(dict[str, Any], unpack_state(flat))
     paths: Mapping[str, Any] = metadata.planner_data or {}
     nested: dict[str, Any] = {}
     for fqn, value in flat.items():
@@ -214,22 +212,15 @@ def install_load_hook() -> None:
     """
     from lightning.pytorch.core import saving
 
-    original = saving.pl_load
-    if getattr(original, "_s3ckpt_hook", False):
-        return
-
-    @functools.wraps(original)
+    @patch_once(saving, "pl_load")
     def pl_load(
-        path_or_url: Any, map_location: Any = None, weights_only: bool | None = None
+        original: Any, path_or_url: Any, map_location: Any = None, weights_only: bool | None = None
     ) -> Any:
         if isinstance(path_or_url, (str, Path)) and _is_remote(path_or_url):
             found = _divert(str(path_or_url))
             if found is not None:
                 return load_remote(found, map_location=map_location, weights_only=weights_only)
         return original(path_or_url, map_location=map_location, weights_only=weights_only)
-
-    pl_load._s3ckpt_hook = True  # type: ignore[attr-defined]
-    saving.pl_load = pl_load
 
 
 def load_object(

@@ -122,8 +122,7 @@ class OpenTelemetryMetrics:
         if event.error is not None:
             attrs["error.type"] = event.error
         for instrument, field in self._counters:
-            value = getattr(event, field) if field else 1
-            if value:
+            if value := getattr(event, field) if field else 1:
                 instrument.add(value, attrs)
         self._duration.record(event.duration_s, attrs)
         if event.blocked_s is not None:

@@ -27,7 +27,7 @@ Its values are plain numbers (:class:`CheckValues`: the CLI takes them from
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Required, TypedDict, Unpack
 
@@ -155,19 +155,17 @@ class _Invocation:
         expected.add_metric(["not_found"], float(v["not_found"]))
         expected.add_metric(["precondition_failed"], float(v["precondition_failed"]))
         yield expected
-        per_run: list[tuple[str, str, Callable[[RunMetrics], float]]] = [
-            ("deleted_checkpoints", "Checkpoints deleted, by run.", lambda r: r.deleted),
-            ("freed_bytes", "Bytes under the checkpoints deleted, by run.",
-             lambda r: r.bytes_freed),
-            ("lease_busy", "Runs skipped because their lease was held.", lambda r: r.lease_busy),
-            ("failures", "Keys or uploads that could not be deleted.", lambda r: r.failures),
-            ("lease_wait_seconds", "Seconds spent taking the run's lease.",
-             lambda r: r.lease_wait_s),
-        ]  # fmt: skip
-        for name, doc, value_of in per_run:
+        per_run = [  # (name, help, the RunMetrics field)
+            ("deleted_checkpoints", "Checkpoints deleted, by run.", "deleted"),
+            ("freed_bytes", "Bytes under the checkpoints deleted, by run.", "bytes_freed"),
+            ("lease_busy", "Runs skipped because their lease was held.", "lease_busy"),
+            ("failures", "Keys or uploads that could not be deleted.", "failures"),
+            ("lease_wait_seconds", "Seconds spent taking the run's lease.", "lease_wait_s"),
+        ]
+        for name, doc, attr in per_run:
             g = GaugeMetricFamily(f"s3ckpt_{c}_{name}", doc, labels=["run"])
             for r in self.runs:
-                g.add_metric([r.run], float(value_of(r)))
+                g.add_metric([r.run], float(getattr(r, attr)))
             yield g
         newest = "the run's newest committed checkpoint"
         counts = GaugeMetricFamily(
@@ -319,28 +317,19 @@ class _CheckInvocation:
     """One invocation's values; a prometheus-client collector (by its ``collect()``)."""
 
     values: CheckValues
-    success: bool
-    finished_at: float
-    duration_s: float
-    last_success: float | None
-    requests: int
-    retries: int
-    throttled: int
-    failed: int
-    not_found: int = 0  # counted, not written
-    precondition_failed: int = 0
+    run: Mapping[str, Any]  # success, finished_at, last_success, duration_s, request counts
 
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
-        v = self.values
+        v, s = self.values, self.run
         last = "the last s3ckpt check"
         plain: list[tuple[str, str, float]] = [
             ("last_run_timestamp_seconds",
-             f"When {last} finished (seconds since the epoch).", self.finished_at),
+             f"When {last} finished (seconds since the epoch).", s["finished_at"]),
             ("success", f"1 if {last} was clean: every committed checkpoint checked in full, "
-             "nothing damaged, every record written.", self.success),
-            ("duration_seconds", f"How long {last} took.", self.duration_s),
+             "nothing damaged, every record written.", s["success"]),
+            ("duration_seconds", f"How long {last} took.", s["duration_s"]),
             ("checked_checkpoints", f"Committed checkpoints {last} checked.", v.checked),
             ("damaged_checkpoints", f"Checkpoints {last} found damaged.", v.damaged),
             ("incomplete_checkpoints",
@@ -351,11 +340,11 @@ class _CheckInvocation:
              f"Items {last} read back and compared with their CRC32C.", v.items_read),
             ("read_fraction", f"The share of each checkpoint's item bytes {last} read "
              "(--read-data).", v.read_fraction),
-            ("requests", f"S3 requests {last} made (retries not counted).", self.requests),
-            ("retries", f"Attempts after the first over {last}'s requests.", self.retries),
-            ("throttled", f"Attempts of {last} answered 503 SlowDown.", self.throttled),
+            ("requests", f"S3 requests {last} made (retries not counted).", s["requests"]),
+            ("retries", f"Attempts after the first over {last}'s requests.", s["retries"]),
+            ("throttled", f"Attempts of {last} answered 503 SlowDown.", s["throttled"]),
             ("failed_requests",
-             f"S3 requests of {last} that failed after their last attempt.", self.failed),
+             f"S3 requests of {last} that failed after their last attempt.", s["failed"]),
         ]  # fmt: skip
         for name, doc, value in plain:
             yield GaugeMetricFamily(f"s3ckpt_check_{name}", doc, value=float(value))
@@ -367,12 +356,12 @@ class _CheckInvocation:
         for reason, n in sorted(v.skipped.items()):
             skipped.add_metric([reason], float(n))
         yield skipped
-        if self.last_success is not None:
+        if s["last_success"] is not None:
             yield GaugeMetricFamily(
                 LAST_SUCCESS,
                 "When the last clean s3ckpt check finished (seconds since the epoch; kept "
                 "from earlier files while checks fail or find damage).",
-                value=self.last_success,
+                value=s["last_success"],
             )
 
 
@@ -412,7 +401,5 @@ class CheckMetricsFile(_Started):
         """
         now = time.time()
         last = now if success else last_success(self.path)
-        found = _CheckInvocation(
-            values, success=success, finished_at=now, last_success=last, **self._since()
-        )
-        _write(self.path, found)
+        run = {"success": success, "finished_at": now, "last_success": last, **self._since()}
+        _write(self.path, _CheckInvocation(values, run))

@@ -144,9 +144,7 @@ class Recorder:
             counted = dict(self.counts)
         counted["failed_requests"] = counted.pop("failed", 0)
         name = error if isinstance(error, str) or error is None else type(error).__name__
-        fields.setdefault("step", self.step)
-        fields.setdefault("rank", self.rank)
-        fields.setdefault("ok", name is None)
+        fields = {"step": self.step, "rank": self.rank, "ok": name is None, **fields}
         event = OperationMetrics(
             kind=self.kind,
             url=self.url,
@@ -257,8 +255,7 @@ def in_context(fn: Callable[P, R]) -> Callable[P, R]:
 def _count(operation: str, **counts: int) -> None:
     """Add ``counts`` to the process's totals and to the current recorder, if any."""
     add_totals(operation, counts)
-    recorder = _current.get()
-    if recorder is not None:
+    if (recorder := _current.get()) is not None:
         recorder.add(**counts)
 
 

@@ -255,13 +255,9 @@ class CheckpointInfo:
     def damage(self) -> str | None:
         """Why it is damaged (None when it is not): the marker's error, else the check's
         first problem (``s3ckpt check at <time>: <problem>``)."""
-        if not self.is_committed:
-            return None
-        if self.error is not None:
-            return self.error
-        if self.check is not None:
+        if self.is_committed and self.error is None and self.check is not None:
             return f"s3ckpt check at {self.check.checked_at}: {self.check.reason}"
-        return None
+        return self.error if self.is_committed else None
 
     @property
     def life(self) -> Life:
@@ -270,10 +266,8 @@ class CheckpointInfo:
             return Life.DAMAGED
         if self.state is CheckpointState.IN_PROGRESS:
             return Life.WRITING
-        if self.state in (CheckpointState.BEING_DELETED, CheckpointState.GONE):
-            return Life(self.state.value)
-        if self.state is CheckpointState.ABANDONED:
-            return Life.FAILED if self.failed_at is not None else Life.ABANDONED
+        if self.state not in (CheckpointState.COMMITTED, CheckpointState.FOREIGN):
+            return Life.FAILED if self.failed else Life(self.state.value)
         if any(self.bytes_by_class.get(c) for c in ARCHIVE_CLASSES):
             return Life.ARCHIVED
         return Life.COMMITTED
@@ -293,7 +287,8 @@ class CheckpointInfo:
     @property
     def overwrite_in_progress(self) -> bool:
         """Committed, and another save is writing into the same prefix."""
-        return self.is_committed and self.live_saves > 0
+        # live_tags is empty for nearly every checkpoint: test it before counting.
+        return bool(self.live_tags) and self.is_committed and self.live_saves > 0
 
     def checked(self, record: CheckRecord | str | None) -> CheckpointInfo:
         """This checkpoint with the verdict of its run's check record (``record``; a str
@@ -351,10 +346,6 @@ class RunCatalog:
     has_lease: bool = False
     lease_modified: float | None = None
     check_error: str | None = None
-
-    def by_name(self) -> dict[str, CheckpointInfo]:
-        """Checkpoints by name."""
-        return {c.name: c for c in self.checkpoints}
 
 
 def commit_time(saved: float | None, marker: float | None, created: float) -> datetime | None:

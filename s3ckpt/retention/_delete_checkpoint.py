@@ -132,7 +132,7 @@ def delete_checkpoint(
     # checkpoint whose deletion a pruner (or an earlier rm) began and did not finish has no
     # marker any more; it is in that pruner's intent log, and finished under the lease.
     first = catalog(again=False)
-    target = seen = first.by_name()[name]
+    target = seen = next(c for c in first.checkpoints if c.name == name)
     unfinished = () if target.is_committed else pending_intent(store, first, now)
     if name not in unfinished:
         _check(target, first.checkpoints, allow_newest, include_foreign, grace)
@@ -204,13 +204,12 @@ def _run_catalog(
             f"{checkpoint} is a run holding checkpoints ({some}), not a checkpoint: delete one "
             f"of them, e.g. {inner.checkpoints[0].url}; nothing was deleted"
         )
-    if any(p.startswith(checkpoint.prefix) for p in by_run):
-        why = "it holds runs, not a checkpoint (s3ckpt ls URL lists them)"
-    else:
-        why = (
-            f"nothing a checkpoint holds ({MANIFEST_NAME}, {METADATA_NAME}, *.distcp) is stored "
-            f"directly under it; `s3ckpt ls {run}` lists the run's checkpoints"
-        )
+    why = (
+        "it holds runs, not a checkpoint (s3ckpt ls URL lists them)"
+        if any(p.startswith(checkpoint.prefix) for p in by_run)
+        else f"nothing a checkpoint holds ({MANIFEST_NAME}, {METADATA_NAME}, *.distcp) is stored "
+        f"directly under it; `s3ckpt ls {run}` lists the run's checkpoints"
+    )
     raise CheckpointNotFoundError(
         f"no checkpoint at {checkpoint}: {why}; nothing was deleted",
         bucket=checkpoint.bucket,

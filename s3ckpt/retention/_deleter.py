@@ -103,25 +103,22 @@ def checkpoint_keys(c: CheckpointInfo) -> list[str]:
     objects of hashed-prefix saves in the run's shard folder count as the checkpoint's own
     per-save names. Behind a tombstone (being deleted) the untagged names are only those the
     tombstone planned (:attr:`s3ckpt._tombstone.Tombstone.names`)."""
-    live = _other_live(c)
-    tomb = c.tombstone
-    out: list[str] = []
-    for k in c.keys:
+    live, tomb = _other_live(c), c.tombstone
+
+    def deletable(k: str) -> bool:
         own = _own_name(c, k)
         if own is None:
-            continue
+            return False
         n, t, _ = own
         if k in c.committed_keys or n == MANIFEST_NAME:
-            out.append(k)
-        elif t is not None:
-            if t not in live:
-                out.append(k)
-        elif tomb is not None:
-            if n in tomb.names:
-                out.append(k)
-        elif n == METADATA_NAME or (not c.is_committed and _DCP_DATA.fullmatch(n)):
-            out.append(k)
-    return out
+            return True
+        if t is not None:
+            return t not in live
+        if tomb is not None:
+            return n in tomb.names
+        return n == METADATA_NAME or (not c.is_committed and bool(_DCP_DATA.fullmatch(n)))
+
+    return [k for k in c.keys if deletable(k)]
 
 
 def checkpoint_uploads(c: CheckpointInfo) -> list[UploadInfo]:
@@ -138,17 +135,14 @@ def leftover_keys(c: CheckpointInfo) -> list[str]:
     if c.pinned or (c.is_committed and c.tag is None):
         return []
     live = set(c.live_tags)
-    out: list[str] = []
-    for k in c.keys:
-        own = _own_name(c, k)
-        if own is None or own[1] is None or k in c.committed_keys:
-            continue
-        n, t, sharded = own
-        if sharded and t == c.tag:
-            continue
-        if t not in live or (t == c.tag and n.startswith(HEARTBEAT_PREFIX)):
-            out.append(k)
-    return out
+    owned = [(k, *own) for k in c.keys if (own := _own_name(c, k)) and k not in c.committed_keys]
+    return [
+        k
+        for k, n, t, sharded in owned
+        if t is not None
+        and not (sharded and t == c.tag)
+        and (t not in live or (t == c.tag and n.startswith(HEARTBEAT_PREFIX)))
+    ]
 
 
 def leftover_uploads(c: CheckpointInfo, cutoff: float) -> list[UploadInfo]:

@@ -44,11 +44,9 @@ def parse_duration(text: str) -> timedelta:
 def format_duration(value: timedelta) -> str:
     """The shortest ``1d12h``-style spelling of ``value`` (whole seconds)."""
     total = round(value.total_seconds())
-    if total == 0:
-        return "0s"
     out = []
     for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         n, total = divmod(total, size)
         if n:
             out.append(f"{n}{unit}")
-    return "".join(out)
+    return "".join(out) or "0s"

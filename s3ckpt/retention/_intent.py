@@ -16,6 +16,7 @@ finish, for checkpoints still committed with the marker recorded.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,7 +32,7 @@ __all__ = ["RESUMED_MOVE", "Intent", "finish_previous", "pending_intent", "previ
 
 
 @dataclass
-class Intent:
+class Intent(AbstractContextManager["Intent"]):
     """The run's intent log while its lease is held: the checkpoints this holder is deleting
     (``names``) and moving (``moving``). Until :meth:`record` they are the dead holder's
     log; as a context manager it releases the lease on the way out, keeping in the log
@@ -67,9 +68,6 @@ class Intent:
         gone, done = set(names), set(moved)
         self.names = [n for n in self.names if n not in gone]
         self.moving = {n: m for n, m in self.moving.items() if n not in done}
-
-    def __enter__(self) -> Intent:
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         self.lease.release(self.names, self.moving)
@@ -134,16 +132,17 @@ RESUMED_MOVE = "finishing a transition a pruner that died left half-done (its in
 
 
 def previous_moves(
-    lease: Lease, catalog: Sequence[CheckpointInfo], skip: Collection[str]
+    lease: Lease | None, catalog: Sequence[CheckpointInfo], skip: Collection[str]
 ) -> tuple[list[Transition], dict[str, dict[str, str]]]:
     """The storage-class transitions a dead holder of ``lease`` recorded (``moving``):
     ``(resume, carry)``. ``resume``: transitions to finish now (the checkpoint is still the
     committed one recorded, by its marker's ETag, and not being written into); ``carry``:
     records to keep in the log for a later run (a save is writing into it now). ``skip``:
     names this run deletes or moves anyway (its own plan wins); a checkpoint that is gone,
-    damaged or re-committed since is dropped: the plan decides it afresh.
+    damaged or re-committed since is dropped: the plan decides it afresh. No ``lease`` (a
+    dry run): nothing.
     """
-    previous: LeaseRecord | None = lease.previous
+    previous = lease.previous if lease is not None else None
     if previous is None or not previous.moving:
         return [], {}
     by_name = {c.name: c for c in catalog}
@@ -158,7 +157,7 @@ def previous_moves(
         cls, method = rec.get("class", ""), rec.get("method", "copy")
         if cls not in STORAGE_CLASSES or method not in ("copy", "tag"):
             continue  # not a record this version understands
-        if c.live_tags and c.overwrite_in_progress:
+        if c.overwrite_in_progress:
             carry[name] = dict(rec)
             continue
         resume.append(Transition(c, -1, cls, method, (RESUMED_MOVE,), resumed=True))  # type: ignore[arg-type]

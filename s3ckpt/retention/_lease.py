@@ -224,11 +224,10 @@ class Lease:
     ) -> LeaseRecord:
         self._sent = self.clock()
         now = time.time()  # display only: expiry is judged in the store's time
-        acquired = self._record.acquired if self._record else now
         return LeaseRecord(
             owner=self.owner,
             **dataclasses.asdict(identity()),
-            acquired=acquired,
+            acquired=self._record.acquired if self._record else now,
             expires=0.0 if released else now + self.ttl.total_seconds(),
             released=released,
             deleting=tuple(deleting),

@@ -82,11 +82,8 @@ def group_listing(
 ) -> tuple[dict[str, Group], dict[str, float | None]]:
     """The checkpoint prefixes under ``root`` with what each holds, and the runs holding a
     lease (their prefixes, with the lease's LastModified)."""
-    groups: dict[str, Group] = {}
-    for key in [o.key for o in objects] + [u.key for u in uploads]:
-        d = ckpt_dir(key)
-        if d is not None and d.startswith(root.prefix):
-            groups.setdefault(d, Group())
+    dirs = (ckpt_dir(k) for k in [*(o.key for o in objects), *(u.key for u in uploads)])
+    groups = {d: Group() for d in dirs if d is not None and d.startswith(root.prefix)}
     runs_with_lease: dict[str, float | None] = {}
     for obj in objects:
         base = obj.key.rpartition("/")[2]

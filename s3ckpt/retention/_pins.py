@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from datetime import datetime
+from itertools import islice
 
 from s3ckpt._time import aware_now, iso_z
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, StoreError
@@ -73,7 +74,7 @@ def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
     most the first page of the listing, and stops as soon as it knows."""
     children: list[str] = []
     empty = True
-    for i, info in enumerate(store.list(checkpoint.prefix)):
+    for info in islice(store.list(checkpoint.prefix), _PAGE):
         empty = False
         rest = info.key[len(checkpoint.prefix) :]
         child, sep, name = rest.partition("/")
@@ -81,8 +82,6 @@ def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
             return
         if sep and name in (MANIFEST_NAME, METADATA_NAME) and child not in children:
             children.append(child)
-        if i + 1 >= _PAGE:
-            break
     if children:
         some = ", ".join(children[:3]) + (", ..." if len(children) > 3 else "")
         raise ConfigError(

@@ -26,7 +26,8 @@ never one the plan deletes or skips, never one being written into.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -41,7 +42,7 @@ from s3ckpt.retention._tiers import Transition, plan_tiers
 from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.uri import StoreURL
 
-__all__ = ["Decision", "Plan", "check_policy", "decide", "newest", "plan"]
+__all__ = ["Decision", "Plan", "check_policy", "decide", "hold", "newest", "plan"]
 
 Action = Literal["keep", "delete", "skip"]
 
@@ -49,11 +50,6 @@ NEWEST = "newest committed"
 LATEST_COMMITTED = "most recently committed"
 _NO_RULE = ("no rule keeps it",)
 OVERWRITE = "deferred: an overwrite is in progress (a live save is re-writing it)"
-
-
-def _overwritten(c: CheckpointInfo) -> bool:
-    # live_tags is empty for nearly every checkpoint: test it before the property.
-    return bool(c.live_tags) and c.overwrite_in_progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,10 +179,9 @@ def plan(
     """
     source = PolicyFile.of(policy)
     # a policy file's tiers, unless the options name some
-    options = source.options(options if options is not None else RetentionOptions())
-    rules = source.policy
-    check_policy(rules)
-    return decide(checkpoints, rules, now, options, run, policy.describe())
+    options = source.options(options)
+    check_policy(source.policy)
+    return decide(checkpoints, source.policy, now, options, run, policy.describe())
 
 
 def decide(
@@ -214,7 +209,7 @@ def decide(
             if c.pinned:
                 kept.setdefault(c.name, []).insert(0, f"pinned: {c.pinned}")
         decisions: list[Decision] = []
-        wanted = sum(1 for c in eligible if c.name not in kept and not _overwritten(c))
+        wanted = sum(1 for c in eligible if c.name not in kept and not c.overwrite_in_progress)
         cap = wanted if max_delete is None else min(max_delete, wanted)
         deferred = wanted - cap
         for c in ordered:
@@ -222,7 +217,7 @@ def decide(
                 decisions.append(Decision(c, "skip", (_skip_reason(c),)))
             elif c.name in kept:
                 decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
-            elif _overwritten(c):
+            elif c.overwrite_in_progress:
                 decisions.append(Decision(c, "skip", (OVERWRITE,)))
             elif cap > 0:
                 cap -= 1
@@ -241,6 +236,18 @@ def decide(
             deferred=deferred,
             transitions=moves,
         )
+
+
+def hold(p: Plan, reasons: tuple[str, ...], doomed: Collection[str] | None = None) -> Plan:
+    """``p`` with its deletions skipped for ``reasons`` instead (those not in ``doomed``,
+    when given)."""
+    decisions = tuple(
+        Decision(d.checkpoint, "skip", reasons)
+        if d.action == "delete" and (doomed is None or d.checkpoint.name not in doomed)
+        else d
+        for d in p.decisions
+    )
+    return dataclasses.replace(p, decisions=decisions)
 
 
 def _eligible(c: CheckpointInfo, include_foreign: bool = True) -> bool:

@@ -71,27 +71,20 @@ class Policy:
         return (self,)
 
     def __or__(self, other: Policy) -> Policy:
-        if not isinstance(other, Policy):
-            return NotImplemented
-        return AnyOf(_flatten(AnyOf, (self, other)))
+        return _combine(AnyOf, self, other)
 
     def __and__(self, other: Policy) -> Policy:
-        if not isinstance(other, Policy):
-            return NotImplemented
-        return AllOf(_flatten(AllOf, (self, other)))
+        return _combine(AllOf, self, other)
 
     def __str__(self) -> str:
         return self.describe()
 
 
-def _flatten(kind: type, parts: Sequence[Policy]) -> tuple[Policy, ...]:
-    out: list[Policy] = []
-    for p in parts:
-        if isinstance(p, kind):
-            out.extend(p.policies)  # type: ignore[attr-defined]
-        else:
-            out.append(p)
-    return tuple(out)
+def _combine(kind: type[_Combined], a: Policy, b: object) -> Policy:
+    """``kind`` of ``a`` and ``b``, flattened (NotImplemented when ``b`` is not a Policy)."""
+    if not isinstance(b, Policy):
+        return NotImplemented
+    return kind(tuple(q for p in (a, b) for q in (p.policies if isinstance(p, kind) else (p,))))
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -247,16 +240,12 @@ class KeepBest(Policy):
             # A generator: only the n best rank tuples are alive at once.
             for i, c in enumerate(checkpoints):
                 value = c.metrics.get(self.metric)
-                if value is None:
-                    if rank_missing:
-                        yield (1, 0.0, -i, c.name)
-                    continue
-                v = float(value)
-                if math.isnan(v):  # NaN: worst in both directions (sign does not apply)
-                    if rank_nan:
-                        yield (1, 0.0, -i, c.name)
-                else:
+                v = math.nan if value is None else float(value)
+                if not math.isnan(v):
                     yield (0, sign * v, -i, c.name)
+                # NaN: worst in both directions (sign does not apply); missing: likewise
+                elif rank_missing if value is None else rank_nan:
+                    yield (1, 0.0, -i, c.name)
 
         reason = (self.describe(),)
         return {name: reason for *_, name in heapq.nsmallest(self.n, ranked())}

@@ -77,7 +77,7 @@ from s3ckpt.retention._intent import Intent, finish_previous, previous_moves
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._liveness import MIN_GRACE, judge_time
 from s3ckpt.retention._options import RetentionOptions
-from s3ckpt.retention._plan import Decision, Plan, check_policy, decide
+from s3ckpt.retention._plan import Plan, check_policy, decide, hold
 from s3ckpt.retention._policy import Policy
 from s3ckpt.retention._recheck import confirm, deep
 from s3ckpt.retention._results import PruneResult, last_event
@@ -286,20 +286,11 @@ def plan_prune(
     p = decide(catalog, rules, now, options, run, source.describe())
     p = confirm(store, run, options, rules, p)  # shallow: what p deletes, listed deeply
     if held:
-        p = dataclasses.replace(
-            p,
-            decisions=tuple(
-                Decision(d.checkpoint, "skip", HELD) if d.action == "delete" else d
-                for d in p.decisions
-            ),
-        )
+        p = hold(p, HELD)
     extra = {"resume": len(resume)} if lease is not None else {}
     options.progress("plan", delete=len(p.delete), **extra, move=len(p.transitions))
-    old_moves: list[Transition] = []
-    carry_moves: dict[str, dict[str, str]] = {}
-    if lease is not None:
-        planned = {c.name for c in p.delete} | {t.name for t in p.transitions}
-        old_moves, carry_moves = previous_moves(lease, catalog, planned)
+    planned = {c.name for c in p.delete} | {t.name for t in p.transitions}
+    old_moves, carry_moves = previous_moves(lease, catalog, planned)
     # Listed after the plan: a save that started writing since the scan is seen here.
     cutoff = (now - options.grace).timestamp()
     moves, pending = survey(store, [*p.transitions, *old_moves], cutoff)

@@ -31,15 +31,13 @@ from collections import Counter
 from collections.abc import Sequence
 
 from s3ckpt._time import utc
-from s3ckpt.errors import ObjectNotFoundError
 from s3ckpt.format._hashed import in_shard_tree
 from s3ckpt.format._names import METADATA_NAME
-from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._calendar import KeepCalendar
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._deleter import direct_name
 from s3ckpt.retention._options import RetentionOptions
-from s3ckpt.retention._plan import Decision, Plan, decide
+from s3ckpt.retention._plan import Plan, decide, hold
 from s3ckpt.retention._policy import KeepBest, KeepEvery, KeepLast, KeepPinned, KeepWithin, Policy
 from s3ckpt.retention._scan import catalogs, run_catalog
 from s3ckpt.store.base import ObjectStore
@@ -84,14 +82,7 @@ def confirm(
     listed = {c.name: deep(store, options, c) for c in first.delete if c.shallow}
     merged = [m for c in catalog if (m := listed.get(c.name, c)) is not None]
     exact = _exact_times(store, merged, any(isinstance(r, KeepCalendar) for r in rules.rules()))
-    second = replan(exact)
-    decisions = tuple(
-        Decision(d.checkpoint, "skip", (DEFERRED,))
-        if d.action == "delete" and d.checkpoint.name not in doomed
-        else d
-        for d in second.decisions
-    )
-    return dataclasses.replace(second, decisions=decisions)
+    return hold(replan(exact), (DEFERRED,), doomed)
 
 
 def deep(store: ObjectStore, options: RetentionOptions, c: CheckpointInfo) -> CheckpointInfo | None:
@@ -102,8 +93,7 @@ def deep(store: ObjectStore, options: RetentionOptions, c: CheckpointInfo) -> Ch
         for found in cat.checkpoints:
             if found.name == c.name:
                 shards = tuple(k for k in c.keys if in_shard_tree(k) and k not in found.keys)
-                same = c.marker_etag == found.marker_etag
-                check = c.check if same else None
+                check = c.check if c.marker_etag == found.marker_etag else None
                 return dataclasses.replace(
                     found, keys=found.keys + shards, size=max(found.size, c.size), check=check
                 )
@@ -148,11 +138,7 @@ def _resolve(store: ObjectStore, c: CheckpointInfo) -> CheckpointInfo:
     ]
     if not saved:
         return c  # format 1: the marker's own time is the commit time
-    with expecting("not_found"):
-        try:
-            info = store.head(saved[0])
-        except ObjectNotFoundError:
-            info = None
+    info = store.head(saved[0])  # None when missing (ObjectStore.head)
     if info is None or info.last_modified is None:
         return c
     return dataclasses.replace(c, committed_at=utc(info.last_modified))

@@ -242,22 +242,16 @@ class DeleteResult:
 def _json(result: object, *skip: str) -> dict[str, Any]:
     """``result``'s fields (but ``skip``) in JSON form: URLs and states as text, tuples as
     lists, failures as ``{key, code, message}``."""
-    out: dict[str, Any] = {}
-    for f in fields(result):  # type: ignore[arg-type]
-        v = getattr(result, f.name)
-        if f.name in skip:
-            continue
-        if isinstance(v, tuple):
-            v = [
-                {"key": x.key, "code": x.code, "message": x.message}
-                if isinstance(x, DeleteFailure)
-                else x
-                for x in v
-            ]
-        elif isinstance(v, (StoreURL, CheckpointState)):
-            v = str(v)
-        out[f.name] = v
-    return out
+    every = fields(result)  # type: ignore[arg-type]
+    return {f.name: _plain(getattr(result, f.name)) for f in every if f.name not in skip}
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, DeleteFailure):
+        return {"key": v.key, "code": v.code, "message": v.message}
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return str(v) if isinstance(v, StoreURL | CheckpointState) else v
 
 
 def last_event(

@@ -58,7 +58,6 @@ from s3ckpt.retention._catalog import (
 )
 from s3ckpt.retention._check_record import CheckRecord, read_check_records, read_each
 from s3ckpt.retention._listing import Group, group_listing
-from s3ckpt.retention._listing import ckpt_dir as _ckpt_dir  # noqa: F401  (tests use it here)
 from s3ckpt.retention._liveness import dead_saves, failure_reasons, judge_time, newest_failure
 from s3ckpt.retention._options import RetentionOptions, StepPatternLike
 from s3ckpt.retention._shallow import Marker, committed_keys, find_runs, parse_marker, probe, walk

@@ -92,14 +92,13 @@ def parse_marker(key: str, raw: bytes | None, size: int) -> Manifest | Tombstone
         return exc.message
 
 
-def _visit(store: ObjectStore, folder: str) -> tuple[list[ObjectInfo], list[str]]:
+def _visit(store: ObjectStore, folder: str) -> tuple[list[ObjectInfo], list[str], bool]:
+    """``folder``'s direct objects, its sub-folders, and whether its objects declare it a
+    checkpoint."""
     entries = list(list_folder(store, folder))
     objs = [e for e in entries if not isinstance(e, str)]
-    return objs, [e for e in entries if isinstance(e, str)]
-
-
-def _is_checkpoint(folder: str, objs: list[ObjectInfo]) -> bool:
-    return any(ckpt_dir(o.key) == folder for o in objs)
+    subs = [e for e in entries if isinstance(e, str)]
+    return objs, subs, any(ckpt_dir(o.key) == folder for o in objs)
 
 
 def walk(
@@ -121,9 +120,9 @@ def walk(
     with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
         while queue:
             folder = queue.popleft()
-            objs, subs = _visit(store, folder)
+            objs, subs, is_checkpoint = _visit(store, folder)
             objects.extend(objs)
-            if _is_checkpoint(folder, objs):
+            if is_checkpoint:
                 for sub in subs:  # nested keys of an uncommitted checkpoint: as deep
                     objects.extend(store.list(sub))
                 continue
@@ -152,8 +151,8 @@ def find_runs(store: ObjectStore, root: StoreURL, pattern: StepPatternLike | Non
     queue: deque[str] = deque([root.prefix])
     while queue:
         folder = queue.popleft()
-        objs, subs = _visit(store, folder)
-        if _is_checkpoint(folder, objs):
+        objs, subs, is_checkpoint = _visit(store, folder)
+        if is_checkpoint:
             parent = folder[:-1].rpartition("/")[0]
             if parent and (parent + "/").startswith(root.prefix):
                 runs.add(parent + "/")

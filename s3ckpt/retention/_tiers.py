@@ -214,10 +214,8 @@ def plan_tiers(
     picks = [t.rule.select(eligible, now) for t in tiers]
     out: list[Transition] = []
     for c in eligible:
-        # Never one being written into (live_tags is empty for nearly every checkpoint).
-        if c.name not in kept or not c.is_committed or c.damaged:
-            continue
-        if c.live_tags and c.overwrite_in_progress:
+        # Never one being written into (an overwrite in progress).
+        if c.name not in kept or not c.is_committed or c.damaged or c.overwrite_in_progress:
             continue
         for i, (tier, pick) in enumerate(zip(tiers, picks, strict=True)):
             reasons = pick.get(c.name)

@@ -239,7 +239,7 @@ class PolicyFile(Policy):
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
-        except FileNotFoundError as exc:
+        except OSError as exc:
             name = p.name.removesuffix(".toml")
             hint = (
                 f'the built-in policy "{name}" ships with s3ckpt: use policy="{name}" '
@@ -247,10 +247,8 @@ class PolicyFile(Policy):
                 if name in builtins
                 else f"built-in policies: {names}"
             )
-            why = f"cannot read the policy file: no such file; {hint}"
-            raise PolicyError(f"{p}: {why}", source=str(p)) from exc
-        except OSError as exc:
-            why = f"cannot read the policy file: {exc.strerror or exc}"
+            why = f"no such file; {hint}" if isinstance(exc, FileNotFoundError) else exc.strerror
+            why = f"cannot read the policy file: {why or exc}"
             raise PolicyError(f"{p}: {why}", source=str(p)) from exc
         except UnicodeDecodeError as exc:
             raise PolicyError(f"{p}: not UTF-8 text: {exc}", source=str(p)) from exc
@@ -312,7 +310,7 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
             ``step_pattern`` or no rule at all; the message names ``source``, the key and
             what is allowed.
     """
-    return _parse(text, source).as_policy()
+    return PolicyFile.parse(text, source).as_policy()
 
 
 def _parse(text: str, source: str) -> PolicyFile:
@@ -321,19 +319,13 @@ def _parse(text: str, source: str) -> PolicyFile:
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{source}: not valid TOML: {exc}", source=source) from exc
     _table(source, "", doc, _TOP, "a table")
-    if "description" in doc and not isinstance(doc["description"], str):
-        raise _err(source, "description", f"must be a string, got {_type_name(doc['description'])}")
-    given = doc.get("step_pattern")
+    for key in ("description", "step_pattern"):
+        if key in doc and not isinstance(doc[key], str):
+            raise _err(source, key, f"must be {_TOP[key]}, got {_type_name(doc[key])}")
     pattern: StepMatcher | None = None
-    if given is not None:
-        if not isinstance(given, str):
-            raise _err(
-                source,
-                "step_pattern",
-                f"must be {_TOP['step_pattern']}, got {_type_name(given)}",
-            )
+    if "step_pattern" in doc:
         try:
-            pattern = compile_step_pattern(given)
+            pattern = compile_step_pattern(doc["step_pattern"])
         except ConfigError as exc:
             raise _err(source, "step_pattern", exc.message) from None
     if "keep" not in doc:

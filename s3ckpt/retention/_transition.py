@@ -64,13 +64,9 @@ Pending = dict[str, list[ObjectInfo]]
 def movable_keys(c: CheckpointInfo) -> frozenset[str]:
     """The keys of ``c`` a tier moves (see the module docstring): the committed keys but the
     marker and the per-save ``.metadata.{tag}``, plus the plain ``.metadata``."""
-    keys = {c.url.key(METADATA_NAME)}
-    for k in c.committed_keys:
-        name = k.rpartition("/")[2]
-        if name.startswith("s3ckpt.") or name.startswith(METADATA_NAME + "."):
-            continue
-        keys.add(k)
-    return frozenset(keys)
+    stays = ("s3ckpt.", METADATA_NAME + ".")
+    moves = (k for k in c.committed_keys if not k.rpartition("/")[2].startswith(stays))
+    return frozenset({c.url.key(METADATA_NAME), *moves})
 
 
 def survey(
@@ -122,8 +118,7 @@ def _survey_one(
     classes: Counter[str] = Counter()
     for o in todo:
         classes[o.storage_class or DEFAULT_STORAGE_CLASS] += o.size
-    size = sum(o.size for o in todo)
-    return replace(t, objects=len(todo), bytes=size, from_classes=dict(classes)), todo
+    return replace(t, objects=len(todo), bytes=classes.total(), from_classes=dict(classes)), todo
 
 
 def _writing_tag(c: CheckpointInfo, objects: Iterable[ObjectInfo], cutoff: float) -> str | None:

@@ -13,6 +13,7 @@ fresh tenacity ``Retrying`` per call). What a store enforces is probed once
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt.config import S3Config, TransferConfig
@@ -60,14 +61,11 @@ def open_store(
     return loc.store, loc.url
 
 
+# boto3 and fsspec are imported only when their store is used.
+_LAZY = {"S3Store": "s3ckpt.store.s3", "FsspecStore": "s3ckpt.store.fsspec_store"}
+
+
 def __getattr__(name: str) -> Any:
-    # boto3 and fsspec are imported only when their store is used.
-    if name == "S3Store":
-        from s3ckpt.store.s3 import S3Store
-
-        return S3Store
-    if name == "FsspecStore":
-        from s3ckpt.store.fsspec_store import FsspecStore
-
-        return FsspecStore
-    raise AttributeError(name)
+    if name not in _LAZY:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -48,7 +48,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
 
 from s3ckpt.store._cache import ProcessCache
@@ -185,16 +185,15 @@ class AdaptiveLimiter:
         Give it back with exactly one of :meth:`succeeded`, :meth:`throttled` or
         :meth:`failed`.
         """
-        clock = self._clock
         with self._cond:
-            asked = clock()
+            asked = self._clock()
             while self._limited and self._in_flight >= int(self._window):
                 self._waiting += 1
                 try:
                     self._cond.wait()
                 finally:
                     self._waiting -= 1
-            now = clock() if self._limited else asked
+            now = self._clock() if self._limited else asked
             start = now
             if self._rate is not None:
                 # At the rate in force now: a rate that grew since the last start counts.
@@ -203,8 +202,7 @@ class AdaptiveLimiter:
             self._in_flight += 1
             last = self._last_start
             if last is not None:
-                gap = max(0.0, start - last)
-                self._gap = gap if self._gap is None else self._gap + _WEIGHT * (gap - self._gap)
+                self._gap = _average(self._gap, max(0.0, start - last))
             if last is None or start > last:
                 self._last_start = start
             slot = Slot(self._epoch, start, start - asked)
@@ -221,9 +219,7 @@ class AdaptiveLimiter:
         now = self._clock()
         with self._cond:
             self._in_flight -= 1
-            took = max(0.0, now - slot.started)
-            latency = self._latency
-            self._latency = took if latency is None else latency + _WEIGHT * (took - latency)
+            self._latency = _average(self._latency, max(0.0, now - slot.started))
             if self._limited and slot.epoch == self._epoch:
                 if self._rate is not None:
                     cap = self._one_at_a_time()  # pacing ends at twice this
@@ -262,13 +258,12 @@ class AdaptiveLimiter:
             before = self._describe()
             if self._window > 1.0:
                 self._window = max(1.0, min(self._window, float(in_flight)) / 2.0)
-            elif self._rate is None:
-                self._rate = max(MIN_RATE, self._one_at_a_time() / 2.0)
-                self._rate_at = self._clock()
-                self._paced_at = self._rate_at  # the next start waits one interval
             else:
-                self._rate = max(MIN_RATE, self._rate / 2.0)
+                first = self._rate is None  # pacing starts at half of one at a time
+                self._rate = max(MIN_RATE, (self._rate or self._one_at_a_time()) / 2.0)
                 self._rate_at = self._clock()
+                if first:
+                    self._paced_at = self._rate_at  # the next start waits one interval
             line = self._log_line(before)
             self._wake()
         if line is not None:
@@ -277,15 +272,9 @@ class AdaptiveLimiter:
     # -- reporting ---------------------------------------------------------------------------
     def stats(self) -> ThrottleStats:
         """A snapshot of the counters and the current window and rate."""
-        with self._cond:
+        with self._cond:  # each field is the private attribute of its name
             return ThrottleStats(
-                throttles=self._throttles,
-                decreases=self._decreases,
-                window=self._window,
-                rate=self._rate,
-                in_flight=self._in_flight,
-                limited=self._limited,
-                ceiling=self._ceiling,
+                **{f.name: getattr(self, f"_{f.name}") for f in fields(ThrottleStats)}
             )
 
     def __repr__(self) -> str:
@@ -319,6 +308,11 @@ class AdaptiveLimiter:
             f"{self._describe()}; {self._throttles} throttled attempt(s) so far"
             + (f", {more} more decrease(s) since the last report" if more else "")
         )
+
+
+def _average(average: float | None, sample: float) -> float:
+    """The moving average with ``sample`` added (``sample`` alone when there was none)."""
+    return sample if average is None else average + _WEIGHT * (sample - average)
 
 
 # -- one limiter per process and (endpoint, bucket) --------------------------------------------

@@ -33,12 +33,13 @@ too); the boto3 client is the store's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import urllib.parse
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 from s3ckpt.config import S3Config
 from s3ckpt.errors import (
@@ -62,7 +63,6 @@ __all__ = [
     "sse_args",
 ]
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 GIB = 1 << 30
@@ -153,12 +153,9 @@ class StorageClassRequests:
             if same_class(info.storage_class, storage_class):
                 return info
             size = info.size
+        copy = _multipart_copy if size > COPY_PART_LIMIT else _copy
         try:
-            moved = None
-            if size > COPY_PART_LIMIT:
-                _multipart_copy(self, key, storage_class, etag, size)
-            else:
-                moved = _copy(self, key, storage_class, etag, size)
+            moved = copy(self, key, storage_class, etag, size)
         except StoreError:
             done = _read_back(self, key, storage_class, size)
             if done is None:
@@ -269,9 +266,8 @@ def _multipart_copy(
     tagging = store._call("get_object_tags", key, partial(store.client.get_object_tagging, **obj))
     create: dict[str, Any] = {**obj, "Metadata": first.get("Metadata") or {}}
     create |= {k: v for k, v in sse.items() if not k.startswith("CopySource")}
-    for name in ("ContentType", "ContentEncoding", "ContentDisposition", "CacheControl"):
-        if first.get(name):
-            create[name] = first[name]
+    kept = ("ContentType", "ContentEncoding", "ContentDisposition", "CacheControl")
+    create |= {name: first[name] for name in kept if first.get(name)}
     if tagging.get("TagSet"):
         create["Tagging"] = urllib.parse.urlencode(
             [(t["Key"], t["Value"]) for t in tagging["TagSet"]]
@@ -310,22 +306,18 @@ def _multipart_copy(
             "complete_multipart", key, partial(store.client.complete_multipart_upload, **complete)
         )
     except BaseException:
-        try:
+        with contextlib.suppress(StoreError):  # else billed until the abort-incomplete rule
             store.abort_multipart(key, upload_id)
-        except StoreError:
-            pass  # the parts are billed until the bucket's abort-incomplete rule
         raise
 
 
 def _read_back(store: S3Requests, key: str, storage_class: str, size: int) -> ObjectInfo | None:
     """The object's HEAD when it is in ``storage_class`` with ``size`` bytes (the move is
     done, whatever a lost reply or a retry said), else None."""
-    try:
+    with contextlib.suppress(StoreError):  # not read back: not known to be done
         info = store.head(key)
-    except StoreError:
-        return None
-    if info is not None and info.size == size and same_class(info.storage_class, storage_class):
-        return info
+        if info is not None and info.size == size and same_class(info.storage_class, storage_class):
+            return info
     return None
 
 
@@ -337,6 +329,7 @@ def abort_orphan_uploads(store: ObjectStore, key: str, keep: str) -> None:
     lifecycle rule removes them. s3ckpt's keys are unique per save (see
     :mod:`s3ckpt.format`), so any other upload of this very key is such an orphan.
     """
+    where = f"s3://{store.bucket}/{key}"
     try:
         orphans = [
             u.upload_id
@@ -346,14 +339,11 @@ def abort_orphan_uploads(store: ObjectStore, key: str, keep: str) -> None:
         for upload_id in orphans:
             store.abort_multipart(key, upload_id)
     except StoreError as exc:  # the save itself is fine; only cleanup is left behind
-        log.warning(
-            "could not abort orphaned multipart uploads of s3://%s/%s: %s", store.bucket, key, exc
-        )
+        log.warning("could not abort orphaned multipart uploads of %s: %s", where, exc)
         return
     if orphans:
         log.info(
-            "aborted %d orphaned multipart upload(s) of s3://%s/%s left by a lost reply",
+            "aborted %d orphaned multipart upload(s) of %s left by a lost reply",
             len(orphans),
-            store.bucket,
-            key,
+            where,
         )

@@ -205,10 +205,11 @@ def probe_capabilities(
     for kind, alone in (("create", create), ("replace", replace_), ("delete", delete)):
         if race_pairs and alone:  # a condition ignored alone needs no race to fail
             races.append(race(store, f"{key}.race-{kind}", kind, pairs=race_pairs, put=put))  # type: ignore[arg-type]
-    atomic = {k: all(r.atomic for r in races if r.kind == k) for k in RACED}
-    enforces = getattr(store, "enforces", None)  # a store that knows its checks are not
-    if isinstance(enforces, frozenset):  # atomic (FsspecStore) says so: a 412 seen is no proof
-        atomic = {k: atomic[k] and k in enforces for k in RACED}
+    # A store that knows its checks are not atomic (FsspecStore) says which are: a 412 seen
+    # is no proof for the others.
+    enforces = getattr(store, "enforces", None)
+    held = enforces if isinstance(enforces, frozenset) else RACED
+    atomic = {k: k in held and all(r.atomic for r in races if r.kind == k) for k in RACED}
     caps = Capabilities(
         conditional_create=create and atomic["create"],
         conditional_replace=replace_ and atomic["replace"],
@@ -362,9 +363,8 @@ def race(
                     mine[0] = b""  # the deleter's result: the key is gone
                     requests[0] = partial(store.delete_if_match, k, etag)
             outcome = list(pool.map(in_context(at_once), requests))
-            for got in outcome:
-                if isinstance(got, BaseException):
-                    raise got
+            if errors := [got for got in outcome if isinstance(got, BaseException)]:
+                raise errors[0]
             winners = [n for n, won in enumerate(outcome) if won]
             if len(winners) != 1:
                 counts[0 if winners else 1] += 1
@@ -453,11 +453,9 @@ def listing_mistakes(store: ObjectStore, run: str, page: int) -> list[str]:
     run and a checkpoint, ``page`` keys a page: what came back missing, twice or unexpected."""
     from s3ckpt.store.folder import _s3, list_folder
 
-    keys = [run + k for k in _RUN_OBJECTS] + [
-        run + f + k for f in _FOLDERS[:2] for k in _CHECKPOINT
-    ]
-    for key in [*keys, run + "s3ckpt-shards/0a/step_000000200/__1_0.0a1b2c3d.distcp"]:
-        store.put(key, b"s3ckpt doctor: listing probe\n")
+    shard = "s3ckpt-shards/0a/step_000000200/__1_0.0a1b2c3d.distcp"
+    for name in [*_RUN_OBJECTS, *(f + k for f in _FOLDERS[:2] for k in _CHECKPOINT), shard]:
+        store.put(run + name, b"s3ckpt doctor: listing probe\n")
     s3 = _s3(store)  # an S3 store (or the one a wrapper holds) pages; others list whole
     paged: Any = store if s3 is None else copy.copy(s3)
     if s3 is not None:

@@ -28,6 +28,7 @@ still watched, :mod:`s3ckpt.store._range`) and a debug line says so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -107,11 +108,10 @@ _clients: ProcessCache[tuple[Any, ...], Any] = ProcessCache(MAX_SHARED_CLIENTS)
 
 def _file_stamp(path: str) -> tuple[int, int, int] | None:
     """``(inode, size, mtime in ns)`` of ``path``, or ``None`` when it cannot be read."""
-    try:
+    with contextlib.suppress(OSError):
         st = os.stat(os.path.expanduser(path))
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return None
 
 
 def aws_environment() -> tuple[Any, ...]:
@@ -134,12 +134,10 @@ def profile_attempts(cfg: S3Config, tc: TransferConfig) -> TransferConfig:
     client raises that :class:`~s3ckpt.errors.ConfigError` before the first request, as
     it always did.
     """
-    if not tc.attempts_from_profile:
-        return tc
-    try:
-        return tc.with_profile_attempts(_setting(_session(cfg), "max_attempts"))
-    except ConfigError:
-        return tc
+    if tc.attempts_from_profile:
+        with contextlib.suppress(ConfigError):
+            return tc.with_profile_attempts(_setting(_session(cfg), "max_attempts"))
+    return tc
 
 
 def shared_client(s3_config: S3Config, transfer_config: TransferConfig) -> Any:
@@ -207,12 +205,9 @@ def _new_client(cfg: S3Config, tc: TransferConfig) -> Any:
 
 def _header_length(headers: Any) -> int:
     """The ``Content-Length`` in ``headers`` (any mapping), or 0."""
-    for name, value in (headers or {}).items():
-        if str(name).lower() == "content-length":
-            try:
-                return int(value)
-            except (TypeError, ValueError):
-                return 0
+    items = (headers or {}).items()
+    with contextlib.suppress(TypeError, ValueError):
+        return next((int(v) for k, v in items if str(k).lower() == "content-length"), 0)
     return 0
 
 
@@ -244,9 +239,9 @@ def _watched_pool(pool: Any) -> Any:
     return type(pool.__name__, (pool,), {"ConnectionCls": WatchedConnection})
 
 
-def _watch_connections(client: Any) -> bool:
-    """Make ``client``'s connections register with their thread's attempt (module docs);
-    ``False`` where botocore's private names differ (a debug line says so)."""
+def _watch_connections(client: Any) -> None:
+    """Make ``client``'s connections register with their thread's attempt (module docs),
+    unless botocore's private names differ (then a debug line says so)."""
     try:
         classes = client._endpoint.http_session._pool_classes_by_scheme
         watched = {scheme: _watched_pool(pool) for scheme, pool in classes.items()}
@@ -255,6 +250,5 @@ def _watch_connections(client: Any) -> bool:
             "botocore's HTTP session differs from what s3ckpt knows: requests are "
             "bounded by their per-read timeouts only"
         )
-        return False
+        return
     classes.update(watched)  # the dict the pool managers read
-    return True

@@ -86,10 +86,9 @@ def store_time(store: ObjectStore, prefix: str = "") -> StoreTime:
             return StoreTime(local, local, LOCAL_SOURCE + "; it sent no Date header", where)
         return StoreTime(when + timedelta(seconds=0.5), local, where=where)
     clock = getattr(store, "now", None)
-    if callable(clock):
-        local = utc(time.time())
-        return StoreTime(utc(float(clock())), local, "the store's clock", where)
     local = utc(time.time())
+    if callable(clock):
+        return StoreTime(utc(float(clock())), local, "the store's clock", where)
     return StoreTime(local, local, LOCAL_SOURCE, where)
 
 
@@ -105,15 +104,14 @@ def check_skew(t: StoreTime, limit: timedelta, *, action: str) -> None:
         ClockSkewError: one line naming both clocks, the skew, and that NTP should be fixed.
     """
     note = skew_note(t, limit)
-    if note is None:
-        return
-    raise ClockSkewError(
-        f"refusing to {action}: {note}; fix this host's clock (NTP) and run again",
-        local=t.local.timestamp(),
-        store=t.store.timestamp(),
-        skew=t.skew.total_seconds(),
-        limit=limit.total_seconds(),
-    )
+    if note is not None:
+        raise ClockSkewError(
+            f"refusing to {action}: {note}; fix this host's clock (NTP) and run again",
+            local=t.local.timestamp(),
+            store=t.store.timestamp(),
+            skew=t.skew.total_seconds(),
+            limit=limit.total_seconds(),
+        )
 
 
 def skew_note(t: StoreTime, limit: timedelta) -> str | None:
@@ -143,12 +141,8 @@ def _parse_date(header: str | None) -> datetime | None:
 
 def _fmt_span(value: timedelta) -> str:
     """``1d2h3m4s``, whole seconds (a store leaf cannot use the retention's formatter)."""
-    total = round(value.total_seconds())
-    if total == 0:
-        return "0s"
-    out = []
+    total, out = round(value.total_seconds()), ""
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         n, total = divmod(total, size)
-        if n:
-            out.append(f"{n}{unit}")
-    return "".join(out)
+        out += f"{n}{unit}" if n else ""
+    return out or "0s"

@@ -47,12 +47,11 @@ class Watch:
         self.first_byte = first_byte
         self.rate = rate
         self.end = end
-        self.nbytes = 0
+        self.nbytes = max(0, nbytes)
         self.expired = False
         self._done = False
         self._aborts: list[Callable[[], None]] = []
         self._lock = threading.Lock()
-        self.add_bytes(nbytes)
 
     @property
     def deadline(self) -> float:
@@ -79,7 +78,8 @@ class Watch:
             if not self.expired:
                 self._aborts.append(abort)
                 return
-        _quietly(abort)
+        with contextlib.suppress(Exception):  # a socket already closed: nothing left to wake
+            abort()
 
     def _fire(self) -> bool:
         """Expire now unless done or extended; ``True`` when it did (or is settled)."""
@@ -92,7 +92,8 @@ class Watch:
             # Under the lock: once finish() has returned no abort runs, so a socket the
             # finished attempt handed back to the pool is never shut under another request.
             for abort in self._aborts:
-                _quietly(abort)
+                with contextlib.suppress(Exception):  # a socket already closed
+                    abort()
             self._aborts = []
         return True
 
@@ -101,13 +102,6 @@ class Watch:
         with self._lock:
             self._done = True
             self._aborts = []
-
-
-def _quietly(abort: Callable[[], None]) -> None:
-    try:
-        abort()
-    except Exception:  # a socket already closed: nothing left to wake
-        pass
 
 
 class _Watchdog:
@@ -144,10 +138,10 @@ _WATCHDOG = _Watchdog()
 _current = threading.local()
 
 
-def start_watch(first_byte: float, rate: float, nbytes: int = 0) -> Watch:
+def start_watch(first_byte: float, rate: float, nbytes: int = 0, end: float | None = None) -> Watch:
     """A :class:`Watch` that starts now, for a streamed body read outside any attempt;
     :meth:`Watch.finish` it when the body is read or closed."""
-    watch = Watch(first_byte, rate, None, nbytes)
+    watch = Watch(first_byte, rate, end, nbytes)
     _WATCHDOG.add(watch)
     return watch
 
@@ -158,10 +152,9 @@ def watching(
 ) -> Iterator[Watch]:
     """Run the block as one attempt under a :class:`Watch` (the thread's current one, which
     the S3 client's connections register their sockets and byte counts with)."""
-    watch = Watch(first_byte, rate, end, nbytes)
+    watch = start_watch(first_byte, rate, nbytes, end)
     outer = getattr(_current, "watch", None)
     _current.watch = watch
-    _WATCHDOG.add(watch)
     try:
         yield watch
     finally:

@@ -39,8 +39,7 @@ __all__ = ["is_throttle", "is_transient", "map_error", "timeout_kind"]
 _THROTTLED = "the store kept throttling: lower max_concurrency or retry"
 _REWRITTEN = "check the network path (a proxy rewriting bodies, faulty hardware)"
 _TRANSIENT_HINTS: dict[str, str] = {
-    **dict.fromkeys(("SlowDown", "Throttling", "ThrottlingException"), _THROTTLED),
-    "RequestLimitExceeded": _THROTTLED,
+    **dict.fromkeys(THROTTLE_CODES - {"ServiceUnavailable", "503"}, _THROTTLED),
     **dict.fromkeys(("ServiceUnavailable", "503"), "the store stayed unavailable: retry later"),
     **dict.fromkeys(("InternalError", "500"), "the store kept failing with 500s: retry later"),
     "502": "bad gateway: retry later",

@@ -155,47 +155,30 @@ class _Local(Committer):
             f.write(data)
             if if_none_match or if_match is not None:
                 os.fsync(f.fileno())  # a marker or a lease outlives a crash of the host
-        try:
-            self._commit(tmp, path, if_none_match, if_match)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+        self._commit(tmp, path, if_none_match, if_match)
         return md5_etag(data)
 
     def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
         self._commit(tmp, path, if_none_match, None)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # what a link left behind
 
     def _commit(self, tmp: str, path: str, if_none_match: bool, if_match: str | None) -> None:
-        with self._guard(path):
-            if if_none_match:
-                _pause()
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
-                    raise Conflict(path) from None
-                return
-            if if_match is not None:
-                _must_match(path, if_match)
-            os.replace(tmp, path)
-
-    def delete(self, path: str) -> None:
-        with self._guard(path):
-            os.unlink(path)
-
-    def delete_if_match(self, path: str, etag: str) -> None:
-        with self._guard(path):
-            _must_match(path, etag)
-            os.unlink(path)
-
-
-def _must_match(path: str, etag: str) -> None:
-    """A local file's MD5 ETag must be ``etag`` (then the race pause: tests widen the gap)."""
-    with open(path, "rb") as f:
-        if md5_etag(f.read()) != etag:
-            raise Conflict(path)
-    _pause()
+        """Move ``tmp`` to ``path`` under the condition; ``tmp`` is gone after, whatever
+        happened (what a link left behind, or a file that lost)."""
+        try:
+            with self._guard(path):
+                if if_none_match:
+                    _pause()
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        raise Conflict(path) from None
+                    return
+                if if_match is not None:
+                    self._check(path, False, if_match)  # (then the race pause)
+                os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 def _quoted(etag: object) -> str:
@@ -270,56 +253,42 @@ class _Gcs(_Remote):
         generation = info.get("generation")
         return _quoted(generation) if generation else None
 
+    def _send(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        """One gcsfs request about ``path`` (errors by their status); the cache forgets it."""
+        from fsspec.asyn import sync
+
+        with _by_status(path):
+            out = sync(self.fs.loop, self.fs._call, *args, **kwargs)
+        self.fs.invalidate_cache(path)
+        return out
+
     def write(
         self, path: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
-        from fsspec.asyn import sync
-
         bucket, key, _ = self.fs.split_path(path)
         params: dict[str, str] = {}
         if if_none_match:
             params["ifGenerationMatch"] = "0"
         elif if_match is not None:
             params["ifGenerationMatch"] = if_match.strip('"')
-        head = json.dumps({"name": key})
-        body = (
-            (
-                f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{head}\n"
-                "--==0==\nContent-Type: application/octet-stream\n\n"
-            ).encode()
-            + data
-            + b"\n--==0==--"
+        part = "--==0==\nContent-Type: application/{}\n\n"
+        head = part.format("json; charset=UTF-8") + json.dumps({"name": key}) + "\n"
+        body = (head + part.format("octet-stream")).encode() + data + b"\n--==0==--"
+        out = self._send(
+            path,
+            "POST",
+            f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+            uploadType="multipart",
+            headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+            data=body,
+            json_out=True,
+            **params,
         )
-        with _by_status(path):
-            out = sync(
-                self.fs.loop,
-                self.fs._call,
-                "POST",
-                f"{self.fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
-                uploadType="multipart",
-                headers={"Content-Type": 'multipart/related; boundary="==0=="'},
-                data=body,
-                json_out=True,
-                **params,
-            )
-        self.fs.invalidate_cache(path)
         return _quoted(out["generation"])
 
     def delete_if_match(self, path: str, etag: str) -> None:
-        from fsspec.asyn import sync
-
         bucket, key, _ = self.fs.split_path(path)
-        with _by_status(path):
-            sync(
-                self.fs.loop,
-                self.fs._call,
-                "DELETE",
-                "b/{}/o/{}",
-                bucket,
-                key,
-                ifGenerationMatch=etag.strip('"'),
-            )
-        self.fs.invalidate_cache(path)
+        self._send(path, "DELETE", "b/{}/o/{}", bucket, key, ifGenerationMatch=etag.strip('"'))
 
 
 def committer_for(protocol: str, fs: Any) -> Committer:

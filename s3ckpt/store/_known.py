@@ -88,8 +88,7 @@ class Capabilities:
 
     def race(self, kind: RaceKind) -> RaceResult | None:
         """The race of ``kind`` that was run, if any (the largest)."""
-        runs = [r for r in self.races if r.kind == kind]
-        return max(runs, key=lambda r: r.pairs) if runs else None
+        return max((r for r in self.races if r.kind == kind), key=lambda r: r.pairs, default=None)
 
     @property
     def conditional_writes(self) -> bool:
@@ -130,11 +129,9 @@ def _slot(store: ObjectStore) -> tuple[Any, Any]:
 def cached_capabilities(store: ObjectStore) -> Capabilities | None:
     """What this process already probed for ``store``'s endpoint and bucket (no request)."""
     cache, key = _slot(store)
-    with _lock:
-        try:
-            return cache.get(key)
-        except TypeError:  # not weak-referenceable
-            return None
+    with _lock, contextlib.suppress(TypeError):  # not weak-referenceable
+        return cache.get(key)
+    return None
 
 
 def cache_put(store: ObjectStore, caps: Capabilities) -> None:

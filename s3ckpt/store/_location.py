@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError
@@ -33,6 +34,8 @@ from s3ckpt.store.base import ObjectStore
 from s3ckpt.uri import StoreURL, parse_location, parse_url
 
 __all__ = ["AtLocation", "Location", "LocationLike", "parse_target", "shared_store"]
+
+C = TypeVar("C", S3Config, TransferConfig)
 
 # Stores by (scheme, bucket, S3Config, TransferConfig, AWS environment, storage options):
 # LRU-bounded; a dropped store stays usable by whoever holds it.
@@ -95,8 +98,8 @@ class Location:
         sc = s3_config or S3Config()
         tc = transfer_config or TransferConfig()
         store = shared_store(url, sc, tc, storage_options or {})
-        if _holds_settings(store):
-            return cls(url, store)
+        if isinstance(getattr(store, "transfer_config", None), TransferConfig):
+            return cls(url, store)  # it holds its own settings (an S3 store does)
         return cls(url, store, sc, tc)
 
     # -- derived locations, in the same store -----------------------------------------------
@@ -125,19 +128,13 @@ class Location:
     def transfer_config(self) -> TransferConfig:
         """The transfer settings in force: the store's (an S3 store's, resolved when it was
         built), else those this Location holds, else the defaults."""
-        if self._transfer_config is not None:
-            return self._transfer_config
-        tc = getattr(self.store, "transfer_config", None)
-        return tc if isinstance(tc, TransferConfig) else TransferConfig()
+        return self._transfer_config or _held(self.store, "transfer_config", TransferConfig)
 
     @property
     def s3_config(self) -> S3Config:
         """The S3 settings in force, as :attr:`transfer_config` (the defaults for a store
         that is not S3 and was given none)."""
-        if self._s3_config is not None:
-            return self._s3_config
-        sc = getattr(self.store, "s3_config", None)
-        return sc if isinstance(sc, S3Config) else S3Config()
+        return self._s3_config or _held(self.store, "s3_config", S3Config)
 
     @property
     def bucket(self) -> str:
@@ -204,9 +201,10 @@ def parse_target(target: str | os.PathLike[str] | StoreURL) -> StoreURL:
     return parse_location(target)
 
 
-def _holds_settings(store: ObjectStore) -> bool:
-    """Whether ``store`` holds its own settings (an S3 store does)."""
-    return isinstance(getattr(store, "transfer_config", None), TransferConfig)
+def _held(store: ObjectStore, name: str, kind: type[C]) -> C:
+    """The settings ``store`` holds under ``name`` (an S3 store does), else the defaults."""
+    value = getattr(store, name, None)
+    return value if isinstance(value, kind) else kind()
 
 
 def shared_store(
@@ -218,26 +216,16 @@ def shared_store(
     :class:`~s3ckpt.store.fsspec_store.FsspecStore` (keyed by its storage options)."""
     if url.scheme == "s3":
         from s3ckpt.store._client import aws_environment
+        from s3ckpt.store.s3 import S3Store
 
-        return _STORES.get(
-            (url.scheme, url.bucket, s3_config, transfer_config, aws_environment()),
-            lambda: _build(url, s3_config, transfer_config, options),
-        )
+        key = (url.scheme, url.bucket, s3_config, transfer_config, aws_environment())
+        return _STORES.get(key, partial(S3Store, url.bucket, s3_config, transfer_config))
+    from s3ckpt.store.fsspec_store import FsspecStore
+
+    build = partial(FsspecStore, url.scheme, url.bucket, **options)
     try:
         frozen: Any = frozenset(options.items())
         hash(frozen)
     except TypeError:  # unhashable options (a dict of credentials): a store of its own
-        return _build(url, s3_config, transfer_config, options)
-    return _STORES.get(
-        (url.scheme, url.bucket, frozen), lambda: _build(url, s3_config, transfer_config, options)
-    )
-
-
-def _build(url: StoreURL, sc: S3Config, tc: TransferConfig, options: dict[str, Any]) -> ObjectStore:
-    if url.scheme == "s3":
-        from s3ckpt.store.s3 import S3Store
-
-        return S3Store(url.bucket, sc, tc)
-    from s3ckpt.store.fsspec_store import FsspecStore
-
-    return FsspecStore(url.scheme, url.bucket, **options)
+        return build()
+    return _STORES.get((url.scheme, url.bucket, frozen), build)

@@ -60,11 +60,10 @@ class S3RangeReader:
         last = None if self._end is None else self._end - 1
         self._opened = time.monotonic()
         resp = self._store._get_object(self._key, self._pos, last)
-        self._body = resp["Body"]
+        body = self._body = resp["Body"]
         tc = self._store.transfer_config
-        length = resp.get("ContentLength") or 0
-        self._watch = start_watch(tc.read_timeout, tc.min_rate, nbytes=int(length))
-        body = self._body
+        length = int(resp.get("ContentLength") or 0)
+        self._watch = start_watch(tc.read_timeout, tc.min_rate, nbytes=length)
         self._watch.guard(lambda: shutdown_socket(body_socket(body)))
         self._check_range(resp.get("ContentRange"))
         if self._end is not None:
@@ -90,12 +89,9 @@ class S3RangeReader:
 
     def readinto(self, buffer: memoryview) -> int:
         """Read up to ``len(buffer)`` bytes; ``0`` at the end of the range or object."""
-        if self._end is not None:
-            want = min(len(buffer), self._end - self._pos)
-            if want <= 0:
-                return 0
-        else:
-            want = len(buffer)
+        want = len(buffer) if self._end is None else min(len(buffer), self._end - self._pos)
+        if self._end is not None and want <= 0:
+            return 0
         started = time.monotonic()
         try:
             try:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from s3ckpt import _crc
 from s3ckpt.errors import TransientStoreError
@@ -46,6 +46,8 @@ __all__ = [
     "composite_crc32c",
     "listed_object",
 ]
+
+V = TypeVar("V")
 
 
 class IncompleteReplyError(TransientStoreError):
@@ -76,7 +78,7 @@ class _Where:
             code="IncompleteReply",
         )
 
-    def field(self, obj: Mapping[str, Any], name: str, kind: type, where: str = "") -> Any:
+    def field(self, obj: Mapping[str, Any], name: str, kind: type[V], where: str = "") -> V:
         """``obj[name]`` when it is a ``kind`` (a non-empty text, an integer >= 0, a time)."""
         value = obj.get(name)
         negative = isinstance(value, int) and value < 0
@@ -110,18 +112,13 @@ def composite_crc32c(part_checksums: Sequence[str]) -> str | None:
     """S3's checksum of a multipart object (``COMPOSITE``): the CRC32C of the parts'
     binary CRC32Cs, in part order, base64, then ``-{parts}``. ``None`` when a part's
     checksum is missing or not base64."""
-    raw = bytearray()
-    for text in part_checksums:
-        try:
-            digest = base64.b64decode(text, validate=True)
-        except (ValueError, TypeError):
-            return None
-        if len(digest) != 4:
-            return None
-        raw += digest
-    if not part_checksums:
+    try:
+        digests = [base64.b64decode(text, validate=True) for text in part_checksums]
+    except (ValueError, TypeError):
         return None
-    crc = base64.b64encode(_crc.crc32c(raw).to_bytes(4, "big")).decode("ascii")
+    if not digests or any(len(d) != 4 for d in digests):
+        return None
+    crc = base64.b64encode(_crc.crc32c(b"".join(digests)).to_bytes(4, "big")).decode("ascii")
     return f"{crc}-{len(part_checksums)}"
 
 
@@ -130,15 +127,14 @@ def check_written(
 ) -> str:
     """A PutObject or UploadPart reply: its ETag (and the CRC32C echo, when one came)."""
     w = _Where(operation, bucket, key)
-    etag: str = w.field(resp, "ETag", str)
+    etag = w.field(resp, "ETag", str)
     w.echo(resp, sent_crc32c)
     return etag
 
 
 def check_create(resp: Mapping[str, Any], *, bucket: str, key: str) -> str:
     """A CreateMultipartUpload reply: its UploadId."""
-    upload_id: str = _Where("create_multipart", bucket, key).field(resp, "UploadId", str)
-    return upload_id
+    return _Where("create_multipart", bucket, key).field(resp, "UploadId", str)
 
 
 def check_complete(
@@ -147,7 +143,7 @@ def check_complete(
     """A CompleteMultipartUpload reply: its ETag; a composite CRC32C echo (``...-N``)
     must be the one the parts' checksums make."""
     w = _Where("complete_multipart", bucket, key)
-    etag: str = w.field(resp, "ETag", str)
+    etag = w.field(resp, "ETag", str)
     echoed = resp.get("ChecksumCRC32C")
     if part_checksums and isinstance(echoed, str) and "-" in echoed:
         w.echo(resp, composite_crc32c(part_checksums))
@@ -232,6 +228,5 @@ def check_deleted(resp: Mapping[str, Any], *, bucket: str, keys: Iterable[str]) 
     keys = list(keys)
     w = _Where("delete", bucket, keys[0] if keys else None)
     answered = {e.get("Key") for n in ("Deleted", "Errors") for e in w.entries(resp, n)}
-    missing = [k for k in keys if k not in answered]
-    if missing:
+    if missing := [k for k in keys if k not in answered]:
         raise w.fail(f"{len(missing)} of {len(keys)} keys neither Deleted nor in Errors")

@@ -41,33 +41,25 @@ def checksum_args(cfg: S3Config, data: Buffer, crc32c: int | None) -> dict[str, 
     return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc}
 
 
-class _Silence:
-    """Endpoints (and buckets) that stopped answering: a request that gave up on timeouts
-    with no reply from the endpoint since it began marks it silent; any reply clears it.
-    While silent, requests get a short budget (:func:`_budget_end`) instead of a whole
-    ``request_deadline`` each, so the requests a failing command still makes (its cleanup)
-    end soon after."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._since: dict[tuple[str | None, str], float] = {}  # first silent give-up
-        self._answered: dict[tuple[str | None, str], float] = {}  # last reply
-
-    def since(self, where: tuple[str | None, str]) -> float | None:
-        return self._since.get(where)
-
-    def answered(self, where: tuple[str | None, str]) -> None:
-        with self._lock:
-            self._answered[where] = time.monotonic()
-            self._since.pop(where, None)
-
-    def gave_up(self, where: tuple[str | None, str], started: float) -> None:
-        with self._lock:
-            if self._answered.get(where, float("-inf")) < started:
-                self._since.setdefault(where, time.monotonic())
+# Endpoints (and buckets) that stopped answering: a request that gave up on timeouts with no
+# reply from the endpoint since it began marks it silent; any reply clears it. While silent,
+# requests get a short budget (_budget_end) instead of a whole ``request_deadline`` each, so
+# the requests a failing command still makes (its cleanup) end soon after.
+_silence_lock = threading.Lock()
+_silent_since: dict[tuple[str | None, str], float] = {}  # first silent give-up
+_answered_at: dict[tuple[str | None, str], float] = {}  # last reply
 
 
-_SILENCE = _Silence()
+def _answered(where: tuple[str | None, str]) -> None:
+    with _silence_lock:
+        _answered_at[where] = time.monotonic()
+        _silent_since.pop(where, None)
+
+
+def _gave_up(where: tuple[str | None, str], started: float) -> None:
+    with _silence_lock:
+        if _answered_at.get(where, float("-inf")) < started:
+            _silent_since.setdefault(where, time.monotonic())
 
 
 def _budget_end(config: TransferConfig, silent_since: float | None) -> float | None:
@@ -107,7 +99,7 @@ def call(
     ``read_timeout`` to the first byte plus its bytes at ``min_rate``; the client's
     connections register their sockets and byte counts, :mod:`s3ckpt.store._client`), cut
     earlier by a short budget: a :func:`~s3ckpt.store.retry.cleanup` block, or an endpoint
-    that gave no reply to a request that gave up (:class:`_Silence`).
+    that gave no reply to a request that gave up (``_silent_since``).
 
     Every request is counted once, when it ends, by
     :func:`~s3ckpt.metrics.instrument.record_request` (its attempts, how many were
@@ -120,7 +112,7 @@ def call(
     """
     started = time.monotonic()
     where = (endpoint, bucket)
-    end = _budget_end(config, _SILENCE.since(where))
+    end = _budget_end(config, _silent_since.get(where))
     attempts = throttled = 0  # throttled: attempts answered with a throttling code (metrics)
     queued = 0.0  # seconds the attempts waited for the limiter: left out of the deadline
     outcome: Outcome = "failed"
@@ -129,13 +121,9 @@ def call(
         nonlocal throttled
         exc = state.outcome.exception() if state.outcome else None
         throttled += exc is not None and is_throttle(exc)
+        what = f"{operation} s3://{bucket}/{key or ''}"
         log.debug(
-            "retrying %s s3://%s/%s after %s (attempt %d)",
-            operation,
-            bucket,
-            key or "",
-            type(exc).__name__,
-            state.attempt_number,
+            "retrying %s after %s (attempt %d)", what, type(exc).__name__, state.attempt_number
         )
 
     retrying = policy.retrying(
@@ -156,7 +144,7 @@ def call(
     except Exception as exc:  # mapped at this one edge
         throttled += is_throttle(exc)  # the last attempt (before_sleep saw the others)
         if timeout_kind(exc) is not None:
-            _SILENCE.gave_up(where, started)
+            _gave_up(where, started)
         mapped = map_error(
             exc,
             operation=operation,
@@ -198,13 +186,13 @@ def _attempt(
                         f"{config.min_rate:g} B/s)"
                     ) from exc
                 if timeout_kind(exc) is None:
-                    _SILENCE.answered(where)
+                    _answered(where)
                 raise
     except BaseException as exc:
         if limiter is not None and slot is not None:
             (limiter.throttled if is_throttle(exc) else limiter.failed)(slot)
         raise
-    _SILENCE.answered(where)
+    _answered(where)
     if limiter is not None and slot is not None:
         limiter.succeeded(slot)
     return result

@@ -23,9 +23,9 @@ freed. Decisions:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from functools import partial
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from s3ckpt._units import format_bytes, plural
 from s3ckpt.errors import (
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 Status = Literal["Enabled", "Suspended"]
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,11 +66,7 @@ class Noncurrent:
     delete_markers: int = 0
 
     def __add__(self, other: Noncurrent) -> Noncurrent:
-        return Noncurrent(
-            self.versions + other.versions,
-            self.bytes + other.bytes,
-            self.delete_markers + other.delete_markers,
-        )
+        return Noncurrent(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 @runtime_checkable
@@ -135,11 +130,8 @@ class VersionRequests:
         """See :meth:`VersionedStore.versioning_status`."""
 
         def fetch() -> tuple[Status | None]:
-            resp = self._call(
-                "get_bucket_versioning",
-                None,
-                lambda: self.client.get_bucket_versioning(Bucket=self.bucket),
-            )
+            get = partial(self.client.get_bucket_versioning, Bucket=self.bucket)
+            resp = self._call("get_bucket_versioning", None, get)
             status = resp.get("Status")
             return ("Enabled" if status == "Enabled" else "Suspended" if status else None,)
 
@@ -168,8 +160,7 @@ class VersionRequests:
             return _expiry_rules(config)
 
         rules = _RULES.get((self.endpoint_url or "", self.bucket), fetch)
-        days = [d for p, d in rules if prefix.startswith(p)]
-        return min(days) if days else None
+        return min((d for p, d in rules if prefix.startswith(p)), default=None)
 
 
 def bucket_versioning(store: ObjectStore) -> Status | None:
@@ -182,9 +173,7 @@ def bucket_versioning(store: ObjectStore) -> Status | None:
         AccessDeniedError: the role lacks ``s3:GetBucketVersioning``.
         StoreError: any other failure of the request.
     """
-    if not isinstance(store, VersionedStore):
-        return None
-    return store.versioning_status()
+    return store.versioning_status() if isinstance(store, VersionedStore) else None
 
 
 @dataclass(frozen=True)

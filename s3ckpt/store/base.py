@@ -360,7 +360,6 @@ class S3Requests(Protocol):
     s3_config: S3Config
     transfer_config: TransferConfig
     retry_policy: RetryPolicy
-    page_size: int
 
     @property
     def bucket(self) -> str: ...

@@ -32,9 +32,7 @@ def _s3(store: ObjectStore) -> Any:
     for _ in range(4):  # a wrapper (CountingStore) keeps its store as ``wrapped``
         if getattr(inner, "url_scheme", None) == "s3" and hasattr(inner, "_paginate"):
             return inner
-        inner = getattr(inner, "wrapped", None)
-        if inner is None:
-            return None
+        inner = getattr(inner, "wrapped", None)  # None once there is no wrapper: no match
     return None
 
 
@@ -49,10 +47,8 @@ def list_folder(store: ObjectStore, prefix: str) -> Iterator[ObjectInfo | str]:
         yield from common_prefixes((o.key for o in listed), prefix)
         return
     for page in s3._paginate("list_objects_v2", prefix, Delimiter="/"):
-        for obj in page.get("Contents", []) or []:
-            yield _reply.listed_object(obj)
-        for cp in page.get("CommonPrefixes", []) or []:
-            yield str(cp["Prefix"])
+        yield from map(_reply.listed_object, page.get("Contents") or [])
+        yield from (str(cp["Prefix"]) for cp in page.get("CommonPrefixes") or [])
 
 
 def get_info(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes | None, ObjectInfo]:
@@ -71,13 +67,10 @@ def get_info(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes | None
 
     def read(resp: Any) -> tuple[bytes | None, ObjectInfo]:
         size = int(resp.get("ContentLength", 0))
-        body: bytes | None = None
-        if size > max_bytes:
+        body = None if size > max_bytes else bytes(resp["Body"].read())
+        if body is None:
             resp["Body"].close()
-        else:
-            body = bytes(resp["Body"].read())
         lm = resp.get("LastModified")
         return body, ObjectInfo(key, size, resp.get("ETag"), lm.timestamp() if lm else None)
 
-    result: tuple[bytes | None, ObjectInfo] = s3._get(key, None, read)
-    return result
+    return s3._get(key, None, read)

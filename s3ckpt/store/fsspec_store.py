@@ -17,6 +17,7 @@ Storage classes, tags and restores are S3's: this store is no
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -94,31 +95,20 @@ class FsspecStore:
 
     def __init__(self, protocol: str, bucket: str, **storage_options: Any) -> None:
         self.url_scheme = protocol
-        self._bucket = bucket
+        self.bucket = bucket
         self._options = storage_options
-        self._fs: Any = None
-        self._committer: Committer | None = None
         self._uploads: dict[str, _Upload] = {}
         self._lock = threading.Lock()
 
-    @property
-    def bucket(self) -> str:
-        """The bucket (or root folder)."""
-        return self._bucket
-
-    @property
+    @functools.cached_property
     def fs(self) -> Any:
         """The fsspec filesystem (created lazily per process)."""
-        if self._fs is None:
-            self._fs = fsspec.filesystem(self.url_scheme, **self._options)
-        return self._fs
+        return fsspec.filesystem(self.url_scheme, **self._options)
 
-    @property
+    @functools.cached_property
     def committer(self) -> Committer:
         """How this backend changes a key (:mod:`s3ckpt.store._fsspec_commit`)."""
-        if self._committer is None:
-            self._committer = committer_for(self.url_scheme, self.fs)
-        return self._committer
+        return committer_for(self.url_scheme, self.fs)
 
     @property
     def enforces(self) -> frozenset[str]:
@@ -127,10 +117,10 @@ class FsspecStore:
         return self.committer.enforces
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url_scheme": self.url_scheme, "_bucket": self._bucket, "_options": self._options}
+        return {"url_scheme": self.url_scheme, "bucket": self.bucket, "_options": self._options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url_scheme"], state["_bucket"], **state["_options"])  # type: ignore[misc]
+        self.__init__(state["url_scheme"], state["bucket"], **state["_options"])  # type: ignore[misc]
 
     @contextlib.contextmanager
     def _mapped(self, operation: str, key: str) -> Iterator[None]:
@@ -138,16 +128,16 @@ class FsspecStore:
         try:
             yield
         except Exception as exc:
-            raise _map(exc, operation, self._bucket, key) from exc
+            raise _map(exc, operation, self.bucket, key) from exc
 
     def _path(self, key: str) -> str:
         if self.url_scheme == "file":
             return "/" + key.lstrip("/")
-        return f"{self._bucket}/{key}" if self._bucket else key
+        return f"{self.bucket}/{key}" if self.bucket else key
 
     def _key(self, path: str) -> str:
         path = path.lstrip("/")  # a local path, or a root marker (memory://)
-        root = "" if self.url_scheme == "file" or not self._bucket else self._bucket + "/"
+        root = "" if self.url_scheme == "file" or not self.bucket else self.bucket + "/"
         return path[len(root) :] if root and path.startswith(root) else path
 
     def _makedirs(self, key: str) -> None:
@@ -189,7 +179,7 @@ class FsspecStore:
         with self._lock:
             up = self._uploads.get(upload_id)
         if up is None:
-            raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
+            raise ObjectNotFoundError("no such upload", bucket=self.bucket, key=key)
         return up
 
     def upload_part(
@@ -219,14 +209,14 @@ class FsspecStore:
                 if up.pending:
                     raise StoreError(
                         f"parts {sorted(up.pending)} arrived without their predecessors",
-                        bucket=self._bucket,
+                        bucket=self.bucket,
                         key=key,
                     )
                 up.handle.close()
             self.committer.commit_file(up.tmp, self._path(key), if_none_match=if_none_match)
         except Exception as exc:
             self.abort_multipart(key, upload_id)
-            raise _map(exc, "complete_multipart", self._bucket, key) from exc
+            raise _map(exc, "complete_multipart", self.bucket, key) from exc
         with self._lock:
             self._uploads.pop(upload_id, None)
         return ""
@@ -257,24 +247,19 @@ class FsspecStore:
     def head(self, key: str) -> ObjectInfo | None:
         """See :meth:`ObjectStore.head`."""
         try:
-            info = self.fs.info(self._path(key))
-        except FileNotFoundError:
-            return None
-        except Exception as exc:
-            raise _map(exc, "head", self._bucket, key) from exc
-        if info.get("type") == "directory":
-            return None
-        size = int(info.get("size") or 0)
-        etag = self.committer.etag(info)
-        if etag is None and size <= _HEAD_MD5_LIMIT:
-            # No ETag of its own (a local file): the quoted MD5 that a conditional put
-            # returns and compares, so a head-then-conditional-put (a lease takeover) and
-            # the conditional puts after it agree.
-            try:
-                with self._mapped("head", key):
+            with self._mapped("head", key):
+                info = self.fs.info(self._path(key))
+                if info.get("type") == "directory":
+                    return None
+                size = int(info.get("size") or 0)
+                etag = self.committer.etag(info)
+                if etag is None and size <= _HEAD_MD5_LIMIT:
+                    # No ETag of its own (a local file): the quoted MD5 that a conditional
+                    # put returns and compares, so a head-then-conditional-put (a lease
+                    # takeover) and the conditional puts after it agree.
                     etag = md5_etag(self.fs.cat_file(self._path(key)))
-            except ObjectNotFoundError:
-                return None
+        except ObjectNotFoundError:  # (FileNotFoundError, mapped)
+            return None
         return ObjectInfo(key, size, etag, _mtime(info))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
@@ -301,9 +286,8 @@ class FsspecStore:
         failures: DeleteFailures = []
         for key in keys:
             try:
-                self.committer.delete(self._path(key))
-            except FileNotFoundError:
-                pass
+                with contextlib.suppress(FileNotFoundError):  # gone already: deleted
+                    self.committer.delete(self._path(key))
             except Exception as exc:
                 failures.append(DeleteFailure(key, type(exc).__name__, str(exc)))
         return failures
@@ -330,15 +314,12 @@ _HEAD_MD5_LIMIT = 1 << 20
 
 
 def _mtime(info: dict[str, Any]) -> float | None:
-    value = info.get("mtime") or info.get("LastModified") or info.get("created")
-    if value is None:
-        return None
+    value: Any = info.get("mtime") or info.get("LastModified") or info.get("created")
     if hasattr(value, "timestamp"):
         return float(value.timestamp())
-    try:
+    with contextlib.suppress(TypeError, ValueError):  # none, or not a time
         return float(value)
-    except (TypeError, ValueError):
-        return None
+    return None
 
 
 class _FsspecRange:

@@ -96,7 +96,7 @@ class MemoryStore:
         list_uploads: bool = True,
         restore_seconds: float = 0.0,
     ) -> None:
-        self._bucket = bucket
+        self.bucket = bucket
         self._clock = clock
         self._ignore_conditions = ignore_conditions
         self._conditional_deletes = conditional_deletes
@@ -107,11 +107,6 @@ class MemoryStore:
         self.uploads: dict[str, tuple[str, dict[int, bytes], float]] = {}
         self.faults: list[Fault] = []
         self.calls: dict[str, int] = {}
-
-    @property
-    def bucket(self) -> str:
-        """The bucket name (informational)."""
-        return self._bucket
 
     def now(self) -> float:
         """The store's clock (the one its objects' times come from), seconds since the epoch."""
@@ -128,7 +123,7 @@ class MemoryStore:
         """Arm a fault; by default a :class:`~s3ckpt.errors.StoreError` naming the key."""
 
         def default(key: str) -> BaseException:
-            return StoreError(f"injected fault in {operation}", bucket=self._bucket, key=key)
+            return StoreError(f"injected fault in {operation}", bucket=self.bucket, key=key)
 
         fault = Fault(operation, error or default, key_glob, times)
         with self._lock:
@@ -136,14 +131,12 @@ class MemoryStore:
         return fault
 
     def _changed(self, key: str, what: str = "object changed") -> PreconditionFailedError:
-        return PreconditionFailedError(
-            what, bucket=self._bucket, key=key, code="PreconditionFailed"
-        )
+        return PreconditionFailedError(what, bucket=self.bucket, key=key, code="PreconditionFailed")
 
     def _unsupported(self, operation: str, key: str, name: str) -> UnsupportedOperationError:
         return UnsupportedOperationError(
             f"{name} failed with NotImplemented (HTTP 501)",
-            bucket=self._bucket,
+            bucket=self.bucket,
             key=key,
             operation=operation,
             code="NotImplemented",
@@ -152,14 +145,10 @@ class MemoryStore:
     def _enter(self, operation: str, key: str) -> None:
         with self._lock:
             self.calls[operation] = self.calls.get(operation, 0) + 1
-            for fault in self.faults:
-                if (
-                    fault.hits < fault.times
-                    and fault.operation in ("*", operation)
-                    and fnmatch.fnmatchcase(key, fault.key_glob)
-                ):
-                    fault.hits += 1
-                    raise fault.error(key)
+            armed = (f for f in self.faults if f.hits < f.times and f.operation in ("*", operation))
+            if fault := next((f for f in armed if fnmatch.fnmatchcase(key, f.key_glob)), None):
+                fault.hits += 1
+                raise fault.error(key)
 
     def _store(
         self, key: str, data: bytes, if_none_match: bool, if_match: str | None = None
@@ -220,10 +209,9 @@ class MemoryStore:
         with self._lock:
             stored = self._upload(key, upload_id)
             numbers = sorted(p.part_number for p in parts)
-            missing = [n for n in numbers if n not in stored]
-            if missing:
+            if missing := [n for n in numbers if n not in stored]:
                 raise StoreError(
-                    f"parts {missing} were never uploaded", bucket=self._bucket, key=key
+                    f"parts {missing} were never uploaded", bucket=self.bucket, key=key
                 )
             data = b"".join(stored[n] for n in numbers)
         etag = self._store(key, data, if_none_match)
@@ -233,7 +221,7 @@ class MemoryStore:
 
     def _upload(self, key: str, upload_id: str) -> dict[int, bytes]:
         if upload_id not in self.uploads:
-            raise ObjectNotFoundError("no such upload", bucket=self._bucket, key=key)
+            raise ObjectNotFoundError("no such upload", bucket=self.bucket, key=key)
         return self.uploads[upload_id][1]
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
@@ -329,7 +317,7 @@ class MemoryStore:
         if restore_state(self._info(key, obj)) in (RestoreState.ARCHIVED, RestoreState.IN_PROGRESS):
             raise archived_error(
                 scheme="s3",
-                bucket=self._bucket,
+                bucket=self.bucket,
                 key=key,
                 storage_class=obj.storage_class,
                 operation="get",
@@ -340,7 +328,7 @@ class MemoryStore:
         obj = self.objects.get(key)
         if obj is None:
             raise ObjectNotFoundError(
-                "object not found", bucket=self._bucket, key=key, code="NoSuchKey"
+                "object not found", bucket=self.bucket, key=key, code="NoSuchKey"
             )
         return obj
 

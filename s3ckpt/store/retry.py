@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from tenacity import RetryCallState, Retrying
 from tenacity.retry import retry_base
@@ -162,10 +163,9 @@ class RetryPolicy:
             else:
                 spent = (state.outcome_timestamp or time.monotonic()) - since
             elapsed = spent - (queued() if queued is not None else 0.0) + state.upcoming_sleep
-            if elapsed >= self.deadline:
+            short = end is not None and time.monotonic() + state.upcoming_sleep >= end
+            if elapsed >= self.deadline or short:  # the deadline, or a short budget, is spent
                 return True
-            if end is not None and time.monotonic() + state.upcoming_sleep >= end:
-                return True  # a short budget is spent
             outcome = state.outcome
             kind = self.timeout_kind(outcome.exception() if outcome is not None else None)
             cost = {"read": self.read_timeout, "connect": self.connect_timeout}.get(kind or "")
@@ -188,28 +188,19 @@ class RetryPolicy:
 def retrying(
     config: TransferConfig | None = None,
     *,
-    retry: retry_base,
-    sleep: Callable[[float], None] | None = None,
-    before_sleep: Callable[[RetryCallState], None] | None = None,
     attempts: int | None = None,
-    attempts_used: int = 0,
     deadline: bool = True,
-    since: float | None = None,
     timeout_kind: TimeoutKind | None = None,
-    queued: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
+    **options: Any,
 ) -> Retrying:
     """``RetryPolicy.of(config, ...).retrying(...)`` in one call: a tenacity ``Retrying``
-    with s3ckpt's retry policy (see :class:`RetryPolicy` for each argument)."""
+    with s3ckpt's retry policy (see :class:`RetryPolicy` for each argument; ``options``
+    are :meth:`RetryPolicy.retrying`'s: ``retry``, ``attempts_used``, ``since``, ...)."""
     policy = RetryPolicy.of(
         config, attempts=attempts, deadline=deadline, timeout_kind=timeout_kind, sleep=sleep
     )
-    return policy.retrying(
-        retry=retry,
-        attempts_used=attempts_used,
-        since=since,
-        queued=queued,
-        before_sleep=before_sleep,
-    )
+    return policy.retrying(**options)
 
 
 # -- short budgets for cleanup ---------------------------------------------------------------

@@ -38,24 +38,16 @@ if TYPE_CHECKING:
 
 # Imported on first use: the pytest plugin (s3ckpt.testing.pytest_plugin) loads this package
 # in every pytest run of every project that installs s3ckpt.
-_HOME = {
-    "assert_clean": "_asserts",
-    "assert_committed": "_asserts",
-    "assert_no_partial_uploads": "_asserts",
-    "committed_steps": "_asserts",
-    "LocalS3": "_server",
-    "local_s3": "_server",
-}
+_ASSERTS = ("assert_clean", "assert_committed", "assert_no_partial_uploads", "committed_steps")
+_HOME = {**dict.fromkeys(_ASSERTS, "_asserts"), "LocalS3": "_server", "local_s3": "_server"}
 
 
 def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
+    if (home := _HOME.get(name)) is None:
         raise AttributeError(f"module 's3ckpt.testing' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"s3ckpt.testing.{home}"), name)
-    globals()[name] = value
+    value = globals()[name] = getattr(importlib.import_module(f"s3ckpt.testing.{home}"), name)
     return value
 
 

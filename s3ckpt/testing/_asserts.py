@@ -78,33 +78,27 @@ def assert_committed(
     """
     store, where = _open(url, store)
     catalogs = scan(Location(where, store))
-    found = [c for cat in catalogs for c in cat.checkpoints]
-    itself = [c for c in found if c.url.prefix == where.prefix]
+    itself = [c for cat in catalogs for c in cat.checkpoints if c.url.prefix == where.prefix]
     if itself:  # ``url`` is a checkpoint prefix
-        c = itself[0]
-        if not c.is_committed:
-            raise AssertionError(f"{where} is not a committed checkpoint: {_describe(c)}")
-        if step is not None and c.step != step:
+        chosen = itself[0]
+        if not chosen.is_committed:
+            raise AssertionError(f"{where} is not a committed checkpoint: {_describe(chosen)}")
+        if step is not None and chosen.step != step:
             raise AssertionError(
-                f"{where} is committed at step {c.step}, not at step {step}: {_describe(c)}"
+                f"{where} is committed at step {chosen.step}, not at step {step}: "
+                + _describe(chosen)
             )
-        chosen = c
     else:
         ckpts = [c for cat in catalogs if cat.run.prefix == where.prefix for c in cat.checkpoints]
         committed = [c for c in ckpts if c.is_committed]
-        if step is None:
-            if not committed:
-                raise AssertionError(f"no committed checkpoint under {where}: {_listing(ckpts)}")
-            chosen = committed[-1]
-        else:
-            of_step = [c for c in committed if c.step == step]
-            if not of_step:
-                steps = [c.step for c in committed]
-                raise AssertionError(
-                    f"no committed checkpoint of step {step} under {where} (committed "
-                    f"steps: {steps}); {_listing(ckpts)}"
-                )
-            chosen = of_step[-1]
+        of_step = [c for c in committed if step in (None, c.step)]
+        if not of_step:
+            what = "" if step is None else f" of step {step}"
+            steps = "" if step is None else f" (committed steps: {[c.step for c in committed]})"
+            raise AssertionError(
+                f"no committed checkpoint{what} under {where}{steps}: {_listing(ckpts)}"
+            )
+        chosen = of_step[-1]
     if chosen.error:
         raise AssertionError(
             f"{chosen.url} has a commit marker that cannot be read: {chosen.error}"
@@ -159,8 +153,7 @@ def assert_no_partial_uploads(run_url: str | StoreURL, *, store: ObjectStore | N
         AssertionError: Naming every open upload's key.
     """
     store, run = _open(run_url, store)
-    uploads = list(store.list_multipart_uploads(run.prefix))
-    if uploads:
+    if uploads := list(store.list_multipart_uploads(run.prefix)):
         raise AssertionError(
             f"{len(uploads)} multipart upload(s) open under {run}:"
             + _shown(sorted(f"{u.key} (upload id {u.upload_id})" for u in uploads))
@@ -170,19 +163,16 @@ def assert_no_partial_uploads(run_url: str | StoreURL, *, store: ObjectStore | N
 def _uncommitted_keys(c: CheckpointInfo) -> list[str]:
     """Objects s3ckpt (or DCP) wrote in a committed checkpoint that its marker does not
     commit: another save's data, heartbeats, an interrupted overwrite's objects."""
-    out = []
-    for key in c.keys:
-        if key in c.committed_keys:
-            continue
+
+    def stray(key: str) -> bool:
         if shard_owner(key) is not None:
-            out.append(key)  # a data object in the run's shard folder
-            continue
+            return True  # a data object in the run's shard folder
         rest = key[len(c.url.prefix) :]
-        if "/" in rest or rest in (METADATA_NAME, PIN_NAME, MANIFEST_NAME):
-            continue  # a nested (foreign) key, the plain .metadata copy, a pin
-        if owned_tag(rest) is not None or rest.endswith(".distcp"):
-            out.append(key)
-    return out
+        # Not a nested (foreign) key, the plain .metadata copy or a pin.
+        plain = "/" not in rest and rest not in (METADATA_NAME, PIN_NAME, MANIFEST_NAME)
+        return plain and (owned_tag(rest) is not None or rest.endswith(".distcp"))
+
+    return [key for key in c.keys if key not in c.committed_keys and stray(key)]
 
 
 def assert_clean(
@@ -205,9 +195,8 @@ def assert_clean(
         AssertionError: Naming every open upload, uncommitted checkpoint and leftover key.
     """
     store, run = _open(run_url, store)
-    problems: list[str] = []
-    uploads = list(store.list_multipart_uploads(run.prefix))
-    problems += sorted(f"open multipart upload: {u.key}" for u in uploads)
+    uploads = store.list_multipart_uploads(run.prefix)
+    problems = sorted(f"open multipart upload: {u.key}" for u in uploads)
     committed: list[CheckpointInfo] = []
     for cat in scan(Location(run, store), include_uploads=False):
         for c in cat.checkpoints:

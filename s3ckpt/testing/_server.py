@@ -11,10 +11,8 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
-
-INSTALL = 'pip install "s3ckpt[testing]"'
-"""The install line that brings the embedded server's dependency (moto's server)."""
 
 _DUMMY_KEY = "testing"
 
@@ -53,7 +51,7 @@ def _set_env(values: Mapping[str, str | None]) -> None:
 
 def server_env(endpoint_url: str, region: str) -> dict[str, str | None]:
     """What :func:`local_s3` sets (a string) and removes (``None``) in ``os.environ``."""
-    env: dict[str, str | None] = {
+    return {
         "AWS_ENDPOINT_URL": endpoint_url,
         "AWS_ACCESS_KEY_ID": _DUMMY_KEY,
         "AWS_SECRET_ACCESS_KEY": _DUMMY_KEY,
@@ -62,11 +60,11 @@ def server_env(endpoint_url: str, region: str) -> dict[str, str | None]:
         # Never read the developer's ~/.aws files: no profile, no stored credentials.
         "AWS_CONFIG_FILE": os.devnull,
         "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        **dict.fromkeys(_CLEARED),
     }
-    env.update(dict.fromkeys(_CLEARED))
-    return env
 
 
+@dataclass(eq=False)
 class LocalS3:
     """A bucket on an embedded S3 server (moto) on 127.0.0.1: what :func:`local_s3` yields
     and the fixtures ``s3ckpt_server`` and ``s3ckpt_s3`` give.
@@ -82,13 +80,9 @@ class LocalS3:
         region: The region of the bucket and of :attr:`env`.
     """
 
-    def __init__(self, endpoint_url: str, bucket: str, region: str) -> None:
-        self.endpoint_url = endpoint_url
-        self.bucket = bucket
-        self.region = region
-
-    def __repr__(self) -> str:
-        return f"LocalS3(endpoint_url={self.endpoint_url!r}, bucket={self.bucket!r})"
+    endpoint_url: str
+    bucket: str
+    region: str = field(repr=False)
 
     @property
     def url(self) -> str:
@@ -162,8 +156,8 @@ def local_s3(bucket: str | None = None, *, region: str = "us-east-1") -> Iterato
         from moto.server import ThreadedMotoServer
     except ImportError as exc:
         raise ImportError(
-            f"s3ckpt.testing's embedded S3 server needs moto's server, which is not "
-            f"installed: {INSTALL}"
+            "s3ckpt.testing's embedded S3 server needs moto's server, which is not "
+            'installed: pip install "s3ckpt[testing]"'
         ) from exc
     # One INFO line per request otherwise, in every captured log.
     werkzeug = logging.getLogger("werkzeug")

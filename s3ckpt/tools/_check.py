@@ -89,7 +89,7 @@ from s3ckpt.retention._check_record import CheckRecord, read_check_record
 from s3ckpt.retention._scan import scan
 from s3ckpt.store import ObjectStore
 from s3ckpt.store._location import LocationLike
-from s3ckpt.store.base import ARCHIVE_CLASSES, ObjectInfo
+from s3ckpt.store.base import ARCHIVE_CLASSES
 from s3ckpt.tools._check_result import CheckpointCheck, CheckResult, Finding, SkippedCheckpoint
 from s3ckpt.tools._open import as_location
 
@@ -188,9 +188,8 @@ def check(
             try:
                 outcome = check_checkpoint(location.store, c, run, fraction, rng, tc, on_bytes)
             except S3CkptError as exc:  # this one cannot be checked now; the others still can
-                bad = Finding("read_error", None, None, None, None, f"not checked: {exc}")
-                now, etag = iso_z(datetime.now(UTC)), c.marker_etag
-                outcome = CheckpointCheck(*_head(c, run, now), marker_etag=etag, findings=(bad,))
+                why = (Finding("read_error", None, None, None, None, f"not checked: {exc}"),)
+                outcome = CheckpointCheck(*_head(c, run), marker_etag=c.marker_etag, findings=why)
             if isinstance(outcome, CheckpointCheck):
                 mine.append(outcome)
             else:
@@ -245,11 +244,9 @@ _ORDER = {k: n for n, k in enumerate(("marker", "missing_object", "object_size",
 """Findings sort by kind (these first, the rest after), then object and item."""
 
 
-def _head(
-    c: CheckpointInfo, run: str, now: str
-) -> tuple[str, str, str, int | None, str | None, str]:
-    """The fields that name a :class:`CheckpointCheck`'s checkpoint, checked ``now``."""
-    return str(c.url), run, c.name, c.step, c.tag, now
+def _head(c: CheckpointInfo, run: str) -> tuple[str, str, str, int | None, str | None, str]:
+    """The fields that name a :class:`CheckpointCheck`'s checkpoint, checked now."""
+    return str(c.url), run, c.name, c.step, c.tag, iso_z(datetime.now(UTC))
 
 
 def _finding(f: Fault) -> Finding:
@@ -279,7 +276,7 @@ def check_checkpoint(
     """
     url, prefix = str(info.url), info.url.prefix
     marker_key = prefix + MANIFEST_NAME
-    head = _head(info, run, iso_z(datetime.now(UTC)))
+    head = _head(info, run)
 
     def skipped(reason: str, detail: str) -> SkippedCheckpoint:
         return SkippedCheckpoint(url, run, info.name, reason, detail)
@@ -299,6 +296,21 @@ def check_checkpoint(
     marker = listing.get(marker_key)
     if marker is None:
         return skipped("changed", "its commit marker was deleted since the scan (a prune or rm)")
+
+    def confirmed(result: CheckpointCheck) -> CheckpointCheck | SkippedCheckpoint:
+        """``result`` if the marker is still the one listed, else skipped (see the module
+        docs)."""
+        now = store.head(marker_key)
+        if now is None:
+            return skipped("changed", "its commit marker was deleted while it was checked")
+        if now.etag is not None and marker.etag is not None and now.etag != marker.etag:
+            return skipped(
+                "changed",
+                "its commit marker was rewritten while it was checked (a new save or "
+                "attach_metrics); the next check reads the new one",
+            )
+        return result
+
     archived = [o for o in listing.values() if o.storage_class in ARCHIVE_CLASSES]
     if archived:
         classes = ", ".join(sorted({str(o.storage_class) for o in archived}))
@@ -308,27 +320,25 @@ def check_checkpoint(
             f"s3ckpt restore {url})",
         )
     v = Verifier(store, prefix.__add__, config, on_bytes=on_bytes)
-    found = None
+
+    def bad_marker(expected: str, found: str, message: str) -> Outcome:
+        bad = Finding("marker", MANIFEST_NAME, None, expected, found, message)
+        etag, n = marker.etag, v.bytes_read
+        return confirmed(CheckpointCheck(*head, marker_etag=etag, bytes_read=n, findings=(bad,)))
+
     if marker.size > MAX_MANIFEST_BYTES:
         what = f"{marker_key} is larger than a commit marker may be; not read"
-        limit = f"at most {MAX_MANIFEST_BYTES} bytes"
-        found = Finding("marker", MANIFEST_NAME, None, limit, f"{marker.size} bytes", what)
-    else:
-        try:
-            with expecting("not_found"):
-                raw = store.get(marker_key)
-        except ObjectNotFoundError:
-            return skipped("changed", "its commit marker was deleted while it was checked")
-        v.count(len(raw))
-        try:
-            manifest = Manifest.from_json(raw, where=marker_key)
-        except CorruptCheckpointError as exc:
-            found = Finding("marker", MANIFEST_NAME, None, "a valid marker", "damaged", exc.message)
-    if found is not None:
-        result = CheckpointCheck(
-            *head, marker_etag=marker.etag, bytes_read=v.bytes_read, findings=(found,)
-        )
-        return _confirmed(store, marker_key, marker, result, skipped)
+        return bad_marker(f"at most {MAX_MANIFEST_BYTES} bytes", f"{marker.size} bytes", what)
+    try:
+        with expecting("not_found"):
+            raw = store.get(marker_key)
+    except ObjectNotFoundError:
+        return skipped("changed", "its commit marker was deleted while it was checked")
+    v.count(len(raw))
+    try:
+        manifest = Manifest.from_json(raw, where=marker_key)
+    except CorruptCheckpointError as exc:
+        return bad_marker("a valid marker", "damaged", exc.message)
     digest = manifest_digest(json.loads(raw))
     v.key_of = functools.partial(manifest.object_key, prefix)
     items = manifest_items(manifest)
@@ -350,24 +360,4 @@ def check_checkpoint(
         v.bytes_read,
         tuple(findings),
     )
-    return _confirmed(store, marker_key, marker, result, skipped) if findings else result
-
-
-def _confirmed(
-    store: ObjectStore,
-    marker_key: str,
-    marker: ObjectInfo,
-    result: CheckpointCheck,
-    skipped: Callable[[str, str], SkippedCheckpoint],
-) -> CheckpointCheck | SkippedCheckpoint:
-    """``result`` if the marker is still the one listed, else skipped (see the module docs)."""
-    now = store.head(marker_key)
-    if now is None:
-        return skipped("changed", "its commit marker was deleted while it was checked")
-    if now.etag is not None and marker.etag is not None and now.etag != marker.etag:
-        return skipped(
-            "changed",
-            "its commit marker was rewritten while it was checked (a new save or "
-            "attach_metrics); the next check reads the new one",
-        )
-    return result
+    return confirmed(result) if findings else result

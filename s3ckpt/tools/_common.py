@@ -5,10 +5,10 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -22,6 +22,8 @@ from s3ckpt.format._manifest import ItemRecord, Manifest
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._open import as_location
+
+T = TypeVar("T")
 
 __all__ = [
     "Chunk",
@@ -79,14 +81,16 @@ class Entry:
     @property
     def nbytes(self) -> int:
         """Bytes of the full tensor (0 for non-tensor items)."""
-        if self.kind != "tensor" or self.dtype is None:
-            return 0
-        return self.numel * self.dtype.itemsize
+        return 0 if self.dtype is None else self.numel * self.dtype.itemsize  # (tensors only)
 
     @property
     def stored_bytes(self) -> int:
         """Bytes of the saved items (framing included)."""
         return sum(c.length for c in self.chunks)
+
+    def load_bytes(self) -> int:
+        """Bytes a load of it holds at most: the full tensor, or its saved items."""
+        return max(self.nbytes, self.stored_bytes)
 
     @property
     def objects(self) -> list[str]:
@@ -136,9 +140,7 @@ class NameFilter:
         cls, include: Iterable[str] | str | None = None, exclude: Iterable[str] | str | None = None
     ) -> NameFilter:
         def tup(v: Iterable[str] | str | None) -> tuple[str, ...]:
-            if v is None:
-                return ()
-            return (v,) if isinstance(v, str) else tuple(v)
+            return () if v is None else (v,) if isinstance(v, str) else tuple(v)
 
         return cls(tup(include), tup(exclude))
 
@@ -208,19 +210,19 @@ def load_entries(reader: S3StorageReader, entries: Sequence[Entry]) -> dict[str,
         e.name: torch.empty(e.shape or (), dtype=e.dtype) if e.kind == "tensor" else None
         for e in entries
     }  # a None is replaced by the loaded object
-    if state:
-        reader.reset()
-        with quiet_dcp():
-            dcp.load(state, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+    reader.reset()  # (the callers' windows are never empty)
+    with quiet_dcp():
+        dcp.load(state, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
     return state
 
 
-def batches(entries: Sequence[Entry], window: int) -> Iterator[list[Entry]]:
-    """``entries`` in order, in windows of about ``window`` bytes (a larger one alone)."""
-    batch: list[Entry] = []
+def batches(items: Iterable[T], window: int, size_of: Callable[[T], int]) -> Iterator[list[T]]:
+    """``items`` in order, in batches of about ``window`` bytes (``size_of`` each; a larger
+    one alone): windows of entries to load, shards of tensors to export."""
+    batch: list[T] = []
     size = 0
-    for e in entries:
-        n = max(e.nbytes, e.stored_bytes)
+    for e in items:
+        n = size_of(e)
         if batch and size + n > window:
             yield batch
             batch, size = [], 0
@@ -240,7 +242,7 @@ def iter_loaded(
     holds at most two windows (or the two largest tensors). Closing the generator early
     waits for a download in flight.
     """
-    windows = list(batches(entries, window))
+    windows = list(batches(entries, window, Entry.load_bytes))
     with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-prefetch") as pool:
         load = in_context(load_entries)  # requests count for the caller's operation
         nxt = pool.submit(load, reader, windows[0]) if windows else None

@@ -110,22 +110,18 @@ class DiffResult:
 def _same_by_checksum(a: Entry, b: Entry) -> bool:
     """Both sides have the same chunks with the same CRC32Cs (else values decide: maybe
     only the framing differs, another torch)."""
-    return len(a.chunks) == len(b.chunks) and all(
-        (ca.offsets, ca.sizes, ca.length) == (cb.offsets, cb.sizes, cb.length)
-        and ca.record is not None
-        and cb.record is not None
-        and ca.record.crc32c == cb.record.crc32c
-        for ca, cb in zip(a.chunks, b.chunks, strict=True)
-    )
+
+    def layout(e: Entry) -> list[tuple[Any, ...]]:
+        return [(c.offsets, c.sizes, c.length, c.record and c.record.crc32c) for c in e.chunks]
+
+    return all(c.record is not None for c in a.chunks) and layout(a) == layout(b)
 
 
 def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float, float]:
     """``(changed_elements, max_abs_diff, mean_abs_diff)`` of two same-shape tensors,
     computed in slices (NaN equals NaN; a NaN against a number makes the max NaN)."""
     fa, fb = a.reshape(-1), b.reshape(-1)
-    n = fa.numel()
-    if n == 0:
-        return 0, 0.0, 0.0
+    n = fa.numel()  # (0: no slices, nothing changed)
     wide = torch.complex128 if (a.is_complex() or b.is_complex()) else torch.float64
     changed, max_d, total = 0, 0.0, 0.0
     for i in range(0, n, _SLICE):
@@ -145,21 +141,13 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float, float
 
 def _values_equal(x: Any, y: Any) -> bool:
     if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
-        return (
-            isinstance(x, torch.Tensor)
-            and isinstance(y, torch.Tensor)
-            and x.shape == y.shape
-            and x.dtype == y.dtype
-            and compare_tensors(x, y)[0] == 0
-        )
+        both = isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+        return both and x.shape == y.shape and x.dtype == y.dtype and compare_tensors(x, y)[0] == 0
     if isinstance(x, dict) and isinstance(y, dict):
         return x.keys() == y.keys() and all(_values_equal(x[k], y[k]) for k in x)
     if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-        return (
-            type(x) is type(y)
-            and len(x) == len(y)
-            and all(_values_equal(p, q) for p, q in zip(x, y, strict=True))
-        )
+        same = type(x) is type(y) and len(x) == len(y)
+        return same and all(_values_equal(p, q) for p, q in zip(x, y, strict=True))
     try:
         return bool(x == y) or (x != x and y != y)  # NaN == NaN here
     except Exception:
@@ -217,10 +205,10 @@ def diff_checkpoints(
         else:
             to_load[name] = (x, y, both)
     compared = done = 0
-    total = sum(max(x.nbytes, x.stored_bytes) for x, _, _ in to_load.values())
+    total = sum(x.load_bytes() for x, _, _ in to_load.values())
     if progress is not None and to_load:
         progress(0, total)
-    for batch in batches([x for x, _, _ in to_load.values()], read_window):
+    for batch in batches([x for x, _, _ in to_load.values()], read_window, Entry.load_bytes):
         va = load_entries(ra, batch)
         vb = load_entries(rb, [to_load[x.name][1] for x in batch])
         for x in batch:
@@ -237,7 +225,7 @@ def diff_checkpoints(
             results[x.name] = TensorDiff(x.name, status, "values", *both, **stats)
         del va, vb
         if progress is not None:
-            done += sum(max(x.nbytes, x.stored_bytes) for x in batch)
+            done += sum(map(Entry.load_bytes, batch))
             progress(done, total)
     ordered = [results[k] for k in ea]
     ordered += [

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from s3ckpt.config import S3Config, TransferConfig
@@ -141,16 +141,13 @@ def _request_urls(store: ObjectStore) -> Iterator[list[str]]:
     """The URLs of the S3 requests sent inside the block (how a request is really
     addressed: botocore decides virtual-hosted vs path style per request)."""
     seen: list[str] = []
-    client = s3_client(store)
-    if client is None:
-        yield seen
-        return
 
     def record(request: Any, **_: Any) -> None:
         seen.append(str(request.url))
 
-    client.meta.events.register("before-send.s3", record)
-    try:
+    with ExitStack() as stack:
+        client = s3_client(store)
+        if client is not None:
+            client.meta.events.register("before-send.s3", record)
+            stack.callback(client.meta.events.unregister, "before-send.s3", record)
         yield seen
-    finally:
-        client.meta.events.unregister("before-send.s3", record)

@@ -367,11 +367,8 @@ def clean_up(work: Scratch, emit: Callable[[Check], None]) -> tuple[str, ...]:
         if store.url_scheme == "file" and not left:
             _remove_empty_folders("/" + prefix)
     except KeyboardInterrupt:
-        emit(
-            warn(
-                "cleanup", f"interrupted: whatever is left is under {work.url}", _remove_hint(work)
-            )
-        )
+        interrupted = f"interrupted: whatever is left is under {work.url}"
+        emit(warn("cleanup", interrupted, _remove_hint(work)))
         raise
     if not left:
         emit(ok("cleanup", f"removed {plural(removed, 'object')} under {work.url}"))
@@ -398,7 +395,5 @@ def _remove_empty_folders(root: str) -> None:
     """A local folder's scratch prefix is a folder tree once its files are gone: remove
     the folders that are empty, deepest first (never a file)."""
     for folder, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
-        try:
+        with contextlib.suppress(OSError):  # not empty (someone else's file) or already gone
             os.rmdir(folder)
-        except OSError:
-            pass  # not empty (someone else's file) or already gone

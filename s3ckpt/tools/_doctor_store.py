@@ -195,15 +195,11 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
         why = f"not probed: {exc.message} (see the permission rows)"
         return [skip(n, why) for n in _CAPABILITY_NAMES]
     except StoreError as exc:
-        return [
-            fail(
-                n,
-                f"the probe failed: {exc}",
-                "s3ckpt cannot tell what this store guarantees, so saves refuse: "
-                "see the error, then run doctor again",
-            )
-            for n in _CAPABILITY_NAMES
-        ]
+        unknown = (
+            "s3ckpt cannot tell what this store guarantees, so saves refuse: "
+            "see the error, then run doctor again"
+        )
+        return [fail(n, f"the probe failed: {exc}", unknown) for n in _CAPABILITY_NAMES]
     took = time.monotonic() - started
     # With single-writer mode on, the user vouches that one process at a time writes a
     # prefix: saves go on, so a missing condition is a caveat of that promise, not a failure.
@@ -308,11 +304,10 @@ def _verification_row(store: ObjectStore, key: str) -> Check:
     if probe is None or cfg is None or cfg.checksum_algorithm != "CRC32C":
         return skip(name, "not probed: no CRC32C on uploads to this store")
     try:
-        verified = bool(probe(key))
+        if probe(key):
+            return ok(name, "an upload with a wrong CRC32C is refused")
     except StoreError as exc:
         return skip(name, f"not probed: {exc}")
-    if verified:
-        return ok(name, "an upload with a wrong CRC32C is refused")
     return warn(
         name,
         "the store accepted an upload whose CRC32C was wrong",
@@ -410,8 +405,7 @@ def versioning_row(store: ObjectStore) -> Check:
         )
     except StoreError as exc:
         if is_unsupported(exc):
-            why = f"the store does not support GetBucketVersioning ({exc.code})"
-            return skip(name, why)
+            return skip(name, f"the store does not support GetBucketVersioning ({exc.code})")
         return warn(name, f"could not read it: {exc}", f"see {_VERSIONS_DOC}")
     if status is None:
         return ok(name, "never enabled: prune, gc and rm free what they delete")

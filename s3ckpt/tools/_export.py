@@ -19,13 +19,15 @@ How safetensors export stays within bounded memory:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import importlib.util
 import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._common import (
     Entry,
     NameFilter,
+    batches,
     dtype_name,
     index_checkpoint,
     iter_loaded,
@@ -108,17 +111,15 @@ def load_converter(spec: str | Converter | None) -> Converter | None:
             loaded = importlib.util.spec_from_file_location(path.stem, path)
             if loaded is None or loaded.loader is None:
                 raise ImportError(f"cannot load {path}")
-            module = importlib.util.module_from_spec(loaded)
+            module: Any = importlib.util.module_from_spec(loaded)
             loaded.loader.exec_module(module)
         else:
             module = importlib.import_module(mod_name)
     except (ImportError, OSError) as exc:
         raise ConfigError(f"converter {spec!r}: cannot import {mod_name!r}: {exc}") from exc
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ConfigError(f"converter {spec!r}: {mod_name!r} has no attribute {attr!r}")
+    obj = functools.reduce(lambda o, part: getattr(o, part, None), attr.split("."), module)
+    if obj is None:
+        raise ConfigError(f"converter {spec!r}: {mod_name!r} has no attribute {attr!r}")
     if not callable(obj):
         raise ConfigError(f"converter {spec!r} is not callable")
     return obj
@@ -128,17 +129,15 @@ def convert(
     converter: Converter | None, name: str, tensor: torch.Tensor, dtype: torch.dtype | None
 ) -> list[tuple[str, torch.Tensor]]:
     pairs = [(name, tensor)] if converter is None else list(converter(name, tensor))
-    out = []
     for new_name, t in pairs:
         if not isinstance(new_name, str) or not isinstance(t, torch.Tensor):
             raise ConfigError(
                 f"converter output for {name!r} must be (str, Tensor) pairs, got "
                 f"({type(new_name).__name__}, {type(t).__name__})"
             )
-        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-            t = t.to(dtype)
-        out.append((new_name, t))
-    return out
+    return [
+        (n, t.to(dtype) if dtype is not None and t.is_floating_point() else t) for n, t in pairs
+    ]
 
 
 def plan_export(
@@ -164,9 +163,9 @@ def plan_export(
             f"the converter does not run on meta tensors ({type(exc).__name__}: {exc}); "
             "planned on real values, so the checkpoint was read twice"
         )
-        by_entry = {id(g.entry): g for g in groups}
-        for entry, value in iter_loaded(reader, [g.entry for g in groups], window=read_window):
-            plan(by_entry[id(entry)], value)
+        loaded = iter_loaded(reader, [g.entry for g in groups], window=read_window)
+        for g, (_, value) in zip(groups, loaded, strict=True):
+            plan(g, value)
     seen: dict[str, str] = {}
     for g in groups:
         for o in g.outs:
@@ -190,23 +189,9 @@ def check_converted(group: Group, outs: Sequence[tuple[str, torch.Tensor]]) -> N
         )
 
 
-def split_shards(groups: Sequence[Group], limit: int) -> list[list[Group]]:
-    shards: list[list[Group]] = []
-    size = 0
-    for g in groups:
-        if not shards or (size + g.nbytes > limit and shards[-1]):
-            shards.append([])
-            size = 0
-        shards[-1].append(g)
-        size += g.nbytes
-    return shards or [[]]
-
-
 # -- the export ---------------------------------------------------------------------------------
 INDEX_NAME = "model.safetensors.index.json"
 TORCH_NAME = "model.pt"
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -279,7 +264,7 @@ def export_checkpoint(
     transfer_config: TransferConfig | None = None,
     store: ObjectStore | None = None,
     dest_store: ObjectStore | None = None,
-    progress: Progress | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Write the full (unsharded) state dict of ``checkpoint`` to ``dest``.
 
@@ -346,33 +331,25 @@ def export_checkpoint(
             key=key,
         )
     if format == "torch":
-        renamed = {id(e): n for e, n in chosen}
         state: dict[str, Any] = {}
         total = sum(e.nbytes for e, _ in chosen)
         done = 0
-        for entry, value in iter_loaded(reader, [e for e, _ in chosen], window=read_window):
-            name = renamed[id(entry)]
-            if isinstance(value, torch.Tensor):
-                pairs = convert(conv, name, value, cast)
-                done += entry.nbytes
-            else:
-                pairs = [(name, value)]
+        loaded = iter_loaded(reader, [e for e, _ in chosen], window=read_window)
+        for (entry, name), (_, value) in zip(chosen, loaded, strict=True):
+            pairs = convert(conv, name, value, cast) if entry.kind == "tensor" else [(name, value)]
+            done += entry.nbytes  # (0 for a non-tensor item)
             for k, v in pairs:
                 if k in state:
                     raise ConfigError(f"two entries would be exported as {k!r}; fix the converter")
                 state[k] = v
             if progress is not None:
                 progress(done, total)
-        uploader = _uploader(out_store, tc, tc.part_size)
-        try:
+        with _uploading(out_store, tc, tc.part_size) as uploader:
             sink = uploader.sink(key)
             torch.save(state, sink)
             size = sink.tell()
             sink.close()
             uploader.finish()
-        except BaseException:
-            uploader.abort()
-            raise
         saved = [v for v in state.values() if isinstance(v, torch.Tensor)]
         file = ExportedFile(key.rsplit("/", 1)[-1], size, len(saved))
         nbytes = sum(t.numel() * t.element_size() for t in saved)
@@ -396,17 +373,16 @@ def export_checkpoint(
         ]
         g.outs = [o for o in g.outs if o.dtype in TORCH_TO_ST]
     groups = [g for g in groups if g.outs]
-    shards = split_shards(groups, shard_limit)
+    shards = list(batches(groups, shard_limit, lambda g: g.nbytes)) or [[]]
     n = len(shards)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     meta = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     total = sum(g.nbytes for g in groups)
     weight_map = {o.name: names[i] for i, shard in enumerate(shards) for g in shard for o in g.outs}
     biggest = max((sum(g.nbytes for g in s) for s in shards), default=0)
-    uploader = _uploader(out_store, tc, tc.part_size_for(biggest + 2**20))
     files: list[ExportedFile] = []
     done = 0
-    try:
+    with _uploading(out_store, tc, tc.part_size_for(biggest + 2**20)) as uploader:
         loaded = iter_loaded(reader, [g.entry for g in groups], window=read_window)
         for i, shard in enumerate(shards):
             header_items = [(o.name, o.dtype, o.shape) for g in shard for o in g.outs]
@@ -432,21 +408,24 @@ def export_checkpoint(
         out_store.put(key, raw)
         files.append(ExportedFile(INDEX_NAME, len(raw), 0))
         _remove_stale_shards(out, set(names), notes)
-    except BaseException:
-        leftovers = uploader.abort()
-        if leftovers:
-            notes.append(format_leftovers(leftovers))
-        raise
     count, seconds = sum(len(g.outs) for g in groups), round(time.perf_counter() - t0, 3)
     result = ExportResult(reader.checkpoint_id, str(url), "safetensors", tuple(files), count, total)
     return replace(result, skipped=tuple(skipped), notes=tuple(notes), seconds=seconds)
 
 
-def _uploader(store: ObjectStore, tc: TransferConfig, part_size: int) -> Uploader:
+@contextlib.contextmanager
+def _uploading(store: ObjectStore, tc: TransferConfig, part_size: int) -> Iterator[Uploader]:
+    """An :class:`Uploader` whose uploads are aborted if the block raises (the notes go
+    with the exception)."""
     n_buffers = tc.upload_buffers(part_size)
-    return Uploader(
+    up = Uploader(
         store, part_size=part_size, n_buffers=n_buffers, max_concurrency=tc.max_concurrency
     )
+    try:
+        yield up
+    except BaseException:
+        up.abort()
+        raise
 
 
 _SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
@@ -455,11 +434,8 @@ _SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
 def _remove_stale_shards(out: Location, keep: set[str], notes: list[str]) -> None:
     """After an overwrite, delete shards of the earlier export the new index no longer names."""
     store, url = out.store, out.url
-    stale = [
-        o.key
-        for o in store.list(url.prefix)
-        if _SHARD_RE.match(o.key[len(url.prefix) :]) and o.key[len(url.prefix) :] not in keep
-    ]
+    names = (o.key[len(url.prefix) :] for o in store.list(url.prefix))
+    stale = [url.key(n) for n in names if _SHARD_RE.match(n) and n not in keep]
     if stale:
         failures = store.delete(stale)
         notes.append(f"removed {len(stale) - len(failures)} shard(s) of the earlier export")

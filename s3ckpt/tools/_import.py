@@ -115,14 +115,12 @@ def _open_source(src: Location, key: str) -> _Source:
     else:
 
         def fetch(start: int, length: int) -> bytearray:
-            buf = bytearray(length)
+            buf, got = bytearray(length), 0
             with contextlib.closing(store.open_range(key, start, length)) as stream:
-                got = 0
-                while got < length:
-                    n = stream.readinto(memoryview(buf)[got:])
-                    if n <= 0:
-                        raise truncated(start, length, got)
+                while got < length and (n := stream.readinto(memoryview(buf)[got:])) > 0:
                     got += n
+            if got < length:
+                raise truncated(start, length, got)
             return buf
 
         source = _Source(shown, fetch, lambda: None)
@@ -151,28 +149,21 @@ def _sources(src: Location) -> list[_Source]:
     index, else every ``*.safetensors`` directly in it)."""
     st, url = src.store, src.url
     whole = url.prefix.rstrip("/")
-    shown = f"{url.scheme}://{url.bucket}/"
+    index = whole if whole.endswith(".index.json") else url.key(INDEX_NAME)
     if whole.endswith(".safetensors"):
         keys = [whole]
-    elif whole.endswith(".index.json"):
-        base = whole.rsplit("/", 1)[0] + "/" if "/" in whole else ""
-        keys = [base + n for n in _index_files(st.get(whole), shown + whole)]
+    elif index == whole or st.head(index) is not None:  # (a named index is not HEADed)
+        files = _index_files(st.get(index), f"{url.scheme}://{url.bucket}/{index}")
+        keys = [index[: index.rfind("/") + 1] + n for n in files]
     else:
-        index = url.key(INDEX_NAME)
-        if st.head(index) is not None:
-            keys = [url.key(n) for n in _index_files(st.get(index), shown + index)]
-        else:
-            keys = sorted(
-                o.key
-                for o in st.list(url.prefix)
-                if o.key.endswith(".safetensors") and "/" not in o.key[len(url.prefix) :]
-            )
-        if not keys:
-            raise CheckpointNotFoundError(
-                f"no *.safetensors objects or {INDEX_NAME} under {url}",
-                bucket=st.bucket,
-                key=url.prefix,
-            )
+        names = (o.key[len(url.prefix) :] for o in st.list(url.prefix))
+        keys = sorted(url.key(n) for n in names if n.endswith(".safetensors") and "/" not in n)
+    if not keys and index != whole:
+        raise CheckpointNotFoundError(
+            f"no *.safetensors objects or {INDEX_NAME} under {url}",
+            bucket=st.bucket,
+            key=url.prefix,
+        )
     return [_open_source(src, k) for k in keys]
 
 
@@ -265,13 +256,9 @@ def import_safetensors(
             metrics=metrics,
             user_metadata={"imported_from": text, "prefix": prefix or None},
         )
+        planner = _LazySavePlanner(fetch, progress)
         with quiet_dcp():
-            dcp.save(
-                state,
-                storage_writer=writer,
-                planner=_LazySavePlanner(fetch, progress),
-                no_dist=True,
-            )
+            dcp.save(state, storage_writer=writer, planner=planner, no_dist=True)
     finally:
         for source in sources:
             source.close()

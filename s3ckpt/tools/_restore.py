@@ -209,33 +209,29 @@ def restore_checkpoint(
             progress(done[0], total)
         return out
 
+    def poll(obj: ObjectRestore) -> ObjectRestore:
+        info = location.store.head(obj.key)
+        return obj if info is None else replace(obj, state=restore_state(info))
+
     with ThreadPoolExecutor(_WORKERS, thread_name_prefix="s3ckpt-restore") as pool:
         checkpoints = [
             replace(c, objects=tuple(pool.map(in_context(ask), c.objects))) for c in checkpoints
         ]
-    if wait:  # HEAD the objects still being restored every poll_seconds until none is
-        asked = [
-            o for c in checkpoints for o in c.objects if o.state is not RestoreState.NOT_ARCHIVED
-        ]
+        # With wait, HEAD the objects still being restored every poll_seconds until none is
+        states = {o.key: o for c in checkpoints for o in c.objects}
+        asked = [o for o in states.values() if o.state is not RestoreState.NOT_ARCHIVED]
         total = sum(o.size for o in asked if o.error is None)
-        states = {o.key: o for o in asked}
-
-        def poll(obj: ObjectRestore) -> ObjectRestore:
-            info = location.store.head(obj.key)
-            return obj if info is None else replace(obj, state=restore_state(info))
-
-        with ThreadPoolExecutor(_WORKERS, thread_name_prefix="s3ckpt-restore") as pool:
-            while True:
-                pending = [o for o in states.values() if o.error is None and o.state in _PENDING]
-                if progress is not None:
-                    progress(total - sum(o.size for o in pending), total)
-                if not pending:
-                    break
-                sleep(poll_seconds)
-                states.update((o.key, o) for o in pool.map(in_context(poll), pending))
-        checkpoints = [
-            replace(c, objects=tuple(states.get(o.key, o) for o in c.objects)) for c in checkpoints
-        ]
+        while wait:
+            pending = [o for o in states.values() if o.error is None and o.state in _PENDING]
+            if progress is not None:
+                progress(total - sum(o.size for o in pending), total)
+            if not pending:
+                break
+            sleep(poll_seconds)
+            states.update((o.key, o) for o in pool.map(in_context(poll), pending))
+    checkpoints = [
+        replace(c, objects=tuple(states.get(o.key, o) for o in c.objects)) for c in checkpoints
+    ]
     elapsed = time.monotonic() - started
     return RestoreResult(str(location.url), days, tier, tuple(checkpoints), wait, elapsed)
 
@@ -248,9 +244,8 @@ def _checkpoints(location: Location) -> list[StoreURL]:
     """The checkpoint URLs at ``location``: itself when it holds a marker or a
     ``.metadata``, else every committed checkpoint of the run with archived bytes."""
     store, url = location.store, location.url
-    for name in (MANIFEST_NAME, METADATA_NAME):
-        if store.head(url.key(name)) is not None:
-            return [url]
+    if any(store.head(url.key(name)) is not None for name in (MANIFEST_NAME, METADATA_NAME)):
+        return [url]
     found = list_checkpoints(location)
     if not found:
         raise CheckpointNotFoundError(

@@ -57,8 +57,6 @@ __all__ = [
     "verify_checkpoint",
 ]
 
-Progress = Callable[[int, int], None]
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -119,7 +117,7 @@ def verify_checkpoint(
     checkpoint: LocationLike | S3StorageReader,
     *,
     read_data: bool | None = None,
-    progress: Progress | None = None,
+    progress: Callable[[int, int], None] | None = None,
     s3_config: S3Config | None = None,
     transfer_config: TransferConfig | None = None,
     store: ObjectStore | None = None,
@@ -239,9 +237,8 @@ def _structure(reader: S3StorageReader, entries: dict[str, Entry]) -> list[Probl
     if manifest is not None:
         committed = {o.name for o in manifest.objects}
         for obj in sorted({c.object for e in entries.values() for c in e.chunks} - committed):
-            bad(
-                obj, None, None, f".metadata points into {obj}, which {MANIFEST_NAME} does not list"
-            )
+            why = f".metadata points into {obj}, which {MANIFEST_NAME} does not list"
+            bad(obj, None, None, why)
     return problems
 
 
@@ -340,13 +337,7 @@ def inspect_checkpoint(
     """
     how: dict[str, Any] = dict(s3_config=s3_config, transfer_config=transfer_config, store=store)
     reader = open_reader(checkpoint, **how)
-    manifest, info = reader.manifest, None
-    if manifest is not None:  # the catalog's verdict: the marker judged with the check record
-        try:
-            record = read_check_record(reader.store, reader.url.parent)
-        except StoreError:
-            record = None  # what a check found is unknown; the marker is still judged
-        info = probe_checkpoint(reader.store, reader.url.parent, reader.url.name, record)
+    manifest = reader.manifest
     entries = index_checkpoint(reader).values()
     names = NameFilter.of(include, exclude)
     tensors = tuple(
@@ -364,20 +355,20 @@ def inspect_checkpoint(
         if names(e.name)
     )
     per_object = Counter(c.object for e in entries for c in e.chunks)
-    if manifest is not None:
+    if manifest is not None:  # the catalog's verdict: the marker judged with the check record
+        try:
+            record = read_check_record(reader.store, reader.url.parent)
+        except StoreError:
+            record = None  # what a check found is unknown; the marker is still judged
+        info = probe_checkpoint(reader.store, reader.url.parent, reader.url.name, record)
         objects = tuple(
             ObjectSummary(o.name, o.size, o.rank, per_object[o.name]) for o in manifest.objects
         )
         own: dict[str, Any] = {
             "format": "s3ckpt",
             "checksums": True,
-            "step": manifest.step,
-            "created": manifest.created,
-            "world_size": manifest.world_size,
-            "save_id": manifest.save_id,
-            "metrics": dict(manifest.metrics),
-            "user": dict(manifest.user),
-            "versions": dict(manifest.versions),
+            **{k: getattr(manifest, k) for k in ("step", "created", "world_size", "save_id")},
+            **{k: dict(getattr(manifest, k)) for k in ("metrics", "user", "versions")},
             "stored_bytes": manifest.total_bytes,
             "metadata_bytes": manifest.metadata_size,
             "layout": manifest.layout.to_doc() if manifest.layout else None,

@@ -57,6 +57,7 @@ unflattens by splitting names on dots into nested dicts.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -107,12 +108,8 @@ def flatten_state_dict(state_dict: Mapping[Any, Any], *, objects: bool = False) 
     flat: dict[str, Any] = {}
 
     def name_for(path: str) -> str:
-        name = path or "_"
-        n = 1
-        while name in flat or name == SCHEMA_KEY:
-            name = f"{path}~{n}"
-            n += 1
-        return name
+        names = itertools.chain([path or "_"], (f"{path}~{n}" for n in itertools.count(1)))
+        return next(n for n in names if n not in flat and n != SCHEMA_KEY)
 
     def walk(obj: Any, path: str) -> Any:
         if isinstance(obj, torch.Tensor):

@@ -50,7 +50,7 @@ from s3ckpt.retention import (
     prune,
 )
 from s3ckpt.retention._catalog import CheckpointState
-from s3ckpt.retention._scan import _ckpt_dir
+from s3ckpt.retention._listing import ckpt_dir as _ckpt_dir
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import export_checkpoint, verify_checkpoint
 from s3ckpt.uri import parse_url

@@ -9,8 +9,10 @@ import zipfile
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from s3ckpt.dcp._serialize import fast_path_available, save_item
+from s3ckpt.dcp._serialize import Framings, _tensor_for_save, fast_path_available, save_item
 
 SAMPLES = [
     torch.arange(1000, dtype=torch.float32),
@@ -124,3 +126,81 @@ def test_a_failing_sink_raises_its_error_and_leaves_no_writer_to_abort_in_gc(
     calls = sink.calls
     gc.collect()
     assert sink.calls == calls  # nothing wrote to the sink after save_item returned
+
+
+# --- Framings: torch's bytes around a tensor's storage, cut once per signature -------------
+
+_DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.float8_e4m3fn,
+]
+
+
+# Shared by every example below: cuts of every signature seen so far must never be mixed up.
+_SHARED = Framings()
+
+
+def _framed(framings: Framings, t: torch.Tensor) -> bytes | None:
+    cut = framings.get(t)
+    if cut is None:
+        return None
+    return cut[0] + t.reshape(-1).view(torch.uint8).numpy().tobytes() + cut[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype=st.sampled_from(_DTYPES),
+    shape=st.lists(st.integers(1, 7), min_size=0, max_size=4),
+    seeds=st.tuples(st.integers(0, 2**16), st.integers(0, 2**16)),
+    transpose=st.booleans(),
+)
+def test_framed_items_are_byte_for_byte_what_torch_writes(
+    dtype: torch.dtype, shape: list[int], seeds: tuple[int, int], transpose: bool
+) -> None:
+    # The second tensor of a signature is written from the first one's cut: its bytes are
+    # still exactly torch's, and it loads as itself.
+    framings = Framings()
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        t = (torch.rand(shape, generator=g) * 100).to(dtype)
+        if transpose and t.dim() >= 2:
+            t = t.transpose(0, 1)
+        stored = _tensor_for_save(t)
+        framed = _framed(framings, stored)
+        assert framed is not None
+        assert framed == _ours(stored)
+        assert _framed(_SHARED, stored) == framed
+        back = torch.load(io.BytesIO(framed), weights_only=True)
+        assert back.dtype == t.dtype and back.shape == t.shape
+        assert torch.equal(back.reshape(-1).view(torch.uint8), stored.reshape(-1).view(torch.uint8))
+
+
+def test_unusual_tensors_are_serialised_by_torch_every_time() -> None:
+    framings = Framings()
+    t = torch.ones(6, dtype=torch.complex64)
+    assert framings.get(torch.ones(0)) is None  # no storage bytes to cut around
+    assert framings.get(t.conj()) is None  # the conjugate bit is in the pickle
+    assert framings.get(torch.ones(3, requires_grad=True)) is None
+    assert framings.get(torch.nn.Parameter(torch.ones(3))) is None  # a subclass
+    assert framings.get(torch.ones(3)) is not None
+
+
+def test_framings_keep_at_most_their_limit_of_signatures() -> None:
+    framings = Framings(limit=2)
+    for n in range(1, 6):
+        assert framings.get(torch.ones(n)) is not None  # past the limit: cut, not kept
+    assert len(framings._cut) == 2
+
+
+def test_no_framing_where_torch_save_writes_crcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("s3ckpt.dcp._serialize.fast_path_available", lambda: False)
+    assert Framings().get(torch.ones(3)) is None

@@ -4,6 +4,7 @@ results on real data."""
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import pickle
@@ -301,11 +302,13 @@ def test_without_the_private_api_items_without_transforms_still_load(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint._extension", None)
-    monkeypatch.setattr(_torch, "_transforms", None)
+    # A fresh probe, without the private module (the process's own stays cached).
+    fresh = functools.cache(_torch._reader_transforms.__wrapped__)
+    monkeypatch.setattr(_torch, "_reader_transforms", fresh)
     stream = io.BytesIO(b"item bytes")
     assert _torch.transform_load_stream(_read_item("w"), None, stream) is stream
     assert _torch.transform_load_stream(_read_item("w"), [], stream) is stream
-    assert _torch._transforms is None  # not even probed
+    assert _torch._reader_transforms.cache_info().currsize == 0  # not even probed
     with pytest.raises(S3CkptError, match=rf"w: saved with stream transforms \['zstd/1'\], "
                        rf"and torch {_V} lacks") as info:  # fmt: skip
         _torch.transform_load_stream(_read_item("w"), ["zstd/1"], stream)

@@ -205,3 +205,68 @@ def test_the_held_owner_stays_alive_until_its_parts_are_sent() -> None:
     finally:
         store.release.set()
         up.close()
+
+
+class _OrderStore(MemoryStore):
+    """Records the order parts are sent in; the first part waits for ``gate``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[tuple[str, int]] = []
+        self.gate = threading.Event()
+
+    def upload_part(self, key, upload_id, part_number, data, *, crc32c=None):  # type: ignore[no-untyped-def]
+        if not self.order:
+            self.order.append((key, part_number))
+            assert self.gate.wait(10)
+        else:
+            self.order.append((key, part_number))
+        return super().upload_part(key, upload_id, part_number, data, crc32c=crc32c)
+
+
+def test_parts_in_pool_buffers_go_before_a_tensors_own_parts_queued_earlier() -> None:
+    # One upload thread: a large held buffer queues four parts from its own memory, then a
+    # second object fills two pool buffers. The buffers' parts are sent first, so the
+    # writing thread gets its buffers back without waiting for the tensor's parts.
+    part = 5 * MiB
+    store = _OrderStore()
+    up = Uploader(store, part_size=part, n_buffers=3, max_concurrency=1)
+    try:
+        source = np.random.default_rng(1).integers(0, 255, 4 * part, dtype=np.uint8)
+        a = up.sink("a")
+        a.begin_item(source.ctypes.data, source.nbytes, hold=source)
+        a.write(memoryview((ctypes.c_ubyte * source.nbytes).from_address(source.ctypes.data)))
+        a.end_item()
+        a.close()
+        b = up.sink("b")
+        b.write(bytes(2 * part))
+        b.close()
+        store.gate.set()
+        up.finish()
+        assert store.get("a") == source.tobytes() and store.get("b") == bytes(2 * part)
+        order = store.order
+        for borrowed in (("a", 2), ("a", 3), ("a", 4)):
+            assert order.index(("b", 1)) < order.index(borrowed)
+            assert order.index(("b", 2)) < order.index(borrowed)
+    finally:
+        up.close()
+
+
+def test_an_object_expected_to_span_parts_creates_its_upload_when_opened() -> None:
+    created: list[str] = []
+
+    class Store(MemoryStore):
+        def create_multipart(self, key, **kwargs):  # type: ignore[no-untyped-def]
+            created.append(key)
+            return super().create_multipart(key, **kwargs)
+
+    part = 5 * MiB
+    up = Uploader(Store(), part_size=part, n_buffers=2, max_concurrency=2)
+    try:
+        up.sink("small", size_hint=part)
+        up.sink("large", size_hint=part + 1)
+        while up._futures and not all(f.done() for f in up._futures):
+            threading.Event().wait(0.01)
+        assert created == ["large"]  # before a byte was written
+    finally:
+        assert up.abort() == []  # the open upload is aborted: nothing left

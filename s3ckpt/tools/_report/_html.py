@@ -50,13 +50,6 @@ def _asset(name: str) -> str:
     return resources.files("s3ckpt.tools._report").joinpath(name).read_text(encoding="utf-8")
 
 
-def _dd(field_: str, value: object, text: str, label: str) -> str:
-    return (
-        f'<div><dt>{esc(label)}</dt><dd data-field="{field_}" data-value="{esc(value)}">'
-        f"{esc(text)}</dd></div>"
-    )
-
-
 def _summary(doc: Mapping[str, object], has_plan: bool, scope: str) -> str:
     def item(field_: str, label: str | None = None, kind: str = "count") -> str:
         v: Any = doc.get(field_, 0)
@@ -65,7 +58,10 @@ def _summary(doc: Mapping[str, object], has_plan: bool, scope: str) -> str:
             value, text = int(v), format_bytes(int(v))
         elif kind == "usd":
             value, text = number(float(v)), f"{format_usd(float(v))}/mo"
-        return _dd(field_, value, text, label or field_.replace("_", " "))
+        return (
+            f'<div><dt>{esc(label or field_.replace("_", " "))}</dt><dd data-field="{field_}" '
+            f'data-value="{esc(value)}">{esc(text)}</dd></div>'
+        )
 
     out = [item(n) for n in ("runs", "checkpoints", *STATES, "pinned") if n in doc or n != "runs"]
     out += [item("total_size", "total size", "bytes"), item("num_objects", "objects")]
@@ -101,7 +97,6 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
     c = r.info
     step = "" if c.step is None else str(c.step)
     committed = iso_z(c.committed_at) or ""
-    mv = c.metrics.get(metric) if metric is not None else None
     attrs = [
         f'id="{rid}-c{i}" class="checkpoint" data-i="{i}" data-name="{esc(c.name)}"',
         f'data-url="{esc(c.url)}" data-step="{step}" data-state="{c.state.value}"',
@@ -110,7 +105,7 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
     ]
     if r.time is not None:
         attrs.append(f'data-t="{r.time.timestamp():.3f}"')
-    if mv is not None:
+    if metric is not None and (mv := c.metrics.get(metric)) is not None:
         attrs.append(f'data-metric="{number(mv)}"')
     if c.pinned:
         attrs.append(f'data-pinned="{esc(c.pinned)}"')
@@ -149,16 +144,14 @@ def _row(r: CheckpointRow, i: int, rid: str, metric: str | None) -> str:
 
 def _run_section(rr: RunReport, k: int) -> str:
     rid = f"r{k}"
-    has_plan = rr.plan is not None
     out = [
         f'<section class="run" id="{rid}" data-run="{esc(rr.run)}" data-x="step" '
         f'data-metric="{esc(rr.metric or "")}" data-mode="{rr.mode}" '
         f'data-best="{esc(rr.best or "")}">',
         f'<h2><span class="runname">{esc(rr.run)}</span></h2>',
-        _summary(rr.summary(), has_plan, str(rr.run)),
+        _summary(rr.summary(), rr.plan is not None, str(rr.run)),
     ]
-    line = rr.versions.sentence(rr.run.prefix) if rr.versions is not None else ""
-    if line:
+    if rr.versions is not None and (line := rr.versions.sentence(rr.run.prefix)):
         out.append(f'<p class="muted versions">{esc(line)}</p>')
     if rr.rows:
         no_step = sum(1 for r in rr.rows if r.info.step is None)
@@ -179,17 +172,14 @@ def _run_section(rr: RunReport, k: int) -> str:
         body = "".join(_row(r, i, rid, rr.metric) for i, r in enumerate(rr.rows))
         out.append(
             f'<div class="tablewrap"><table class="checkpoints"><thead><tr>{head}<th>reasons</th>'
-            "</tr></thead>"
-            f"<tbody>{body}</tbody></table></div>"
+            f"</tr></thead><tbody>{body}</tbody></table></div>"
         )
     else:
         out.append('<p class="muted">No checkpoints (the run holds only a lease).</p>')
-    out.append("</section>")
-    return "".join(out)
+    return "".join(out) + "</section>"
 
 
-def _prices(report: Report, used: Iterable[str]) -> str:
-    used = set(used)
+def _prices(report: Report, used: set[str]) -> str:
     rows = "".join(
         f'<tr data-class="{esc(cls)}" data-price="{number(p)}"'
         f"{' class=used' if cls in used else ''}>"

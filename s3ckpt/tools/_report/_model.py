@@ -87,9 +87,7 @@ class CheckpointRow:
 
 def storage_bytes(info: CheckpointInfo) -> Mapping[str, int]:
     """``info``'s bytes by storage class; all ``STANDARD`` when the listing named none."""
-    if info.bytes_by_class or not info.size:
-        return info.bytes_by_class
-    return {"STANDARD": info.size}
+    return info.bytes_by_class if info.bytes_by_class or not info.size else {"STANDARD": info.size}
 
 
 @dataclass(frozen=True)
@@ -163,10 +161,8 @@ class RunReport:
         out = dict.fromkeys(STATES, 0) | Counter(r.info.state.value for r in self.rows)
         out["damaged"] = sum(1 for r in self.rows if r.info.damaged)
         out["pinned"] = sum(1 for r in self.rows if r.info.pinned)
-        if self.plan is not None:
-            out |= {
-                a: sum(1 for r in self.rows if r.action == a) for a in ("keep", "delete", "skip")
-            }
+        actions = ("keep", "delete", "skip") if self.plan is not None else ()
+        out |= {a: sum(1 for r in self.rows if r.action == a) for a in actions}
         return out
 
     def bytes_by_class(self) -> dict[str, int]:
@@ -197,13 +193,9 @@ class RunReport:
         if self.versions is not None:
             doc.update(self.versions.to_dict(self.run.prefix))
         if self.plan is not None:
-            doc.update(
-                bytes_freed=self.bytes_freed,
-                objects_deleted=self.objects_deleted,
-                cost_month_after=self.cost_after,
-                cost_saved=self.cost - self.cost_after,
-                bytes_to_move=self.bytes_to_move,
-            )
+            doc |= {"bytes_freed": self.bytes_freed, "objects_deleted": self.objects_deleted}
+            doc |= {"cost_month_after": self.cost_after, "cost_saved": self.cost - self.cost_after}
+            doc["bytes_to_move"] = self.bytes_to_move
         return doc
 
 
@@ -293,17 +285,14 @@ def _chart_metric(ckpts: Sequence[CheckpointInfo], rule: KeepBest | None) -> tup
     metric recorded (``max`` when its name reads like a score: acc, f1, reward, ...)."""
     if rule is not None:
         return rule.metric, rule.mode
-    for c in ckpts:
-        for name in c.metrics:
-            return name, "max" if _MAX_IS_BETTER.search(name) else "min"
-    return None, "min"
+    name = next((name for c in ckpts for name in c.metrics), None)
+    return name, "max" if name is not None and _MAX_IS_BETTER.search(name) else "min"
 
 
 def _best(ckpts: Sequence[CheckpointInfo], metric: str | None, mode: str) -> str | None:
     """The best finite value of ``metric`` (ties: the newer checkpoint, as KeepBest)."""
-    sign = 1.0 if mode == "min" else -1.0
     values = [
-        (sign * v, -i, c.name)
+        (v if mode == "min" else -v, -i, c.name)
         for i, c in enumerate(ckpts)
         if metric is not None and (v := c.metrics.get(metric)) is not None and math.isfinite(v)
     ]
@@ -361,8 +350,7 @@ def collect_report(
         # The store's time, as prune judges by; a host clock far off it is only a note.
         t = store_time(where, url.prefix)
         now = t.store
-        skew = skew_note(t, max(grace, MIN_GRACE))
-        if skew is not None:
+        if (skew := skew_note(t, max(grace, MIN_GRACE))) is not None:
             notes.append(f"{skew}; fix this host's clock (NTP)")
     now = aware_now(now, "now must be timezone-aware (e.g. datetime.now(timezone.utc))")
     prices = prices or PriceTable()
@@ -378,11 +366,7 @@ def collect_report(
     catalogs = list(scan(here, options=opts))
     versions = noncurrent_versions(where, [cat.run.prefix for cat in catalogs])
     for cat in catalogs:
-        p = (
-            None
-            if source is None
-            else plan(cat.checkpoints, source, now, options=opts, run=cat.run)
-        )
+        p = plan(cat.checkpoints, source, now, options=opts, run=cat.run) if source else None
         if p is not None and p.transitions:  # list what the tiers would move (a LIST each)
             p = survey_plan(where, p, grace)
         decisions = {d.checkpoint.name: d for d in p.decisions} if p is not None else {}

@@ -94,8 +94,7 @@ class PriceTable:
     source: str = PRICES_SOURCE
 
     def __post_init__(self) -> None:
-        checked = _checked(self.prices, "price table")
-        object.__setattr__(self, "prices", MappingProxyType(checked))
+        object.__setattr__(self, "prices", MappingProxyType(_checked(self.prices, "price table")))
 
     def price(self, storage_class: str, where: str = "") -> float:
         """USD per GB-month of ``storage_class``.
@@ -107,10 +106,9 @@ class PriceTable:
         try:
             return self.prices[storage_class]
         except KeyError:
-            at = f" ({where})" if where else ""
             raise ConfigError(
-                f"no price for storage class {storage_class!r}{at}: add one with "
-                f"--price {storage_class}=USD_PER_GB_MONTH, or a line "
+                f"no price for storage class {storage_class!r}{f' ({where})' if where else ''}: "
+                f"add one with --price {storage_class}=USD_PER_GB_MONTH, or a line "
                 f'"{storage_class} = ..." under [prices] in the --prices file '
                 f"(known: {', '.join(sorted(self.prices))})"
             ) from None
@@ -183,6 +181,4 @@ def parse_price(text: str) -> tuple[str, float]:
 def format_usd(v: float) -> str:
     """``v`` US dollars as the report shows them: ``$1,234.56``, and ``<$0.01`` for a
     positive amount that rounds to zero cents (never a misleading ``$0.00``)."""
-    if 0 < abs(v) < 0.005:
-        return "<$0.01"
-    return f"${v:,.2f}"
+    return "<$0.01" if 0 < abs(v) < 0.005 else f"${v:,.2f}"

@@ -65,31 +65,14 @@ def _nice_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    out: list[float] = []
-    v = math.ceil(lo / step) * step
-    while v <= hi + step * 1e-9:
-        out.append(round(v, 12))
-        v += step
-    return out
+    return [
+        round(k * step, 12) for k in range(math.ceil(lo / step), math.floor(hi / step + 1e-9) + 1)
+    ]
 
 
-_TIME_STEPS = [
-    60,
-    300,
-    900,
-    1800,
-    3600,
-    3 * 3600,
-    6 * 3600,
-    12 * 3600,
-    86400,
-    2 * 86400,
-    7 * 86400,
-    14 * 86400,
-    30 * 86400,
-    91 * 86400,
-    365 * 86400,
-]
+# Spacings of the time axis' ticks: minutes and hours, then days.
+_TIME_STEPS = [*(60 * m for m in (1, 5, 15, 30)), *(3600 * h for h in (1, 3, 6, 12))]
+_TIME_STEPS += [86400 * d for d in (1, 2, 7, 14, 30, 91, 365)]
 
 
 def _time_ticks(lo: float, hi: float, n: int = 6) -> tuple[list[int], str]:
@@ -135,9 +118,7 @@ def _fmt_tick(v: float) -> str:
     if v == 0:
         return "0"
     a = abs(v)
-    if a >= 1e6 or a < 1e-3:
-        return f"{v:.3g}"
-    return f"{v:,.6g}" if a >= 1000 else f"{v:.6g}"
+    return f"{v:.3g}" if a >= 1e6 or a < 1e-3 else f"{v:,.6g}" if a >= 1000 else f"{v:.6g}"
 
 
 def _y_value(r: CheckpointRow, metric: str | None) -> float | None:
@@ -180,16 +161,12 @@ def chart(rr: RunReport, rid: str) -> str:
     if len(ticks_y) > 1:
         ylo, yhi = min(ylo, ticks_y[0]), max(yhi, ticks_y[-1])
     sy = _scale(ylo, yhi, _PLOT_B, _T + 6)
-    n = len(rows)
-    radius = 4.0 if n <= 300 else 3.0 if n <= 3000 else 2.2
-    out: list[str] = []
+    radius = 4.0 if len(rows) <= 300 else 3.0 if len(rows) <= 3000 else 2.2
     ylabel = rr.metric if rr.metric is not None else "size (bytes)"
-    out.append(
+    out = [  # then the grid and the y axis
         f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" '
-        f'aria-label="{esc(ylabel)} by step for {esc(rr.run)}">'
-    )
-    # Grid and y axis.
-    out.append('<g class="grid">')
+        f'aria-label="{esc(ylabel)} by step for {esc(rr.run)}"><g class="grid">'
+    ]
     for t in ticks_y:
         y = sy(t)
         out.append(
@@ -197,9 +174,8 @@ def chart(rr: RunReport, rid: str) -> str:
             f'<text class="yt" x="{_L - 6}" y="{y + 4:.1f}">'
             f"{esc(format_bytes(t) if rr.metric is None else _fmt_tick(t))}</text>"
         )
-    out.append("</g>")
     out.append(
-        f'<text class="ylabel" x="{_L - 6}" y="{_T - 8}">{esc(ylabel)}'
+        f'</g><text class="ylabel" x="{_L - 6}" y="{_T - 8}">{esc(ylabel)}'
         f"{'' if rr.metric is None else f' ({rr.mode} is best)'}</text>"
         f'<text class="lane" x="{_L - 6}" y="{_LANE + 4}">no value</text>'
         f'<line class="laneline" x1="{_L}" x2="{_W - _R}" y1="{_LANE}" y2="{_LANE}"/>'
@@ -238,40 +214,34 @@ def chart(rr: RunReport, rid: str) -> str:
         pt = " ".join(f"{xt[i]},{sy(yv[i] or 0.0):.1f}" for i in by_t)
         out.append(f'<polyline class="curve" points="{ps}" data-ps="{ps}" data-pt="{pt}"/>')
 
+    # Where each point sits on both axes (hidden on the step axis when it has no step).
+    pos = [
+        f'data-xs="{x}" data-xt="{t}"' + ("" if x else ' style="display:none"')
+        for x, t in zip(xs, xt, strict=True)
+    ]
     out.append('<g class="pts">')
     for i, r in enumerate(rows):
         c = r.info
         y = _LANE if yv[i] is None else sy(yv[i] or 0.0)
         cls = f"pt s-{c.state.value}" + (f" a-{r.action}" if r.action else "")
-        cls += " pinned" if c.pinned else ""
-        hide = ' style="display:none"' if not xs[i] else ""
-        cx = xs[i] or "0"
+        cx = f'cx="{xs[i] or 0}" cy="{y:.1f}"'
         if c.pinned:
-            out.append(
-                f'<circle class="ring" cx="{cx}" cy="{y:.1f}" r="{radius + 3:.1f}" '
-                f'data-xs="{xs[i]}" data-xt="{xt[i]}" data-i="{i}"{hide}/>'
-            )
+            cls += " pinned"
+            out.append(f'<circle class="ring" {cx} r="{radius + 3:.1f}" data-i="{i}" {pos[i]}/>')
         out.append(
-            f'<circle id="{rid}-p{i}" class="{cls}" cx="{cx}" cy="{y:.1f}" r="{radius:.1f}" '
-            f'data-i="{i}" data-xs="{xs[i]}" data-xt="{xt[i]}"{hide}>'
+            f'<circle id="{rid}-p{i}" class="{cls}" {cx} r="{radius:.1f}" data-i="{i}" {pos[i]}>'
             f"<title>{esc(_title(r, rr.metric))}</title></circle>"
         )
     out.append("</g>")
     if rr.best is not None:
         i = next(i for i, r in enumerate(rows) if r.info.name == rr.best)
-        r = rows[i]
         y = sy(yv[i] or 0.0)
-        hide = ' style="display:none"' if not xs[i] else ""
-        value = metric_text(r.info.metrics[rr.metric or ""])
+        value = esc(metric_text(rows[i].info.metrics[rr.metric or ""]))
         x = float(xs[i] or 0)  # a label near either edge hangs towards the middle
         anchor = "end" if x > ANCHOR_HI else "start" if x < ANCHOR_LO else "middle"
         out.append(
-            f'<circle class="best" cx="{xs[i] or 0}" cy="{y:.1f}" r="{radius + 5:.1f}" '
-            f'data-xs="{xs[i]}" data-xt="{xt[i]}"{hide}/>'
+            f'<circle class="best" cx="{xs[i] or 0}" cy="{y:.1f}" r="{radius + 5:.1f}" {pos[i]}/>'
             f'<text class="bestlabel" x="{xs[i] or 0}" y="{max(y - radius - 9, 12):.1f}" '
-            f'text-anchor="{anchor}" '
-            f'data-xs="{xs[i]}" data-xt="{xt[i]}"{hide}>best {esc(rr.metric)} '
-            f"{esc(value)} · {esc(r.info.name)}</text>"
+            f'text-anchor="{anchor}" {pos[i]}>best {esc(rr.metric)} {value} · {esc(rr.best)}</text>'
         )
-    out.append("</svg>")
-    return "".join(out)
+    return "".join(out) + "</svg>"
