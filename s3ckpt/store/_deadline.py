@@ -52,13 +52,35 @@ class Watch:
         self._done = False
         self._aborts: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self._paused = 0.0  # seconds the reader spent away from the body (not the network's)
+        self._paused_at: float | None = None
 
     @property
     def deadline(self) -> float:
-        """The :func:`time.monotonic` time this watch expires."""
-        allowance = self.nbytes / self.rate
+        """The :func:`time.monotonic` time this watch expires. While paused it moves on
+        with the clock, and lies at least a second ahead (the watchdog looks again then)."""
+        paused, at = self._paused, self._paused_at
+        now = time.monotonic() if at is not None else 0.0
+        if at is not None:
+            paused += now - at
+        allowance = self.nbytes / self.rate + paused
         own = self.started + self.first_byte + allowance
-        return own if self.end is None else min(own, self.end + allowance)
+        deadline = own if self.end is None else min(own, self.end + allowance)
+        return deadline if at is None else max(deadline, now + 1.0)
+
+    def pause(self) -> None:
+        """The reader stops reading the body for a while (it works on what it has read):
+        that time is the reader's, not the endpoint's, and does not count."""
+        with self._lock:
+            if self._paused_at is None:
+                self._paused_at = time.monotonic()
+
+    def resume(self) -> None:
+        """The reader reads the body again: the clock runs on from where it paused."""
+        with self._lock:
+            if self._paused_at is not None:
+                self._paused += time.monotonic() - self._paused_at
+                self._paused_at = None
 
     @property
     def limit(self) -> float:

@@ -110,6 +110,8 @@ class S3RangeReader:
         try:
             if self._body is None:
                 self._open()
+            elif self._watch is not None:
+                self._watch.resume()
             try:
                 if self._direct is not None:
                     n = self._direct.readinto(buffer[:want])
@@ -138,6 +140,10 @@ class S3RangeReader:
         if self._watch is not None and (n == 0 or self._pos == self._end):
             self._watch.finish()  # read: its connection may serve another request now
             self._watch = None
+        elif self._watch is not None:
+            # Until the next read the caller works on these bytes (decodes items, copies
+            # them): its time, not the endpoint's, so it never cuts a body that moves.
+            self._watch.pause()
         return n
 
     def _resume(self, buffer: memoryview, want: int, failure: Exception, started: float) -> int:

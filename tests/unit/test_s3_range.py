@@ -9,6 +9,7 @@ range) and count requests and connections.
 from __future__ import annotations
 
 import re
+import time
 import tracemalloc
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -149,3 +150,26 @@ def test_open_ended_range_still_reads_through_botocore(store: S3Store) -> None:
     finally:
         stream.close()
     assert bytes(buf[:got]) == DATA[-5000:]
+
+
+def test_time_the_reader_spends_between_reads_is_not_the_endpoints(store: S3Store) -> None:
+    # A body's deadline is read_timeout + bytes / min_rate: 0.3 + 0.25 s for 1 MiB here.
+    # The reader takes ~1.6 s in all, sleeping between reads (decoding what it read): the
+    # body moves fast whenever it is read, so it is never cut and never resumed.
+    slow = S3Store(
+        "bucket",
+        S3Config(endpoint_url=store.s3_config.endpoint_url, region="us-east-1"),
+        TransferConfig(read_timeout=0.3, min_rate=4 * MiB, retry_initial_delay=0.01),
+    )
+    out = bytearray(MiB)
+    view = memoryview(out)
+    stream = slow.open_range("obj", 0, MiB)
+    try:
+        off = 0
+        while off < MiB:
+            off += stream.readinto(view[off : off + 64 * 1024])
+            time.sleep(0.1)
+    finally:
+        stream.close()
+    assert bytes(out) == DATA[:MiB]
+    assert _Objects.ranges == [(0, MiB - 1)]  # one GET: no cut, no resume
