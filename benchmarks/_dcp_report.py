@@ -261,6 +261,15 @@ def ratios(
     return out
 
 
+def _measured_phases(measured: list[dict[str, Any]]) -> str:
+    """``PUT a / GET b then PUT c / GET d`` of limit measurements (``*``: taken busy)."""
+    return " then ".join(
+        f"PUT {m['put_mb_per_s']:.0f} / GET {m['get_mb_per_s']:.0f}"
+        + (" *" if m.get("busy") else "")
+        for m in measured
+    )
+
+
 def _header(meta: dict[str, Any]) -> list[str]:
     busy, judged = meta.get("busy_runs", 0), meta.get("runs_judged", 0)
     frac = meta.get("cpu_busy_min"), meta.get("cpu_busy_max")
@@ -292,12 +301,8 @@ def _header(meta: dict[str, Any]) -> list[str]:
     ]
     c = meta.get("ceiling")
     if c and c.get("best"):
-        measured = c.get("measured", [])
-        ms = " then ".join(
-            f"PUT {m['put_mb_per_s']:.0f} / GET {m['get_mb_per_s']:.0f}"
-            + (" *" if m.get("busy") else "")
-            for m in measured
-        )
+        measured = [m for m in c.get("measured", []) if "error" not in m]
+        ms = _measured_phases(measured)
         first = measured[0] if measured else {}
         lines += [
             "",
@@ -309,14 +314,9 @@ def _header(meta: dict[str, Any]) -> list[str]:
         ]
     lim = meta.get("shaped_limit")
     if lim and lim.get("best"):
-        measured = lim.get("measured", [])
-        ms = " then ".join(
-            f"PUT {m['put_mb_per_s']:.0f} / GET {m['get_mb_per_s']:.0f}"
-            + (" *" if m.get("busy") else "")
-            for m in measured
-            if "error" not in m
-        )
-        first = next((m for m in measured if "error" not in m), {})
+        measured = [m for m in lim.get("measured", []) if "error" not in m]
+        ms = _measured_phases(measured)
+        first = measured[0] if measured else {}
         lines += [
             "",
             f"Shaped lean-client limit (the same s3sim, shaping {meta.get('shaping') or 'on'}, "

@@ -12,7 +12,7 @@ import logging
 import pickle
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,14 +71,16 @@ _T = TypeVar("_T")
 
 def _together(first: Callable[[], object], second: Callable[[], _T]) -> _T:
     """Run both at once (``first`` on a thread of its own, its requests counted for the
-    caller's operation) and return ``second``'s result; the first failure raises, after
-    both ended."""
+    caller's operation) and return ``second``'s result once both ended. Where both fail,
+    ``first``'s error is raised, as when they ran one after the other (a Ctrl-C in
+    ``second`` still wins)."""
     with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-commit") as pool:
         other = pool.submit(in_context(first))
         try:
             result = second()
-        finally:
-            wait([other])
+        except Exception:
+            other.result()
+            raise
         other.result()
     return result
 

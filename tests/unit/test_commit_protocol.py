@@ -476,3 +476,21 @@ def test_verify_reports_a_damaged_metadata_copy_and_load_still_works(
     out = zeros(sd)
     load(store, out)
     assert_same(sd, out)
+
+
+def test_commit_steps_run_together_report_the_earlier_steps_failure() -> None:
+    # Two commit steps run at once; where both fail, the error is the one the first step
+    # raised when they ran in order (a missing object before a marker read's refusal).
+    from s3ckpt.dcp._finish import _together
+
+    def first() -> None:
+        raise ValueError("first")
+
+    def second() -> int:
+        raise KeyError("second")
+
+    with pytest.raises(ValueError, match="first"):
+        _together(first, second)
+    with pytest.raises(KeyError):
+        _together(lambda: None, second)
+    assert _together(lambda: None, lambda: 7) == 7
