@@ -70,6 +70,7 @@ def bucket(n: int) -> tuple[MemoryStore, StoreURL]:
             (),
             step,
             metrics={"val_loss": 2.0 / (1 + i) ** 0.3 + 0.01 * (i % 13), "lr": 3e-4},
+            format_version=2,  # item records inline (none here): no records object to write
         )
         store.put(ckpt.key(MANIFEST_NAME), m.to_json())
         if i % 1000 == 0:

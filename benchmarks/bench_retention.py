@@ -135,7 +135,16 @@ def bench_prune(n: int, objects: int) -> None:
             recs.append(ObjectRecord(f"__{r}_0.distcp", 1, r))
         store.put(ckpt.key(METADATA_NAME), b"m")
         m = Manifest(
-            "s", T0.timestamp() + i, objects, METADATA_NAME, 0, 1, tuple(recs), (), (i + 1) * 100
+            "s",
+            T0.timestamp() + i,
+            objects,
+            METADATA_NAME,
+            0,
+            1,
+            tuple(recs),
+            (),
+            (i + 1) * 100,
+            format_version=2,  # item records inline (none here): no records object to write
         )
         store.put(ckpt.key(MANIFEST_NAME), m.to_json())
     batches: list[int] = []

@@ -30,7 +30,7 @@ from benchmarks.s3sim import S3Sim
 from benchmarks.scale_model import retention_cron_requests, shallow_cron_requests
 from s3ckpt.config import S3Config
 from s3ckpt.format._manifest import Manifest, ObjectRecord
-from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, data_name
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, data_name, items_name
 from s3ckpt.format._names import metadata_name as per_save_metadata
 from s3ckpt.retention import KeepLast, RetentionOptions, prune_runs
 from s3ckpt.store import Location
@@ -63,6 +63,8 @@ def _checkpoint(prefix: str, step: int, ranks: int) -> list[tuple[str, bytes]]:
         step=step,
         metrics={"loss": 1.0 / (step + 1)},
     )
+    m, records = m.split_items(items_name(tag))
+    puts.append((prefix + items_name(tag), records))
     return [*puts, (prefix + MANIFEST_NAME, m.to_json())]
 
 

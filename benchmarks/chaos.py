@@ -235,6 +235,16 @@ class Results:
 
 
 # --------------------------------------------------------------------------- moto + S3
+def _joined(marker: bytes, items: bytes | None) -> bytes:
+    """A marker document with its item rows inline whatever its format (format 4 keeps them
+    in their own object, ``items`` naming it): what the manifest mutations edit."""
+    doc = json.loads(marker)
+    if items is not None and isinstance(doc["items"], dict):
+        rows = json.loads(items)
+        doc |= {"item_fields": rows["item_fields"], "items": rows["items"]}
+    return json.dumps(doc).encode()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -740,6 +750,7 @@ class Harness(TrustClasses, LifeClasses):
                 continue
             allowed.add(p + m.metadata_key)
             allowed |= {p + o.name for o in m.objects}
+            allowed |= {p + m.items_ref.name} if m.items_ref else set()
             plain = p + ".metadata"
             if m.metadata_key != ".metadata" and plain in keys:
                 if self.s3.get(bucket, plain) != self.s3.get(bucket, p + m.metadata_key):
@@ -1459,7 +1470,7 @@ class Harness(TrustClasses, LifeClasses):
 
             return f
 
-        metas = sorted({".metadata", m.metadata_key})
+        metas = sorted({".metadata", m.metadata_key, *([m.items_ref.name] if m.items_ref else [])})
         for name in data + metas:
             size = keys[src + name]
             offs = [0, size - 1, size // 2] + [self.rng.randrange(size) for _ in range(n_flips)]
@@ -1470,7 +1481,8 @@ class Harness(TrustClasses, LifeClasses):
         muts.append(
             ("flip s3ckpt.json@middle", "s3ckpt.json", flip("s3ckpt.json", len(man_raw) // 2))
         )
-        for label, fn in self.manifest_mutations(man_raw, data):
+        items_raw = self.s3.get(self.template, src + m.items_ref.name) if m.items_ref else None
+        for label, fn in self.manifest_mutations(_joined(man_raw, items_raw), data):
             for reseal in (False, True):
                 muts.append(
                     (
@@ -1611,7 +1623,22 @@ class Harness(TrustClasses, LifeClasses):
     ) -> Callable[[dict[str, bytes]], None]:
         def f(objs: dict[str, bytes]) -> None:
             doc = json.loads(objs["s3ckpt.json"])
+            ref = doc["items"] if isinstance(doc["items"], dict) else None
+            if ref is not None:  # format 4: the rows are in their own object, the marker names it
+                from s3ckpt._crc import crc32c
+
+                doc = json.loads(_joined(objs["s3ckpt.json"], objs[ref["name"]]))
             fn(doc)
+            if ref is not None:
+                rows = json.loads(objs[ref["name"]])
+                rows["items"] = doc.pop("items")
+                doc.pop("item_fields")
+                records = json.dumps(rows, separators=(",", ":")).encode()
+                if records != objs[ref["name"]]:
+                    objs[ref["name"]] = records
+                    if reseal:  # the marker commits the changed records
+                        ref |= {"size": len(records), "crc32c": f"{crc32c(records):08x}"}
+                doc["items"] = ref
             if reseal and "digest" in doc:
                 body = {k: v for k, v in doc.items() if k != "digest"}
                 canon = json.dumps(

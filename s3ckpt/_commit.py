@@ -33,8 +33,11 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 from s3ckpt import _crc
 from s3ckpt.errors import (
@@ -72,14 +75,19 @@ __all__ = [
     "metadata_matches",
     "process_gone",
     "process_start",
+    "read_items",
     "read_marker",
     "record_failure",
     "restore_stock_metadata",
+    "together",
     "writer_gone",
     "writer_record",
 ]
 
 log = logging.getLogger(__name__)
+
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 _BOOT_ID = "/proc/sys/kernel/random/boot_id"
 
@@ -347,6 +355,40 @@ def read_marker(store: ObjectStore, url: StoreURL) -> tuple[Manifest, str | None
     with expecting("not_found"):  # removed since the HEAD: uncommitted now
         raw = get_or_none(store, key)
     return None if raw is None else (Manifest.from_json(raw, where=key), info.etag)
+
+
+def read_items(store: ObjectStore, url: StoreURL, manifest: Manifest) -> Manifest:
+    """``manifest`` with its item records: a format-4 marker's are read from the object it
+    names (one GET) and checked against it (:meth:`Manifest.with_items`); an older marker's
+    are inline already.
+
+    Raises:
+        CorruptCheckpointError: The records object is missing or does not match the marker.
+    """
+    if manifest.items is not None or manifest.items_ref is None:
+        return manifest
+    key = url.key(manifest.items_ref.name)
+    with expecting("not_found"):
+        raw = get_or_none(store, key)
+    try:
+        return manifest.with_items(raw, where=key)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(exc.message, bucket=store.bucket, key=key) from None
+
+
+def together(first: Callable[[], _A], second: Callable[[], _B]) -> tuple[_A, _B]:
+    """Run both at once (``first`` on a thread of its own, its requests counted for the
+    caller's operation) and return their results once both ended. Where both fail,
+    ``first``'s error is raised, as when they ran one after the other (a Ctrl-C in
+    ``second`` still wins)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-together") as pool:
+        other = pool.submit(in_context(first))
+        try:
+            result = second()
+        except Exception:
+            other.result()
+            raise
+        return other.result(), result
 
 
 def get_or_none(store: ObjectStore, key: str) -> bytes | None:

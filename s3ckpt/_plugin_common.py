@@ -46,21 +46,19 @@ def dcp_errors(what: str, url: StoreURL | None = None, rank: int | None = None) 
         with quiet_dcp():
             yield
     except BaseException as exc:
-        where: dict[str, Any] = {}
-        if url is not None:
-            what, where = f"{what} of {url}", {"bucket": url.bucket, "key": url.prefix}
-        err = unwrap_checkpoint_exception(exc, what, rank=rank, **where)
+        at = {} if url is None else {"bucket": url.bucket, "key": url.prefix}
+        err = unwrap_checkpoint_exception(exc, f"{what} of {url}" if url else what, rank=rank, **at)
         raise err from err.__cause__
 
 
 def open_reader(where: Location, plugin: Any, allow_unsafe_pickle: bool) -> S3StorageReader:
     """The checkpoint at ``where``, opened with a plug-in's ``verify_checksums`` and
-    ``safe_globals``."""
+    ``safe_globals`` (``plugin=None``: the defaults, checksums verified and no more globals)."""
     return S3StorageReader(
         where,
-        verify_checksums=plugin.verify_checksums,
+        verify_checksums=getattr(plugin, "verify_checksums", True),
         allow_unsafe_pickle=allow_unsafe_pickle,
-        safe_globals=plugin.safe_globals,
+        safe_globals=getattr(plugin, "safe_globals", ()),
     )
 
 

@@ -11,7 +11,9 @@ check`` (:mod:`s3ckpt.tools._check`: a sample of the items, :func:`sample_items`
     v.read(readable)                             # coalesced ranged GETs, CRC32C per item
     v.faults                                     # what is wrong; each caller words its result
 
-Nothing raises for damage: every finding is a :class:`Fault`. Reads use the walk of the DCP
+Nothing raises for damage: every finding is a :class:`Fault`. Also here: the zip-framing check
+around a tensor's bytes inside a saved item (:func:`tensor_framing_error`), which pins
+``data_offset`` and the length independently of the manifest. Reads use the walk of the DCP
 reader (:class:`~s3ckpt._transfer.RangeWalk`): memory one ``read_chunk_size`` buffer per
 reading thread.
 """
@@ -19,6 +21,7 @@ reading thread.
 from __future__ import annotations
 
 import random
+import struct
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,13 +34,7 @@ from s3ckpt._crc import crc32c
 from s3ckpt._transfer import RangeWalk, ReadFailure, Span, SpanReader
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import ObjectNotFoundError, S3CkptError
-from s3ckpt.format._manifest import (
-    FRAMING_HEAD,
-    FRAMING_TAIL,
-    ItemRecord,
-    Manifest,
-    tensor_framing_error,
-)
+from s3ckpt.format._manifest import ItemRecord, Manifest
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.metrics.instrument import expecting, in_context, record_checksum_failure
 from s3ckpt.store import ObjectInfo, ObjectStore
@@ -45,7 +42,7 @@ from s3ckpt.store import ObjectInfo, ObjectStore
 __all__ = ["Fault", "Item", "Verifier", "item_name", "manifest_items", "sample_items"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """One saved item to check: where it lies, its recorded CRC32C (None: read only) and the
     name faults give it."""
@@ -95,7 +92,7 @@ def manifest_items(
     ranks = {o.name: o.rank for o in manifest.objects}
     return [
         Item(i.object, i.start, i.length, i.crc32c, name(i), ranks.get(i.object), i)
-        for i in manifest.items
+        for i in manifest.records
     ]
 
 
@@ -318,3 +315,41 @@ class Verifier:
         self.total = sum(req.size for _, req in jobs)
         walk.run(jobs)
         self.faults += [f for job in range(len(jobs)) for f in found.get(job, [])]
+
+
+FRAMING_HEAD = 512
+"""Bytes before a tensor's data that hold its zip local file header (30 bytes, the record
+name, and torch's alignment padding of at most 64 bytes)."""
+FRAMING_TAIL = 24
+"""Bytes after a tensor's data that hold its zip data descriptor (ZIP64: 24 bytes)."""
+
+
+def tensor_framing_error(
+    head: bytes | bytearray | memoryview, tail: bytes | bytearray | memoryview, nbytes: int
+) -> str | None:
+    """Why ``data_offset`` does not point at a tensor's data inside its item, or None.
+
+    An item is ``torch.save``'s zip archive; the tensor's bytes are the data of one record:
+    a local file header ends exactly where they begin, and a data descriptor carrying their
+    size follows them. Checking both pins ``data_offset`` and the length independently of
+    the manifest, so even a manifest re-sealed with a valid digest cannot make a reader take
+    other bytes for the tensor. ``head`` ends at ``data_offset`` (at least
+    :data:`FRAMING_HEAD` bytes of it, or all there is); ``tail`` starts right after the data.
+    """
+    head = bytes(head[-FRAMING_HEAD:])
+    at = head.rfind(b"PK\x03\x04")
+    if at < 0 or len(head) - at < 30:
+        return "no zip record header ends where the tensor data is said to begin"
+    name_len, extra_len = struct.unpack_from("<HH", head, at + 26)
+    if at + 30 + name_len + extra_len != len(head):
+        return "the zip record header before the tensor data does not end at data_offset"
+    if b"/data/" not in head[at + 30 : at + 30 + name_len]:
+        return "the zip record before the tensor data is not a tensor storage"
+    tail = bytes(tail[:FRAMING_TAIL])
+    if tail[:4] != b"PK\x07\x08" or len(tail) < 16:
+        return "no zip data descriptor follows the tensor data"
+    small = struct.unpack_from("<II", tail, 8)
+    large = struct.unpack_from("<QQ", tail, 8) if len(tail) >= 24 else None
+    if (nbytes, nbytes) not in (small, large):
+        return f"the zip record of the tensor data is not {nbytes} bytes long"
+    return None

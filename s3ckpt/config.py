@@ -328,8 +328,6 @@ class TransferConfig:
             n = math.ceil(target * 1000.0 / 8.0 / CONNECTION_MBPS)
             n = max(1, min(MAX_DERIVED_CONCURRENCY, n))
             object.__setattr__(self, "max_concurrency", _Unchosen(n))
-        if self.max_concurrency < 1:
-            raise bad("max_concurrency", ">= 1")
         if type(self.max_inflight_bytes) is _Unchosen:
             # One part per connection, at most as many parts as keep ``max_inflight_bytes +
             # part_size`` within UPLOAD_MEMORY_BOUND (one part, at least).
@@ -338,6 +336,7 @@ class TransferConfig:
         if self.max_inflight_bytes < self.part_size:
             raise bad("max_inflight_bytes", f">= part_size ({self.part_size})")
         for name, least, words in (
+            ("max_concurrency", 1, ">= 1"),
             ("target_object_size", 1, ">= 1"),
             ("read_request_size", MiB, ">= 1 MiB"),
             ("coalesce_gap", 0, ">= 0"),

@@ -177,22 +177,19 @@ class S3CheckpointManager(CheckpointManager):
         if self._retention is None:
             super()._purge_stale_checkpoints()
         elif self.policy is not None and rank_of() == 0:
-            pending = self.save_future  # set for async saves; a sync save has committed
-            if pending is None:
+            if self.save_future is None:  # a sync save: it has committed
                 self._schedule_retention()
-            else:
-                pending.add_done_callback(self._after_upload)
+            else:  # an async save: once its upload has succeeded
+                self.save_future.add_done_callback(self._schedule_retention)
 
     def _save_last_step(self, curr_step: int) -> None:
         super()._save_last_step(curr_step)
         if self._retention is not None:  # stock purges after every save but the last
             self._purge_stale_checkpoints()
 
-    def _after_upload(self, future: Future[Any]) -> None:
-        if not future.cancelled() and future.exception() is None:
-            self._schedule_retention()
-
-    def _schedule_retention(self) -> None:
+    def _schedule_retention(self, upload: Future[Any] | None = None) -> None:
+        if upload is not None and (upload.cancelled() or upload.exception() is not None):
+            return
         assert self._retention is not None and self.policy is not None
         try:
             self._retention.schedule(self.policy, DEFAULT_GRACE)

@@ -84,8 +84,7 @@ class StoreURL:
 def split_prefix(prefix: str) -> tuple[str, str]:
     """A key prefix's parent prefix and last segment, one trailing ``/`` dropped:
     ``a/b/c/`` -> (``a/b/``, ``c``); ``c/`` -> (``""``, ``c``); ``""`` -> (``""``, ``""``)."""
-    body = prefix[:-1] if prefix.endswith("/") else prefix
-    head, sep, name = body.rpartition("/")
+    head, sep, name = prefix.removesuffix("/").rpartition("/")
     return head + sep, name
 
 
@@ -157,11 +156,10 @@ def parse_url(url: str) -> StoreURL:
                 f"unsupported URL scheme {scheme!r} in {url!r}: expected s3://BUCKET/PREFIX, "
                 "a local path, or a URL of an fsspec file system (gs://, az://, file://, ...)"
             )
-    bucket = parts.netloc
     if scheme == "file":
         # file:///abs/path -> bucket "" is not allowed by S3 rules; keep the path whole.
         return StoreURL("file", "", _norm_prefix(parts.path))
-    if not bucket:
+    if not (bucket := parts.netloc):
         raise InvalidURLError(f"checkpoint URL {url!r} has no bucket; expected s3://BUCKET/PREFIX")
     if scheme == "s3" and not _BUCKET_RE.match(bucket):
         raise InvalidURLError(

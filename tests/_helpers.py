@@ -7,11 +7,17 @@ that test modules import.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from s3ckpt._crc import crc32c
 from s3ckpt.config import MiB, TransferConfig
+from s3ckpt.format._manifest import Manifest, manifest_digest
+from s3ckpt.format._names import MANIFEST_NAME
+from s3ckpt.store.base import ObjectStore
 
 __all__ = [
     "SMALL",
@@ -72,3 +78,34 @@ def open_uploads(client: Any, bucket: str, prefix: str = "") -> list[str]:
     """Keys of the open multipart uploads under ``prefix``, sorted."""
     resp = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix)
     return sorted(u["Key"] for u in resp.get("Uploads", []))
+
+
+def committed_manifest(get: Callable[[str], bytes], prefix: str) -> Manifest:
+    """The manifest committed at ``prefix`` with its item records (read from their own object
+    for format 4); ``get`` reads a key's bytes (a store's ``get``, or boto3's)."""
+    manifest = Manifest.from_json(get(prefix + MANIFEST_NAME))
+    ref = manifest.items_ref
+    return manifest if ref is None else manifest.with_items(get(prefix + ref.name), where=ref.name)
+
+
+def edit_items(
+    store: ObjectStore, prefix: str, edit: Callable[[list[list[Any]]], None], *, reseal: bool
+) -> None:
+    """A forger's edit of the item rows committed at ``prefix`` (format 4: in the item-records
+    object). ``reseal``: the marker is updated to commit the edited object (its size, CRC32C
+    and digest recomputed), as someone who knows the format would."""
+    marker = json.loads(store.get(prefix + MANIFEST_NAME))
+    key = prefix + marker["items"]["name"]
+    doc = json.loads(store.get(key))
+    edit(doc["items"])
+    body = json.dumps(doc).encode()
+    store.put(key, body)
+    if reseal:
+        marker["items"] |= {"size": len(body), "crc32c": f"{crc32c(body):08x}"}
+        marker["digest"] = manifest_digest(marker)
+        store.put(prefix + MANIFEST_NAME, json.dumps(marker).encode())
+
+
+def boto_get(client: Any, bucket: str) -> Callable[[str], bytes]:
+    """A key's bytes read with boto3's ``client`` (for :func:`committed_manifest`)."""
+    return lambda key: bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())

@@ -17,6 +17,7 @@ from s3ckpt.format._names import (
     METADATA_NAME,
     data_name,
     heartbeat_name,
+    items_name,
     metadata_name,
 )
 from s3ckpt.format._names import checkpoint_name as ckpt_name
@@ -89,6 +90,8 @@ def write_checkpoint(
             step=step if record_step else None,
             metrics=dict(metrics or {}),
         )
+        m, records = m.split_items(items_name(tag))
+        store.put(ckpt.key(items_name(tag)), records)
         store.put(ckpt.key(MANIFEST_NAME), m.to_json(), if_none_match=True)
         if per_save_metadata and metadata:
             store.put(ckpt.key(METADATA_NAME), META)

@@ -98,12 +98,8 @@ _DEADLINE_PER_READ_TIMEOUT = 2.5
 
 
 class CommandError(Exception):
-    """A command cannot go on: :func:`s3ckpt.cli.main` prints ``message`` as one error line
-    and exits with ``code``."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
+    """A command cannot go on (bad input): :func:`s3ckpt.cli.main` prints the message as one
+    error line and exits 2."""
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -225,7 +221,7 @@ class Command:
             self._write_metrics(False, CheckValues())
             raise
         finally:
-            self.counter.close()
+            self.counter.clear()  # the command's own output follows
 
     def finish(
         self, code: int, values: CheckValues | None = None, damaged: Iterable[CheckpointInfo] = ()
@@ -261,11 +257,9 @@ class Command:
 
 def exit_code_for(exc: BaseException) -> int:
     """The exit code for an error that ended a command (or one target of ``rm``)."""
-    if isinstance(exc, CommandError):
-        return exc.code
     if isinstance(exc, ClockSkewError):
         return EXIT_CLOCK
-    if isinstance(exc, (ConfigError, CheckpointNotFoundError, DeleteRefusedError)):
+    if isinstance(exc, (CommandError, ConfigError, CheckpointNotFoundError, DeleteRefusedError)):
         return EXIT_USAGE
     partial = isinstance(exc, S3CkptError) and not isinstance(exc, StoreError)
     return EXIT_PARTIAL if partial else EXIT_STORE

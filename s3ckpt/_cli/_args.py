@@ -14,6 +14,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from s3ckpt._step_names import compile_step_pattern
@@ -49,13 +50,10 @@ def _number(convert: Callable[[str], Any], what: str, ok: Callable[[Any], bool])
     """An argument type: ``convert(text)`` where ``ok`` holds it, else "expected {what}"."""
 
     def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
+        with suppress(ValueError):
+            if ok(value := convert(text)):
+                return value
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
 
     return parse
 

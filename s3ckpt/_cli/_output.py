@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import AbstractContextManager, suppress
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt._units import format_bytes
@@ -116,19 +117,16 @@ def progress_enabled(args: argparse.Namespace) -> bool | None:
     return False if getattr(args, "json", False) or getattr(args, "no_progress", False) else None
 
 
-class _StatusLine:
+class _StatusLine(AbstractContextManager[Any]):
     """One line on stderr, redrawn in place at most ten times a second from any thread;
     nothing at all when stderr is not a TTY (unless ``enabled=True``). A context manager:
     the line is closed on leaving."""
 
     def __init__(self, label: str, enabled: bool | None = None):
         self.label, self.stream = label, sys.stderr
-        if enabled is None:
-            try:
-                enabled = self.stream.isatty()
-            except (AttributeError, ValueError):  # no isatty, or closed
-                enabled = False
-        self.enabled = enabled
+        with suppress(AttributeError, ValueError):  # no isatty, or closed: not drawn
+            enabled = self.stream.isatty() if enabled is None else enabled
+        self.enabled = bool(enabled)
         self._t0, self._last, self._drawn = time.monotonic(), 0.0, False
         self._lock = threading.Lock()
 
@@ -155,9 +153,6 @@ class _StatusLine:
     def close(self) -> None:
         """End the line (the last state stays on screen)."""
         self._end("\n")
-
-    def __enter__(self) -> Any:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -190,7 +185,7 @@ class ProgressCounter(_StatusLine):
 
     ``counter.add(what, n)`` from any thread counts ``n`` more ``what`` (in the order
     first seen); draws at most ten times a second and only when stderr is a TTY (or
-    ``enabled=True``).
+    ``enabled=True``). ``counter.clear()`` erases it before the command's own output.
     """
 
     def __init__(self, label: str, enabled: bool | None = None):
@@ -203,7 +198,3 @@ class ProgressCounter(_StatusLine):
             self.counts[what] = self.counts.get(what, 0) + n
             parts = ", ".join(f"{v} {k}" for k, v in self.counts.items())
         self._draw(lambda elapsed: f"{self.label}: {parts}  {elapsed:.1f} s\x1b[K", force=False)
-
-    def close(self) -> None:
-        """Erase the line: the command's own output follows."""
-        self.clear()

@@ -113,9 +113,7 @@ def print_transitions(result: PruneResult) -> None:
 _LS_HEAD = ["NAME", "STEP", "STATE", "COMMITTED", "SIZE", "CLASS", "OBJECTS", "METRICS", "PINNED"]
 
 
-def print_ls(
-    root: StoreURL, catalogs: Sequence[RunCatalog], versions: Versions | None = None
-) -> None:
+def print_ls(root: StoreURL, catalogs: Sequence[RunCatalog], versions: Versions) -> None:
     """``ls``: each run's line and table of checkpoints, and its saves in progress; a
     damaged checkpoint (its marker unreadable, or ``s3ckpt check`` found it damaged: the
     catalog's :attr:`~s3ckpt.retention.CheckpointInfo.damaged`) shows as ``damaged``;
@@ -129,7 +127,7 @@ def print_ls(
         ck = cat.checkpoints
         committed, total = sum(c.is_committed for c in ck), format_bytes(sum(c.size for c in ck))
         print(f"{cat.run}  ({plural(len(ck), 'checkpoint')}, {committed} committed, {total})")
-        if versions is not None and versions.counted:
+        if versions.counted:
             _versions_line(versions, cat.run)
         if not ck:
             continue
@@ -144,25 +142,23 @@ def print_ls(
             if c.check is not None:  # what s3ckpt check found
                 when_, why = printable(c.check.checked_at), printable(c.check.reason)
                 print(f"  {c.name}: damaged (s3ckpt check at {when_}: {why})")
-    if versions is not None and not versions.counted and versions.sentence():
+    if not versions.counted and versions.sentence():
         print(versions.sentence())  # once: the same for every run
 
 
-def _versions_line(versions: Versions | None, run: StoreURL) -> None:
+def _versions_line(versions: Versions, run: StoreURL) -> None:
     """What a versioned bucket keeps under ``run`` as noncurrent versions, or why it could
     not be counted (nothing where nothing stays behind)."""
-    if line := versions and versions.sentence(run.prefix):
+    if line := versions.sentence(run.prefix):
         print(f"  {line}")
 
 
-def versions_json(versions: Versions | None, run: StoreURL) -> dict[str, Any]:
+def versions_json(versions: Versions, run: StoreURL) -> dict[str, Any]:
     """A run's noncurrent-version fields (:meth:`~s3ckpt.store.Versions.to_dict`)."""
-    return versions.to_dict(run.prefix) if versions is not None else {}
+    return versions.to_dict(run.prefix)
 
 
-def ls_json(
-    root: StoreURL, catalogs: Sequence[RunCatalog], versions: Versions | None = None
-) -> dict[str, Any]:
+def ls_json(root: StoreURL, catalogs: Sequence[RunCatalog], versions: Versions) -> dict[str, Any]:
     """``ls --json``'s document: each checkpoint's record (a damaged one has ``"damaged":
     true``, ``"life": "damaged"``, ``"damage"`` and, when ``s3ckpt check`` found it,
     ``"check"``: the check's entry with its problems); each run its noncurrent-version
@@ -181,7 +177,7 @@ def ls_json(
     }
 
 
-def print_prune(result: PruneResult, versions: Versions | None = None) -> None:
+def print_prune(result: PruneResult, versions: Versions) -> None:
     """One run's plan (and with ``--apply`` what was deleted), as a table; what a versioned
     bucket keeps of it as noncurrent versions (``versions``)."""
     p = result.plan

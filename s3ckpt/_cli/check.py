@@ -91,9 +91,8 @@ def _check(args: argparse.Namespace) -> int:
         )
     # Damage is bad data (1); only read failures is "could not read" (3): retry, or fix access.
     code = EXIT_OK if result.ok else EXIT_PARTIAL if result.damaged else EXIT_STORE
-    counts = {k: len(getattr(result, k)) for k in ("checked", "damaged", "incomplete")}
     values = CheckValues(
-        **counts,
+        **{k: len(getattr(result, k)) for k in ("checked", "damaged", "incomplete")},
         skipped=result.skipped_by_reason(),
         bytes_read=result.bytes_read,
         items_read=result.items_read,

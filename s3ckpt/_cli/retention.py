@@ -217,7 +217,7 @@ def _prune(args: argparse.Namespace) -> int:
                 cmd.metrics.add(outcome.run_metrics())  # type: ignore[union-attr]
             cmd.counter.clear()
             if outcome.result is None:
-                code = EXIT_BUSY if code == EXIT_OK else code
+                code = code or EXIT_BUSY
                 docs.append({"run": str(outcome.run), "busy": str(outcome.busy)})
                 if not args.json:
                     print(f"{outcome.run}  skipped: {outcome.busy}", file=sys.stderr)
@@ -298,16 +298,15 @@ def _rm(args: argparse.Namespace) -> int:
             )
         except (S3CkptError, CommandError) as exc:
             rc = EXIT_BUSY if isinstance(exc, LeaseHeldError) else exit_code_for(exc)
-            code = code or rc
             docs.append({"checkpoint": target, "error": str(exc), "exit_code": rc})
             error(str(exc))
-            continue
-        rc = EXIT_OK if result.ok else EXIT_PARTIAL
-        code = code or rc
-        docs.append({**result.to_dict(), "exit_code": rc})
-        if not args.json:
-            output.print_rm(result)
-            sys.stdout.flush()
+        else:
+            rc = EXIT_OK if result.ok else EXIT_PARTIAL
+            docs.append({**result.to_dict(), "exit_code": rc})
+            if not args.json:
+                output.print_rm(result)
+                sys.stdout.flush()
+        code = code or rc  # the first failure's
     if args.json:
         print_json({"dry_run": args.dry_run, "exit_code": code, "checkpoints": docs}, strict=True)
     return code

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from s3ckpt._cli import (
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_STORE,
-    EXIT_USAGE,
     CommandError,
     error,
     open_location,
@@ -138,7 +138,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
         "retrieval tier: Standard (GLACIER 3-5 h, DEEP_ARCHIVE 12 h), Bulk (cheaper, "
         "slower), Expedited (GLACIER only, minutes); default Standard"
     )
-    p.add_argument("--tier", choices=_TIERS, default="Standard", help=h)
+    p.add_argument("--tier", choices=("Standard", "Bulk", "Expedited"), default="Standard", help=h)
     p.add_argument("--wait", action="store_true", help="poll until every restored copy is readable")
     h = "with --wait: seconds between polls (one HEAD per object still restoring; default 300)"
     p.add_argument("--poll-seconds", type=seconds, default=300.0, metavar="S", help=h)
@@ -164,14 +164,23 @@ def _tool(args: argparse.Namespace, name: str) -> Any:
         what = f"{name} is not installed" if name in ("torch", "numpy") else f"{exc}"
         raise CommandError(
             f"'s3ckpt {args.command}' needs PyTorch ({what}): "
-            'pip install "s3ckpt[torch]" (ls, prune, pin, unpin and gc run without it)',
-            EXIT_USAGE,
+            'pip install "s3ckpt[torch]" (ls, prune, pin, unpin and gc run without it)'
         ) from None
 
 
-def _bar(args: argparse.Namespace) -> ProgressBar:
-    """The command's progress bar (closed on leaving its ``with`` block)."""
-    return ProgressBar(args.command, enabled=progress_enabled(args))
+def _run(
+    args: argparse.Namespace, name: str, *targets: str, names: Iterable[str] = (), **kwargs: Any
+) -> Any:
+    """Tool ``name``'s result on the command's ``targets`` (each opened), with the arguments
+    ``names`` and ``kwargs``, under the command's progress bar; with ``--json`` it is
+    printed."""
+    tool = _tool(args, name)
+    locations = [open_location(args, target) for target in targets]
+    with ProgressBar(args.command, enabled=progress_enabled(args)) as bar:
+        res = tool(*locations, **{n: getattr(args, n) for n in names}, **kwargs, progress=bar)
+    if args.json:
+        print_json(res.to_dict())
+    return res
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -179,10 +188,8 @@ def _inspect(args: argparse.Namespace) -> int:
         open_location(args, args.checkpoint), include=args.include, exclude=args.exclude
     )
     if args.json:
-        doc = info.to_dict()
-        if args.summary:  # totals only: no per-tensor / per-object lists
-            doc = {k: v for k, v in doc.items() if k not in ("tensors", "objects")}
-        print_json(doc)
+        skip = ("tensors", "objects") if args.summary else ()  # totals only: no such lists
+        print_json({k: v for k, v in info.to_dict().items() if k not in skip})
     else:
         _print_inspect(info, summary=args.summary)
     if info.damage is None:
@@ -235,15 +242,8 @@ def _print_inspect(info: InspectResult, *, summary: bool) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    verify_checkpoint = _tool(args, "verify_checkpoint")
-    checkpoint = open_location(args, args.checkpoint)
-    with _bar(args) as bar:
-        res = verify_checkpoint(
-            checkpoint, read_data=True if args.read_data else None, progress=bar
-        )
-    if args.json:
-        print_json(res.to_dict())
-    else:
+    res = _run(args, "verify_checkpoint", args.checkpoint, read_data=args.read_data or None)
+    if not args.json:
         what = "CRC32C checked" if res.checksums else "no checksums: structure and sizes"
         print(
             f"{res.url}: {plural(res.items, 'item')} in {plural(res.objects, 'object')}, "
@@ -280,13 +280,8 @@ def _label(status: str, labels: dict[str, str]) -> str:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    diff_checkpoints = _tool(args, "diff_checkpoints")
-    a, b = open_location(args, args.a), open_location(args, args.b)
-    with _bar(args) as bar:
-        res = diff_checkpoints(a, b, include=args.include, exclude=args.exclude, progress=bar)
-    if args.json:
-        print_json(res.to_dict())
-    else:
+    res = _run(args, "diff_checkpoints", args.a, args.b, names=("include", "exclude"))
+    if not args.json:
         print(f"A  {res.a}\nB  {res.b}")
         rows = []
         for e in res.entries:
@@ -319,16 +314,11 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    export_checkpoint = _tool(args, "export_checkpoint")
     if args.converter and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `--converter mymodule:fn` from the current folder
-    checkpoint, dest = open_location(args, args.checkpoint), open_location(args, args.dest)
-    with _bar(args) as bar:
-        names = ("format", "dtype", "max_shard_size", "only", "include", "exclude", "converter")
-        options = {n: getattr(args, n) for n in (*names, "overwrite")}
-        res = export_checkpoint(checkpoint, dest, **options, progress=bar)
+    names = ("format", "dtype", "max_shard_size", "only", "include", "exclude", "converter")
+    res = _run(args, "export_checkpoint", args.checkpoint, args.dest, names=(*names, "overwrite"))
     if args.json:
-        print_json(res.to_dict())
         return EXIT_OK
     print(
         f"exported {plural(res.tensors, 'tensor')} ({format_bytes(res.tensor_bytes)}) from "
@@ -351,7 +341,7 @@ def _import(args: argparse.Namespace) -> int:
     # SRC names a file, an index or a folder as typed (its text is recorded in the
     # checkpoint), so it is opened by import_safetensors; DEST is a checkpoint prefix.
     dest = open_location(args, args.dest)
-    with _bar(args) as bar:
+    with ProgressBar(args.command, enabled=progress_enabled(args)) as bar:
         res = import_safetensors(
             args.src,
             dest,
@@ -373,7 +363,6 @@ def _import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_TIERS = ("Standard", "Bulk", "Expedited")
 _RESTORE_LABELS = {"archived": "failed"}  # a restore request that failed
 
 
@@ -386,14 +375,8 @@ def _restore(args: argparse.Namespace) -> int:
     Exit codes: 0 every restore asked for (or, with ``--wait``, every object readable); 1 some
     requests failed (each named); 2 bad input (a URL with nothing to restore, a bad option).
     """
-    restore_checkpoint = _tool(args, "restore_checkpoint")
-    location = open_location(args, args.url)
-    with _bar(args) as bar:
-        options = {n: getattr(args, n) for n in ("days", "tier", "wait", "poll_seconds")}
-        res = restore_checkpoint(location, **options, progress=bar)
-    if args.json:
-        print_json(res.to_dict())
-    else:
+    res = _run(args, "restore_checkpoint", args.url, names=("days", "tier", "wait", "poll_seconds"))
+    if not args.json:
         print(
             f"{res.url}: {plural(len(res.checkpoints), 'checkpoint')}, "
             f"{plural(len(res.objects), 'object')} ({res.tier} tier, {res.days} days)"

@@ -52,7 +52,7 @@ def pack(sizes: Sequence[int], n_bins: int) -> list[list[int]]:
     return [sorted(b) for b in bins if b]
 
 
-@dataclass
+@dataclass(slots=True)
 class Request(Generic[T]):
     """One ranged GET covering ``[start, end)`` and the spans inside it, sorted."""
 

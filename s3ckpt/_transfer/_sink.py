@@ -235,9 +235,7 @@ class ObjectSink(io.RawIOBase):
         once the uploader finished) and the offset of the watched buffer (or None)."""
         self._fold_crc()
         self._in_item, self._watch, self._hold = False, None, None
-        pieces = [*self._item_pieces, (self._item_crc, self._item_run)]
-        self._item_pieces = []
-        return ItemCrc(pieces), self._watch_pos
+        return ItemCrc([*self._item_pieces, (self._item_crc, self._item_run)]), self._watch_pos
 
     # parts
     def _flush_part(self) -> None:
@@ -280,9 +278,7 @@ class ObjectSink(io.RawIOBase):
         up = self._up
         up.raise_if_failed()
         if self._upload is None:
-            buf, fill = self._buf, self._fill
-            self._buf = None
-            self.completion = up.send_object(self.key, buf, fill)
+            self.completion, self._buf = up.send_object(self.key, self._buf, self._fill), None
             return
         if self._fill:
             self._flush_part()

@@ -44,7 +44,6 @@ class PartPool:
 
     def __init__(self, part_size: int, n_buffers: int) -> None:
         self.part_size = part_size
-        self.n_buffers = n_buffers
         self._slots = threading.Semaphore(n_buffers)
         self._lock = threading.Lock()
         self._free: list[bytearray] = []
@@ -187,8 +186,7 @@ class Uploader:
         """A free buffer; blocks while every buffer is in flight (back-pressure), and
         raises the first background failure at once, waiting or not."""
         self.raise_if_failed()
-        buf = self._buffers.take()
-        if buf is None:
+        if (buf := self._buffers.take()) is None:
             self.raise_if_failed()
             raise _Aborted("upload buffers closed")  # not reached: a failure closes them
         return buf
@@ -299,12 +297,23 @@ class Uploader:
     def send_complete(
         self, key: str, upload: Future[str], parts: list[Future[CompletedPart]]
     ) -> Future[None]:
-        """CompleteMultipartUpload once every part in ``parts`` is sent (background)."""
+        """CompleteMultipartUpload once every part in ``parts`` is sent (background).
+
+        When the first attempt's reply is lost after S3 assembled the object, the retry finds
+        no such upload (404 NoSuchUpload). The key belongs to this save alone (it carries the
+        save's tag), so an object there of exactly the parts' total size is ours: done.
+        """
 
         def complete() -> None:
             wait(parts)
-            upload_id = upload.result()
-            _complete(self.store, key, upload_id, [f.result() for f in parts])
+            upload_id, done = upload.result(), [f.result() for f in parts]
+            try:
+                self.store.complete_multipart(key, upload_id, done)
+            except ObjectNotFoundError:
+                info = self.store.head(key)
+                if info is None or info.size != sum(p.size for p in done):
+                    raise
+                log.info("complete of %s confirmed by reading it back (its reply was lost)", key)
             self._done(key)
 
         return self.submit(complete, completer=True)
@@ -361,8 +370,7 @@ class Uploader:
                 leftovers.append(key)
         if completed:
             try:
-                failures = self.store.delete(completed)
-                leftovers.extend(f.key for f in failures)
+                leftovers.extend(f.key for f in self.store.delete(completed))
             except Exception as exc:
                 log.error("could not delete %d objects of the failed save: %s", len(completed), exc)
                 leftovers.extend(completed)
@@ -374,22 +382,6 @@ class Uploader:
         self._pool.shutdown()
         self._completer.shutdown(wait=True)
         self._buffers.clear()
-
-
-def _complete(store: ObjectStore, key: str, upload_id: str, parts: list[CompletedPart]) -> None:
-    """CompleteMultipartUpload, with a lost reply decided by reading back.
-
-    When the first attempt's reply is lost after S3 assembled the object, the retry finds
-    no such upload (404 NoSuchUpload). The key belongs to this save alone (it carries the
-    save's tag), so an object there of exactly the parts' total size is ours: done.
-    """
-    try:
-        store.complete_multipart(key, upload_id, parts)
-    except ObjectNotFoundError:
-        info = store.head(key)
-        if info is None or info.size != sum(p.size for p in parts):
-            raise
-        log.info("complete of %s confirmed by reading it back (its reply was lost)", key)
 
 
 def format_leftovers(keys: list[str]) -> str:

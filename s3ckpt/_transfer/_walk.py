@@ -45,7 +45,7 @@ __all__ = ["RangeWalk", "ReadFailure", "Span", "SpanReader"]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Span(Generic[T]):
     """One byte range ``[start, end)`` of object ``name``."""
 
@@ -201,12 +201,11 @@ class RangeWalk(Generic[T]):
         """The requests that read every span, largest first (ties in object order), each
         at most ``max_size`` bytes (default ``read_request_size``) unless one span is
         larger."""
-        tc = self.config
-        limit = tc.read_request_size if max_size is None else max_size
+        limit = self.config.read_request_size if max_size is None else max_size
         jobs = [
             (name, req)
             for name, spans in spans_by_object.items()
-            for req in coalesce(list(spans), tc.coalesce_gap, limit)
+            for req in coalesce(list(spans), self.config.coalesce_gap, limit)
         ]
         return sorted(jobs, key=lambda j: -j[1].size)
 

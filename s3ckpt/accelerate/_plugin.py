@@ -127,12 +127,14 @@ class S3Checkpointing:
             CheckpointExistsError: automatic naming, and ``checkpoint_{save_iteration}``
                 is already committed (as accelerate refuses an existing folder).
         """
-        target = self._save_target(output_dir)
-        if target is None:
-            return self._original["save_state"](
-                output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
-            )
-        return self._save(*target)
+        acc, run = self.accelerator, self._auto_run()
+        if run is not None:  # the checkpoint, in its run (the parent prefix)
+            return self._save(run.child(f"checkpoint_{acc.save_iteration}"), automatic=True)
+        if not acc.project_configuration.automatic_checkpoint_naming and is_url(output_dir):
+            return self._save(self._at(str(output_dir)), automatic=False)
+        return self._original["save_state"](
+            output_dir, safe_serialization=safe_serialization, **save_model_func_kwargs
+        )
 
     def load_state(
         self,
@@ -222,25 +224,16 @@ class S3Checkpointing:
                 ``safe_serialization``) a value safetensors cannot store; before anything
                 is written.
         """
+        options: dict[str, Any] = {
+            "max_shard_size": max_shard_size,
+            "safe_serialization": safe_serialization,
+        }
         if not is_url(save_directory):
-            self._original["save_model"](
-                model,
-                save_directory,
-                max_shard_size=max_shard_size,
-                safe_serialization=safe_serialization,
-            )
+            self._original["save_model"](model, save_directory, **options)
             return
         where = self._at(str(save_directory))
         state_dict = st.model_state_dict(self.accelerator, model, where.url)  # collective (FSDP)
-        written = agree(
-            lambda: st.write_model_files(
-                state_dict,
-                where,
-                max_shard_size=max_shard_size,
-                safe_serialization=safe_serialization,
-            ),
-            self._pg,
-        )
+        written = agree(lambda: st.write_model_files(state_dict, where, **options), self._pg)
         log.info("s3ckpt: saved model %s (%s)", where.url, ", ".join(written))
 
     def remove(self) -> None:
@@ -272,16 +265,6 @@ class S3Checkpointing:
             return self._at(str(acc.project_dir)).child("checkpoints")
         return None
 
-    def _save_target(self, output_dir: str | None) -> tuple[Location, bool] | None:
-        """Where a save goes (the checkpoint, in its run: the parent prefix), and whether by
-        automatic naming; None: accelerate's own."""
-        acc, run = self.accelerator, self._auto_run()
-        if run is not None:
-            return run.child(f"checkpoint_{acc.save_iteration}"), True
-        if acc.project_configuration.automatic_checkpoint_naming or not is_url(output_dir):
-            return None
-        return self._at(str(output_dir)), False
-
     def _candidates(self, run: Location) -> list[Candidate]:
         """The committed checkpoints under ``run``, newest first, as the catalog judged
         them: the main process lists, every rank gets the answer."""
@@ -301,7 +284,7 @@ class S3Checkpointing:
         return None if found is None else found[0].url
 
     # -- save -----------------------------------------------------------------------------------
-    def _save(self, ckpt: Location, automatic: bool) -> str:
+    def _save(self, ckpt: Location, *, automatic: bool) -> str:
         import accelerate
 
         acc = self.accelerator
@@ -369,11 +352,10 @@ class S3Checkpointing:
         models = list(acc._models)
         # accelerate's load pre-hooks see (models, input_dir) and may take models out
         # (they loaded those themselves); under FSDP they see none.
-        load_models: list[torch.nn.Module] = [] if self._fsdp else list(models)
+        hooked: list[torch.nn.Module] = [] if self._fsdp else list(models)
         for hook in acc._load_model_state_pre_hook.values():
-            hook(load_models, str(url))
-        if self._fsdp:
-            load_models = models
+            hook(hooked, str(url))
+        load_models = models if self._fsdp else hooked
         opts = st.optimizers(acc, models)
         sd = self._entries([tsd.get_model_state_dict(m) for m in load_models], opts)
         saved = {fqn.split(".")[0] for fqn in reader.metadata.state_dict_metadata}

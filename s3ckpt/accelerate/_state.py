@@ -22,7 +22,6 @@ earlier sharded save left when the new save is one file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
@@ -35,7 +34,7 @@ import torch
 from s3ckpt._plugin_common import patch_once
 from s3ckpt._transfer import ObjectSink, Uploader, format_leftovers
 from s3ckpt.errors import ConfigError
-from s3ckpt.store import Location, ObjectStore
+from s3ckpt.store import Location
 from s3ckpt.tools._safetensors import TORCH_TO_ST, build_header, tensor_bytes
 from s3ckpt.uri import StoreURL
 
@@ -181,9 +180,7 @@ def _sampler(loader: Any) -> Any:
 
     outer = getattr(loader, "sampler", None)
     batches = outer if isinstance(outer, BatchSampler) else getattr(loader, "batch_sampler", None)
-    for _ in range(4):  # BatchSamplerShard -> BatchSampler -> sampler
-        if batches is None:
-            return None
+    for _ in range(4):  # BatchSamplerShard -> BatchSampler -> sampler (None: None)
         inner = getattr(batches, "sampler", None)
         if inner is not None:
             return inner
@@ -201,10 +198,9 @@ def _generator(loader: Any, sampler: Any) -> torch.Generator | None:
 # -- random number generators ------------------------------------------------------------------
 def _device_rng_module() -> tuple[str, Any] | None:
     """The accelerator device's name and torch module (``cuda``, ``xpu`` ...), if any."""
-    accel = getattr(torch, "accelerator", None)
-    if accel is None or not accel.is_available():
+    if not torch.accelerator.is_available():
         return None
-    name = accel.current_accelerator().type
+    name = torch.accelerator.current_accelerator().type
     module = torch.get_device_module(name)
     return (name, module) if hasattr(module, "get_rng_state_all") else None
 
@@ -212,11 +208,10 @@ def _device_rng_module() -> tuple[str, Any] | None:
 def rng_state() -> dict[str, Any]:
     """This process's RNG states: Python's, NumPy's legacy global one, torch's CPU one and
     each accelerator device's."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    with contextlib.suppress(ImportError):
-        import numpy as np
+    import numpy as np  # (a dependency of accelerate's)
 
-        state["numpy"] = np.random.get_state()
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    state["numpy"] = np.random.get_state()
     device = _device_rng_module()
     if device is not None:
         name, module = device
@@ -330,7 +325,7 @@ def write_model_files(
         raw = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode("utf-8")
         store.put(url.key(index_name), raw)
         written.append(index_name)
-    _remove_stale(store, url, weights, index_name, set(written))
+    _remove_stale(where, weights, index_name, set(written))
     return written
 
 
@@ -350,12 +345,11 @@ def _write_safetensors(shard: Mapping[str, torch.Tensor], sink: ObjectSink) -> N
             sink.write(tensor_bytes(t))
 
 
-def _remove_stale(
-    store: ObjectStore, url: StoreURL, weights: str, index_name: str, keep: set[str]
-) -> None:
-    """Delete what an earlier save left under ``url`` that this save's files replace:
+def _remove_stale(where: Location, weights: str, index_name: str, keep: set[str]) -> None:
+    """Delete what an earlier save left under ``where`` that this save's files replace:
     shards of accelerate's pattern the new files do not include, and the index when the
     new save is not sharded. Other objects there are left alone."""
+    store, url = where.store, where.url
     stem, ext = weights.rsplit(".", 1)
     shard = re.compile(rf"{re.escape(stem)}.*-\d{{5}}-of-\d{{5}}\.{re.escape(ext)}")
     stale = [

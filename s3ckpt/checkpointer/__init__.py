@@ -166,8 +166,7 @@ class Checkpointer(AtLocation):
             path, s3_config=s3_config, transfer_config=transfer_config, store=store
         )
         self.policy = resolve_policy(policy)
-        self.on_busy = on_busy
-        self.verify_checksums = verify_checksums
+        self.on_busy, self.verify_checksums = on_busy, verify_checksums
         self.retention_grace = retention_grace
 
         # A collective in a distributed job: every rank constructs its Checkpointer here.

@@ -62,10 +62,9 @@ _CTRL_C = "abandoned by Ctrl-C"
 def _at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT_SECONDS
     lost: list[str] = []
-    for ref in list(_EXIT_PARTS):
-        part = ref()
-        if part is not None:  # after a Ctrl-C here, nothing more is waited for
-            lost += part.drain_at_exit(time.monotonic() if _CTRL_C in str(lost) else deadline)
+    for part in [p for ref in _EXIT_PARTS if (p := ref()) is not None]:
+        # After a Ctrl-C here, nothing more is waited for.
+        lost += part.drain_at_exit(time.monotonic() if _CTRL_C in str(lost) else deadline)
     if lost:
         interrupted = isinstance(getattr(sys, "last_value", None), KeyboardInterrupt)
         code = 130 if interrupted or _CTRL_C in str(lost) else 1

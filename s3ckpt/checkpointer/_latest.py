@@ -132,8 +132,6 @@ def load_newest_good(
         except BaseException as exc:
             err = unwrap_checkpoint_exception(exc, f"the load of {c}", bucket=run.bucket)
             if not fallback or not isinstance(err, DAMAGE):
-                if err is exc:
-                    raise
                 raise err from err.__cause__
             skipped.append(f"{c}: failed verification while loading: {err}")
             log.warning(f"s3ckpt: skipping {skipped[-1]}; loading the newest good one before it")
@@ -151,9 +149,7 @@ class LatestPointer:
     """Writes the ``latest`` pointer of the run at ``url`` and resolves steps from it."""
 
     def __init__(self, store: ObjectStore, url: StoreURL, ranks: RankGroup) -> None:
-        self._store = store
-        self.url = url
-        self._ranks = ranks
+        self._store, self.url, self._ranks = store, url, ranks
         self._run_checked = False  # the URL was found to be no checkpoint (a misspelt run
         # is reported once per Checkpointer, when a resume first finds nothing)
 
@@ -168,13 +164,16 @@ class LatestPointer:
         except Exception as exc:
             log.warning("s3ckpt: could not update %s: %s", self.url.key(LATEST_NAME), exc)
 
-    def check_run_url(self) -> None:
+    def check_run_url(self, *, saving: bool = True) -> bool:
         """Raise :class:`~s3ckpt.errors.ConfigError` if the run URL is a checkpoint's,
-        before a save nests checkpoints inside it. Local (every rank asks: one or two
-        HEADs), once per Checkpointer."""
-        if not self._run_checked:
-            refuse_checkpoint_url(self._store, self.url, saving=True)
-            self._run_checked = True
+        before a save nests checkpoints inside it (``saving``; else before a resume finds
+        nothing). Local (every rank asks: one or two HEADs), once per Checkpointer: whether
+        it was checked now."""
+        if self._run_checked:
+            return False
+        refuse_checkpoint_url(self._store, self.url, saving=saving)
+        self._run_checked = True
+        return True
 
     def candidates(self, grace: timedelta) -> Iterator[Candidate]:
         """The run's committed checkpoints, newest first, each with the catalog's damage, on
@@ -247,9 +246,7 @@ class LatestPointer:
             if c.is_committed and c.step is not None and c.step not in seen:
                 seen.add(c.step)
                 yield c.step, c.damage
-        if not seen and not self._run_checked:  # nothing to resume: a wrong URL? (once)
-            refuse_checkpoint_url(self._store, self.url, saving=False)
-            self._run_checked = True
+        if not seen and self.check_run_url(saving=False):  # nothing to resume: a wrong URL?
             warn_if_misspelt(self._store, self.url)
 
     def _read(self) -> int | None:
@@ -345,9 +342,10 @@ def _children(store: ObjectStore, url: StoreURL) -> Iterator[StoreURL]:
             yield child
 
 
-def _is_run(store: ObjectStore, url: StoreURL) -> bool:
-    """Whether ``url`` has a sub-prefix named like a checkpoint (one LIST request)."""
-    return any(checkpoint_step(c.name) is not None for c in _children(store, url))
+def _is_run(children: Iterable[StoreURL]) -> bool:
+    """Whether ``children`` (:func:`_children`: one LIST request) hold a sub-prefix named like
+    a checkpoint."""
+    return any(checkpoint_step(c.name) is not None for c in children)
 
 
 def nearby_runs(store: ObjectStore, url: StoreURL) -> list[StoreURL] | None:
@@ -361,7 +359,7 @@ def nearby_runs(store: ObjectStore, url: StoreURL) -> list[StoreURL] | None:
     (:func:`difflib.get_close_matches`); the nearest are confirmed by one listing each.
     """
     children = list(_children(store, url))
-    if any(checkpoint_step(c.name) is not None for c in children):
+    if _is_run(children):
         return None
     candidates = {c.prefix: c for c in children}
     parent = url.parent
@@ -372,9 +370,8 @@ def nearby_runs(store: ObjectStore, url: StoreURL) -> list[StoreURL] | None:
             for name in get_close_matches(parent.name, uncles, _MAX_UNCLES, cutoff=0):
                 candidates.update((c.prefix, c) for c in _children(store, uncles[name]))
     ranked = get_close_matches(url.prefix, candidates, _MAX_PROBES, cutoff=0)
-    return list(
-        islice((candidates[p] for p in ranked if _is_run(store, candidates[p])), _MAX_NAMED)
-    )
+    confirmed = (candidates[p] for p in ranked if _is_run(_children(store, candidates[p])))
+    return list(islice(confirmed, _MAX_NAMED))
 
 
 def warn_if_misspelt(store: ObjectStore, url: StoreURL) -> None:

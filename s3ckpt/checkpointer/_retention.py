@@ -88,8 +88,7 @@ class RetentionRunner:
     """
 
     def __init__(self, store: ObjectStore, url: StoreURL) -> None:
-        self._store = store
-        self._url = url
+        self._store, self._url = store, url
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-retention")
         self._future: Future[Any] | None = None
         self._lock = threading.Lock()

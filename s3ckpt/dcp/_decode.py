@@ -38,6 +38,7 @@ import torch
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
+from s3ckpt._verify import tensor_framing_error
 from s3ckpt.dcp._safe import (
     SAFE_GLOBALS,
     check_item,
@@ -54,7 +55,7 @@ from s3ckpt.errors import (
     StateMismatchError,
     UnsafeCheckpointError,
 )
-from s3ckpt.format._manifest import ItemRecord, tensor_framing_error
+from s3ckpt.format._manifest import ItemRecord
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.metrics.instrument import record_checksum_failure
 
@@ -86,10 +87,9 @@ class ByteSource(Protocol):
 
     def readinto_all(self, view: memoryview, what: str, crc: int = 0) -> int:
         """Fill ``view`` with the span's next bytes; their CRC32C continued from ``crc``."""
-        ...
 
 
-@dataclass
+@dataclass(slots=True)
 class ItemSpan:
     """One stored item (a byte range of an object) and every read item that needs it."""
 
@@ -100,13 +100,14 @@ class ItemSpan:
 
 @dataclass(frozen=True)
 class DirectTarget:
-    """A tensor item streamed straight into its destination: ``head_len`` bytes of framing,
-    ``nbytes`` of tensor data (into ``tensor``'s memory), ``tail_len`` of framing."""
+    """A tensor item streamed straight into its destination: its framing before the tensor
+    data (into ``head``), ``nbytes`` of tensor data (into ``tensor``'s memory), its framing
+    after (into ``tail``)."""
 
     tensor: torch.Tensor
-    head_len: int
+    head: bytearray
     nbytes: int
-    tail_len: int
+    tail: bytearray
 
     def data(self) -> memoryview:
         """The destination's bytes, writable."""
@@ -131,9 +132,7 @@ class SpanDecoder:
     """
 
     def __init__(self, reader: Any, planner: LoadPlanner) -> None:
-        self.reader = reader
-        self.planner = planner
-        self.lock = threading.Lock()
+        self.reader, self.planner, self.lock = reader, planner, threading.Lock()
         self.url, self.bucket, self.rank = reader.url, reader.store.bucket, reader.rank
 
     # -- a plan as spans ----------------------------------------------------------------------
@@ -191,30 +190,21 @@ class SpanDecoder:
         if found != ("cpu", dtype, True, tuple(sizes)):
             return None
         nbytes = target.numel() * target.element_size()
-        tail_len = span.info.length - data_offset - nbytes
-        if tail_len < 0:
+        if (tail_len := span.info.length - data_offset - nbytes) < 0:
             raise self._error(
                 CorruptCheckpointError,
                 f"{read.storage_index.fqn}: {MANIFEST_NAME} places {nbytes} tensor "
                 "bytes past the item's end",
                 key,
             )
-        return DirectTarget(target, data_offset, nbytes, tail_len)
+        return DirectTarget(target, bytearray(data_offset), nbytes, bytearray(tail_len))
 
-    def finish_direct(
-        self,
-        span: ItemSpan,
-        key: str,
-        direct: DirectTarget,
-        head: Any,
-        tail: Any,
-        crc: int,
-    ) -> None:
-        """Check a directly streamed item (its CRC32C ``crc``, its framing ``head`` and
-        ``tail``) and commit its tensor."""
+    def finish_direct(self, span: ItemSpan, key: str, direct: DirectTarget, crc: int) -> None:
+        """Check a directly streamed item (its CRC32C ``crc``, its framing) and commit its
+        tensor."""
         fqn = span.reads[0].storage_index.fqn
         self._check(crc, span.record, key, fqn)
-        self._check_framing(head, tail, direct.nbytes, key, fqn)
+        self._check_framing(direct.head, direct.tail, direct.nbytes, key, fqn)
         with self.lock:
             self.planner.commit_tensor(span.reads[0], direct.tensor)
 
@@ -222,7 +212,7 @@ class SpanDecoder:
         self,
         span: ItemSpan,
         key: str,
-        buf: bytearray,
+        buf: memoryview,
         crc: int,
     ) -> None:
         """Check and decode an item read whole into ``buf`` (``crc``: its CRC32C) into
@@ -238,7 +228,8 @@ class SpanDecoder:
             return
         tensor = self._decode_tensor(data, span, key)
         for read in span.reads:
-            piece = _narrow(tensor, read.storage_offsets, read.lengths)
+            index = zip(read.storage_offsets, read.lengths, strict=True)
+            piece = tensor[tuple(slice(start, start + n) for start, n in index)]
             with self.lock:
                 dest = self.planner.resolve_tensor(read).detach()
             if dest.size() != piece.size():  # a planner that skipped torch's size check
@@ -274,7 +265,7 @@ class SpanDecoder:
 
     def _check_framing(self, head: Any, tail: Any, nbytes: int, key: str, fqn: str) -> None:
         """The item's own zip framing must put the tensor where the manifest says (see
-        :func:`~s3ckpt.format.tensor_framing_error`): a manifest edited and re-sealed
+        :func:`~s3ckpt._verify.tensor_framing_error`): a manifest edited and re-sealed
         cannot make a reader take other bytes for the tensor."""
         if (why := tensor_framing_error(head, tail, nbytes)) is not None:
             raise self._error(
@@ -284,15 +275,14 @@ class SpanDecoder:
                 key,
             )
 
-    def _check_safe(self, buf: bytes | bytearray, key: str, fqn: str) -> None:
+    def _check_safe(self, buf: bytes | memoryview, key: str, fqn: str) -> None:
         if self.reader.allow_unsafe_pickle:
             return
         allowed = (*SAFE_GLOBALS, *self.reader.safe_globals)
         try:
             check_item(buf, allowed)
         except Exception as exc:
-            names = missing_globals(buf, allowed, exc)
-            if names:
+            if names := missing_globals(buf, allowed, exc):
                 name = ", ".join(names)
                 what = f"needs {name}, which the safe loader does not allow"
                 kinds = "these are plain value types" if names[1:] else "it is a plain value type"
@@ -323,13 +313,11 @@ class SpanDecoder:
             return None
         return None if span.info.transform_descriptors else (*chunk, record.data_offset)
 
-    def untransform(self, span: ItemSpan, key: str, buf: bytearray) -> bytes | bytearray:
+    def untransform(self, span: ItemSpan, key: str, buf: memoryview) -> bytes | memoryview:
         """The item's bytes with its stream transforms undone (``buf`` itself without any)."""
-        descriptors = span.info.transform_descriptors
-        if not descriptors:
+        if not (descriptors := span.info.transform_descriptors):
             return buf
-        read = span.reads[0]
-        fqn = read.storage_index.fqn
+        read, fqn = span.reads[0], span.reads[0].storage_index.fqn
         try:
             stream = transform_load_stream(
                 read, descriptors, io.BytesIO(buf), self.reader.extension_registry
@@ -354,7 +342,7 @@ class SpanDecoder:
                 key,
             ) from exc
 
-    def _decode_tensor(self, buf: bytes | bytearray, span: ItemSpan, key: str) -> torch.Tensor:
+    def _decode_tensor(self, buf: bytes | memoryview, span: ItemSpan, key: str) -> torch.Tensor:
         """``buf``, an item's bytes with its transforms undone, as the saved tensor."""
         read, layout = span.reads[0], self._layout(span)
         if layout is not None:
@@ -362,11 +350,9 @@ class SpanDecoder:
             numel = math.prod(sizes)
             if numel == 0:
                 return torch.empty(tuple(sizes), dtype=dtype)
-            nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            view = memoryview(buf)
-            self._check_framing(view[:at], view[at + nbytes :], nbytes, key, read.storage_index.fqn)
-            flat = torch.frombuffer(buf, dtype=dtype, count=numel, offset=at)
-            return flat.view(tuple(sizes))
+            nbytes = numel * dtype.itemsize
+            self._check_framing(buf[:at], buf[at + nbytes :], nbytes, key, read.storage_index.fqn)
+            return torch.frombuffer(buf, dtype=dtype, count=numel, offset=at).view(tuple(sizes))
         try:
             loaded = torch.load(io.BytesIO(buf), map_location="cpu", weights_only=True)
             return cast(torch.Tensor, loaded)
@@ -377,10 +363,3 @@ class SpanDecoder:
                 f"{exc})",
                 key,
             ) from exc
-
-
-def _narrow(tensor: torch.Tensor, offsets: Any, lengths: Any) -> torch.Tensor:
-    for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
-        if start != 0 or length != tensor.size(dim):
-            tensor = torch.narrow(tensor, dim, start, length)
-    return tensor

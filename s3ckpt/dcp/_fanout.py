@@ -198,15 +198,11 @@ class FanOutRead:
         try:
             shared: dict[SpanKey, ItemSpan] = {}
             try:
-                rest: SpansByObject = {}
-                keys = set(table.spans)
-                for name, spans in self.decoder.group(plan).items():
-                    for (offset, length), span in spans.items():
-                        if (name, offset, length) in keys:
-                            shared[(name, offset, length)] = span
-                        else:
-                            rest.setdefault(name, {})[(offset, length)] = span
-                if rest:
+                rest = self.decoder.group(plan)  # less the shared spans: read directly
+                for key in table.spans:
+                    if (span := rest.get(key[0], {}).pop(key[1:], None)) is not None:
+                        shared[key] = span
+                if any(rest.values()):
                     direct = threading.Thread(
                         target=in_context(self._direct), args=(rest,), name="s3ckpt-fanout-direct"
                     )
@@ -216,9 +212,8 @@ class FanOutRead:
             try:
                 for key in table.spans:
                     self._left = key[2]
-                    needed = shared.get(key)
                     try:  # as a direct read would; a failure skips the rest of the span
-                        if needed is not None and self.error is None:
+                        if (needed := shared.get(key)) is not None and self.error is None:
                             decode_span(self.decoder, self, self.reader.object_key(key[0]), needed)
                     except Exception as exc:
                         self._fail(exc)

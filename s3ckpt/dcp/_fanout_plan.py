@@ -160,8 +160,7 @@ def build_table(
     names: dict[SpanKey, str] = {}
     for rank, plan in enumerate(plans):
         for item in plan.items:
-            info = storage_data.get(item.storage_index)
-            if info is not None:
+            if (info := storage_data.get(item.storage_index)) is not None:
                 key = (info.relative_path, info.offset, info.length)
                 readers.setdefault(key, set()).add(rank)
                 names.setdefault(key, item.storage_index.fqn)

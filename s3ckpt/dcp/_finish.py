@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -26,6 +25,7 @@ from s3ckpt._commit import (
     lost_race_error,
     read_marker,
     restore_stock_metadata,
+    together,
     writer_record,
 )
 from s3ckpt._gc_pause import gc_paused
@@ -45,17 +45,12 @@ from s3ckpt.errors import (
 )
 from s3ckpt.format import HashedPrefixes
 from s3ckpt.format._hashed import object_key
-from s3ckpt.format._manifest import (
-    FORMAT_VERSION,
-    LAYOUT_FORMAT_VERSION,
-    ItemRecord,
-    Manifest,
-    ObjectRecord,
-)
+from s3ckpt.format._manifest import FORMAT_VERSION, ItemRecord, Manifest, ObjectRecord
 from s3ckpt.format._names import (
     MANIFEST_NAME,
     METADATA_NAME,
     heartbeat_name,
+    items_name,
     metadata_name,
     save_tag,
 )
@@ -65,25 +60,6 @@ from s3ckpt.store.base import DeleteFailure, DeleteFailures, ObjectInfo
 from s3ckpt.uri import StoreURL
 
 __all__ = ["S3StorageInfo", "SaveCommit", "delete_own"]
-
-_T = TypeVar("_T")
-
-
-def _together(first: Callable[[], object], second: Callable[[], _T]) -> _T:
-    """Run both at once (``first`` on a thread of its own, its requests counted for the
-    caller's operation) and return ``second``'s result once both ended. Where both fail,
-    ``first``'s error is raised, as when they ran one after the other (a Ctrl-C in
-    ``second`` still wins)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-commit") as pool:
-        other = pool.submit(in_context(first))
-        try:
-            result = second()
-        except Exception:
-            other.result()
-            raise
-        other.result()
-    return result
-
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +128,9 @@ class SaveCommit:
         world = len(results)
         meta_name = metadata_name(tag)
         heartbeats = [self.url.key(heartbeat_name(tag, r)) for r in range(world)]
+        records = self.url.key(items_name(tag))
         own = [object_key(self.url.prefix, name, self.layout) for name in objects]
-        own += [self.url.key(meta_name), *heartbeats]
+        own += [self.url.key(meta_name), records, *heartbeats]
         manifest = Manifest(
             save_id=self.save_id,
             created=time.time(),
@@ -168,19 +145,21 @@ class SaveCommit:
             user=self.user,
             versions={"s3ckpt": __version__, "torch": torch.__version__},
             writer=writer_record(),
-            format_version=FORMAT_VERSION if self.layout is None else LAYOUT_FORMAT_VERSION,
+            format_version=FORMAT_VERSION,
             layout=self.layout,
         )
+        manifest, items_bytes = manifest.split_items(items_name(tag))
+        beat = Heartbeat(self.store, self.url, tag, self.rank, self.step).beat
         try:
-            _together(
-                Heartbeat(self.store, self.url, tag, self.rank, self.step).beat,
+            together(
+                lambda: together(beat, lambda: self.store.put(records, items_bytes)),
                 lambda: self.store.put(
                     self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c
                 ),
             )
             # Both reads, at once: the conditional marker PUT below, not their order, is
             # what fences a save whose objects a deleter reaped meanwhile.
-            previous = _together(lambda: self._check_objects(manifest), self._previous_marker)
+            _, previous = together(lambda: self._check_objects(manifest), self._previous_marker)
             verify = verify_wanted(self.store, self.verify_after_write, heartbeats[self.rank])
             if verify:
                 verify_objects(self.store, self.url, manifest)
@@ -211,12 +190,12 @@ class SaveCommit:
         """
         prefix = self.url.prefix
         wanted = [(manifest.object_key(prefix, o.name), o.name, o.size) for o in manifest.objects]
-        meta_key = self.url.key(manifest.metadata_key)
-        wanted.append((meta_key, manifest.metadata_key, manifest.metadata_size))
+        control = [(self.url.key(n), n, size) for n, size in _control(manifest)]
         if manifest.layout is None:
             sizes = {o.key: o.size for o in self.store.list(prefix)}
         else:
-            sizes = self._hashed_sizes(manifest.layout, manifest, meta_key)
+            sizes = self._hashed_sizes(manifest.layout, manifest, [k for k, _, _ in control])
+        wanted += control
         seen = {k: f"{n} bytes" for k, n in sizes.items()}
         bad = [
             (key, f"{name} ({seen.get(key, 'missing')}, expected {size} bytes)")
@@ -236,26 +215,25 @@ class SaveCommit:
             )
 
     def _hashed_sizes(
-        self, layout: HashedPrefixes, manifest: Manifest, meta_key: str
+        self, layout: HashedPrefixes, manifest: Manifest, heads: list[str]
     ) -> dict[str, int]:
         """Sizes of a hashed-prefix save's objects: one listing of each shard folder it used
-        and one HEAD of its ``.metadata.{tag}``, in parallel.
+        and a HEAD of each of ``heads`` (its ``.metadata.{tag}`` and item records), in
+        parallel.
 
         Request cost: ``ceil(objects in the folder / 1000)`` LISTs per shard folder used (at
         most ``fanout``, and never more than the save's objects, so never more requests
-        than a HEAD per object) plus one HEAD; the checkpoint prefix itself, which holds a
+        than a HEAD per object) plus two HEADs; the checkpoint prefix itself, which holds a
         heartbeat per rank, is not listed.
         """
         prefix = self.url.prefix
         folders = sorted({layout.folder(prefix, o.name) for o in manifest.objects})
         sizes: dict[str, int] = {}
         with ThreadPoolExecutor(max(1, min(_LIST_WORKERS, len(folders)))) as pool:
-            meta = pool.submit(in_context(self.store.head), meta_key)
+            infos = [pool.submit(in_context(self.store.head), key) for key in heads]
             for listing in pool.map(in_context(self._listing), folders):
                 sizes.update((o.key, o.size) for o in listing)
-            info = meta.result()
-        if info is not None:
-            sizes[meta_key] = info.size
+            sizes.update((i.key, i.size) for f in infos if (i := f.result()) is not None)
         return sizes
 
     def _listing(self, folder: str) -> list[ObjectInfo]:
@@ -415,7 +393,7 @@ class SaveCommit:
             stale = list(heartbeats)
             if previous is not None and previous[0] is not None:
                 stale += self._replaced(previous[0], manifest)
-            failures = _together(
+            _, failures = together(
                 lambda: self.store.put(
                     self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c
                 ),
@@ -437,9 +415,9 @@ class SaveCommit:
         its own layout put them)."""
         prefix = self.url.prefix
         keep = {current.object_key(prefix, o.name) for o in current.objects}
-        keep |= {self.url.key(current.metadata_key), self.url.key(METADATA_NAME)}
+        keep |= {self.url.key(n) for n, _ in [*_control(current), (METADATA_NAME, 0)]}
         keys = [previous.object_key(prefix, o.name) for o in previous.objects]
-        keys.append(self.url.key(previous.metadata_key))
+        keys += [self.url.key(n) for n, _ in _control(previous)]
         if previous.tag != current.tag:
             keys += [
                 self.url.key(heartbeat_name(previous.tag, r)) for r in range(previous.world_size)
@@ -473,6 +451,16 @@ class SaveCommit:
         self.left_behind = bool(failures)
         if failures:
             log.error("%s", format_leftovers([f.key for f in failures]))
+
+
+def _control(manifest: Manifest) -> list[tuple[str, int]]:
+    """The names and sizes of the save's objects beside its data that the marker commits:
+    its ``.metadata.{tag}`` and (format 4) its item records."""
+    ref = manifest.items_ref
+    return [
+        (manifest.metadata_key, manifest.metadata_size),
+        *([(ref.name, ref.size)] if ref else []),
+    ]
 
 
 def delete_own(store: ObjectStore, url: StoreURL, keys: list[str]) -> DeleteFailures:

@@ -1,7 +1,8 @@
 """What is committed at a checkpoint prefix: the marker and the ``.metadata`` it commits.
 
 :func:`locate` is how :class:`~s3ckpt.dcp.S3StorageReader` opens a checkpoint: it reads
-``s3ckpt.json`` and the ``.metadata`` bytes the marker commits (checked against it), or,
+``s3ckpt.json``, the ``.metadata`` bytes and the item records the marker commits (each checked
+against it), or,
 without a marker, the ``.metadata`` of a stock DCP checkpoint, refusing an s3ckpt save
 that never committed unless asked.
 """
@@ -12,7 +13,14 @@ import logging
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from s3ckpt._commit import check_metadata, get_or_none, metadata_matches, read_marker
+from s3ckpt._commit import (
+    check_metadata,
+    get_or_none,
+    metadata_matches,
+    read_items,
+    read_marker,
+    together,
+)
 from s3ckpt._tombstone import Tombstone, deleted_error
 from s3ckpt.errors import (
     CheckpointNotFoundError,
@@ -34,10 +42,12 @@ log = logging.getLogger(__name__)
 def locate(
     store: ObjectStore, url: StoreURL, *, allow_uncommitted: bool, roll_forward: bool
 ) -> tuple[Manifest | None, str, bytes]:
-    """The marker (None without one), and the key and bytes of the ``.metadata`` to load.
+    """The marker (None without one) with its item records, and the key and bytes of the
+    ``.metadata`` to load.
 
     Cost: one GET of the marker, then one or two GETs of ``.metadata`` copies (plus a GET
-    and a PUT when rolling forward); without a marker, one LIST of the prefix first.
+    and a PUT when rolling forward) beside one GET of the item records (format 4); without
+    a marker, one LIST of the prefix first.
 
     Raises:
         CheckpointNotFoundError: neither a marker nor a ``.metadata`` at ``url``, or the
@@ -45,8 +55,8 @@ def locate(
             :mod:`s3ckpt._tombstone`).
         UncommittedCheckpointError: an s3ckpt save without its marker is at ``url`` and
             not ``allow_uncommitted``.
-        CorruptCheckpointError: the marker is malformed, or no ``.metadata`` copy is the
-            one it commits.
+        CorruptCheckpointError: the marker is malformed, no ``.metadata`` copy is the
+            one it commits, or its item records are missing or damaged.
     """
     marker_key = url.key(MANIFEST_NAME)
     with expecting("not_found"):
@@ -57,7 +67,11 @@ def locate(
     if (tomb := Tombstone.parse(raw_marker)) is not None:
         raise deleted_error(url, tomb, bucket=store.bucket, key=marker_key)
     manifest = Manifest.from_json(raw_marker, where=marker_key)
-    return (manifest, *_committed_metadata(store, url, manifest, roll_forward))
+    manifest, (key, raw) = together(
+        lambda: read_items(store, url, manifest),
+        lambda: _committed_metadata(store, url, manifest, roll_forward),
+    )
+    return manifest, key, raw
 
 
 def _committed_metadata(

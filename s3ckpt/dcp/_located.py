@@ -65,17 +65,18 @@ class Located(AtLocation):
         records)."""
         return str(self.location.url)
 
-    def _point(self, location: Location) -> None:
-        raise NotImplementedError
+    def prepare_local_plan(self, plan: Any) -> Any:
+        """No storage-specific local planning (a save's or a load's plan)."""
+        return plan
 
-    def _restart(self) -> None:
-        raise NotImplementedError
+    def _point(self, location: Location) -> None: ...
+
+    def _restart(self) -> None: ...
 
     def _open(self, location: Location | None) -> None:
         """Begin a save or load at ``location`` (:meth:`_point`) or, given None, at the
         same place (:meth:`_restart`)."""
-        url = (location or self.location).url
-        self._report.begin(str(url), step=self.step, rank=self.rank)
+        self._report.begin(str((location or self.location).url), step=self.step, rank=self.rank)
         with self._report.active(self._end_metrics):
             if location is None:
                 self._restart()

@@ -36,8 +36,7 @@ def compare(
     flat, _ = flatten_state_dict(state_dict)
     saved = metadata.state_dict_metadata
     missing = [fqn for fqn in flat if fqn not in saved]
-    found = {fqn: _mismatch(saved.get(fqn), value) for fqn, value in flat.items()}
-    shapes = {fqn: pair for fqn, pair in found.items() if pair is not None}
+    shapes = {k: pair for k, v in flat.items() if (pair := _mismatch(saved.get(k), v)) is not None}
     sections = tuple(f"{name}." for name in unexpected_under if name in state_dict)
     unexpected = [fqn for fqn in saved if fqn.startswith(sections) and fqn not in flat]
     return shapes, missing, unexpected
@@ -52,9 +51,9 @@ def _mismatch(md: Any, value: Any) -> tuple[Shape, Shape] | None:
     return (saved, expected) if saved != expected else None
 
 
-def _listed(keys: Sequence[str], sep: str = ", ") -> str:
+def _listed(what: str, keys: Sequence[str], sep: str = ", ") -> str:
     more = f" (and {len(keys) - _LISTED} more)" if len(keys) > _LISTED else ""
-    return sep.join(keys[:_LISTED]) + more
+    return f"{len(keys)} {what}: {sep.join(keys[:_LISTED])}{more}"
 
 
 def mismatch_error(
@@ -66,16 +65,12 @@ def mismatch_error(
 ) -> StateMismatchError:
     """The error naming ``shapes`` (saved, expected), ``missing`` and ``unexpected`` keys
     (the first :data:`_LISTED` of each, with counts), ``url``'s ``.metadata`` and what to do."""
-    parts = []
-    if shapes:
-        listed = [f"{k} saved {tuple(a)}, expected {tuple(b)}" for k, (a, b) in shapes.items()]
-        parts.append(f"{len(shapes)} tensor(s) of another shape: {_listed(listed, '; ')}")
+    listed = [f"{k} saved {tuple(a)}, expected {tuple(b)}" for k, (a, b) in shapes.items()]
+    parts = [_listed("tensor(s) of another shape", listed, "; ")] if shapes else []
     if missing:
-        parts.append(f"{len(missing)} key(s) missing from the checkpoint: {_listed(missing)}")
+        parts.append(_listed("key(s) missing from the checkpoint", missing))
     if unexpected:
-        parts.append(
-            f"{len(unexpected)} key(s) of the checkpoint not in the model: {_listed(unexpected)}"
-        )
+        parts.append(_listed("key(s) of the checkpoint not in the model", unexpected))
     todo = (
         "Load a checkpoint saved from this model (another run or step), or build the model "
         "as it was saved"
@@ -109,5 +104,4 @@ def planned_shapes(
         return {}
     saved = metadata.state_dict_metadata
     fqns = dict.fromkeys(r.storage_index.fqn for r in plan.items if r.type == LoadItemType.TENSOR)
-    found = {fqn: _mismatch(saved.get(fqn), dest.get(fqn)) for fqn in fqns}
-    return {fqn: pair for fqn, pair in found.items() if pair is not None}
+    return {k: pair for k in fqns if (pair := _mismatch(saved.get(k), dest.get(k))) is not None}

@@ -235,10 +235,8 @@ def missing_global(exc: BaseException) -> str | None:
     """The global torch's restricted unpickler refused in ``exc``, when it says (for the
     message only: what is refused is decided by torch, never by this text)."""
     text = str(exc)
-    for pattern in (_UNLISTED, _REDUCE, _BUILD):
-        if (found := pattern.search(text)) is not None:
-            return found.group(1).strip()
-    return None
+    found = (pattern.search(text) for pattern in (_UNLISTED, _REDUCE, _BUILD))  # the first wins
+    return next((match.group(1).strip() for match in found if match is not None), None)
 
 
 def missing_globals(

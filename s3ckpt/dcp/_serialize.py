@@ -95,22 +95,15 @@ def fast_path_available() -> bool:
         _save_without_crc(sample, ours)
         torch.save(sample, stock)
         back = torch.load(io.BytesIO(ours.getvalue()), weights_only=True)
-        return (
-            len(ours.getvalue()) == len(stock.getvalue())
-            and isinstance(back, torch.Tensor)
-            and torch.equal(back, sample)
-        )
-    except Exception:  # any change in the private API means "use torch.save"
+        return len(ours.getvalue()) == len(stock.getvalue()) and torch.equal(back, sample)
+    except Exception:  # any change in the private API (a non-tensor back too): torch.save
         return False
 
 
 def save_item(obj: Any, f: Any) -> None:
     """Serialise ``obj`` into the file-like ``f`` exactly as ``torch.save`` would, minus
     the zip CRC-32 where this torch allows it."""
-    if fast_path_available():
-        _save_without_crc(obj, f)
-    else:
-        torch.save(obj, f)
+    (_save_without_crc if fast_path_available() else torch.save)(obj, f)
 
 
 class _Capture(io.RawIOBase):
@@ -165,18 +158,14 @@ class Framings:
     def get(self, tensor: torch.Tensor) -> tuple[bytes, bytes] | None:
         """The bytes before and after ``tensor``'s storage (a CPU tensor whose storage
         holds exactly its bytes, :func:`_tensor_for_save`), or None: serialise it whole."""
-        if not fast_path_available():  # torch.save's CRC-32 fields depend on the values
-            return None
-        key = _signature(tensor)
-        if key is None:
+        # Without the fast path, torch.save's CRC-32 fields depend on the values.
+        if not fast_path_available() or (key := _signature(tensor)) is None:
             return None
         if key in self._cut:
             return self._cut[key]
         capture = _Capture(tensor.data_ptr(), tensor.untyped_storage().nbytes())
         _save_without_crc(tensor, capture)
-        cut = None
-        if capture.after is not None:
-            cut = (b"".join(capture.before), b"".join(capture.after))
+        cut = None if capture.after is None else (b"".join(capture.before), b"".join(capture.after))
         if len(self._cut) < self._limit:
             self._cut[key] = cut
         return cut
@@ -206,10 +195,7 @@ def check_extensions(extensions: Sequence[Any] | None) -> tuple[StreamTransformE
             "checkpoint would not load (see docs/dcp.md, 'Stream transforms')"
         )
     for ext in out:
-        if not (
-            callable(getattr(ext, "transform_to", None))
-            and callable(getattr(ext, "get_descriptor", None))
-        ):
+        if not all(callable(getattr(ext, n, None)) for n in ("transform_to", "get_descriptor")):
             raise ConfigError(
                 f"_extensions holds {ext!r}, which is not a stream transform; pass instances of "
                 "torch.distributed.checkpoint._extension.StreamTransformExtension (e.g. "
@@ -250,9 +236,7 @@ def _through(sink: Any, extensions: Sequence[StreamTransformExtension]) -> Itera
         yield sink
         return
     inner = _Unclosed(sink)
-    out: Any = inner
-    for ext in extensions:
-        out = ext.transform_to(out)
+    out: Any = functools.reduce(lambda stream, ext: ext.transform_to(stream), extensions, inner)
     try:
         yield out
     except BaseException:
@@ -264,18 +248,15 @@ def _through(sink: Any, extensions: Sequence[StreamTransformExtension]) -> Itera
 def _tensor_for_save(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU tensor whose storage holds exactly its bytes (torch.save writes whole storages)."""
     t = tensor.detach().to("cpu").contiguous()  # each returns the tensor itself when it is so
-    if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-        t = t.clone()
-    return t
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
 
 
 def estimate_size(item: WriteItem) -> int:
     """About how many bytes ``item`` stores (untransformed): to size the objects."""
     if item.type == WriteItemType.BYTE_IO or item.tensor_data is None:
         return _ITEM_OVERHEAD
-    props = item.tensor_data.properties
-    numel = math.prod(item.tensor_data.size)
-    return numel * torch.empty((), dtype=props.dtype).element_size() + _ITEM_OVERHEAD
+    data = item.tensor_data
+    return math.prod(data.size) * data.properties.dtype.itemsize + _ITEM_OVERHEAD
 
 
 def write_item(
@@ -310,25 +291,23 @@ def write_item(
         watch = tensor.data_ptr() if nbytes and not extensions else None
         start = sink.begin_item(watch, nbytes, hold=tensor if own else None)
         framing = framings.get(tensor) if framings is not None and not extensions else None
-        if framing is not None and nbytes < _JOIN_BELOW:  # one write, not three
-            sink.write(b"".join((framing[0], _bytes_of(tensor), framing[1])))
-        elif framing is not None:
-            sink.write(framing[0])
-            sink.write(_bytes_of(tensor))
-            sink.write(framing[1])
+        if framing is not None:
+            parts = (framing[0], _bytes_of(tensor), framing[1])
+            # A small tensor is joined with its framing: one write, not three.
+            for part in (b"".join(parts),) if nbytes < _JOIN_BELOW else parts:
+                sink.write(part)
         else:
             with _through(sink, extensions) as out:
                 save_item(tensor, out)
         crc, data_offset = sink.end_item()
         if framing is not None:
             data_offset = start + len(framing[0])
-        del tensor
-    descriptors = [ext.get_descriptor() for ext in reversed(extensions)]
     info = S3StorageInfo(
         relative_path=name,
         offset=start,
         length=sink.tell() - start,
-        transform_descriptors=descriptors or None,  # left out without any, as torch does
+        # Left out without any transforms, as torch does.
+        transform_descriptors=[ext.get_descriptor() for ext in reversed(extensions)] or None,
         data_offset=None if data_offset is None else data_offset - start,
         rank=rank,
     )

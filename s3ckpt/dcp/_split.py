@@ -43,7 +43,11 @@ WalkSpans = dict[str, list[tuple[int, int, "Piece"]]]
 
 class SplitItem:
     """One stored item read as one or more pieces, and where their bytes land (decided
-    when its first piece starts: :meth:`~s3ckpt.dcp._decode.SpanDecoder.direct`)."""
+    when its first piece starts: :meth:`~s3ckpt.dcp._decode.SpanDecoder.direct`). Its buffers
+    (the framing around a streamed tensor, or the whole item) go once it is decoded, not when
+    the load ends: a load of many small items holds only those being read."""
+
+    __slots__ = ("_crcs", "_decoder", "_direct", "_left", "_lock", "_regions", "fqn", "key", "span")
 
     def __init__(self, span: ItemSpan, key: str, decoder: SpanDecoder, n_pieces: int) -> None:
         self.span, self.key, self.fqn = span, key, span.reads[0].storage_index.fqn
@@ -52,8 +56,6 @@ class SplitItem:
         self._crcs = [(0, 0)] * n_pieces  # (crc, length) of each piece
         self._left = n_pieces
         self._direct: DirectTarget | None = None
-        self._head = self._tail = bytearray()
-        self._buf: bytearray | None = None
         self._regions: list[tuple[int, memoryview]] | None = None
 
     def regions(self) -> list[tuple[int, memoryview]]:
@@ -62,15 +64,13 @@ class SplitItem:
             if self._regions is None:
                 d = self._direct = self._decoder.direct(self.span, self.key)
                 if d is not None:
-                    self._head, self._tail = bytearray(d.head_len), bytearray(d.tail_len)
                     self._regions = [
-                        (0, memoryview(self._head)),
-                        (d.head_len, d.data() if d.nbytes else memoryview(b"")),
-                        (d.head_len + d.nbytes, memoryview(self._tail)),
+                        (0, memoryview(d.head)),
+                        (len(d.head), d.data() if d.nbytes else memoryview(b"")),
+                        (len(d.head) + d.nbytes, memoryview(d.tail)),
                     ]
                 else:
-                    self._buf = bytearray(self.span.info.length)
-                    self._regions = [(0, memoryview(self._buf))]
+                    self._regions = [(0, memoryview(bytearray(self.span.info.length)))]
             return self._regions
 
     def piece_done(self, index: int, crc: int, length: int) -> None:
@@ -81,17 +81,15 @@ class SplitItem:
             if self._left:
                 return
         total = functools.reduce(lambda acc, part: crc32c_combine(acc, *part), self._crcs, 0)
-        if self._direct is not None:
-            self._decoder.finish_direct(
-                self.span, self.key, self._direct, self._head, self._tail, total
-            )
+        direct, regions = self._direct, self.regions()
+        self._direct = self._regions = None  # decoded below: nothing reads its buffers again
+        if direct is not None:
+            self._decoder.finish_direct(self.span, self.key, direct, total)
         else:
-            buf, self._buf, self._regions = self._buf, None, None
-            assert buf is not None
-            self._decoder.decode_buffer(self.span, self.key, buf, total)
+            self._decoder.decode_buffer(self.span, self.key, regions[0][1], total)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Piece:
     """Bytes ``[start, end)`` of a :class:`SplitItem` (offsets within the item)."""
 

@@ -23,6 +23,7 @@ versions and are tested by taking the private names away (``tests/unit/test_torc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
@@ -135,14 +136,12 @@ def _own_flatten(
 
 def _flatten_impl() -> Any:
     """torch's ``flatten_state_dict`` if it imports and flattens a sample; else the own."""
-    try:
+    with contextlib.suppress(Exception):  # any change in the private API: use the own walk
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict as theirs
 
         flat, mapping = theirs({"a": {"b": 1}})
         if flat == {"a.b": 1} and mapping == {"a.b": ("a", "b")}:
             return theirs
-    except Exception:  # any change in the private API means "use the own walk"
-        pass
     return _own_flatten
 
 

@@ -4,8 +4,8 @@ A store that ignores the CRC32C sent with each upload (moto, some S3-compatible 
 stores whatever bytes reach it: a byte flipped in transit commits corrupt data that only
 a load notices, later. With ``S3Config.verify_after_write`` on (auto: where the store is
 not known to verify checksums, see :func:`verify_wanted`) the coordinator re-reads every
-data object and the ``.metadata`` of the save and checks each item's CRC32C recorded in
-the manifest before it writes the marker; a mismatch fails the save with a
+data object, the ``.metadata`` and the item records of the save and checks each item's
+CRC32C recorded in the manifest before it writes the marker; a mismatch fails the save with a
 :class:`~s3ckpt.errors.ChecksumMismatchError` naming the object, the item and the rank
 that wrote it, and the previous checkpoint stays committed. After the marker is written,
 it is read back too: a marker that arrived altered is rewritten (If-Match on the altered
@@ -70,11 +70,14 @@ def verify_objects(store: ObjectStore, url: StoreURL, manifest: Manifest) -> Non
         StoreError: A read failed after its retries.
     """
     items = manifest_items(manifest, lambda i: repr(i.fqn))
-    md = manifest.metadata_key
-    items.append(Item(md, 0, manifest.metadata_size, manifest.metadata_crc32c, md))
+    control = [(manifest.metadata_key, manifest.metadata_size, manifest.metadata_crc32c)]
+    if (ref := manifest.items_ref) is not None:
+        control.append((ref.name, ref.size, ref.crc32c))
+    items += [Item(name, 0, size, crc, name) for name, size, crc in control]
+    names = {name for name, _, _ in control}
 
     def key_of(name: str) -> str:
-        return url.key(name) if name == md else manifest.object_key(url.prefix, name)
+        return url.key(name) if name in names else manifest.object_key(url.prefix, name)
 
     v = Verifier(store, key_of, getattr(store, "transfer_config", None) or TransferConfig())
     v.read(items)

@@ -37,16 +37,14 @@ through the same safe loader. Items saved through stream transforms (a writer's
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import (
     Metadata,
-    MetadataIndex,
     StorageMeta,
     TensorStorageMetadata,
 )
@@ -55,8 +53,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
 from s3ckpt._gc_pause import gc_paused
-from s3ckpt._transfer import RangeWalk, SpanReader, read_piece_size
-from s3ckpt._transfer import Span as WalkSpan
+from s3ckpt._transfer import RangeWalk, read_piece_size
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp._decode import ItemKey, SpanDecoder, SpansByObject
 from s3ckpt.dcp._fanout import FanOutRead
@@ -66,7 +63,6 @@ from s3ckpt.dcp._located import Located, reported
 from s3ckpt.dcp._match import mismatch_error, planned_shapes
 from s3ckpt.dcp._safe import SafeGlobal, load_metadata
 from s3ckpt.dcp._split import Piece, split_spans
-from s3ckpt.dcp._torch import StorageInfo
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, CorruptCheckpointError
 from s3ckpt.format._manifest import ItemRecord
 from s3ckpt.metrics.instrument import Participant
@@ -77,8 +73,6 @@ if TYPE_CHECKING:
     from s3ckpt.dcp._torch import ExtensionRegistry
 
 __all__ = ["S3StorageReader"]
-
-log = logging.getLogger(__name__)
 
 
 class S3StorageReader(Located, StorageReader):
@@ -229,9 +223,7 @@ class S3StorageReader(Located, StorageReader):
         names = (i.relative_path for i in metadata.storage_data.values())
         self.object_key = object_keys(self.store, self.url, manifest, names)
         self.manifest, self.metadata = manifest, metadata
-        self._records: dict[ItemKey, ItemRecord] = (
-            manifest.item_index() if manifest is not None else {}
-        )
+        self._records: dict[ItemKey, ItemRecord] = {} if manifest is None else manifest.item_index()
 
     def _restart(self) -> None:
         """A new load of the same location (``reset`` to it): nothing is read again."""
@@ -248,8 +240,7 @@ class S3StorageReader(Located, StorageReader):
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
         """Index saved chunks (dtype and shape) for direct streaming."""
-        self.rank = int(kwargs.get("rank", 0) or 0)
-        self.metadata = metadata
+        self.rank, self.metadata = int(kwargs.get("rank", 0) or 0), metadata
         with gc_paused():  # a tuple per chunk, no cycles (see s3ckpt._gc_pause)
             self._chunks: dict[ItemKey, tuple[torch.dtype, torch.Size]] = {
                 (fqn, tuple(chunk.offsets)): (md.properties.dtype, chunk.sizes)
@@ -258,16 +249,12 @@ class S3StorageReader(Located, StorageReader):
                 for chunk in md.chunks
             }
 
-    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        """No storage-specific planning."""
-        return plan
-
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         """With ``fan_out``: which stored items two or more ranks read, and which rank
         reads each piece of them for the group (:func:`~s3ckpt.dcp._fanout_plan.plan_fan_out`)."""
         if not self.fan_out:
             return plans
-        storage_data = cast(dict[MetadataIndex, StorageInfo], self.metadata.storage_data)
+        storage_data = self.metadata.storage_data
         return plan_fan_out(
             plans, storage_data, piece_size=self.fan_out_piece_size, group=self.process_group
         )
@@ -319,14 +306,10 @@ class S3StorageReader(Located, StorageReader):
     def _walk(self) -> RangeWalk[Piece]:
         """The ranged-read walk that decodes each span with ``decoder`` (a piece of a large
         item lands in its place, :mod:`s3ckpt.dcp._split`); the first failure is raised."""
-
-        def on_span(span: WalkSpan[Piece], reader: SpanReader) -> None:
-            span.payload.read(reader)
-
         return RangeWalk(
             self.store,
             self.object_key,
             config=self.transfer_config,
-            on_span=on_span,
+            on_span=lambda span, source: span.payload.read(source),
             rank=self.rank,
         )

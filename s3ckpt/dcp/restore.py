@@ -48,14 +48,12 @@ from s3ckpt.uri import StoreURL, as_url
 __all__ = ["check_restored", "check_state_dict", "fill_nan", "find_unrestored", "load_verified"]
 
 
-def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], tuple[int, ...]]:
-    """The local data of ``t``, its offsets in the global tensor and the global shape."""
-    to_local = getattr(t, "to_local", None)
-    if not callable(to_local):
-        return t, (0,) * t.dim(), tuple(t.shape)
+def _local(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The local data of ``t`` and its offsets in the global tensor."""
+    if not callable(to_local := getattr(t, "to_local", None)):
+        return t, (0,) * t.dim()
     chunks = local_chunks(t)  # a DTensor
-    offsets = tuple(chunks[0].offsets) if chunks else (0,) * t.dim()
-    return to_local(), offsets, tuple(t.shape)
+    return to_local(), tuple(chunks[0].offsets) if chunks else (0,) * t.dim()
 
 
 def fill_nan(state_dict: Any) -> int:
@@ -66,12 +64,10 @@ def fill_nan(state_dict: Any) -> int:
     itself is filled too: that is the point (a parameter the load misses stays NaN).
     """
     if isinstance(state_dict, torch.Tensor):
-        local = _local(state_dict)[0]
-        if not (local.is_floating_point() or local.is_complex()):
-            return 0
-        with torch.no_grad():
-            local.detach().fill_(float("nan"))
-        return 1
+        if (local := _local(state_dict)[0]).is_floating_point() or local.is_complex():
+            local.detach().fill_(float("nan"))  # detached: no autograd record
+            return 1
+        return 0
     if isinstance(state_dict, Mapping):
         return sum(fill_nan(v) for v in state_dict.values())
     return sum(fill_nan(v) for v in state_dict) if isinstance(state_dict, (list, tuple)) else 0
@@ -83,14 +79,10 @@ def _coverage(
     """Bool mask over the local shard: True where some saved chunk covers it (None: all)."""
     mask = torch.zeros(local_shape, dtype=torch.bool)  # a scalar: covered by any chunk
     for c in md.chunks:
-        index = []
-        for lo, n, co, cs in zip(offsets, local_shape, c.offsets, c.sizes, strict=False):
-            a, b = max(lo, co), min(lo + n, co + cs)
-            if a >= b:
-                break
-            index.append(slice(a - lo, b - lo))
-        else:
-            mask[tuple(index)] = True
+        dims = zip(offsets, local_shape, c.offsets, c.sizes, strict=False)
+        bounds = [(max(lo, co) - lo, min(lo + n, co + cs) - lo) for lo, n, co, cs in dims]
+        if all(a < b for a, b in bounds):
+            mask[tuple(slice(a, b) for a, b in bounds)] = True
     return None if bool(mask.all()) else mask
 
 
@@ -101,8 +93,7 @@ def find_unrestored(state_dict: Any, metadata: Metadata) -> dict[str, str]:
     saved = metadata.state_dict_metadata
     missing: dict[str, str] = {}
     for fqn, value in flat.items():
-        md = saved.get(fqn)
-        if md is None:
+        if (md := saved.get(fqn)) is None:
             missing[fqn] = "missing from the checkpoint"
             continue
         if not isinstance(value, torch.Tensor):
@@ -110,7 +101,7 @@ def find_unrestored(state_dict: Any, metadata: Metadata) -> dict[str, str]:
         if not isinstance(md, TensorStorageMetadata):
             missing[fqn] = "saved as a non-tensor value, destination is a tensor"
             continue
-        local, offsets, _shape = _local(value)
+        local, offsets = _local(value)
         if (mask := _coverage(tuple(local.shape), offsets, md)) is None:
             continue  # every element covered: NaN there is the saved value
         if local.is_floating_point() or local.is_complex():
@@ -127,8 +118,7 @@ def find_unrestored(state_dict: Any, metadata: Metadata) -> dict[str, str]:
 def check_restored(state_dict: Any, metadata: Metadata) -> None:
     """Raise :class:`~s3ckpt.errors.IncompleteRestoreError` naming every entry of
     ``state_dict`` (loaded from a checkpoint with ``metadata``) that was not restored."""
-    missing = find_unrestored(state_dict, metadata)
-    if not missing:
+    if not (missing := find_unrestored(state_dict, metadata)):
         return
     listed = "; ".join(f"{k} ({why})" for k, why in missing.items())
     raise IncompleteRestoreError(
@@ -178,11 +168,10 @@ def check_state_dict(
         StateMismatchError: naming the keys, both shapes, the checkpoint and what to do.
     """
     found = compare(state_dict, metadata, unexpected_under if strict else ())
+    everyone: list[Any] = [found]
     if dist.is_available() and dist.is_initialized():
-        everyone: list[Any] = [None] * dist.get_world_size(process_group)
+        everyone = [None] * dist.get_world_size(process_group)
         dist.all_gather_object(everyone, found, group=process_group)
-    else:
-        everyone = [found]
     first = next((r for r, (s, m, _u) in enumerate(everyone) if s or (strict and m)), None)
     shapes: dict[str, tuple[Shape, Shape]] = {}
     for s, _m, _u in everyone:  # the first rank's shapes of a key

@@ -56,6 +56,7 @@ Checkpointer re-raises it as ``KeyboardInterrupt``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -197,9 +198,6 @@ class S3StorageWriter(Located, StorageWriter):
         self.bytes_written = 0
         # Bytes of data objects this rank uploaded in the last save.
         self._report = Participant("save")
-        # The marker was read for the next save already (at construction or a reset to a
-        # new location), so planning it need not read it again.
-        self._marker_checked = False
         self._open(
             Location.of(path, s3_config=s3_config, transfer_config=transfer_config, store=store)
         )
@@ -210,6 +208,8 @@ class S3StorageWriter(Located, StorageWriter):
         check_checkpoint_prefix(location.url.prefix, self.prefix_strategy)
         self.location = location
         self._restart()
+        # The marker was read for the next save already (at construction or a reset to a
+        # new location), so planning it need not read it again.
         self._marker_checked = False
         if not self.overwrite:
             self._refuse_if_committed()
@@ -219,10 +219,9 @@ class S3StorageWriter(Located, StorageWriter):
         if not step_taken(self.store, self.url.key(MANIFEST_NAME)):  # a finished tombstone: free
             return
         winner = None
-        try:  # who committed it: the error says (only this job's own marker means overwrite)
+        # Who committed it: the error says (only this job's own marker means overwrite).
+        with contextlib.suppress(S3CkptError):
             winner = (read_marker(self.store, self.url) or (None, None))[0]
-        except S3CkptError:
-            pass
         raise lost_race_error(
             self.url, winner, "found before the save started", bucket=self.store.bucket, rank=None
         )
@@ -242,17 +241,12 @@ class S3StorageWriter(Located, StorageWriter):
     # -- planning ---------------------------------------------------------------------------
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         """Remember role and rank."""
-        self.is_coordinator = is_coordinator
-        self.rank = int(kwargs.get("rank", 0) or 0)
+        self.is_coordinator, self.rank = is_coordinator, int(kwargs.get("rank", 0) or 0)
         if kwargs.get("use_collectives", True) is False:
             raise ConfigError(
                 "S3StorageWriter needs use_collectives=True (one .metadata per checkpoint)",
                 rank=self.rank,
             )
-
-    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """No storage-specific local planning."""
-        return plan
 
     @reported()
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -290,39 +284,33 @@ class S3StorageWriter(Located, StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Stream this rank's items as a few multipart objects; see the module docs."""
         rank_plan: _RankPlan = plan.storage_data
+        rank, tag, layout = rank_plan.rank, rank_plan.tag, rank_plan.layout
         tc = self.location.transfer_config  # the store's, as given to Location.of
         sizes = [estimate_size(item) for item in plan.items]
-        total = sum(sizes)
-        n_objects = max(1, min(len(plan.items), math.ceil(total / tc.target_object_size)))
+        n_objects = max(1, min(len(plan.items), math.ceil(sum(sizes) / tc.target_object_size)))
         bins = pack(sizes, n_objects) if plan.items else []
-        part_size = tc.part_size_for(max((sum(sizes[i] for i in b) for b in bins), default=0))
+        bin_sizes = [sum(sizes[i] for i in b) for b in bins]
+        part_size = tc.part_size_for(max(bin_sizes, default=0))
         uploader = Uploader(
             self.store,
             part_size=part_size,
             n_buffers=tc.upload_buffers(part_size),
             max_concurrency=tc.concurrency,
-            rank=rank_plan.rank,
+            rank=rank,
         )
         results: list[WriteResult] = []
         crcs: list[tuple[S3StorageInfo, ItemCrc]] = []  # some finished by the upload threads
-        heartbeat = Heartbeat(
-            self.store, self.url, rank_plan.tag, rank_plan.rank, self.step
-        ).start()
-        layout = rank_plan.layout
+        heartbeat = Heartbeat(self.store, self.url, tag, rank, self.step).start()
         framings = Framings()
         try:
-            for i, indices in enumerate(bins):
-                name = (data_name if layout is None else shard_name)(
-                    rank_plan.rank, i, rank_plan.tag
-                )
-                sink = uploader.sink(
-                    object_key(self.url.prefix, name, layout), sum(sizes[i] for i in indices)
-                )
+            for i, (indices, bin_size) in enumerate(zip(bins, bin_sizes, strict=True)):
+                name = (data_name if layout is None else shard_name)(rank, i, tag)
+                sink = uploader.sink(object_key(self.url.prefix, name, layout), bin_size)
                 first = len(crcs)
                 for idx in indices:
                     item = plan.items[idx]
                     info, crc = write_item(
-                        sink, planner, item, name, rank_plan.rank, self.extensions, framings
+                        sink, planner, item, name, rank, self.extensions, framings
                     )
                     crcs.append((info, crc))
                     results.append(WriteResult(item.index, info.length, info))
@@ -338,14 +326,14 @@ class S3StorageWriter(Located, StorageWriter):
             # The save is dead on this rank: its heartbeat must not keep it looking alive.
             leftovers += [f.key for f in delete_own(self.store, self.url, [heartbeat.key])]
             if leftovers:
-                log.error("rank %d: %s", rank_plan.rank, format_leftovers(leftovers))
+                log.error("rank %d: %s", rank, format_leftovers(leftovers))
             if isinstance(exc, S3CkptError) and exc.rank is None:
-                exc.rank = rank_plan.rank
+                exc.rank = rank
             # This save can never commit now (DCP fails it on every rank): where anything
             # of it may be left (here, or by the other ranks), say so, so that it is not
             # "in progress" until the grace period ends.
             if leftovers or rank_plan.world > 1:
-                record_failure(self.store, self.url, rank_plan.tag, rank_plan.rank, self.step, exc)
+                record_failure(self.store, self.url, tag, rank, self.step, exc)
             raise
         finally:
             heartbeat.stop()

@@ -161,13 +161,12 @@ def _main(argv: list[str] | None) -> None:
             else:
                 print(
                     f"\nthe embedded S3 server keeps running at {endpoint} for the commands "
-                    "above; Ctrl-C stops it",
-                    flush=True,
+                    "above; Ctrl-C stops it"
                 )
                 with suppress(KeyboardInterrupt):
                     while True:
                         time.sleep(3600)
-                print("stopped the embedded S3 server", flush=True)
+                print("stopped the embedded S3 server")
     if code:
         raise SystemExit(code)
 
@@ -248,8 +247,7 @@ def run(url: str, args: argparse.Namespace, *, env_hint: str = "") -> int:
     kill_at = args.kill_at
     print(f"== training process 1 (SIGKILLed while its async save of step {kill_at} uploads) ==")
     first, second = t.TrainLog(), t.TrainLog()
-    until = f"save: step {kill_at} started"
-    status = t.watch(1, [*cmd, "--stop-at", str(kill_at)], first, until)
+    status = t.watch(1, [*cmd, "--stop-at", str(kill_at)], first, f"save: step {kill_at} started")
     print(f"   [killed: exit status {status}]\n")
     print("== training process 2 (resumes from latest) ==")
     t.watch(2, cmd, second)

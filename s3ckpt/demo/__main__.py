@@ -1,8 +1,6 @@
 """``python -m s3ckpt.demo``: the demo (and, with ``--child``, one of its training processes)."""
 
-import sys
-
 from s3ckpt.demo import main
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()  # the arguments: sys.argv[1:]

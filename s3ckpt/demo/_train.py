@@ -19,12 +19,13 @@ import functools
 import os
 import re
 import signal
+import statistics
 import subprocess
 import time
 import warnings
 from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from s3ckpt._units import format_bytes, plural
 from s3ckpt.demo import DEMO_POLICY, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STORE, EXIT_USAGE, fail
@@ -86,7 +87,8 @@ def train(args: argparse.Namespace) -> None:
     step's exact loss; the parent reads them. Right after starting the async save of step
     ``--stop-at``, it stops the process (SIGSTOP) where it stands, so that the parent's
     SIGKILL lands while that save uploads however fast the store is and however late the
-    parent reads the line.
+    parent reads the line. Each line reaches the parent as printed: ``_main`` made stdout
+    line-buffered.
     """
     import torch
 
@@ -101,12 +103,11 @@ def train(args: argparse.Namespace) -> None:
     with Checkpointer(args.child, policy=DEMO_POLICY) as ckpt:
         t0 = time.perf_counter()
         if (resumed := ckpt.load(model, opt, state)) is None:
-            print("start: no checkpoint under the run, training from step 0", flush=True)
+            print("start: no checkpoint under the run, training from step 0")
         else:
             print(
                 f"resume: loaded step {resumed} (model, optimizer, data RNG) in "
-                f"{time.perf_counter() - t0:.2f} s",
-                flush=True,
+                f"{time.perf_counter() - t0:.2f} s"
             )
         handle = None
         for step in range(state.step + 1, args.steps + 1):
@@ -119,12 +120,12 @@ def train(args: argparse.Namespace) -> None:
             opt.step()
             opt.zero_grad()
             state.step = step
-            print(f"step {step:3d}  loss {loss.item():.4f}", flush=True)
-            print(f"#loss {step} {loss.item().hex()}", flush=True)
+            print(f"step {step:3d}  loss {loss.item():.4f}")
+            print(f"#loss {step} {loss.item().hex()}")
             if step % args.every == 0:
                 handle = ckpt.async_save(step, model, opt, state, metrics={"loss": loss.item()})
                 handle.committed.add_done_callback(functools.partial(_report_commit, handle))
-                print(f"save: step {step} started (async)", flush=True)
+                print(f"save: step {step} started (async)")
                 if step == args.stop_at and hasattr(signal, "SIGSTOP"):
                     os.kill(os.getpid(), signal.SIGSTOP)
         ckpt.wait()
@@ -135,12 +136,11 @@ def train(args: argparse.Namespace) -> None:
 
 def _report_commit(h: SaveHandle, fut: Future[None]) -> None:
     if (exc := fut.exception()) is not None:
-        print(f"commit: step {h.step} FAILED: {exc}", flush=True)
+        print(f"commit: step {h.step} FAILED: {exc}")
     else:
         print(
             f"commit: step {h.step} durable in {h.commit_seconds or 0:.2f} s, "
-            f"training blocked {1000 * (h.blocked_seconds or 0):.1f} ms",
-            flush=True,
+            f"training blocked {1000 * (h.blocked_seconds or 0):.1f} ms"
         )
 
 
@@ -183,18 +183,14 @@ def watch(n: int, cmd: list[str], log: TrainLog, until: str | None = None) -> in
                 if until is not None and line.startswith(until):
                     break
             else:  # it ended by itself: a failure, unless it is the resumed run ending
-                if child.wait() != 0 or until is not None:
-                    _child_failed(n, child.returncode)
+                if (rc := child.wait()) != 0 or until is not None:
+                    # The child printed its own error (one line for an s3ckpt error) on stderr.
+                    why = f"training process {n} failed (exit status {rc}); its error is above"
+                    fail(why, rc if rc in (EXIT_USAGE, EXIT_STORE) else EXIT_FAILED)
     finally:
         child.kill()  # at ``until``, or the parent was interrupted: so is the run
         child.wait()
     return child.returncode
-
-
-def _child_failed(n: int, returncode: int) -> NoReturn:
-    # The child printed its own error (one line for an s3ckpt error) on stderr.
-    code = returncode if returncode in (EXIT_USAGE, EXIT_STORE) else EXIT_FAILED
-    fail(f"training process {n} failed (exit status {returncode}); its error is above", code)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -235,10 +231,7 @@ def print_blocked(blocked: list[float], sync_s: float | None, steps: int) -> Non
     same state; nothing when either is unknown."""
     if not blocked or not sync_s:
         return
-    import statistics
-
-    mean = sum(blocked) / len(blocked)
-    median = statistics.median(blocked)
+    mean, median = statistics.fmean(blocked), statistics.median(blocked)
     print(
         f"\ntraining blocked per async save: median {1000 * median:.1f} ms, mean "
         f"{1000 * mean:.1f} ms over {plural(len(blocked), 'save')} (the first save of each process "

@@ -2,15 +2,16 @@
 JSON and digest, and the parser that refuses anything malformed.
 
 A prefix is *committed* iff the marker exists. The marker names the metadata object it
-commits and its CRC32C, lists every data object with its size, and records a CRC32C for
-every item, so a reader can verify every byte without trusting anything else. It carries a
+commits and its CRC32C, lists every data object with its size, and names the object of item
+records (``s3ckpt.items.{tag}``, by size and CRC32C) that says where each item lies and its
+CRC32C, so a reader can verify every byte without trusting anything else. Up to format 3
+the item records were inside the marker; from format 4 they are beside it, so the marker
+every resume and every retention scan reads stays small however many items a save has. It carries a
 SHA-256 ``digest`` of its canonical content (:func:`manifest_digest`), so a changed field
 is refused rather than read as wrong bytes.
 
 Also here: metric values in the manifest (what a save accepts, how NaN and +-inf are
-written and read), and the zip-framing check around a tensor's bytes inside a saved item
-(:func:`tensor_framing_error`), which pins ``data_offset`` and the length independently of
-the manifest.
+written and read).
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import struct
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from s3ckpt import _crc
 from s3ckpt._gc_pause import gc_paused
 from s3ckpt._scalars import metric_scalar
 from s3ckpt.errors import ConfigError, CorruptCheckpointError
 from s3ckpt.format._hashed import HashedPrefixes, object_key, shard_tag
 from s3ckpt.format._names import (
+    ITEMS_PREFIX,
     MANIFEST_NAME,
     METADATA_NAME,
     TAG_LEN,
@@ -40,15 +42,19 @@ from s3ckpt.format._names import (
 )
 
 FORMAT_NAME = "s3ckpt"
-FORMAT_VERSION = 2
-"""The version of a save in the default layout. 2: the manifest carries ``digest`` (SHA-256
-of its canonical content); 1 had none."""
 LAYOUT_FORMAT_VERSION = 3
-"""The version of a save whose data objects are placed by a ``layout`` (:class:`HashedPrefixes`):
+"""The first version whose data objects may be placed by a ``layout`` (:class:`HashedPrefixes`):
 an s3ckpt that reads format 2 at most refuses it ("newer than this s3ckpt understands;
-upgrade s3ckpt") instead of looking for the objects under the checkpoint prefix."""
-MAX_FORMAT_VERSION = LAYOUT_FORMAT_VERSION
+upgrade s3ckpt") instead of looking for the objects under the checkpoint prefix. Format 3
+has one; format 4 may."""
+FORMAT_VERSION = 4
+"""The version every save writes: 4, the item records in their own object (``items`` in the
+marker names it); 3 had them inline with a layout, 2 inline without one (2 added ``digest``,
+SHA-256 of the marker's canonical content; 1 had none). Older versions are still read."""
+MAX_FORMAT_VERSION = FORMAT_VERSION
 """The newest ``format_version`` this s3ckpt reads."""
+ITEMS_FORMAT = "s3ckpt.items"
+"""The ``format`` field of an item-records object."""
 
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 """The largest commit marker s3ckpt reads (512 MiB, some five million item rows: a save of
@@ -68,7 +74,7 @@ def manifest_digest(doc: Mapping[str, Any]) -> str:
 _ITEM_FIELDS = ["fqn", "offset", "object", "start", "length", "crc32c", "data_offset"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObjectRecord:
     """One data object of the checkpoint."""
 
@@ -78,7 +84,7 @@ class ObjectRecord:
     rank: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ItemRecord:
     """Where one saved item lives and its checksum.
 
@@ -103,6 +109,18 @@ class ItemRecord:
 
 
 @dataclass(frozen=True)
+class ItemsRef:
+    """The object holding a format-4 save's item records, as its marker commits it."""
+
+    name: str
+    """Its name relative to the checkpoint prefix (``s3ckpt.items.{tag}``)."""
+    size: int
+    crc32c: int
+    count: int
+    """How many item records it holds."""
+
+
+@dataclass(frozen=True)
 class Manifest:
     """Contents of ``s3ckpt.json``."""
 
@@ -113,7 +131,9 @@ class Manifest:
     metadata_crc32c: int
     metadata_size: int
     objects: tuple[ObjectRecord, ...]
-    items: tuple[ItemRecord, ...]
+    items: tuple[ItemRecord, ...] | None
+    """The item records; None while they are only named by ``items_ref`` (a format-4
+    marker as parsed: :meth:`with_items` adds them, read with :func:`s3ckpt._commit.read_items`)."""
     step: int | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     user: Mapping[str, Any] = field(default_factory=dict)
@@ -131,13 +151,24 @@ class Manifest:
     reads this field back. Readers ignore it."""
     writer: Mapping[str, str] = field(default_factory=dict)
     """Who committed it (``host``, ``pid``, ``job``): named to a writer that lost the race."""
+    items_ref: ItemsRef | None = None
+    """Format 4: the object of item records the marker commits (set by the writer once that
+    object's bytes, :meth:`items_json`, are known)."""
 
     def __post_init__(self) -> None:
-        if (self.layout is not None) != (self.format_version >= LAYOUT_FORMAT_VERSION):
+        version, layout = self.format_version, self.layout is not None
+        if layout != (version >= LAYOUT_FORMAT_VERSION) and version <= LAYOUT_FORMAT_VERSION:
             raise ValueError(
-                f"a manifest has a layout iff it is format_version {LAYOUT_FORMAT_VERSION} or "
-                f"newer (format_version {self.format_version}, layout {self.layout})"
+                f"a layout needs format_version {LAYOUT_FORMAT_VERSION} or newer, and format "
+                f"{LAYOUT_FORMAT_VERSION} needs one (format_version {version}, {self.layout})"
             )
+
+    @property
+    def records(self) -> tuple[ItemRecord, ...]:
+        """The item records (a ``RuntimeError`` while they are not read: see ``items``)."""
+        if self.items is None:
+            raise RuntimeError(f"the item records of save {self.save_id} were not read yet")
+        return self.items
 
     def object_key(self, prefix: str, name: str) -> str:
         """The key of data object ``name`` of this save, checkpoint prefix ``prefix``."""
@@ -145,8 +176,9 @@ class Manifest:
 
     @property
     def total_bytes(self) -> int:
-        """Bytes in data objects plus metadata."""
-        return sum(o.size for o in self.objects) + self.metadata_size
+        """Bytes in data objects plus metadata (and the item records' object)."""
+        extra = self.items_ref.size if self.items_ref is not None else 0
+        return sum(o.size for o in self.objects) + self.metadata_size + extra
 
     @property
     def tag(self) -> str:
@@ -176,25 +208,89 @@ class Manifest:
                 "total_bytes": self.total_bytes,
                 "objects": [[o.name, o.size, o.rank] for o in self.objects],
                 "object_fields": ["name", "size", "rank"],
-                "item_fields": _ITEM_FIELDS,
-                "items": [
-                    [
-                        i.fqn,
-                        list(i.offset) if i.offset is not None else None,
-                        i.object,
-                        i.start,
-                        i.length,
-                        f"{i.crc32c:08x}",
-                        i.data_offset,
-                    ]
-                    for i in self.items
-                ],
+                **self._items_doc(),
                 **({"reaped": list(self.reaped)} if self.reaped else {}),
                 **({"writer": dict(self.writer)} if self.writer else {}),
             }
             if self.format_version >= 2:
                 doc["digest"] = manifest_digest(doc)
             return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+    def _items_doc(self) -> dict[str, Any]:
+        """The marker's ``items``: the records inline (format 3 and older), else what names
+        their object."""
+        if self.format_version < FORMAT_VERSION:
+            return {"item_fields": _ITEM_FIELDS, "items": self._rows()}
+        ref = self.items_ref
+        if ref is None:
+            raise ValueError("a format-4 manifest needs items_ref (see items_json)")
+        crc = f"{ref.crc32c:08x}"
+        return {"items": {"name": ref.name, "size": ref.size, "crc32c": crc, "count": ref.count}}
+
+    def _rows(self) -> list[list[Any]]:
+        return [
+            [
+                i.fqn,
+                list(i.offset) if i.offset is not None else None,
+                i.object,
+                i.start,
+                i.length,
+                f"{i.crc32c:08x}",
+                i.data_offset,
+            ]
+            for i in self.records
+        ]
+
+    def items_json(self) -> bytes:
+        """The body of this save's item-records object (compact rows, in the save's order)."""
+        with gc_paused():  # a list per item, no cycles (see s3ckpt._gc_pause)
+            doc: dict[str, Any] = {"format": ITEMS_FORMAT, "save_id": self.save_id}
+            doc |= {"item_fields": _ITEM_FIELDS, "items": self._rows()}
+            return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+    def split_items(self, name: str) -> tuple[Manifest, bytes]:
+        """This manifest naming object ``name`` as the home of its item records (format 4),
+        and that object's body (:meth:`items_json`): what a save writes before its marker."""
+        body = self.items_json()
+        ref = ItemsRef(name, len(body), _crc.crc32c(body), len(self.records))
+        return replace(self, items_ref=ref), body
+
+    def with_items(self, raw: bytes | None, *, where: str) -> Manifest:
+        """This manifest with the item records of ``raw``, the body of the object ``items_ref``
+        names (None: missing), checked against it (size, CRC32C, count, save id) and against
+        the objects; raises :class:`CorruptCheckpointError` naming ``where`` if anything
+        does not match. A manifest that has its records is returned as it is."""
+        ref = self.items_ref
+        if self.items is not None or ref is None:
+            return self
+        what = f"{MANIFEST_NAME} commits {ref.name}"
+        if raw is None:
+            problem = "which is missing; the checkpoint was partly deleted"
+        elif len(raw) != ref.size or _crc.crc32c(raw) != ref.crc32c:
+            problem = (
+                f"but it does not match (size {len(raw)} vs {ref.size}, crc32c "
+                f"{_crc.crc32c(raw):08x} vs {ref.crc32c:08x}): it was changed after the commit"
+            )
+        else:
+            with gc_paused():  # a list and a record per item, no cycles
+                try:
+                    doc = json.loads(raw.decode("utf-8"))
+                    if doc["format"] != ITEMS_FORMAT or doc["save_id"] != self.save_id:
+                        raise ValueError("not this save's item records")
+                    if doc["item_fields"] != _ITEM_FIELDS:
+                        raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
+                    items = tuple(_item(row) for row in doc["items"])
+                    if len(items) != ref.count:
+                        raise ValueError(f"{len(items)} records, the marker says {ref.count}")
+                    _check_items(items, self.objects)
+                    return replace(self, items=items)
+                except (*_MALFORMED, UnicodeDecodeError) as exc:
+                    problem = f"which is malformed ({type(exc).__name__}: {short(exc)})"
+        raise CorruptCheckpointError(
+            f"{what}, {problem}. Do not load it (restore the object, or load an earlier "
+            "checkpoint)",
+            key=where,
+        )
 
     @classmethod
     def from_json(cls, raw: bytes, *, where: str = MANIFEST_NAME) -> Manifest:
@@ -250,36 +346,35 @@ class Manifest:
                     "not load it (restore the object, or load an earlier checkpoint)",
                     key=where,
                 )
-        if doc["item_fields"] != _ITEM_FIELDS:
-            raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
         meta = doc["metadata"]
         objects = tuple(
             ObjectRecord(check_name(n, "object name"), nonneg(s), nonneg(r))
             for n, s, r in doc["objects"]
         )
-        items = tuple(_item(row) for row in doc["items"])
-        sizes = {o.name: o.size for o in objects}
-        for item in items:
-            size = sizes.get(item.object)
-            if size is None:
-                raise ValueError(f"item {item.fqn!r} names object {item.object!r}, not listed")
-            if item.start + item.length > size:
-                raise ValueError(
-                    f"item {item.fqn!r} ends at byte {item.start + item.length}, past the end "
-                    f"of {item.object!r} ({size} bytes)"
-                )
-            if item.data_offset is not None and item.data_offset > item.length:
-                raise ValueError(f"item {item.fqn!r} has data_offset past its end")
+        items: tuple[ItemRecord, ...] | None = None
+        items_ref = None
+        if version >= FORMAT_VERSION:
+            ref = doc["items"]
+            name = check_name(ref["name"], "item records name")
+            if not name.startswith(ITEMS_PREFIX):
+                raise ValueError(f"item records name {name!r} is not an {ITEMS_PREFIX}* object")
+            crc, count = int(as_str(ref["crc32c"]), 16), nonneg(ref["count"])
+            items_ref = ItemsRef(name, nonneg(ref["size"]), crc, count)
+        else:
+            if doc["item_fields"] != _ITEM_FIELDS:
+                raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
+            items = tuple(_item(row) for row in doc["items"])
+            _check_items(items, objects)
         meta_key = check_name(meta["key"], "metadata key")
         if meta_key != METADATA_NAME and not meta_key.startswith(METADATA_NAME + "."):
             raise ValueError(f"metadata key {meta_key!r} is not a .metadata object")
         layout = None
-        if version >= LAYOUT_FORMAT_VERSION:
+        if "layout" in doc or version == LAYOUT_FORMAT_VERSION:
+            if version < LAYOUT_FORMAT_VERSION:
+                raise ValueError(f"a layout needs format_version {LAYOUT_FORMAT_VERSION}")
             layout = HashedPrefixes.from_doc(doc["layout"])
             if bad := [o.name for o in objects if shard_tag(o.name) is None]:
                 raise ValueError(f"object {bad[0]!r} is no hashed-prefix data name")
-        elif "layout" in doc:
-            raise ValueError(f"a layout needs format_version {LAYOUT_FORMAT_VERSION}")
         return cls(
             save_id=as_str(doc["save_id"]),
             created=created_time(doc["created"]),
@@ -298,12 +393,13 @@ class Manifest:
             layout=layout,
             reaped=tuple(as_str(t) for t in doc.get("reaped") or ()),
             writer={as_str(k)[:32]: as_str(v)[:128] for k, v in (doc.get("writer") or {}).items()},
+            items_ref=items_ref,
         )
 
     def item_index(self) -> dict[tuple[str, tuple[int, ...] | None], ItemRecord]:
         """Items by (fqn, offset)."""
         with gc_paused():
-            return {i.key: i for i in self.items}
+            return {i.key: i for i in self.records}
 
 
 # Whatever a hostile document can make the parser raise: wrong types (TypeError,
@@ -311,6 +407,23 @@ class Manifest:
 # for a float (OverflowError) or too deep a nesting (RecursionError). Each is a damaged
 # marker, never a crash.
 _MALFORMED = (LookupError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
+
+
+def _check_items(items: Sequence[ItemRecord], objects: Sequence[ObjectRecord]) -> None:
+    """Every item inside an object the marker lists (``ValueError`` naming the first that is
+    not)."""
+    sizes = {o.name: o.size for o in objects}
+    for item in items:
+        size = sizes.get(item.object)
+        if size is None:
+            raise ValueError(f"item {item.fqn!r} names object {item.object!r}, not listed")
+        if item.start + item.length > size:
+            raise ValueError(
+                f"item {item.fqn!r} ends at byte {item.start + item.length}, past the end "
+                f"of {item.object!r} ({size} bytes)"
+            )
+        if item.data_offset is not None and item.data_offset > item.length:
+            raise ValueError(f"item {item.fqn!r} has data_offset past its end")
 
 
 def _item(row: Sequence[Any]) -> ItemRecord:
@@ -363,41 +476,3 @@ def metric_from_json(value: Any) -> float:
     if isinstance(value, str) and value not in ("NaN", "Infinity", "-Infinity"):
         raise ValueError(f"metric {value!r} is not a number")
     return float(value)
-
-
-FRAMING_HEAD = 512
-"""Bytes before a tensor's data that hold its zip local file header (30 bytes, the record
-name, and torch's alignment padding of at most 64 bytes)."""
-FRAMING_TAIL = 24
-"""Bytes after a tensor's data that hold its zip data descriptor (ZIP64: 24 bytes)."""
-
-
-def tensor_framing_error(
-    head: bytes | bytearray | memoryview, tail: bytes | bytearray | memoryview, nbytes: int
-) -> str | None:
-    """Why ``data_offset`` does not point at a tensor's data inside its item, or None.
-
-    An item is ``torch.save``'s zip archive; the tensor's bytes are the data of one record:
-    a local file header ends exactly where they begin, and a data descriptor carrying their
-    size follows them. Checking both pins ``data_offset`` and the length independently of
-    the manifest, so even a manifest re-sealed with a valid digest cannot make a reader take
-    other bytes for the tensor. ``head`` ends at ``data_offset`` (at least
-    :data:`FRAMING_HEAD` bytes of it, or all there is); ``tail`` starts right after the data.
-    """
-    head = bytes(head[-FRAMING_HEAD:])
-    at = head.rfind(b"PK\x03\x04")
-    if at < 0 or len(head) - at < 30:
-        return "no zip record header ends where the tensor data is said to begin"
-    name_len, extra_len = struct.unpack_from("<HH", head, at + 26)
-    if at + 30 + name_len + extra_len != len(head):
-        return "the zip record header before the tensor data does not end at data_offset"
-    if b"/data/" not in head[at + 30 : at + 30 + name_len]:
-        return "the zip record before the tensor data is not a tensor storage"
-    tail = bytes(tail[:FRAMING_TAIL])
-    if tail[:4] != b"PK\x07\x08" or len(tail) < 16:
-        return "no zip data descriptor follows the tensor data"
-    small = struct.unpack_from("<II", tail, 8)
-    large = struct.unpack_from("<QQ", tail, 8) if len(tail) >= 24 else None
-    if (nbytes, nbytes) not in (small, large):
-        return f"the zip record of the tensor data is not {nbytes} bytes long"
-    return None

@@ -5,6 +5,8 @@ Under a checkpoint prefix:
 =================================  ===========================================================
 ``__{rank}_{i}.{tag}.distcp``      data objects of the save whose tag is ``{tag}``
 ``.metadata.{tag}``                that save's pickled DCP ``Metadata`` (what the marker commits)
+``s3ckpt.items.{tag}``             that save's item records: where each item lies and its
+                                   CRC32C (format 4: the marker commits it by size and CRC32C)
 ``s3ckpt.alive.{tag}.{rank}``      that save's heartbeat (rank ``rank`` is still writing)
 ``s3ckpt.failed.{tag}.{rank}``     that save failed on rank ``rank`` (written best effort by
                                    the rank that saw it fail: the save is dead at once)
@@ -52,6 +54,8 @@ HEARTBEAT_PREFIX = "s3ckpt.alive."
 """Start of a heartbeat's name, ``s3ckpt.alive.{tag}.{rank}`` (:func:`heartbeat_name`)."""
 FAILED_PREFIX = "s3ckpt.failed."
 """Start of a failure record's name, ``s3ckpt.failed.{tag}.{rank}`` (:func:`failure_name`)."""
+ITEMS_PREFIX = "s3ckpt.items."
+"""Start of a save's item records' name, ``s3ckpt.items.{tag}`` (:func:`items_name`)."""
 
 LATEST_NAME = "s3ckpt.latest.json"
 """Run-level pointer to the latest checkpoint (written by the Checkpointer)."""
@@ -71,6 +75,7 @@ _OWNED = (
     re.compile(re.escape(METADATA_NAME) + r"\." + TAG_PATTERN),
     re.compile(re.escape(HEARTBEAT_PREFIX) + TAG_PATTERN + r"\.\d+"),
     re.compile(re.escape(FAILED_PREFIX) + TAG_PATTERN + r"\.\d+"),
+    re.compile(re.escape(ITEMS_PREFIX) + TAG_PATTERN),
 )
 
 
@@ -90,6 +95,11 @@ def data_name(rank: int, index: int, tag: str) -> str:
 def metadata_name(tag: str) -> str:
     """Name of the ``.metadata`` the save tagged ``tag`` writes (and its marker commits)."""
     return f"{METADATA_NAME}.{tag}"
+
+
+def items_name(tag: str) -> str:
+    """Name of the item records the save tagged ``tag`` writes (its marker commits them)."""
+    return f"{ITEMS_PREFIX}{tag}"
 
 
 def heartbeat_name(tag: str, rank: int) -> str:

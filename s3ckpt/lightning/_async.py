@@ -99,8 +99,7 @@ _REST = "lightning"
 
 
 def _is_remote(path: Any) -> bool:
-    protocol, _ = split_protocol(str(path))
-    return protocol not in (None, "file", "local")
+    return split_protocol(str(path))[0] not in (None, "file", "local")
 
 
 def _metrics_of(checkpoint: Mapping[str, Any]) -> dict[str, float]:
@@ -127,13 +126,12 @@ def _to_device(obj: Any, map_location: Any) -> Any:
         map_location = map_location.get("cpu")
     if map_location is None:
         return obj
-    if not callable(map_location):
-        device = torch.device(map_location)
-        return _map_tensors(obj, lambda t: t.to(device))
-    fn = map_location
+    device = None if callable(map_location) else torch.device(map_location)
 
     def place(t: torch.Tensor) -> torch.Tensor:
-        moved = fn(t.untyped_storage(), "cpu")
+        if device is not None:
+            return t.to(device)
+        moved = map_location(t.untyped_storage(), "cpu")
         return t if moved is None or moved.device == t.device else t.to(moved.device)
 
     return _map_tensors(obj, place)
@@ -246,15 +244,13 @@ class Removals:
         """A save of ``path`` starts (after any deletion of that path in flight ends)."""
         key = path_key(path)
         with self._cond:
-            while key in self._deleting:
-                self._cond.wait()
+            self._cond.wait_for(lambda: key not in self._deleting)
             self._track(checkpoint)
             pending = self._pending.get(key)
-            if pending is not None:
-                if pending.thread == threading.get_ident():
-                    del self._pending[key]  # requested after the removal, on its thread
-                else:
-                    pending.gone = False
+            if pending is not None and pending.thread == threading.get_ident():
+                del self._pending[key]  # requested after the removal, on its thread
+            elif pending is not None:
+                pending.gone = False
             self._saving[key] += 1
 
     def end_save(self, path: Any) -> None:
@@ -277,11 +273,10 @@ class Removals:
                 p = self._pending[key]
                 if key in self._saving or key in self._deleting:
                     continue
-                if key in tracked or (p.gone and not final):
-                    if final:  # tracked again after the removal, or never saved: keep it
-                        del self._pending[key]
-                    continue
-                ready.append((key, p))
+                if key not in tracked and (final or not p.gone):
+                    ready.append((key, p))
+                elif final:  # tracked again after the removal, or never saved: keep it
+                    del self._pending[key]
             self._deleting.update(key for key, _ in ready)
         for key, p in ready:
             done = False
@@ -296,7 +291,6 @@ class Removals:
 
     def _attempt(self, p: _Pending, final: bool) -> bool:
         """Try one removal; True when nothing is left to do for it."""
-        level = logging.WARNING
         try:
             self._delete(p.path)
             return True
@@ -305,22 +299,19 @@ class Removals:
             log.debug("s3ckpt: nothing committed at %s yet; removing it after its save", p.path)
             p.gone = True
             return False
-        except DeleteRefusedError as exc:
-            if exc.reason not in _PASSING:
+        except Exception as exc:  # a refusal, a busy lease, a store error: never fail training
+            if isinstance(exc, DeleteRefusedError) and exc.reason not in _PASSING:
                 log.warning("s3ckpt: left %s in place: %s", p.path, exc)
                 return True
-            err: Exception = exc
-        except LeaseHeldError as exc:  # often this plug-in's own retention pass: no alarm
-            err, level = exc, logging.INFO
-        except Exception as exc:  # a store error: never fail training over a cleanup
-            err = exc
-        if final or not p.warned:
-            p.warned = True
-            later = "for now (retried after the next commit)"
-            where = "(retention or `s3ckpt rm` can delete it)" if final else later
-            level = logging.WARNING if final else level
-            log.log(level, "s3ckpt: left %s in place %s: %s", p.path, where, err)
-        return False
+            if final or not p.warned:
+                p.warned = True
+                later = "for now (retried after the next commit)"
+                where = "(retention or `s3ckpt rm` can delete it)" if final else later
+                # A busy lease is often this plug-in's own retention pass: no alarm.
+                quiet = isinstance(exc, LeaseHeldError) and not final
+                level = logging.INFO if quiet else logging.WARNING
+                log.log(level, "s3ckpt: left %s in place %s: %s", p.path, where, exc)
+            return False
 
     def _track(self, checkpoint: Mapping[str, Any]) -> None:
         """Take the callback states of a checkpoint being saved (replacing each callback's

@@ -3,7 +3,6 @@ FSDP2 / TP sharded checkpoints through it."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -11,7 +10,7 @@ from typing import Any, TypeVar, cast
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.plugins.io import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from s3ckpt._plugin_common import Retention, dcp_errors, open_reader
@@ -112,6 +111,7 @@ class S3CheckpointIO(CheckpointIO):
         self._resume: list[Candidate] = []  # ckpt_path="last": the chosen one, then fallbacks
         self._retention = Retention()
         self._removals = Removals(self._delete)
+        self._torch_io = TorchCheckpointIO()  # local paths
         remember(self.s3_config, self.transfer_config)
         setup(register_filesystem)
 
@@ -164,10 +164,7 @@ class S3CheckpointIO(CheckpointIO):
         """
         if not _is_remote(path):
             return self._torch_io.load_checkpoint(path, map_location, weights_only)
-        safe, verify = self.safe_globals, self.verify_checksums
-        return self._resumed(
-            path, lambda here: load_remote(here, map_location, weights_only, safe, verify)
-        )
+        return self._resumed(path, lambda here: load_remote(here, map_location, weights_only, self))
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete one checkpoint (``save_top_k``): marker first, under the run's lease.
@@ -263,12 +260,6 @@ class S3CheckpointIO(CheckpointIO):
         )
         assert found is not None
         return found[1]
-
-    @functools.cached_property
-    def _torch_io(self) -> CheckpointIO:
-        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
-        return TorchCheckpointIO()
 
     def _open(self, path: Any) -> Location:
         """``path`` in the process's shared store for this plug-in's settings, which are

@@ -55,7 +55,7 @@ import fsspec
 from fsspec import AbstractFileSystem, register_implementation
 from fsspec.core import split_protocol
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.callbacks.model_checkpoint import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from s3ckpt._plugin_common import patch_once
@@ -83,16 +83,13 @@ def find_last(cb: ModelCheckpoint, trainer: Any, find: Any) -> set[str]:
     protocol, _ = split_protocol(str(cb.dirpath or ""))
     if protocol in (None, "file", "local"):
         return set(find(trainer))
-    invalidate = getattr(cb._fs, "invalidate_cache", None)
-    if callable(invalidate):
-        invalidate()
+    cb._fs.invalidate_cache()
     prefix = f"{protocol}://"
     return {p if p.startswith(prefix) else prefix + p.replace(os.sep, "/") for p in find(trainer)}
 
 
 def fix_parse_ckpt_path() -> None:
     """Resolve ``ckpt_path="last"`` by store time when a candidate is remote (see module)."""
-    from lightning.pytorch.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
     from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
     @patch_once(_CheckpointConnector, "_parse_ckpt_path")
@@ -107,13 +104,11 @@ def fix_parse_ckpt_path() -> None:
         if ckpt_path == "last":
             # What Lightning considers: each OnExceptionCheckpoint's path and each
             # ModelCheckpoint's last*.ckpt files.
-            found = {
-                getattr(cb, "ckpt_path", None)
-                for cb in self.trainer.callbacks
-                if isinstance(cb, OnExceptionCheckpoint)
-            }
-            for cb in self.trainer.checkpoint_callbacks:
-                if isinstance(cb, ModelCheckpoint):
+            found: set[Any] = set()
+            for cb in self.trainer.checkpoint_callbacks:  # (both are Checkpoint callbacks)
+                if isinstance(cb, OnExceptionCheckpoint):
+                    found.add(getattr(cb, "ckpt_path", None))
+                elif isinstance(cb, ModelCheckpoint):
                     found |= find_last(cb, self.trainer, cb._find_last_checkpoints)
             candidates = sorted(str(p) for p in found if p)
             if any(_is_remote(p) for p in candidates):
@@ -163,9 +158,9 @@ def newest_last(trainer: Any, candidates: list[str]) -> str | None:
     if not remote:
         return chain[0].url if chain else None
     io = _plugin(trainer)
-    fallback = True if io is None else bool(io.fallback)
     run = _location(remote[0], trainer).url.parent
-    found = load_newest_good(chain, lambda c: None, fallback=fallback, run=run)  # known damage
+    # Known damage only (nothing is read); the plug-in's fallback, if the trainer has one.
+    found = load_newest_good(chain, lambda c: None, fallback=getattr(io, "fallback", True), run=run)
     assert found is not None
     good = chain[chain.index(found[0]) :]
     if io is not None:
@@ -199,11 +194,9 @@ def checkpoint_mtime(location: Location) -> float | None:
 
     Request cost: one to three HEADs."""
     plain = location.url.prefix.rstrip("/")
-    for key in filter(None, (location.key(MANIFEST_NAME), location.key(METADATA_NAME), plain)):
-        head = location.store.head(key)
-        if head is not None:
-            return head.last_modified if head.last_modified is not None else 0.0
-    return None
+    keys = filter(None, (location.key(MANIFEST_NAME), location.key(METADATA_NAME), plain))
+    head = next(filter(None, map(location.store.head, keys)), None)  # HEADs until one is there
+    return None if head is None else head.last_modified or 0.0
 
 
 def _plugin(trainer: Any) -> Any:
@@ -238,10 +231,8 @@ def install_filesystem(register: bool | None) -> None:
     :func:`s3ckpt.lightning.install`, and each :class:`S3CheckpointIO` with its
     ``register_filesystem``."""
     if register is None:
-        current = fsspec.registry.get("s3")
-        other = current not in (None, _S3CkptFileSystem) and not str(
-            getattr(current, "__module__", "")
-        ).startswith("s3fs")
+        fs = fsspec.registry.get("s3")
+        other = fs not in (None, _S3CkptFileSystem) and not fs.__module__.startswith("s3fs")
         register = importlib.util.find_spec("s3fs") is None and not other
     for protocol in _PROTOCOLS if register else ():
         register_implementation(protocol, _S3CkptFileSystem, clobber=True)
@@ -287,10 +278,9 @@ class _S3CkptFileSystem(AbstractFileSystem):
             if "/" not in obj.key[len(prefix) :]:
                 found[f"{bucket}/{obj.key}"] = _file(f"{bucket}/{obj.key}", obj)
         entries = sorted(found.values(), key=lambda e: e["name"])
-        if not entries:
-            entries = [self.info(path)]  # a file, or FileNotFoundError
-            if entries[0]["type"] == "directory":
-                entries = []  # a folder made here, still empty
+        if not entries:  # a file, a folder made here and still empty, or FileNotFoundError
+            info = self.info(path)
+            entries = [info] if info["type"] == "file" else []
         return entries if detail else [e["name"] for e in entries]
 
     def modified(self, path: Any) -> datetime:

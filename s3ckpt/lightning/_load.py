@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -55,12 +56,11 @@ import torch.distributed.checkpoint as dcp
 from fsspec.core import split_protocol
 from fsspec.spec import AbstractBufferedFile
 from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata
 
-from s3ckpt._plugin_common import dcp_errors, patch_once
+from s3ckpt._plugin_common import dcp_errors, open_reader, patch_once
 from s3ckpt._units import format_bytes
-from s3ckpt.dcp import SAFE_GLOBALS, S3StorageReader, SafeGlobal
+from s3ckpt.dcp import SAFE_GLOBALS, SafeGlobal
 from s3ckpt.dcp._safe import _torch_globals, global_name, reason
 from s3ckpt.errors import (
     CheckpointNotFoundError,
@@ -81,11 +81,11 @@ def load_remote(
     location: Location,
     map_location: Any = None,
     weights_only: bool | None = None,
-    safe_globals: Sequence[SafeGlobal] = (),
-    verify_checksums: bool = True,
+    plugin: Any = None,
 ) -> dict[str, Any]:
     """The checkpoint at ``url``, as Lightning's ``CheckpointIO.load_checkpoint`` returns
-    it (see the module for what is read and in which order).
+    it (see the module for what is read and in which order), read with the
+    ``verify_checksums`` and ``safe_globals`` of ``plugin`` (``None``: the defaults).
 
     Cost: one HEAD of the marker, one of the object (two more when an object is read:
     its HEAD again after the read, to see it did not change), then the load.
@@ -108,15 +108,10 @@ def load_remote(
                 "the prefix: loading the object",
                 url,
             )
-        part = location.transfer_config.part_size
-        return load_object(store, obj, map_location, weights_only, safe_globals, part)
+        part, safe = location.transfer_config.part_size, getattr(plugin, "safe_globals", ())
+        return load_object(store, obj, map_location, weights_only, safe, part)
     try:
-        reader = S3StorageReader(
-            location,
-            verify_checksums=verify_checksums,
-            allow_unsafe_pickle=weights_only is False,
-            safe_globals=safe_globals,
-        )
+        reader = open_reader(location, plugin, allow_unsafe_pickle=weights_only is False)
     except CheckpointNotFoundError as exc:
         if type(exc) is not CheckpointNotFoundError:
             raise  # an uncommitted s3ckpt save: its own message says what to do
@@ -129,7 +124,7 @@ def load_remote(
         ) from exc
     flat = item_destinations(reader.metadata)
     with dcp_errors("a checkpoint save or load"):
-        dcp.load(flat, storage_reader=reader, planner=DefaultLoadPlanner(), no_dist=True)
+        dcp.load(flat, storage_reader=reader, no_dist=True)
     return _to_device(rebuild(flat, reader.metadata), map_location)
 
 
@@ -148,20 +143,15 @@ def rebuild(flat: Mapping[str, Any], metadata: Metadata) -> dict[str, Any]:
     paths: Mapping[str, Any] = metadata.planner_data or {}
     nested: dict[str, Any] = {}
     for fqn, value in flat.items():
-        path = paths.get(fqn)
-        set_element(nested, tuple(path) if path else (fqn,), value)
+        set_element(nested, tuple(paths.get(fqn) or (fqn,)), value)
     if not is_packed(nested.get(_REST)):
         return nested
     ckpt: dict[str, Any] = unpack_state(nested.pop(_REST))
-    optimizers = sorted(
-        (int(k.split("_", 1)[1]), k)
-        for k in nested
-        if k.startswith("optimizer_") and k.split("_", 1)[1].isdigit()
-    )
+    opts = sorted((int(m[1]), k) for k in nested if (m := re.fullmatch(r"optimizer_(\d+)", k)))
     if "state_dict" in nested:
         ckpt["state_dict"] = nested.pop("state_dict")
-    if optimizers:
-        ckpt["optimizer_states"] = [nested.pop(k) for _, k in optimizers]
+    if opts:
+        ckpt["optimizer_states"] = [nested.pop(k) for _, k in opts]
     ckpt.update(nested)
     return ckpt
 

@@ -118,8 +118,7 @@ class OperationMetrics:
     @property
     def bucket(self) -> str:
         """The bucket (or host) of :attr:`url`; ``""`` for a local path."""
-        rest = self.url.partition("://")[2]
-        return rest.partition("/")[0]
+        return self.url.partition("://")[2].partition("/")[0]
 
 
 @dataclass(frozen=True)
@@ -183,10 +182,7 @@ class Totals:
         doc="All requests answered with an expected 412.",
     )
 
-    @property
-    def expected(self) -> int:
-        """All requests answered with an expected 404 or 412."""
-        return self.not_found + self.precondition_failed
+    expected = RequestCounts.expected  # all requests answered with an expected 404 or 412
 
 
 # -- totals ------------------------------------------------------------------------------------
@@ -224,27 +220,25 @@ _subscribers: tuple[Callback, ...] = ()
 
 
 class Subscription:
-    """A registered callback; :meth:`close` (or leaving its ``with`` block) removes it."""
+    """A registered callback; :meth:`close` (or leaving its ``with`` block) removes it.
+
+    Attributes:
+        closed: Whether :meth:`close` was called.
+    """
 
     def __init__(self, callback: Callback) -> None:
         self.callback = callback
-        self._closed = False
+        self.closed = False
 
     def close(self) -> None:
         """Stop receiving events (idempotent)."""
         global _subscribers
         with _subscribers_lock:
-            if self._closed:
+            if self.closed:
                 return
-            self._closed = True
-            subs = list(_subscribers)
-            subs.remove(self.callback)
-            _subscribers = tuple(subs)
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
+            self.closed = True
+            i = _subscribers.index(self.callback)
+            _subscribers = _subscribers[:i] + _subscribers[i + 1 :]
 
     def __enter__(self) -> Subscription:
         return self

@@ -168,32 +168,28 @@ class _Invocation:
                 g.add_metric([r.run], float(getattr(r, attr)))
             yield g
         newest = "the run's newest committed checkpoint"
-        counts = GaugeMetricFamily(
-            "s3ckpt_checkpoints", "Checkpoints of the run, by state.", labels=["run", "state"]
-        )
-        sizes = GaugeMetricFamily(
-            "s3ckpt_checkpoint_bytes",
-            "Bytes under the run's checkpoints, by state.",
-            labels=["run", "state"],
-        )
-        latest = GaugeMetricFamily(
-            "s3ckpt_latest_committed_timestamp_seconds",
-            f"Commit time of {newest} (seconds since the epoch).",
-            labels=["run"],
-        )
-        step = GaugeMetricFamily(
-            "s3ckpt_latest_committed_step", f"Step of {newest}.", labels=["run"]
-        )
-        for r in self.runs:
-            for state, n in sorted(r.checkpoints.items()):
-                counts.add_metric([r.run, state], float(n))
-            for state, n in sorted(r.bytes.items()):
-                sizes.add_metric([r.run, state], float(n))
-            if r.latest_committed_at is not None:
-                latest.add_metric([r.run], r.latest_committed_at)
-            if r.latest_committed_step is not None:
-                step.add_metric([r.run], float(r.latest_committed_step))
-        yield from (f for f in (counts, sizes, latest, step) if f.samples)
+        by_state = [  # (name, help, the RunMetrics field): yielded when it has samples
+            ("checkpoints", "Checkpoints of the run, by state.", "checkpoints"),
+            ("checkpoint_bytes", "Bytes under the run's checkpoints, by state.", "bytes"),
+        ]
+        for name, doc, attr in by_state:
+            g = GaugeMetricFamily(f"s3ckpt_{name}", doc, labels=["run", "state"])
+            for r in self.runs:
+                for state, n in sorted(getattr(r, attr).items()):
+                    g.add_metric([r.run, state], float(n))
+            if g.samples:
+                yield g
+        latest = [  # (name, help, the RunMetrics field): yielded when it has samples
+            ("timestamp_seconds", f"Commit time of {newest} (seconds since the epoch).", "at"),
+            ("step", f"Step of {newest}.", "step"),
+        ]
+        for name, doc, attr in latest:
+            g = GaugeMetricFamily(f"s3ckpt_latest_committed_{name}", doc, labels=["run"])
+            for r in self.runs:
+                if (value := getattr(r, f"latest_committed_{attr}")) is not None:
+                    g.add_metric([r.run], float(value))
+            if g.samples:
+                yield g
 
 
 def render_textfile(
@@ -373,13 +369,10 @@ def last_success(path: str) -> float | None:
 
         with open(path, encoding="utf-8") as f:
             text = f.read(1 << 20)
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == LAST_SUCCESS:
-                    return float(sample.value)
+        samples = (s for family in text_string_to_metric_families(text) for s in family.samples)
+        return next((float(s.value) for s in samples if s.name == LAST_SUCCESS), None)
     except (OSError, ValueError, UnicodeDecodeError, ImportError):
         return None
-    return None
 
 
 class CheckMetricsFile(_Started):

@@ -215,13 +215,11 @@ def gc(
             for c in found.settling
             if c.failed_at is not None
         )
-        damaged = tuple(c for cat in found_runs for c in cat.checkpoints if c.damaged)
-        intents = {cat.run.prefix: pending_intent(store, cat, now) for cat in found_runs}
-        pending = tuple(
-            str(cat.run.child(n))
+        owed = {  # per run: what a dead pruner left (its intent log, unfinished tombstones)
+            cat.run.prefix: dict.fromkeys([*pending_intent(store, cat, now), *_being_deleted(cat)])
             for cat in found_runs
-            for n in dict.fromkeys([*intents[cat.run.prefix], *_being_deleted(cat)])
-        )
+        }
+        pending = tuple(str(cat.run.child(n)) for cat in found_runs for n in owed[cat.run.prefix])
         found_in = GcResult(
             root=root,
             applied=False,
@@ -231,7 +229,7 @@ def gc(
             stale_metadata=tuple(str(c.url) for c in found.stale),
             resumed=pending,
             notes=notes,
-            damaged=damaged,
+            damaged=tuple(c for cat in found_runs for c in cat.checkpoints if c.damaged),
         )
         if not apply:
             recorder.finish(dry_run=True)
@@ -241,13 +239,12 @@ def gc(
         done_in: dict[str, list[str]] = {
             k: [] for k in ("removed", "skipped", "busy_runs", "restored", "resumed")
         }
-        removed, skipped, busy = done_in["removed"], done_in["skipped"], done_in["busy_runs"]
-        restored, resumed = done_in["restored"], done_in["resumed"]
+        removed, skipped, busy, restored, resumed = done_in.values()
         leftovers_deleted = 0
         lease_wait = 0.0
         for cat in found_runs:
             mine = _Survey.of(cat.checkpoints, cutoff, settled)
-            if mine.empty and not intents[cat.run.prefix] and not _being_deleted(cat):
+            if mine.empty and not owed[cat.run.prefix]:
                 continue
             waited = time.monotonic()
             try:
@@ -262,14 +259,11 @@ def gc(
             with Intent(lease) as intent:
                 fresh = run_catalog(store, cat.run, options)
                 resume, carry, rest = finish_previous(lease, fresh.checkpoints if fresh else [])
-                done: tuple[str, ...] = ()
                 intent.record(resume, carry)
-                if resume:
-                    done = deleter.delete_checkpoints(resume)
-                    resumed.extend(str(c.url) for c in resume if c.name in done)
-                work = _Survey.of(
-                    (c for c in rest if c.url.prefix.startswith(root.prefix)), cutoff, settled
-                )
+                done = deleter.delete_checkpoints(resume)  # none: no request
+                resumed.extend(str(c.url) for c in resume if c.name in done)
+                under = (c for c in rest if c.url.prefix.startswith(root.prefix))
+                work = _Survey.of(under, cutoff, settled)
                 # Fence first: a tombstone on each abandoned prefix, the reaped tags recorded in
                 # each committed marker; a prefix whose fence failed keeps its names.
                 unfenced = {k for c in work.reap if not _mark_reaped(deleter, c) for k in c.keys}

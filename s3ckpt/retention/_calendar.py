@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo
-from s3ckpt.retention._policy import Policy, Selection
+from s3ckpt.retention._policy import Policy, Selection, check_int
 
 __all__ = ["KeepCalendar"]
 
@@ -61,13 +61,11 @@ class KeepCalendar(Policy):
     yearly: int = 0
 
     def __post_init__(self) -> None:
-        counts = [getattr(self, f) for f in _CAL_FIELDS]
-        for name, v in zip(_CAL_FIELDS, counts, strict=True):
-            if isinstance(v, bool) or not isinstance(v, int) or v < -1:
-                raise PolicyError(
-                    f"KeepCalendar.{name} must be an integer >= 0 (or -1: unlimited), got {v!r}"
-                )
-        if not any(counts):
+        for f in _CAL_FIELDS:
+            check_int(
+                getattr(self, f), f"KeepCalendar.{f} must be an integer >= 0 (or -1: unlimited)", -1
+            )
+        if not any(getattr(self, f) for f in _CAL_FIELDS):
             raise PolicyError(
                 "KeepCalendar needs at least one of hourly, daily, weekly, monthly, yearly"
             )

@@ -317,7 +317,7 @@ class CheckpointInfo:
             "life": self.life.value,
             **{k: getattr(self, k) for k in plain.split()},
             **{k: iso_z(getattr(self, k)) for k in times.split()},
-            "metrics": {k: _json_float(v) for k, v in self.metrics.items()},
+            "metrics": {k: v if math.isfinite(v) else str(v) for k, v in self.metrics.items()},
             "check": self.check.to_dict() if self.check is not None else None,
             "live_saves": self.live_saves,
             "overwrite_in_progress": self.overwrite_in_progress,
@@ -362,7 +362,3 @@ def writer_time(ts: float) -> datetime | None:
         return utc(ts)
     except (OverflowError, OSError, ValueError):
         return None
-
-
-def _json_float(value: float) -> float | str:
-    return value if math.isfinite(value) else str(value)

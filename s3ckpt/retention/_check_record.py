@@ -84,9 +84,7 @@ R = TypeVar("R")
 def read_each(read: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``read`` of each item, :data:`READ_WORKERS` at a time; the requests count for the
     caller's operation (:func:`~s3ckpt.metrics.instrument.in_context`)."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(READ_WORKERS, len(items))) as pool:
+    with ThreadPoolExecutor(max_workers=min(READ_WORKERS, len(items)) or 1) as pool:
         return list(pool.map(in_context(read), items))
 
 
@@ -172,12 +170,8 @@ class CheckEntry:
             if isinstance(p, dict)
         ]
         entry = cls.of(name, at, digest, etag, tag, problems)
-        more = int(doc.get("more_problems") or 0)
-        return replace(
-            entry,
-            damaged=bool(doc.get("damaged", bool(problems))),
-            more_problems=entry.more_problems + more,
-        )
+        more = entry.more_problems + int(doc.get("more_problems") or 0)
+        return replace(entry, damaged=bool(doc.get("damaged", bool(problems))), more_problems=more)
 
 
 @dataclass(frozen=True)
@@ -268,10 +262,9 @@ def read_check_record(store: ObjectStore, run: StoreURL) -> CheckRecord | None:
     """
     try:
         with expecting("not_found"):
-            raw = store.get(run.key(CHECK_NAME))
+            return CheckRecord.from_json(store.get(run.key(CHECK_NAME)))
     except ObjectNotFoundError:
         return None
-    return CheckRecord.from_json(raw)
 
 
 def read_check_records(

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, DeleteRefusedError
@@ -111,7 +110,6 @@ def delete_checkpoint(
     catalog under the lease, 3-4 lease PUTs (plus HEAD + GET to take over a released one),
     and one DeleteObjects request per phase (marker, metadata, the rest).
     """
-    options = options if options is not None else RetentionOptions()
     location = Location.of(location)
     store, checkpoint = location.store, location.url
     if not checkpoint.prefix:
@@ -121,21 +119,19 @@ def delete_checkpoint(
         )
     name, run = checkpoint.name, checkpoint.parent
     refuse = None if dry_run else f"delete {checkpoint}"
-    options, notes = options.resolve(location.parent, refuse=refuse)
-    grace, now, include_foreign = options.grace, options.now, options.include_foreign
-    assert now is not None  # resolved: the store's time, or the caller's
+    options, notes = (options or RetentionOptions()).resolve(location.parent, refuse=refuse)
+    assert options.now is not None  # resolved: the store's time, or the caller's
 
     def catalog(again: bool) -> RunCatalog:
-        return _run_catalog(catalogs(store, run, options), checkpoint, run, name, again)
+        return _run_catalog(catalogs(store, run, options), checkpoint, again)
 
     # Refuse from a listing without the lease first: a refusal writes nothing at all. A
     # checkpoint whose deletion a pruner (or an earlier rm) began and did not finish has no
     # marker any more; it is in that pruner's intent log, and finished under the lease.
     first = catalog(again=False)
     target = seen = next(c for c in first.checkpoints if c.name == name)
-    unfinished = () if target.is_committed else pending_intent(store, first, now)
-    if name not in unfinished:
-        _check(target, first.checkpoints, allow_newest, include_foreign, grace)
+    if target.is_committed or name not in pending_intent(store, first, options.now):
+        _check(target, first.checkpoints, allow_newest, options)
     if dry_run:
         return _result(target, run, applied=False, notes=notes)
 
@@ -155,9 +151,8 @@ def delete_checkpoint(
         if found:  # already being deleted (by a pruner that died): finish it
             target, targets = found[0], list(resume)
         else:
-            now_there = next(c for c in rest if c.name == name)
-            target = _same_as_seen(now_there, seen, checkpoint)
-            _check(target, rest, allow_newest, include_foreign, grace)
+            target = _same_as_seen(next(c for c in rest if c.name == name), seen, checkpoint)
+            _check(target, rest, allow_newest, options)
             targets = [*resume, target]
         intent.record(targets, carry)
         options.progress("intent", names=intent.names)
@@ -166,35 +161,31 @@ def delete_checkpoint(
         intent.finished([*done, *deleter.changed])
     notes += deleter.changed_notes()
     options.progress("done", deleted=len(done), failures=len(deleter.failures))
-    if allow_newest and newest(rest, include_foreign).get(name):
+    if allow_newest and newest(rest, options.include_foreign).get(name):
         notes += (
             "it was the run's newest checkpoint: a `latest` pointer naming it is a stale hint "
             "now, which the Checkpointer checks against the commit marker and replaces by a "
             "listing",
         )
-    resumed = tuple(c.name for c in resume)
-    deleted = target.name in done
-    return _result(
-        target, run, deleter, applied=True, deleted=deleted, resumed=resumed, notes=notes
-    )
+    did = {**deleter.counts(), "resumed": tuple(c.name for c in resume)}
+    return _result(target, run, applied=True, deleted=name in done, notes=notes, **did)
 
 
-def _run_catalog(
-    cats: Sequence[RunCatalog], checkpoint: StoreURL, run: StoreURL, name: str, again: bool
-) -> RunCatalog:
-    """The run's catalog from a scan of it, holding the checkpoint ``name``; a checkpoint URL
-    that names a run or a folder of runs is refused here (the scan of its parent sees those
-    too). ``again``: the scan under the lease, after one that found the checkpoint."""
+def _run_catalog(cats: Sequence[RunCatalog], checkpoint: StoreURL, again: bool) -> RunCatalog:
+    """The catalog of the checkpoint's run (its parent) from a scan of it, holding the
+    checkpoint; a checkpoint URL that names a run or a folder of runs is refused here (the
+    scan of its parent sees those too). ``again``: the scan under the lease, after one that
+    found the checkpoint."""
+    run, name = checkpoint.parent, checkpoint.name
     by_run = {cat.run.prefix: cat for cat in cats}
     own = by_run.get(run.prefix)
     if own is not None and any(c.name == name for c in own.checkpoints):
         return own
     if again:  # another pruner (or gc) deleted it before we took the lease
-        raise CheckpointNotFoundError(
+        raise _missing(
+            checkpoint,
             f"no checkpoint at {checkpoint} any more: it was deleted while this took the "
             f"lease of {run}; nothing was deleted",
-            bucket=checkpoint.bucket,
-            key=checkpoint.prefix,
         )
     inner = by_run.get(checkpoint.prefix)
     if inner is not None and inner.checkpoints:
@@ -210,29 +201,26 @@ def _run_catalog(
         else f"nothing a checkpoint holds ({MANIFEST_NAME}, {METADATA_NAME}, *.distcp) is stored "
         f"directly under it; `s3ckpt ls {run}` lists the run's checkpoints"
     )
-    raise CheckpointNotFoundError(
-        f"no checkpoint at {checkpoint}: {why}; nothing was deleted",
-        bucket=checkpoint.bucket,
-        key=checkpoint.prefix,
-    )
+    raise _missing(checkpoint, f"no checkpoint at {checkpoint}: {why}; nothing was deleted")
+
+
+def _missing(checkpoint: StoreURL, message: str) -> CheckpointNotFoundError:
+    return CheckpointNotFoundError(message, bucket=checkpoint.bucket, key=checkpoint.prefix)
 
 
 def _check(
-    c: CheckpointInfo,
-    catalog: Sequence[CheckpointInfo],
-    allow_newest: bool,
-    include_foreign: bool,
-    grace: timedelta,
+    c: CheckpointInfo, catalog: Sequence[CheckpointInfo], allow_newest: bool, o: RetentionOptions
 ) -> None:
-    """Raise :class:`DeleteRefusedError` when deleting ``c`` could lose a checkpoint."""
-    why = None if allow_newest else newest(catalog, include_foreign).get(c.name)
+    """Raise :class:`DeleteRefusedError` when deleting ``c`` could lose a checkpoint (``o``:
+    the run's settings: ``include_foreign`` and the grace period)."""
+    why = None if allow_newest else newest(catalog, o.include_foreign).get(c.name)
     refusals = (
         (c.pinned, "pinned", f"it is pinned ({c.pinned}); unpin it first (s3ckpt unpin {c.url})"),
         (
             c.state is CheckpointState.IN_PROGRESS,
             "in_progress",
             "a save is still writing it (no commit marker, and activity within the grace "
-            f"period of {format_duration(grace)}); wait until it commits, or until it is dead "
+            f"period of {format_duration(o.grace)}); wait until it commits, or until it is dead "
             "and gc removes it",
         ),
         (
@@ -248,7 +236,7 @@ def _check(
             "removes (only the names s3ckpt wrote)",
         ),
         (
-            c.state is CheckpointState.FOREIGN and not include_foreign,
+            c.state is CheckpointState.FOREIGN and not o.include_foreign,
             "foreign",
             "it has a DCP .metadata but no s3ckpt commit marker (a stock DCP checkpoint or "
             "another tool's); pass include_foreign=True (s3ckpt rm --include-foreign) to "
@@ -289,13 +277,9 @@ def _refused(url: StoreURL, reason: str, why: str) -> DeleteRefusedError:
     )
 
 
-def _result(
-    c: CheckpointInfo, run: StoreURL, deleter: Deleter | None = None, **done: Any
-) -> DeleteResult:
-    """What rm found (and, with ``deleter``, did) about ``c``; ``done``: the other fields."""
+def _result(c: CheckpointInfo, run: StoreURL, **done: Any) -> DeleteResult:
+    """What rm found (and did) about ``c``; ``done``: the other fields (what it did)."""
     keys = checkpoint_keys(c)
-    if deleter is not None:
-        done.update(deleter.counts())
     return DeleteResult(
         checkpoint=c.url,
         run=run,

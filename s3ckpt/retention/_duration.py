@@ -43,10 +43,8 @@ def parse_duration(text: str) -> timedelta:
 
 def format_duration(value: timedelta) -> str:
     """The shortest ``1d12h``-style spelling of ``value`` (whole seconds)."""
-    total = round(value.total_seconds())
-    out = []
-    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+    total, out = round(value.total_seconds()), ""
+    for unit, size in reversed(_UNITS.items()):  # the largest unit first
         n, total = divmod(total, size)
-        if n:
-            out.append(f"{n}{unit}")
-    return "".join(out) or "0s"
+        out += f"{n}{unit}" if n else ""
+    return out or "0s"

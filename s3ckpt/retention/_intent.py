@@ -30,6 +30,9 @@ from s3ckpt.store.base import ObjectStore
 
 __all__ = ["RESUMED_MOVE", "Intent", "finish_previous", "pending_intent", "previous_moves"]
 
+Moving = dict[str, dict[str, str]]
+"""The transitions under way, by checkpoint name (the lease's ``moving`` record)."""
+
 
 @dataclass
 class Intent(AbstractContextManager["Intent"]):
@@ -40,7 +43,7 @@ class Intent(AbstractContextManager["Intent"]):
 
     lease: Lease
     names: list[str] = field(init=False)
-    moving: dict[str, dict[str, str]] = field(init=False)
+    moving: Moving = field(init=False)
 
     def __post_init__(self) -> None:
         prev = self.lease.previous
@@ -48,10 +51,7 @@ class Intent(AbstractContextManager["Intent"]):
         self.moving = {k: dict(v) for k, v in prev.moving.items()} if prev else {}
 
     def record(
-        self,
-        targets: Sequence[CheckpointInfo],
-        carry: Sequence[str],
-        moving: dict[str, dict[str, str]] | None = None,
+        self, targets: Sequence[CheckpointInfo], carry: Sequence[str], moving: Moving | None = None
     ) -> None:
         """The intent from here on: the names to delete (``targets``, and ``carry`` for a
         later run) and the transitions (``moving``; None: the log's as it is); written into
@@ -74,11 +74,12 @@ class Intent(AbstractContextManager["Intent"]):
 
 
 def finish_previous(
-    lease: Lease, catalog: Sequence[CheckpointInfo]
+    lease: Lease | None, catalog: Sequence[CheckpointInfo]
 ) -> tuple[list[CheckpointInfo], list[str], list[CheckpointInfo]]:
     """What a dead holder of ``lease`` was deleting (its intent log): ``(resume, carry,
     rest)``. ``resume``: checkpoints to finish now; ``carry``: names to keep in the intent
-    log for a later run; ``rest``: the catalog without both.
+    log for a later run; ``rest``: the catalog without both. No ``lease`` (a dry run):
+    nothing to finish.
 
     Every checkpoint being deleted (an unfinished tombstone: a deleter fenced it and died,
     or had deletes refused) is finished, whether the log names it or not. A name in the log
@@ -91,8 +92,10 @@ def finish_previous(
     of an older version's deletion) is finished. Used by prune, rm and gc: whoever takes
     over the lease finishes the work.
     """
-    previous: LeaseRecord | None = lease.previous
-    wanted = set(previous.deleting) if previous is not None else set()
+    if lease is None:
+        return [], [], list(catalog)
+    previous = lease.previous
+    wanted, planned = (set(previous.deleting), previous.planned) if previous else (set(), {})
     resume: list[CheckpointInfo] = []
     carry: list[str] = []
     for c in catalog:
@@ -101,8 +104,7 @@ def finish_previous(
         elif c.name not in wanted or c.pinned:
             continue
         elif c.is_committed:
-            etag = previous.planned.get(c.name) if previous is not None else None
-            if c.marker_etag is not None and etag == c.marker_etag:
+            if c.marker_etag is not None and planned.get(c.name) == c.marker_etag:
                 resume.append(c)
         elif c.state is CheckpointState.IN_PROGRESS:
             carry.append(c.name)
@@ -133,7 +135,7 @@ RESUMED_MOVE = "finishing a transition a pruner that died left half-done (its in
 
 def previous_moves(
     lease: Lease | None, catalog: Sequence[CheckpointInfo], skip: Collection[str]
-) -> tuple[list[Transition], dict[str, dict[str, str]]]:
+) -> tuple[list[Transition], Moving]:
     """The storage-class transitions a dead holder of ``lease`` recorded (``moving``):
     ``(resume, carry)``. ``resume``: transitions to finish now (the checkpoint is still the
     committed one recorded, by its marker's ETag, and not being written into); ``carry``:
@@ -143,12 +145,10 @@ def previous_moves(
     dry run): nothing.
     """
     previous = lease.previous if lease is not None else None
-    if previous is None or not previous.moving:
-        return [], {}
     by_name = {c.name: c for c in catalog}
     resume: list[Transition] = []
-    carry: dict[str, dict[str, str]] = {}
-    for name, rec in previous.moving.items():
+    carry: Moving = {}
+    for name, rec in (previous.moving if previous is not None else {}).items():
         c = by_name.get(name)
         if name in skip or c is None or not c.is_committed or c.damaged:
             continue

@@ -79,6 +79,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_LEASE_TTL", "Lease", "LeaseRecord"]
 
+Moves = Mapping[str, Mapping[str, str]]
+"""A lease's ``moving`` record: the storage-class transitions under way, by checkpoint."""
+
 DEFAULT_LEASE_TTL = timedelta(minutes=5)
 LEASE_FORMAT = "s3ckpt.lease"
 _TYPES: dict[str, Callable[[Any], Any]] = {
@@ -116,7 +119,7 @@ class LeaseRecord:
     start: int | None = None
     ttl: float | None = None
     planned: Mapping[str, str] = field(default_factory=dict, hash=False)
-    moving: Mapping[str, Mapping[str, str]] = field(default_factory=dict, hash=False)
+    moving: Moves = field(default_factory=dict, hash=False)
 
     def to_json(self) -> bytes:
         doc = {"format": LEASE_FORMAT, "version": 1, **dataclasses.asdict(self)}
@@ -163,8 +166,9 @@ class LeaseRecord:
 
 @dataclass
 class Lease:
-    """A lease on one run. Use as a context manager or call :meth:`acquire` /
-    :meth:`release`; the pruner calls :meth:`renew_if_due` before every delete request.
+    """A lease on one run: :meth:`acquire`, then :meth:`release` (the run's
+    :class:`~s3ckpt.retention._intent.Intent` does, on the way out); the pruner calls
+    :meth:`renew_if_due` before every delete request.
 
     Args:
         clock: Times renewals (seconds; only differences count). Default: the monotonic
@@ -203,27 +207,19 @@ class Lease:
         """Whether we hold it (as far as we know)."""
         return self._etag is not None
 
-    def _planned(
-        self, deleting: Sequence[str], planned: Mapping[str, str] | None
-    ) -> dict[str, str]:
-        """The planned marker ETags of ``deleting``: ``planned``, else what our record and
-        the previous holder's recorded (a carried or unfinished name keeps its ETag)."""
-        known = {
-            **(self.previous.planned if self.previous else {}),
-            **(self._record.planned if self._record else {}),
-            **(planned or {}),
-        }
-        return {n: known[n] for n in deleting if n in known}
-
     def _new_record(
         self,
         deleting: Sequence[str] = (),
         released: bool = False,
         planned: Mapping[str, str] | None = None,
-        moving: Mapping[str, Mapping[str, str]] | None = None,
+        moving: Moves | None = None,
     ) -> LeaseRecord:
         self._sent = self.clock()
         now = time.time()  # display only: expiry is judged in the store's time
+        # The planned marker ETags of ``deleting``: ``planned``, else what our record and the
+        # previous holder's recorded (a carried or unfinished name keeps its ETag).
+        known = {k: v for r in (self.previous, self._record) if r for k, v in r.planned.items()}
+        known |= planned or {}
         return LeaseRecord(
             owner=self.owner,
             **dataclasses.asdict(identity()),
@@ -233,7 +229,7 @@ class Lease:
             deleting=tuple(deleting),
             operation=self.operation,
             ttl=self.ttl.total_seconds(),
-            planned=self._planned(deleting, planned),
+            planned={n: known[n] for n in deleting if n in known},
             moving=dict(self._record.moving if self._record else {}) if moving is None else moving,
         )
 
@@ -336,7 +332,7 @@ class Lease:
         self,
         deleting: Sequence[str],
         planned: Mapping[str, str] | None = None,
-        moving: Mapping[str, Mapping[str, str]] | None = None,
+        moving: Moves | None = None,
     ) -> None:
         """Write the names about to be deleted into the lease (the intent log); renews.
 
@@ -351,17 +347,13 @@ class Lease:
 
     def renew_if_due(self) -> None:
         """Renew when less than half the TTL is left; raise LeaseLostError if taken."""
-        rec = self._record
-        if rec is None:
-            raise LeaseLostError(f"not holding the lease on {self.run}", key=self.key)
         # Measured from before our last write was sent: its LastModified (from which the
-        # store's time judges expiry) is later, so this can only renew early.
-        if self.clock() - self._sent >= self.ttl.total_seconds() / 2:
-            self._swap(self._new_record(rec.deleting))
+        # store's time judges expiry) is later, so this can only renew early. Never taken (no
+        # record): :meth:`_swap` raises LeaseLostError.
+        if self._record is None or self.clock() - self._sent >= self.ttl.total_seconds() / 2:
+            self._swap(self._new_record(self._record.deleting if self._record else ()))
 
-    def release(
-        self, deleting: Sequence[str] = (), moving: Mapping[str, Mapping[str, str]] | None = None
-    ) -> None:
+    def release(self, deleting: Sequence[str] = (), moving: Moves | None = None) -> None:
         """Mark the lease released (conditional; a lease already lost is left alone).
 
         Its requests share one short budget (:func:`~s3ckpt.store.retry.cleanup`); a store
@@ -382,21 +374,12 @@ class Lease:
         except LeaseLostError:
             pass
         except S3CkptError as exc:  # never masks the error that ends the pass
-            until = f" at {iso_z_seconds(expires)}" if expires else " after its TTL"
             log.warning(
                 "s3ckpt: could not release the lease on %s (%s); it expires by itself%s, "
                 "and the next %s finishes what its intent log names",
                 self.run,
                 exc,
-                until,
+                f" at {iso_z_seconds(expires)}" if expires else " after its TTL",
                 self.operation,
             )
         self._etag = None
-
-    def __enter__(self) -> Lease:
-        return self.acquire() if not self.held else self
-
-    def __exit__(self, *exc: object) -> None:
-        # On an exception keep the intent log: the deletions it names may be half done.
-        rec = self._record if exc[0] is not None else None
-        self.release(rec.deleting if rec else (), rec.moving if rec else None)

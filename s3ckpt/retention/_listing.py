@@ -126,11 +126,9 @@ def _place(groups: Mapping[str, Group], key: str) -> tuple[Group | None, str | N
     name in it when it is one of the checkpoint's own (directly under its prefix, or one of
     its data objects in the run's shard folder), else None (a nested key); and the save tag
     that name carries, if any."""
-    if in_shard_tree(key):
-        owner = shard_owner(key)
-        if owner is None:
-            return None, None, None  # in a shard folder, but no checkpoint's: nobody's
-        return groups.get(owner.checkpoint), owner.name, owner.tag
+    if in_shard_tree(key):  # no owner: in a shard folder, but no checkpoint's (nobody's)
+        o = shard_owner(key)
+        return (groups.get(o.checkpoint), o.name, o.tag) if o is not None else (None, None, None)
     head, name = key, key.rpartition("/")[2]
     while "/" in head:
         head = head.rpartition("/")[0]

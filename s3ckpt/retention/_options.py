@@ -26,6 +26,7 @@ from s3ckpt.errors import ConfigError, PolicyError
 from s3ckpt.retention._duration import format_duration
 from s3ckpt.retention._lease import DEFAULT_LEASE_TTL
 from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE, judge_time
+from s3ckpt.retention._policy import check_int
 from s3ckpt.retention._tiers import Tier
 from s3ckpt.store.base import MAX_DELETE_BATCH
 
@@ -103,9 +104,8 @@ class RetentionOptions:
         settle(self)
         if not 1 <= self.batch_size <= MAX_DELETE_BATCH:
             raise ConfigError(f"batch_size must be 1..{MAX_DELETE_BATCH}, got {self.batch_size}")
-        m = self.max_delete
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
-            raise PolicyError(f"max_delete must be an integer >= 0, got {m!r}")
+        if self.max_delete is not None:
+            check_int(self.max_delete, "max_delete must be an integer >= 0", 0)
         if self.retries < 0:
             raise ConfigError(f"retries must be >= 0, got {self.retries}")
         if self.now is not None and self.now.tzinfo is None:

@@ -11,7 +11,7 @@ from s3ckpt._time import aware_now, iso_z
 from s3ckpt.errors import CheckpointNotFoundError, ConfigError, StoreError
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME
 from s3ckpt.retention._listing import ckpt_dir
-from s3ckpt.store.base import ObjectStore
+from s3ckpt.store.base import ObjectInfo, ObjectStore
 from s3ckpt.uri import StoreURL
 
 __all__ = ["pin", "unpin"]
@@ -54,9 +54,7 @@ def unpin(store: ObjectStore, checkpoint: StoreURL) -> bool:
     key = checkpoint.key(PIN_NAME)
     if store.head(key) is None:
         return False
-    failures = store.delete([key])
-    if failures:
-        f = failures[0]
+    for f in store.delete([key]):  # the one key's failure, if any
         raise StoreError(
             f"could not remove the pin: {f.code}: {f.message}",
             bucket=checkpoint.bucket,
@@ -73,11 +71,9 @@ def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
     page holds no checkpoint file of its own (a folder of runs, a foreign folder). Reads at
     most the first page of the listing, and stops as soon as it knows."""
     children: list[str] = []
-    empty = True
+    info: ObjectInfo | None = None  # stays None when nothing is listed
     for info in islice(store.list(checkpoint.prefix), _PAGE):
-        empty = False
-        rest = info.key[len(checkpoint.prefix) :]
-        child, sep, name = rest.partition("/")
+        child, sep, name = info.key[len(checkpoint.prefix) :].partition("/")
         if not sep and ckpt_dir(info.key) == checkpoint.prefix:  # a checkpoint's own name
             return
         if sep and name in (MANIFEST_NAME, METADATA_NAME) and child not in children:
@@ -94,7 +90,7 @@ def _check_checkpoint(store: ObjectStore, checkpoint: StoreURL) -> None:
     why = (
         "nothing is stored under that prefix; check the URL (s3ckpt ls RUN lists a run's "
         "checkpoints)"
-        if empty
+        if info is None
         else f"the objects under it are not a checkpoint's (no {MANIFEST_NAME}, "
         f"{METADATA_NAME} or .distcp directly under it); if it is a folder of runs, pin one "
         "checkpoint (s3ckpt ls URL lists them)"

@@ -34,10 +34,9 @@ from typing import Literal
 
 from s3ckpt._gc_pause import gc_paused
 from s3ckpt._time import iso_z
-from s3ckpt.errors import PolicyError
 from s3ckpt.retention._catalog import CheckpointInfo, CheckpointState
 from s3ckpt.retention._options import RetentionOptions
-from s3ckpt.retention._policy import KeepPinned, Policy
+from s3ckpt.retention._policy import Policy, check_policy
 from s3ckpt.retention._tiers import Transition, plan_tiers
 from s3ckpt.retention._toml import PolicyFile
 from s3ckpt.uri import StoreURL
@@ -46,9 +45,6 @@ __all__ = ["Decision", "Plan", "check_policy", "decide", "hold", "newest", "plan
 
 Action = Literal["keep", "delete", "skip"]
 
-NEWEST = "newest committed"
-LATEST_COMMITTED = "most recently committed"
-_NO_RULE = ("no rule keeps it",)
 OVERWRITE = "deferred: an overwrite is in progress (a live save is re-writing it)"
 
 
@@ -138,18 +134,6 @@ class Plan:
         }
 
 
-def check_policy(policy: Policy) -> None:
-    """Refuse an empty policy (one with no rule at all)."""
-    if not isinstance(policy, Policy):
-        raise PolicyError(f"not a retention policy: {policy!r}")
-    if not [r for r in policy.rules() if not isinstance(r, KeepPinned)]:
-        raise PolicyError(
-            f"the policy {policy.describe()!r} has no keep rule: refusing to plan (it would "
-            "delete all but the invariants); name at least one of last, every, best, within, "
-            "calendar"
-        )
-
-
 def plan(
     checkpoints: Sequence[CheckpointInfo],
     policy: Policy | PolicyFile,
@@ -177,11 +161,9 @@ def plan(
     Cost: ``O(n log n)`` in the number of checkpoints (``O(n)`` for a catalog already in
     order, as listed); no I/O.
     """
-    source = PolicyFile.of(policy)
+    source = PolicyFile.of(policy)  # checked: an empty policy is refused
     # a policy file's tiers, unless the options name some
-    options = source.options(options)
-    check_policy(source.policy)
-    return decide(checkpoints, source.policy, now, options, run, policy.describe())
+    return decide(checkpoints, source.policy, now, source.options(options), run, policy.describe())
 
 
 def decide(
@@ -198,9 +180,7 @@ def decide(
     with gc_paused():
         ordered = sorted(checkpoints, key=CheckpointInfo.sort_key)
         eligible = [c for c in ordered if _eligible(c, include_foreign)]
-        kept: dict[str, list[str]] = {
-            name: list(reasons) for name, reasons in rules.select(eligible, now).items()
-        }
+        kept: dict[str, list[str]] = {k: list(v) for k, v in rules.select(eligible, now).items()}
         # Invariants: these reasons are added whatever the policy said.
         resume = newest(eligible)
         for name, reason in resume.items():
@@ -214,19 +194,17 @@ def decide(
         deferred = wanted - cap
         for c in ordered:
             if not _eligible(c, include_foreign):
-                decisions.append(Decision(c, "skip", (_skip_reason(c),)))
+                d = Decision(c, "skip", (_skip_reason(c),))
             elif c.name in kept:
-                decisions.append(Decision(c, "keep", tuple(dict.fromkeys(kept[c.name]))))
+                d = Decision(c, "keep", tuple(dict.fromkeys(kept[c.name])))
             elif c.overwrite_in_progress:
-                decisions.append(Decision(c, "skip", (OVERWRITE,)))
+                d = Decision(c, "skip", (OVERWRITE,))
             elif cap > 0:
                 cap -= 1
-                decisions.append(Decision(c, "delete", _NO_RULE))
+                d = Decision(c, "delete", ("no rule keeps it",))
             else:
-                decisions.append(
-                    Decision(c, "skip", (f"deferred: max_delete={max_delete} reached",))
-                )
-        moves = plan_tiers(eligible, kept, options.tiers, now, resume=resume)
+                d = Decision(c, "skip", (f"deferred: max_delete={max_delete} reached",))
+            decisions.append(d)
         return Plan(
             decisions=tuple(decisions),
             policy=description,
@@ -234,7 +212,7 @@ def decide(
             run=run,
             max_delete=max_delete,
             deferred=deferred,
-            transitions=moves,
+            transitions=plan_tiers(eligible, kept, options.tiers, now, resume=resume),
         )
 
 
@@ -270,13 +248,13 @@ def newest(catalog: Sequence[CheckpointInfo], include_foreign: bool = True) -> d
     committed = [c for c in eligible if c.state is CheckpointState.COMMITTED] or eligible
     if not committed:
         return {}
-    out = {committed[-1].name: NEWEST}
+    out = {committed[-1].name: "newest committed"}
     # ``committed`` is in catalog order: reversed, max() lets the later one win a commit-time
     # tie, as sort_key() would.
     timed = [c for c in reversed(committed) if c.committed_at is not None]
     latest = max(timed, key=lambda c: c.committed_at, default=None)  # type: ignore[arg-type,return-value]
     if latest is not None and latest.name not in out:
-        out[latest.name] = LATEST_COMMITTED
+        out[latest.name] = "most recently committed"
     return out
 
 

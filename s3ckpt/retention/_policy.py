@@ -46,6 +46,8 @@ __all__ = [
     "KeepWithin",
     "Policy",
     "Selection",
+    "check_int",
+    "check_policy",
 ]
 
 BEST_CHOICES = {"mode": ("min", "max"), "nan": ("worst", "skip"), "missing": ("skip", "worst")}
@@ -87,10 +89,11 @@ def _combine(kind: type[_Combined], a: Policy, b: object) -> Policy:
     return kind(tuple(q for p in (a, b) for q in (p.policies if isinstance(p, kind) else (p,))))
 
 
-def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PolicyError(f"{what} must be a positive integer, got {value!r}")
-    return value
+def check_int(value: object, what: str, minimum: int = 1) -> None:
+    """Refuse (:class:`~s3ckpt.errors.PolicyError`) anything but an integer (not a bool) of
+    at least ``minimum``; ``what`` names the value and what it must be."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PolicyError(f"{what}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -121,10 +124,8 @@ class AllOf(_Combined):
     """Keep a checkpoint only if every one of ``policies`` keeps it."""
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        if not self.policies:
-            return {}
         picks = [p.select(checkpoints, now) for p in self.policies]
-        common = set(picks[0]).intersection(*picks[1:])
+        common = set(picks[0]).intersection(*picks[1:]) if picks else set()
         return {
             name: (" and ".join(r for pick in picks for r in pick[name]),)
             for name in (c.name for c in checkpoints)
@@ -146,11 +147,10 @@ class KeepLast(Policy):
     n: int
 
     def __post_init__(self) -> None:
-        _positive_int(self.n, "KeepLast.n")
+        check_int(self.n, "KeepLast.n must be a positive integer")
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        reason = (f"last {self.n}",)
-        return {c.name: reason for c in checkpoints[-self.n :]}
+        return {c.name: (f"last {self.n}",) for c in checkpoints[-self.n :]}
 
     def describe(self) -> str:
         return f"last {self.n}"
@@ -170,24 +170,21 @@ class KeepEvery(Policy):
     steps: int
 
     def __post_init__(self) -> None:
-        _positive_int(self.steps, "KeepEvery.steps")
+        check_int(self.steps, "KeepEvery.steps must be a positive integer")
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
-        best: dict[int, tuple[int, int, CheckpointInfo]] = {}
-        for i, c in enumerate(checkpoints):
+        best: dict[int, tuple[int, CheckpointInfo]] = {}
+        for c in checkpoints:
             if c.step is None:
                 continue
             k = (2 * c.step + self.steps) // (2 * self.steps)
-            if k < 1:
-                continue
             dist = abs(c.step - k * self.steps)
-            cur = best.get(k)
-            # newer (larger index) wins ties: compare (dist, -index)
-            if cur is None or (dist, -i) < (cur[0], -cur[1]):
-                best[k] = (dist, i, c)
+            # oldest first: a later (newer) checkpoint at the same distance wins the tie
+            if k >= 1 and (k not in best or dist <= best[k][0]):
+                best[k] = (dist, c)
         return {
             c.name: (f"every {self.steps} steps (step {k * self.steps})",)
-            for k, (_, _, c) in best.items()
+            for k, (_, c) in best.items()
         }
 
     def describe(self) -> str:
@@ -223,7 +220,7 @@ class KeepBest(Policy):
     missing: Literal["skip", "worst"] = "skip"
 
     def __post_init__(self) -> None:
-        _positive_int(self.n, "KeepBest.n")
+        check_int(self.n, "KeepBest.n must be a positive integer")
         if not isinstance(self.metric, str) or not self.metric:
             raise PolicyError(f"KeepBest.metric must be a metric name, got {self.metric!r}")
         for key, allowed in BEST_CHOICES.items():
@@ -233,8 +230,6 @@ class KeepBest(Policy):
 
     def select(self, checkpoints: Sequence[CheckpointInfo], now: datetime) -> Selection:
         sign = 1.0 if self.mode == "min" else -1.0
-        rank_missing = self.missing == "worst"
-        rank_nan = self.nan == "worst"
 
         def ranked() -> Iterator[tuple[int, float, int, str]]:
             # A generator: only the n best rank tuples are alive at once.
@@ -244,15 +239,13 @@ class KeepBest(Policy):
                 if not math.isnan(v):
                     yield (0, sign * v, -i, c.name)
                 # NaN: worst in both directions (sign does not apply); missing: likewise
-                elif rank_missing if value is None else rank_nan:
+                elif (self.missing if value is None else self.nan) == "worst":
                     yield (1, 0.0, -i, c.name)
 
-        reason = (self.describe(),)
-        return {name: reason for *_, name in heapq.nsmallest(self.n, ranked())}
+        return {name: (self.describe(),) for *_, name in heapq.nsmallest(self.n, ranked())}
 
     def describe(self) -> str:
-        suffix = " (max)" if self.mode == "max" else ""
-        return f"best {self.n} by {self.metric}{suffix}"
+        return f"best {self.n} by {self.metric}" + (" (max)" if self.mode == "max" else "")
 
 
 @dataclass(frozen=True)
@@ -278,11 +271,7 @@ class KeepWithin(Policy):
             return {}
         cutoff = max(times) - self.duration
         reason = (self.describe(),)
-        return {
-            c.name: reason
-            for c in checkpoints
-            if c.committed_at is not None and c.committed_at >= cutoff
-        }
+        return {c.name: reason for c in checkpoints if c.committed_at and c.committed_at >= cutoff}
 
     def describe(self) -> str:
         return f"within {format_duration(self.duration)} of newest"
@@ -298,3 +287,15 @@ class KeepPinned(Policy):
 
     def describe(self) -> str:
         return "pinned"
+
+
+def check_policy(policy: Policy) -> None:
+    """Refuse an empty policy (one with no rule at all)."""
+    if not isinstance(policy, Policy):
+        raise PolicyError(f"not a retention policy: {policy!r}")
+    if not [r for r in policy.rules() if not isinstance(r, KeepPinned)]:
+        raise PolicyError(
+            f"the policy {policy.describe()!r} has no keep rule: refusing to plan (it would "
+            "delete all but the invariants); name at least one of last, every, best, within, "
+            "calendar"
+        )

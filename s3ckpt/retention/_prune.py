@@ -77,7 +77,7 @@ from s3ckpt.retention._intent import Intent, finish_previous, previous_moves
 from s3ckpt.retention._lease import Lease
 from s3ckpt.retention._liveness import MIN_GRACE, judge_time
 from s3ckpt.retention._options import RetentionOptions
-from s3ckpt.retention._plan import Plan, check_policy, decide, hold
+from s3ckpt.retention._plan import Plan, decide, hold
 from s3ckpt.retention._policy import Policy
 from s3ckpt.retention._recheck import confirm, deep
 from s3ckpt.retention._results import PruneResult, last_event
@@ -98,8 +98,6 @@ __all__ = [
     "prune",
     "prune_runs",
 ]
-
-HELD = ("held back: the run's check record is unreadable",)
 
 
 def prune(
@@ -141,13 +139,11 @@ def prune(
     in each of the three phases (plus retries), and one AbortMultipartUpload per open upload
     of a deleted checkpoint.
     """
-    source = PolicyFile.of(policy)
-    check_policy(source.policy)
+    source = PolicyFile.of(policy)  # checked: an empty policy is refused before any request
     location = Location.of(location)
     store, run = location.store, location.url
-    options, notes = source.options(options).resolve(
-        location, refuse=f"prune {run}" if apply else None
-    )
+    refuse = f"prune {run}" if apply else None
+    options, notes = source.options(options).resolve(location, refuse=refuse)
     with instrument.operation("prune", str(run)) as recorder:
         if not apply:
             pp = plan_prune(store, run, source, options)
@@ -179,6 +175,7 @@ def prune(
             lease_wait_s=lease_wait,
         )
     resume, resumed_moves = pp.resume, {m.name for m in pp.moves if m.resumed}
+    held = (pp.held,) if pp.held else ()
     return PruneResult(
         run=run,
         plan=pp.plan,
@@ -189,10 +186,7 @@ def prune(
         **deleter.counts(),
         resumed_bytes=sum(c.size for c in resume),
         resumed_objects=sum(c.num_objects for c in resume),
-        notes=notes
-        + ((pp.held,) if pp.held else ())
-        + deleter.changed_notes()
-        + mover.changed_notes(),
+        notes=notes + held + deleter.changed_notes() + mover.changed_notes(),
         transitioned=tuple(n for n in moved if n in pp.pending),
         resumed_moves=tuple(n for n in moved if n in pp.pending and n in resumed_moves),
         objects_moved=mover.objects,
@@ -275,35 +269,24 @@ def plan_prune(
             "delete it to forget the findings) and prune again"
         )
     )
-    resume: list[CheckpointInfo] = []
-    carry: list[str] = []
-    if lease is not None:
-        resume, carry, catalog = finish_previous(lease, catalog)
-        # What a shallow record does not know (the plain .metadata, other saves' names) is
-        # what a finished deletion must not leave behind: list each one deeply.
-        resume = [d for c in resume if (d := deep(store, options, c) if c.shallow else c)]
+    resume, carry, catalog = finish_previous(lease, catalog)
+    # What a shallow record does not know (the plain .metadata, other saves' names) is what
+    # a finished deletion must not leave behind: list each one deeply.
+    resume = [d for c in resume if (d := deep(store, options, c) if c.shallow else c)]
     rules = source.policy
     p = decide(catalog, rules, now, options, run, source.describe())
     p = confirm(store, run, options, rules, p)  # shallow: what p deletes, listed deeply
     if held:
-        p = hold(p, HELD)
+        p = hold(p, ("held back: the run's check record is unreadable",))
     extra = {"resume": len(resume)} if lease is not None else {}
     options.progress("plan", delete=len(p.delete), **extra, move=len(p.transitions))
     planned = {c.name for c in p.delete} | {t.name for t in p.transitions}
     old_moves, carry_moves = previous_moves(lease, catalog, planned)
     # Listed after the plan: a save that started writing since the scan is seen here.
-    cutoff = (now - options.grace).timestamp()
-    moves, pending = survey(store, [*p.transitions, *old_moves], cutoff)
+    moves, pending = survey(store, [*p.transitions, *old_moves], (now - options.grace).timestamp())
     p = dataclasses.replace(p, transitions=tuple(m for m in moves if not m.resumed))
-    return PrunePlan(
-        p,
-        held or None,
-        tuple(resume),
-        tuple(carry),
-        moves,
-        pending,
-        {**carry_moves, **intent_of([m for m in moves if m.name in pending])},
-    )
+    moving = {**carry_moves, **intent_of([m for m in moves if m.name in pending])}
+    return PrunePlan(p, held or None, tuple(resume), tuple(carry), moves, pending, moving)
 
 
 @dataclass(frozen=True)
@@ -337,15 +320,14 @@ class PruneRuns:
     Attributes:
         root: The prefix.
         notes: About the whole walk: this host's clock far from the store's (a dry run).
-        policy: The policy every run is pruned with.
         apply: Delete (False: every run is a dry run).
         options: The settings every run gets (``now`` set: the walk's one time).
-        source: ``policy`` as a :class:`~s3ckpt.retention.PolicyFile`, checked.
+        source: The policy every run is pruned with, as a
+            :class:`~s3ckpt.retention.PolicyFile`, checked.
     """
 
     root: Location
     notes: tuple[str, ...]
-    policy: Policy | PolicyFile
     apply: bool
     options: RetentionOptions
     source: PolicyFile
@@ -400,16 +382,12 @@ def prune_runs(
     """
     options = options if options is not None else RetentionOptions()
     location = Location.of(location)
-    source = PolicyFile.of(policy)
-    check_policy(source.policy)  # once for every run, before any request
+    source = PolicyFile.of(policy)  # checked once for every run, before any request
     root = location.url
+    refuse = f"prune {root}" if apply else None
     # The skew limit is the grace period every run uses, after its floor; each run raises
     # its own grace (with its own note) as prune does.
     now, notes = judge_time(
-        location.store,
-        root,
-        options.now,
-        max(options.grace, MIN_GRACE),
-        refuse=f"prune {root}" if apply else None,
+        location.store, root, options.now, max(options.grace, MIN_GRACE), refuse=refuse
     )
-    return PruneRuns(location, notes, policy, apply, options.replace(now=now), source)
+    return PruneRuns(location, notes, apply, options.replace(now=now), source)

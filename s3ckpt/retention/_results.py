@@ -89,24 +89,20 @@ class PruneResult:
         them, and from its ``"prune"`` event among ``events`` the bytes freed and the
         lease wait."""
         left = [d.checkpoint for d in self.plan.decisions if d.checkpoint.name not in self.deleted]
-        sizes: Counter[str] = Counter()
-        for c in left:
-            sizes[c.state.value] += c.size
+        states = Counter(c.state.value for c in left)
         committed = [c for c in left if c.state is CheckpointState.COMMITTED and c.committed_at]
         # Newest by the store's commit time; saves within the same second of the store's
         # clock are told apart by the catalog's order (step, then name).
         latest = max(committed, key=lambda c: (c.committed_at, c.sort_key()), default=None)
-        event = last_event(events, "prune", self.run)
         return RunMetrics(
             run=str(self.run),
-            checkpoints=dict(Counter(c.state.value for c in left)),
-            bytes=dict(sizes),
+            checkpoints=dict(states),
+            bytes={s: sum(c.size for c in left if c.state.value == s) for s in states},
             latest_committed_at=at.timestamp() if (at := latest and latest.committed_at) else None,
             latest_committed_step=latest.step if latest is not None else None,
             deleted=len(self.deleted),
-            bytes_freed=event.bytes_freed if event is not None else 0,
             failures=len(self.failures) + len(self.transition_failures),
-            lease_wait_s=event.lease_wait_s if event is not None else 0.0,
+            **_from_event(events, "prune", self.run),
         )
 
 
@@ -176,14 +172,12 @@ class GcResult:
     def run_metrics(self, events: Iterable[OperationMetrics] = ()) -> RunMetrics:
         """The prefix's values for the metrics text file (its ``"gc"`` event among
         ``events`` gives the bytes freed and the lease wait)."""
-        event = last_event(events, "gc", self.root)
         return RunMetrics(
             run=str(self.root),
             deleted=len(self.removed) + len(self.resumed),
-            bytes_freed=event.bytes_freed if event is not None else 0,
             lease_busy=len(self.busy_runs),
             failures=len(self.failures),
-            lease_wait_s=event.lease_wait_s if event is not None else 0.0,
+            **_from_event(events, "gc", self.root),
         )
 
 
@@ -239,11 +233,10 @@ class DeleteResult:
         return _json(self)
 
 
-def _json(result: object, *skip: str) -> dict[str, Any]:
+def _json(result: Any, *skip: str) -> dict[str, Any]:
     """``result``'s fields (but ``skip``) in JSON form: URLs and states as text, tuples as
     lists, failures as ``{key, code, message}``."""
-    every = fields(result)  # type: ignore[arg-type]
-    return {f.name: _plain(getattr(result, f.name)) for f in every if f.name not in skip}
+    return {f.name: _plain(getattr(result, f.name)) for f in fields(result) if f.name not in skip}
 
 
 def _plain(v: Any) -> Any:
@@ -252,6 +245,13 @@ def _plain(v: Any) -> Any:
     if isinstance(v, tuple):
         return [_plain(x) for x in v]
     return str(v) if isinstance(v, StoreURL | CheckpointState) else v
+
+
+def _from_event(events: Iterable[OperationMetrics], kind: str, url: StoreURL) -> dict[str, Any]:
+    """The bytes freed and the lease wait of the last ``kind`` event of ``url`` among
+    ``events`` (none: nothing, the metrics' zeros)."""
+    e = last_event(events, kind, url)
+    return {} if e is None else {"bytes_freed": e.bytes_freed, "lease_wait_s": e.lease_wait_s}
 
 
 def last_event(

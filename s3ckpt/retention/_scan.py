@@ -282,10 +282,7 @@ def _info(
                 created=writer_time(manifest.created),
                 metrics=dict(manifest.metrics),
                 tag=manifest.tag,
-                committed_keys=frozenset(
-                    [d + MANIFEST_NAME, d + manifest.metadata_key]
-                    + [manifest.object_key(d, o.name) for o in manifest.objects]
-                ),
+                committed_keys=frozenset([d + MANIFEST_NAME, *dict(committed_keys(d, manifest))]),
                 metadata_stale=_metadata_stale(g, manifest),
                 reaped=manifest.reaped,
             )

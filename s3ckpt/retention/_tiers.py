@@ -119,8 +119,7 @@ class Tier:
                 f"Tier.storage_class {self.storage_class!r} is not a storage class a tier may "
                 f"name; use one of {', '.join(STORAGE_CLASSES)}"
             )
-        after = self.after
-        if after is not None and (
+        if (after := self.after) is not None and (
             not isinstance(after, timedelta) or after < timedelta(0) or after > MAX_DURATION
         ):
             raise PolicyError(
@@ -209,8 +208,6 @@ def plan_tiers(
 
     Cost: one ``select`` per tier over ``eligible``; no I/O.
     """
-    if not tiers:
-        return ()
     picks = [t.rule.select(eligible, now) for t in tiers]
     out: list[Transition] = []
     for c in eligible:
@@ -224,10 +221,9 @@ def plan_tiers(
             if reasons is None or late or (tier.archive and c.name in resume):
                 continue
             why = tuple(reasons)
-            if tier.after:
-                age = now - c.committed_at if c.committed_at is not None else timedelta(0)
+            if tier.after and c.committed_at is not None:  # not late: ``after`` ago or more
                 why += (
-                    f"committed {format_duration(max(age, timedelta(0)))} ago (after "
+                    f"committed {format_duration(now - c.committed_at)} ago (after "
                     f"{format_duration(tier.after)})",
                 )
             out.append(Transition(c, i, tier.storage_class, tier.method, why))

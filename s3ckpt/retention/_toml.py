@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -74,6 +74,7 @@ from s3ckpt.retention._policy import (
     KeepWithin,
     Policy,
     Selection,
+    check_policy,
 )
 from s3ckpt.retention._tiers import STORAGE_CLASSES, Tier
 
@@ -111,10 +112,7 @@ _BEST = {
     "nan": "'worst' or 'skip'",
     "missing": "'skip' or 'worst'",
 }
-_CAL = {
-    k: "an integer >= 0, or -1 for unlimited"
-    for k in ("hourly", "daily", "weekly", "monthly", "yearly")
-}
+_CAL = {f.name: "an integer >= 0, or -1 for unlimited" for f in fields(KeepCalendar)}
 
 
 def _err(source: str, key: str, message: str) -> PolicyError:
@@ -215,7 +213,28 @@ class PolicyFile(Policy):
                 ``step_pattern`` or no rule at all; the message names ``source``, the key and
                 what is allowed.
         """
-        return _parse(text, source)
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise PolicyError(f"{source}: not valid TOML: {exc}", source=source) from exc
+        _table(source, "", doc, _TOP, "a table")
+        for key in ("description", "step_pattern"):
+            if key in doc and not isinstance(doc[key], str):
+                raise _err(source, key, f"must be {_TOP[key]}, got {_type_name(doc[key])}")
+        try:
+            pattern = compile_step_pattern(doc["step_pattern"]) if "step_pattern" in doc else None
+        except ConfigError as exc:
+            raise _err(source, "step_pattern", exc.message) from None
+        if "keep" not in doc:
+            raise _err(
+                source, "keep", "missing: a policy needs a [keep] table with at least one rule"
+            )
+        policy = _rules(source, "keep", doc["keep"], _TOP["keep"])
+        tables = doc.get("tier", [])
+        if not isinstance(tables, list):
+            raise _err(source, "tier", "must be an array of tables: write [[tier]], not [tier]")
+        tiers = tuple(_tier(source, i, t) for i, t in enumerate(tables))
+        return cls(policy, pattern, source, tiers)
 
     @classmethod
     def load(cls, path: str | Path) -> PolicyFile:
@@ -257,16 +276,15 @@ class PolicyFile(Policy):
     @classmethod
     def of(cls, policy: Policy | PolicyFile) -> PolicyFile:
         """``policy`` as a PolicyFile: itself, a file's rules and settings given as one
-        Policy (:meth:`as_policy`), or a Policy with no settings.
+        Policy (:meth:`as_policy`), or a Policy with no settings; its rules checked
+        (:func:`~s3ckpt.retention._policy.check_policy`).
 
         Raises:
-            PolicyError: ``policy`` is neither.
+            PolicyError: ``policy`` is neither, or has no keep rule.
         """
-        if isinstance(policy, PolicyFile):
-            return policy
-        if not isinstance(policy, Policy):
-            raise PolicyError(f"not a retention policy: {policy!r}")
-        return cls(policy, None, "<policy>")
+        source = policy if isinstance(policy, PolicyFile) else cls(policy, None, "<policy>")
+        check_policy(source.policy)
+        return source
 
     def options(self, options: RetentionOptions | None = None) -> RetentionOptions:
         """``options`` (default: the defaults) with this file's step pattern, unless they
@@ -313,32 +331,6 @@ def parse_policy(text: str, source: str = "<string>") -> Policy:
     return PolicyFile.parse(text, source).as_policy()
 
 
-def _parse(text: str, source: str) -> PolicyFile:
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{source}: not valid TOML: {exc}", source=source) from exc
-    _table(source, "", doc, _TOP, "a table")
-    for key in ("description", "step_pattern"):
-        if key in doc and not isinstance(doc[key], str):
-            raise _err(source, key, f"must be {_TOP[key]}, got {_type_name(doc[key])}")
-    pattern: StepMatcher | None = None
-    if "step_pattern" in doc:
-        try:
-            pattern = compile_step_pattern(doc["step_pattern"])
-        except ConfigError as exc:
-            raise _err(source, "step_pattern", exc.message) from None
-    if "keep" not in doc:
-        raise _err(source, "keep", "missing: a policy needs a [keep] table with at least one rule")
-    policy = _rules(source, "keep", doc["keep"], _TOP["keep"])
-    tables = doc.get("tier", [])
-    if not isinstance(tables, list):
-        raise _err(source, "tier", "must be an array of tables: write [[tier]], not [tier]")
-    return PolicyFile(
-        policy, pattern, source, tuple(_tier(source, i, t) for i, t in enumerate(tables))
-    )
-
-
 def _rules(source: str, where: str, table: Any, what: str) -> Policy:
     """The rules of a ``[keep]`` table (or a tier's ``rule``), OR'ed; ``where`` names it."""
     _table(source, where, table, _KEEP, what)
@@ -359,13 +351,11 @@ def _rules(source: str, where: str, table: Any, what: str) -> Policy:
     elif best is not None:
         rules.append(_best(source, f"{where}.best", best))
     if "calendar" in table:
-        key = f"{where}.calendar"
-        cal = _table(source, key, table["calendar"], _CAL, _KEEP["calendar"])
-        counts = {
-            k: _int(source, f"{key}.{k}", v, minimum=-1, what=_CAL[k]) for k, v in cal.items()
-        }
+        at = f"{where}.calendar"
+        cal = _table(source, at, table["calendar"], _CAL, _KEEP["calendar"])
+        counts = {k: _int(source, f"{at}.{k}", v, minimum=-1, what=_CAL[k]) for k, v in cal.items()}
         if not any(counts.values()):
-            raise _err(source, key, "needs at least one non-zero count")
+            raise _err(source, at, "needs at least one non-zero count")
         rules.append(KeepCalendar(**counts))
     if "pinned" in table:
         if not isinstance(table["pinned"], bool):

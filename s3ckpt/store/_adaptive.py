@@ -159,7 +159,6 @@ class AdaptiveLimiter:
         self._gap: float | None = None  # average seconds between starts
         self._latency: float | None = None  # average seconds of an answered attempt
         self._in_flight = 0
-        self._waiting = 0
         self._epoch = 0
         self._throttles = 0
         self._decreases = 0
@@ -188,11 +187,7 @@ class AdaptiveLimiter:
         with self._cond:
             asked = self._clock()
             while self._limited and self._in_flight >= int(self._window):
-                self._waiting += 1
-                try:
-                    self._cond.wait()
-                finally:
-                    self._waiting -= 1
+                self._cond.wait()
             now = self._clock() if self._limited else asked
             start = now
             if self._rate is not None:
@@ -233,14 +228,14 @@ class AdaptiveLimiter:
                     if self._window >= self._ceiling:
                         self._window = float(self._ceiling)
                         self._limited = False
-            self._wake()
+            self._cond.notify_all()
 
     def failed(self, slot: Slot) -> None:
         """Give ``slot`` back: its attempt failed in a way that says nothing about the
         request rate (a 500, a reset, a timeout, a 404), or never went out."""
         with self._cond:
             self._in_flight -= 1
-            self._wake()
+            self._cond.notify_all()
 
     def throttled(self, slot: Slot) -> None:
         """Give ``slot`` back: its attempt was throttled. Decreases the window (or the
@@ -249,8 +244,8 @@ class AdaptiveLimiter:
             in_flight = self._in_flight  # this attempt included
             self._in_flight -= 1
             self._throttles += 1
+            self._cond.notify_all()  # the waiters run once this block has released the lock
             if slot.epoch != self._epoch:  # the event was answered already
-                self._wake()
                 return
             self._epoch += 1
             self._decreases += 1
@@ -265,7 +260,6 @@ class AdaptiveLimiter:
                 if first:
                     self._paced_at = self._rate_at  # the next start waits one interval
             line = self._log_line(before)
-            self._wake()
         if line is not None:
             log.info("%s", line)
 
@@ -285,10 +279,6 @@ class AdaptiveLimiter:
         """Starts per second with one request at a time: one per answered attempt's
         average time (before any answer, the average gap between starts)."""
         return 1.0 / max(self._latency or self._gap or _MIN_GAP, _MIN_GAP)
-
-    def _wake(self) -> None:
-        if self._waiting:
-            self._cond.notify_all()
 
     def _describe(self) -> str:
         if self._rate is not None:

@@ -85,21 +85,21 @@ def same_class(current: str | None, wanted: str) -> bool:
     return (current or "STANDARD") == wanted
 
 
-def checkpoint_url(scheme: str, bucket: str, key: str) -> str:
+def checkpoint_url(bucket: str, key: str) -> str:
     """The URL of the checkpoint ``key`` belongs to: the owner of a hashed-prefix shard
     (:func:`~s3ckpt.format.shard_owner`), else the key's parent prefix."""
     owner = shard_owner(key)
     prefix = owner.checkpoint if owner is not None else key.rpartition("/")[0] + "/"
-    return f"{scheme}://{bucket}/{prefix.lstrip('/')}"
+    return f"s3://{bucket}/{prefix.lstrip('/')}"
 
 
 def archived_error(
-    *, scheme: str, bucket: str, key: str, storage_class: str | None, operation: str
+    *, bucket: str, key: str, storage_class: str | None, operation: str
 ) -> ArchivedObjectError:
     """The :class:`~s3ckpt.errors.ArchivedObjectError` for a read of ``key`` refused
     because its class keeps it offline, naming the ``s3ckpt restore`` command for its
     checkpoint."""
-    where = checkpoint_url(scheme, bucket, key)
+    where = checkpoint_url(bucket, key)
     cls = storage_class or "an archive class"
     err = ArchivedObjectError(
         f"{operation}: {key} is in {cls} and has no restored copy, so it cannot be read: run "
@@ -204,11 +204,9 @@ def sse_args(cfg: S3Config, *, upload: bool) -> dict[str, Any]:
     """Encryption (SSE-C on every request, SSE-KMS on uploads) and storage-class arguments."""
     args: dict[str, Any] = {}
     if cfg.sse_customer_key is not None:
-        args["SSECustomerAlgorithm"] = "AES256"
-        args["SSECustomerKey"] = cfg.sse_customer_key
+        args |= {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": cfg.sse_customer_key}
     elif upload and cfg.sse_kms_key_id is not None:
-        args["ServerSideEncryption"] = "aws:kms"
-        args["SSEKMSKeyId"] = cfg.sse_kms_key_id
+        args |= {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": cfg.sse_kms_key_id}
     if upload and cfg.storage_class is not None:
         args["StorageClass"] = cfg.storage_class
     return args
@@ -229,14 +227,9 @@ def _copy(
 ) -> ObjectInfo | None:
     """One CopyObject onto itself; the object as the reply describes it (None when the
     reply says too little: the caller HEADs)."""
-    args: dict[str, Any] = {
-        "Bucket": store.bucket,
-        "Key": key,
-        "CopySource": {"Bucket": store.bucket, "Key": key},
-        "MetadataDirective": "COPY",
-        "TaggingDirective": "COPY",
-        **_sse(store.s3_config, storage_class),
-    }
+    obj = {"Bucket": store.bucket, "Key": key}
+    args: dict[str, Any] = {**obj, "CopySource": obj, **_sse(store.s3_config, storage_class)}
+    args |= {"MetadataDirective": "COPY", "TaggingDirective": "COPY"}
     if etag is not None:
         args["CopySourceIfMatch"] = etag
     resp = store._call("copy", key, partial(store.client.copy_object, **args))

@@ -19,11 +19,11 @@ by botocore's checksum validation, another urllib3) is read through ``StreamingB
 
 from __future__ import annotations
 
+import functools
 import http.client
 import io
 import logging
 import socket
-import threading
 from typing import Any
 
 import botocore.exceptions as bce
@@ -144,9 +144,10 @@ class SocketBody:
         return n
 
 
-def _plain_layers(body: Any) -> tuple[Any, http.client.HTTPResponse] | None:
-    """The urllib3 and http.client responses under a plain, untouched ``StreamingBody``;
-    ``None`` when reading the socket directly would skip a layer that matters."""
+def _plain_layers(body: Any, length: int) -> SocketBody | None:
+    """A :class:`SocketBody` over the urllib3 and http.client responses under a plain,
+    untouched ``StreamingBody`` of ``length`` bytes; ``None`` when reading the socket
+    directly would skip a layer that matters."""
     if type(body) is not StreamingBody:
         return None  # e.g. botocore's checksum-validating body
     raw = getattr(body, _RAW_STREAM, None)
@@ -162,7 +163,7 @@ def _plain_layers(body: Any) -> tuple[Any, http.client.HTTPResponse] | None:
         return None
     if getattr(body, _AMOUNT_READ, 0):
         return None
-    return raw, fp
+    return SocketBody(raw, fp, length)
 
 
 class _CannedSocket:
@@ -191,7 +192,7 @@ def _probe() -> bool:
             decode_content=False,
             original_response=fp,
         )
-        reader = _wrap(StreamingBody(raw, len(payload)), len(payload))
+        reader = _plain_layers(StreamingBody(raw, len(payload)), len(payload))
         if reader is None:
             return False
         out = bytearray(len(payload))
@@ -204,34 +205,22 @@ def _probe() -> bool:
         return False
 
 
-_lock = threading.Lock()
-_available: bool | None = None
-
-
+@functools.cache
 def shortcut_available() -> bool:
     """Whether this botocore and urllib3 let a body be read from the socket (probed once)."""
-    global _available
-    if _available is None:
-        with _lock:
-            if _available is None:
-                _available = _probe()
-                if not _available:
-                    log.debug(
-                        "botocore/urllib3 response internals differ from what s3ckpt knows: "
-                        "ranged GET bodies are read through StreamingBody.read"
-                    )
-    return _available
-
-
-def _wrap(body: Any, length: int) -> SocketBody | None:
-    layers = _plain_layers(body)
-    return None if layers is None else SocketBody(layers[0], layers[1], length)
+    available = _probe()
+    if not available:
+        log.debug(
+            "botocore/urllib3 response internals differ from what s3ckpt knows: "
+            "ranged GET bodies are read through StreamingBody.read"
+        )
+    return available
 
 
 def socket_body(body: Any, length: int) -> SocketBody | None:
     """A :class:`SocketBody` over ``body`` (a ranged GET's ``StreamingBody`` that should
     hold ``length`` bytes), or ``None`` when it must be read through ``body.read``."""
-    return _wrap(body, length) if shortcut_available() else None
+    return _plain_layers(body, length) if shortcut_available() else None
 
 
 def body_socket(body: Any) -> Any:

@@ -61,7 +61,7 @@ from s3ckpt.store._known import (
     warn_once,
     warned,
 )
-from s3ckpt.store.base import ObjectStore
+from s3ckpt.store.base import ObjectStore, if_found
 from s3ckpt.store.retry import cleanup
 
 __all__ = [
@@ -130,9 +130,8 @@ def _probe_delete(store: ObjectStore, key: str, put: Callable[..., str], body: b
 
 
 def _probe_list_uploads(store: ObjectStore, key: str) -> bool | None:
-    folder = key.rpartition("/")[0]
-    try:
-        next(iter(store.list_multipart_uploads(folder + "/" if folder else "")), None)
+    try:  # the uploads in the key's folder
+        next(iter(store.list_multipart_uploads(key[: key.rfind("/") + 1])), None)
     except UnsupportedOperationError:
         return False
     except AccessDeniedError:
@@ -292,8 +291,7 @@ def checksum_verified(store: Any, key: str) -> bool:
     from s3ckpt.store._body import BufferBody
 
     where = (store.endpoint_url, store.bucket)
-    known = _verified.get(where)  # one dict get / set: atomic
-    if known is not None:
+    if (known := _verified.get(where)) is not None:  # one dict get / set: atomic
         return known
     body = store.get(key)
     wrong = (_crc.crc32c(body) ^ 0xFFFFFFFF).to_bytes(4, "big")
@@ -368,7 +366,7 @@ def race(
             winners = [n for n, won in enumerate(outcome) if won]
             if len(winners) != 1:
                 counts[0 if winners else 1] += 1
-            elif _read(store, k) != mine[winners[0]]:
+            elif (if_found(partial(store.get, k)) or b"") != mine[winners[0]]:  # b"": gone
                 counts[2] += 1
     return RaceResult(kind, pairs, *counts)
 
@@ -380,15 +378,6 @@ def _etag(store: ObjectStore, key: str) -> str:
             "the race's key vanished or has no ETag", bucket=store.bucket, key=key
         )
     return info.etag
-
-
-def _read(store: ObjectStore, key: str) -> bytes:
-    """The key's bytes; ``b""`` when it is gone."""
-    try:
-        with expecting("not_found"):
-            return store.get(key)
-    except ObjectNotFoundError:
-        return b""
 
 
 # -- doctor's probes of uploads and listings -------------------------------------------------
@@ -411,13 +400,15 @@ def other_process_upload(
     pass a second client; a store that cannot be pickled, ``memory://``, opens it itself),
     and how it was opened. ``opened((key, upload_id))`` is told the upload at once (for
     cleanup)."""
+
+    def listed(upload_id: str, how: str) -> tuple[bool, str]:
+        opened((key, upload_id))
+        return upload_id in {u.upload_id for u in store.list_multipart_uploads(prefix)}, how
+
     try:
         blob = base64.b64encode(pickle.dumps(store)).decode("ascii")
     except Exception:  # a store that lives in this process only (memory://, a test's wrapper)
-        upload_id = store.create_multipart(key)
-        opened((key, upload_id))
-        listed = {u.upload_id for u in store.list_multipart_uploads(prefix)}
-        return upload_id in listed, "a second copy of this in-process store"
+        return listed(store.create_multipart(key), "a second copy of this in-process store")
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     pipe = subprocess.PIPE
@@ -432,9 +423,7 @@ def other_process_upload(
             if not upload_id:
                 last = (proc.communicate(timeout=60)[1].strip().splitlines() or ["it exited"])[-1]
                 raise RuntimeError(f"the other process could not open an upload: {last}")
-            opened((key, upload_id))
-            listed = {u.upload_id for u in store.list_multipart_uploads(prefix)}
-            return upload_id in listed, "another process"
+            return listed(upload_id, "another process")
         finally:
             if proc.returncode is None:  # let it abort its upload and end (killed after 60 s)
                 try:

@@ -244,11 +244,9 @@ def _watch_connections(client: Any) -> None:
     unless botocore's private names differ (then a debug line says so)."""
     try:
         classes = client._endpoint.http_session._pool_classes_by_scheme
-        watched = {scheme: _watched_pool(pool) for scheme, pool in classes.items()}
-    except (AttributeError, TypeError):
+        classes.update({scheme: _watched_pool(pool) for scheme, pool in classes.items()})
+    except (AttributeError, TypeError):  # (classes is the dict the pool managers read)
         log.debug(
             "botocore's HTTP session differs from what s3ckpt knows: requests are "
             "bounded by their per-read timeouts only"
         )
-        return
-    classes.update(watched)  # the dict the pool managers read

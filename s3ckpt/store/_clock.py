@@ -103,8 +103,7 @@ def check_skew(t: StoreTime, limit: timedelta, *, action: str) -> None:
     Raises:
         ClockSkewError: one line naming both clocks, the skew, and that NTP should be fixed.
     """
-    note = skew_note(t, limit)
-    if note is not None:
+    if (note := skew_note(t, limit)) is not None:
         raise ClockSkewError(
             f"refusing to {action}: {note}; fix this host's clock (NTP) and run again",
             local=t.local.timestamp(),
@@ -130,11 +129,9 @@ def skew_note(t: StoreTime, limit: timedelta) -> str | None:
 
 
 def _parse_date(header: str | None) -> datetime | None:
-    if not header:
-        return None
     try:
-        when = parsedate_to_datetime(header)
-    except (TypeError, ValueError, IndexError):
+        when = parsedate_to_datetime(header or "")
+    except (TypeError, ValueError, IndexError):  # none, empty or not a date
         return None
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 

@@ -18,20 +18,18 @@ from s3ckpt.store.base import DeleteFailures, ObjectInfo, ObjectStore, RangeRead
 
 __all__ = ["CountingStore"]
 
-#: ``count(what, n)``: ``"objects listed"``, ``"uploads listed"``, ``"read"``, ``"deleted"`` or
-#: ``"uploads aborted"``, and how many.
-Count = Callable[[str, int], None]
-
 
 class CountingStore:
     """``store``, with what it lists, reads and deletes counted through ``count``.
 
     Args:
         store: The store to wrap.
-        count: Called with ``(what, n)`` after each counted call (``ProgressCounter.add``).
+        count: Called with ``(what, n)`` after each counted call (``ProgressCounter.add``):
+            ``"objects listed"``, ``"uploads listed"``, ``"read"``, ``"deleted"`` or
+            ``"uploads aborted"``, and how many.
     """
 
-    def __init__(self, store: ObjectStore, count: Count) -> None:
+    def __init__(self, store: ObjectStore, count: Callable[[str, int], None]) -> None:
         self.wrapped = store
         self._count = count
 

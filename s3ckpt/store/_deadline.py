@@ -126,37 +126,35 @@ class Watch:
             self._aborts = []
 
 
-class _Watchdog:
-    """One daemon thread that fires :class:`Watch` objects at their deadlines."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Watch]] = []
-        self._order = itertools.count()
-        self._cond = threading.Condition()
-        self._pid = -1
-
-    def add(self, watch: Watch) -> None:
-        with self._cond:
-            if self._pid != os.getpid():  # first use, or a forked child: a thread of its own
-                self._pid = os.getpid()
-                self._heap = []
-                threading.Thread(target=self._run, name="s3ckpt-deadlines", daemon=True).start()
-            heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
-            self._cond.notify()
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                while self._heap and self._heap[0][0] <= now:
-                    _, _, watch = heapq.heappop(self._heap)
-                    if not watch._fire():  # extended meanwhile: watch on
-                        heapq.heappush(self._heap, (watch.deadline, next(self._order), watch))
-                wait = self._heap[0][0] - now if self._heap else None
-                self._cond.wait(wait)
+# One daemon thread per process fires every live Watch at its deadline (_run).
+_heap: list[tuple[float, int, Watch]] = []
+_order = itertools.count()
+_cond = threading.Condition()
+_pid = -1  # the process whose thread runs
 
 
-_WATCHDOG = _Watchdog()
+def _add(watch: Watch) -> None:
+    global _pid
+    with _cond:
+        if _pid != os.getpid():  # first use, or a forked child: a thread of its own
+            _pid = os.getpid()
+            _heap.clear()
+            threading.Thread(target=_run, name="s3ckpt-deadlines", daemon=True).start()
+        heapq.heappush(_heap, (watch.deadline, next(_order), watch))
+        _cond.notify()
+
+
+def _run() -> None:
+    with _cond:
+        while True:
+            now = time.monotonic()
+            while _heap and _heap[0][0] <= now:
+                _, _, watch = heapq.heappop(_heap)
+                if not watch._fire():  # extended meanwhile: watch on
+                    heapq.heappush(_heap, (watch.deadline, next(_order), watch))
+            _cond.wait(_heap[0][0] - now if _heap else None)
+
+
 _current = threading.local()
 
 
@@ -164,17 +162,15 @@ def start_watch(first_byte: float, rate: float, nbytes: int = 0, end: float | No
     """A :class:`Watch` that starts now, for a streamed body read outside any attempt;
     :meth:`Watch.finish` it when the body is read or closed."""
     watch = Watch(first_byte, rate, end, nbytes)
-    _WATCHDOG.add(watch)
+    _add(watch)
     return watch
 
 
 @contextlib.contextmanager
-def watching(
-    first_byte: float, rate: float, end: float | None = None, nbytes: int = 0
-) -> Iterator[Watch]:
+def watching(first_byte: float, rate: float, end: float | None = None) -> Iterator[Watch]:
     """Run the block as one attempt under a :class:`Watch` (the thread's current one, which
     the S3 client's connections register their sockets and byte counts with)."""
-    watch = start_watch(first_byte, rate, nbytes, end)
+    watch = start_watch(first_byte, rate, end=end)
     outer = getattr(_current, "watch", None)
     _current.watch = watch
     try:

@@ -55,59 +55,46 @@ _WRONG_REGION = (
     "S3Config(region=REGION) (or set AWS_REGION)"
 )
 
-# error code -> (s3ckpt error class, what to check). HTTP status is the fallback key.
-_ERROR_TABLE: dict[str, tuple[type[StoreError], str]] = {
-    "NoSuchBucket": (
-        NoSuchBucketError,
-        "the bucket does not exist here: check the bucket name, the region and endpoint_url / "
-        "AWS_ENDPOINT_URL",
-    ),
-    **dict.fromkeys(
-        ("NoSuchKey", "404", "NotFound"), (ObjectNotFoundError, "the object does not exist")
-    ),
-    "NoSuchUpload": (ObjectNotFoundError, "the multipart upload no longer exists"),
-    "AccessDenied": (
-        AccessDeniedError,
-        "the credentials are not allowed to do this: check the IAM policy for this bucket/prefix",
-    ),
-    "403": (AccessDeniedError, "access denied: check credentials and the IAM policy"),
-    "InvalidAccessKeyId": (
-        AccessDeniedError,
-        "the access key is not valid for this endpoint: check AWS_ACCESS_KEY_ID / AWS_PROFILE",
-    ),
-    "SignatureDoesNotMatch": (
-        AccessDeniedError,
-        "the secret key does not match the access key: check AWS_SECRET_ACCESS_KEY / AWS_PROFILE",
-    ),
-    "ExpiredToken": (AccessDeniedError, "the session token has expired: refresh the credentials"),
-    "InvalidToken": (AccessDeniedError, "the session token is not valid: refresh the credentials"),
-    "AllAccessDisabled": (AccessDeniedError, "all access to this object has been disabled"),
-    "KMS.AccessDeniedException": (
-        AccessDeniedError,
-        "not allowed to use the KMS key: check kms:GenerateDataKey / kms:Decrypt grants",
-    ),
-    **dict.fromkeys(
-        ("PreconditionFailed", "412"),
-        (PreconditionFailedError, "the object already exists or changed"),
-    ),
-    "ConditionalRequestConflict": (
-        PreconditionFailedError,
-        "a concurrent conditional write to the same key won",
-    ),
-    **{code: (TransientStoreError, _TRANSIENT_HINTS[code]) for code in sorted(TRANSIENT_CODES)},
-    "NotImplemented": (
-        UnsupportedOperationError,
-        "this store does not implement the request (S3-compatible stores differ)",
-    ),
-    "501": (UnsupportedOperationError, "this store does not implement the request"),
-    "RequestTimeTooSkewed": (
-        AccessDeniedError,
-        "this machine's clock is off by more than 15 minutes: fix NTP",
-    ),
-    **dict.fromkeys(
-        ("PermanentRedirect", "301", "AuthorizationHeaderMalformed"), (StoreError, _WRONG_REGION)
+# s3ckpt error class -> error code -> what to check. HTTP status is the fallback code.
+_HINTS: dict[type[StoreError], dict[str, str]] = {
+    NoSuchBucketError: {
+        "NoSuchBucket": "the bucket does not exist here: check the bucket name, the region and "
+        "endpoint_url / AWS_ENDPOINT_URL",
+    },
+    ObjectNotFoundError: {
+        **dict.fromkeys(("NoSuchKey", "404", "NotFound"), "the object does not exist"),
+        "NoSuchUpload": "the multipart upload no longer exists",
+    },
+    AccessDeniedError: {
+        "AccessDenied": "the credentials are not allowed to do this: check the IAM policy for "
+        "this bucket/prefix",
+        "403": "access denied: check credentials and the IAM policy",
+        "InvalidAccessKeyId": "the access key is not valid for this endpoint: check "
+        "AWS_ACCESS_KEY_ID / AWS_PROFILE",
+        "SignatureDoesNotMatch": "the secret key does not match the access key: check "
+        "AWS_SECRET_ACCESS_KEY / AWS_PROFILE",
+        "ExpiredToken": "the session token has expired: refresh the credentials",
+        "InvalidToken": "the session token is not valid: refresh the credentials",
+        "AllAccessDisabled": "all access to this object has been disabled",
+        "KMS.AccessDeniedException": "not allowed to use the KMS key: check "
+        "kms:GenerateDataKey / kms:Decrypt grants",
+        "RequestTimeTooSkewed": "this machine's clock is off by more than 15 minutes: fix NTP",
+    },
+    PreconditionFailedError: {
+        **dict.fromkeys(("PreconditionFailed", "412"), "the object already exists or changed"),
+        "ConditionalRequestConflict": "a concurrent conditional write to the same key won",
+    },
+    TransientStoreError: {code: _TRANSIENT_HINTS[code] for code in sorted(TRANSIENT_CODES)},
+    UnsupportedOperationError: {
+        "NotImplemented": "this store does not implement the request (S3-compatible stores differ)",
+        "501": "this store does not implement the request",
+    },
+    StoreError: dict.fromkeys(
+        ("PermanentRedirect", "301", "AuthorizationHeaderMalformed"), _WRONG_REGION
     ),
 }
+# error code -> (s3ckpt error class, what to check)
+_ERROR_TABLE = {code: (cls, hint) for cls, hints in _HINTS.items() for code, hint in hints.items()}
 
 # Exception types worth retrying. A refused connection or an unknown hostname
 # (EndpointConnectionError, whose ConnectTimeoutError alone is here) is not: retrying a typo
@@ -230,7 +217,7 @@ def map_error(
         if code == "InvalidObjectState":  # an archived object: its class, and what to run
             cls_ = (exc.response.get("Error") or {}).get("StorageClass")
             return archived_error(
-                scheme="s3", bucket=bucket, key=key or "", storage_class=cls_, operation=operation
+                bucket=bucket, key=key or "", storage_class=cls_, operation=operation
             )
         cls, hint = _ERROR_TABLE.get(code) or _ERROR_TABLE.get(
             str(status), (StoreError, "unexpected error from the store")

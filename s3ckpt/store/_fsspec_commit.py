@@ -58,11 +58,6 @@ def md5_etag(data: bytes) -> str:
     return '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
 
 
-def _pause() -> None:
-    if RACE_PAUSE:
-        time.sleep(RACE_PAUSE)
-
-
 class Committer:
     """No atomic primitive: check, then write. Enforces nothing (:attr:`enforces` empty);
     the subclasses override what their backend does atomically."""
@@ -86,7 +81,7 @@ class Committer:
             raise Conflict(path)
         if if_match is not None and md5_etag(self.fs.cat_file(path)) != if_match:
             raise Conflict(path)  # (cat_file raises FileNotFoundError where it is gone)
-        _pause()
+        time.sleep(RACE_PAUSE)
 
     def write(
         self, path: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
@@ -155,19 +150,18 @@ class _Local(Committer):
             f.write(data)
             if if_none_match or if_match is not None:
                 os.fsync(f.fileno())  # a marker or a lease outlives a crash of the host
-        self._commit(tmp, path, if_none_match, if_match)
+        self.commit_file(tmp, path, if_none_match=if_none_match, if_match=if_match)
         return md5_etag(data)
 
-    def commit_file(self, tmp: str, path: str, *, if_none_match: bool = False) -> None:
-        self._commit(tmp, path, if_none_match, None)
-
-    def _commit(self, tmp: str, path: str, if_none_match: bool, if_match: str | None) -> None:
+    def commit_file(
+        self, tmp: str, path: str, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> None:
         """Move ``tmp`` to ``path`` under the condition; ``tmp`` is gone after, whatever
         happened (what a link left behind, or a file that lost)."""
         try:
             with self._guard(path):
                 if if_none_match:
-                    _pause()
+                    time.sleep(RACE_PAUSE)
                     try:
                         os.link(tmp, path)
                     except FileExistsError:

@@ -194,11 +194,7 @@ def parse_target(target: str | os.PathLike[str] | StoreURL) -> StoreURL:
     Raises:
         InvalidURLError: not a URL s3ckpt can use.
     """
-    if isinstance(target, StoreURL):
-        return target
-    if isinstance(target, str):
-        return parse_url(target)
-    return parse_location(target)
+    return parse_url(target) if isinstance(target, str) else parse_location(target)
 
 
 def _held(store: ObjectStore, name: str, kind: type[C]) -> C:

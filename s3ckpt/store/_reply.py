@@ -87,8 +87,7 @@ class _Where:
         return value
 
     def entries(self, resp: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
-        value = resp.get(name)
-        if value is None:
+        if (value := resp.get(name)) is None:
             return []
         if not isinstance(value, list) or not all(isinstance(e, Mapping) for e in value):
             raise self.fail(f"malformed {name}")

@@ -126,6 +126,32 @@ def call(
             "retrying %s after %s (attempt %d)", what, type(exc).__name__, state.attempt_number
         )
 
+    def one(slot: Slot | None) -> T:
+        """One attempt under its total deadline, its limiter ``slot`` given back with the
+        outcome; a reply (anything but a timeout) tells that the endpoint answers."""
+        try:
+            with watching(config.read_timeout, config.min_rate, end) as watch:
+                try:
+                    result = fn()
+                except BaseException as exc:
+                    if watch.expired:
+                        raise AttemptTimedOut(
+                            f"no complete reply within {watch.limit:.1f} s (read_timeout="
+                            f"{config.read_timeout:g} s + {watch.nbytes} bytes at min_rate="
+                            f"{config.min_rate:g} B/s)"
+                        ) from exc
+                    if timeout_kind(exc) is None:
+                        _answered(where)
+                    raise
+        except BaseException as exc:
+            if limiter is not None and slot is not None:
+                (limiter.throttled if is_throttle(exc) else limiter.failed)(slot)
+            raise
+        _answered(where)
+        if limiter is not None and slot is not None:
+            limiter.succeeded(slot)
+        return result
+
     retrying = policy.retrying(
         retry=retry_if_exception(is_transient),
         queued=lambda: queued,
@@ -138,7 +164,7 @@ def call(
                 attempts += 1
                 slot = None if limiter is None else limiter.acquire(policy.sleep)
                 queued += 0.0 if slot is None else slot.queued
-                result = _attempt(fn, config, end, where, limiter, slot)
+                result = one(slot)
         outcome = "ok"
         return result, attempts
     except Exception as exc:  # mapped at this one edge
@@ -162,37 +188,3 @@ def call(
         raise mapped from exc
     finally:
         record_request(operation, max(attempts, 1), throttled, outcome)
-
-
-def _attempt(
-    fn: Callable[[], T],
-    config: TransferConfig,
-    end: float | None,
-    where: tuple[str | None, str],
-    limiter: AdaptiveLimiter | None,
-    slot: Slot | None,
-) -> T:
-    """One attempt under its total deadline, its limiter ``slot`` given back with the
-    outcome; a reply (anything but a timeout) tells that the endpoint answers."""
-    try:
-        with watching(config.read_timeout, config.min_rate, end) as watch:
-            try:
-                result = fn()
-            except BaseException as exc:
-                if watch.expired:
-                    raise AttemptTimedOut(
-                        f"no complete reply within {watch.limit:.1f} s (read_timeout="
-                        f"{config.read_timeout:g} s + {watch.nbytes} bytes at min_rate="
-                        f"{config.min_rate:g} B/s)"
-                    ) from exc
-                if timeout_kind(exc) is None:
-                    _answered(where)
-                raise
-    except BaseException as exc:
-        if limiter is not None and slot is not None:
-            (limiter.throttled if is_throttle(exc) else limiter.failed)(slot)
-        raise
-    _answered(where)
-    if limiter is not None and slot is not None:
-        limiter.succeeded(slot)
-    return result

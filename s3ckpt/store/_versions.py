@@ -28,15 +28,9 @@ from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from s3ckpt._units import format_bytes, plural
-from s3ckpt.errors import (
-    AccessDeniedError,
-    ObjectNotFoundError,
-    StoreError,
-    UnsupportedOperationError,
-)
-from s3ckpt.metrics.instrument import expecting
+from s3ckpt.errors import AccessDeniedError, StoreError, UnsupportedOperationError
 from s3ckpt.store._cache import ProcessCache
-from s3ckpt.store.base import ObjectStore, S3Requests
+from s3ckpt.store.base import ObjectStore, S3Requests, if_found
 
 __all__ = [
     "Noncurrent",
@@ -72,9 +66,6 @@ class Noncurrent:
 @runtime_checkable
 class VersionedStore(Protocol):
     """A store whose bucket may keep object versions (S3)."""
-
-    @property
-    def bucket(self) -> str: ...
 
     def versioning_status(self) -> Status | None:
         """The bucket's versioning: ``"Enabled"``, ``"Suspended"``, or ``None`` (never
@@ -112,14 +103,10 @@ def _expiry_rules(config: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     out = []
     for rule in config.get("Rules", []) or []:
         days = (rule.get("NoncurrentVersionExpiration") or {}).get("NoncurrentDays")
-        if rule.get("Status") != "Enabled" or not days:
-            continue
-        filt = rule.get("Filter")
-        if filt is None:  # the old form: a prefix on the rule itself
-            filt = {"Prefix": rule.get("Prefix", "")}
-        if set(filt) - {"Prefix"}:  # a tag, an object size, an And of them
-            continue
-        out.append((filt.get("Prefix", "") or "", int(days)))
+        filt = rule.get("Filter") or {"Prefix": rule.get("Prefix", "")}  # or the old form
+        # (a filter with a tag, an object size, an And of them: not every object)
+        if rule.get("Status") == "Enabled" and days and not set(filt) - {"Prefix"}:
+            out.append((filt.get("Prefix", "") or "", int(days)))
     return tuple(out)
 
 
@@ -152,12 +139,9 @@ class VersionRequests:
 
         def fetch() -> tuple[tuple[str, int], ...]:
             get = partial(self.client.get_bucket_lifecycle_configuration, Bucket=self.bucket)
-            with expecting("not_found"):
-                try:
-                    config = self._call("get_bucket_lifecycle_configuration", None, get)
-                except ObjectNotFoundError:  # 404 NoSuchLifecycleConfiguration
-                    return ()
-            return _expiry_rules(config)
+            # 404 NoSuchLifecycleConfiguration: no rule
+            config = if_found(partial(self._call, "get_bucket_lifecycle_configuration", None, get))
+            return () if config is None else _expiry_rules(config)
 
         rules = _RULES.get((self.endpoint_url or "", self.bucket), fetch)
         return min((d for p, d in rules if prefix.startswith(p)), default=None)

@@ -24,13 +24,15 @@ Implementations must be picklable and safe to use from many threads.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.errors import ConfigError
+from s3ckpt.errors import ConfigError, ObjectNotFoundError
+from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store.retry import RetryPolicy
 
 __all__ = [
@@ -130,13 +132,20 @@ def check_restore_args(days: int, tier: str) -> None:
 
 
 def common_prefixes(
-    keys: Iterable[str], prefix: str, delimiter: str = "/", start_after: str | None = None
+    listed: Iterable[ObjectInfo], prefix: str, delimiter: str = "/", start_after: str | None = None
 ) -> list[str]:
-    """The sorted "sub-folders" of ``prefix`` among ``keys`` (all under it), as S3's
-    ``CommonPrefixes``: for stores whose listings hold every key."""
-    rests = (k[len(prefix) :] for k in keys)
+    """The sorted "sub-folders" of ``prefix`` among the ``listed`` objects (all under it),
+    as S3's ``CommonPrefixes``: for stores whose listings hold every key."""
+    rests = (o.key[len(prefix) :] for o in listed)
     seen = {prefix + r.split(delimiter, 1)[0] + delimiter for r in rests if delimiter in r}
     return sorted(p for p in seen if start_after is None or p > start_after)
+
+
+def if_found(request: Callable[[], T]) -> T | None:
+    """``request()``, or None where it answered 404 (counted as that expected answer)."""
+    with expecting("not_found"), contextlib.suppress(ObjectNotFoundError):
+        return request()
+    return None
 
 
 @dataclass(frozen=True)
@@ -360,9 +369,7 @@ class S3Requests(Protocol):
     s3_config: S3Config
     transfer_config: TransferConfig
     retry_policy: RetryPolicy
-
-    @property
-    def bucket(self) -> str: ...
+    bucket: str
 
     @property
     def client(self) -> Any: ...

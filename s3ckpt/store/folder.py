@@ -44,7 +44,7 @@ def list_folder(store: ObjectStore, prefix: str) -> Iterator[ObjectInfo | str]:
     if s3 is None:
         listed = list(store.list(prefix))
         yield from (o for o in listed if "/" not in o.key[len(prefix) :])
-        yield from common_prefixes((o.key for o in listed), prefix)
+        yield from common_prefixes(listed, prefix)
         return
     for page in s3._paginate("list_objects_v2", prefix, Delimiter="/"):
         yield from map(_reply.listed_object, page.get("Contents") or [])
@@ -73,4 +73,4 @@ def get_info(store: ObjectStore, key: str, max_bytes: int) -> tuple[bytes | None
         lm = resp.get("LastModified")
         return body, ObjectInfo(key, size, resp.get("ETag"), lm.timestamp() if lm else None)
 
-    return s3._get(key, None, read)
+    return s3._get(key, read)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
@@ -47,27 +48,25 @@ from s3ckpt.store.base import (
 __all__ = ["FsspecStore"]
 
 
-_MAPPED: tuple[tuple[type[BaseException], type[StoreError], str], ...] = (
-    (
-        Conflict,
+_MAPPED: dict[type[BaseException], tuple[type[StoreError], str]] = {
+    Conflict: (
         PreconditionFailedError,
         "the condition did not hold (another writer changed the object)",
     ),
-    (
-        NotImplementedError,
+    NotImplementedError: (
         UnsupportedOperationError,
         "{exc} is not supported by this store; s3ckpt never sends it",
     ),
-    (FileNotFoundError, ObjectNotFoundError, "not found"),
-    (PermissionError, AccessDeniedError, "permission denied; check credentials and permissions"),
-)
+    FileNotFoundError: (ObjectNotFoundError, "not found"),
+    PermissionError: (AccessDeniedError, "permission denied; check credentials and permissions"),
+}
 
 
 def _map(exc: BaseException, operation: str, bucket: str, key: str) -> StoreError:
     if isinstance(exc, StoreError):
         return exc
     cls, text = StoreError, f"{operation} failed: {type(exc).__name__}: {exc}"
-    for kind, mapped, template in _MAPPED:
+    for kind, (mapped, template) in _MAPPED.items():
         if isinstance(exc, kind):
             cls, text = mapped, f"{operation}: " + template.format(exc=exc)
             break
@@ -116,11 +115,8 @@ class FsspecStore:
         ``delete``): what the capability probe may report, whatever its requests saw."""
         return self.committer.enforces
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"url_scheme": self.url_scheme, "bucket": self.bucket, "_options": self._options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url_scheme"], state["bucket"], **state["_options"])  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:
+        return functools.partial(FsspecStore, self.url_scheme, self.bucket, **self._options), ()
 
     @contextlib.contextmanager
     def _mapped(self, operation: str, key: str) -> Iterator[None]:
@@ -136,9 +132,8 @@ class FsspecStore:
         return f"{self.bucket}/{key}" if self.bucket else key
 
     def _key(self, path: str) -> str:
-        path = path.lstrip("/")  # a local path, or a root marker (memory://)
         root = "" if self.url_scheme == "file" or not self.bucket else self.bucket + "/"
-        return path[len(root) :] if root and path.startswith(root) else path
+        return path.lstrip("/").removeprefix(root)  # (a local path, or memory://'s root marker)
 
     def _makedirs(self, key: str) -> None:
         if self.url_scheme == "file":
@@ -278,8 +273,7 @@ class FsspecStore:
         self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
     ) -> Iterator[str]:
         """See :meth:`ObjectStore.list_prefixes` (filtered here: fsspec lists everything)."""
-        keys = [obj.key for obj in self.list(prefix)]
-        yield from common_prefixes(keys, prefix, delimiter, start_after)
+        yield from common_prefixes(self.list(prefix), prefix, delimiter, start_after)
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
@@ -301,10 +295,8 @@ class FsspecStore:
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:
         """Uploads open in this process (fsspec has no server-side multipart state)."""
         with self._lock:
-            ups = list(self._uploads.items())
-        for uid, up in ups:
-            if up.key.startswith(prefix):
-                yield UploadInfo(up.key, uid, None)
+            ups = [UploadInfo(up.key, uid, None) for uid, up in self._uploads.items()]
+        yield from (u for u in ups if u.key.startswith(prefix))
 
 
 #: Objects up to this size without an ETag of their own get the MD5 one from :meth:`head` (control
@@ -325,18 +317,13 @@ def _mtime(info: dict[str, Any]) -> float | None:
 class _FsspecRange:
     def __init__(self, handle: Any, length: int | None) -> None:
         self._handle = handle
-        self._left = length
+        self._left = sys.maxsize if length is None else length
 
     def readinto(self, buffer: memoryview) -> int:
-        want = len(buffer) if self._left is None else min(len(buffer), self._left)
-        if want <= 0:
-            return 0
-        data = self._handle.read(want)
-        n = len(data)
-        buffer[:n] = data
-        if self._left is not None:
-            self._left -= n
-        return n
+        data = self._handle.read(min(len(buffer), self._left))  # b"" at the end
+        buffer[: len(data)] = data
+        self._left -= len(data)
+        return len(data)
 
     def close(self) -> None:
         self._handle.close()

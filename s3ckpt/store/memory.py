@@ -26,7 +26,6 @@ from s3ckpt.errors import (
 )
 from s3ckpt.store._archive import archived_error, same_class
 from s3ckpt.store.base import (
-    ARCHIVE_CLASSES,
     MAX_DELETE_BATCH,
     Buffer,
     CompletedPart,
@@ -258,10 +257,7 @@ class MemoryStore:
         self, prefix: str, delimiter: str = "/", *, start_after: str | None = None
     ) -> Iterator[str]:
         """See :meth:`ObjectStore.list_prefixes`."""
-        self._enter("list", prefix)
-        with self._lock:
-            keys = [k for k in self.objects if k.startswith(prefix)]
-        yield from common_prefixes(keys, prefix, delimiter, start_after)
+        yield from common_prefixes(self.list(prefix), prefix, delimiter, start_after)
 
     def delete(self, keys: Sequence[str]) -> DeleteFailures:
         """See :meth:`ObjectStore.delete`."""
@@ -316,11 +312,7 @@ class MemoryStore:
             obj = self._object(key)
         if restore_state(self._info(key, obj)) in (RestoreState.ARCHIVED, RestoreState.IN_PROGRESS):
             raise archived_error(
-                scheme="s3",
-                bucket=self.bucket,
-                key=key,
-                storage_class=obj.storage_class,
-                operation="get",
+                bucket=self.bucket, key=key, storage_class=obj.storage_class, operation="get"
             )
         return obj
 
@@ -361,12 +353,11 @@ class MemoryStore:
         self._enter("restore", key)
         with self._lock:
             obj = self._object(key)
-            if (obj.storage_class or "STANDARD") not in ARCHIVE_CLASSES:
-                return RestoreState.NOT_ARCHIVED
-            if obj.restore_until is None:
+            state = restore_state(self._info(key, obj))  # not archived, in progress or restored
+            if state is RestoreState.ARCHIVED:  # no restore asked for yet
                 obj.restore_until = self._clock() + self._restore_seconds
                 return RestoreState.STARTED
-            return restore_state(self._info(key, obj))  # in progress or restored
+            return state
 
     def __getstate__(self) -> dict[str, object]:
         raise TypeError(

@@ -105,17 +105,15 @@ class RetryPolicy:
         cls,
         config: TransferConfig | None = None,
         *,
-        attempts: int | None = None,
         deadline: bool = True,
         timeout_kind: TimeoutKind | None = None,
         sleep: Callable[[float], None] | None = None,
     ) -> RetryPolicy:
         """The policy of ``config`` (default :class:`TransferConfig`): its
-        ``max_attempts`` (or ``attempts``), back-off, and ``request_deadline`` (none
-        without ``deadline``)."""
+        ``max_attempts``, back-off, and ``request_deadline`` (none without ``deadline``)."""
         tc = config or TransferConfig()
         return cls(
-            attempts=tc.max_attempts if attempts is None else attempts,
+            attempts=tc.max_attempts,
             initial_delay=tc.retry_initial_delay,
             max_delay=tc.retry_max_delay,
             deadline=tc.request_deadline if deadline else None,
@@ -185,22 +183,13 @@ class RetryPolicy:
         )
 
 
-def retrying(
-    config: TransferConfig | None = None,
-    *,
-    attempts: int | None = None,
-    deadline: bool = True,
-    timeout_kind: TimeoutKind | None = None,
-    sleep: Callable[[float], None] | None = None,
-    **options: Any,
-) -> Retrying:
+def retrying(config: TransferConfig | None = None, **options: Any) -> Retrying:
     """``RetryPolicy.of(config, ...).retrying(...)`` in one call: a tenacity ``Retrying``
-    with s3ckpt's retry policy (see :class:`RetryPolicy` for each argument; ``options``
-    are :meth:`RetryPolicy.retrying`'s: ``retry``, ``attempts_used``, ``since``, ...)."""
-    policy = RetryPolicy.of(
-        config, attempts=attempts, deadline=deadline, timeout_kind=timeout_kind, sleep=sleep
-    )
-    return policy.retrying(**options)
+    with s3ckpt's retry policy. ``options`` are :meth:`RetryPolicy.of`'s (``deadline``,
+    ``timeout_kind``, ``sleep``) and :meth:`RetryPolicy.retrying`'s (``retry``,
+    ``attempts_used``, ``since``, ...)."""
+    of = {k: options.pop(k) for k in ("deadline", "timeout_kind", "sleep") if k in options}
+    return RetryPolicy.of(config, **of).retrying(**options)
 
 
 # -- short budgets for cleanup ---------------------------------------------------------------
@@ -216,10 +205,7 @@ def cleanup() -> Iterator[None]:
     failure) share one short budget, ``TransferConfig.cleanup_timeout`` from the first of
     them, instead of a whole ``request_deadline`` each: a store that cannot be reached is
     not waited for again. A nested block shares the outer one's budget."""
-    if _cleanup.get() is not None:
-        yield
-        return
-    token = _cleanup.set([None])
+    token = _cleanup.set(_cleanup.get() or [None])  # a nested block: the outer one's budget
     try:
         yield
     finally:

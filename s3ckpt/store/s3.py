@@ -36,8 +36,6 @@ from functools import partial
 from typing import Any, TypeVar
 
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.errors import ObjectNotFoundError
-from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import _archive, _reply, _versions
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
 from s3ckpt.store._archive import sse_args
@@ -55,6 +53,7 @@ from s3ckpt.store.base import (
     DeleteFailures,
     ObjectInfo,
     UploadInfo,
+    if_found,
 )
 from s3ckpt.store.retry import RetryPolicy
 
@@ -121,7 +120,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
     ) -> None:
         if not 1 <= delete_batch_size <= MAX_DELETE_BATCH:
             raise ValueError(f"delete_batch_size must be 1..{MAX_DELETE_BATCH}")
-        self._bucket = bucket
+        self.bucket = bucket
         self.page_size = page_size
         self.delete_batch_size = delete_batch_size
         self.s3_config = s3_config or S3Config()
@@ -129,23 +128,14 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         self.retry_policy = RetryPolicy.of(
             self.transfer_config, timeout_kind=timeout_kind, sleep=sleep
         )
-        self._bound: tuple[int, Any] | None = None  # (process id, its client)
-        self._limiter_bound: tuple[int, AdaptiveLimiter] | None = None  # (process id, ...)
-
-    @property
-    def bucket(self) -> str:
-        """The bucket."""
-        return self._bucket
+        self._bound: dict[str, tuple[int, Any]] = {}  # client, limiter -> (process id, it)
 
     # -- pickling: never ship a live client (or credentials) to another process ------------
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_bound"] = None
-        state["_limiter_bound"] = None
-        return state
+        return {**self.__dict__, "_bound": {}}
 
     def __repr__(self) -> str:
-        return f"S3Store(bucket={self._bucket!r}, endpoint={self.endpoint_url!r})"
+        return f"S3Store(bucket={self.bucket!r}, endpoint={self.endpoint_url!r})"
 
     @property
     def endpoint_url(self) -> str | None:
@@ -156,10 +146,9 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         """The object in ``slot`` built by ``make`` in this process (again after a fork or
         in a spawned child). One assignment: another thread sees the old pair or the new
         one, never a parent's object next to this process's id."""
-        bound = getattr(self, slot)
+        bound = self._bound.get(slot)
         if bound is None or bound[0] != os.getpid():
-            bound = (os.getpid(), make())
-            setattr(self, slot, bound)
+            bound = self._bound[slot] = (os.getpid(), make())
         return bound[1]
 
     @property
@@ -167,7 +156,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         """The process's boto3 S3 client (:func:`shared_client`, fetched on first use and
         again in a new process)."""
         return self._per_process(
-            "_bound", lambda: shared_client(self.s3_config, self.transfer_config)
+            "client", lambda: shared_client(self.s3_config, self.transfer_config)
         )
 
     @property
@@ -175,13 +164,11 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         """The process's adaptive limiter for this endpoint and bucket
         (:func:`~s3ckpt.store._adaptive.shared_limiter`, fetched on first use and again in
         a new process); ``None`` when ``TransferConfig.adaptive`` is off."""
-        if not self.transfer_config.adaptive:
-            return None
         tc = self.transfer_config
-        return self._per_process(
-            "_limiter_bound",
-            lambda: shared_limiter(self.endpoint_url, self._bucket, tc.read_concurrency),
-        )
+        if not tc.adaptive:
+            return None
+        make = partial(shared_limiter, self.endpoint_url, self.bucket, tc.read_concurrency)
+        return self._per_process("limiter", make)
 
     def throttle_stats(self) -> ThrottleStats | None:
         """Throttling seen by this process's requests to this endpoint and bucket (every
@@ -201,7 +188,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         return call(
             fn,
             operation=operation,
-            bucket=self._bucket,
+            bucket=self.bucket,
             key=key,
             endpoint=self.endpoint_url,
             config=self.transfer_config,
@@ -212,7 +199,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
     def _args(self, key: str, *, upload: bool = False, **extra: Any) -> dict[str, Any]:
         """A request's Bucket, Key and encryption (and storage class, on ``upload``)."""
         return {
-            "Bucket": self._bucket,
+            "Bucket": self.bucket,
             "Key": key,
             **sse_args(self.s3_config, upload=upload),
             **extra,
@@ -249,7 +236,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         def send() -> tuple[str, bool | None]:
             resp = self.client.put_object(Body=BufferBody(data), **args)
             etag = _reply.check_written(
-                resp, operation="put", bucket=self._bucket, key=key, sent_crc32c=sent
+                resp, operation="put", bucket=self.bucket, key=key, sent_crc32c=sent
             )
             return etag, None if sent is None else resp.get("ChecksumCRC32C") == sent
 
@@ -260,13 +247,12 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         args = self._args(key, upload=True)
         if self.s3_config.checksum_algorithm == "CRC32C":
             args["ChecksumAlgorithm"] = "CRC32C"
-        upload_id, attempts = self._call_counted(
-            "create_multipart",
-            key,
-            lambda: _reply.check_create(
-                self.client.create_multipart_upload(**args), bucket=self._bucket, key=key
-            ),
-        )
+
+        def send() -> str:
+            resp = self.client.create_multipart_upload(**args)
+            return _reply.check_create(resp, bucket=self.bucket, key=key)
+
+        upload_id, attempts = self._call_counted("create_multipart", key, send)
         if attempts > 1:
             _archive.abort_orphan_uploads(self, key, upload_id)
         return upload_id
@@ -282,7 +268,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         def send() -> CompletedPart:
             resp = self.client.upload_part(Body=BufferBody(data), **args)
             etag = _reply.check_written(
-                resp, operation="upload_part", bucket=self._bucket, key=key, sent_crc32c=sent
+                resp, operation="upload_part", bucket=self.bucket, key=key, sent_crc32c=sent
             )
             crc = resp.get("ChecksumCRC32C") or sent
             return CompletedPart(part_number, etag, crc, len(data))
@@ -310,16 +296,12 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
             args["IfNoneMatch"] = "*"
         checksums = [str(e["ChecksumCRC32C"]) for e in body if "ChecksumCRC32C" in e]
         sent = checksums if len(checksums) == len(body) else None
-        return self._call(
-            "complete_multipart",
-            key,
-            lambda: _reply.check_complete(
-                self.client.complete_multipart_upload(**args),
-                bucket=self._bucket,
-                key=key,
-                part_checksums=sent,
-            ),
-        )
+
+        def send() -> str:
+            resp = self.client.complete_multipart_upload(**args)
+            return _reply.check_complete(resp, bucket=self.bucket, key=key, part_checksums=sent)
+
+        return self._call("complete_multipart", key, send)
 
     def checksum_verified(self, key: str) -> bool:
         """Whether the store refuses an upload whose CRC32C does not match its body: one
@@ -330,39 +312,32 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """See :meth:`ObjectStore.abort_multipart`."""
-        args = {"Bucket": self._bucket, "Key": key, "UploadId": upload_id}
-        try:
-            with expecting("not_found"):  # an upload already gone: aborted, as the protocol says
-                self._call(
-                    "abort_multipart", key, partial(self.client.abort_multipart_upload, **args)
-                )
-        except ObjectNotFoundError:
-            pass
+        args = {"Bucket": self.bucket, "Key": key, "UploadId": upload_id}
+        abort = partial(self.client.abort_multipart_upload, **args)
+        if_found(partial(self._call, "abort_multipart", key, abort))  # gone already: aborted
 
     def open_range(self, key: str, start: int = 0, length: int | None = None) -> S3RangeReader:
         """See :meth:`ObjectStore.open_range`."""
         return S3RangeReader(self, key, start, length)
 
-    def _get(self, key: str, rng: str | None, read: Callable[[Any], T]) -> T:
-        """``read`` of a checked GetObject reply (of the byte range ``rng``, ``bytes=a-b``),
-        inside the attempt: a body that breaks off is retried with the request."""
-        args = self._args(key)
-        if rng:
-            args["Range"] = rng
+    def _get(self, key: str, read: Callable[[Any], T], **extra: Any) -> T:
+        """``read`` of a checked GetObject reply (``extra``: a ``Range="bytes=a-b"``), inside
+        the attempt: a body that breaks off is retried with the request."""
+        args = self._args(key, **extra)
 
         def fetch() -> T:
             resp = self.client.get_object(**args)
-            _reply.check_body(resp, bucket=self._bucket, key=key)
+            _reply.check_body(resp, bucket=self.bucket, key=key)
             return read(resp)
 
         return self._call("get", key, fetch)
 
     def _get_object(self, key: str, first: int, last: int | None) -> Any:
-        return self._get(key, f"bytes={first}-{'' if last is None else last}", lambda r: r)
+        return self._get(key, lambda r: r, Range=f"bytes={first}-{'' if last is None else last}")
 
     def get(self, key: str) -> bytes:
         """See :meth:`ObjectStore.get`."""
-        return self._get(key, None, lambda resp: bytes(resp["Body"].read()))
+        return self._get(key, lambda resp: bytes(resp["Body"].read()))
 
     def head(self, key: str) -> ObjectInfo | None:
         """See :meth:`ObjectStore.head`."""
@@ -370,13 +345,11 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
 
         def fetch() -> Any:
             resp = self.client.head_object(**args)
-            _reply.check_head(resp, bucket=self._bucket, key=key)
+            _reply.check_head(resp, bucket=self.bucket, key=key)
             return resp
 
-        try:
-            with expecting("not_found"):  # a HEAD asks whether it exists: 404 is an answer
-                resp = self._call("head", key, fetch)
-        except ObjectNotFoundError:
+        resp = if_found(partial(self._call, "head", key, fetch))  # 404 is an answer
+        if resp is None:
             return None
         size, etag, stamp = int(resp["ContentLength"]), resp["ETag"], resp["LastModified"]
         return ObjectInfo(key, size, etag, stamp.timestamp(), *map(resp.get, _HEAD_EXTRA))
@@ -385,11 +358,11 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         """Every page of the listing ``operation`` of ``prefix``, each reply checked
         (:mod:`~s3ckpt.store._reply`), :attr:`page_size` keys a page."""
         check, size, markers = _PAGES[operation]
-        args = {"Bucket": self._bucket, "Prefix": prefix, size: self.page_size, **kwargs}
+        args = {"Bucket": self.bucket, "Prefix": prefix, size: self.page_size, **kwargs}
 
         def fetch() -> Any:
             resp = getattr(self.client, operation)(**args)
-            check(resp, bucket=self._bucket, prefix=prefix)
+            check(resp, bucket=self.bucket, prefix=prefix)
             return resp
 
         while True:
@@ -404,17 +377,15 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         host's clock just before and after the attempt that answered: the store's time, for
         :func:`s3ckpt.store._clock.store_time`. ListBucket on the prefix is what every role
         that lists checkpoints already has (HeadBucket needs it on the whole bucket)."""
-        sent = [0.0, 0.0]
 
-        def fn() -> Any:
-            sent[0] = time.time()
-            resp = self.client.list_objects_v2(Bucket=self._bucket, Prefix=prefix, MaxKeys=1)
-            sent[1] = time.time()
-            return resp
+        def fn() -> tuple[Any, float, float]:
+            sent = time.time()
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
+            return resp, sent, time.time()
 
-        resp = self._call("list_objects_v2", prefix, fn)
+        resp, sent, received = self._call("list_objects_v2", prefix, fn)
         headers = (resp.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
-        return headers.get("date"), sent[0], sent[1]
+        return headers.get("date"), sent, received
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         """See :meth:`ObjectStore.list`."""
@@ -444,19 +415,17 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
             req = {"Objects": [{"Key": k} for k in batch], "Quiet": False}
 
             def send(req: dict[str, Any] = req, batch: list[str] = batch) -> Any:
-                resp = self.client.delete_objects(Bucket=self._bucket, Delete=req)
-                _reply.check_deleted(resp, bucket=self._bucket, keys=batch)
+                resp = self.client.delete_objects(Bucket=self.bucket, Delete=req)
+                _reply.check_deleted(resp, bucket=self.bucket, keys=batch)
                 return resp
 
-            for err in self._call("delete", batch[0], send).get("Errors") or []:
-                failures.append(
-                    DeleteFailure(err.get("Key", ""), err.get("Code", ""), err.get("Message", ""))
-                )
+            for e in self._call("delete", batch[0], send).get("Errors") or []:
+                failures.append(DeleteFailure(*(e.get(f, "") for f in ("Key", "Code", "Message"))))
         return failures
 
     def delete_if_match(self, key: str, etag: str) -> None:
         """See :meth:`ObjectStore.delete_if_match`."""
-        args = {"Bucket": self._bucket, "Key": key, "IfMatch": etag}
+        args = {"Bucket": self.bucket, "Key": key, "IfMatch": etag}
         self._call("delete", key, partial(self.client.delete_object, **args))
 
     def list_multipart_uploads(self, prefix: str) -> Iterator[UploadInfo]:

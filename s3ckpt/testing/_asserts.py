@@ -12,16 +12,10 @@ from s3ckpt.format._hashed import shard_owner
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag
 from s3ckpt.retention import CheckpointInfo, list_checkpoints
 from s3ckpt.retention._scan import scan
-from s3ckpt.store import Location, ObjectStore, open_store
-from s3ckpt.uri import StoreURL, parse_url
+from s3ckpt.store import Location, ObjectStore
+from s3ckpt.uri import StoreURL
 
 _SHOWN = 10  # problems, keys or uploads listed in one message
-
-
-def _open(url: str | StoreURL, store: ObjectStore | None) -> tuple[ObjectStore, StoreURL]:
-    if store is not None:
-        return store, url if isinstance(url, StoreURL) else parse_url(url)
-    return open_store(url)
 
 
 def _describe(c: CheckpointInfo) -> str:
@@ -76,8 +70,8 @@ def assert_committed(
             there with its state and step), or verification found problems (the message
             names them, the damaged tensors and objects).
     """
-    store, where = _open(url, store)
-    catalogs = scan(Location(where, store))
+    loc = Location.of(url, store=store)  # open_store's, unless a store is passed
+    where, catalogs = loc.url, scan(loc)
     itself = [c for cat in catalogs for c in cat.checkpoints if c.url.prefix == where.prefix]
     if itself:  # ``url`` is a checkpoint prefix
         chosen = itself[0]
@@ -104,7 +98,7 @@ def assert_committed(
             f"{chosen.url} has a commit marker that cannot be read: {chosen.error}"
         )
     if verify:
-        _verify(chosen, store)
+        _verify(chosen, loc.store)
     return chosen
 
 
@@ -134,10 +128,9 @@ def committed_steps(run_url: str | StoreURL, *, store: ObjectStore | None = None
         run_url: The run prefix (what a :class:`~s3ckpt.Checkpointer` was given).
         store: The store to read (default: :func:`s3ckpt.store.open_store` on ``run_url``).
     """
-    store, run = _open(run_url, store)
     return sorted(
         c.step
-        for c in list_checkpoints(Location(run, store))
+        for c in list_checkpoints(Location.of(run_url, store=store))
         if c.is_committed and c.step is not None
     )
 
@@ -152,8 +145,8 @@ def assert_no_partial_uploads(run_url: str | StoreURL, *, store: ObjectStore | N
     Raises:
         AssertionError: Naming every open upload's key.
     """
-    store, run = _open(run_url, store)
-    if uploads := list(store.list_multipart_uploads(run.prefix)):
+    run = Location.of(run_url, store=store)
+    if uploads := list(run.store.list_multipart_uploads(run.url.prefix)):
         raise AssertionError(
             f"{len(uploads)} multipart upload(s) open under {run}:"
             + _shown(sorted(f"{u.key} (upload id {u.upload_id})" for u in uploads))
@@ -194,11 +187,11 @@ def assert_clean(
     Raises:
         AssertionError: Naming every open upload, uncommitted checkpoint and leftover key.
     """
-    store, run = _open(run_url, store)
-    uploads = store.list_multipart_uploads(run.prefix)
+    run = Location.of(run_url, store=store)
+    uploads = run.store.list_multipart_uploads(run.url.prefix)
     problems = sorted(f"open multipart upload: {u.key}" for u in uploads)
     committed: list[CheckpointInfo] = []
-    for cat in scan(Location(run, store), include_uploads=False):
+    for cat in scan(run, include_uploads=False):
         for c in cat.checkpoints:
             if not c.is_committed or c.error:
                 problems.append(f"not committed: {c.url}: {_describe(c)}")

@@ -166,8 +166,7 @@ def local_s3(bucket: str | None = None, *, region: str = "us-east-1") -> Iterato
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
-        host, port = server.get_host_and_port()
-        endpoint_url = f"http://{host}:{port}"
+        endpoint_url = "http://{}:{}".format(*server.get_host_and_port())
         with patched_env(server_env(endpoint_url, region)):
             yield LocalS3(endpoint_url, "", region).new_bucket(bucket)
     finally:

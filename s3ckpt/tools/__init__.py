@@ -67,11 +67,10 @@ _LAZY: dict[str, str] = {
 
 def __getattr__(name: str) -> Any:
     """Import a torch-needing name on first access (PEP 562)."""
-    module = _LAZY.get(name)
-    if module is None:
+    if (module := _LAZY.get(name)) is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next access is a plain lookup
+    # Kept in the module's globals: the next access is a plain lookup.
+    value = globals()[name] = getattr(importlib.import_module(module), name)
     return value
 
 

@@ -76,6 +76,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from s3ckpt._commit import read_items
 from s3ckpt._time import iso_z
 from s3ckpt._verify import Fault, Verifier, manifest_items, sample_items
 from s3ckpt.config import S3Config, TransferConfig
@@ -240,7 +241,9 @@ def _write_record(
 
 
 # -- one checkpoint ---------------------------------------------------------------------------
-_ORDER = {k: n for n, k in enumerate(("marker", "missing_object", "object_size", "metadata"))}
+_ORDER = {
+    k: n for n, k in enumerate(("marker", "missing_object", "object_size", "metadata", "items"))
+}
 """Findings sort by kind (these first, the rest after), then object and item."""
 
 
@@ -270,7 +273,8 @@ def check_checkpoint(
         StoreError: A listing, HEAD or metadata GET failed after its retries (the check of
             the rest cannot be trusted to be complete).
 
-    Request cost: one LIST, one GET of the marker, one or two GETs of ``.metadata``, a HEAD
+    Request cost: one LIST, one GET of the marker, one of its item records (format 4), one or
+    two GETs of ``.metadata``, a HEAD
     per object the listing does not show, the ranged GETs of the sample, and one HEAD of the
     marker when anything was found.
     """
@@ -341,21 +345,30 @@ def check_checkpoint(
         return bad_marker("a valid marker", "damaged", exc.message)
     digest = manifest_digest(json.loads(raw))
     v.key_of = functools.partial(manifest.object_key, prefix)
-    items = manifest_items(manifest)
+    extra: list[Finding] = []
+    if (ref := manifest.items_ref) is not None:
+        try:
+            manifest = read_items(store, info.url, manifest)
+            v.count(ref.size)
+        except CorruptCheckpointError as exc:
+            want = f"{ref.size} bytes, crc32c {ref.crc32c:08x}"
+            extra.append(Finding("items", ref.name, None, want, "missing or damaged", exc.message))
+    items = manifest_items(manifest) if manifest.items is not None else []
     sizes = v.sizes([o.name for o in manifest.objects], listing)
     readable = set(v.objects(items, sizes, {o.name: o.size for o in manifest.objects}))
     v.metadata(prefix, manifest, listing)
     sample = [i for i in sample_items(items, fraction, rng) if i in readable]
     v.read(sample, thread_name="s3ckpt-check")
     findings = sorted(
-        map(_finding, v.faults), key=lambda f: (_ORDER.get(f.kind, 9), f.object or "", f.item or "")
+        [*extra, *map(_finding, v.faults)],
+        key=lambda f: (_ORDER.get(f.kind, 9), f.object or "", f.item or ""),
     )
     result = CheckpointCheck(
         *head,
         digest,
         marker.etag,
         len(manifest.objects),
-        len(manifest.items),
+        ref.count if ref is not None else len(items),
         v.items_read,
         v.bytes_read,
         tuple(findings),

@@ -24,12 +24,13 @@ SKIP_REASONS = ("in_progress", "uncommitted", "foreign", "being_written", "archi
 class Finding:
     """One thing wrong with a checkpoint (or, ``read_error``, one thing a check could not read).
 
-    ``kind``: ``marker`` (the commit marker is unreadable or does not match its digest),
-    ``missing_object``, ``object_size`` (differs from the marker's record), ``metadata`` (the
-    committed ``.metadata`` is missing or differs), ``stale_metadata`` (the plain ``.metadata``
-    copy is missing or differs), ``checksum`` (an item's CRC32C), ``truncated`` (an object
-    ended early while read), ``read_error``. ``object`` and ``item`` name where (the object
-    relative to the checkpoint, the state-dict key); ``expected`` and ``found`` what.
+        ``kind``: ``marker`` (the commit marker is unreadable or does not match its digest),
+        ``missing_object``, ``object_size`` (differs from the marker's record), ``metadata`` (the
+        committed ``.metadata`` is missing or differs), ``stale_metadata`` (the plain ``.metadata``
+        copy is missing or differs), ``items`` (the item records the marker commits are missing or
+    differ), ``checksum`` (an item's CRC32C), ``truncated`` (an object
+        ended early while read), ``read_error``. ``object`` and ``item`` name where (the object
+        relative to the checkpoint, the state-dict key); ``expected`` and ``found`` what.
     """
 
     kind: str

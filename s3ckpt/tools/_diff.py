@@ -127,8 +127,7 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> tuple[int, float, float
     for i in range(0, n, _SLICE):
         xa, xb = fa[i : i + _SLICE].to(wide), fb[i : i + _SLICE].to(wide)
         same = (xa == xb) | (torch.isnan(xa) & torch.isnan(xb))
-        k = int((~same).sum())
-        if not k:
+        if not (k := int((~same).sum())):
             continue
         changed += k
         d = (xa - xb).abs().to(torch.float64)
@@ -189,8 +188,7 @@ def diff_checkpoints(
     results: dict[str, TensorDiff] = {}
     to_load: dict[str, tuple[Entry, Entry, tuple[Any, ...]]] = {}
     for name, x in ea.items():
-        y = eb.get(name)
-        if y is None:
+        if (y := eb.get(name)) is None:
             results[name] = TensorDiff(name, "only_in_a", None, dtype_name(x.dtype), None, x.shape)
             continue
         both = (dtype_name(x.dtype), dtype_name(y.dtype), x.shape, y.shape)  # a, b, a, b

@@ -146,8 +146,7 @@ def _request_urls(store: ObjectStore) -> Iterator[list[str]]:
         seen.append(str(request.url))
 
     with ExitStack() as stack:
-        client = s3_client(store)
-        if client is not None:
+        if (client := s3_client(store)) is not None:
             client.meta.events.register("before-send.s3", record)
             stack.callback(client.meta.events.unregister, "before-send.s3", record)
         yield seen

@@ -25,9 +25,6 @@ from s3ckpt.uri import StoreURL
 
 __all__ = ["Scratch", "clean_up", "permission_rows", "round_trip_rows"]
 
-#: S3's smallest part but the last.
-MIN_PART = 5 * 1024 * 1024
-
 
 @dataclass
 class Scratch:
@@ -59,10 +56,6 @@ class Scratch:
         self.uploads.append((key, upload_id))
         return upload_id
 
-    def finished(self, key: str, upload_id: str) -> None:
-        """The upload was completed or aborted: nothing left to abort."""
-        self.uploads.remove((key, upload_id))
-
     def upload(self, key: str, *parts: bytes) -> None:
         """A multipart upload of ``parts``, each sent with its CRC32C, completed."""
         upload_id = self.create_multipart(key)
@@ -71,7 +64,7 @@ class Scratch:
             for n, d in enumerate(parts, 1)
         ]
         self.store.complete_multipart(key, upload_id, sent)
-        self.finished(key, upload_id)
+        self.uploads.remove((key, upload_id))  # completed: nothing left to abort
 
 
 # -- permissions -----------------------------------------------------------------------------
@@ -124,9 +117,7 @@ def _message(exc: BaseException) -> str:
     return str(inner) if inner is not None else f"{type(exc).__name__}: {exc}"
 
 
-def _run(
-    name: str, work: Scratch, fn: Callable[[], str | None], *, needs: str | None = None
-) -> Check:
+def _run(name: str, work: Scratch, fn: Callable[[], str | None], needs: str | None = None) -> Check:
     """The row of one permission: ``fn`` returns ``None`` when the answer was right, else
     what was wrong; ``needs`` names a failed earlier check it depends on (then skipped).
     A denial says what to grant; a request the store does not implement (405/501) is no
@@ -139,21 +130,17 @@ def _run(
     except AccessDeniedError as exc:
         url = work.url
         where = f"arn:aws:s3:::{url.bucket}" + ("" if name == "list" else f"/{url.prefix}*")
-        grant = f"grant {action} on {where}"
-        if work.store.url_scheme != "s3":
-            grant += " (or the store's equivalent)"
-        return fail(row, f"denied ({exc.code})", f"{effect}: {grant}")
+        other = "" if work.store.url_scheme == "s3" else " (or the store's equivalent)"
+        return fail(row, f"denied ({exc.code})", f"{effect}: grant {action} on {where}{other}")
     except S3CkptError as exc:
         if not is_unsupported(exc):
             return fail(row, _message(exc), effect)
         operation, then = _OPERATIONS[name], _UNSUPPORTED.get(name)
-        return Check(
-            row,
-            CheckStatus.FAIL if then is None else CheckStatus.WARN,
-            f"the store does not support {operation} ({getattr(exc, 'code', None) or '501'}): "
-            "not a permission",
-            then or f"s3ckpt needs {operation}: use a store that implements it",
-        )
+        code = getattr(exc, "code", None) or "501"
+        detail = f"the store does not support {operation} ({code}): not a permission"
+        if then is None:
+            return fail(row, detail, f"s3ckpt needs {operation}: use a store that implements it")
+        return warn(row, detail, then)
     if wrong is not None:
         return fail(
             row,
@@ -172,13 +159,11 @@ def permission_rows(work: Scratch) -> list[Check]:
     obj, mp_key, ab_key = (work.key(f"perm/{n}") for n in ("object", "multipart", "abort"))
     data = b"s3ckpt doctor: permission check\n" * 32
 
-    def put() -> str | None:
+    def put() -> None:
         store.put(obj, data)
-        return None
 
     def head() -> str | None:
-        info = store.head(obj)
-        if info is None:
+        if (info := store.head(obj)) is None:
             return "HEAD of the object just written found nothing"
         return None if info.size == len(data) else f"HEAD says {info.size} bytes, wrote {len(data)}"
 
@@ -194,37 +179,29 @@ def permission_rows(work: Scratch) -> list[Check]:
         return None if store.get(mp_key) == data else "the completed upload reads back wrong"
 
     def list_uploads() -> str | None:
-        upload_id = work.create_multipart(ab_key)
-        state["abort_upload"] = upload_id
+        state["abort_upload"] = upload_id = work.create_multipart(ab_key)
         found = {u.upload_id for u in store.list_multipart_uploads(work.url.prefix)}
         return None if upload_id in found else "the upload just opened is not listed"
 
-    def abort() -> str | None:
+    def abort() -> None:
         upload_id = state.get("abort_upload") or work.create_multipart(ab_key)
         store.abort_multipart(ab_key, upload_id)
-        work.finished(ab_key, upload_id)
-        return None
+        work.uploads.remove((ab_key, upload_id))
 
     def delete() -> str | None:
-        failures = store.delete([obj, mp_key])
-        if failures:
+        if failures := store.delete([obj, mp_key]):
+            bad = failures[0]
             raise AccessDeniedError(
-                f"{failures[0].code}: {failures[0].message}",
-                bucket=work.url.bucket,
-                key=failures[0].key,
-                code=failures[0].code,
+                f"{bad.code}: {bad.message}", bucket=work.url.bucket, key=bad.key, code=bad.code
             )
         return None if store.head(obj) is None else "the object is still there after DELETE"
 
     state: dict[str, Any] = {}
     rows = [_run("put", work, put)]
     no_put = None if rows[0].status is CheckStatus.OK else "put"
-    rows.append(_run("head", work, head, needs=no_put))
-    rows.append(_run("get", work, get, needs=no_put))
-    rows.append(_run("list", work, listed, needs=no_put))
-    rows.append(_run("multipart", work, multipart))
-    rows.append(_run("list uploads", work, list_uploads))
-    rows.append(_run("abort", work, abort))
+    rows += [_run("head", work, head, needs=no_put), _run("get", work, get, needs=no_put)]
+    rows += [_run("list", work, listed, needs=no_put), _run("multipart", work, multipart)]
+    rows += [_run("list uploads", work, list_uploads), _run("abort", work, abort)]
     rows.append(_run("delete", work, delete, needs=no_put))
     return rows
 
@@ -258,14 +235,14 @@ _NO_TORCH = (
 
 
 def _raw_round_trip(work: Scratch) -> Check:
-    store = work.store
     small, big = work.key("roundtrip/put"), work.key("roundtrip/multipart")
-    one, parts = os.urandom(64 * 1024), [os.urandom(MIN_PART), os.urandom(100 * 1024)]
+    # A first part of S3's smallest size for a part but the last.
+    one, parts = os.urandom(64 * 1024), [os.urandom(5 * 1024 * 1024), os.urandom(100 * 1024)]
     try:
-        store.put(small, one, crc32c=crc32c(one))
+        work.store.put(small, one, crc32c=crc32c(one))
         work.upload(big, *parts)
         sent = ((small, one), (big, b"".join(parts)))
-        wrong = [k for k, want in sent if crc32c(store.get(k)) != crc32c(want)]
+        wrong = [k for k, want in sent if crc32c(work.store.get(k)) != crc32c(want)]
     except S3CkptError as exc:
         return _round_trip_failed(_message(exc))
     if wrong:
@@ -303,10 +280,9 @@ def _dcp_round_trip(work: Scratch) -> Check:
     loaded["extra"] = {"step": 0, "name": ""}
     at = work.location.child("roundtrip")
     try:
-        with quiet_dcp(), warnings.catch_warnings():
-            # Single-writer mode warns on every save's first probe; the capability rows
-            # say it once, in the table.
-            warnings.simplefilter("ignore", UserWarning)
+        # Single-writer mode warns on every save's first probe; the capability rows say it
+        # once, in the table.
+        with quiet_dcp(), warnings.catch_warnings(action="ignore", category=UserWarning):
             dcp.save(saved, storage_writer=S3StorageWriter(at), no_dist=True)
             dcp.load(loaded, storage_reader=S3StorageReader(at), no_dist=True)
     except (KeyboardInterrupt, SystemExit):
@@ -352,7 +328,7 @@ def clean_up(work: Scratch, emit: Callable[[Check], None]) -> tuple[str, ...]:
         for key, upload_id in list(work.uploads):
             try:
                 store.abort_multipart(key, upload_id)
-                work.finished(key, upload_id)
+                work.uploads.remove((key, upload_id))
             except S3CkptError as exc:
                 work.no_abort = work.no_abort or is_unsupported(exc)
                 problems.append(f"abort {key}: {exc.message}")
@@ -365,7 +341,11 @@ def clean_up(work: Scratch, emit: Callable[[Check], None]) -> tuple[str, ...]:
             removed, left = 0, [f"{prefix} (could not list it)"]
         left += [f"upload {key} {upload_id}" for key, upload_id in work.uploads]
         if store.url_scheme == "file" and not left:
-            _remove_empty_folders("/" + prefix)
+            # A local scratch prefix is a folder tree once its files are gone: remove the
+            # folders that are empty, deepest first (never a file).
+            for folder, _, _ in sorted(os.walk("/" + prefix), key=lambda w: -len(w[0])):
+                with contextlib.suppress(OSError):  # not empty (someone else's file) or gone
+                    os.rmdir(folder)
     except KeyboardInterrupt:
         interrupted = f"interrupted: whatever is left is under {work.url}"
         emit(warn("cleanup", interrupted, _remove_hint(work)))
@@ -389,11 +369,3 @@ def _remove_hint(work: Scratch) -> str:
         )
         return f"remove it when you can: aws s3 rm --recursive {work.url} (open uploads: {uploads})"
     return f"remove everything under {work.url} when you can"
-
-
-def _remove_empty_folders(root: str) -> None:
-    """A local folder's scratch prefix is a folder tree once its files are gone: remove
-    the folders that are empty, deepest first (never a file)."""
-    for folder, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
-        with contextlib.suppress(OSError):  # not empty (someone else's file) or already gone
-            os.rmdir(folder)

@@ -46,15 +46,13 @@ WARN_SKEW = timedelta(seconds=5)
 
 def s3_client(store: ObjectStore) -> Any:
     """The boto3 client of an S3 store, else ``None``."""
-    if store.url_scheme != "s3" or not hasattr(store, "s3_config"):
-        return None
-    return getattr(store, "client", None)
+    s3 = store.url_scheme == "s3" and hasattr(store, "s3_config")
+    return getattr(store, "client", None) if s3 else None
 
 
 # -- credentials and endpoint ----------------------------------------------------------------
 def identity_rows(store: ObjectStore, seen: list[str]) -> list[Check]:
-    client = s3_client(store)
-    if client is None:
+    if (client := s3_client(store)) is None:
         why = f"not an S3 store ({store.url_scheme}://): no AWS credentials or endpoint involved"
         return [skip(name, why) for name in ("credentials", "endpoint")]
     cfg = store.s3_config  # type: ignore[attr-defined]
@@ -91,17 +89,13 @@ def _credentials_row(cfg: Any, client: Any) -> Check:
     method = getattr(creds, "method", None) or "unknown"
     key = creds.get_frozen_credentials().access_key or ""
     detail = f"from {method}" + (f" (access key …{key[-4:]})" if len(key) >= 8 else "")
-    endpoint = cfg.resolved_endpoint_url()
-    if not _is_aws(endpoint):
+    if not _is_aws(cfg.resolved_endpoint_url()):
         return ok("credentials", f"{detail}; STS not asked (custom endpoint)")
     try:
         from botocore.config import Config
 
-        sts = session.create_client(
-            "sts",
-            region_name=client.meta.region_name,
-            config=Config(connect_timeout=5, read_timeout=10, retries={"total_max_attempts": 2}),
-        )
+        config = Config(connect_timeout=5, read_timeout=10, retries={"total_max_attempts": 2})
+        sts = session.create_client("sts", region_name=client.meta.region_name, config=config)
         arn = str(sts.get_caller_identity().get("Arn", "?"))
     except Exception as exc:  # any failure is the row's detail, not a crash
         return warn(
@@ -157,11 +151,10 @@ def clock_row(store: ObjectStore, prefix: str) -> Check:
     if not t.measured:
         return skip("clock skew", f"not measured: {t.source}")
     skew = round(t.skew.total_seconds(), 1)
+    way = "ahead of" if skew > 0 else "behind"
+    detail = f"{skew:+.1f} s: this host's clock is {abs(skew):.1f} s {way} the store's"
     if skew == 0:
         detail = "0.0 s: this host's clock agrees with the store's"
-    else:
-        way = "ahead of" if skew > 0 else "behind"
-        detail = f"{skew:+.1f} s: this host's clock is {abs(skew):.1f} s {way} the store's"
     if abs(skew) > MIN_GRACE.total_seconds():
         return fail(
             "clock skew",
@@ -224,9 +217,9 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
         f"overwrites could both win); {opt_in}"
     )
     rows = [
-        _conditional_row(store, caps, "create", "If-None-Match", missing, create),
-        _conditional_row(store, caps, "replace", "If-Match", missing, replace),
-        _conditional_row(store, caps, "delete", "DeleteObject If-Match", CheckStatus.WARN, lease),
+        _conditional_row(store, caps, "create", missing, create),
+        _conditional_row(store, caps, "replace", missing, replace),
+        _conditional_row(store, caps, "delete", CheckStatus.WARN, lease),
         _checksum_row(store, caps.checksum_echo),
         _verification_row(store, key),
     ]
@@ -235,17 +228,16 @@ def capability_rows(store: ObjectStore, key: str) -> list[Check]:
     return rows
 
 
+#: The request header of each conditional request.
+_HEADERS = {"create": "If-None-Match", "replace": "If-Match", "delete": "DeleteObject If-Match"}
+
+
 def _conditional_row(
-    store: ObjectStore,
-    caps: Capabilities,
-    kind: RaceKind,
-    header: str,
-    missing: CheckStatus,
-    meaning: str,
+    store: ObjectStore, caps: Capabilities, kind: RaceKind, missing: CheckStatus, meaning: str
 ) -> Check:
     """One conditional request's row: answered 412 alone, and exactly one winner in every
     race (:func:`s3ckpt.store._capabilities.race`)."""
-    name = f"conditional {kind}"
+    name, header = f"conditional {kind}", _HEADERS[kind]
     raced = caps.race(kind)
     if getattr(caps, f"conditional_{kind}"):
         alone = "honoured" if kind == "delete" else "answered 412, as required"
@@ -267,9 +259,7 @@ def _conditional_row(
 
 
 _CAPABILITY_NAMES = (
-    "conditional create",
-    "conditional replace",
-    "conditional delete",
+    *(f"conditional {kind}" for kind in _HEADERS),
     "checksum echo",
     "checksum verification",
 )
@@ -333,11 +323,8 @@ def other_upload_row(work: Scratch) -> Check:
         return skip(name, f"not probed: {exc.message} (see the permissions)")
     except StoreError as exc:
         if is_unsupported(exc):
-            return warn(
-                name,
-                f"the store does not support ListMultipartUploads ({exc.code})",
-                NO_LIST_UPLOADS,
-            )
+            why = f"the store does not support ListMultipartUploads ({exc.code})"
+            return warn(name, why, NO_LIST_UPLOADS)
         return fail(name, f"the probe failed: {exc}", "see the error")
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         return skip(name, f"not measured: {exc}")
@@ -390,10 +377,8 @@ def versioning_row(store: ObjectStore) -> Check:
     """``versioning``: GetBucketVersioning, and what prune then frees."""
     name = "versioning"
     if not isinstance(store, VersionedStore):
-        return skip(
-            name,
-            f"not an S3 store ({store.url_scheme}://): no object versions; deletes free bytes",
-        )
+        why = f"not an S3 store ({store.url_scheme}://): no object versions; deletes free bytes"
+        return skip(name, why)
     try:
         status = store.versioning_status()
     except AccessDeniedError as exc:

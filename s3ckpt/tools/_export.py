@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import importlib.util
 import json
 import math
@@ -30,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -73,15 +72,12 @@ work on ``meta`` tensors (shape and dtype only) so the export can be planned wit
 reading data; plain renames, views, ``chunk``/``split`` and ``transpose`` all do."""
 
 
-@dataclass
-class Out:
+class Out(NamedTuple):
+    """One tensor the export writes: its name, dtype and shape."""
+
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass
@@ -95,7 +91,7 @@ class Group:
 
     @property
     def nbytes(self) -> int:
-        return sum(o.nbytes for o in self.outs)
+        return sum(math.prod(o.shape) * o.dtype.itemsize for o in self.outs)
 
 
 def load_converter(spec: str | Converter | None) -> Converter | None:
@@ -179,19 +175,16 @@ def plan_export(
 
 
 def check_converted(group: Group, outs: Sequence[tuple[str, torch.Tensor]]) -> None:
-    got = [(n, t.dtype, tuple(t.shape)) for n, t in outs]
-    want = [(o.name, o.dtype, o.shape) for o in group.outs]
-    if got != want:
+    if (got := [Out(n, t.dtype, tuple(t.shape)) for n, t in outs]) != group.outs:
         raise ConfigError(
             f"the converter turned {group.name!r} into {got}, but planning (on its shape "
-            f"alone) gave {want}; a converter must decide names, shapes and dtypes from "
+            f"alone) gave {group.outs}; a converter must decide names, shapes and dtypes from "
             "the name, shape and dtype, not from the values"
         )
 
 
 # -- the export ---------------------------------------------------------------------------------
 INDEX_NAME = "model.safetensors.index.json"
-TORCH_NAME = "model.pt"
 
 
 @dataclass(frozen=True)
@@ -238,10 +231,9 @@ def _select(
     stripped = ((e, fqn[len(prefix) :]) for fqn, e in entries.items() if fqn.startswith(prefix))
     chosen = [(e, name) for e, name in stripped if names(name)]
     if only and not chosen:
-        tops = sorted({k.split(".", 1)[0] for k in entries})
         raise ConfigError(
             f"nothing selected under {only!r}; the checkpoint's top-level keys are "
-            f"{', '.join(tops)}"
+            f"{', '.join(sorted({k.split('.', 1)[0] for k in entries}))}"
         )
     return chosen
 
@@ -321,7 +313,7 @@ def export_checkpoint(
     key = url.key(INDEX_NAME)
     if format == "torch":
         whole = url.prefix.rstrip("/")
-        key = whole if whole.endswith((".pt", ".pth", ".bin")) else url.key(TORCH_NAME)
+        key = whole if whole.endswith((".pt", ".pth", ".bin")) else url.key("model.pt")
     shown = f"{url.scheme}://{url.bucket}/{key}"
     if not overwrite and out_store.head(key) is not None:
         raise CheckpointExistsError(
@@ -358,11 +350,8 @@ def export_checkpoint(
             reader.checkpoint_id, shown, "torch", (file,), len(saved), nbytes, seconds=seconds
         )
     tensors = [(e, n) for e, n in chosen if e.kind == "tensor"]
-    skipped = [
-        SkippedItem(n, "not a tensor (safetensors holds tensors only; use --format torch)")
-        for e, n in chosen
-        if e.kind != "tensor"
-    ]
+    why = "not a tensor (safetensors holds tensors only; use --format torch)"
+    skipped = [SkippedItem(n, why) for e, n in chosen if e.kind != "tensor"]
     notes: list[str] = []
     groups = plan_export(reader, tensors, conv, cast, read_window, notes)
     for g in groups:
@@ -374,8 +363,7 @@ def export_checkpoint(
         g.outs = [o for o in g.outs if o.dtype in TORCH_TO_ST]
     groups = [g for g in groups if g.outs]
     shards = list(batches(groups, shard_limit, lambda g: g.nbytes)) or [[]]
-    n = len(shards)
-    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    names = [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
     meta = {"format": "pt", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     total = sum(g.nbytes for g in groups)
     weight_map = {o.name: names[i] for i, shard in enumerate(shards) for g in shard for o in g.outs}
@@ -385,14 +373,12 @@ def export_checkpoint(
     with _uploading(out_store, tc, tc.part_size_for(biggest + 2**20)) as uploader:
         loaded = iter_loaded(reader, [g.entry for g in groups], window=read_window)
         for i, shard in enumerate(shards):
-            header_items = [(o.name, o.dtype, o.shape) for g in shard for o in g.outs]
+            header_items = [o for g in shard for o in g.outs]
             header, data_size = build_header(header_items, meta)
             sink = uploader.sink(url.key(names[i]))
             sink.write(header)
             for g in shard:
-                _entry, value = next(loaded)  # g.entry's
-                outs = convert(conv, g.name, value, cast)
-                del value
+                outs = convert(conv, g.name, next(loaded)[1], cast)  # g.entry's value
                 check_converted(g, outs)
                 for _name, t in outs:
                     sink.write(tensor_bytes(t))
@@ -435,8 +421,7 @@ def _remove_stale_shards(out: Location, keep: set[str], notes: list[str]) -> Non
     """After an overwrite, delete shards of the earlier export the new index no longer names."""
     store, url = out.store, out.url
     names = (o.key[len(url.prefix) :] for o in store.list(url.prefix))
-    stale = [url.key(n) for n in names if _SHARD_RE.match(n) and n not in keep]
-    if stale:
+    if stale := [url.key(n) for n in names if _SHARD_RE.match(n) and n not in keep]:
         failures = store.delete(stale)
         notes.append(f"removed {len(stale) - len(failures)} shard(s) of the earlier export")
         if failures:

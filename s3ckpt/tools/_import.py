@@ -134,8 +134,7 @@ def _open_source(src: Location, key: str) -> _Source:
 
 def _index_files(raw: bytes, where: str) -> list[str]:
     try:
-        doc = json.loads(raw.decode("utf-8"))
-        files = sorted(set(doc["weight_map"].values()))
+        files = sorted(set(json.loads(raw.decode("utf-8"))["weight_map"].values()))
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptCheckpointError(f"{where} is not a safetensors index: {exc}") from exc
     for f in files:
@@ -167,15 +166,15 @@ def _sources(src: Location) -> list[_Source]:
     return [_open_source(src, k) for k in keys]
 
 
+#: fqn -> the file holding the tensor, and where in it.
+_Fetch = dict[str, tuple[_Source, HeaderEntry]]
+
+
 class _LazySavePlanner(DefaultSavePlanner):
     """Hands the writer each tensor's real bytes only when it asks for that item (and
     reports the bytes handed over to ``progress``)."""
 
-    def __init__(
-        self,
-        fetch: dict[str, tuple[_Source, HeaderEntry]],
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
+    def __init__(self, fetch: _Fetch, progress: Callable[[int, int], None] | None) -> None:
         super().__init__()
         self._fetch, self._progress, self._lock = fetch, progress, threading.Lock()
         self._total, self._done = sum(e.nbytes for _, e in fetch.values()), 0
@@ -229,14 +228,14 @@ def import_safetensors(
         CorruptCheckpointError: a file or index is malformed or truncated.
         CheckpointExistsError: ``dest`` is committed and ``overwrite`` is off.
     """
-    t0 = time.perf_counter()
+    t0, prefix = time.perf_counter(), prefix or None
     # A file URL's trailing "/" matters, so the text is shown (and recorded) as given.
     text = os.fspath(src) if isinstance(src, (str, os.PathLike)) else str(src)
     settings: dict[str, Any] = {"s3_config": s3_config, "transfer_config": transfer_config}
     source_at = as_location(src, among=True, store=src_store, **settings)
     sources = _sources(source_at)
     try:
-        fetch: dict[str, tuple[_Source, HeaderEntry]] = {}
+        fetch: _Fetch = {}
         flat: dict[str, torch.Tensor] = {}
         for source in sources:
             for entry in source.entries:
@@ -249,12 +248,9 @@ def import_safetensors(
                 fetch[fqn] = (source, entry)
         state: dict[str, Any] = {prefix: flat} if prefix else dict(flat)
         out = as_location(dest, among=True, near=source_at, store=store, **settings)
+        meta = {"imported_from": text, "prefix": prefix}
         writer = S3StorageWriter(
-            out,
-            overwrite=overwrite,
-            step=step,
-            metrics=metrics,
-            user_metadata={"imported_from": text, "prefix": prefix or None},
+            out, overwrite=overwrite, step=step, metrics=metrics, user_metadata=meta
         )
         planner = _LazySavePlanner(fetch, progress)
         with quiet_dcp():
@@ -263,13 +259,5 @@ def import_safetensors(
         for source in sources:
             source.close()
     files, nbytes = tuple(s.name for s in sources), sum(e.nbytes for _, e in fetch.values())
-    return ImportResult(
-        text,
-        writer.checkpoint_id,
-        files,
-        len(fetch),
-        nbytes,
-        prefix or None,
-        step,
-        round(time.perf_counter() - t0, 3),
-    )
+    took = round(time.perf_counter() - t0, 3)
+    return ImportResult(text, writer.checkpoint_id, files, len(fetch), nbytes, prefix, step, took)

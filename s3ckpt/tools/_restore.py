@@ -272,6 +272,7 @@ def _objects(location: Location) -> CheckpointRestore:
     if marker is not None:
         manifest = Manifest.from_json(store.get(marker.key), where=marker.key)
         names = {url.key(METADATA_NAME), url.key(manifest.metadata_key)}
+        names |= {url.key(manifest.items_ref.name)} if manifest.items_ref else set()
         keys = sorted(names | {manifest.object_key(url.prefix, o.name) for o in manifest.objects})
     objects = []
     for key in keys:

@@ -106,8 +106,7 @@ def parse_header(raw: bytes, *, where: str) -> tuple[list[HeaderEntry], int]:
         doc.pop("__metadata__", None)
         entries = []
         for name, spec in doc.items():
-            dtype = ST_DTYPES.get(spec["dtype"])
-            if dtype is None:
+            if (dtype := ST_DTYPES.get(spec["dtype"])) is None:
                 raise ValueError(f"tensor {name!r} has unsupported dtype {spec['dtype']!r}")
             shape = tuple(int(s) for s in spec["shape"])
             begin, end = (int(x) for x in spec["data_offsets"])

@@ -107,15 +107,16 @@ def flatten_state_dict(state_dict: Mapping[Any, Any], *, objects: bool = False) 
     """
     flat: dict[str, Any] = {}
 
-    def name_for(path: str) -> str:
+    def keep(obj: Any, path: str) -> str:
+        """Put ``obj`` under its own flat key (``path``, else a free ``path~N``)."""
         names = itertools.chain([path or "_"], (f"{path}~{n}" for n in itertools.count(1)))
-        return next(n for n in names if n not in flat and n != SCHEMA_KEY)
+        name = next(n for n in names if n not in flat and n != SCHEMA_KEY)
+        flat[name] = obj
+        return name
 
     def walk(obj: Any, path: str) -> Any:
         if isinstance(obj, torch.Tensor):
-            name = name_for(path)
-            flat[name] = obj
-            return {"t": name}
+            return {"t": keep(obj, path)}
         if isinstance(obj, Mapping):
             items = []
             for k, v in obj.items():
@@ -124,13 +125,11 @@ def flatten_state_dict(state_dict: Mapping[Any, Any], *, objects: bool = False) 
                         f"cannot flatten key {k!r} ({type(k).__name__}) at {path or '<root>'!r}: "
                         "dict keys must be str or int"
                     )
-                child = f"{path}.{k}" if path else str(k)
-                items.append([k, walk(v, child)])
+                items.append([k, walk(v, f"{path}.{k}" if path else str(k))])
             node: dict[str, Any] = {"d": items}
             if isinstance(obj, OrderedDict):
                 node["od"] = 1
-            meta = _plain_metadata(getattr(obj, "_metadata", None))
-            if meta is not None:
+            if (meta := _plain_metadata(getattr(obj, "_metadata", None))) is not None:
                 node["md"] = meta
             return node
         if isinstance(obj, (list, tuple)):
@@ -143,16 +142,13 @@ def flatten_state_dict(state_dict: Mapping[Any, Any], *, objects: bool = False) 
         if isinstance(obj, float) and (type(obj) is float or not objects):
             return {"f": repr(float(obj))}
         if objects:
-            name = name_for(path)
-            flat[name] = obj
-            return {"o": name}
+            return {"o": keep(obj, path)}
         raise TypeError(
             f"cannot flatten {type(obj).__name__} at {path or '<root>'!r}: leaves must be "
             "tensors, None, bool, int, float or str"
         )
 
-    tree = walk(state_dict, "")
-    raw = json.dumps({"version": _VERSION, "tree": tree}, separators=(",", ":"))
+    raw = json.dumps({"version": _VERSION, "tree": walk(state_dict, "")}, separators=(",", ":"))
     flat[SCHEMA_KEY] = torch.frombuffer(bytearray(raw.encode("utf-8")), dtype=torch.uint8)
     return flat
 
@@ -162,8 +158,7 @@ def unflatten_state_dict(flat: Mapping[str, Any]) -> Any:
 
     Without :data:`SCHEMA_KEY`, names are split on dots into nested dicts of str keys.
     """
-    schema = flat.get(SCHEMA_KEY)
-    if schema is None:
+    if (schema := flat.get(SCHEMA_KEY)) is None:
         nested: dict[str, Any] = {}
         for name, t in flat.items():
             *parents, last = name.split(".")
@@ -176,12 +171,9 @@ def unflatten_state_dict(flat: Mapping[str, Any]) -> Any:
     def build(node: dict[str, Any]) -> Any:
         for kind, what in (("t", "tensor"), ("o", "object")):
             if kind in node:
-                try:
-                    return flat[node[kind]]
-                except KeyError:
-                    raise KeyError(
-                        f"the schema names {what} {node[kind]!r}, which is missing"
-                    ) from None
+                if node[kind] not in flat:
+                    raise KeyError(f"the schema names {what} {node[kind]!r}, which is missing")
+                return flat[node[kind]]
         if "d" in node:
             if not node.get("od") and "md" not in node:
                 return {k: build(v) for k, v in node["d"]}
@@ -193,9 +185,7 @@ def unflatten_state_dict(flat: Mapping[str, Any]) -> Any:
             return [build(v) for v in node["l"]]
         if "tu" in node:
             return tuple(build(v) for v in node["tu"])
-        if "f" in node:
-            return float(node["f"])
-        return node["v"]
+        return float(node["f"]) if "f" in node else node["v"]
 
     return build(doc["tree"])
 
@@ -233,9 +223,7 @@ def is_packed(flat: Any) -> bool:
 
 def unpack_state(flat: Mapping[str, Any]) -> Any:
     """The value :func:`pack_state` stored, from its loaded flat dict."""
-    if WHOLE_KEY in flat:
-        return flat[WHOLE_KEY][0]
-    return unflatten_state_dict(flat)
+    return flat[WHOLE_KEY][0] if WHOLE_KEY in flat else unflatten_state_dict(flat)
 
 
 def item_destinations(metadata: Metadata, prefix: str = "") -> dict[str, Any]:
@@ -256,8 +244,5 @@ def packed_destinations(metadata: Metadata, entry: str) -> dict[str, Any] | None
     """Destinations for the value packed under the top-level key ``entry`` of a
     checkpoint (:func:`item_destinations` of ``entry.``), or ``None`` when the checkpoint
     holds no packed value there."""
-    prefix = f"{entry}."
-    items = metadata.state_dict_metadata
-    if f"{prefix}{SCHEMA_KEY}" not in items and f"{prefix}{WHOLE_KEY}" not in items:
-        return None
-    return item_destinations(metadata, prefix)
+    packed = any(f"{entry}.{k}" in metadata.state_dict_metadata for k in (SCHEMA_KEY, WHOLE_KEY))
+    return item_destinations(metadata, f"{entry}.") if packed else None

@@ -18,7 +18,7 @@ from s3ckpt import S3StorageWriter
 from s3ckpt.cli import main
 from s3ckpt.format._manifest import Manifest
 from s3ckpt.format._names import CHECK_NAME, METADATA_NAME
-from tests._helpers import list_keys
+from tests._helpers import boto_get, committed_manifest, list_keys
 
 pytestmark = pytest.mark.integration
 
@@ -40,8 +40,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def manifest(s3: Any, bucket: str, ckpt: str) -> Manifest:
-    raw = s3.get_object(Bucket=bucket, Key=f"{ckpt}/s3ckpt.json")["Body"].read()
-    return Manifest.from_json(raw)
+    return committed_manifest(boto_get(s3, bucket), f"{ckpt}/")
 
 
 def body(s3: Any, bucket: str, key: str) -> bytes:
@@ -70,7 +69,7 @@ def test_check_names_each_damage_and_ls_marks_it_until_a_check_passes(
 
     # 2: one flipped byte; 3: an object cut short; 4: an object gone; 5: .metadata differs
     m2 = manifest(s3_client, bucket, "run/step_000000002")
-    item = next(i for i in m2.items if i.fqn == "model.w")
+    item = next(i for i in m2.records if i.fqn == "model.w")
     k2 = f"run/step_000000002/{item.object}"
     good = body(s3_client, bucket, k2)
     flipped = bytearray(good)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from s3ckpt import Checkpointer
-from s3ckpt.format._manifest import Manifest
+from tests._helpers import boto_get, committed_manifest
 from tests._http import free_port
 from tests._spawn import run_ranks
 from tests.integration import _heal_workers as workers
@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.multiprocess]
 
 def flip(s3: Any, bucket: str, prefix: str) -> None:
     """Flip one byte of the last item (by offset) of the checkpoint at ``prefix``."""
-    raw = s3.get_object(Bucket=bucket, Key=f"{prefix}/s3ckpt.json")["Body"].read()
-    item = max(Manifest.from_json(raw).items, key=lambda i: (i.object, i.start))
+    m = committed_manifest(boto_get(s3, bucket), f"{prefix}/")
+    item = max(m.records, key=lambda i: (i.object, i.start))
     key = f"{prefix}/{item.object}"
     body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[item.start + item.length - 20] ^= 0x01

@@ -43,7 +43,7 @@ def test_two_rank_hashed_save_loads_verifies_lists_and_is_removed_by_rm(
             "Body"
         ].read()
     )
-    assert (marker["format_version"], marker["layout"]["fanout"]) == (3, 4)
+    assert (marker["format_version"], marker["layout"]["fanout"]) == (4, 4)
 
     # Saved by two ranks (DTensor shards), loaded whole by one process.
     sd = {

@@ -83,7 +83,7 @@ def test_dcp_save_naming_its_checkpoint_id_reads_the_marker_once(
     assert seen.clients == 1
 
 
-def test_dcp_load_naming_its_checkpoint_id_reads_marker_and_metadata_once(
+def test_dcp_load_naming_its_checkpoint_id_reads_marker_records_and_metadata_once(
     bucket: str, wire: tuple[Wire, S3Config]
 ) -> None:
     seen, cfg = wire
@@ -97,9 +97,11 @@ def test_dcp_load_naming_its_checkpoint_id_reads_marker_and_metadata_once(
     assert torch.equal(out["w"], sd["w"]) and out["hp"] == {"lr": 0.1}
     assert seen.of("run/step_4/s3ckpt.json") == {"GetObject": 1}
     assert seen.of("run/step_4/.metadata") == {"GetObject": 1}
+    records = [k for (op, k) in seen.requests if k.startswith("run/step_4/s3ckpt.items.")]
+    assert len(records) == 1 and seen.requests[("GetObject", records[0])] == 1
     data = [k for (op, k) in seen.requests if k.endswith(".distcp")]
     assert len(data) == 1 and seen.requests[("GetObject", data[0])] == 1
-    assert sum(seen.requests.values()) == 3  # nothing else: no LIST, no HEAD
+    assert sum(seen.requests.values()) == 4  # nothing else: no LIST, no HEAD
     assert seen.clients == 0  # the save's client serves the load
 
 

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from s3ckpt import Checkpointer
 from s3ckpt.cli import main
 from s3ckpt.errors import ChecksumMismatchError, CorruptCheckpointError, S3CkptError
-from s3ckpt.format._manifest import Manifest
+from tests._helpers import boto_get, committed_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -49,8 +49,8 @@ def run(bucket: str) -> str:
 def flip_late_item(s3: Any, bucket: str, step: int) -> str:
     """Flip one byte in the last item (by offset) of ``step``'s largest object."""
     prefix = f"run/step_{step:09d}"
-    m = Manifest.from_json(s3.get_object(Bucket=bucket, Key=f"{prefix}/s3ckpt.json")["Body"].read())
-    item = max(m.items, key=lambda i: (i.object, i.start))
+    m = committed_manifest(boto_get(s3, bucket), f"{prefix}/")
+    item = max(m.records, key=lambda i: (i.object, i.start))
     key = f"{prefix}/{item.object}"
     body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[item.start + item.length - 20] ^= 0x01

@@ -119,7 +119,7 @@ def test_cli_ls_prune_pin_unpin_over_many_runs(
     assert "dry run: would delete 1" in out  # run a: 1 pinned, 2 deleted... see below
     assert "pinned: release v1" in out and "last 3" in out and "newest committed" in out
     assert "pass --apply" in out
-    assert len(list_keys(s3_client, bucket, "runs/")) == 2 * 5 * 3 + 1  # nothing deleted
+    assert len(list_keys(s3_client, bucket, "runs/")) == 2 * 5 * 4 + 1  # nothing deleted
 
     code, out, _ = cli(capsys, "prune", root, "--policy", policy, "--apply", "--json")
     assert code == 0
@@ -338,6 +338,7 @@ def test_gc_reclaims_dead_saves_leftovers_and_restores_metadata_on_s3(
         METADATA_NAME,
         "events.out.tfevents.1",
         ".metadata.c0ffee01",
+        "s3ckpt.items.c0ffee01",
         *(data_name(i, 0, "c0ffee01") for i in range(3)),
     }
     code, out, _ = cli(capsys, "gc", str(run))

@@ -45,7 +45,7 @@ def test_rm_deletes_refuses_and_reports(
     before = list_keys(s3_client, bucket, run.prefix)
     assert main(["rm", first, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert f"would delete {first} (step 100, committed, 5 keys" in out, out
+    assert f"would delete {first} (step 100, committed, 6 keys" in out, out
     assert "hparams.yaml" in out  # kept: not s3ckpt's
     assert list_keys(s3_client, bucket, run.prefix) == before
 

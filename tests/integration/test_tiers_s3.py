@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from s3ckpt import S3Config, S3StorageReader, S3StorageWriter
 from s3ckpt.cli import main
 from s3ckpt.config import MiB
-from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
+from s3ckpt.format._names import ITEMS_PREFIX, MANIFEST_NAME, METADATA_NAME
 from s3ckpt.retention import KeepEvery, KeepLast, RetentionOptions, Tier, list_checkpoints, prune
 from s3ckpt.store import Location
 from s3ckpt.store.s3 import S3Store
@@ -67,7 +67,7 @@ def _later(days: float) -> datetime:
 
 def _moved_right(got: dict[str, str], cls: str) -> None:
     for name, c in got.items():
-        stays = name == MANIFEST_NAME or name.startswith(METADATA_NAME + ".")
+        stays = name == MANIFEST_NAME or name.startswith((METADATA_NAME + ".", ITEMS_PREFIX))
         assert c == ("STANDARD" if stays else cls), (name, c)
     assert METADATA_NAME in got and got[METADATA_NAME] == cls
 
@@ -149,7 +149,12 @@ def test_a_transition_killed_half_way_converges_on_the_next_run(
     store.set_storage_class = copy  # type: ignore[method-assign]
     half = _classes(s3_client, bucket, "run/")
     movable = [
-        k for k in half if "/" in k and not k.endswith(MANIFEST_NAME) and "/.metadata." not in k
+        k
+        for k in half
+        if "/" in k
+        and not k.endswith(MANIFEST_NAME)
+        and "/.metadata." not in k
+        and "/" + ITEMS_PREFIX not in k
     ]
     done = [k for k in movable if half[k] == "STANDARD_IA"]
     assert 3 <= len(done) < len(movable)

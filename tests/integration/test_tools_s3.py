@@ -14,9 +14,8 @@ from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt._cli import EXIT_OK, EXIT_PARTIAL
 from s3ckpt.cli import main
 from s3ckpt.errors import IncompleteRestoreError
-from s3ckpt.format._manifest import Manifest
 from s3ckpt.tools import load_verified
-from tests._helpers import SMALL, list_keys
+from tests._helpers import SMALL, boto_get, committed_manifest, list_keys
 
 pytestmark = pytest.mark.integration
 
@@ -71,10 +70,8 @@ def test_verify_catches_a_flipped_byte_and_a_truncated_object(
     code, out, _ = run(capsys, "verify", url)
     assert code == EXIT_OK and "OK" in out
 
-    manifest = Manifest.from_json(
-        s3_client.get_object(Bucket=bucket, Key="run/step_10/s3ckpt.json")["Body"].read()
-    )
-    rec = next(i for i in manifest.items if i.fqn == "model.layers.0.attn.w")
+    manifest = committed_manifest(boto_get(s3_client, bucket), "run/step_10/")
+    rec = next(i for i in manifest.records if i.fqn == "model.layers.0.attn.w")
     key = f"run/step_10/{rec.object}"
     body = bytearray(s3_client.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[rec.start + rec.length // 2] ^= 0x40
@@ -92,7 +89,7 @@ def test_verify_catches_a_flipped_byte_and_a_truncated_object(
     head = s3_client.get_object(Bucket=bucket, Key=okey)["Body"].read()[: other.size // 2]
     s3_client.put_object(Bucket=bucket, Key=okey, Body=head)
     lost = {
-        i.fqn for i in manifest.items if i.object == other.name and i.start + i.length > len(head)
+        i.fqn for i in manifest.records if i.object == other.name and i.start + i.length > len(head)
     }
     code, out, err = run(capsys, "verify", url)
     assert code == EXIT_PARTIAL

@@ -21,6 +21,7 @@ from s3ckpt.format._names import (
     METADATA_NAME,
     data_name,
     heartbeat_name,
+    items_name,
     metadata_name,
 )
 from s3ckpt.metrics import CheckMetricsFile
@@ -66,6 +67,8 @@ def write(store: MemoryStore, step: int, *, items: int = 4, seed: int = 0) -> Ma
         items=tuple(records),
         step=step,
     )
+    m, records = m.split_items(items_name(tag))
+    store.put(ckpt.key(items_name(tag)), records)
     store.put(ckpt.key(MANIFEST_NAME), m.to_json())
     store.put(ckpt.key(METADATA_NAME), meta)
     return m

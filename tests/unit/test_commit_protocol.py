@@ -24,6 +24,7 @@ from s3ckpt import (
     S3StorageReader,
     S3StorageWriter,
 )
+from s3ckpt._crc import crc32c
 from s3ckpt.errors import (
     CheckpointExistsError,
     TransientStoreError,
@@ -34,7 +35,7 @@ from s3ckpt.format._manifest import Manifest, manifest_digest
 from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, data_name, owned_tag
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import verify_checkpoint
-from tests._helpers import assert_same
+from tests._helpers import assert_same, edit_items
 from tests._helpers import zeros_like_state as zeros
 from tests.unit._memory_dcp import (
     CONFIG,
@@ -183,17 +184,18 @@ def test_uncommitted_s3ckpt_prefix_is_refused_but_stock_dcp_loads() -> None:
 
 @pytest.mark.parametrize("shift", [1, 7, 64])
 def test_shifted_data_offset_is_refused_by_load_and_verify(shift: int) -> None:
-    """C: a manifest edited in place (data_offset moved) is refused, never read as wrong
-    tensors, and verify fails."""
+    """C: item records edited in place (data_offset moved) are refused, never read as wrong
+    tensors, and verify fails: the marker commits their object by size and CRC32C."""
     store = MemoryStore("bkt")
     save(store, make_state())
-    doc = json.loads(store.objects[PREFIX + MANIFEST_NAME].data)
-    row = next(r for r in doc["items"] if r[6] is not None)
-    row[6] += shift
-    store.objects[PREFIX + MANIFEST_NAME].data = json.dumps(doc).encode()
-    with pytest.raises(CorruptCheckpointError, match="digest"):
+
+    def shift_offset(rows: list[list[Any]]) -> None:
+        next(r for r in rows if r[6] is not None)[6] += shift
+
+    edit_items(store, PREFIX, shift_offset, reseal=False)
+    with pytest.raises(CorruptCheckpointError, match=r"s3ckpt\.items\..* does not match"):
         load(store, zeros(make_state()))
-    with pytest.raises(CorruptCheckpointError, match="digest"):
+    with pytest.raises(CorruptCheckpointError, match="does not match"):
         verify_checkpoint(URL, store=store)
 
 
@@ -422,18 +424,17 @@ def test_resealed_manifest_cannot_move_a_tensor(field: str, shift: int) -> None:
     store = MemoryStore("bkt")
     sd = make_state()
     save(store, sd)
-    doc = json.loads(store.objects[PREFIX + MANIFEST_NAME].data)
     col = {"data_offset": 6, "start": 3, "length": 4}[field]
-    row = next(r for r in doc["items"] if r[0] == "big")
-    row[col] += shift
-    if field in ("start", "length"):
-        # Move the item's window and re-seal its CRC too: the bytes in the new window.
-        from s3ckpt import _crc
 
-        data = store.objects[PREFIX + row[2]].data
-        row[5] = f"{_crc.crc32c(data[row[3] : row[3] + row[4]]):08x}"
-    doc["digest"] = manifest_digest(doc)
-    store.objects[PREFIX + MANIFEST_NAME].data = json.dumps(doc).encode()
+    def move(rows: list[list[Any]]) -> None:
+        row = next(r for r in rows if r[0] == "big")
+        row[col] += shift
+        if field in ("start", "length"):
+            # Move the item's window and re-seal its CRC too: the bytes in the new window.
+            data = store.objects[PREFIX + row[2]].data
+            row[5] = f"{crc32c(data[row[3] : row[3] + row[4]]):08x}"
+
+    edit_items(store, PREFIX, move, reseal=True)
     for direct in (True, False):
         out = zeros(sd)
         if not direct:  # a destination the bytes cannot stream into: buffered decode
@@ -481,7 +482,7 @@ def test_verify_reports_a_damaged_metadata_copy_and_load_still_works(
 def test_commit_steps_run_together_report_the_earlier_steps_failure() -> None:
     # Two commit steps run at once; where both fail, the error is the one the first step
     # raised when they ran in order (a missing object before a marker read's refusal).
-    from s3ckpt.dcp._finish import _together
+    from s3ckpt._commit import together as _together
 
     def first() -> None:
         raise ValueError("first")
@@ -493,4 +494,4 @@ def test_commit_steps_run_together_report_the_earlier_steps_failure() -> None:
         _together(first, second)
     with pytest.raises(KeyError):
         _together(lambda: None, second)
-    assert _together(lambda: None, lambda: 7) == 7
+    assert _together(lambda: None, lambda: 7) == (None, 7)

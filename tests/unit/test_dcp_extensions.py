@@ -25,10 +25,9 @@ from torch.testing._internal.distributed.checkpoint_utils import (
 from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt.errors import ChecksumMismatchError, ConfigError, find_s3ckpt_error
 from s3ckpt.format._manifest import Manifest
-from s3ckpt.format._names import MANIFEST_NAME
 from s3ckpt.store import MemoryStore
 from s3ckpt.tools import verify_checkpoint
-from tests._helpers import assert_same
+from tests._helpers import assert_same, committed_manifest
 from tests._helpers import zeros_like_state as zeros
 from tests.unit._memory_dcp import CONFIG, URL, load, make_state, save
 
@@ -67,7 +66,7 @@ def _error(exc: BaseException) -> BaseException:
 
 
 def _items(store: MemoryStore) -> Manifest:
-    return Manifest.from_json(store.objects[PREFIX + MANIFEST_NAME].data)
+    return committed_manifest(store.get, PREFIX)
 
 
 def test_zstandard_save_and_load_every_value_equal() -> None:

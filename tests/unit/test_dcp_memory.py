@@ -50,11 +50,12 @@ def test_layout_is_dcp_plus_marker() -> None:
     names = sorted(k.rsplit("/", 1)[1] for k in store.objects)
     manifest = Manifest.from_json(store.objects["run/step_1/s3ckpt.json"].data)
     tag = manifest.tag
-    # torch's names plus the save's tag, the committed .metadata.<tag>, the stock copy and
-    # the marker; the heartbeats are gone once the save committed.
-    assert names[:2] == [".metadata", f".metadata.{tag}"] and names[-1] == "s3ckpt.json"
-    assert all(n.startswith("__0_") and n.endswith(f".{tag}.distcp") for n in names[2:-1])
-    assert {o.name for o in manifest.objects} == set(names[2:-1])
+    # torch's names plus the save's tag, the committed .metadata.<tag>, the stock copy, the
+    # item records and the marker; the heartbeats are gone once the save committed.
+    assert names[:2] == [".metadata", f".metadata.{tag}"]
+    assert names[-2:] == [f"s3ckpt.items.{tag}", "s3ckpt.json"]
+    assert all(n.startswith("__0_") and n.endswith(f".{tag}.distcp") for n in names[2:-2])
+    assert {o.name for o in manifest.objects} == set(names[2:-2])
     assert manifest.metadata_key == f".metadata.{tag}"
     meta = store.objects["run/step_1/.metadata"].data
     assert store.objects[f"run/step_1/.metadata.{tag}"].data == meta

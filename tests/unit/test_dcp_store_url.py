@@ -78,13 +78,13 @@ def test_a_reset_to_the_same_location_reads_nothing_again() -> None:
     assert store.calls["get"] == 1  # not again on reset, nor when planning
     store.calls.clear()
     reader = S3StorageReader(URL, store=store)
-    assert store.calls == {"get": 2}  # s3ckpt.json and .metadata
+    assert store.calls == {"get": 3}  # s3ckpt.json, its item records and .metadata
     out = {"w": torch.zeros(3)}
     for same in (URL, URL + "/", parse_url(URL), "s3a://bkt/run/step_1"):
         reader.reset(same)
-    assert store.calls == {"get": 2}
+    assert store.calls == {"get": 3}
     dcp.load(out, checkpoint_id=URL, storage_reader=reader)
-    assert store.calls == {"get": 3}  # and the one data object
+    assert store.calls == {"get": 4}  # and the one data object
     assert torch.equal(out["w"], torch.ones(3))
 
 

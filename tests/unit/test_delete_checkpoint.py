@@ -15,7 +15,13 @@ from s3ckpt.errors import (
     LeaseHeldError,
     TransientStoreError,
 )
-from s3ckpt.format._names import LATEST_NAME, LEASE_NAME, MANIFEST_NAME, METADATA_NAME
+from s3ckpt.format._names import (
+    ITEMS_PREFIX,
+    LATEST_NAME,
+    LEASE_NAME,
+    MANIFEST_NAME,
+    METADATA_NAME,
+)
 from s3ckpt.retention import (
     KeepLast,
     RetentionOptions,
@@ -93,14 +99,18 @@ def test_deletes_the_marker_first_then_what_s3ckpt_wrote_and_keeps_the_rest(
     store.delete_if_match = spy_if  # type: ignore[method-assign]
     r = rm(store, clock, 1)
     assert r.applied and r.deleted and r.ok and r.state is CheckpointState.COMMITTED
-    # The fence (a tombstone PUT on the marker) first, then .metadata, the data, and the
-    # tombstone last (no other save's names were there: it need not stay).
-    assert r.step == 1 and r.keys_deleted == 5 and r.delete_requests == 4
+    # The fence (a tombstone PUT on the marker) first, then .metadata, the data and the item
+    # records, and the tombstone last (no other save's names were there: it need not stay).
+    assert r.step == 1 and r.keys_deleted == 6 and r.delete_requests == 4
     assert requests == [
         [METADATA_NAME],
-        sorted(requests[1]),  # the data
+        sorted(requests[1]),  # the data and the item records
         [MANIFEST_NAME],
-    ] and all(n.endswith(".distcp") for n in requests[1])
+    ]
+    assert sum(n.endswith(".distcp") for n in requests[1]) == 3
+    assert [n[: len(ITEMS_PREFIX)] for n in requests[1] if not n.endswith(".distcp")] == [
+        ITEMS_PREFIX
+    ]
     assert r.kept == (c1.key("events.out.tfevents"),)
     assert keys_under(store, c1.prefix) == {c1.key("events.out.tfevents")}
     assert keys_under(store, RUN.child(ckpt_name(2)).prefix) == others
@@ -120,7 +130,7 @@ def test_dry_run_lists_the_keys_and_changes_nothing(store: MemoryStore, clock: C
     fill(store, clock, [1, 2])
     before = dict(store.objects)
     r = rm(store, clock, 1, dry_run=True)
-    assert not r.applied and not r.deleted and len(r.keys) == 5
+    assert not r.applied and not r.deleted and len(r.keys) == 6
     assert store.objects == before and store.calls.get("delete", 0) == 0
 
 

@@ -106,7 +106,7 @@ def _big_metadata(n: int) -> bytes:
 
 def test_decoding_runs_no_collection() -> None:
     raw = _big_metadata(5000)
-    manifest = Manifest(
+    manifest, records = Manifest(
         save_id="s",
         created=0.0,
         world_size=1,
@@ -117,18 +117,20 @@ def test_decoding_runs_no_collection() -> None:
         items=tuple(
             ItemRecord(f"layers.{i}.w", (0, 0), "__0_0.distcp", i, 1, i, None) for i in range(5000)
         ),
-    )
+    ).split_items("s3ckpt.items.0badcafe")
     # Each call allocates tens of thousands of objects; with the collector running that
     # starts a young collection every 700 allocations. Paused, a call runs none; the one
     # allowed below is the collection its allocations start once the collector is back on.
     doc = manifest.to_json()
-    back = Manifest.from_json(doc)
+    back = Manifest.from_json(doc).with_items(records, where="items")
     assert back == manifest and len(back.item_index()) == 5000
     assert len(load_metadata(raw).state_dict_metadata) == 5000
     calls = {
         "load_metadata": lambda: load_metadata(raw),
         "to_json": manifest.to_json,
+        "items_json": manifest.items_json,
         "from_json": lambda: Manifest.from_json(doc),
+        "with_items": lambda: Manifest.from_json(doc).with_items(records, where="items"),
         "item_index": back.item_index,
     }
     for name, call in calls.items():

@@ -32,12 +32,14 @@ from s3ckpt.errors import UncommittedCheckpointError
 from s3ckpt.format._hashed import SHARDS_DIR, shard_name, shard_owner
 from s3ckpt.format._manifest import FORMAT_VERSION, LAYOUT_FORMAT_VERSION, Manifest, ObjectRecord
 from s3ckpt.format._names import (
+    ITEMS_PREFIX,
     LATEST_NAME,
     LEASE_NAME,
     MANIFEST_NAME,
     METADATA_NAME,
     data_name,
     heartbeat_name,
+    items_name,
     owned_tag,
 )
 from s3ckpt.retention import (
@@ -151,10 +153,11 @@ def test_round_trip_on_one_rank_puts_every_data_object_in_a_shard_folder(
         assert m is not None and m.group(2) == "step_000000001" and m.group(5) == tag, key
         assert m.group(1) == HashedPrefixes(4).shard(key.rpartition("/")[2])
     assert {k for k in store.objects if k not in data} == {
-        ckpt.key(n) for n in (MANIFEST_NAME, METADATA_NAME, f"{METADATA_NAME}.{tag}")
+        ckpt.key(n)
+        for n in (MANIFEST_NAME, METADATA_NAME, f"{METADATA_NAME}.{tag}", items_name(tag))
     }
     d = doc(store, 1)
-    assert d["format_version"] == LAYOUT_FORMAT_VERSION == 3
+    assert d["format_version"] == FORMAT_VERSION == 4 > LAYOUT_FORMAT_VERSION
     assert d["layout"] == {
         "prefix_strategy": "hashed",
         "fanout": 4,
@@ -180,7 +183,7 @@ def test_the_default_layout_is_unchanged(store: MemoryStore) -> None:
     assert store.objects.keys() >= {ckpt.key(data_name(0, 0, tag))}
     raw = store.get(ckpt.key(MANIFEST_NAME))
     d = json.loads(raw)
-    assert d["format_version"] == FORMAT_VERSION == 2 and "layout" not in d
+    assert d["format_version"] == FORMAT_VERSION == 4 and "layout" not in d
     m = Manifest.from_json(raw)
     assert m.layout is None and m.to_json() == raw  # nothing new in a default manifest
 
@@ -244,7 +247,8 @@ def test_a_hashed_save_without_its_marker_cannot_be_loaded(store: MemoryStore) -
         assert err.value.key == ckpt.key(MANIFEST_NAME)
     assert "s3ckpt-shards/ folder" in str(err.value) and "cannot be loaded" in str(err.value)
     # Without any per-save name left (a person deleted them), the same: never a wrong read.
-    store.delete([k for k in store.objects if k.startswith(ckpt.key(METADATA_NAME + "."))])
+    own = (ckpt.key(METADATA_NAME + "."), ckpt.key(ITEMS_PREFIX))
+    store.delete([k for k in store.objects if k.startswith(own)])
     with pytest.raises(UncommittedCheckpointError, match="hashed prefixes"):
         S3StorageReader(ckpt, store=store)
 
@@ -278,7 +282,7 @@ def _manifest(**kw: Any) -> Manifest:
         metadata_size=4,
         objects=(ObjectRecord(shard_name(0, 0, "0badcafe"), 10, 0),),
         items=(),
-        **kw,
+        **{"format_version": 2, **kw},
     )
 
 
@@ -298,9 +302,9 @@ def test_the_manifest_records_the_layout_and_refuses_what_it_does_not_know() -> 
     assert m.object_key("r/step_1/", "__0_0.0badcafe.shard") == HashedPrefixes(64).key(
         "r/step_1/", "__0_0.0badcafe.shard"
     )
-    with pytest.raises(ValueError, match="layout iff"):
+    with pytest.raises(ValueError, match="a layout needs format_version 3"):
         _manifest(layout=HashedPrefixes(64))  # format_version 2 cannot carry a layout
-    with pytest.raises(ValueError, match="layout iff"):
+    with pytest.raises(ValueError, match="format 3 needs one"):
         _manifest(format_version=3)
     layout = dict(json.loads(raw)["layout"])
     for field, value in (("prefix_strategy", "ranged"), ("hash", "xxh3"), ("dir", "shards")):
@@ -309,9 +313,9 @@ def test_the_manifest_records_the_layout_and_refuses_what_it_does_not_know() -> 
             Manifest.from_json(bad)
     with pytest.raises(CorruptCheckpointError, match="power of two"):
         Manifest.from_json(_resealed(raw, layout={**layout, "fanout": 10}))
-    newer = r"written by a newer s3ckpt: format_version 4 is newer .* upgrade s3ckpt to read"
+    newer = r"written by a newer s3ckpt: format_version 5 is newer .* upgrade s3ckpt to read"
     with pytest.raises(CorruptCheckpointError, match=newer):
-        Manifest.from_json(_resealed(raw, format_version=4))
+        Manifest.from_json(_resealed(raw, format_version=5))
     with pytest.raises(CorruptCheckpointError, match="no hashed-prefix data name"):
         Manifest.from_json(_resealed(raw, objects=[["__0_0.0badcafe.distcp", 10, 0]]))
     with pytest.raises(CorruptCheckpointError, match="needs format_version 3"):

@@ -20,7 +20,14 @@ from s3ckpt.errors import (
     PolicyError,
     TransientStoreError,
 )
-from s3ckpt.format._names import LATEST_NAME, LEASE_NAME, MANIFEST_NAME, METADATA_NAME, data_name
+from s3ckpt.format._names import (
+    LATEST_NAME,
+    LEASE_NAME,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    data_name,
+    items_name,
+)
 from s3ckpt.retention import (
     AnyOf,
     KeepBest,
@@ -90,10 +97,9 @@ def test_catalog_states_order_and_control_objects(store: MemoryStore, clock: Clo
     c10 = cat[2]
     assert c10.step == 10 and c10.metrics == {"loss": 100.0}
     assert c10.committed_at == T0 + timedelta(minutes=10)
-    assert (
-        c10.num_objects == 5
-        and c10.size == 3 * 64 + 4 + store.head(c10.url.key(MANIFEST_NAME)).size
-    )  # type: ignore[union-attr]
+    marker, records = (store.head(c10.url.key(n)) for n in (MANIFEST_NAME, items_name(c10.tag)))
+    assert marker is not None and records is not None
+    assert c10.num_objects == 6 and c10.size == 3 * 64 + 4 + marker.size + records.size
     assert cat[1].committed_at is not None  # foreign: the .metadata mtime
     # one LIST, one upload LIST, one GET per marker, one of the run's s3ckpt.check.json
     assert store.calls["list"] == 1 and store.calls["get"] == 3 + 1
@@ -148,7 +154,7 @@ def test_dry_run_changes_nothing_and_takes_no_lease(store: MemoryStore, clock: C
     )
     assert not r.applied and len(r.plan.delete) == 5
     assert store.objects.keys() == before.keys()
-    assert store.calls.get("delete", 0) == 0 and store.calls.get("put", 0) == 7 * 5
+    assert store.calls.get("delete", 0) == 0 and store.calls.get("put", 0) == 7 * 6
 
 
 def test_apply_deletes_marker_then_metadata_then_data_in_batches(
@@ -172,12 +178,12 @@ def test_apply_deletes_marker_then_metadata_then_data_in_batches(
         options=RetentionOptions(now=now_after(clock), batch_size=4),
     )
     assert r.ok and r.applied and len(r.deleted) == 7
-    # 7 fences (a tombstone PUT If-Match each), 7 metadata -> 2, 21 data -> 6, then the 7
-    # tombstones (DeleteObject If-Match: no other save's names were there)
-    assert r.delete_requests == 22 and r.keys_deleted == 35
+    # 7 fences (a tombstone PUT If-Match each), 7 metadata -> 2, 21 data and 7 item records
+    # -> 7, then the 7 tombstones (DeleteObject If-Match: no other save's names were there)
+    assert r.delete_requests == 23 and r.keys_deleted == 42
     assert store.calls["delete_if_match"] == 7 + 1  # and the lease's capability probe
     assert order[:2] == [".", "."]
-    assert all(o.startswith("__") for o in order[2:])
+    assert all(n.startswith("__") or n == "s3ckpt" for o in order[2:] for n in o.split(","))
     left = {
         c.name
         for c in list_checkpoints(
@@ -220,7 +226,7 @@ def test_a_failed_marker_delete_keeps_the_whole_checkpoint(
         )
     }
     assert cat[ckpt_name(2)].state is CheckpointState.COMMITTED
-    assert cat[ckpt_name(2)].num_objects == 5  # all its data is still there
+    assert cat[ckpt_name(2)].num_objects == 6  # all its data is still there
     # the unfinished name stays in the released lease's intent log
     rec = LeaseRecord.from_json(store.get(RUN.key(LEASE_NAME)))
     assert rec is not None and rec.deleting == (ckpt_name(2),)
@@ -270,7 +276,7 @@ def test_max_delete_and_empty_policy(store: MemoryStore, clock: Clock) -> None:
     fill(store, clock, list(range(1, 8)))
     with pytest.raises(PolicyError):
         prune(Location.of(RUN, store=store), AnyOf(()), apply=True)
-    assert store.calls.get("put", 0) == 35, "an empty policy is refused before any request"
+    assert store.calls.get("put", 0) == 42, "an empty policy is refused before any request"
     r = prune(
         Location.of(RUN, store=store),
         KeepLast(1),

@@ -24,6 +24,7 @@ from s3ckpt.format._names import (
     MIN_GRACE_SECONDS,
     data_name,
     heartbeat_name,
+    items_name,
     metadata_name,
 )
 from s3ckpt.retention import KeepBest, KeepLast, RetentionOptions, gc, list_checkpoints, prune
@@ -328,6 +329,7 @@ def test_gc_reclaims_orphans_in_committed_and_uncommitted_prefixes(
         MANIFEST_NAME,
         METADATA_NAME,
         metadata_name("11111111"),
+        items_name("11111111"),
         *(data_name(i, 0, "11111111") for i in range(3)),
     }
     assert names(store, resave) == {

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 import s3ckpt._step_names as step_names
-import s3ckpt.retention._plan as plan_mod
-import s3ckpt.retention._prune as prune_mod
+import s3ckpt.retention._toml as toml_mod
 from s3ckpt import metrics
 from s3ckpt.errors import ConfigError, LeaseHeldError, PolicyError
 from s3ckpt.retention import (
@@ -110,8 +109,7 @@ def test_prune_checks_the_policy_once_and_compiles_the_pattern_once(
 
         return wrapped
 
-    monkeypatch.setattr(prune_mod, "check_policy", counting("check", prune_mod.check_policy))
-    monkeypatch.setattr(plan_mod, "check_policy", counting("plan", plan_mod.check_policy))
+    monkeypatch.setattr(toml_mod, "check_policy", counting("check", toml_mod.check_policy))
     # The pattern is compiled by RE2 once per run; its copies hand the compiled one on.
     step_names._compile.cache_clear()
     monkeypatch.setattr(step_names.re2, "compile", counting("compile", step_names.re2.compile))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from s3ckpt.errors import PolicyError
-from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, heartbeat_name
+from s3ckpt.format._names import ITEMS_PREFIX, MANIFEST_NAME, METADATA_NAME, heartbeat_name
 from s3ckpt.retention import (
     KeepBest,
     KeepEvery,
@@ -189,8 +189,8 @@ def test_apply_moves_data_and_metadata_and_leaves_the_marker_and_controls(
     )
     assert r.ok and set(r.transitioned) == {"step_000001000", "step_000002000"}
     got = classes(store, RUN.child("step_000001000").prefix)
-    stays = {MANIFEST_NAME} | {n for n in got if n.startswith(METADATA_NAME + ".")}
-    assert len(stays) == 2  # the marker and the per-save metadata (the commit time)
+    stays = {MANIFEST_NAME} | {n for n in got if n.startswith((METADATA_NAME + ".", ITEMS_PREFIX))}
+    assert len(stays) == 3  # the marker, the item records and the per-save metadata (its time)
     for name, cls in got.items():
         assert cls == ("STANDARD" if name in stays else "GLACIER_IR"), name
     assert r.objects_moved == 2 * 4 and r.transition_requests == 8

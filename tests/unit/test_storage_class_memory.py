@@ -118,7 +118,9 @@ def test_restore_of_a_run_covers_its_archived_committed_checkpoints(
     clock.t += 86400
     res = restore_checkpoint(Location.of(RUN, store=store), days=1)
     assert [c.url for c in res.checkpoints] == [str(c1)]  # c2 reads at once, c3 is STANDARD
-    assert res.counts["started"] == 4 and res.counts["not_archived"] == 0  # 3 data + .metadata
+    assert (
+        res.counts["started"] == 5 and res.counts["not_archived"] == 0
+    )  # 3 data, .metadata, items
     assert not res.readable
     with pytest.raises(CheckpointNotFoundError, match="nothing to restore"):
         restore_checkpoint(Location.of(RUN.child("nope"), store=store))

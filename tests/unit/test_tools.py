@@ -21,7 +21,6 @@ from s3ckpt import ConfigError, S3StorageReader, S3StorageWriter
 from s3ckpt.config import MiB
 from s3ckpt.dcp.restore import find_unrestored
 from s3ckpt.errors import CheckpointExistsError, IncompleteRestoreError
-from s3ckpt.format._manifest import Manifest
 from s3ckpt.store import Location, MemoryStore
 from s3ckpt.tools import (
     check_restored,
@@ -36,6 +35,7 @@ from s3ckpt.tools import (
 from s3ckpt.tools._common import parse_size
 from s3ckpt.tools._export import INDEX_NAME
 from tests import _helpers
+from tests._helpers import committed_manifest
 
 SMALL = dataclasses.replace(_helpers.SMALL, read_request_size=4 * MiB)
 URL = "s3://bkt/run/step_1"
@@ -76,8 +76,7 @@ def data_keys(store: MemoryStore, url: str = URL) -> list[str]:
 
 def key_of(store: MemoryStore, fqn: str, url: str = URL) -> tuple[str, int, int]:
     prefix = url.split("/", 3)[3] + "/"
-    manifest = Manifest.from_json(store.get(prefix + "s3ckpt.json"))
-    rec = next(i for i in manifest.items if i.fqn == fqn)
+    rec = next(i for i in committed_manifest(store.get, prefix).records if i.fqn == fqn)
     return prefix + rec.object, rec.start, rec.length
 
 
@@ -93,8 +92,8 @@ def test_inspect_reads_only_marker_and_metadata(store: MemoryStore) -> None:
     store.calls.clear()
     info = inspect_checkpoint(URL, store=store)
     # The run's check record, s3ckpt.json judged (a HEAD and a GET here, one GET on S3) and
-    # read, .metadata; no data.
-    assert store.calls == {"get": 4, "head": 1}
+    # read, its item records, .metadata; no data.
+    assert store.calls == {"get": 5, "head": 1}
     assert info.life == "committed" and info.damage is None
     assert info.format == "s3ckpt" and info.checksums
     assert info.step == 1 and info.metrics == {"loss": 2.0} and info.world_size == 1
@@ -172,7 +171,7 @@ def test_verify_names_a_truncated_and_a_missing_object(store: MemoryStore) -> No
     lost = next(k for k in data_keys(store) if k != key)
     lost_items = {
         i.fqn
-        for i in Manifest.from_json(store.get("run/step_1/s3ckpt.json")).items
+        for i in committed_manifest(store.get, "run/step_1/").records
         if i.object == lost.rsplit("/", 1)[1]
     }
     store.delete([lost])

@@ -249,11 +249,9 @@ def render_html(report: Report) -> str:
         "default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
         f"script-src 'sha256-{script_hash}'"
     )
+    policy = f"policy <b>{esc(report.policy)}</b> (dry run: nothing was deleted)"
     meta = [f"root <b>{esc(report.root)}</b>", f"as of <b>{esc(iso_z(report.now))}</b>"]
-    if has_plan:
-        meta.append(f"policy <b>{esc(report.policy)}</b> (dry run: nothing was deleted)")
-    else:
-        meta.append("no policy (pass --policy to overlay a plan)")
+    meta.append(policy if has_plan else "no policy (pass --policy to overlay a plan)")
     meta.append(f"grace {esc(format_duration(report.grace))}")
     if report.include_foreign:
         meta.append("foreign checkpoints included")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from s3ckpt._time import aware_now, iso_z
+from s3ckpt._time import iso_z
 from s3ckpt.retention import (
     CheckpointInfo,
     KeepBest,
@@ -35,12 +35,11 @@ from s3ckpt.retention import (
 )
 from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.retention._duration import format_duration
-from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE
+from s3ckpt.retention._liveness import DEFAULT_GRACE, MIN_GRACE, judge_time
 from s3ckpt.retention._plan import Plan, check_policy
 from s3ckpt.retention._scan import scan
 from s3ckpt.retention._tiers import Transition
 from s3ckpt.store import Location
-from s3ckpt.store._clock import skew_note, store_time
 from s3ckpt.store._location import LocationLike
 from s3ckpt.store._versions import Versions, noncurrent_versions
 from s3ckpt.tools._report._prices import PriceTable
@@ -116,16 +115,6 @@ class RunReport:
     versions: Versions | None = None
 
     @property
-    def total_size(self) -> int:
-        """Bytes of all its checkpoints."""
-        return sum(r.info.size for r in self.rows)
-
-    @property
-    def num_objects(self) -> int:
-        """Objects of all its checkpoints."""
-        return sum(r.info.num_objects for r in self.rows)
-
-    @property
     def bytes_freed(self) -> int:
         """Bytes the plan's deletions free (``s3ckpt prune``'s ``bytes_freed``); 0 without one."""
         return self.plan.bytes_freed if self.plan is not None else 0
@@ -143,11 +132,8 @@ class RunReport:
     @property
     def cost_after(self) -> float:
         """USD per month once the plan's deletions and storage-tier transitions are done."""
-        return sum(
-            r.cost if r.cost_after is None else r.cost_after
-            for r in self.rows
-            if r.action != "delete"
-        )
+        kept = [r for r in self.rows if r.action != "delete"]
+        return sum(r.cost if r.cost_after is None else r.cost_after for r in kept)
 
     @property
     def bytes_to_move(self) -> int:
@@ -178,8 +164,8 @@ class RunReport:
             "run": str(self.run),
             "checkpoints": len(self.rows),
             **self.counts(),
-            "total_size": self.total_size,
-            "num_objects": self.num_objects,
+            "total_size": sum(r.info.size for r in self.rows),
+            "num_objects": sum(r.info.num_objects for r in self.rows),
             "bytes_by_class": self.bytes_by_class(),
             "cost_month": self.cost,
             "metric": self.metric,
@@ -227,11 +213,6 @@ class Report:
     include_foreign: bool = False
     notes: tuple[str, ...] = ()
     versions: Versions | None = None
-
-    @property
-    def num_checkpoints(self) -> int:
-        """Checkpoints over all runs."""
-        return sum(len(r.rows) for r in self.runs)
 
     def summary(self) -> dict[str, object]:
         """Totals over all runs (JSON-ready; the page's top ``data-field`` values): the
@@ -344,15 +325,9 @@ def collect_report(
     if source is not None:
         check_policy(source.policy)  # an empty policy: refused before any request
         opts = source.options(opts)  # the file's step pattern, unless the run names one
-    notes: list[str] = []
-    now, grace = opts.now, opts.grace
-    if now is None:
-        # The store's time, as prune judges by; a host clock far off it is only a note.
-        t = store_time(where, url.prefix)
-        now = t.store
-        if (skew := skew_note(t, max(grace, MIN_GRACE))) is not None:
-            notes.append(f"{skew}; fix this host's clock (NTP)")
-    now = aware_now(now, "now must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    # The store's time unless given, as prune judges by; a host clock far off it is a note.
+    now, skew = judge_time(where, url, opts.now, max(opts.grace, MIN_GRACE), refuse=None)
+    notes, grace = list(skew), opts.grace
     prices = prices or PriceTable()
     if source is not None and grace < MIN_GRACE:
         notes.append(

@@ -103,15 +103,14 @@ class PriceTable:
             ConfigError: The table has no price for it; the message names the class and
                 how to add one.
         """
-        try:
-            return self.prices[storage_class]
-        except KeyError:
+        if storage_class not in self.prices:
             raise ConfigError(
                 f"no price for storage class {storage_class!r}{f' ({where})' if where else ''}: "
                 f"add one with --price {storage_class}=USD_PER_GB_MONTH, or a line "
                 f'"{storage_class} = ..." under [prices] in the --prices file '
                 f"(known: {', '.join(sorted(self.prices))})"
-            ) from None
+            )
+        return self.prices[storage_class]
 
     def monthly_cost(self, bytes_by_class: Mapping[str, int], where: str = "") -> float:
         """USD per month for ``bytes_by_class`` (storage class -> bytes)."""
@@ -145,13 +144,10 @@ class PriceTable:
             raise ConfigError(f"{p}: cannot read the price file: {exc.strerror or exc}") from exc
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{p}: not a TOML price file: {exc}") from exc
-        source = doc.pop("source", None)
-        if source is not None and not isinstance(source, str):
+        if (source := doc.pop("source", None)) is not None and not isinstance(source, str):
             raise ConfigError(f"{p}: source must be a string, got {source!r}")
-        table = doc.pop("prices", None)
-        if table is None:
-            table = doc
-        elif doc:
+        table = doc.pop("prices", doc)  # no [prices] table: the top level
+        if table is not doc and doc:
             raise ConfigError(
                 f"{p}: unexpected keys beside [prices]: {', '.join(sorted(doc))} "
                 "(put every CLASS = USD line under [prices])"
@@ -174,8 +170,7 @@ def parse_price(text: str) -> tuple[str, float]:
         price = float(value)
     except ValueError:
         raise ConfigError(f"--price {text}: {value!r} is not a number") from None
-    ((cls, price),) = _checked({name: price}, "--price").items()
-    return cls, price
+    return next(iter(_checked({name: price}, "--price").items()))
 
 
 def format_usd(v: float) -> str:

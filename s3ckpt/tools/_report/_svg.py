@@ -76,8 +76,7 @@ _TIME_STEPS += [86400 * d for d in (1, 2, 7, 14, 30, 91, 365)]
 
 
 def _time_ticks(lo: float, hi: float, n: int = 6) -> tuple[list[int], str]:
-    span = max(hi - lo, 1.0)
-    step = next((s for s in _TIME_STEPS if span / s <= n), _TIME_STEPS[-1])
+    step = next((s for s in _TIME_STEPS if max(hi - lo, 1.0) / s <= n), _TIME_STEPS[-1])
     fmt = "%Y-%m-%d" if step >= 86400 else "%m-%d %H:%M"
     return list(range(math.ceil(lo / step) * step, math.floor(hi) + 1, step)), fmt
 
@@ -183,12 +182,10 @@ def chart(rr: RunReport, rid: str) -> str:
     )
 
     # x axes: both drawn, CSS shows the one the section's data-x names.
-    def x_axis(
-        name: str, scale: Callable[[float], float], ticks: Iterable[tuple[float, str]], label: str
-    ) -> None:
+    def x_axis(name: str, ticks: Iterable[tuple[float, str]], label: str) -> None:
+        """The ticks at their ``(x, text)`` (those off the plot left out), and the label."""
         out.append(f'<g class="ax ax-{name}">')
-        for t, text in ticks:
-            x = scale(t)
+        for x, text in ticks:
             if _XR[0] - 1 <= x <= _XR[1] + 1:
                 out.append(
                     f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_AXIS}" y2="{_AXIS + 5}"/>'
@@ -196,10 +193,10 @@ def chart(rr: RunReport, rid: str) -> str:
                 )
         out.append(f'<text class="xlabel" x="{_W - _R}" y="{_H - 4}">{label}</text></g>')
 
-    x_axis("step", sx, ((t, _fmt_tick(t)) for t in step_ticks), "step")
+    x_axis("step", ((sx(t), _fmt_tick(t)) for t in step_ticks), "step")
     tt, fmt = _time_ticks(t_lo, t_hi) if times else ([], "")
-    dates = ((t, datetime.fromtimestamp(t, UTC).strftime(fmt)) for t in tt)
-    x_axis("time", st, dates, "commit time (UTC)")
+    dates = ((st(t), datetime.fromtimestamp(t, UTC).strftime(fmt)) for t in tt)
+    x_axis("time", dates, "commit time (UTC)")
 
     xs = ["" if r.info.step is None else f"{sx(float(r.info.step)):.1f}" for r in rows]
     xt = ["" if r.time is None else f"{st(r.time.timestamp()):.1f}" for r in rows]
