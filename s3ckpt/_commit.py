@@ -65,6 +65,7 @@ _JITTER = random.Random()
 __all__ = [
     "Heartbeat",
     "Identity",
+    "at_once",
     "boot_id",
     "check_metadata",
     "describe_failure",
@@ -79,7 +80,6 @@ __all__ = [
     "read_marker",
     "record_failure",
     "restore_stock_metadata",
-    "together",
     "writer_gone",
     "writer_record",
 ]
@@ -376,12 +376,12 @@ def read_items(store: ObjectStore, url: StoreURL, manifest: Manifest) -> Manifes
         raise CorruptCheckpointError(exc.message, bucket=store.bucket, key=key) from None
 
 
-def together(first: Callable[[], _A], second: Callable[[], _B]) -> tuple[_A, _B]:
+def at_once(first: Callable[[], _A], second: Callable[[], _B]) -> tuple[_A, _B]:
     """Run both at once (``first`` on a thread of its own, its requests counted for the
     caller's operation) and return their results once both ended. Where both fail,
     ``first``'s error is raised, as when they ran one after the other (a Ctrl-C in
     ``second`` still wins)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-together") as pool:
+    with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-at-once") as pool:
         other = pool.submit(in_context(first))
         try:
             result = second()

@@ -22,10 +22,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from s3ckpt import _crc
 from s3ckpt._commit import (
     Heartbeat,
+    at_once,
     lost_race_error,
     read_marker,
     restore_stock_metadata,
-    together,
     writer_record,
 )
 from s3ckpt._gc_pause import gc_paused
@@ -151,15 +151,15 @@ class SaveCommit:
         manifest, items_bytes = manifest.split_items(items_name(tag))
         beat = Heartbeat(self.store, self.url, tag, self.rank, self.step).beat
         try:
-            together(
-                lambda: together(beat, lambda: self.store.put(records, items_bytes)),
+            at_once(
+                lambda: at_once(beat, lambda: self.store.put(records, items_bytes)),
                 lambda: self.store.put(
                     self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c
                 ),
             )
             # Both reads, at once: the conditional marker PUT below, not their order, is
             # what fences a save whose objects a deleter reaped meanwhile.
-            _, previous = together(lambda: self._check_objects(manifest), self._previous_marker)
+            _, previous = at_once(lambda: self._check_objects(manifest), self._previous_marker)
             verify = verify_wanted(self.store, self.verify_after_write, heartbeats[self.rank])
             if verify:
                 verify_objects(self.store, self.url, manifest)
@@ -393,7 +393,7 @@ class SaveCommit:
             stale = list(heartbeats)
             if previous is not None and previous[0] is not None:
                 stale += self._replaced(previous[0], manifest)
-            _, failures = together(
+            _, failures = at_once(
                 lambda: self.store.put(
                     self.url.key(METADATA_NAME), meta_bytes, crc32c=manifest.metadata_crc32c
                 ),

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable
 from functools import partial
 
 from s3ckpt._commit import (
+    at_once,
     check_metadata,
     get_or_none,
     metadata_matches,
     read_items,
     read_marker,
-    together,
 )
 from s3ckpt._tombstone import Tombstone, deleted_error
 from s3ckpt.errors import (
@@ -67,7 +67,7 @@ def locate(
     if (tomb := Tombstone.parse(raw_marker)) is not None:
         raise deleted_error(url, tomb, bucket=store.bucket, key=marker_key)
     manifest = Manifest.from_json(raw_marker, where=marker_key)
-    manifest, (key, raw) = together(
+    manifest, (key, raw) = at_once(
         lambda: read_items(store, url, manifest),
         lambda: _committed_metadata(store, url, manifest, roll_forward),
     )

@@ -13,6 +13,7 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from tenacity import retry_if_result
@@ -59,10 +60,8 @@ _DCP_DATA = re.compile(r"__\d+_\d+\.distcp")
 def direct_name(c: CheckpointInfo, key: str) -> str | None:
     """``key``'s name relative to the checkpoint prefix when it lies directly under it."""
     prefix = c.url.prefix
-    if not key.startswith(prefix):
-        return None
     name = key[len(prefix) :]
-    return name if name and "/" not in name else None
+    return name if key.startswith(prefix) and name and "/" not in name else None
 
 
 def _own_name(c: CheckpointInfo, key: str) -> tuple[str, str | None, bool] | None:
@@ -105,11 +104,7 @@ def checkpoint_keys(c: CheckpointInfo) -> list[str]:
     tombstone planned (:attr:`s3ckpt._tombstone.Tombstone.names`)."""
     live, tomb = _other_live(c), c.tombstone
 
-    def deletable(k: str) -> bool:
-        own = _own_name(c, k)
-        if own is None:
-            return False
-        n, t, _ = own
+    def deletable(k: str, n: str, t: str | None, _sharded: bool) -> bool:
         if k in c.committed_keys or n == MANIFEST_NAME:
             return True
         if t is not None:
@@ -118,7 +113,7 @@ def checkpoint_keys(c: CheckpointInfo) -> list[str]:
             return n in tomb.names
         return n == METADATA_NAME or (not c.is_committed and bool(_DCP_DATA.fullmatch(n)))
 
-    return [k for k in c.keys if deletable(k)]
+    return [k for k in c.keys if (own := _own_name(c, k)) and deletable(k, *own)]
 
 
 def checkpoint_uploads(c: CheckpointInfo) -> list[UploadInfo]:
@@ -134,14 +129,13 @@ def leftover_keys(c: CheckpointInfo) -> list[str]:
     object of the committed save in the shard folder (even one the marker does not list)."""
     if c.pinned or (c.is_committed and c.tag is None):
         return []
-    live = set(c.live_tags)
     owned = [(k, *own) for k in c.keys if (own := _own_name(c, k)) and k not in c.committed_keys]
     return [
         k
         for k, n, t, sharded in owned
         if t is not None
         and not (sharded and t == c.tag)
-        and (t not in live or (t == c.tag and n.startswith(HEARTBEAT_PREFIX)))
+        and (t not in c.live_tags or (t == c.tag and n.startswith(HEARTBEAT_PREFIX)))
     ]
 
 
@@ -161,10 +155,8 @@ def leftover_uploads(c: CheckpointInfo, cutoff: float) -> list[UploadInfo]:
 
 def _is_first_metadata(c: CheckpointInfo, key: str) -> bool:
     """The plain ``.metadata`` or the committed metadata (deleted right after the marker)."""
-    n = direct_name(c, key)
-    if n == METADATA_NAME:
-        return True
-    return n is not None and n.startswith(METADATA_NAME + ".") and key in c.committed_keys
+    n = direct_name(c, key) or ""
+    return n == METADATA_NAME or (n.startswith(METADATA_NAME + ".") and key in c.committed_keys)
 
 
 @dataclass
@@ -189,7 +181,6 @@ class Deleter:
     failures: list[DeleteFailure] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     """Checkpoints skipped because their marker changed after the scan."""
-    _conditional: bool | None = field(default=None, repr=False)
     _fences: dict[str, tuple[Tombstone, str | None] | None] = field(
         default_factory=dict, repr=False
     )
@@ -203,24 +194,17 @@ class Deleter:
         s3ckpt's one retry policy does (:class:`~s3ckpt.store.retry.RetryPolicy`), without a
         deadline: one ``Retrying`` whose attempts are the rounds.
         """
-        pending = list(keys)
         failed: dict[str, DeleteFailure] = {}
-
-        def one_round() -> list[str]:
-            nonlocal pending
-            pending = self._round(pending, failed, phase)
-            return pending
-
         policy = replace(_BACKOFF, attempts=self.options.retries + 1, sleep=self.options.sleep)
         rounds = policy.retrying(retry=retry_if_result(bool))
         # Keys still pending after the last round stay in ``failed``: no RetryError.
-        rounds.copy(retry_error_callback=lambda state: None)(one_round)
+        rounds.copy(retry_error_callback=lambda state: None)(self._round, list(keys), failed, phase)
         self.failures.extend(failed.values())
         return set(failed)
 
     def _round(self, pending: list[str], failed: dict[str, DeleteFailure], phase: str) -> list[str]:
-        """Send ``pending`` in batches; record failures in ``failed``; return the keys worth
-        another round."""
+        """Send ``pending`` in batches; record failures in ``failed``; leave in ``pending``
+        (and return) the keys worth another round."""
         retry: list[str] = []
         size = self.options.batch_size
         for i in range(0, len(pending), size):
@@ -239,7 +223,8 @@ class Deleter:
             failed.update((e.key, e) for e in errs)
             retry += [e.key for e in errs if e.code in TRANSIENT_CODES]
             self.options.progress("delete", phase=phase, keys=len(chunk))
-        return retry
+        pending[:] = retry
+        return pending
 
     def fence(self, c: CheckpointInfo, keys: Sequence[str]) -> bool:
         """Claim ``c``'s prefix before deleting any of it: ONE conditional PUT of a
@@ -311,22 +296,19 @@ class Deleter:
                 if found is None or found[0] != done:
                     raise
             return
-        if etag and self._conditional_delete():
+        if etag and self._conditional_delete:
             try:
                 with expecting("not_found", "precondition_failed"):
                     self.store.delete_if_match(key, etag)
-                self.deleted_keys += 1
-                return
-            except UnsupportedOperationError:
-                self._conditional = False
+            except UnsupportedOperationError:  # not enforced after all: a plain delete below
+                self._conditional_delete = False
             except (PreconditionFailedError, ObjectNotFoundError, TransientStoreError):
-                if self.store.head(key) is None:  # ours, its reply lost: gone
-                    self.deleted_keys += 1
-                    return
-                raise
-        errs = self.store.delete([key])
-        if errs:
-            raise StoreError(errs[0].message, key=key, code=errs[0].code, operation="delete")
+                if self.store.head(key) is not None:  # else ours, its reply lost: gone
+                    raise
+        if not etag or not self._conditional_delete:
+            errs = self.store.delete([key])
+            if errs:
+                raise StoreError(errs[0].message, key=key, code=errs[0].code, operation="delete")
         self.deleted_keys += 1
 
     def _count(self, phase: str) -> None:
@@ -353,13 +335,12 @@ class Deleter:
             for name in self.changed
         )
 
+    @cached_property
     def _conditional_delete(self) -> bool:
         """Whether the store enforces ``DeleteObject If-Match`` (probed, and cached, when the
-        lease was taken: :meth:`~s3ckpt.retention.Lease.acquire`)."""
-        if self._conditional is None:
-            caps = cached_capabilities(self.store)
-            self._conditional = bool(caps is not None and caps.conditional_delete)
-        return self._conditional
+        lease was taken: :meth:`~s3ckpt.retention.Lease.acquire`); False once it refused."""
+        caps = cached_capabilities(self.store)
+        return bool(caps is not None and caps.conditional_delete)
 
     def abort(self, uploads: Sequence[UploadInfo]) -> set[str]:
         """Abort ``uploads``; return the upload ids that could not be aborted."""
@@ -398,8 +379,7 @@ class Deleter:
                     alive.append(c)
                 else:
                     self.changed.append(c.name)
-            except StoreError as exc:
-                bad.add(markers[c.name])
+            except StoreError as exc:  # nothing of c deleted: its keys stay out of ``bad``
                 self.failures.append(failure(markers[c.name], exc))
         metas = [k for c in alive for k in keys[c.name] if _is_first_metadata(c, k)]
         bad |= self.delete(metas, "metadata")
@@ -410,9 +390,7 @@ class Deleter:
         bad_ups = self.abort([u for c in alive for u in ups[c.name]])
         done = []
         for c in alive:
-            if any(k in bad for k in keys[c.name] if k != markers[c.name]):
-                continue
-            if any(u.upload_id in bad_ups for u in ups[c.name]):
+            if not bad.isdisjoint(keys[c.name]) or any(u.upload_id in bad_ups for u in ups[c.name]):
                 continue
             try:
                 self.unfence(c)

@@ -78,11 +78,10 @@ def confirm(
     if not all(isinstance(r, _SAFE) for r in rules.rules()):
         cat = run_catalog(store, run, options)  # an unknown rule: all deep
         return replan(cat.checkpoints if cat is not None else [])
-    doomed = {c.name for c in first.delete}
     listed = {c.name: deep(store, options, c) for c in first.delete if c.shallow}
     merged = [m for c in catalog if (m := listed.get(c.name, c)) is not None]
     exact = _exact_times(store, merged, any(isinstance(r, KeepCalendar) for r in rules.rules()))
-    return hold(replan(exact), (DEFERRED,), doomed)
+    return hold(replan(exact), (DEFERRED,), {c.name for c in first.delete})
 
 
 def deep(store: ObjectStore, options: RetentionOptions, c: CheckpointInfo) -> CheckpointInfo | None:
@@ -116,28 +115,23 @@ def _exact_times(
     timed = [c for c in out.values() if c.is_committed and not c.damaged and c.committed_at]
     timed.sort(key=lambda c: c.committed_at, reverse=True)  # type: ignore[arg-type,return-value]
     best = None
-    for c in timed:
+    for c in timed:  # fixed.committed_at is never None: c's is not, _resolve only refines it
         assert c.committed_at is not None
         if best is not None and c.committed_at < best:
             break
-        fixed = _resolve(store, c) if c.shallow and c.name not in want else out[c.name]
-        out[c.name] = fixed
-        at = fixed.committed_at
-        if at is not None and (best is None or at > best):
-            best = at
+        out[c.name] = fixed = c if c.name in want else _resolve(store, c)
+        best = max(filter(None, (best, fixed.committed_at)))
     return [out[c.name] for c in catalog]
 
 
 def _resolve(store: ObjectStore, c: CheckpointInfo) -> CheckpointInfo:
     """``c`` with its commit time exact: the LastModified of its ``.metadata.{tag}`` (one
     HEAD), as a deep scan reads it from its listing; the marker's when it has none."""
-    if not c.shallow or c.committed_at is None:
-        return c
     saved = [
         k for k in c.committed_keys if (direct_name(c, k) or "").startswith(METADATA_NAME + ".")
     ]
-    if not saved:
-        return c  # format 1: the marker's own time is the commit time
+    if not c.shallow or c.committed_at is None or not saved:
+        return c  # exact already, or format 1: the marker's own time is the commit time
     info = store.head(saved[0])  # None when missing (ObjectStore.head)
     if info is None or info.last_modified is None:
         return c

@@ -64,7 +64,7 @@ from s3ckpt.retention._shallow import Marker, committed_keys, find_runs, parse_m
 from s3ckpt.store import Location
 from s3ckpt.store._known import list_open_uploads
 from s3ckpt.store._location import LocationLike
-from s3ckpt.store.base import ObjectStore
+from s3ckpt.store.base import ObjectInfo, ObjectStore
 from s3ckpt.uri import StoreURL, split_prefix
 
 __all__ = [
@@ -172,8 +172,7 @@ def catalogs(
         info = _info(root, run, d, g, manifests.get(d), reasons.get(d), cutoff, pattern)
         if d in known:
             info = _shallow_info(info, d, known[d])
-        f = failed[d]
-        if f is not None:  # the newest failed save here (never the committed one)
+        if (f := failed[d]) is not None:  # the newest failed save here (never the committed one)
             info = dataclasses.replace(info, failed_at=utc(f[1]), failure=why[d])
         if info.state is not CheckpointState.GONE:  # a finished fence: never listed
             by_run.setdefault(run, []).append(info)
@@ -283,7 +282,7 @@ def _info(
                 metrics=dict(manifest.metrics),
                 tag=manifest.tag,
                 committed_keys=frozenset([d + MANIFEST_NAME, *dict(committed_keys(d, manifest))]),
-                metadata_stale=_metadata_stale(g, manifest),
+                metadata_stale=_metadata_stale(g.metadata, g.marker.last_modified, manifest),
                 reaped=manifest.reaped,
             )
         else:
@@ -331,15 +330,14 @@ def _shallow_info(info: CheckpointInfo, d: str, marker: Marker) -> CheckpointInf
     )
 
 
-def _metadata_stale(g: Group, manifest: Manifest) -> bool:
-    """Whether the plain ``.metadata`` copy needs rewriting (a cheap signal from the listing;
-    the rewrite verifies the source against the marker)."""
+def _metadata_stale(plain: ObjectInfo | None, committed: float | None, manifest: Manifest) -> bool:
+    """Whether the plain ``.metadata`` copy (``plain``, as listed) needs rewriting, the
+    marker listed with LastModified ``committed`` (a cheap signal from the listing; the
+    rewrite verifies the source against the marker)."""
     if manifest.metadata_key == METADATA_NAME:
         return False  # the plain .metadata is itself the committed one
-    plain = g.metadata
     if plain is None or plain.size != manifest.metadata_size:
         return True
-    committed = g.marker.last_modified if g.marker is not None else None
     at = plain.last_modified
     return committed is not None and at is not None and at < committed
 
@@ -409,8 +407,6 @@ def list_runs(
     options = options if options is not None else RetentionOptions()
     store, root = (location := Location.of(location)).store, location.url
     if options.scan == "shallow":
-        return [
-            StoreURL(root.scheme, root.bucket, p)
-            for p in find_runs(store, root, options.step_pattern)
-        ]
+        runs = find_runs(store, root, options.step_pattern)
+        return [StoreURL(root.scheme, root.bucket, p) for p in runs]
     return [cat.run for cat in catalogs(store, root, options)]

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from s3ckpt._step_names import checkpoint_step
@@ -41,13 +40,13 @@ from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
 from s3ckpt.format._hashed import SHARDS_DIR
 from s3ckpt.format._manifest import MAX_MANIFEST_BYTES, Manifest
 from s3ckpt.format._names import LEASE_NAME, MANIFEST_NAME
-from s3ckpt.metrics.instrument import expecting, in_context
-from s3ckpt.retention._check_record import READ_WORKERS
+from s3ckpt.metrics.instrument import expecting
+from s3ckpt.retention._check_record import read_each
 from s3ckpt.retention._listing import ckpt_dir
 from s3ckpt.retention._options import StepPatternLike
 from s3ckpt.store.base import ObjectInfo, ObjectStore
 from s3ckpt.store.folder import get_info, list_folder
-from s3ckpt.uri import StoreURL
+from s3ckpt.uri import StoreURL, split_prefix
 
 __all__ = ["Marker", "committed_keys", "find_runs", "parse_marker", "probe", "walk"]
 
@@ -59,10 +58,6 @@ class Marker:
 
     manifest: Manifest | str
     info: ObjectInfo
-
-
-def _name(folder: str) -> str:
-    return folder[:-1].rpartition("/")[2]
 
 
 def probe(store: ObjectStore, folder: str) -> Marker | None:
@@ -116,24 +111,20 @@ def walk(
     objects: list[ObjectInfo] = []
     markers: dict[str, Marker] = {}
     queue: deque[str] = deque([root.prefix])
-    read = in_context(lambda d: probe(store, d))
-    with ThreadPoolExecutor(max_workers=READ_WORKERS) as pool:
-        while queue:
-            folder = queue.popleft()
-            objs, subs, is_checkpoint = _visit(store, folder)
-            objects.extend(objs)
-            if is_checkpoint:
-                for sub in subs:  # nested keys of an uncommitted checkpoint: as deep
-                    objects.extend(store.list(sub))
-                continue
-            subs = [s for s in subs if _name(s) != SHARDS_DIR]
-            stepped = [s for s in subs if checkpoint_step(_name(s), pattern) is not None]
-            for sub, marker in zip(stepped, pool.map(read, stepped), strict=True):
-                if marker is None:
-                    queue.append(sub)
-                else:
-                    markers[sub] = marker
-            queue.extend(s for s in subs if s not in markers and s not in stepped)
+    while queue:
+        folder = queue.popleft()
+        objs, subs, is_checkpoint = _visit(store, folder)
+        objects.extend(objs)
+        if is_checkpoint:
+            for sub in subs:  # nested keys of an uncommitted checkpoint: as deep
+                objects.extend(store.list(sub))
+            continue
+        subs = [s for s in subs if split_prefix(s)[1] != SHARDS_DIR]
+        stepped = [s for s in subs if checkpoint_step(split_prefix(s)[1], pattern) is not None]
+        probed = dict(zip(stepped, read_each(lambda d: probe(store, d), stepped), strict=True))
+        markers.update((s, m) for s, m in probed.items() if m is not None)
+        queue.extend(s for s in stepped if probed[s] is None)  # not committed: walked
+        queue.extend(s for s in subs if s not in probed)
     return objects, markers
 
 
@@ -160,7 +151,7 @@ def find_runs(store: ObjectStore, root: StoreURL, pattern: StepPatternLike | Non
         if any(o.key == folder + LEASE_NAME for o in objs):
             runs.add(folder)
         for sub in subs:
-            name = _name(sub)
+            name = split_prefix(sub)[1]
             if name == SHARDS_DIR or checkpoint_step(name, pattern) is not None:
                 runs.add(folder)
             else:

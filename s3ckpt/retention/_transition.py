@@ -103,10 +103,8 @@ def _survey_one(
         why = "its commit marker is gone since the scan (deleted or being deleted)"
     elif c.marker_etag is not None and marker.etag is not None and marker.etag != c.marker_etag:
         why = "its commit marker changed since the scan (an overwrite committed)"
-    else:
-        writing = _writing_tag(c, listed.values(), cutoff)
-        if writing is not None:
-            why = f"a save (tag {writing}) started writing into it"
+    elif (writing := _writing_tag(c, listed.values(), cutoff)) is not None:
+        why = f"a save (tag {writing}) started writing into it"
     if why is not None:
         return replace(t, skipped=f"not moved: {why}", objects=0, bytes=0), []
     todo = [
@@ -125,13 +123,12 @@ def _writing_tag(c: CheckpointInfo, objects: Iterable[ObjectInfo], cutoff: float
     """The tag of a save other than the committed one with an object younger than
     ``cutoff`` under the checkpoint's prefix (a heartbeat, a data object, its metadata)."""
     prefix = c.url.prefix
-    for o in objects:
-        if not o.key.startswith(prefix) or o.last_modified is None or o.last_modified <= cutoff:
-            continue
-        tag = owned_tag(o.key[len(prefix) :])
-        if tag is not None and tag != c.tag:
-            return tag
-    return None
+    young = (
+        owned_tag(o.key[len(prefix) :])
+        for o in objects
+        if o.key.startswith(prefix) and o.last_modified is not None and o.last_modified > cutoff
+    )
+    return next((t for t in young if t is not None and t != c.tag), None)
 
 
 def intent_of(transitions: Sequence[Transition]) -> dict[str, dict[str, str]]:
@@ -241,7 +238,5 @@ def survey_plan(store: ObjectStore, plan: Plan, grace: timedelta) -> Plan:
 
     Request cost: as :func:`survey`, nothing without transitions.
     """
-    if not plan.transitions:
-        return plan
     moves, _ = survey(store, plan.transitions, (plan.now - grace).timestamp())
     return replace(plan, transitions=moves)

@@ -80,17 +80,16 @@ from s3ckpt._commit import read_items
 from s3ckpt._time import iso_z
 from s3ckpt._verify import Fault, Verifier, manifest_items, sample_items
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.errors import ConfigError, CorruptCheckpointError, ObjectNotFoundError, S3CkptError
+from s3ckpt.errors import ConfigError, CorruptCheckpointError, S3CkptError
 from s3ckpt.format._manifest import MAX_MANIFEST_BYTES, Manifest, manifest_digest
 from s3ckpt.format._names import CHECK_NAME, MANIFEST_NAME
-from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention import CheckpointInfo, RetentionOptions
-from s3ckpt.retention._catalog import CheckpointState, RunCatalog
+from s3ckpt.retention._catalog import CheckpointState
 from s3ckpt.retention._check_record import CheckRecord, read_check_record
 from s3ckpt.retention._scan import scan
 from s3ckpt.store import ObjectStore
 from s3ckpt.store._location import LocationLike
-from s3ckpt.store.base import ARCHIVE_CLASSES
+from s3ckpt.store.base import ARCHIVE_CLASSES, if_found
 from s3ckpt.tools._check_result import CheckpointCheck, CheckResult, Finding, SkippedCheckpoint
 from s3ckpt.tools._open import as_location
 
@@ -171,17 +170,15 @@ def check(
             that checkpoint incomplete instead, and the check goes on).
     """
     fraction, spec = parse_read_data(read_data)
-    if seed is None:
-        seed = random.SystemRandom().randrange(2**32)
+    seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     location = as_location(url, s3_config=s3_config, transfer_config=transfer_config, store=store)
     t0 = time.monotonic()
-    catalogs = scan(location, options=options or RetentionOptions())
     tc = location.transfer_config
     checked: list[CheckpointCheck] = []
     skipped: list[SkippedCheckpoint] = []
     records: list[str] = []
     failures: list[str] = []
-    for cat in catalogs:
+    for cat in scan(location, options=options or RetentionOptions()):
         run = str(cat.run)
         mine: list[CheckpointCheck] = []
         for c in cat.checkpoints:
@@ -198,13 +195,24 @@ def check(
             if on_checkpoint is not None:
                 on_checkpoint(outcome)
         checked += mine
-        if record and mine:
+        if record and mine:  # merge them into the run's record
+            key, now = cat.run.key(CHECK_NAME), iso_z(datetime.now(UTC))
             whole = cat.run.prefix.startswith(location.url.prefix)
-            failure = _write_record(location.store, cat, mine, spec, whole)
-            if failure is None:
-                records.append(cat.run.key(CHECK_NAME))
-            else:
-                failures.append(failure)
+            try:
+                old = read_check_record(location.store, cat.run) or CheckRecord(now)
+                new = old.merge(
+                    [c.entry() for c in mine if not c.incomplete],
+                    checked_at=now,
+                    read_data=spec,
+                    present=[c.name for c in cat.checkpoints] if whole else None,
+                )
+                location.store.put(key, new.to_json())
+                records.append(key)
+            except S3CkptError as exc:
+                failures.append(
+                    f"could not write {location.store.bucket}/{key}: {exc} (the findings are in "
+                    "this output; give the role s3:PutObject on it, or pass --no-record)"
+                )
     return CheckResult(
         str(location.url),
         spec,
@@ -215,29 +223,6 @@ def check(
         tuple(failures),
         round(time.monotonic() - t0, 3),
     )
-
-
-def _write_record(
-    store: ObjectStore, cat: RunCatalog, checks: list[CheckpointCheck], spec: str, whole_run: bool
-) -> str | None:
-    """Merge ``checks`` into the run's record and write it; None, or why it failed."""
-    key = cat.run.key(CHECK_NAME)
-    now = iso_z(datetime.now(UTC))
-    try:
-        old = read_check_record(store, cat.run) or CheckRecord(now)
-        new = old.merge(
-            [c.entry() for c in checks if not c.incomplete],
-            checked_at=now,
-            read_data=spec,
-            present=[c.name for c in cat.checkpoints] if whole_run else None,
-        )
-        store.put(key, new.to_json())
-    except S3CkptError as exc:
-        return (
-            f"could not write {store.bucket}/{key}: {exc} (the findings are in this output; "
-            "give the role s3:PutObject on it, or pass --no-record)"
-        )
-    return None
 
 
 # -- one checkpoint ---------------------------------------------------------------------------
@@ -278,8 +263,7 @@ def check_checkpoint(
     per object the listing does not show, the ranged GETs of the sample, and one HEAD of the
     marker when anything was found.
     """
-    url, prefix = str(info.url), info.url.prefix
-    marker_key = prefix + MANIFEST_NAME
+    url, prefix, marker_key = str(info.url), info.url.prefix, info.url.key(MANIFEST_NAME)
     head = _head(info, run)
 
     def skipped(reason: str, detail: str) -> SkippedCheckpoint:
@@ -333,10 +317,7 @@ def check_checkpoint(
     if marker.size > MAX_MANIFEST_BYTES:
         what = f"{marker_key} is larger than a commit marker may be; not read"
         return bad_marker(f"at most {MAX_MANIFEST_BYTES} bytes", f"{marker.size} bytes", what)
-    try:
-        with expecting("not_found"):
-            raw = store.get(marker_key)
-    except ObjectNotFoundError:
+    if (raw := if_found(lambda: store.get(marker_key))) is None:
         return skipped("changed", "its commit marker was deleted while it was checked")
     v.count(len(raw))
     try:

@@ -13,12 +13,12 @@ from typing import Any, TypeVar, cast
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
 from s3ckpt.dcp import quiet_dcp
 from s3ckpt.dcp.reader import S3StorageReader
 from s3ckpt.errors import ConfigError
-from s3ckpt.format._manifest import ItemRecord, Manifest
+from s3ckpt.format._manifest import ItemRecord
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store._location import LocationLike
 from s3ckpt.tools._open import as_location
@@ -99,13 +99,11 @@ class Entry:
 
 def index_checkpoint(reader: S3StorageReader) -> dict[str, Entry]:
     """Every key of the checkpoint in ``.metadata`` order, with its chunks and records."""
-    metadata: Metadata = reader.metadata
-    manifest: Manifest | None = reader.manifest
-    records = manifest.item_index() if manifest is not None else {}
-    storage = cast(dict[MetadataIndex, Any], metadata.storage_data)  # torch's _StorageInfo
+    records = reader.manifest.item_index() if reader.manifest is not None else {}
+    storage = cast(dict[MetadataIndex, Any], reader.metadata.storage_data)  # torch's _StorageInfo
     entries: dict[str, Entry] = {}
     tensor_chunks: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
+    for fqn, md in reader.metadata.state_dict_metadata.items():
         if isinstance(md, TensorStorageMetadata):  # else BytesStorageMetadata
             entries[fqn] = Entry(fqn, "tensor", md.properties.dtype, tuple(md.size))
             tensor_chunks |= {(fqn, tuple(c.offsets)): tuple(c.sizes) for c in md.chunks}
@@ -245,11 +243,10 @@ def iter_loaded(
     windows = list(batches(entries, window, Entry.load_bytes))
     with ThreadPoolExecutor(1, thread_name_prefix="s3ckpt-prefetch") as pool:
         load = in_context(load_entries)  # requests count for the caller's operation
-        nxt = pool.submit(load, reader, windows[0]) if windows else None
+        nxt = [pool.submit(load, reader, w) for w in windows[:1]]  # the one download ahead
         for i, batch in enumerate(windows):
-            assert nxt is not None
-            values = nxt.result()
-            nxt = pool.submit(load, reader, windows[i + 1]) if i + 1 < len(windows) else None
+            values = nxt.pop().result()
+            nxt += [pool.submit(load, reader, w) for w in windows[i + 1 : i + 2]]
             for e in batch:
                 yield e, values.pop(e.name)
             del values

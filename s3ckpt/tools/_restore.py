@@ -45,7 +45,7 @@ from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.retention import list_checkpoints
 from s3ckpt.retention._catalog import CheckpointState
-from s3ckpt.store import Location, ObjectInfo, ObjectStore
+from s3ckpt.store import Location, ObjectStore
 from s3ckpt.store._location import LocationLike
 from s3ckpt.store.base import (
     ARCHIVE_CLASSES,
@@ -59,11 +59,6 @@ from s3ckpt.uri import StoreURL
 
 __all__ = ["CheckpointRestore", "ObjectRestore", "RestoreResult", "restore_checkpoint"]
 
-Progress = Callable[[int, int], None]
-"""``progress(done, total)`` in bytes of archived objects: asked for, then (``wait``)
-restored."""
-
-_FATAL = (AccessDeniedError, NoSuchBucketError, EndpointError)
 _PENDING = (RestoreState.STARTED, RestoreState.IN_PROGRESS, RestoreState.ARCHIVED)
 _WORKERS = 8
 
@@ -159,7 +154,7 @@ def restore_checkpoint(
     tier: str = "Standard",
     wait: bool = False,
     poll_seconds: float = 300.0,
-    progress: Progress | None = None,
+    progress: Callable[[int, int], None] | None = None,
     s3_config: S3Config | None = None,
     transfer_config: TransferConfig | None = None,
     store: ObjectStore | None = None,
@@ -171,7 +166,8 @@ def restore_checkpoint(
     Args:
         wait: Poll (HEAD) the objects being restored every ``poll_seconds`` until each is
             readable (S3 Standard takes hours; Ctrl-C stops waiting, the restores go on).
-        progress: ``progress(done, total)``, bytes of archived objects.
+        progress: ``progress(done, total)`` in bytes of archived objects: asked for, then
+            (``wait``) restored.
 
     Raises:
         ConfigError: ``days`` < 1 or an unknown ``tier`` (before any request), or a store
@@ -191,16 +187,17 @@ def restore_checkpoint(
     how: dict[str, Any] = dict(s3_config=s3_config, transfer_config=transfer_config, store=store)
     location = as_location(target, **how)
     checkpoints = [_objects(location.at(u)) for u in _checkpoints(location)]
-    total = sum(o.size for c in checkpoints for o in c.objects if _archived(o))
+    objects = [o for c in checkpoints for o in c.objects]
+    total = sum(o.size for o in objects if o.state is not RestoreState.NOT_ARCHIVED)
     done = [0]
 
     def ask(obj: ObjectRestore) -> ObjectRestore:
-        if not _archived(obj):
+        if obj.state is RestoreState.NOT_ARCHIVED:  # (a listed or HEADed class, no error yet)
             return obj
         try:
             archive = archive_store(location.store, obj.key, "restore_object")
             out = replace(obj, state=archive.restore_object(obj.key, days=days, tier=tier))
-        except _FATAL:
+        except (AccessDeniedError, NoSuchBucketError, EndpointError):  # the whole store refuses
             raise
         except StoreError as exc:
             out = replace(obj, error=str(exc))
@@ -214,11 +211,8 @@ def restore_checkpoint(
         return obj if info is None else replace(obj, state=restore_state(info))
 
     with ThreadPoolExecutor(_WORKERS, thread_name_prefix="s3ckpt-restore") as pool:
-        checkpoints = [
-            replace(c, objects=tuple(pool.map(in_context(ask), c.objects))) for c in checkpoints
-        ]
+        states = {o.key: o for o in pool.map(in_context(ask), objects)}
         # With wait, HEAD the objects still being restored every poll_seconds until none is
-        states = {o.key: o for c in checkpoints for o in c.objects}
         asked = [o for o in states.values() if o.state is not RestoreState.NOT_ARCHIVED]
         total = sum(o.size for o in asked if o.error is None)
         while wait:
@@ -229,15 +223,9 @@ def restore_checkpoint(
                 break
             sleep(poll_seconds)
             states.update((o.key, o) for o in pool.map(in_context(poll), pending))
-    checkpoints = [
-        replace(c, objects=tuple(states.get(o.key, o) for o in c.objects)) for c in checkpoints
-    ]
+    checkpoints = [replace(c, objects=tuple(states[o.key] for o in c.objects)) for c in checkpoints]
     elapsed = time.monotonic() - started
     return RestoreResult(str(location.url), days, tier, tuple(checkpoints), wait, elapsed)
-
-
-def _archived(obj: ObjectRestore) -> bool:
-    return (obj.storage_class or "STANDARD") in ARCHIVE_CLASSES and obj.error is None
 
 
 def _checkpoints(location: Location) -> list[StoreURL]:
@@ -274,10 +262,7 @@ def _objects(location: Location) -> CheckpointRestore:
         names = {url.key(METADATA_NAME), url.key(manifest.metadata_key)}
         names |= {url.key(manifest.items_ref.name)} if manifest.items_ref else set()
         keys = sorted(names | {manifest.object_key(url.prefix, o.name) for o in manifest.objects})
-    objects = []
-    for key in keys:
-        info: ObjectInfo | None = listed.get(key) or store.head(key)  # a shard: a HEAD
-        if info is None:
-            continue  # a .metadata copy that is not there (the plain one of an old save)
-        objects.append(ObjectRestore(key, info.size, info.storage_class, restore_state(info)))
+    infos = ((key, listed.get(key) or store.head(key)) for key in keys)  # a shard: a HEAD
+    # (None: a .metadata copy that is not there, the plain one of an old save)
+    objects = [ObjectRestore(k, i.size, i.storage_class, restore_state(i)) for k, i in infos if i]
     return CheckpointRestore(str(url), tuple(objects))

@@ -144,19 +144,11 @@ def verify_checkpoint(
     entries = index_checkpoint(reader)
     manifest = reader.manifest
     problems = _structure(reader, entries)
-    items = []
-    for e in entries.values():
-        for c in e.chunks:
-            crc, at = (c.record.crc32c if c.record else None), item_name(repr(e.name), c.offsets)
-            items.append(Item(c.object, c.start, c.length, crc, at, None, (e, c), _framing(e, c)))
+    items = [_item(e, c) for e in entries.values() for c in e.chunks]
     recorded = {o.name: o.size for o in manifest.objects} if manifest is not None else {}
-
-    def on_bytes(_: int) -> None:
-        if progress is not None:
-            progress(v.bytes_read, v.total)
-
-    tc = transfer_config or reader.transfer_config
-    v = Verifier(reader.store, reader.object_key, tc, on_bytes=on_bytes)
+    v = Verifier(reader.store, reader.object_key, transfer_config or reader.transfer_config)
+    if progress is not None:
+        v.on_bytes = lambda _: progress(v.bytes_read, v.total)
     names = sorted({i.object for i in items} | set(recorded))
     readable = v.objects(items, v.sizes(names), recorded)
     if manifest is not None if read_data is None else read_data:
@@ -186,14 +178,14 @@ def verify_checkpoint(
     )
 
 
-def _framing(entry: Entry, chunk: Chunk) -> tuple[int, int] | None:
-    """``(data_offset, nbytes)`` of a tensor item whose framing can be checked (the torch
-    pass: the dtype's size comes from ``.metadata``)."""
-    rec = chunk.record
-    if rec is None or rec.data_offset is None or entry.dtype is None or not chunk.sizes:
-        return None
-    numel = math.prod(chunk.sizes)
-    return (rec.data_offset, numel * entry.dtype.itemsize) if numel else None
+def _item(entry: Entry, chunk: Chunk) -> Item:
+    """The verifier's item of a chunk, with the ``(data_offset, nbytes)`` of a tensor item
+    whose framing can be checked (the torch pass: the dtype's size comes from ``.metadata``)."""
+    rec, numel, framing = chunk.record, math.prod(chunk.sizes or ()), None
+    if rec and rec.data_offset is not None and entry.dtype is not None and chunk.sizes and numel:
+        framing = (rec.data_offset, numel * entry.dtype.itemsize)
+    crc, at = (rec.crc32c if rec else None), item_name(repr(entry.name), chunk.offsets)
+    return Item(chunk.object, chunk.start, chunk.length, crc, at, None, (entry, chunk), framing)
 
 
 def _structure(reader: S3StorageReader, entries: dict[str, Entry]) -> list[Problem]:
@@ -210,8 +202,7 @@ def _structure(reader: S3StorageReader, entries: dict[str, Entry]) -> list[Probl
         if not entry.chunks:
             bad(None, name, None, f"{name!r} has no stored item")
             continue
-        meta = md[name]
-        if isinstance(meta, TensorStorageMetadata) and entry.shape is not None:
+        if isinstance(meta := md[name], TensorStorageMetadata) and entry.shape is not None:
             stored = {c.offsets for c in entry.chunks}
             for c in meta.chunks:
                 offs, sizes = tuple(c.offsets), list(c.sizes)
@@ -380,13 +371,12 @@ def inspect_checkpoint(
             ObjectSummary(n, None, int(m.group(1)) if (m := _RANK_RE.match(n)) else None, k)
             for n, k in sorted(per_object.items())
         )
-        ranks = [o.rank for o in objects if o.rank is not None]
         own = {
             "format": "dcp",
             "checksums": False,
             **dict.fromkeys(("step", "created", "save_id", "metadata_bytes")),
             **{k: {} for k in ("metrics", "user", "versions")},
-            "world_size": max(ranks) + 1 if ranks else None,
+            "world_size": max((o.rank + 1 for o in objects if o.rank is not None), default=None),
             "stored_bytes": sum(e.stored_bytes for e in entries),
         }
     return InspectResult(

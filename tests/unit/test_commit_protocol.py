@@ -482,7 +482,7 @@ def test_verify_reports_a_damaged_metadata_copy_and_load_still_works(
 def test_commit_steps_run_together_report_the_earlier_steps_failure() -> None:
     # Two commit steps run at once; where both fail, the error is the one the first step
     # raised when they ran in order (a missing object before a marker read's refusal).
-    from s3ckpt._commit import together as _together
+    from s3ckpt._commit import at_once as _together
 
     def first() -> None:
         raise ValueError("first")
