@@ -748,9 +748,7 @@ class Harness(TrustClasses, LifeClasses):
             except CAUGHT as exc:
                 t.violate("committed_unloadable", f"{p}s3ckpt.json unreadable: {exc}")
                 continue
-            allowed.add(p + m.metadata_key)
-            allowed |= {p + o.name for o in m.objects}
-            allowed |= {p + m.items_ref.name} if m.items_ref else set()
+            allowed |= {p + n for n, _, _ in m.controls} | {p + o.name for o in m.objects}
             plain = p + ".metadata"
             if m.metadata_key != ".metadata" and plain in keys:
                 if self.s3.get(bucket, plain) != self.s3.get(bucket, p + m.metadata_key):

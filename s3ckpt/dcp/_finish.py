@@ -190,7 +190,7 @@ class SaveCommit:
         """
         prefix = self.url.prefix
         wanted = [(manifest.object_key(prefix, o.name), o.name, o.size) for o in manifest.objects]
-        control = [(self.url.key(n), n, size) for n, size in _control(manifest)]
+        control = [(self.url.key(n), n, size) for n, size, _ in manifest.controls]
         if manifest.layout is None:
             sizes = {o.key: o.size for o in self.store.list(prefix)}
         else:
@@ -415,9 +415,9 @@ class SaveCommit:
         its own layout put them)."""
         prefix = self.url.prefix
         keep = {current.object_key(prefix, o.name) for o in current.objects}
-        keep |= {self.url.key(n) for n, _ in [*_control(current), (METADATA_NAME, 0)]}
+        keep |= {self.url.key(n) for n, _, _ in current.controls} | {self.url.key(METADATA_NAME)}
         keys = [previous.object_key(prefix, o.name) for o in previous.objects]
-        keys += [self.url.key(n) for n, _ in _control(previous)]
+        keys += [self.url.key(n) for n, _, _ in previous.controls]
         if previous.tag != current.tag:
             keys += [
                 self.url.key(heartbeat_name(previous.tag, r)) for r in range(previous.world_size)
@@ -451,16 +451,6 @@ class SaveCommit:
         self.left_behind = bool(failures)
         if failures:
             log.error("%s", format_leftovers([f.key for f in failures]))
-
-
-def _control(manifest: Manifest) -> list[tuple[str, int]]:
-    """The names and sizes of the save's objects beside its data that the marker commits:
-    its ``.metadata.{tag}`` and (format 4) its item records."""
-    ref = manifest.items_ref
-    return [
-        (manifest.metadata_key, manifest.metadata_size),
-        *([(ref.name, ref.size)] if ref else []),
-    ]
 
 
 def delete_own(store: ObjectStore, url: StoreURL, keys: list[str]) -> DeleteFailures:

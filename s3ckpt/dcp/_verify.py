@@ -70,11 +70,8 @@ def verify_objects(store: ObjectStore, url: StoreURL, manifest: Manifest) -> Non
         StoreError: A read failed after its retries.
     """
     items = manifest_items(manifest, lambda i: repr(i.fqn))
-    control = [(manifest.metadata_key, manifest.metadata_size, manifest.metadata_crc32c)]
-    if (ref := manifest.items_ref) is not None:
-        control.append((ref.name, ref.size, ref.crc32c))
-    items += [Item(name, 0, size, crc, name) for name, size, crc in control]
-    names = {name for name, _, _ in control}
+    items += [Item(name, 0, size, crc, name) for name, size, crc in manifest.controls]
+    names = {name for name, _, _ in manifest.controls}
 
     def key_of(name: str) -> str:
         return url.key(name) if name in names else manifest.object_key(url.prefix, name)

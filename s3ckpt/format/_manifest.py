@@ -175,10 +175,17 @@ class Manifest:
         return object_key(prefix, name, self.layout)
 
     @property
+    def controls(self) -> tuple[tuple[str, int, int], ...]:
+        """``(name, size, crc32c)`` of each object beside the data that the marker commits:
+        the ``.metadata`` it names and (format 4) the item records."""
+        meta = (self.metadata_key, self.metadata_size, self.metadata_crc32c)
+        ref = self.items_ref
+        return (meta,) if ref is None else (meta, (ref.name, ref.size, ref.crc32c))
+
+    @property
     def total_bytes(self) -> int:
-        """Bytes in data objects plus metadata (and the item records' object)."""
-        extra = self.items_ref.size if self.items_ref is not None else 0
-        return sum(o.size for o in self.objects) + self.metadata_size + extra
+        """Bytes in data objects plus those beside them (:attr:`controls`)."""
+        return sum(o.size for o in self.objects) + sum(size for _, size, _ in self.controls)
 
     @property
     def tag(self) -> str:

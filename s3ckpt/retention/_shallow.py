@@ -161,8 +161,7 @@ def find_runs(store: ObjectStore, root: StoreURL, pattern: StepPatternLike | Non
 
 def committed_keys(prefix: str, manifest: Manifest) -> Iterator[tuple[str, int]]:
     """The keys a marker commits (the marker aside) with their sizes."""
-    yield prefix + manifest.metadata_key, manifest.metadata_size
-    if (ref := manifest.items_ref) is not None:
-        yield prefix + ref.name, ref.size
+    for name, size, _ in manifest.controls:
+        yield prefix + name, size
     for o in manifest.objects:
         yield manifest.object_key(prefix, o.name), o.size

@@ -259,8 +259,7 @@ def _objects(location: Location) -> CheckpointRestore:
     keys: Iterable[str] = sorted(listed)
     if marker is not None:
         manifest = Manifest.from_json(store.get(marker.key), where=marker.key)
-        names = {url.key(METADATA_NAME), url.key(manifest.metadata_key)}
-        names |= {url.key(manifest.items_ref.name)} if manifest.items_ref else set()
+        names = {url.key(n) for n, _, _ in manifest.controls} | {url.key(METADATA_NAME)}
         keys = sorted(names | {manifest.object_key(url.prefix, o.name) for o in manifest.objects})
     infos = ((key, listed.get(key) or store.head(key)) for key in keys)  # a shard: a HEAD
     # (None: a .metadata copy that is not there, the plain one of an old save)

@@ -40,12 +40,7 @@ def _save(url: str, sd: dict, proxy: FaultProxy, **kw: object) -> S3StorageWrite
 def _committed_keys(s3_client, bucket: str, prefix: str) -> set[str]:  # type: ignore[no-untyped-def]
     raw = s3_client.get_object(Bucket=bucket, Key=prefix + MANIFEST_NAME)["Body"].read()
     m = Manifest.from_json(raw)
-    names = {
-        m.metadata_key,
-        METADATA_NAME,
-        MANIFEST_NAME,
-        *([m.items_ref.name] if m.items_ref else []),
-    }
+    names = {METADATA_NAME, MANIFEST_NAME, *(n for n, _, _ in m.controls)}
     return {prefix + n for n in names} | {m.object_key(prefix, o.name) for o in m.objects}
 
 
