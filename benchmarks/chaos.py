@@ -138,6 +138,8 @@ def keyclass(op: str, key: str) -> str:
         return "metadata_tag"
     if base.startswith("s3ckpt.alive."):
         return "heartbeat"
+    if base.startswith("s3ckpt.items."):
+        return "items"
     if base.endswith(".distcp"):
         return "data"
     if base == "s3ckpt.latest.json":
@@ -931,7 +933,7 @@ class Harness(TrustClasses, LifeClasses):
         if self.quick:  # fixed points, no recording needed
             det = [
                 (k, {"mode": "request", "op": "PutObject", "kc": kc, "k": 1, "phase": "after"})
-                for k, kc in (("ckpt", "metadata_tag"), ("ckpt", "marker"))
+                for k, kc in (("ckpt", "metadata_tag"), ("ckpt", "items"), ("ckpt", "marker"))
             ]
             det.append(
                 (

@@ -62,6 +62,7 @@ CASES = [
         ("CompleteMultipartUpload", "*.distcp", None),
         ("PutObject", "*.distcp", None),  # a small object in one PUT
         ("PutObject", "*/.metadata.*", None),
+        ("PutObject", "*/s3ckpt.items.*", None),  # the item records, beside .metadata.{tag}
         *AROUND_COMMIT,
     ]
 ] + [(*case, True) for case in AROUND_COMMIT]
