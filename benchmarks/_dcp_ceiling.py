@@ -83,17 +83,8 @@ def measure_shaped_limit(
     object_mib, _, phase_mib = limit_sizes(size_mib, shape, clients)
     t0 = time.perf_counter()
     res = ceiling.shaped_limit(sim, bucket, prefix, clients, object_mib, phase_mib)
-    return {
-        "put_mb_per_s": res["put"]["mb_per_s"],
-        "get_mb_per_s": res["get"]["mb_per_s"],
-        "object_mib": object_mib,
-        "total_mib": res["total_mib"],
-        "clients": clients,
-        "checksum": res["checksum"],
-        "retried_503": res["put"]["retried_503"] + res["get"]["retried_503"],
-        "measure_s": round(time.perf_counter() - t0, 2),
-        "detail": res,
-    }
+    retried = res["put"]["retried_503"] + res["get"]["retried_503"]
+    return _result(res, object_mib, clients, t0, checksum=res["checksum"], retried_503=retried)
 
 
 def measure_ceiling(size_mib: int, shape: str, clients: int = 2) -> dict[str, Any]:
@@ -106,13 +97,21 @@ def measure_ceiling(size_mib: int, shape: str, clients: int = 2) -> dict[str, An
 
     object_mib, total_mib = ceiling_sizes(size_mib, shape)
     t0 = time.perf_counter()
-    res = ceiling.run(clients, object_mib, total_mib, 0, 4)
+    return _result(ceiling.run(clients, object_mib, total_mib, 0, 4), object_mib, clients, t0)
+
+
+def _result(
+    res: dict[str, Any], object_mib: int, clients: int, t0: float, **extra: Any
+) -> dict[str, Any]:
+    """What both measurements report: the PUT and GET rates, the sizes, ``extra``, the wall
+    time since ``t0`` and the tool's own result under ``detail``."""
     return {
         "put_mb_per_s": res["put"]["mb_per_s"],
         "get_mb_per_s": res["get"]["mb_per_s"],
         "object_mib": object_mib,
         "total_mib": res["total_mib"],
         "clients": clients,
+        **extra,
         "measure_s": round(time.perf_counter() - t0, 2),
         "detail": res,
     }

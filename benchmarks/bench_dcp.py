@@ -582,46 +582,53 @@ def _own_cpu_seconds(server: MotoServer | None) -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + srv
 
 
-def _run_ceiling(args: argparse.Namespace, when: str, sample: Any) -> dict[str, Any]:
-    """s3sim's ceiling now (``_dcp_ceiling``), with the machine state before it."""
+def _measured(label: str, when: str, sample: Any, measure: Any, describe: Any) -> dict[str, Any]:
+    """One limit measured now (``measure()``), with the machine state before it, its line
+    printed (``describe(result)``); a failed one is reported as ``error`` (the backends are
+    still reported without it)."""
     machine = sample()
     try:
-        c = measure_ceiling(args.size_mib, args.shape, args.ceiling_clients)
-    except Exception as e:  # a benchmark without its ceiling still reports the backends
+        c = measure()
+    except Exception as e:
         c = {"error": f"{type(e).__name__}: {e}"}
     c.update(when=when, busy=machine["busy"], machine=machine)
-    if "error" in c:
-        print(f"[ceiling {when}] ERROR {c['error']}", file=sys.stderr, flush=True)
-    else:
-        print(f"[ceiling {when}] PUT {c['put_mb_per_s']:.0f} MB/s GET {c['get_mb_per_s']:.0f} "
-              f"MB/s ({c['object_mib']} MiB objects, {c['total_mib']} MiB, "
-              f"{c['measure_s']:.1f}s){_machine_txt(machine)}", file=sys.stderr, flush=True)
+    text = f"ERROR {c['error']}" if "error" in c else describe(c) + _machine_txt(machine)
+    print(f"[{label} {when}] {text}", file=sys.stderr, flush=True)
     return c
+
+
+def _run_ceiling(args: argparse.Namespace, when: str, sample: Any) -> dict[str, Any]:
+    """s3sim's ceiling now (``_dcp_ceiling``), with the machine state before it."""
+    return _measured(
+        "ceiling", when, sample,
+        lambda: measure_ceiling(args.size_mib, args.shape, args.ceiling_clients),
+        lambda c: (f"PUT {c['put_mb_per_s']:.0f} MB/s GET {c['get_mb_per_s']:.0f} MB/s "
+                   f"({c['object_mib']} MiB objects, {c['total_mib']} MiB, "
+                   f"{c['measure_s']:.1f}s)"),
+    )
 
 
 def _run_shaped_limit(args: argparse.Namespace, when: str, sample: Any, server: SimServer,
                       client: Any, bucket: str) -> dict[str, Any]:
     """The shaped lean-client limit now (``_dcp_ceiling``) through the benchmark's own server,
     under ``bucket/_shaped-limit/...`` (deleted after), with the machine state before it."""
-    machine = sample()
     prefix = f"_shaped-limit/{when}-{uuid.uuid4().hex[:8]}"
-    try:
-        c = measure_shaped_limit(server.sim, bucket, prefix, args.size_mib, args.shape,
-                                 args.limit_clients)
-    except Exception as e:  # the backends are still reported without it
-        c = {"error": f"{type(e).__name__}: {e}"}
-    finally:
-        with contextlib.suppress(Exception):
-            _delete_prefix(client, bucket, prefix + "/")
-    c.update(when=when, busy=machine["busy"], machine=machine)
-    if "error" in c:
-        print(f"[shaped limit {when}] ERROR {c['error']}", file=sys.stderr, flush=True)
-    else:
-        print(f"[shaped limit {when}] PUT {c['put_mb_per_s']:.0f} MB/s GET "
-              f"{c['get_mb_per_s']:.0f} MB/s ({c['clients']} clients, {c['object_mib']} MiB "
-              f"bodies + CRC32C, {c['total_mib']} MiB, 503s retried {c['retried_503']}, "
-              f"{c['measure_s']:.1f}s){_machine_txt(machine)}", file=sys.stderr, flush=True)
-    return c
+
+    def measure() -> dict[str, Any]:
+        try:
+            return measure_shaped_limit(server.sim, bucket, prefix, args.size_mib, args.shape,
+                                        args.limit_clients)
+        finally:
+            with contextlib.suppress(Exception):
+                _delete_prefix(client, bucket, prefix + "/")
+
+    return _measured(
+        "shaped limit", when, sample, measure,
+        lambda c: (f"PUT {c['put_mb_per_s']:.0f} MB/s GET {c['get_mb_per_s']:.0f} MB/s "
+                   f"({c['clients']} clients, {c['object_mib']} MiB bodies + CRC32C, "
+                   f"{c['total_mib']} MiB, 503s retried {c['retried_503']}, "
+                   f"{c['measure_s']:.1f}s)"),
+    )
 
 
 def _stored(client: Any, bucket: str, prefix: str) -> dict[str, Any]:
