@@ -149,10 +149,13 @@ class SaveCommit:
             layout=self.layout,
         )
         manifest, items_bytes = manifest.split_items(items_name(tag))
+        items_crc = manifest.items_ref.crc32c if manifest.items_ref else None  # computed once
         beat = Heartbeat(self.store, self.url, tag, self.rank, self.step).beat
         try:
             at_once(
-                lambda: at_once(beat, lambda: self.store.put(records, items_bytes)),
+                lambda: at_once(
+                    beat, lambda: self.store.put(records, items_bytes, crc32c=items_crc)
+                ),
                 lambda: self.store.put(
                     self.url.key(meta_name), meta_bytes, crc32c=manifest.metadata_crc32c
                 ),
