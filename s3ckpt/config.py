@@ -55,8 +55,8 @@ tensors, 16 cores): 144 MiB in flight saves as fast as 224 and 240 (``benchmarks
 docs/performance.md), with a peak RSS well under 256 MiB above the state dict."""
 
 READ_CONCURRENCY_FACTOR = 2
-"""A load's ranged GETs run on this many times the derived connections
-(:attr:`TransferConfig.read_concurrency`)."""
+"""A load's ranged GETs and a save's part uploads run on this many times the derived
+connections (:attr:`TransferConfig.read_concurrency`)."""
 
 
 class _Unchosen(int):
@@ -185,8 +185,9 @@ class TransferConfig:
 
     Connections: one per :data:`CONNECTION_MBPS` (90 MB/s, AWS's figure) of
     :attr:`target_throughput_gbps`, so the default 10 Gbit/s is 1,250 MB/s on
-    ``ceil(1250 / 90) =`` **14** threads (and pooled HTTP connections) per rank, unless
-    :attr:`max_concurrency` is given. :attr:`concurrency` is the number in force.
+    ``ceil(1250 / 90) =`` **14** threads (and pooled HTTP connections) per rank, and the
+    data's transfers (part uploads, ranged GETs) on twice that, :attr:`read_concurrency`,
+    unless :attr:`max_concurrency` is given. :attr:`concurrency` is the number in force.
 
     Memory: a saving rank holds at most ``max_inflight_bytes + part_size`` bytes of
     upload buffers above the state dict itself (the buffers are reused, never more are
@@ -197,8 +198,9 @@ class TransferConfig:
     10,000 parts gets a larger part, :meth:`part_size_for`, and the bound grows with it to
     ``max(max_inflight_bytes, part) + part``.)
 
-    A loading rank reads on :attr:`read_concurrency` connections (28 by default) and
-    streams object bodies straight into destination tensors in ``read_chunk_size`` pieces;
+    A save's part uploads and a load's ranged GETs run on :attr:`read_concurrency`
+    connections (twice the derived ones: 28 by default). A loading rank streams object
+    bodies straight into destination tensors in ``read_chunk_size`` pieces;
     an item that must be decoded or resharded (a slice of a saved chunk, a foreign
     ``torch.save`` item, a non-tensor item) is buffered whole, so the extra memory on load
     is at most :attr:`read_concurrency` such items plus ``read_concurrency *
@@ -215,10 +217,11 @@ class TransferConfig:
     size automatically (see :meth:`part_size_for`)."""
 
     max_concurrency: int = _DERIVE
-    """Threads per rank for part uploads and ranged GETs; the HTTP connection pool is
-    sized to match. Default: derived from :attr:`target_throughput_gbps` (14 for
-    10 Gbit/s); a value given here wins. Read :attr:`concurrency` for the number in
-    force (this field holds it too)."""
+    """Threads per rank for requests; the HTTP connection pool is sized to match.
+    Default: derived from :attr:`target_throughput_gbps` (14 for 10 Gbit/s), and part
+    uploads and ranged GETs run on twice that (:attr:`read_concurrency`); a value given
+    here wins for all of them. Read :attr:`concurrency` for the number in force (this
+    field holds it too)."""
 
     max_inflight_bytes: int = _DERIVE
     """Upload buffers (filled, uploading or waiting) per rank. Must hold at least one
@@ -396,18 +399,21 @@ class TransferConfig:
 
     @property
     def read_concurrency(self) -> int:
-        """Threads (and HTTP connections) of a load's ranged GETs per rank: twice
-        :attr:`concurrency` when that is derived (28 for 10 Gbit/s; at most
-        :data:`MAX_DERIVED_CONCURRENCY`), else the ``max_concurrency`` given.
+        """Threads (and HTTP connections) per rank that move a checkpoint's data: a load's
+        ranged GETs and a save's part uploads (``dcp.save``, ``export``, accelerate's
+        ``save_model``). Twice :attr:`concurrency` when that is derived (28 for 10 Gbit/s;
+        at most :data:`MAX_DERIVED_CONCURRENCY`), else the ``max_concurrency`` given.
 
-        Why more than a save: a GET's first byte takes ~30 ms on S3 and a connection carries
-        ~85 MB/s at best, so ``target / 90 MB/s`` connections reach the target only if every
-        request streams at full speed from its first millisecond; the AWS CRT opens about
-        as many (10 per 4 Gbit/s). A load needs no buffers for them (bytes land in the
-        destination tensors), so the only cost is threads and sockets. Measured on s3sim's
-        S3 shaping (1 GiB, 16 cores): 14 connections load at ~800 MB/s, 28 at ~1,200,
-        40 at ~1,600; saves gain nothing past 14 (their bottleneck is the writing thread),
-        so they keep :attr:`concurrency`."""
+        Why more than ``target / 90 MB/s``: every request's first byte takes ~30 ms on S3
+        and a connection carries ~85 MB/s at best, so that many connections reach the
+        target only if every request streams at full speed from its first millisecond; the
+        AWS CRT opens about as many (10 per 4 Gbit/s). Neither side needs buffers for the
+        extra connections (a load's bytes land in the destination tensors; a save's extra
+        parts go from the tensors' own memory, its pool of buffers stays
+        :attr:`max_inflight_bytes`), so the cost is threads and sockets. Measured on s3sim's
+        S3 shaping (1 GiB, 2 cores, ``dcp.save`` / ``dcp.load``): loads 14 connections
+        ~800 MB/s, 28 ~1,200; saves 14 ~630 MB/s, 20 ~700-750, 28 ~700-750 (large5) and
+        ~560-620 against ~660-750 (mix; docs/performance.md)."""
         n = int(self.max_concurrency)
         if type(self.max_concurrency) is _Unchosen:
             return max(n, min(MAX_DERIVED_CONCURRENCY, READ_CONCURRENCY_FACTOR * n))

@@ -121,6 +121,7 @@ class ObjectSink(io.RawIOBase):
         self._buf: bytearray | None = None
         self._buf_view = memoryview(b"")
         self._fill = self._pos = self._part_no = 0
+        self._cap = 0  # where the current buffer's part is cut (Uploader.next_part_size)
         self._upload: Future[str] | None = None
         self._parts: list[Future[CompletedPart]] = []
         # _item_run: bytes folded into _item_crc since the item's last borrowed part;
@@ -159,7 +160,7 @@ class ObjectSink(io.RawIOBase):
                 self._pos += n
                 return n
         fill = self._fill
-        if self._buf is not None and n < len(self._buf) - fill:
+        if self._buf is not None and n < self._cap - fill:
             # The common case (torch's zip writer makes ~40 small writes per item): one copy,
             # no part boundary. The item CRC is folded later over the buffer, in one call per
             # item or part instead of one per write.
@@ -179,33 +180,33 @@ class ObjectSink(io.RawIOBase):
                 self._buf = self._up.take_buffer()
                 self._buf_view = memoryview(self._buf)
                 self._fill = self._crc_from = 0
-            take = min(n - off, len(self._buf) - self._fill)
+                self._cap = self._up.next_part_size(self._part_no)
+            take = min(n - off, self._cap - self._fill)
             # Through a memoryview: ``bytearray[a:b] = view`` first copies ``view`` into a
             # temporary bytearray (CPython), a second copy of every byte saved into freshly
             # allocated (page-faulting) memory.
             self._buf_view[self._fill : self._fill + take] = view[off : off + take]
             self._fill += take
             off += take
-            if self._fill == len(self._buf):
+            if self._fill == self._cap:
                 self._flush_part()
 
     def _write_borrowed(self, view: memoryview, hold: object) -> None:
         """Upload whole parts of ``view`` from its own memory (see the class docs)."""
-        part_size = self._up.part_size
         n = view.nbytes
         off = 0
         if self._buf is not None and self._fill:
-            off = len(self._buf) - self._fill  # top up the current part first
+            off = self._cap - self._fill  # top up the current part first
             self._copy(view[:off])
-        while n - off >= part_size:
-            segment = view[off : off + part_size]
+        while n - off >= (size := self._up.next_part_size(self._part_no)):
+            segment = view[off : off + size]
             crc = PartCrc()
             if self._in_item:
                 self._fold_crc()
-                self._item_pieces += [(self._item_crc, self._item_run), (crc, part_size)]
+                self._item_pieces += [(self._item_crc, self._item_run), (crc, size)]
                 self._item_crc = self._item_run = 0
             self._submit_part(segment, hold=hold, crc=crc)
-            off += part_size
+            off += size
         if off < n:
             self._copy(view[off:])
 

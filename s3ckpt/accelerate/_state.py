@@ -306,7 +306,7 @@ def write_model_files(
         store,
         part_size=part_size,
         n_buffers=transfer_config.upload_buffers(part_size),
-        max_concurrency=transfer_config.max_concurrency,
+        max_concurrency=transfer_config.read_concurrency,
     )
     try:
         for filename, shard in shards.items():

@@ -295,8 +295,9 @@ class S3StorageWriter(Located, StorageWriter):
             self.store,
             part_size=part_size,
             n_buffers=tc.upload_buffers(part_size),
-            max_concurrency=tc.concurrency,
+            max_concurrency=tc.read_concurrency,  # a save's connections are a load's
             rank=rank,
+            expected_bytes=sum(sizes),
         )
         results: list[WriteResult] = []
         crcs: list[tuple[S3StorageInfo, ItemCrc]] = []  # some finished by the upload threads

@@ -405,7 +405,7 @@ def _uploading(store: ObjectStore, tc: TransferConfig, part_size: int) -> Iterat
     with the exception)."""
     n_buffers = tc.upload_buffers(part_size)
     up = Uploader(
-        store, part_size=part_size, n_buffers=n_buffers, max_concurrency=tc.max_concurrency
+        store, part_size=part_size, n_buffers=n_buffers, max_concurrency=tc.read_concurrency
     )
     try:
         yield up

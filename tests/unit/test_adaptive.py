@@ -463,6 +463,46 @@ def test_an_explicit_concurrency_is_also_the_read_concurrency() -> None:
     assert TransferConfig(target_throughput_gbps=400.0).read_concurrency == MAX_DERIVED_CONCURRENCY
 
 
+@pytest.mark.parametrize(
+    ("tc", "want"),
+    [
+        (TransferConfig(part_size=5 * MiB, target_throughput_gbps=2.0), 6),  # 3 derived, twice
+        (TransferConfig(part_size=5 * MiB, max_concurrency=4), 4),  # given: wins
+    ],
+)
+def test_a_save_uploads_its_parts_on_the_read_concurrency(tc: TransferConfig, want: int) -> None:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from s3ckpt import S3StorageWriter
+    from s3ckpt.store import MemoryStore
+
+    class Counting(MemoryStore):
+        """Notes the most part uploads in flight at once (each held 20 ms)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.now = self.most = 0
+            self.lock = threading.Lock()
+
+        def upload_part(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            time.sleep(0.02)
+            with self.lock:
+                self.now -= 1
+            return super().upload_part(*args, **kwargs)
+
+    assert tc.read_concurrency == want
+    store = Counting()
+    state = {"w": torch.ones(12 * 5 * MiB // 4)}  # 12 parts of one tensor, from its memory
+    dcp.save(
+        state, storage_writer=S3StorageWriter("s3://memory/r/s", store=store, transfer_config=tc)
+    )
+    assert store.most == want
+
+
 @pytest.mark.parametrize("gbps", [0.01, 1.0, 5.0, 25.0, 100.0, 400.0])
 @pytest.mark.parametrize("part_mib", [5, 8, 16, 32, 64, 100, 128])
 def test_derived_buffers_stay_within_the_bound(gbps: float, part_mib: int) -> None:

@@ -11,6 +11,7 @@ import tracemalloc
 import weakref
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,12 +121,14 @@ class _RecordingStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self._addresses: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}  # part number -> body size
         self.release = threading.Event()
         self.release.set()
 
     def upload_part(self, key, upload_id, part_number, data, *, crc32c=None):  # type: ignore[no-untyped-def]
         view = memoryview(data).cast("B")
         self._addresses[part_number] = np.frombuffer(view, dtype=np.uint8).ctypes.data
+        self.sizes[part_number] = view.nbytes
         assert self.release.wait(10)
         return super().upload_part(key, upload_id, part_number, data, crc32c=crc32c)
 
@@ -162,6 +165,31 @@ def test_a_large_held_buffer_is_uploaded_from_its_own_memory() -> None:
         lo, hi = source.ctypes.data, source.ctypes.data + source.nbytes
         inside = [lo <= a < hi for a in store.part_addresses]
         assert inside == [False, True, True, True, False]
+    finally:
+        up.close()
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["borrowed", "copied"])
+def test_the_last_parts_are_cut_smaller(held: bool) -> None:
+    # 6 MiB parts, a save of 6 + 40 MiB: full parts while the bytes not yet cut fill
+    # TAIL_SHARE (4) of them, then that remainder shared among 4, down to 5 MiB; every part
+    # but the last at least 5 MiB (S3's minimum), the bytes and CRC32C unchanged.
+    part = 6 * MiB
+    store = _RecordingStore()
+    total = 46 * MiB + len(b"header")
+    up = Uploader(store, part_size=part, n_buffers=2, max_concurrency=2, expected_bytes=total)
+    try:
+        source = np.random.default_rng(1).integers(0, 255, 40 * MiB, dtype=np.uint8)
+        sink = ObjectSink(up, "obj")
+        sink.write(bytes(6 * MiB))
+        crc, _ = _watched_write(sink, source, hold=source if held else None)
+        sink.close()
+        up.finish()
+        assert store.get("obj") == bytes(6 * MiB) + b"header" + source.tobytes()
+        assert crc.value() == crc32c(b"header" + source.tobytes())
+        sizes = [store.sizes[n] for n in sorted(store.sizes)]
+        assert sizes[:4] == [part] * 4 and sizes == sorted(sizes, reverse=True)
+        assert 5 * MiB in sizes and min(sizes[:-1]) >= 5 * MiB and sum(sizes) == total
     finally:
         up.close()
 
