@@ -4,7 +4,8 @@
 #            (unless trainer_may_prune); never write pins or the pruner's lease.
 #   pruner   list, read and delete under the prefix; every write is explicitly denied except
 #            its lease objects ({run}/s3ckpt.lease, a conditional PUT that keeps two pruners
-#            from racing) and the plain {checkpoint}/.metadata copy that gc rolls forward.
+#            from racing, and the capability probe beside it, {run}/s3ckpt.lease.probe-<id>)
+#            and the plain {checkpoint}/.metadata copy that gc rolls forward.
 #   neither  writes pins ({checkpoint}/s3ckpt.pin.json): `s3ckpt pin` is an operator action.
 #
 # s3ckpt's request -> IAM action map (S3 authorises multipart parts as s3:PutObject):

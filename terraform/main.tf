@@ -13,10 +13,14 @@ locals {
   objects_arn = "${local.bucket_arn}/${local.prefix}*"
   # s3ckpt's lease: the retention pruner takes it with a conditional PUT (If-None-Match: *,
   # then If-Match to renew and release) at {run}/s3ckpt.lease. A run may be the prefix itself
-  # or any path below it. These are the only keys the pruner may write.
+  # or any path below it. Before its first lease a pruner process probes what the store
+  # enforces on a key of its own beside it, {run}/s3ckpt.lease.probe-<id>, and deletes it
+  # (never on the lease another pruner may hold). These are the only keys the pruner may write.
   lease_arns = [
     "${local.bucket_arn}/${local.prefix}s3ckpt.lease",
     "${local.bucket_arn}/${local.prefix}*/s3ckpt.lease",
+    "${local.bucket_arn}/${local.prefix}s3ckpt.lease.probe-*",
+    "${local.bucket_arn}/${local.prefix}*/s3ckpt.lease.probe-*",
   ]
   # The plain .metadata of a checkpoint: a copy of the committed .metadata.<tag> for stock DCP
   # readers, written after the commit marker. `s3ckpt gc` rolls a commit interrupted before

@@ -61,6 +61,10 @@ LATEST_NAME = "s3ckpt.latest.json"
 """Run-level pointer to the latest checkpoint (written by the Checkpointer)."""
 LEASE_NAME = "s3ckpt.lease"
 """Run-level pruner lease."""
+LEASE_PROBE = re.compile(re.escape(LEASE_NAME) + r"\.probe-[0-9a-f]{12}")
+"""The name of a capability probe made beside a run's lease (``s3ckpt.lease.probe-<id>``,
+:func:`s3ckpt.store._capabilities.probe_capabilities`), removed by the probe; one a
+silent store kept is gc's once older than the grace period."""
 CHECK_NAME = "s3ckpt.check.json"
 """Run-level record of what ``s3ckpt check`` found, per checkpoint (``ls`` reads it)."""
 PIN_NAME = "s3ckpt.pin.json"

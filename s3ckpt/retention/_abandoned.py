@@ -166,6 +166,8 @@ def gc(
     * leftovers in committed prefixes: per-save names of other, dead tags (a killed
       overwrite, a replaced save whose deletion was interrupted) and the committed save's
       heartbeats — never what the marker commits;
+    * capability probes a lease's acquisition left beside a run's lease
+      (``s3ckpt.lease.probe-<id>``: their delete failed) older than ``grace``;
     * it rolls forward committed checkpoints whose plain ``.metadata`` (the copy for stock
       DCP readers) is missing or stale, from the metadata the marker commits;
     * it finishes a dead pruner's deletions recorded in the run's lease (its intent log).
@@ -225,7 +227,7 @@ def gc(
             applied=False,
             uploads=tuple(found.uploads),
             abandoned=tuple(found.abandoned),
-            leftovers=tuple(found.leftovers),
+            leftovers=(*found.leftovers, *(k for cat in found_runs for k in cat.stale_probes)),
             stale_metadata=tuple(str(c.url) for c in found.stale),
             resumed=pending,
             notes=notes,
@@ -244,7 +246,7 @@ def gc(
         lease_wait = 0.0
         for cat in found_runs:
             mine = _Survey.of(cat.checkpoints, cutoff, settled)
-            if mine.empty and not owed[cat.run.prefix]:
+            if mine.empty and not owed[cat.run.prefix] and not cat.stale_probes:
                 continue
             waited = time.monotonic()
             try:
@@ -268,6 +270,7 @@ def gc(
                 # each committed marker; a prefix whose fence failed keeps its names.
                 unfenced = {k for c in work.reap if not _mark_reaped(deleter, c) for k in c.keys}
                 keys = [k for k in work.leftovers if k not in unfenced]
+                keys += fresh.stale_probes if fresh is not None else ()
                 bad = deleter.delete(keys, "leftovers")
                 leftovers_deleted += sum(1 for k in keys if k not in bad)
                 cleared = deleter.delete_checkpoints(work.abandoned, leftover_keys, lambda c: [])

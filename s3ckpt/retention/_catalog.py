@@ -339,6 +339,9 @@ class RunCatalog:
         check_error: Why the run's ``s3ckpt.check.json`` could not be read (a store error),
             when it could not: what a check found is then unknown (no checkpoint is marked
             damaged by it); ``ls`` and ``prune`` warn.
+        stale_probes: Capability probes a lease's acquisition left beside it (its delete
+            failed: :data:`~s3ckpt.format._names.LEASE_PROBE`), older than the grace period
+            (store time): gc deletes them.
     """
 
     run: StoreURL
@@ -346,6 +349,7 @@ class RunCatalog:
     has_lease: bool = False
     lease_modified: float | None = None
     check_error: str | None = None
+    stale_probes: tuple[str, ...] = ()
 
 
 def commit_time(saved: float | None, marker: float | None, created: float) -> datetime | None:

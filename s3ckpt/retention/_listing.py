@@ -14,6 +14,7 @@ from s3ckpt.format._names import (
     FAILED_PREFIX,
     HEARTBEAT_PREFIX,
     LEASE_NAME,
+    LEASE_PROBE,
     MANIFEST_NAME,
     METADATA_NAME,
     PIN_NAME,
@@ -79,16 +80,20 @@ def ckpt_dir(key: str) -> str | None:
 
 def group_listing(
     root: StoreURL, objects: Sequence[ObjectInfo], uploads: Sequence[UploadInfo]
-) -> tuple[dict[str, Group], dict[str, float | None]]:
-    """The checkpoint prefixes under ``root`` with what each holds, and the runs holding a
-    lease (their prefixes, with the lease's LastModified)."""
+) -> tuple[dict[str, Group], dict[str, float | None], dict[str, list[ObjectInfo]]]:
+    """The checkpoint prefixes under ``root`` with what each holds, the runs holding a
+    lease (their prefixes, with the lease's LastModified), and the capability probes left
+    beside a run's lease (:data:`~s3ckpt.format._names.LEASE_PROBE`), by run."""
     dirs = (ckpt_dir(k) for k in [*(o.key for o in objects), *(u.key for u in uploads)])
     groups = {d: Group() for d in dirs if d is not None and d.startswith(root.prefix)}
     runs_with_lease: dict[str, float | None] = {}
+    probes: dict[str, list[ObjectInfo]] = {}
     for obj in objects:
         base = obj.key.rpartition("/")[2]
         if base == LEASE_NAME and not in_shard_tree(obj.key):
             runs_with_lease[obj.key[: -len(base)]] = obj.last_modified
+        elif LEASE_PROBE.fullmatch(base) and not in_shard_tree(obj.key):
+            probes.setdefault(obj.key[: -len(base)], []).append(obj)
         g, name, tag = _place(groups, obj.key)
         if g is None:
             continue
@@ -118,7 +123,7 @@ def group_listing(
         if g is not None:
             g.uploads.append(up)
             g.touch(up.initiated, tag)
-    return groups, runs_with_lease
+    return groups, runs_with_lease, probes
 
 
 def _place(groups: Mapping[str, Group], key: str) -> tuple[Group | None, str | None, str | None]:

@@ -146,7 +146,7 @@ def catalogs(
     # None: the store has no ListMultipartUploads (one warning); heartbeats and mtimes
     # still tell liveness.
     uploads = (list_open_uploads(store, root.prefix) or []) if include_uploads else []
-    groups, runs_with_lease = group_listing(root, objects, uploads)
+    groups, runs_with_lease, probes = group_listing(root, objects, uploads)
 
     cutoff = (now - grace).timestamp()
     for g in groups.values():
@@ -176,7 +176,7 @@ def catalogs(
             info = dataclasses.replace(info, failed_at=utc(f[1]), failure=why[d])
         if info.state is not CheckpointState.GONE:  # a finished fence: never listed
             by_run.setdefault(run, []).append(info)
-    for run_prefix in runs_with_lease:
+    for run_prefix in [*runs_with_lease, *probes]:
         if run_prefix.startswith(root.prefix):
             by_run.setdefault(run_prefix, [])
     runs = [r for r, ckpts in by_run.items() if any(c.is_committed for c in ckpts)]
@@ -189,6 +189,9 @@ def catalogs(
             ),
             has_lease=r in runs_with_lease,
             lease_modified=runs_with_lease.get(r),
+            stale_probes=tuple(
+                o.key for o in probes.get(r, ()) if (o.last_modified or cutoff) < cutoff
+            ),
             check_error=rec if isinstance(rec := records.get(r), str) else None,
         )
         for r in sorted(by_run)

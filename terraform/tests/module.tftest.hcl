@@ -207,6 +207,8 @@ run "defaults" {
       s.Effect == "Deny" && contains(flatten([s.Action]), "s3:Put*") && toset(try(s.NotResource, [])) == toset([
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease.probe-*",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease.probe-*",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/.metadata",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.check.json",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.check.json",
@@ -219,7 +221,7 @@ run "defaults" {
   assert {
     condition = alltrue([
       for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
-      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json") || endswith(r, "/*/s3ckpt.json")])
+      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/s3ckpt.lease.probe-*") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json") || endswith(r, "/*/s3ckpt.json")])
       if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
     ])
     error_message = "the pruner's only allowed PutObject must be on lease keys, stock .metadata copies, check records and commit markers (fences)"
@@ -267,6 +269,8 @@ run "defaults" {
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.pin.json",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease.probe-*",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease.probe-*",
       ])
     ])
     error_message = "the trainer must be explicitly denied writing pins and the pruner's lease"
@@ -331,6 +335,8 @@ run "tiers" {
       s.Effect == "Deny" && contains(flatten([s.Action]), "s3:PutObject") && contains(flatten([s.Action]), "s3:RestoreObject") && toset(try(s.NotResource, [])) == toset([
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.lease.probe-*",
+        "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.lease.probe-*",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/.metadata",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/s3ckpt.check.json",
         "arn:aws:s3:::s3ckpt-unit-test/checkpoints/*/s3ckpt.check.json",
@@ -343,7 +349,7 @@ run "tiers" {
   assert {
     condition = alltrue([
       for s in jsondecode(aws_iam_role_policy.pruner.policy).Statement :
-      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json") || endswith(r, "/*/s3ckpt.json")])
+      alltrue([for r in flatten([s.Resource]) : endswith(r, "/s3ckpt.lease") || endswith(r, "/s3ckpt.lease.probe-*") || endswith(r, "/*/.metadata") || endswith(r, "/s3ckpt.check.json") || endswith(r, "/*/s3ckpt.json")])
       if s.Effect == "Allow" && contains(flatten([s.Action]), "s3:PutObject")
     ])
     error_message = "tagging gives the pruner no PutObject on checkpoint data"

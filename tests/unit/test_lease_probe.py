@@ -50,3 +50,35 @@ def test_the_probe_leaves_a_held_lease_alone() -> None:
     assert after is not None and before is not None and after.etag == before.etag
     holder.record_intent(["step_1"])  # a conditional write on our ETag: still ours
     assert not [k for k in store.objects if ".probe-" in k]  # the probe's key is removed
+
+
+def test_gc_deletes_a_probe_left_behind_once_past_the_grace_period() -> None:
+    # A silent store made the probe's own delete fail: the object stays beside the lease.
+    # gc takes it once older than the grace period (store time), never a younger one (a
+    # probe in flight), nor a name that only looks like one.
+    from datetime import UTC, datetime, timedelta
+
+    from s3ckpt.retention import RetentionOptions, gc
+    from s3ckpt.store import Location
+    from tests._retention_util import Clock, write_checkpoint
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    clock = Clock(t0)
+    store = MemoryStore("bkt", clock=clock)
+    write_checkpoint(store, RUN, 1, created=clock.t)
+    old, odd = "run/s3ckpt.lease.probe-0123456789ab", "run/s3ckpt.lease.probe-notours"
+    store.put(old, b"{}")
+    store.put(odd, b"{}")
+    clock.t += 600
+    young = "run/s3ckpt.lease.probe-ba9876543210"
+    store.put(young, b"{}")
+    location, options = (
+        Location.of(RUN, store=store),
+        RetentionOptions(now=t0 + timedelta(seconds=601), grace=timedelta(seconds=300)),
+    )
+    assert old in gc(location, options=options).leftovers  # the dry run names it
+    assert old in store.objects
+    gc(location, apply=True, options=options)
+    assert old not in store.objects
+    assert young in store.objects and odd in store.objects
+    assert "run/step_000000001/s3ckpt.json" in store.objects
