@@ -272,8 +272,8 @@ class TransferConfig:
     S3 answers in well under a second; raise it only for links that really pause this long.
 
     Every attempt also has a **total** deadline: ``read_timeout + bytes / min_rate`` for
-    the bytes it sends and receives (:meth:`attempt_timeout`). A reply that drips a byte
-    at a time (which a per-read timeout never ends) is cut there and retried."""
+    the bytes it sends and receives (:mod:`s3ckpt.store._deadline`). A reply that drips a
+    byte at a time (which a per-read timeout never ends) is cut there and retried."""
 
     min_rate: float = 256 * KiB
     """The slowest transfer, in bytes per second per connection, that counts as progress.
@@ -356,11 +356,6 @@ class TransferConfig:
             raise bad("request_deadline", "> 0 (seconds)")
         if not self.min_rate > 0:
             raise bad("min_rate", "> 0 (bytes per second)")
-
-    def attempt_timeout(self, nbytes: int = 0) -> float:
-        """The total deadline of one attempt that moves ``nbytes``: :attr:`read_timeout` +
-        ``nbytes`` / :attr:`min_rate` seconds."""
-        return self.read_timeout + max(nbytes, 0) / self.min_rate
 
     @property
     def cleanup_timeout(self) -> float:

@@ -299,7 +299,8 @@ class Uploader:
                 if crc is not None:
                     crc.value = value
                 part = self.store.upload_part(key, upload_id, part_no, body, crc32c=value)
-                self._count(body.nbytes)
+                with self._lock:
+                    self.bytes_uploaded += body.nbytes
                 return part
             finally:
                 if buffer is not None:
@@ -316,7 +317,8 @@ class Uploader:
             try:
                 view = memoryview(buffer)[:size] if buffer is not None else memoryview(b"")
                 self.store.put(key, view, crc32c=_crc.crc32c(view))
-                self._count(size)
+                with self._lock:
+                    self.bytes_uploaded += size
             finally:
                 if buffer is not None:
                     self.give_buffer(buffer)
@@ -347,10 +349,6 @@ class Uploader:
             self._done(key)
 
         return self.submit(complete, completer=True)
-
-    def _count(self, nbytes: int) -> None:
-        with self._lock:
-            self.bytes_uploaded += nbytes
 
     def _done(self, key: str) -> None:
         """Record a completed object (deleted again if the save fails)."""

@@ -2,7 +2,7 @@
 
 A socket's read timeout starts again with every byte, so a reply that drips a byte a
 second never times out. A :class:`Watch` gives an attempt a total deadline instead,
-``read_timeout + bytes / min_rate`` (``TransferConfig.attempt_timeout``), and one daemon
+``read_timeout + bytes / min_rate`` (``TransferConfig``'s two fields), and one daemon
 thread per process shuts down the sockets of a watch whose deadline passed, which wakes
 the thread blocked on them. The S3 client's connections register with the watch of the
 attempt running on their thread (:func:`current_watch`, :mod:`s3ckpt.store._client`);
