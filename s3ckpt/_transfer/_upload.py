@@ -254,8 +254,9 @@ class Uploader:
         (a 16 MiB part is ~0.25 s on S3, a 5 MiB one ~0.1 s), and on a busy machine the
         writing thread cuts the last parts one by one, copying small items: so the last
         parts are cut small. Always :attr:`part_size` when the save's size was not given,
-        or when the object could pass S3's 10,000 parts."""
-        if not self._tail_parts or part_no + self._tail_parts >= MAX_PARTS:
+        once more than it was sent (an estimate short of a large byte item: what is left is
+        unknown), or when the object could pass S3's 10,000 parts."""
+        if not self._tail_parts or self._left <= 0 or part_no + self._tail_parts >= MAX_PARTS:
             return self.part_size
         return min(self.part_size, max(MIN_PART_SIZE, self._left // TAIL_SHARE))
 

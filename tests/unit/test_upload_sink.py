@@ -194,6 +194,25 @@ def test_the_last_parts_are_cut_smaller(held: bool) -> None:
         up.close()
 
 
+def test_parts_are_whole_again_once_the_save_outgrows_its_estimate() -> None:
+    # The writer's estimate (12 MiB) falls short of the 40 MiB sent: parts shrink toward
+    # it, then, with what is left unknown, go back to full parts instead of 5 MiB ones.
+    part = 6 * MiB
+    store = _RecordingStore()
+    up = Uploader(store, part_size=part, n_buffers=2, max_concurrency=2, expected_bytes=12 * MiB)
+    try:
+        source = np.random.default_rng(2).integers(0, 255, 40 * MiB, dtype=np.uint8)
+        sink = ObjectSink(up, "obj")
+        _watched_write(sink, source, hold=source)
+        sink.close()
+        up.finish()
+        assert store.get("obj") == b"header" + source.tobytes()
+        sizes = [store.sizes[n] for n in sorted(store.sizes)]
+        assert sizes[0] < part and sizes[-2] == part and min(sizes[:-1]) >= 5 * MiB
+    finally:
+        up.close()
+
+
 def test_without_hold_the_same_buffer_is_copied() -> None:
     part = 5 * MiB
     store = _RecordingStore()
