@@ -284,12 +284,9 @@ class Manifest:
                     doc = json.loads(raw.decode("utf-8"))
                     if doc["format"] != ITEMS_FORMAT or doc["save_id"] != self.save_id:
                         raise ValueError("not this save's item records")
-                    if doc["item_fields"] != _ITEM_FIELDS:
-                        raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
-                    items = tuple(_item(row) for row in doc["items"])
+                    items = _items(doc, self.objects)
                     if len(items) != ref.count:
                         raise ValueError(f"{len(items)} records, the marker says {ref.count}")
-                    _check_items(items, self.objects)
                     return replace(self, items=items)
                 except (*_MALFORMED, UnicodeDecodeError) as exc:
                     problem = f"which is malformed ({type(exc).__name__}: {short(exc)})"
@@ -368,10 +365,7 @@ class Manifest:
             crc, count = int(as_str(ref["crc32c"]), 16), nonneg(ref["count"])
             items_ref = ItemsRef(name, nonneg(ref["size"]), crc, count)
         else:
-            if doc["item_fields"] != _ITEM_FIELDS:
-                raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
-            items = tuple(_item(row) for row in doc["items"])
-            _check_items(items, objects)
+            items = _items(doc, objects)
         meta_key = check_name(meta["key"], "metadata key")
         if meta_key != METADATA_NAME and not meta_key.startswith(METADATA_NAME + "."):
             raise ValueError(f"metadata key {meta_key!r} is not a .metadata object")
@@ -416,9 +410,12 @@ class Manifest:
 _MALFORMED = (LookupError, TypeError, ValueError, AttributeError, OverflowError, RecursionError)
 
 
-def _check_items(items: Sequence[ItemRecord], objects: Sequence[ObjectRecord]) -> None:
-    """Every item inside an object the marker lists (``ValueError`` naming the first that is
-    not)."""
+def _items(doc: dict[str, Any], objects: Sequence[ObjectRecord]) -> tuple[ItemRecord, ...]:
+    """The item rows of ``doc`` (a marker of format 3 or older, or an item-records object),
+    each inside an object the marker lists (``ValueError`` naming the first that is not)."""
+    if doc["item_fields"] != _ITEM_FIELDS:
+        raise ValueError(f"item_fields {doc['item_fields']!r} != {_ITEM_FIELDS!r}")
+    items = tuple(_item(row) for row in doc["items"])
     sizes = {o.name: o.size for o in objects}
     for item in items:
         size = sizes.get(item.object)
@@ -431,6 +428,7 @@ def _check_items(items: Sequence[ItemRecord], objects: Sequence[ObjectRecord]) -
             )
         if item.data_offset is not None and item.data_offset > item.length:
             raise ValueError(f"item {item.fqn!r} has data_offset past its end")
+    return items
 
 
 def _item(row: Sequence[Any]) -> ItemRecord:
