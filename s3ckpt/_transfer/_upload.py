@@ -300,8 +300,7 @@ class Uploader:
                 if crc is not None:
                     crc.value = value
                 part = self.store.upload_part(key, upload_id, part_no, body, crc32c=value)
-                with self._lock:
-                    self.bytes_uploaded += body.nbytes
+                self._count(body.nbytes)
                 return part
             finally:
                 if buffer is not None:
@@ -318,14 +317,17 @@ class Uploader:
             try:
                 view = memoryview(buffer)[:size] if buffer is not None else memoryview(b"")
                 self.store.put(key, view, crc32c=_crc.crc32c(view))
-                with self._lock:
-                    self.bytes_uploaded += size
+                self._count(size)
             finally:
                 if buffer is not None:
                     self.give_buffer(buffer)
             self._done(key)
 
         return self.submit(put)
+
+    def _count(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_uploaded += nbytes
 
     def send_complete(
         self, key: str, upload: Future[str], parts: list[Future[CompletedPart]]
