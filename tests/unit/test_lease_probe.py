@@ -82,3 +82,40 @@ def test_gc_deletes_a_probe_left_behind_once_past_the_grace_period() -> None:
     assert old not in store.objects
     assert young in store.objects and odd in store.objects
     assert "run/step_000000001/s3ckpt.json" in store.objects
+
+
+def test_a_lost_reply_of_gcs_delete_of_a_probe_is_settled_by_its_retry() -> None:
+    # The store deletes the stale probe, then the reply is lost: the retry finds nothing to
+    # delete (success), gc ends clean, and a second gc has nothing left to do.
+    from datetime import UTC, datetime, timedelta
+
+    from s3ckpt.errors import TransientStoreError
+    from s3ckpt.retention import RetentionOptions, gc
+    from s3ckpt.store import Location
+    from tests._retention_util import Clock, write_checkpoint
+
+    class LosesAReply(MemoryStore):
+        lost = 0
+
+        def delete(self, keys):  # type: ignore[no-untyped-def]
+            done = super().delete(keys)
+            if not self.lost and any(".probe-" in k for k in keys):
+                self.lost += 1
+                raise TransientStoreError("reply lost", bucket=self.bucket, key=keys[0])
+            return done
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    clock = Clock(t0)
+    store = LosesAReply("bkt", clock=clock)
+    write_checkpoint(store, RUN, 1, created=clock.t)
+    probe = "run/s3ckpt.lease.probe-0123456789ab"
+    store.put(probe, b"{}")
+    clock.t += 600
+    location = Location.of(RUN, store=store)
+    options = RetentionOptions(
+        now=t0 + timedelta(seconds=601), grace=timedelta(seconds=300), sleep=lambda _: None
+    )
+    result = gc(location, apply=True, options=options)
+    assert store.lost == 1 and probe not in store.objects
+    assert result.ok and result.leftovers_deleted == 1
+    assert gc(location, options=options).leftovers == ()
