@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from s3ckpt.errors import ConfigError
 
@@ -172,6 +172,18 @@ class S3Config:
         if (url := self.endpoint_url) is not None and not url.startswith(("http://", "https://")):
             raise ConfigError(f"S3Config.endpoint_url={url!r} must start with http:// or https://")
 
+    def sse_args(self, *, upload: bool) -> dict[str, Any]:
+        """A request's encryption (SSE-C on every request, SSE-KMS on uploads) and
+        storage-class arguments."""
+        args: dict[str, Any] = {}
+        if self.sse_customer_key is not None:
+            args |= {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": self.sse_customer_key}
+        elif upload and self.sse_kms_key_id is not None:
+            args |= {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": self.sse_kms_key_id}
+        if upload and self.storage_class is not None:
+            args["StorageClass"] = self.storage_class
+        return args
+
     def resolved_endpoint_url(self) -> str | None:
         """The endpoint in force: the field, else ``AWS_ENDPOINT_URL_S3`` /
         ``AWS_ENDPOINT_URL``, else ``None`` (AWS)."""
@@ -272,7 +284,7 @@ class TransferConfig:
     S3 answers in well under a second; raise it only for links that really pause this long.
 
     Every attempt also has a **total** deadline: ``read_timeout + bytes / min_rate`` for
-    the bytes it sends and receives (:mod:`s3ckpt.store._deadline`). A reply that drips a
+    the bytes it sends and receives (:mod:`s3ckpt.store._request`). A reply that drips a
     byte at a time (which a per-read timeout never ends) is cut there and retried."""
 
     min_rate: float = 256 * KiB

@@ -15,8 +15,7 @@ imports no torch.
 
 from __future__ import annotations
 
-from s3ckpt._transfer._plan import Request, coalesce, pack, read_piece_size
-from s3ckpt._transfer._sink import ItemCrc, ObjectSink
+from s3ckpt._transfer._sink import ItemCrc, ObjectSink, Request, coalesce, pack, read_piece_size
 from s3ckpt._transfer._upload import PartPool, Uploader, format_leftovers
 from s3ckpt._transfer._walk import RangeWalk, ReadFailure, Span, SpanReader
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar, cast
 
 from s3ckpt import _crc
-from s3ckpt._transfer._plan import Request, coalesce
+from s3ckpt._transfer._sink import Request, coalesce
 from s3ckpt.config import TransferConfig
 from s3ckpt.errors import CorruptCheckpointError, S3CkptError
 from s3ckpt.metrics.instrument import in_context

@@ -65,7 +65,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from s3ckpt.checkpointer._async import SaveHandle, SaveQueue
+from s3ckpt.checkpointer._async import SaveHandle, SaveQueue, apply_state_dict, collect_state_dict
 from s3ckpt.checkpointer._latest import Candidate, LatestPointer, load_newest_good
 from s3ckpt.checkpointer._ranks import RankGroup
 from s3ckpt.checkpointer._retention import (
@@ -73,7 +73,6 @@ from s3ckpt.checkpointer._retention import (
     RetentionRunner,
     resolve_policy,
 )
-from s3ckpt.checkpointer._state import apply_state_dict, collect_state_dict
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.dcp import SafeGlobal
 from s3ckpt.dcp.reader import S3StorageReader
@@ -87,9 +86,8 @@ from s3ckpt.errors import (
     TransientStoreError,
 )
 from s3ckpt.format import HashedPrefixes
-from s3ckpt.format._hashed import check_prefix_strategy
 from s3ckpt.format._manifest import Manifest, check_metrics
-from s3ckpt.format._names import MANIFEST_NAME, checkpoint_name
+from s3ckpt.format._names import MANIFEST_NAME, check_prefix_strategy, checkpoint_name
 from s3ckpt.metrics import instrument
 from s3ckpt.retention import CheckpointInfo, Policy, PruneResult, RetentionOptions, list_checkpoints
 from s3ckpt.retention._liveness import DEFAULT_GRACE

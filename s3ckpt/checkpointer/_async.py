@@ -6,6 +6,11 @@ CPU copy that is cached across saves (pinned when asked for), then uploaded by
 flight at a time: the next one waits for it to commit (``on_busy="wait"``) or is refused
 (``on_busy="raise"``). A failed async save sets its error on its handle and is raised once
 more, from the next call that settles the queue.
+
+The state dict a Checkpointer saves and loads, ``{"model", "optim", "train_state"}``
+(:func:`collect_state_dict`, :func:`apply_state_dict`), is built by torch's
+``get_state_dict`` / ``set_state_dict``, so plain modules, DDP, DTensor and FSDP2
+(``fully_shard``) all work.
 """
 
 from __future__ import annotations
@@ -26,12 +31,50 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from s3ckpt.dcp.writer import S3StorageWriter
-from s3ckpt.errors import SaveInProgressError, unwrap_checkpoint_exception
+from s3ckpt.errors import ConfigError, SaveInProgressError, unwrap_checkpoint_exception
 from s3ckpt.metrics import instrument
 
-__all__ = ["EXIT_WAIT_SECONDS", "SaveHandle", "SaveQueue"]
+__all__ = [
+    "EXIT_WAIT_SECONDS", "SaveHandle", "SaveQueue", "apply_state_dict", "collect_state_dict",
+]
+
+
+def collect_state_dict(model: Any, optimizer: Any, train_state: Any) -> dict[str, Any]:
+    """The state dict to save (or to load into): ``model``, ``optim`` when an optimizer is
+    given, ``train_state`` when a train state is given."""
+    sd: dict[str, Any] = {}
+    if optimizer is None:
+        sd["model"] = get_model_state_dict(model)
+    else:
+        sd["model"], sd["optim"] = get_state_dict(model, optimizer)
+    if train_state is not None:
+        fn = getattr(train_state, "state_dict", None)
+        if fn is None or not callable(getattr(train_state, "load_state_dict", None)):
+            raise ConfigError(
+                "train_state must have state_dict() and load_state_dict() (torch's Stateful); "
+                f"got {type(train_state).__name__}"
+            )
+        sd["train_state"] = fn()
+    return sd
+
+
+def apply_state_dict(sd: dict[str, Any], model: Any, optimizer: Any, train_state: Any) -> None:
+    """Put a loaded ``sd`` (from :func:`collect_state_dict`) back into its owners."""
+    if optimizer is None:
+        set_model_state_dict(model, sd["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    if train_state is not None:
+        train_state.load_state_dict(sd["train_state"])
+
 
 log = logging.getLogger("s3ckpt")
 

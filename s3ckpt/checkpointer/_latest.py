@@ -46,12 +46,12 @@ from s3ckpt.errors import (
     StoreError,
     unwrap_checkpoint_exception,
 )
-from s3ckpt.format._hashed import SHARDS_DIR
 from s3ckpt.format._names import (
     CHECK_NAME,
     LATEST_NAME,
     MANIFEST_NAME,
     METADATA_NAME,
+    SHARDS_DIR,
     checkpoint_name,
 )
 from s3ckpt.metrics.instrument import expecting

@@ -44,7 +44,6 @@ from s3ckpt.errors import (
     TransientStoreError,
 )
 from s3ckpt.format import HashedPrefixes
-from s3ckpt.format._hashed import object_key
 from s3ckpt.format._manifest import FORMAT_VERSION, ItemRecord, Manifest, ObjectRecord
 from s3ckpt.format._names import (
     MANIFEST_NAME,
@@ -52,6 +51,7 @@ from s3ckpt.format._names import (
     heartbeat_name,
     items_name,
     metadata_name,
+    object_key,
     save_tag,
 )
 from s3ckpt.metrics.instrument import expecting, in_context

@@ -27,9 +27,8 @@ from s3ckpt.errors import (
     S3CkptError,
     UncommittedCheckpointError,
 )
-from s3ckpt.format._hashed import SHARDS_DIR, shard_tag
 from s3ckpt.format._manifest import Manifest
-from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, owned_tag
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, SHARDS_DIR, owned_tag, shard_tag
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.store import ObjectStore
 from s3ckpt.uri import StoreURL

@@ -82,14 +82,17 @@ from s3ckpt.errors import (
     S3CkptError,
 )
 from s3ckpt.format import HashedPrefixes
-from s3ckpt.format._hashed import (
+from s3ckpt.format._manifest import Manifest, check_metrics
+from s3ckpt.format._names import (
+    MANIFEST_NAME,
     check_checkpoint_prefix,
     check_prefix_strategy,
+    data_name,
+    heartbeat_name,
     object_key,
+    save_tag,
     shard_name,
 )
-from s3ckpt.format._manifest import Manifest, check_metrics
-from s3ckpt.format._names import MANIFEST_NAME, data_name, heartbeat_name, save_tag
 from s3ckpt.metrics.instrument import Participant
 from s3ckpt.store import Location, ObjectStore
 from s3ckpt.store._capabilities import require_conditional_writes

@@ -26,6 +26,6 @@ This package needs neither torch nor boto3 (the retention cron imports it).
 
 from __future__ import annotations
 
-from s3ckpt.format._hashed import HashedPrefixes
+from s3ckpt.format._names import HashedPrefixes
 
 __all__ = ["HashedPrefixes"]

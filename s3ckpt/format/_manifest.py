@@ -28,16 +28,18 @@ from s3ckpt import _crc
 from s3ckpt._gc_pause import gc_paused
 from s3ckpt._scalars import metric_scalar
 from s3ckpt.errors import ConfigError, CorruptCheckpointError
-from s3ckpt.format._hashed import HashedPrefixes, object_key, shard_tag
 from s3ckpt.format._names import (
     ITEMS_PREFIX,
     MANIFEST_NAME,
     METADATA_NAME,
     TAG_LEN,
+    HashedPrefixes,
     as_str,
     check_name,
     created_time,
     nonneg,
+    object_key,
+    shard_tag,
     short,
 )
 

@@ -27,8 +27,13 @@ from s3ckpt.errors import (
     TransientStoreError,
     UnsupportedOperationError,
 )
-from s3ckpt.format._hashed import shard_owner
-from s3ckpt.format._names import HEARTBEAT_PREFIX, MANIFEST_NAME, METADATA_NAME, owned_tag
+from s3ckpt.format._names import (
+    HEARTBEAT_PREFIX,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    owned_tag,
+    shard_owner,
+)
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._lease import Lease

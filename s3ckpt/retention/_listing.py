@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from s3ckpt.format._hashed import in_shard_tree, shard_owner
 from s3ckpt.format._names import (
     FAILED_PREFIX,
     HEARTBEAT_PREFIX,
@@ -18,7 +17,9 @@ from s3ckpt.format._names import (
     MANIFEST_NAME,
     METADATA_NAME,
     PIN_NAME,
+    in_shard_tree,
     owned_tag,
+    shard_owner,
 )
 from s3ckpt.retention._catalog import DEFAULT_STORAGE_CLASS
 from s3ckpt.store.base import ObjectInfo, UploadInfo

@@ -31,8 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from s3ckpt._time import utc
-from s3ckpt.format._hashed import in_shard_tree
-from s3ckpt.format._names import METADATA_NAME
+from s3ckpt.format._names import METADATA_NAME, in_shard_tree
 from s3ckpt.retention._calendar import KeepCalendar
 from s3ckpt.retention._catalog import CheckpointInfo
 from s3ckpt.retention._deleter import direct_name

@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from s3ckpt._step_names import checkpoint_step
 from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
-from s3ckpt.format._hashed import SHARDS_DIR
 from s3ckpt.format._manifest import MAX_MANIFEST_BYTES, Manifest
-from s3ckpt.format._names import LEASE_NAME, MANIFEST_NAME
+from s3ckpt.format._names import LEASE_NAME, MANIFEST_NAME, SHARDS_DIR
 from s3ckpt.metrics.instrument import expecting
 from s3ckpt.retention._check_record import read_each
 from s3ckpt.retention._listing import ckpt_dir

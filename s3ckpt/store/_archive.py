@@ -48,7 +48,7 @@ from s3ckpt.errors import (
     PreconditionFailedError,
     StoreError,
 )
-from s3ckpt.format._hashed import shard_owner
+from s3ckpt.format._names import shard_owner
 from s3ckpt.metrics.instrument import in_context
 from s3ckpt.store.base import ObjectInfo, ObjectStore, RestoreState, S3Requests, check_restore_args
 
@@ -60,7 +60,6 @@ __all__ = [
     "archived_error",
     "checkpoint_url",
     "same_class",
-    "sse_args",
 ]
 
 log = logging.getLogger(__name__)
@@ -200,22 +199,10 @@ class StorageClassRequests:
         return RestoreState.RESTORED if status == 200 else RestoreState.STARTED
 
 
-def sse_args(cfg: S3Config, *, upload: bool) -> dict[str, Any]:
-    """Encryption (SSE-C on every request, SSE-KMS on uploads) and storage-class arguments."""
-    args: dict[str, Any] = {}
-    if cfg.sse_customer_key is not None:
-        args |= {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": cfg.sse_customer_key}
-    elif upload and cfg.sse_kms_key_id is not None:
-        args |= {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": cfg.sse_kms_key_id}
-    if upload and cfg.storage_class is not None:
-        args["StorageClass"] = cfg.storage_class
-    return args
-
-
 def _sse(cfg: S3Config, storage_class: str) -> dict[str, Any]:
     """The written object's encryption (restated: a copy takes the bucket default
     otherwise) and the class; SSE-C keys for the copy source too."""
-    args = {**sse_args(cfg, upload=True), "StorageClass": storage_class}
+    args = {**cfg.sse_args(upload=True), "StorageClass": storage_class}
     if cfg.sse_customer_key is not None:
         args["CopySourceSSECustomerAlgorithm"] = "AES256"
         args["CopySourceSSECustomerKey"] = cfg.sse_customer_key

@@ -16,14 +16,14 @@ The client's region follows the AWS CLI v2: ``S3Config.region``, ``AWS_REGION``,
 botocore's own retries are turned off (one attempt): s3ckpt retries every request itself
 (:mod:`s3ckpt.store.retry`), so the two never multiply.
 
-Every attempt has a total deadline (:class:`~s3ckpt.store._deadline.Watch`), which a socket's
+Every attempt has a total deadline (:class:`~s3ckpt.store._request.Watch`), which a socket's
 read timeout cannot give (it starts again with every byte). The client's connections
 register with the attempt running on their thread (:func:`_watch_connections`): the
 bytes they send and the reply's ``Content-Length`` extend its deadline at ``min_rate``,
 and at the deadline their socket is shut down, which wakes a thread blocked on a dripping
 reply. This needs botocore's private ``_endpoint.http_session._pool_classes_by_scheme``;
 where it differs, requests keep their per-read timeouts only (ranged GET bodies are
-still watched, :mod:`s3ckpt.store._range`) and a debug line says so.
+still watched, :mod:`s3ckpt.store._body`) and a debug line says so.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.errors import ConfigError
 from s3ckpt.store._body import SOCKET_ATTR, shutdown_socket
 from s3ckpt.store._cache import ProcessCache
-from s3ckpt.store._deadline import current_watch
+from s3ckpt.store._request import current_watch
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,7 @@ def _header_length(headers: Any) -> int:
 
 def _watched_pool(pool: Any) -> Any:
     """A subclass of botocore's connection pool class ``pool`` whose connections register
-    with the attempt running on their thread (:func:`~s3ckpt.store._deadline.current_watch`)."""
+    with the attempt running on their thread (:func:`~s3ckpt.store._request.current_watch`)."""
     base = pool.ConnectionCls
 
     class WatchedConnection(base):  # type: ignore[misc, valid-type]
@@ -231,7 +231,7 @@ def _watched_pool(pool: Any) -> Any:
             if watch is not None:
                 watch.guard(lambda: shutdown_socket(sock))
             response = super().getresponse(*args, **kwargs)
-            setattr(response, SOCKET_ATTR, sock)  # for a streamed body's reads (_range)
+            setattr(response, SOCKET_ATTR, sock)  # for a streamed body's reads (S3RangeReader)
             if watch is not None:
                 watch.add_bytes(_header_length(getattr(response, "headers", None)))
             return response

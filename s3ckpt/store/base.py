@@ -363,7 +363,7 @@ def archive_store(store: ObjectStore, key: str, operation: str) -> ArchiveStore:
 
 class S3Requests(Protocol):
     """What the S3 store's helpers (:mod:`~s3ckpt.store._archive`,
-    :mod:`~s3ckpt.store._versions`, :mod:`~s3ckpt.store._range`) need of
+    :mod:`~s3ckpt.store._versions`, :mod:`~s3ckpt.store._body`) need of
     :class:`~s3ckpt.store.s3.S3Store` (named here: s3.py imports them)."""
 
     s3_config: S3Config

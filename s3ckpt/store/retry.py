@@ -4,7 +4,7 @@ from it (:meth:`RetryPolicy.retrying`), as tenacity's own docs use it.
 
 Every retry in the package comes from here: the S3 store's requests
 (:mod:`s3ckpt.store._request`), the resumption of a ranged GET whose body broke off
-(:mod:`s3ckpt.store._range`), and retention's rounds of per-key ``DeleteObjects``
+(:mod:`s3ckpt.store._body`), and retention's rounds of per-key ``DeleteObjects``
 failures (:mod:`s3ckpt.retention._deleter`). Each call's ``Retrying`` stops after the
 policy's ``attempts`` (counting the ``attempts_used`` an earlier loop already spent on the
 same work), or when another attempt could not end before the policy's ``deadline``

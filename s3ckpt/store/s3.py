@@ -24,7 +24,7 @@ same ``_call``.
 botocore errors become s3ckpt errors in :func:`s3ckpt.store._errors.map_error`, by error
 *code* and HTTP status through one table, never by message text. Request bodies are
 :class:`~s3ckpt.store._body.BufferBody` streams; ranged reads are
-:class:`~s3ckpt.store._range.S3RangeReader` streams.
+:class:`~s3ckpt.store._body.S3RangeReader` streams.
 """
 
 from __future__ import annotations
@@ -38,12 +38,10 @@ from typing import Any, TypeVar
 from s3ckpt.config import S3Config, TransferConfig
 from s3ckpt.store import _archive, _reply, _versions
 from s3ckpt.store._adaptive import AdaptiveLimiter, ThrottleStats, shared_limiter
-from s3ckpt.store._archive import sse_args
-from s3ckpt.store._body import BufferBody
+from s3ckpt.store._body import BufferBody, S3RangeReader
 from s3ckpt.store._capabilities import checksum_verified
 from s3ckpt.store._client import profile_attempts, shared_client
 from s3ckpt.store._errors import timeout_kind
-from s3ckpt.store._range import S3RangeReader
 from s3ckpt.store._request import call, checksum_args
 from s3ckpt.store.base import (
     MAX_DELETE_BATCH,
@@ -201,7 +199,7 @@ class S3Store(_archive.StorageClassRequests, _versions.VersionRequests):
         return {
             "Bucket": self.bucket,
             "Key": key,
-            **sse_args(self.s3_config, upload=upload),
+            **self.s3_config.sse_args(upload=upload),
             **extra,
         }
 

@@ -8,8 +8,7 @@ with an :class:`AssertionError` that says what is there instead.
 
 from __future__ import annotations
 
-from s3ckpt.format._hashed import shard_owner
-from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag
+from s3ckpt.format._names import MANIFEST_NAME, METADATA_NAME, PIN_NAME, owned_tag, shard_owner
 from s3ckpt.retention import CheckpointInfo, list_checkpoints
 from s3ckpt.retention._scan import scan
 from s3ckpt.store import Location, ObjectStore

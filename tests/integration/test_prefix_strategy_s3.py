@@ -12,8 +12,7 @@ import torch.distributed.checkpoint as dcp
 
 from s3ckpt import S3StorageReader
 from s3ckpt.cli import main
-from s3ckpt.format._hashed import SHARDS_DIR
-from s3ckpt.format._names import MANIFEST_NAME
+from s3ckpt.format._names import MANIFEST_NAME, SHARDS_DIR
 from tests._helpers import list_keys
 from tests._http import free_port
 from tests._spawn import run_ranks

@@ -29,7 +29,6 @@ from s3ckpt import (
 )
 from s3ckpt._tombstone import Tombstone
 from s3ckpt.errors import UncommittedCheckpointError
-from s3ckpt.format._hashed import SHARDS_DIR, shard_name, shard_owner
 from s3ckpt.format._manifest import FORMAT_VERSION, LAYOUT_FORMAT_VERSION, Manifest, ObjectRecord
 from s3ckpt.format._names import (
     ITEMS_PREFIX,
@@ -37,10 +36,13 @@ from s3ckpt.format._names import (
     LEASE_NAME,
     MANIFEST_NAME,
     METADATA_NAME,
+    SHARDS_DIR,
     data_name,
     heartbeat_name,
     items_name,
     owned_tag,
+    shard_name,
+    shard_owner,
 )
 from s3ckpt.retention import (
     KeepLast,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from s3ckpt import S3StorageReader, S3StorageWriter
 from s3ckpt._crc import crc32c_combine
 from s3ckpt._transfer import read_piece_size
-from s3ckpt._transfer._plan import MIN_READ_PIECE
+from s3ckpt._transfer._sink import MIN_READ_PIECE
 from s3ckpt.config import MiB, TransferConfig
 from s3ckpt.store import MemoryStore
 

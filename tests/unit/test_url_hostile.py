@@ -14,7 +14,6 @@ from s3ckpt._step_names import MAX_STEP_DIGITS
 from s3ckpt.cli import main
 from s3ckpt.errors import InvalidURLError
 from s3ckpt.format import HashedPrefixes
-from s3ckpt.format._hashed import shard_name
 from s3ckpt.format._names import (
     MANIFEST_NAME,
     PIN_NAME,
@@ -22,6 +21,7 @@ from s3ckpt.format._names import (
     data_name,
     heartbeat_name,
     metadata_name,
+    shard_name,
 )
 from s3ckpt.store import open_store
 from s3ckpt.uri import (
