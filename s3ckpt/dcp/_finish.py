@@ -31,9 +31,9 @@ from s3ckpt._commit import (
 from s3ckpt._gc_pause import gc_paused
 from s3ckpt._tombstone import Tombstone, fenced_error, read_tombstone
 from s3ckpt._transfer import format_leftovers
+from s3ckpt._verify import verify_marker, verify_objects, verify_wanted
 from s3ckpt._version import __version__
 from s3ckpt.dcp._torch import StorageInfo
-from s3ckpt.dcp._verify import verify_marker, verify_objects, verify_wanted
 from s3ckpt.errors import (
     CheckpointError,
     CheckpointExistsError,

@@ -100,7 +100,7 @@ def test_cut_replies_to_listings_and_deletes_are_never_taken_as_empty(
 
 def test_verify_after_write_is_auto_on_against_moto(proxy: FaultProxy, bucket: str) -> None:
     """moto echoes whatever CRC32C it is sent and checks none: a store not known to verify."""
-    from s3ckpt.dcp._verify import verify_wanted
+    from s3ckpt._verify import verify_wanted
 
     store = S3Store(bucket, S3Config(endpoint_url=proxy.endpoint_url), TC)
     store.put("run/probe", b"x")

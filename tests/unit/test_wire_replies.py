@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from s3ckpt import _crc
+from s3ckpt._verify import verify_objects, verify_wanted
 from s3ckpt.config import S3Config, TransferConfig
-from s3ckpt.dcp._verify import verify_objects, verify_wanted
 from s3ckpt.errors import ChecksumMismatchError, ConfigError, TransientStoreError
 from s3ckpt.format._manifest import Manifest
 from s3ckpt.store import MemoryStore, _reply
