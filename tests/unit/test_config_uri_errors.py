@@ -114,3 +114,17 @@ def test_find_error_inside_dcp_wrapper() -> None:
     wrapped = CheckpointException("write", {0: (ValueError("x"), None), 1: (inner, None)})
     assert find_s3ckpt_error(wrapped) is inner
     assert find_s3ckpt_error(ValueError("plain")) is None
+
+
+def test_sse_args_put_each_setting_on_the_requests_it_belongs_to() -> None:
+    assert S3Config().sse_args(upload=True) == {}
+    kms = S3Config(sse_kms_key_id="alias/ckpt", storage_class="STANDARD_IA")
+    assert kms.sse_args(upload=True) == {
+        "ServerSideEncryption": "aws:kms",
+        "SSEKMSKeyId": "alias/ckpt",
+        "StorageClass": "STANDARD_IA",
+    }
+    assert kms.sse_args(upload=False) == {}  # reads and listings carry neither
+    key = bytes(range(32))
+    sse_c = S3Config(sse_customer_key=key).sse_args(upload=False)  # SSE-C: every request
+    assert sse_c == {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": key}
