@@ -73,6 +73,8 @@ __all__ = [
     "verify_objects", "verify_wanted",
 ]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class Item:
@@ -385,9 +387,6 @@ def tensor_framing_error(
     if (nbytes, nbytes) not in (small, large):
         return f"the zip record of the tensor data is not {nbytes} bytes long"
     return None
-
-
-log = logging.getLogger(__name__)
 
 
 def verify_wanted(store: ObjectStore, setting: bool | None, probe_key: str) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from s3ckpt import _crc
+from s3ckpt.config import MiB
 from s3ckpt.store.base import CompletedPart
 
 __all__ = [
@@ -35,9 +36,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-_MiB = 1024 * 1024
-
-MIN_READ_PIECE = 8 * _MiB
+MIN_READ_PIECE = 8 * MiB
 # The smallest ranged GET a load cuts a large item into: S3's guidance (8-16 MB byte-range
 # fetches); below it a request's time to first byte (~30 ms) costs more than a connection more
 # earns.
@@ -57,7 +56,7 @@ def read_piece_size(total: int, connections: int, *, ceiling: int) -> int:
     rounds; the first byte's ~30 ms is 7 % of each), where one GET per 192 MiB tensor kept
     five busy."""
     want = -(-total // (connections * READS_PER_CONNECTION))
-    want = -(-want // _MiB) * _MiB
+    want = -(-want // MiB) * MiB
     return max(min(MIN_READ_PIECE, ceiling), min(want, ceiling))
 
 

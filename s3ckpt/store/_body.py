@@ -244,9 +244,6 @@ def shutdown_socket(sock: Any) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-log = logging.getLogger(__name__)
-
-
 class S3RangeReader:
     """A ranged GET whose body is streamed; resets mid-body resume at the current offset.
 
